@@ -6,4 +6,3 @@
 //! layout is a typed view over a byte buffer in the style of smoltcp's `wire` module: a
 //! `new_checked` constructor that validates the length once, getters and setters that cannot
 //! panic afterwards, and a `Repr` that parses and emits. No I/O, no threads, no dependencies.
-
