@@ -5,6 +5,8 @@
 //! - [`topology`]: build and remove the namespaces, veths and bridges; the address plan.
 //! - [`baseline`]: the medium measured between the hosts, for ratios.
 //! - [`fail`]: failure schedules (once, flapping, random) and their execution, logged.
+//! - [`report`]: scenario figures from an app report and the failure log.
+//! - [`plot`]: the bandwidth timeline as a PNG with failure windows.
 //! - [`netns`]: run code of this process inside one of the namespaces.
 //! - [`medium`]: raw UDP ping-pong and stream between namespaces, the baselines.
 //! - [`ip`]: the `ip` commands everything above is made of.
@@ -14,4 +16,6 @@ pub mod fail;
 pub mod ip;
 pub mod medium;
 pub mod netns;
+pub mod plot;
+pub mod report;
 pub mod topology;

@@ -5,6 +5,7 @@
 RAILSHIFT_PACKAGES=(
   "pkg-config:/usr/bin/pkg-config"
   "iproute2:/usr/sbin/ip"
+  "fonts-dejavu-core:/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
 )
 
 step() {

@@ -1,0 +1,207 @@
+//! The bandwidth timeline of a scenario as a PNG, with the failure windows shaded and
+//! failovers and switch-backs marked: the testbed's version of the paper's figure 5.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+use crate::report::{AppReport, Window};
+
+/// Fonts plotters can draw with, searched in this order.
+const FONT_PATHS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+/// Why a plot could not be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// No usable font on the machine.
+    #[error("no font to draw with (looked for {0}); install Debian's fonts-dejavu-core")]
+    NoFont(String),
+    /// Nothing to plot.
+    #[error("the timeline is empty: nothing to plot")]
+    Empty,
+    /// plotters failed (writing the file, usually).
+    #[error("drawing {path}: {detail}")]
+    Draw {
+        /// The output file.
+        path: String,
+        /// What plotters said.
+        detail: String,
+    },
+}
+
+/// Registers a system font under the family name "sans-serif", once per process.
+fn ensure_font() -> Result<(), PlotError> {
+    static FONT: OnceLock<Result<(), String>> = OnceLock::new();
+    FONT.get_or_init(|| {
+        for path in FONT_PATHS {
+            if let Ok(bytes) = std::fs::read(path) {
+                // plotters keeps fonts for the life of the process; leaking one file is that.
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    return Ok(());
+                }
+            }
+        }
+        Err(FONT_PATHS.join(", "))
+    })
+    .clone()
+    .map_err(PlotError::NoFont)
+}
+
+/// Draws `report`'s bandwidth timeline to `path` (PNG), shading `windows` (failure times, in
+/// Unix ms) and marking failover events. `title` goes on top.
+pub fn timeline_png(
+    report: &AppReport,
+    windows: &[Window],
+    title: &str,
+    path: &Path,
+) -> Result<(), PlotError> {
+    ensure_font()?;
+    let samples = &report.timeline;
+    let first = samples.first().ok_or(PlotError::Empty)?;
+    // Time zero is the start of the first interval.
+    let zero = first.unix_ms - first.t_ms;
+    let secs = |unix_ms: f64| (unix_ms - zero) / 1e3;
+    let x_max = samples
+        .iter()
+        .map(|s| secs(s.unix_ms))
+        .fold(1.0f64, f64::max);
+    let y_max = samples.iter().map(|s| s.bw_gbps).fold(0.1f64, f64::max) * 1.15;
+    let draw_err = |e: &dyn std::fmt::Display| PlotError::Draw {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    };
+
+    let root = BitMapBackend::new(path, (1000, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| draw_err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(|e| draw_err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("bandwidth (Gb/s)")
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| draw_err(&e))?;
+
+    let shade = RGBColor(255, 200, 200).mix(0.6);
+    for w in windows {
+        let x0 = secs(w.down).max(0.0);
+        let x1 = w.up.map_or(x_max, secs).min(x_max);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(x0, 0.0), (x1, y_max)],
+                shade.filled(),
+            )))
+            .map_err(|e| draw_err(&e))?;
+    }
+    chart
+        .draw_series(LineSeries::new(
+            samples.iter().map(|s| (secs(s.unix_ms), s.bw_gbps)),
+            BLUE.stroke_width(2),
+        ))
+        .map_err(|e| draw_err(&e))?
+        .label(format!("{} {} B", report.tool, report.size))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+    for event in &report.failover.events {
+        let color = match event.kind.as_str() {
+            "failover" => RGBColor(200, 0, 0),
+            "switch-back" => RGBColor(0, 140, 0),
+            _ => RGBColor(90, 90, 90),
+        };
+        let x = secs(event.unix_ms);
+        if (0.0..=x_max).contains(&x) {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(x, 0.0), (x, y_max)],
+                    color.stroke_width(1),
+                )))
+                .map_err(|e| draw_err(&e))?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(|e| draw_err(&e))?;
+    root.present().map_err(|e| draw_err(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{FailoverEvent, FailoverSummary, Sample};
+
+    #[test]
+    fn a_timeline_with_a_failure_window_becomes_a_png() {
+        let timeline = (1..=30)
+            .map(|i| Sample {
+                t_ms: f64::from(i) * 100.0,
+                unix_ms: 1_000_000.0 + f64::from(i) * 100.0,
+                bw_gbps: if (10..20).contains(&i) { 1.0 } else { 3.0 },
+                ..Sample::default()
+            })
+            .collect();
+        let report = AppReport {
+            tool: "shift_write_bw".into(),
+            size: 65536,
+            timeline,
+            failover: FailoverSummary {
+                events: vec![FailoverEvent {
+                    kind: "failover".into(),
+                    unix_ms: 1_001_000.0,
+                    ..FailoverEvent::default()
+                }],
+                ..FailoverSummary::default()
+            },
+            ..AppReport::default()
+        };
+        let dir = std::env::temp_dir().join(format!("railshift-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("timeline.png");
+        let windows = [Window {
+            down: 1_001_000.0,
+            up: Some(1_002_000.0),
+        }];
+        match timeline_png(&report, &windows, "initiator-nic", &path) {
+            Err(PlotError::NoFont(where_)) => {
+                eprintln!("skipped: no font on this machine ({where_})");
+                return;
+            }
+            other => other.expect("plot"),
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(
+            bytes.len() > 5_000,
+            "suspiciously small PNG: {} bytes",
+            bytes.len()
+        );
+        if std::env::var_os("RAILSHIFT_KEEP_PLOT").is_none() {
+            std::fs::remove_dir_all(&dir).ok();
+        }
+    }
+
+    #[test]
+    fn an_empty_timeline_is_an_error_not_a_blank_picture() {
+        let path = std::env::temp_dir().join("railshift-empty.png");
+        let err = timeline_png(&AppReport::default(), &[], "x", &path).unwrap_err();
+        assert!(
+            matches!(err, PlotError::Empty | PlotError::NoFont(_)),
+            "{err}"
+        );
+    }
+}
