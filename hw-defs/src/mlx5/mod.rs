@@ -1,0 +1,34 @@
+//! mlx5 memory layouts: what the driver and a ConnectX (or the softnic) exchange through host
+//! memory. Every struct mirrors `infiniband/mlx5dv.h`; [`abi`] lists them for the
+//! `rdma-core-check` test.
+//!
+//! - send WQEs: [`ctrl_seg`], [`raddr_seg`], [`atomic_seg`], [`data_seg`], [`inline_seg`],
+//!   the ring geometry in [`wqe`] and whole WQEs in a ring in [`send_wqe`];
+//! - receive WQEs: [`recv_wqe`];
+//! - completions: [`cqe`] and [`err_cqe`] (syndromes and their `ibv_wc_status`);
+//! - doorbell records: [`dbrec`].
+
+pub mod abi;
+pub mod atomic_seg;
+pub mod cqe;
+pub mod ctrl_seg;
+pub mod data_seg;
+pub mod dbrec;
+pub mod err_cqe;
+pub mod inline_seg;
+pub mod raddr_seg;
+pub mod recv_wqe;
+pub mod send_wqe;
+pub mod wqe;
+
+pub use atomic_seg::{AtomicSeg, AtomicSegRepr};
+pub use cqe::{Cqe64, CqeOpcode, CqeRepr};
+pub use ctrl_seg::{CtrlSeg, CtrlSegRepr, FenceMode, SendOpcode};
+pub use data_seg::{DataSeg, DataSegRepr, INVALID_LKEY};
+pub use dbrec::{CqDoorbellRecord, DoorbellRecord};
+pub use err_cqe::{ErrCqe, ErrCqeRepr, Syndrome};
+pub use inline_seg::{InlineData, InlineSeg, INLINE_SEG};
+pub use raddr_seg::{RaddrSeg, RaddrSegRepr};
+pub use recv_wqe::RecvWqe;
+pub use send_wqe::{SendRing, SendWqeRepr, Sges, WqeData};
+pub use wqe::{SEND_WQE_BB, SEND_WQE_DS};
