@@ -71,3 +71,74 @@ fn ethertype_of(ip: &IpRepr) -> u16 {
         IpRepr::Ipv6(_) => ethernet::ETHERTYPE_IPV6,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::roce::bth::BthRepr;
+    use crate::roce::ipv6::Ipv6Repr;
+    use crate::roce::{Opcode, PacketRepr, Psn, UdpRepr};
+
+    fn frame(payload: &[u8]) -> FrameRepr<'_> {
+        FrameRepr {
+            src_mac: [2, 0, 0, 0, 0, 1],
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            datagram: DatagramRepr {
+                ip: IpRepr::Ipv6(Ipv6Repr {
+                    src_addr: "fd00::1".parse().unwrap(),
+                    dst_addr: "fd00::2".parse().unwrap(),
+                    next_header: 17,
+                    payload_len: 8 + 12 + 4 + 4,
+                    hop_limit: 64,
+                    traffic_class: 0,
+                    flow_label: 0,
+                }),
+                udp: UdpRepr {
+                    src_port: 0xc000,
+                    dst_port: 4791,
+                },
+                packet: PacketRepr {
+                    bth: BthRepr {
+                        opcode: Opcode::SendOnly,
+                        solicited: false,
+                        mig_req: false,
+                        pad_count: 0,
+                        pkey: 0xffff,
+                        fecn: false,
+                        becn: false,
+                        dest_qp: 3,
+                        ack_req: true,
+                        psn: Psn::new(9),
+                    },
+                    reth: None,
+                    atomic_eth: None,
+                    aeth: None,
+                    atomic_ack_eth: None,
+                    immdt: None,
+                    payload,
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn an_ipv6_frame_round_trips_with_its_ethertype() {
+        let repr = frame(b"ping");
+        let bytes = repr.to_vec().unwrap();
+        assert_eq!(&bytes[12..14], &[0x86, 0xdd]);
+        assert_eq!(FrameRepr::parse(&bytes).unwrap(), repr);
+    }
+
+    #[test]
+    fn an_ethertype_that_disagrees_with_the_ip_version_is_refused() {
+        let mut bytes = frame(b"ping").to_vec().unwrap();
+        bytes[12..14].copy_from_slice(&[0x08, 0x00]);
+        assert!(matches!(
+            FrameRepr::parse(&bytes),
+            Err(Error::BadField {
+                field: "EtherType",
+                ..
+            })
+        ));
+    }
+}
