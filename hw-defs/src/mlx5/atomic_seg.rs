@@ -1,7 +1,7 @@
 //! The atomic segment of compare-and-swap and fetch-and-add WQEs (`struct mlx5_wqe_atomic_seg`).
 
 use crate::bytes::{be_u64, put_be_u64};
-use crate::error::{check_len, Error};
+use crate::error::Error;
 
 /// Byte ranges of the atomic segment, named as `mlx5dv.h` names them.
 pub(crate) mod field {
@@ -15,35 +15,14 @@ pub(crate) mod field {
 /// Size of the atomic segment in bytes.
 pub const SIZE: usize = 16;
 
-/// A view of an atomic segment over a byte buffer.
-#[derive(Debug, Clone)]
-pub struct AtomicSeg<T: AsRef<[u8]>> {
-    buffer: T,
-}
+fixed_view!(
+    /// A view of an atomic segment over a byte buffer.
+    AtomicSeg,
+    SIZE,
+    "mlx5 atomic segment"
+);
 
 impl<T: AsRef<[u8]>> AtomicSeg<T> {
-    /// Wraps `buffer` without checking its length; accessors panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        AtomicSeg { buffer }
-    }
-
-    /// Wraps `buffer` after checking it holds a whole segment.
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let seg = Self::new_unchecked(buffer);
-        seg.check_len()?;
-        Ok(seg)
-    }
-
-    /// Checks the buffer holds a whole segment.
-    pub fn check_len(&self) -> Result<(), Error> {
-        check_len("mlx5 atomic segment", self.buffer.as_ref(), SIZE)
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The swap value (compare-and-swap) or the addend (fetch-and-add).
     pub fn swap_add(&self) -> u64 {
         be_u64(&self.buffer.as_ref()[field::SWAP_ADD])

@@ -8,7 +8,7 @@
 //! [`CqeRepr`] writer separates them.
 
 use crate::bytes::{be_u16, be_u32, be_u64, put_be_u16, put_be_u32, put_be_u64};
-use crate::error::{check_len, Error};
+use crate::error::Error;
 
 /// Byte ranges of the CQE, named as `mlx5dv.h` names them.
 pub(crate) mod field {
@@ -106,35 +106,14 @@ pub fn op_own(opcode: CqeOpcode, solicited: bool, owner: bool) -> u8 {
     (u8::from(opcode) << 4) | (u8::from(solicited) << 1) | u8::from(owner)
 }
 
-/// A view of a CQE over a byte buffer.
-#[derive(Debug, Clone)]
-pub struct Cqe64<T: AsRef<[u8]>> {
-    buffer: T,
-}
+fixed_view!(
+    /// A view of a CQE over a byte buffer.
+    Cqe64,
+    SIZE,
+    "mlx5 CQE64"
+);
 
 impl<T: AsRef<[u8]>> Cqe64<T> {
-    /// Wraps `buffer` without checking its length; accessors panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Cqe64 { buffer }
-    }
-
-    /// Wraps `buffer` after checking it holds a whole CQE.
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let cqe = Self::new_unchecked(buffer);
-        cqe.check_len()?;
-        Ok(cqe)
-    }
-
-    /// Checks the buffer holds a whole CQE.
-    pub fn check_len(&self) -> Result<(), Error> {
-        check_len("mlx5 CQE64", self.buffer.as_ref(), SIZE)
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The raw `op_own` byte.
     pub fn op_own(&self) -> u8 {
         self.buffer.as_ref()[field::OP_OWN]

@@ -1,7 +1,7 @@
 //! The control segment: the first 16 bytes of every mlx5 send WQE (`struct mlx5_wqe_ctrl_seg`).
 
 use crate::bytes::{be_u16, be_u32, put_be_u16, put_be_u32};
-use crate::error::{check_len, Error};
+use crate::error::Error;
 
 /// Byte ranges of the control segment, named as `mlx5dv.h` names them.
 pub(crate) mod field {
@@ -105,36 +105,14 @@ enum_with_unknown! {
     }
 }
 
-/// A view of a control segment over a byte buffer.
-#[derive(Debug, Clone)]
-pub struct CtrlSeg<T: AsRef<[u8]>> {
-    buffer: T,
-}
+fixed_view!(
+    /// A view of a control segment over a byte buffer.
+    CtrlSeg,
+    SIZE,
+    "mlx5 control segment"
+);
 
 impl<T: AsRef<[u8]>> CtrlSeg<T> {
-    /// Wraps `buffer` without checking its length; accessors panic if it is shorter than
-    /// [`SIZE`]. Use [`CtrlSeg::new_checked`] for bytes you did not write.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        CtrlSeg { buffer }
-    }
-
-    /// Wraps `buffer` after checking it holds a whole control segment.
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let seg = Self::new_unchecked(buffer);
-        seg.check_len()?;
-        Ok(seg)
-    }
-
-    /// Checks the buffer holds a whole control segment.
-    pub fn check_len(&self) -> Result<(), Error> {
-        check_len("mlx5 control segment", self.buffer.as_ref(), SIZE)
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     fn opmod_idx_opcode(&self) -> u32 {
         be_u32(&self.buffer.as_ref()[field::OPMOD_IDX_OPCODE])
     }

@@ -2,7 +2,7 @@
 //! entry of a receive WQE, and, with the invalid lkey, the terminator of a short receive WQE.
 
 use crate::bytes::{be_u32, be_u64, put_be_u32, put_be_u64};
-use crate::error::{check_len, Error};
+use crate::error::Error;
 
 /// Byte ranges of the data segment, named as `mlx5dv.h` names them.
 pub(crate) mod field {
@@ -19,35 +19,14 @@ pub const SIZE: usize = 16;
 /// its slot holds.
 pub const INVALID_LKEY: u32 = 0x100;
 
-/// A view of a data segment over a byte buffer.
-#[derive(Debug, Clone)]
-pub struct DataSeg<T: AsRef<[u8]>> {
-    buffer: T,
-}
+fixed_view!(
+    /// A view of a data segment over a byte buffer.
+    DataSeg,
+    SIZE,
+    "mlx5 data segment"
+);
 
 impl<T: AsRef<[u8]>> DataSeg<T> {
-    /// Wraps `buffer` without checking its length; accessors panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        DataSeg { buffer }
-    }
-
-    /// Wraps `buffer` after checking it holds a whole segment.
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let seg = Self::new_unchecked(buffer);
-        seg.check_len()?;
-        Ok(seg)
-    }
-
-    /// Checks the buffer holds a whole segment.
-    pub fn check_len(&self) -> Result<(), Error> {
-        check_len("mlx5 data segment", self.buffer.as_ref(), SIZE)
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The byte count. Read it raw: in a send WQE the top bit would mark an inline segment,
     /// which is why [`super::inline_seg`] checks it first.
     pub fn byte_count(&self) -> u32 {

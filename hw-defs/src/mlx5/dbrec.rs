@@ -3,7 +3,6 @@
 //! index). All fields are big-endian 32-bit words.
 
 use crate::bytes::{be_u32, put_be_u32};
-use crate::error::{check_len, Error};
 
 /// Byte ranges of a QP doorbell record (`__be32 db[2]`, indexed by `MLX5_RCV_DBR` and
 /// `MLX5_SND_DBR`).
@@ -42,35 +41,14 @@ pub const CQ_DB_REQ_NOT: u32 = 0;
 const COUNTER_MASK: u32 = 0xffff;
 const CI_MASK: u32 = 0x00ff_ffff;
 
-/// A view of a QP doorbell record.
-#[derive(Debug, Clone)]
-pub struct DoorbellRecord<T: AsRef<[u8]>> {
-    buffer: T,
-}
+fixed_view!(
+    /// A view of a QP doorbell record.
+    DoorbellRecord,
+    SIZE,
+    "mlx5 doorbell record"
+);
 
 impl<T: AsRef<[u8]>> DoorbellRecord<T> {
-    /// Wraps `buffer` without checking its length; accessors panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        DoorbellRecord { buffer }
-    }
-
-    /// Wraps `buffer` after checking it holds a whole record.
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let rec = Self::new_unchecked(buffer);
-        rec.check_len()?;
-        Ok(rec)
-    }
-
-    /// Checks the buffer holds a whole record.
-    pub fn check_len(&self) -> Result<(), Error> {
-        check_len("mlx5 doorbell record", self.buffer.as_ref(), SIZE)
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The receive counter: receive WQEs posted, mod 2^16.
     pub fn recv_counter(&self) -> u16 {
         (be_u32(&self.buffer.as_ref()[field::RCV_DBR]) & COUNTER_MASK) as u16
@@ -100,35 +78,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DoorbellRecord<T> {
     }
 }
 
-/// A view of a CQ doorbell record.
-#[derive(Debug, Clone)]
-pub struct CqDoorbellRecord<T: AsRef<[u8]>> {
-    buffer: T,
-}
+fixed_view!(
+    /// A view of a CQ doorbell record.
+    CqDoorbellRecord,
+    CQ_SIZE,
+    "mlx5 CQ doorbell record"
+);
 
 impl<T: AsRef<[u8]>> CqDoorbellRecord<T> {
-    /// Wraps `buffer` without checking its length; accessors panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        CqDoorbellRecord { buffer }
-    }
-
-    /// Wraps `buffer` after checking it holds a whole record.
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let rec = Self::new_unchecked(buffer);
-        rec.check_len()?;
-        Ok(rec)
-    }
-
-    /// Checks the buffer holds a whole record.
-    pub fn check_len(&self) -> Result<(), Error> {
-        check_len("mlx5 CQ doorbell record", self.buffer.as_ref(), CQ_SIZE)
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The consumer index, mod 2^24: CQEs software has consumed.
     pub fn consumer_index(&self) -> u32 {
         be_u32(&self.buffer.as_ref()[cq_field::SET_CI]) & CI_MASK

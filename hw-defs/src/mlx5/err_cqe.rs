@@ -3,7 +3,7 @@
 
 use super::cqe::{self, CqeOpcode};
 use crate::bytes::{be_u16, be_u32, put_be_u16, put_be_u32};
-use crate::error::{check_len, Error};
+use crate::error::Error;
 use crate::verbs::WcStatus;
 
 /// Byte ranges of the error CQE, named as `mlx5dv.h` names them.
@@ -102,35 +102,14 @@ impl Syndrome {
     }
 }
 
-/// A view of an error CQE over a byte buffer.
-#[derive(Debug, Clone)]
-pub struct ErrCqe<T: AsRef<[u8]>> {
-    buffer: T,
-}
+fixed_view!(
+    /// A view of an error CQE over a byte buffer.
+    ErrCqe,
+    SIZE,
+    "mlx5 error CQE"
+);
 
 impl<T: AsRef<[u8]>> ErrCqe<T> {
-    /// Wraps `buffer` without checking its length; accessors panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        ErrCqe { buffer }
-    }
-
-    /// Wraps `buffer` after checking it holds a whole CQE.
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let cqe = Self::new_unchecked(buffer);
-        cqe.check_len()?;
-        Ok(cqe)
-    }
-
-    /// Checks the buffer holds a whole CQE.
-    pub fn check_len(&self) -> Result<(), Error> {
-        check_len("mlx5 error CQE", self.buffer.as_ref(), SIZE)
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The raw `op_own` byte.
     pub fn op_own(&self) -> u8 {
         self.buffer.as_ref()[field::OP_OWN]

@@ -3,7 +3,7 @@
 //! the start of the send ring when it reaches the ring's end, as libmlx5 writes it.
 
 use crate::bytes::{be_u32, put_be_u32};
-use crate::error::{check_len, Error};
+use crate::error::Error;
 
 use super::wqe::SEND_WQE_DS;
 
@@ -20,35 +20,14 @@ pub const HEADER_SIZE: usize = 4;
 /// `MLX5_INLINE_SEG`: the flag in the byte count that marks an inline segment.
 pub const INLINE_SEG: u32 = 0x8000_0000;
 
-/// A view of an inline segment header over a byte buffer.
-#[derive(Debug, Clone)]
-pub struct InlineSeg<T: AsRef<[u8]>> {
-    buffer: T,
-}
+fixed_view!(
+    /// A view of an inline segment header over a byte buffer.
+    InlineSeg,
+    HEADER_SIZE,
+    "mlx5 inline segment"
+);
 
 impl<T: AsRef<[u8]>> InlineSeg<T> {
-    /// Wraps `buffer` without checking its length; accessors panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        InlineSeg { buffer }
-    }
-
-    /// Wraps `buffer` after checking it holds the header.
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let seg = Self::new_unchecked(buffer);
-        seg.check_len()?;
-        Ok(seg)
-    }
-
-    /// Checks the buffer holds the header.
-    pub fn check_len(&self) -> Result<(), Error> {
-        check_len("mlx5 inline segment", self.buffer.as_ref(), HEADER_SIZE)
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The raw byte count, flag included.
     pub fn raw_byte_count(&self) -> u32 {
         be_u32(&self.buffer.as_ref()[field::BYTE_COUNT])

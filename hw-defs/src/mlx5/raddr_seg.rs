@@ -1,7 +1,7 @@
 //! The remote-address segment of RDMA and atomic WQEs (`struct mlx5_wqe_raddr_seg`).
 
 use crate::bytes::{be_u32, be_u64, put_be_u32, put_be_u64};
-use crate::error::{check_len, Error};
+use crate::error::Error;
 
 /// Byte ranges of the remote-address segment, named as `mlx5dv.h` names them.
 pub(crate) mod field {
@@ -14,35 +14,14 @@ pub(crate) mod field {
 /// Size of the remote-address segment in bytes.
 pub const SIZE: usize = 16;
 
-/// A view of a remote-address segment over a byte buffer.
-#[derive(Debug, Clone)]
-pub struct RaddrSeg<T: AsRef<[u8]>> {
-    buffer: T,
-}
+fixed_view!(
+    /// A view of a remote-address segment over a byte buffer.
+    RaddrSeg,
+    SIZE,
+    "mlx5 remote-address segment"
+);
 
 impl<T: AsRef<[u8]>> RaddrSeg<T> {
-    /// Wraps `buffer` without checking its length; accessors panic if it is too short.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        RaddrSeg { buffer }
-    }
-
-    /// Wraps `buffer` after checking it holds a whole segment.
-    pub fn new_checked(buffer: T) -> Result<Self, Error> {
-        let seg = Self::new_unchecked(buffer);
-        seg.check_len()?;
-        Ok(seg)
-    }
-
-    /// Checks the buffer holds a whole segment.
-    pub fn check_len(&self) -> Result<(), Error> {
-        check_len("mlx5 remote-address segment", self.buffer.as_ref(), SIZE)
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The remote virtual address.
     pub fn raddr(&self) -> u64 {
         be_u64(&self.buffer.as_ref()[field::RADDR])
