@@ -6,6 +6,9 @@ RAILSHIFT_PACKAGES=(
   "pkg-config:/usr/bin/pkg-config"
   "iproute2:/usr/sbin/ip"
   "fonts-dejavu-core:/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+  "gcc:/usr/bin/cc"
+  "libibverbs-dev:/usr/include/infiniband/mlx5dv.h"
+  "tshark:/usr/bin/tshark"
 )
 
 step() {

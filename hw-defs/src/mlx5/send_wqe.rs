@@ -316,6 +316,19 @@ impl<'a> SendWqeRepr<'a> {
                 header: "inline segment",
             });
         }
+        if let WqeData::Gather(sges) = self.data {
+            if let Some(sge) = sges
+                .iter()
+                .find(|s| s.byte_count & inline_seg::INLINE_SEG != 0)
+            {
+                return Err(Error::BadField {
+                    layout: LAYOUT,
+                    field: "byte_count",
+                    value: u64::from(sge.byte_count),
+                    expected: "below 2^31 (the top bit marks an inline segment)",
+                });
+            }
+        }
         let ds = self.ds();
         if ds > wqe::MAX_DS || ds * SEND_WQE_DS > ring.as_bytes().len() {
             return Err(Error::LengthMismatch {
@@ -502,6 +515,29 @@ mod tests {
             Err(Error::HeadersDisagreeWithOpcode { opcode: 0x08, .. })
         ));
         assert!(ring.as_bytes().iter().all(|&b| b == 0), "nothing written");
+    }
+
+    #[test]
+    fn a_byte_count_with_the_inline_bit_is_refused() {
+        let mut ring = SendRing::new_checked(vec![0u8; 64]).unwrap();
+        let sge = [DataSegRepr {
+            byte_count: 0x8000_0000,
+            lkey: 1,
+            addr: 0,
+        }];
+        let wqe = SendWqeRepr {
+            ctrl: ctrl(SendOpcode::Send, 0),
+            raddr: None,
+            atomic: None,
+            data: WqeData::Gather(Sges::from_slice(&sge)),
+        };
+        assert!(matches!(
+            wqe.emit(&mut ring),
+            Err(Error::BadField {
+                field: "byte_count",
+                ..
+            })
+        ));
     }
 
     #[test]
