@@ -4,3 +4,36 @@
 //! mlx5dv) hand the driver raw queue memory; the driver writes work-queue entries, rings
 //! doorbells and polls completions itself on pinned lcores. The SHIFT failover layer builds on
 //! the same datapath to move in-flight work to a backup NIC when the default one fails.
+//!
+//! Module map (`docs/pmd.md` has the longer version):
+//!
+//! | module | job |
+//! | --- | --- |
+//! | [`name`] | device names: `soft:<netdev>[@<addr>]`, `fabric:<name>/<port>`, `mlx5:<ibdev>` |
+//! | [`provider`] | the provider trait and the raw queue memory providers hand out |
+//! | [`control`] | Context, PD, MR, CQ, QP; Drop that never panics |
+//! | [`qp_state`] | the QP state transition table |
+//! | [`verbs`] | access flags, GIDs, MTUs, QP attributes and capabilities |
+//! | [`datapath`] | post, doorbell, post_recv, poll; barriers |
+//! | [`keys`] | the lock-free lkey table the datapath validates against |
+//! | [`memory`] | hugepage-backed pool for rings and registered buffers |
+//! | [`lcore`] | pinned threads, the service lcore, the idle policy of a poll loop |
+
+pub mod control;
+pub mod datapath;
+pub mod keys;
+pub mod lcore;
+pub mod memory;
+pub mod name;
+pub mod provider;
+pub mod qp_state;
+pub mod verbs;
+
+pub use control::{Context, ContextConfig, Cq, Mr, OpenError, Pd, Qp, QpHandle, RegisteredBuffer};
+pub use datapath::wr::{
+    Payload, PostError, RecvWr, Remote, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+pub use name::DeviceName;
+pub use qp_state::QpState;
+pub use verbs::{Access, AddressVector, Gid, Mtu, QpAttr, QpCaps};

@@ -1,0 +1,182 @@
+//! The device context: one opened NIC, its provider, its key table and its memory pool.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::keys::KeyTable;
+use crate::memory::{HugepagePolicy, MemoryPool};
+use crate::name::{DeviceName, NameError};
+use crate::provider::{CqRequest, ProgressModel, Provider, VerbsError};
+use crate::verbs::{DeviceAttr, Gid, PortAttr};
+
+use super::{Cq, Pd};
+
+/// How a device is opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextConfig {
+    /// Where rings and buffers come from.
+    pub hugepages: HugepagePolicy,
+    /// Slots of the key table (a power of two; well above the number of MRs).
+    pub key_table_slots: usize,
+    /// How a softnic device makes progress (hardware ignores this).
+    pub progress: ProgressModel,
+}
+
+impl Default for ContextConfig {
+    fn default() -> ContextConfig {
+        ContextConfig {
+            hugepages: HugepagePolicy::Prefer,
+            key_table_slots: 4096,
+            progress: ProgressModel::Auto,
+        }
+    }
+}
+
+/// Why a device could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    /// The name did not parse.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The provider refused.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+}
+
+/// Counters of the control path.
+#[derive(Debug, Default)]
+pub struct ControlStats {
+    destroy_failures: AtomicU64,
+}
+
+impl ControlStats {
+    /// Destroy, dealloc and dereg calls the device refused (each also logged).
+    pub fn destroy_failures(&self) -> u64 {
+        self.destroy_failures.load(Ordering::Relaxed)
+    }
+}
+
+/// One opened device. Everything created from it holds it by `Arc`.
+pub struct Context {
+    provider: Box<dyn Provider>,
+    device: Arc<str>,
+    keys: Arc<KeyTable>,
+    memory: MemoryPool,
+    next_pd: AtomicU32,
+    stats: ControlStats,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// Opens the device named `name` (see [`crate::name`] for the forms).
+    pub fn open(name: &str, config: &ContextConfig) -> Result<Arc<Context>, OpenError> {
+        let parsed: DeviceName = name.parse()?;
+        let memory = MemoryPool::new(config.hugepages);
+        let provider = crate::provider::open(&parsed, &memory, config)?;
+        Ok(Context::with_provider(provider, memory, config))
+    }
+
+    /// A context over a provider opened elsewhere (a custom provider, or a test double).
+    pub fn with_provider(
+        provider: Box<dyn Provider>,
+        memory: MemoryPool,
+        config: &ContextConfig,
+    ) -> Arc<Context> {
+        let device: Arc<str> = provider.name().to_string().into();
+        tracing::info!(device = %device, "device opened");
+        Arc::new(Context {
+            provider,
+            device,
+            keys: Arc::new(KeyTable::new(config.key_table_slots)),
+            memory,
+            next_pd: AtomicU32::new(1),
+            stats: ControlStats::default(),
+        })
+    }
+
+    /// The device's name, as opened.
+    pub fn name(&self) -> &str {
+        &self.device
+    }
+
+    pub(crate) fn device_arc(&self) -> Arc<str> {
+        self.device.clone()
+    }
+
+    pub(crate) fn provider(&self) -> &dyn Provider {
+        &*self.provider
+    }
+
+    pub(crate) fn next_pd_id(&self) -> u32 {
+        // PD ids fit in the key table's 24 bits; wrapping after 16 M PDs is harmless because
+        // ids only need to differ among live PDs of one device.
+        self.next_pd.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff
+    }
+
+    /// The device's key table (lkey -> MR), which the datapath validates against.
+    pub fn keys(&self) -> &Arc<KeyTable> {
+        &self.keys
+    }
+
+    /// The pool rings and registered buffers come from.
+    pub fn memory(&self) -> &MemoryPool {
+        &self.memory
+    }
+
+    /// Control-path counters.
+    pub fn stats(&self) -> &ControlStats {
+        &self.stats
+    }
+
+    /// Device limits.
+    pub fn query_device(&self) -> Result<DeviceAttr, VerbsError> {
+        self.provider.query_device()
+    }
+
+    /// Port state and MTUs.
+    pub fn query_port(&self) -> Result<PortAttr, VerbsError> {
+        self.provider.query_port()
+    }
+
+    /// A GID of the port (index 0 is the device's address).
+    pub fn query_gid(&self, index: u16) -> Result<Gid, VerbsError> {
+        self.provider.query_gid(index)
+    }
+
+    /// How the device makes progress.
+    pub fn progress_model(&self) -> ProgressModel {
+        self.provider.progress_model()
+    }
+
+    /// One round of device work under manual progress; a no-op otherwise. Returns whether
+    /// anything happened.
+    #[inline]
+    pub fn progress(&self) -> bool {
+        self.provider.progress()
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(self: &Arc<Self>) -> Result<Arc<Pd>, VerbsError> {
+        Pd::alloc(self)
+    }
+
+    /// Creates a CQ of at least `entries` CQEs, with completion events if `events`.
+    pub fn create_cq(self: &Arc<Self>, entries: u32, events: bool) -> Result<Cq, VerbsError> {
+        Cq::create(self, &CqRequest { entries, events })
+    }
+
+    /// Logs and counts a failed release; used by every Drop of the control objects.
+    pub(crate) fn released(&self, verb: &'static str, result: Result<(), VerbsError>) {
+        if let Err(e) = result {
+            self.stats.destroy_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(device = %self.device, verb, error = %e, "release failed; resource leaked");
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Completion queues.
+
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::datapath::cq::{Attachments, CompletionQueue};
+use crate::datapath::wr::WorkCompletion;
+use crate::provider::{CompletionEvents, CqRequest, Handle, VerbsError};
+
+use super::Context;
+
+/// The control half of a CQ, shared with the QPs that complete into it; destroys the CQ when
+/// the last of them goes.
+pub(crate) struct CqShared {
+    pub ctx: Arc<Context>,
+    pub handle: Handle,
+    pub cqn: u32,
+    pub events: Option<Arc<dyn CompletionEvents>>,
+    pub attachments: Arc<Attachments>,
+}
+
+impl Drop for CqShared {
+    fn drop(&mut self) {
+        self.ctx
+            .released("destroy_cq", self.ctx.provider().destroy_cq(self.handle));
+    }
+}
+
+/// A completion queue: the poller (hot) and its control half.
+pub struct Cq {
+    poller: CompletionQueue,
+    shared: Arc<CqShared>,
+}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cq")
+            .field("device", &self.shared.ctx.name())
+            .field("cqn", &self.shared.cqn)
+            .field("poller", &self.poller)
+            .finish()
+    }
+}
+
+fn bad_geometry(ctx: &Context, what: String) -> VerbsError {
+    VerbsError::InvalidArgument {
+        device: ctx.name().to_string(),
+        verb: "create_cq",
+        what,
+    }
+}
+
+impl Cq {
+    pub(crate) fn create(ctx: &Arc<Context>, req: &CqRequest) -> Result<Cq, VerbsError> {
+        let raw = ctx.provider().create_cq(req)?;
+        let shared = Arc::new(CqShared {
+            ctx: ctx.clone(),
+            handle: raw.handle,
+            cqn: raw.cqn,
+            events: raw.events.clone(),
+            attachments: Arc::new(Attachments::default()),
+        });
+        // A provider that hands out a ring we cannot poll safely is refused here (and the CQ
+        // destroyed by `shared`'s drop), never trusted on the datapath.
+        if !raw.cqe_cnt.is_power_of_two() || raw.cqe_cnt < req.entries {
+            return Err(bad_geometry(
+                ctx,
+                format!(
+                    "provider returned {} CQEs for {} asked",
+                    raw.cqe_cnt, req.entries
+                ),
+            ));
+        }
+        if raw.cqe_size != 64 && raw.cqe_size != 128 {
+            return Err(bad_geometry(
+                ctx,
+                format!("CQE size {} (expected 64 or 128)", raw.cqe_size),
+            ));
+        }
+        let poller = CompletionQueue::new(
+            raw.buf,
+            raw.cqe_cnt,
+            raw.cqe_size,
+            NonNull::cast::<AtomicU32>(raw.dbrec),
+            shared.attachments.clone(),
+        );
+        Ok(Cq { poller, shared })
+    }
+
+    /// Polls up to `wcs.len()` completions into `wcs`; returns how many.
+    #[inline]
+    pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        self.poller.poll(wcs)
+    }
+
+    /// The CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.shared.cqn
+    }
+
+    /// The device.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.shared.ctx
+    }
+
+    /// The poller itself (ring, consumer index, statistics).
+    pub fn poller(&mut self) -> &mut CompletionQueue {
+        &mut self.poller
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<CqShared> {
+        &self.shared
+    }
+
+    /// Drops every CQE of `qpn` still in the ring (after resetting or destroying that QP).
+    pub fn discard_qp(&mut self, qpn: u32) -> u32 {
+        self.poller.discard_qp(qpn)
+    }
+
+    /// Arms completion events: the next CQE signals [`Cq::wait_event`]. An error if the CQ
+    /// was created without events.
+    pub fn arm(&self) -> Result<(), VerbsError> {
+        self.events("arm_cq")?.arm()
+    }
+
+    /// Waits for a completion event, at most `timeout`; true if one came.
+    pub fn wait_event(&self, timeout: Option<Duration>) -> Result<bool, VerbsError> {
+        self.events("wait_event")?.wait(timeout)
+    }
+
+    fn events(&self, verb: &'static str) -> Result<&Arc<dyn CompletionEvents>, VerbsError> {
+        self.shared
+            .events
+            .as_ref()
+            .ok_or_else(|| VerbsError::InvalidArgument {
+                device: self.shared.ctx.name().to_string(),
+                verb,
+                what: format!(
+                    "CQ {:#x} was created without completion events",
+                    self.shared.cqn
+                ),
+            })
+    }
+}

@@ -1,0 +1,17 @@
+//! Control objects: the device context, protection domains, memory regions, completion
+//! queues and queue pairs. Children hold their parents by `Arc`, so a parent outlives every
+//! object made from it; each `Drop` releases its object and never panics: a device that
+//! refuses (a dead NIC) gets its failure logged and counted in [`ControlStats`].
+
+mod context;
+mod cq;
+mod pd;
+mod qp;
+
+pub use context::{Context, ContextConfig, ControlStats, OpenError};
+pub use cq::Cq;
+pub use pd::{Mr, Pd, RegisteredBuffer};
+pub use qp::{ModifyError, Qp, QpHandle, SavedAttrs};
+
+#[cfg(test)]
+mod tests;

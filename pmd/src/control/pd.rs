@@ -1,0 +1,285 @@
+//! Protection domains, memory regions and registered buffers.
+
+use std::sync::Arc;
+
+use crate::datapath::wr::{Remote, Sge};
+use crate::keys::MrEntry;
+use crate::memory::{Block, PageSize};
+use crate::provider::{Handle, RawMr, VerbsError};
+use crate::verbs::Access;
+
+use super::Context;
+
+/// A protection domain: MRs and QPs of one PD may work together, others may not.
+#[derive(Debug)]
+pub struct Pd {
+    ctx: Arc<Context>,
+    handle: Handle,
+    id: u32,
+}
+
+impl Pd {
+    pub(crate) fn alloc(ctx: &Arc<Context>) -> Result<Arc<Pd>, VerbsError> {
+        let handle = ctx.provider().alloc_pd()?;
+        Ok(Arc::new(Pd {
+            ctx: ctx.clone(),
+            handle,
+            id: ctx.next_pd_id(),
+        }))
+    }
+
+    /// The device.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    pub(crate) fn handle(&self) -> Handle {
+        self.handle
+    }
+
+    /// The driver's id of this PD (what the key table records).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Registers `len` bytes at `addr`.
+    ///
+    /// # Safety
+    /// The range must stay mapped until the returned [`Mr`] is dropped, and the caller must
+    /// not rely on exclusive access to it while work requests that name it are outstanding:
+    /// the device reads and writes it as those requests say, as with `ibv_reg_mr`.
+    pub unsafe fn register(
+        self: &Arc<Self>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, VerbsError> {
+        // SAFETY: forwarded from this function's contract.
+        let raw = unsafe { self.ctx.provider().reg_mr(self.handle, addr, len, access)? };
+        let entry = MrEntry {
+            lkey: raw.lkey,
+            rkey: raw.rkey,
+            addr: addr as u64,
+            len: len as u64,
+            access,
+            pd: self.id,
+        };
+        if let Err(e) = self.ctx.keys().insert(entry) {
+            self.ctx
+                .released("dereg_mr", self.ctx.provider().dereg_mr(raw.handle));
+            return Err(VerbsError::OutOfResources {
+                device: self.ctx.name().to_string(),
+                verb: "reg_mr",
+                what: e.to_string(),
+            });
+        }
+        Ok(Mr {
+            pd: self.clone(),
+            raw,
+            entry,
+        })
+    }
+
+    /// Allocates `len` bytes from the device's pool (hugepages when available) and registers
+    /// them with `access`.
+    pub fn alloc_buffer(
+        self: &Arc<Self>,
+        len: usize,
+        access: Access,
+    ) -> Result<RegisteredBuffer, VerbsError> {
+        let block =
+            self.ctx
+                .memory()
+                .alloc(len.max(1), 64)
+                .map_err(|e| VerbsError::OutOfResources {
+                    device: self.ctx.name().to_string(),
+                    verb: "alloc_buffer",
+                    what: e.to_string(),
+                })?;
+        // SAFETY: the block is ours, stays mapped until the RegisteredBuffer (which owns it)
+        // drops, and the buffer drops its MR before its block.
+        let mr = unsafe { self.register(block.as_ptr(), len.max(1), access)? };
+        Ok(RegisteredBuffer { mr, block })
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        self.ctx
+            .released("dealloc_pd", self.ctx.provider().dealloc_pd(self.handle));
+    }
+}
+
+/// A registered memory region. Deregistered on drop: its key leaves the key table first, so
+/// posts naming it fail at once, then the device forgets it.
+#[derive(Debug)]
+pub struct Mr {
+    pd: Arc<Pd>,
+    raw: RawMr,
+    entry: MrEntry,
+}
+
+impl Mr {
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        self.raw.lkey
+    }
+
+    /// The remote key, for the peer.
+    pub fn rkey(&self) -> u32 {
+        self.raw.rkey
+    }
+
+    /// First byte.
+    pub fn addr(&self) -> u64 {
+        self.entry.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.entry.len as usize
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entry.len == 0
+    }
+
+    /// Access rights.
+    pub fn access(&self) -> Access {
+        self.entry.access
+    }
+
+    /// The PD.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// A gather/scatter entry for `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge::new(self.entry.addr + offset as u64, len, self.raw.lkey)
+    }
+
+    /// What a peer needs to reach `offset` of this region.
+    pub fn remote(&self, offset: usize) -> Remote {
+        Remote {
+            addr: self.entry.addr + offset as u64,
+            rkey: self.raw.rkey,
+        }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let ctx = self.pd.context();
+        ctx.keys().remove(self.raw.lkey);
+        ctx.released("dereg_mr", ctx.provider().dereg_mr(self.raw.handle));
+    }
+}
+
+/// Pool memory registered as one MR: what applications post from and into.
+#[derive(Debug)]
+pub struct RegisteredBuffer {
+    // Field order matters: the MR is deregistered before the block returns to the pool.
+    mr: Mr,
+    block: Block,
+}
+
+impl RegisteredBuffer {
+    /// The MR.
+    pub fn mr(&self) -> &Mr {
+        &self.mr
+    }
+
+    /// First byte's address.
+    pub fn addr(&self) -> u64 {
+        self.mr.addr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mr.len()
+    }
+
+    /// Whether the buffer is empty (never: buffers have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.mr.is_empty()
+    }
+
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        self.mr.lkey()
+    }
+
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        self.mr.rkey()
+    }
+
+    /// The page size backing the buffer.
+    pub fn page_size(&self) -> PageSize {
+        self.block.page_size()
+    }
+
+    /// A gather/scatter entry for `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        self.mr.sge(offset, len)
+    }
+
+    /// What a peer needs to reach `offset`.
+    pub fn remote(&self, offset: usize) -> Remote {
+        self.mr.remote(offset)
+    }
+
+    /// Start of the buffer.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.block.as_ptr()
+    }
+
+    fn check_range(&self, offset: usize, len: usize) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len()),
+            "range {offset}+{len} outside a buffer of {} bytes",
+            self.len()
+        );
+    }
+
+    /// Copies `data` into the buffer at `offset`. Panics if the range is outside the buffer
+    /// (a programming error, like slice indexing).
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.check_range(offset, data.len());
+        // SAFETY: the range is inside the block (checked). The device may be accessing other
+        // parts (or, if the application got its ordering wrong, this part); a byte copy
+        // through raw pointers never creates a Rust reference to the shared bytes.
+        unsafe { std::ptr::copy(data.as_ptr(), self.as_ptr().add(offset), data.len()) }
+    }
+
+    /// Copies bytes at `offset` out of the buffer. Panics if the range is outside the buffer.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        self.check_range(offset, out.len());
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy(self.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Reads a native-endian u64 at `offset` (an atomic's result lands as one).
+    pub fn read_u64(&self, offset: usize) -> u64 {
+        let mut b = [0u8; 8];
+        self.read(offset, &mut b);
+        u64::from_ne_bytes(b)
+    }
+
+    /// Writes a native-endian u64 at `offset` (an atomic's target).
+    pub fn write_u64(&self, offset: usize, value: u64) {
+        self.write(offset, &value.to_ne_bytes());
+    }
+
+    /// The buffer as a slice.
+    ///
+    /// # Safety
+    /// No outstanding work request may write the buffer while the slice lives (RDMA WRITEs
+    /// from a peer, receives, READ responses), as with any DMA memory.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: the block is len bytes, mapped while self lives; the caller excludes writers.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
+    }
+}

@@ -1,0 +1,437 @@
+//! RC queue pairs: creation, state transitions through the table, saved bring-up attributes,
+//! and the datapath entry points.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::datapath::cq::Attachment;
+use crate::datapath::rq::{RecvQueue, RecvQueueParts};
+use crate::datapath::sq::{DoorbellError, SendQueue, SendQueueParts};
+use crate::datapath::track::{RecvTrack, SendTrack};
+use crate::datapath::wr::{PostError, RecvWr, SendWr};
+use crate::provider::{Handle, QpRequest, RawQp, VerbsError};
+use crate::qp_state::{check_transition, QpState, TransitionError};
+use crate::verbs::{QpAttr, QpCaps};
+
+use super::cq::CqShared;
+use super::{Cq, Pd};
+
+/// The largest WQE is 63 units of 16 bytes; an atomic header takes 3 of them.
+const MAX_DATA_UNITS: u32 = 63 - 3;
+
+/// Why a QP state change failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModifyError {
+    /// The transition table refused it before the device saw it.
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    /// The device refused it.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// `bring_up_again` needs attributes of a transition the QP never went through.
+    #[error(
+        "QP {qpn:#x} has no saved attributes for the transition to {state}: bring it up once first"
+    )]
+    NotSaved {
+        /// The QP.
+        qpn: u32,
+        /// The transition whose attributes are missing.
+        state: QpState,
+    },
+}
+
+/// The attributes a QP was brought up with, kept so it can be brought up again after a reset
+/// without the application (what the failover layer does after moving traffic away).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SavedAttrs {
+    /// RESET -> INIT (merged with later INIT -> INIT changes).
+    pub init: Option<QpAttr>,
+    /// INIT -> RTR.
+    pub rtr: Option<QpAttr>,
+    /// RTR -> RTS (merged with later RTS -> RTS changes).
+    pub rts: Option<QpAttr>,
+}
+
+fn merge(into: &mut Option<QpAttr>, attr: &QpAttr) {
+    let target = into.get_or_insert_with(QpAttr::default);
+    macro_rules! take {
+        ($($f:ident),*) => { $( if attr.$f.is_some() { target.$f = attr.$f; } )* };
+    }
+    take!(
+        access,
+        pkey_index,
+        port,
+        av,
+        path_mtu,
+        dest_qpn,
+        rq_psn,
+        max_dest_rd_atomic,
+        min_rnr_timer,
+        sq_psn,
+        timeout,
+        retry_cnt,
+        rnr_retry,
+        max_rd_atomic
+    );
+}
+
+/// The control half of a QP: parents, attributes, state. Shared with [`QpHandle`]s; destroys
+/// the QP when the last holder goes.
+pub(crate) struct QpControl {
+    pd: Arc<Pd>,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+    handle: Handle,
+    qpn: u32,
+    caps: QpCaps,
+    state: Arc<AtomicU8>,
+    saved: Mutex<SavedAttrs>,
+}
+
+impl QpControl {
+    fn state(&self) -> QpState {
+        QpState::from_ibv(self.state.load(Ordering::Acquire)).unwrap_or(QpState::Err)
+    }
+
+    /// Checks, applies and records one transition. Serialised by the `saved` lock, so two
+    /// threads cannot interleave transitions of one QP.
+    fn modify(&self, to: QpState, attr: &QpAttr) -> Result<(), ModifyError> {
+        let mut saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
+        let from = self.state();
+        check_transition(from, to, attr.mask())?;
+        self.pd
+            .context()
+            .provider()
+            .modify_qp(self.handle, to, attr)?;
+        self.state.store(to as u8, Ordering::Release);
+        match (from, to) {
+            (QpState::Reset, QpState::Init) => saved.init = Some(attr.clone()),
+            (QpState::Init, QpState::Init) => merge(&mut saved.init, attr),
+            (QpState::Init, QpState::Rtr) => saved.rtr = Some(attr.clone()),
+            (QpState::Rtr, QpState::Rts) => saved.rts = Some(attr.clone()),
+            (QpState::Rts, QpState::Rts) => merge(&mut saved.rts, attr),
+            _ => {}
+        }
+        tracing::debug!(device = %self.pd.context().name(), qpn = self.qpn, %from, %to, "QP state change");
+        Ok(())
+    }
+}
+
+impl Drop for QpControl {
+    fn drop(&mut self) {
+        self.send_cq.attachments.detach(self.qpn);
+        self.recv_cq.attachments.detach(self.qpn);
+        let ctx = self.pd.context();
+        ctx.released("destroy_qp", ctx.provider().destroy_qp(self.handle));
+    }
+}
+
+/// A thread-safe handle to a QP's control half, for work that must not wait for the lcore
+/// that owns the datapath (the service lcore moving a QP to ERR on link-down).
+#[derive(Clone)]
+pub struct QpHandle {
+    ctl: Arc<QpControl>,
+}
+
+impl std::fmt::Debug for QpHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QpHandle")
+            .field("qpn", &self.ctl.qpn)
+            .field("state", &self.ctl.state())
+            .finish()
+    }
+}
+
+impl QpHandle {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.ctl.qpn
+    }
+
+    /// The state the driver last moved the QP to.
+    pub fn state(&self) -> QpState {
+        self.ctl.state()
+    }
+
+    /// The state the device reports (it may have moved to ERR on its own).
+    pub fn query_device_state(&self) -> Result<QpState, VerbsError> {
+        self.ctl.pd.context().provider().query_qp(self.ctl.handle)
+    }
+
+    /// Moves the QP to ERR now: the device flushes its outstanding work with WR_FLUSH_ERR and
+    /// new sends are refused at post time.
+    pub fn set_error(&self) -> Result<(), ModifyError> {
+        self.ctl.modify(QpState::Err, &QpAttr::default())
+    }
+}
+
+/// An RC queue pair: its send and receive queues (hot) and its control half.
+pub struct Qp {
+    sq: SendQueue,
+    rq: RecvQueue,
+    ctl: Arc<QpControl>,
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("device", &self.ctl.pd.context().name())
+            .field("qpn", &self.ctl.qpn)
+            .field("state", &self.ctl.state())
+            .finish_non_exhaustive()
+    }
+}
+
+fn invalid(pd: &Pd, verb: &'static str, what: String) -> VerbsError {
+    VerbsError::InvalidArgument {
+        device: pd.context().name().to_string(),
+        verb,
+        what,
+    }
+}
+
+impl Qp {
+    pub(crate) fn create(
+        pd: &Arc<Pd>,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+    ) -> Result<Qp, VerbsError> {
+        let ctx = pd.context();
+        if !Arc::ptr_eq(send_cq.context(), ctx) || !Arc::ptr_eq(recv_cq.context(), ctx) {
+            return Err(invalid(
+                pd,
+                "create_qp",
+                "the CQs belong to another device".into(),
+            ));
+        }
+        let inline_units = if caps.max_inline_data == 0 {
+            0
+        } else {
+            hw_defs::mlx5::wqe::inline_ds(caps.max_inline_data as usize) as u32
+        };
+        if caps.max_send_sge > MAX_DATA_UNITS || inline_units > MAX_DATA_UNITS {
+            return Err(invalid(
+                pd,
+                "create_qp",
+                format!(
+                    "max_send_sge {} / max_inline_data {} do not fit a 63-unit WQE",
+                    caps.max_send_sge, caps.max_inline_data
+                ),
+            ));
+        }
+        let raw = ctx.provider().create_qp(&QpRequest {
+            pd: pd.handle(),
+            send_cq: send_cq.shared().handle,
+            recv_cq: recv_cq.shared().handle,
+            caps,
+        })?;
+        let RawQp {
+            handle,
+            qpn,
+            sq,
+            rq,
+            dbrec,
+            doorbell,
+            caps: granted,
+        } = raw;
+        let state = Arc::new(AtomicU8::new(QpState::Reset as u8));
+        let ctl = Arc::new(QpControl {
+            pd: pd.clone(),
+            send_cq: send_cq.shared().clone(),
+            recv_cq: recv_cq.shared().clone(),
+            handle,
+            qpn,
+            caps: granted,
+            state: state.clone(),
+            saved: Mutex::new(SavedAttrs::default()),
+        });
+        // From here on `ctl`'s drop destroys the QP if anything below refuses the rings.
+        if !sq.wqe_cnt.is_power_of_two() || sq.stride != 64 {
+            return Err(invalid(
+                pd,
+                "create_qp",
+                format!("send ring of {} x {} bytes", sq.wqe_cnt, sq.stride),
+            ));
+        }
+        if !rq.wqe_cnt.is_power_of_two() || !rq.stride.is_power_of_two() || rq.stride < 16 {
+            return Err(invalid(
+                pd,
+                "create_qp",
+                format!("receive ring of {} x {} bytes", rq.wqe_cnt, rq.stride),
+            ));
+        }
+        let send_track = Arc::new(SendTrack::new(sq.wqe_cnt));
+        let recv_track = Arc::new(RecvTrack::new(rq.wqe_cnt));
+        send_cq.shared().attachments.attach(Attachment {
+            qpn,
+            send: Some(send_track.clone()),
+            recv: None,
+        });
+        recv_cq.shared().attachments.attach(Attachment {
+            qpn,
+            send: None,
+            recv: Some(recv_track.clone()),
+        });
+        let device = ctx.device_arc();
+        let recv_dbrec = dbrec.cast::<AtomicU32>();
+        // SAFETY: the doorbell record is two 32-bit words; the send counter is the second.
+        let send_dbrec = unsafe {
+            NonNull::new_unchecked(recv_dbrec.as_ptr().add(hw_defs::mlx5::dbrec::SND_DBR))
+        };
+        let sq = SendQueue::new(SendQueueParts {
+            ring: sq.buf,
+            bbs: sq.wqe_cnt,
+            qpn,
+            pd: pd.id(),
+            max_inline: granted
+                .max_inline_data
+                .min(caps.max_inline_data.max(granted.max_inline_data)),
+            max_sge: granted.max_send_sge,
+            dbrec: send_dbrec,
+            doorbell,
+            track: send_track,
+            keys: ctx.keys().clone(),
+            state: state.clone(),
+            device: device.clone(),
+        });
+        let rq = RecvQueue::new(RecvQueueParts {
+            ring: rq.buf,
+            slots: rq.wqe_cnt,
+            stride: rq.stride,
+            max_sge: granted.max_recv_sge,
+            qpn,
+            pd: pd.id(),
+            dbrec: recv_dbrec,
+            track: recv_track,
+            keys: ctx.keys().clone(),
+            state,
+            device,
+        });
+        Ok(Qp { sq, rq, ctl })
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.ctl.qpn
+    }
+
+    /// The capabilities the device granted.
+    pub fn caps(&self) -> QpCaps {
+        self.ctl.caps
+    }
+
+    /// The state the driver last moved the QP to.
+    pub fn state(&self) -> QpState {
+        self.ctl.state()
+    }
+
+    /// The PD.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.ctl.pd
+    }
+
+    /// A thread-safe handle to the control half.
+    pub fn handle(&self) -> QpHandle {
+        QpHandle {
+            ctl: self.ctl.clone(),
+        }
+    }
+
+    /// Moves the QP to `to` with `attr`, through the transition table. Moving to RESET
+    /// returns both rings to index 0 (CQEs of the QP still in its CQs are stale: poll them
+    /// first, or drop them with [`Cq::discard_qp`]).
+    pub fn modify(&mut self, to: QpState, attr: &QpAttr) -> Result<(), ModifyError> {
+        self.ctl.modify(to, attr)?;
+        if to == QpState::Reset {
+            self.sq.reset();
+            self.rq.reset();
+        }
+        Ok(())
+    }
+
+    /// The attributes the QP was brought up with.
+    pub fn saved_attributes(&self) -> SavedAttrs {
+        self.ctl
+            .saved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Changes the saved attributes (new PSNs or a new peer QPN after the peer reset too).
+    pub fn update_saved_attributes(&mut self, change: impl FnOnce(&mut SavedAttrs)) {
+        change(&mut self.ctl.saved.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// RESET, then INIT, RTR and RTS again with the saved attributes: a QP that failed (or was
+    /// moved away from) works again without the application.
+    pub fn bring_up_again(&mut self) -> Result<(), ModifyError> {
+        let saved = self.saved_attributes();
+        let qpn = self.qpn();
+        let init = saved.init.ok_or(ModifyError::NotSaved {
+            qpn,
+            state: QpState::Init,
+        })?;
+        let rtr = saved.rtr.ok_or(ModifyError::NotSaved {
+            qpn,
+            state: QpState::Rtr,
+        })?;
+        let rts = saved.rts.ok_or(ModifyError::NotSaved {
+            qpn,
+            state: QpState::Rts,
+        })?;
+        self.modify(QpState::Reset, &QpAttr::default())?;
+        self.modify(QpState::Init, &init)?;
+        self.modify(QpState::Rtr, &rtr)?;
+        self.modify(QpState::Rts, &rts)
+    }
+
+    /// Validates `wr` and writes its WQE; returns its WQE index. Nothing reaches the device
+    /// until [`Qp::ring_doorbell`].
+    #[inline]
+    pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
+        self.sq.post(wr)
+    }
+
+    /// Publishes every WQE written so far with one doorbell.
+    #[inline]
+    pub fn ring_doorbell(&mut self) {
+        self.sq.ring_doorbell()
+    }
+
+    /// Publishes the WQEs up to and including the one at `index`; later ones stay withheld.
+    pub fn ring_doorbell_through(&mut self, index: u16) -> Result<(), DoorbellError> {
+        self.sq.ring_doorbell_through(index)
+    }
+
+    /// Writes and publishes a receive.
+    #[inline]
+    pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
+        self.rq.post(wr)
+    }
+
+    /// The send queue: counters, outstanding WQEs, raw WQE copy-in and copy-out.
+    pub fn send_queue(&mut self) -> &mut SendQueue {
+        &mut self.sq
+    }
+
+    /// The receive queue.
+    pub fn recv_queue(&mut self) -> &mut RecvQueue {
+        &mut self.rq
+    }
+}
+
+impl Pd {
+    /// Creates an RC QP (in RESET) whose sends complete in `send_cq` and receives in
+    /// `recv_cq` (which may be the same CQ).
+    pub fn create_qp(
+        self: &Arc<Self>,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+    ) -> Result<Qp, VerbsError> {
+        Qp::create(self, send_cq, recv_cq, caps)
+    }
+}

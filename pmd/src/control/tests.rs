@@ -1,0 +1,876 @@
+//! Control objects and the datapath against the fake provider: the test reads the WQEs the
+//! driver wrote and writes the CQEs it polls, byte for byte in the mlx5 layouts.
+
+use std::sync::Arc;
+
+use hw_defs::mlx5::{
+    AtomicSeg, AtomicSegRepr, CqeOpcode, CqeRepr, CtrlSeg, CtrlSegRepr, DataSeg, DataSegRepr,
+    FenceMode, InlineSeg, RaddrSeg, RaddrSegRepr, SendOpcode, Syndrome,
+};
+
+use super::*;
+use crate::datapath::sq::rewrite_keys;
+use crate::datapath::wr::*;
+use crate::memory::{HugepagePolicy, MemoryPool};
+use crate::provider::testing::{FakeProvider, Shared};
+use crate::qp_state::{QpState, TransitionError};
+use crate::verbs::{Access, AddressVector, Gid, Mtu, QpAttr, QpCaps};
+
+struct Rig {
+    fake: Arc<FakeProvider>,
+    ctx: Arc<Context>,
+    pd: Arc<Pd>,
+    cq: Cq,
+    qp: Qp,
+    buf: RegisteredBuffer,
+}
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 4,
+        max_send_sge: 4,
+        max_recv_sge: 2,
+        max_inline_data: 64,
+    }
+}
+
+fn connect(qp: &mut Qp) {
+    qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
+        .unwrap();
+    let av = AddressVector::to_gid(Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2)));
+    qp.modify(QpState::Rtr, &QpAttr::rtr(av, 0x99, 100, Mtu::Mtu1024))
+        .unwrap();
+    qp.modify(QpState::Rts, &QpAttr::rts(200)).unwrap();
+}
+
+fn rig_with(caps: QpCaps) -> Rig {
+    let pool = MemoryPool::new(HugepagePolicy::Never);
+    let fake = FakeProvider::new(&pool);
+    let ctx = Context::with_provider(
+        Box::new(Shared(fake.clone())),
+        pool,
+        &ContextConfig::default(),
+    );
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, false).unwrap();
+    let mut qp = pd.create_qp(&cq, &cq, caps).unwrap();
+    connect(&mut qp);
+    let buf = pd.alloc_buffer(8192, Access::ALL).unwrap();
+    Rig {
+        fake,
+        ctx,
+        pd,
+        cq,
+        qp,
+        buf,
+    }
+}
+
+fn rig() -> Rig {
+    rig_with(caps())
+}
+
+fn remote() -> Remote {
+    Remote {
+        addr: 0x7000_0000,
+        rkey: 0xabcd,
+    }
+}
+
+fn ctrl_of(bb: &[u8]) -> CtrlSegRepr {
+    CtrlSegRepr::parse(&CtrlSeg::new_checked(&bb[..16]).unwrap()).unwrap()
+}
+
+// ---- control objects ----
+
+#[test]
+fn objects_keep_their_parents_alive_and_release_everything_on_drop() {
+    let r = rig();
+    let fake = r.fake.clone();
+    assert!(fake.live_objects() > 0);
+    let Rig {
+        ctx,
+        pd,
+        cq,
+        qp,
+        buf,
+        ..
+    } = r;
+    // Dropping the application's handles to the parents first is fine: children hold them.
+    drop(ctx);
+    drop(pd);
+    drop(cq);
+    assert_eq!(qp.state(), QpState::Rts);
+    drop(qp);
+    drop(buf);
+    assert_eq!(fake.live_objects(), 0);
+}
+
+#[test]
+fn a_device_that_refuses_to_destroy_is_logged_and_counted_not_a_panic() {
+    let r = rig();
+    let ctx = r.ctx.clone();
+    r.fake
+        .fail_destroy
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let Rig {
+        pd, cq, qp, buf, ..
+    } = r;
+    drop(buf); // dereg_mr fails
+    drop(qp); // destroy_qp fails
+    drop(cq); // destroy_cq fails
+    drop(pd); // dealloc_pd fails
+    assert_eq!(ctx.stats().destroy_failures(), 4);
+}
+
+#[test]
+fn qp_brings_up_through_the_table_and_saves_its_attributes() {
+    let r = rig();
+    assert_eq!(r.qp.state(), QpState::Rts);
+    assert_eq!(r.fake.qp(r.qp.qpn()).state, QpState::Rts);
+    let saved = r.qp.saved_attributes();
+    assert_eq!(saved.rtr.unwrap().dest_qpn, Some(0x99));
+    assert_eq!(saved.rts.unwrap().sq_psn, Some(200));
+}
+
+#[test]
+fn illegal_transitions_and_missing_attributes_are_refused_before_the_device() {
+    let r = rig();
+    let mut qp = r.pd.create_qp(&r.cq, &r.cq, caps()).unwrap();
+    let err = qp.modify(QpState::Rts, &QpAttr::rts(0)).unwrap_err();
+    assert_eq!(
+        err,
+        ModifyError::Transition(TransitionError::Illegal {
+            from: QpState::Reset,
+            to: QpState::Rts
+        })
+    );
+    let mut attr = QpAttr::init(Access::ALL);
+    attr.port = None;
+    let err = qp.modify(QpState::Init, &attr).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "QP transition RESET -> INIT is missing required attributes: port"
+    );
+    assert_eq!(qp.state(), QpState::Reset);
+    assert_eq!(r.fake.qp(qp.qpn()).state, QpState::Reset);
+}
+
+#[test]
+fn a_device_refusing_a_transition_leaves_the_state_unchanged() {
+    let r = rig();
+    let mut qp = r.pd.create_qp(&r.cq, &r.cq, caps()).unwrap();
+    r.fake
+        .fail_modify
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let err = qp
+        .modify(QpState::Init, &QpAttr::init(Access::ALL))
+        .unwrap_err();
+    assert!(matches!(err, ModifyError::Verbs(_)), "{err}");
+    assert_eq!(qp.state(), QpState::Reset);
+}
+
+#[test]
+fn a_reset_qp_comes_back_from_saved_attributes_with_empty_rings() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 64);
+    r.qp.post_send(&SendWr::new(1, SendOp::Write { remote: remote() }, &[sge]))
+        .unwrap();
+    r.qp.ring_doorbell();
+    r.qp.handle().set_error().unwrap();
+    assert_eq!(r.qp.state(), QpState::Err);
+    r.qp.bring_up_again().unwrap();
+    assert_eq!(r.qp.state(), QpState::Rts);
+    assert_eq!(r.fake.qp(r.qp.qpn()).state, QpState::Rts);
+    assert_eq!(r.qp.send_queue().written(), 0);
+    // And it works: the next WQE is index 0 again.
+    let idx =
+        r.qp.post_send(&SendWr::new(2, SendOp::Write { remote: remote() }, &[sge]))
+            .unwrap();
+    assert_eq!(idx, 0);
+}
+
+#[test]
+fn bring_up_again_without_a_first_bring_up_says_what_is_missing() {
+    let r = rig();
+    let mut qp = r.pd.create_qp(&r.cq, &r.cq, caps()).unwrap();
+    let err = qp.bring_up_again().unwrap_err();
+    assert_eq!(
+        err,
+        ModifyError::NotSaved {
+            qpn: qp.qpn(),
+            state: QpState::Init
+        }
+    );
+}
+
+#[test]
+fn saved_attributes_can_be_updated_for_a_new_peer() {
+    let mut r = rig();
+    r.qp.update_saved_attributes(|s| s.rtr.as_mut().unwrap().dest_qpn = Some(0x77));
+    r.qp.bring_up_again().unwrap();
+    assert_eq!(r.qp.saved_attributes().rtr.unwrap().dest_qpn, Some(0x77));
+}
+
+// ---- WQE building ----
+
+#[test]
+fn a_write_is_ctrl_raddr_and_one_data_segment_in_one_block() {
+    let mut r = rig();
+    let sge = r.buf.sge(128, 256);
+    let wr = SendWr::new(7, SendOp::Write { remote: remote() }, &[sge]).signaled();
+    let idx = r.qp.post_send(&wr).unwrap();
+    assert_eq!(idx, 0);
+    let bb = r.fake.qp(r.qp.qpn()).sq_bb(0);
+    let ctrl = ctrl_of(&bb);
+    assert_eq!(ctrl.opcode, SendOpcode::RdmaWrite);
+    assert_eq!(ctrl.wqe_index, 0);
+    assert_eq!(ctrl.qpn, r.qp.qpn());
+    assert_eq!(ctrl.ds, 3);
+    assert!(ctrl.signaled);
+    assert_eq!(ctrl.fence, FenceMode::None);
+    let raddr = RaddrSegRepr::parse(&RaddrSeg::new_checked(&bb[16..32]).unwrap()).unwrap();
+    assert_eq!(
+        raddr,
+        RaddrSegRepr {
+            raddr: 0x7000_0000,
+            rkey: 0xabcd
+        }
+    );
+    let data = DataSegRepr::parse(&DataSeg::new_checked(&bb[32..48]).unwrap()).unwrap();
+    assert_eq!(
+        data,
+        DataSegRepr {
+            byte_count: 256,
+            lkey: r.buf.lkey(),
+            addr: r.buf.addr() + 128
+        }
+    );
+}
+
+#[test]
+fn every_opcode_is_encoded_with_its_segments() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let cases: Vec<(SendOp, SendOpcode, u8, u32)> = vec![
+        (SendOp::Send, SendOpcode::Send, 2, 0),
+        (
+            SendOp::SendImm { imm: 0x1234 },
+            SendOpcode::SendImm,
+            2,
+            0x1234,
+        ),
+        (
+            SendOp::Write { remote: remote() },
+            SendOpcode::RdmaWrite,
+            3,
+            0,
+        ),
+        (
+            SendOp::WriteImm {
+                remote: remote(),
+                imm: 0xfeed,
+            },
+            SendOpcode::RdmaWriteImm,
+            3,
+            0xfeed,
+        ),
+        (
+            SendOp::Read { remote: remote() },
+            SendOpcode::RdmaRead,
+            3,
+            0,
+        ),
+        (
+            SendOp::CompareSwap {
+                remote: remote(),
+                compare: 5,
+                swap: 9,
+            },
+            SendOpcode::AtomicCs,
+            4,
+            0,
+        ),
+        (
+            SendOp::FetchAdd {
+                remote: remote(),
+                add: 3,
+            },
+            SendOpcode::AtomicFa,
+            4,
+            0,
+        ),
+    ];
+    for (i, (op, opcode, ds, imm)) in cases.into_iter().enumerate() {
+        let idx =
+            r.qp.post_send(&SendWr::new(i as u64, op, &[sge]).signaled())
+                .unwrap();
+        let bb = r.fake.qp(r.qp.qpn()).sq_bb(u32::from(idx));
+        let ctrl = ctrl_of(&bb);
+        assert_eq!(
+            (ctrl.opcode, ctrl.ds, ctrl.imm),
+            (opcode, ds, imm),
+            "{op:?}"
+        );
+        if opcode.has_atomic_seg() {
+            let atomic =
+                AtomicSegRepr::parse(&AtomicSeg::new_checked(&bb[32..48]).unwrap()).unwrap();
+            let expected = match op {
+                SendOp::CompareSwap { .. } => AtomicSegRepr {
+                    swap_add: 9,
+                    compare: 5,
+                },
+                _ => AtomicSegRepr {
+                    swap_add: 3,
+                    compare: 0,
+                },
+            };
+            assert_eq!(atomic, expected);
+        }
+        // Complete it so the next one has room.
+        r.fake.cq(0).req(r.qp.qpn(), idx, 8);
+        let mut wcs = [WorkCompletion::EMPTY; 1];
+        assert_eq!(r.cq.poll(&mut wcs), 1);
+        assert_eq!(wcs[0].opcode, op.wc_opcode());
+    }
+}
+
+#[test]
+fn fence_and_solicited_flags_reach_the_control_segment() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let mut wr = SendWr::new(1, SendOp::Send, &[sge]).fenced();
+    wr.flags = wr.flags | SendFlags::SOLICITED;
+    r.qp.post_send(&wr).unwrap();
+    let ctrl = ctrl_of(&r.fake.qp(r.qp.qpn()).sq_bb(0));
+    assert_eq!(ctrl.fence, FenceMode::SmallAndFence);
+    assert!(ctrl.solicited);
+    assert!(!ctrl.signaled);
+}
+
+#[test]
+fn inline_data_is_copied_into_the_wqe() {
+    let mut r = rig();
+    let payload: Vec<u8> = (0..40u8).collect();
+    r.qp.post_send(&SendWr::inline(
+        1,
+        SendOp::Write { remote: remote() },
+        &payload,
+    ))
+    .unwrap();
+    let q = r.fake.qp(r.qp.qpn());
+    let ring = q.sq_bytes();
+    let ctrl = ctrl_of(&ring);
+    assert_eq!(ctrl.ds, 2 + 3); // 4-byte header + 40 bytes = 3 units
+    let seg = InlineSeg::new_checked(&ring[32..]).unwrap();
+    assert!(seg.is_inline());
+    assert_eq!(seg.payload_len(), 40);
+    assert_eq!(&ring[36..76], payload.as_slice());
+}
+
+#[test]
+fn a_wqe_that_reaches_the_end_of_the_ring_continues_at_its_start() {
+    let mut r = rig();
+    let bbs = r.qp.send_queue().capacity();
+    let sge = r.buf.sge(0, 8);
+    // Fill all but the last block, completing as we go.
+    for i in 0..bbs - 1 {
+        let idx =
+            r.qp.post_send(
+                &SendWr::new(u64::from(i), SendOp::Write { remote: remote() }, &[sge]).signaled(),
+            )
+            .unwrap();
+        r.fake.cq(0).req(r.qp.qpn(), idx, 8);
+        let mut wcs = [WorkCompletion::EMPTY; 1];
+        assert_eq!(r.cq.poll(&mut wcs), 1);
+    }
+    // A 60-byte inline WRITE takes 2 + 4 units: two blocks, the second at ring index 0.
+    let payload = [0x5au8; 60];
+    let idx =
+        r.qp.post_send(&SendWr::inline(
+            99,
+            SendOp::Write { remote: remote() },
+            &payload,
+        ))
+        .unwrap();
+    assert_eq!(u32::from(idx), bbs - 1);
+    let ring = r.fake.qp(r.qp.qpn()).sq_bytes();
+    let last = (bbs as usize - 1) * 64;
+    assert_eq!(ctrl_of(&ring[last..]).ds, 6);
+    // Header at unit 2 of the last block; 28 payload bytes fit before the end.
+    assert_eq!(&ring[last + 36..last + 64], &payload[..28]);
+    assert_eq!(&ring[..32], &payload[28..]);
+    let mut copy = [0u8; 128];
+    assert_eq!(r.qp.send_queue().copy_wqe(bbs - 1, &mut copy), 128);
+    assert_eq!(&copy[36..96], &payload[..]);
+}
+
+// ---- doorbells ----
+
+#[test]
+fn nothing_is_published_until_the_doorbell_rings() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 64);
+    r.qp.post_send(&SendWr::new(1, SendOp::Write { remote: remote() }, &[sge]))
+        .unwrap();
+    let q = r.fake.qp(r.qp.qpn());
+    assert_eq!(q.dbrec_send(), 0);
+    assert_eq!(q.doorbell_bytes(), [0; 8]);
+    r.qp.ring_doorbell();
+    assert_eq!(q.dbrec_send(), 1);
+    // The register got the first 8 bytes of the control segment.
+    assert_eq!(q.doorbell_bytes(), q.sq_bb(0)[..8]);
+}
+
+#[test]
+fn a_batch_shares_one_doorbell_naming_its_last_wqe() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 64);
+    for i in 0..5 {
+        r.qp.post_send(&SendWr::new(i, SendOp::Write { remote: remote() }, &[sge]))
+            .unwrap();
+    }
+    let q = r.fake.qp(r.qp.qpn());
+    assert_eq!(q.dbrec_send(), 0);
+    r.qp.ring_doorbell();
+    assert_eq!(q.dbrec_send(), 5);
+    assert_eq!(q.doorbell_bytes(), q.sq_bb(4)[..8]);
+    assert_eq!(r.qp.send_queue().published(), 5);
+}
+
+#[test]
+fn ringing_through_an_index_publishes_up_to_it_and_withholds_the_rest() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 64);
+    let mut idx = Vec::new();
+    for i in 0..4 {
+        idx.push(
+            r.qp.post_send(&SendWr::new(i, SendOp::Write { remote: remote() }, &[sge]))
+                .unwrap(),
+        );
+    }
+    let q = r.fake.qp(r.qp.qpn());
+    r.qp.ring_doorbell_through(idx[1]).unwrap();
+    assert_eq!(q.dbrec_send(), 2);
+    assert_eq!(q.doorbell_bytes(), q.sq_bb(1)[..8]);
+    let withheld: Vec<bool> =
+        r.qp.send_queue()
+            .outstanding()
+            .map(|w| w.published)
+            .collect();
+    assert_eq!(withheld, vec![true, true, false, false]);
+    // Already published, or not written: refused and named.
+    assert!(r.qp.ring_doorbell_through(idx[0]).is_err());
+    assert!(r.qp.ring_doorbell_through(7).is_err());
+    r.qp.ring_doorbell();
+    assert_eq!(q.dbrec_send(), 4);
+}
+
+#[test]
+fn ringing_through_the_middle_of_a_wqe_is_refused() {
+    let mut r = rig();
+    let payload = [1u8; 60]; // two blocks
+    r.qp.post_send(&SendWr::inline(
+        1,
+        SendOp::Write { remote: remote() },
+        &payload,
+    ))
+    .unwrap();
+    let err = r.qp.ring_doorbell_through(1).unwrap_err();
+    assert!(err.to_string().contains("not the start"), "{err}");
+}
+
+// ---- post-time validation ----
+
+fn post_err(r: &mut Rig, wr: SendWr<'_>) -> PostError {
+    let before = r.qp.send_queue().written();
+    let e = r.qp.post_send(&wr).unwrap_err();
+    assert_eq!(
+        r.qp.send_queue().written(),
+        before,
+        "a refused post wrote nothing"
+    );
+    e
+}
+
+#[test]
+fn an_unknown_lkey_is_refused_and_named() {
+    let mut r = rig();
+    let sge = Sge::new(r.buf.addr(), 8, 0xdead00);
+    let e = post_err(&mut r, SendWr::new(1, SendOp::Send, &[sge]));
+    assert_eq!(
+        e.to_string(),
+        "lkey 0xdead00 is not registered on device fabric:fake/0"
+    );
+}
+
+#[test]
+fn an_sge_outside_its_mr_is_refused_with_both_ranges() {
+    let mut r = rig();
+    let sge = r.buf.sge(8190, 4);
+    let e = post_err(&mut r, SendWr::new(1, SendOp::Send, &[sge]));
+    assert!(matches!(e, PostError::OutsideMr { len: 4, .. }), "{e}");
+    assert!(e.to_string().contains("lies outside MR"), "{e}");
+}
+
+#[test]
+fn inline_longer_than_max_inline_is_refused() {
+    let mut r = rig();
+    let e = post_err(&mut r, SendWr::inline(1, SendOp::Send, &[0u8; 65]));
+    assert_eq!(e, PostError::InlineTooLong { len: 65, max: 64 });
+}
+
+#[test]
+fn too_many_sges_are_refused() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let e = post_err(&mut r, SendWr::new(1, SendOp::Send, &[sge; 5]));
+    assert_eq!(
+        e,
+        PostError::TooManySges {
+            count: 5,
+            max: 4,
+            queue: "send"
+        }
+    );
+}
+
+#[test]
+fn a_full_send_queue_is_an_error_not_a_wrap() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let capacity = r.qp.send_queue().capacity();
+    for i in 0..capacity {
+        r.qp.post_send(&SendWr::new(u64::from(i), SendOp::Send, &[sge]))
+            .unwrap();
+    }
+    let e = post_err(&mut r, SendWr::new(99, SendOp::Send, &[sge]));
+    assert_eq!(
+        e,
+        PostError::QueueFull {
+            queue: "send",
+            outstanding: capacity,
+            capacity,
+            needed: 1
+        }
+    );
+    // One signaled completion of the last WQE frees everything before it.
+    r.qp.ring_doorbell();
+    r.fake.cq(0).req(r.qp.qpn(), (capacity - 1) as u16, 8);
+    let mut wcs = [WorkCompletion::EMPTY; 4];
+    assert_eq!(r.cq.poll(&mut wcs), 1);
+    r.qp.post_send(&SendWr::new(100, SendOp::Send, &[sge]))
+        .unwrap();
+}
+
+#[test]
+fn posting_outside_rts_is_refused_with_the_state() {
+    let r = rig();
+    let mut qp = r.pd.create_qp(&r.cq, &r.cq, caps()).unwrap();
+    let sge = r.buf.sge(0, 8);
+    let e = qp
+        .post_send(&SendWr::new(1, SendOp::Send, &[sge]))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("QP {:#x} is in RESET; posting sends needs RTS", qp.qpn())
+    );
+    let e = qp.post_recv(&RecvWr::new(1, &[sge])).unwrap_err();
+    assert_eq!(e, PostError::NotReadyToReceive { qpn: qp.qpn() });
+}
+
+#[test]
+fn an_lkey_of_another_pd_is_refused() {
+    let mut r = rig();
+    let other_pd = r.ctx.alloc_pd().unwrap();
+    let other = other_pd.alloc_buffer(64, Access::ALL).unwrap();
+    let e = post_err(&mut r, SendWr::new(1, SendOp::Send, &[other.sge(0, 8)]));
+    assert!(matches!(e, PostError::ForeignLkey { .. }), "{e}");
+}
+
+#[test]
+fn a_read_into_memory_without_local_write_is_refused() {
+    let mut r = rig();
+    let ro = r.pd.alloc_buffer(64, Access::REMOTE_READ).unwrap();
+    let e = post_err(
+        &mut r,
+        SendWr::new(1, SendOp::Read { remote: remote() }, &[ro.sge(0, 8)]),
+    );
+    assert_eq!(e, PostError::NoLocalWrite { lkey: ro.lkey() });
+}
+
+#[test]
+fn atomics_need_one_eight_byte_sge_and_an_aligned_target() {
+    let mut r = rig();
+    let op = SendOp::FetchAdd {
+        remote: remote(),
+        add: 1,
+    };
+    let (sge16, sge8) = (r.buf.sge(0, 16), r.buf.sge(0, 8));
+    let e = post_err(&mut r, SendWr::new(1, op, &[sge16]));
+    assert!(
+        matches!(
+            e,
+            PostError::AtomicSge {
+                count: 1,
+                bytes: 16
+            }
+        ),
+        "{e}"
+    );
+    let misaligned = SendOp::FetchAdd {
+        remote: Remote {
+            addr: 0x7000_0004,
+            rkey: 1,
+        },
+        add: 1,
+    };
+    let e = post_err(&mut r, SendWr::new(1, misaligned, &[sge8]));
+    assert_eq!(e, PostError::MisalignedAtomic { addr: 0x7000_0004 });
+    let e = post_err(&mut r, SendWr::inline(1, op, &[0u8; 8]));
+    assert!(matches!(e, PostError::InlineNotAllowed { .. }), "{e}");
+}
+
+#[test]
+fn a_deregistered_mr_is_unknown_at_once() {
+    let mut r = rig();
+    let tmp = r.pd.alloc_buffer(64, Access::ALL).unwrap();
+    let sge = tmp.sge(0, 8);
+    drop(tmp);
+    let e = post_err(&mut r, SendWr::new(1, SendOp::Send, &[sge]));
+    assert!(matches!(e, PostError::UnknownLkey { .. }), "{e}");
+}
+
+// ---- polling ----
+
+#[test]
+fn unsignaled_wqes_complete_with_the_signaled_one_after_them() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    for i in 0..3 {
+        r.qp.post_send(&SendWr::new(
+            10 + i,
+            SendOp::Write { remote: remote() },
+            &[sge],
+        ))
+        .unwrap();
+    }
+    let last =
+        r.qp.post_send(&SendWr::new(13, SendOp::Write { remote: remote() }, &[sge]).signaled())
+            .unwrap();
+    r.qp.ring_doorbell();
+    r.fake.cq(0).req(r.qp.qpn(), last, 0);
+    let mut wcs = [WorkCompletion::EMPTY; 8];
+    assert_eq!(r.cq.poll(&mut wcs), 1);
+    assert_eq!(wcs[0].wr_id, 13);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(wcs[0].opcode, WcOpcode::RdmaWrite);
+    assert_eq!(wcs[0].qp_num, r.qp.qpn());
+    assert_eq!(r.qp.send_queue().completed(), 4);
+    assert_eq!(r.qp.send_queue().outstanding().count(), 0);
+    assert_eq!(r.fake.cq(0).dbrec_ci(), 1);
+}
+
+#[test]
+fn an_error_cqe_is_decoded_to_its_wc_status_and_flushes_follow() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let a =
+        r.qp.post_send(&SendWr::new(1, SendOp::Write { remote: remote() }, &[sge]).signaled())
+            .unwrap();
+    let b =
+        r.qp.post_send(&SendWr::new(2, SendOp::Write { remote: remote() }, &[sge]))
+            .unwrap();
+    r.qp.ring_doorbell();
+    let cq = r.fake.cq(0);
+    cq.req_err(r.qp.qpn(), a, Syndrome::TransportRetryExcErr);
+    cq.req_err(r.qp.qpn(), b, Syndrome::WrFlushErr);
+    let mut wcs = [WorkCompletion::EMPTY; 8];
+    assert_eq!(r.cq.poll(&mut wcs), 2);
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status, wcs[0].vendor_err),
+        (1, WcStatus::RetryExcErr, 0x81)
+    );
+    assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::WrFlushErr));
+    assert!(!wcs[1].is_ok());
+}
+
+#[test]
+fn receives_complete_in_order_with_their_immediates() {
+    let mut r = rig();
+    for i in 0..3 {
+        r.qp.post_recv(&RecvWr::new(100 + i, &[r.buf.sge(i as usize * 64, 64)]))
+            .unwrap();
+    }
+    let q = r.fake.qp(r.qp.qpn());
+    assert_eq!(q.dbrec_recv(), 3);
+    let cq = r.fake.cq(0);
+    let resp = |opcode, imm| CqeRepr {
+        opcode,
+        wqe_counter: 0,
+        byte_count: 17,
+        imm,
+        qpn: r.qp.qpn(),
+        solicited: false,
+        timestamp: 0,
+    };
+    cq.push(resp(CqeOpcode::RespSend, 0));
+    cq.push(resp(CqeOpcode::RespSendImm, 0xaa));
+    cq.push(resp(CqeOpcode::RespWrImm, 0xbb));
+    let mut wcs = [WorkCompletion::EMPTY; 8];
+    assert_eq!(r.cq.poll(&mut wcs), 3);
+    let got: Vec<_> = wcs[..3]
+        .iter()
+        .map(|w| (w.wr_id, w.opcode, w.imm, w.byte_len))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (100, WcOpcode::Recv, None, 17),
+            (101, WcOpcode::Recv, Some(0xaa), 17),
+            (102, WcOpcode::RecvRdmaWithImm, Some(0xbb), 17),
+        ]
+    );
+}
+
+#[test]
+fn a_receive_wqe_is_its_scatter_list_then_the_terminator() {
+    let mut r = rig();
+    r.qp.post_recv(&RecvWr::new(1, &[r.buf.sge(0, 32)]))
+        .unwrap();
+    let slot = r.fake.qp(r.qp.qpn()).rq_slot(0);
+    let first = DataSegRepr::parse(&DataSeg::new_checked(&slot[..16]).unwrap()).unwrap();
+    assert_eq!(first.byte_count, 32);
+    let second = DataSegRepr::parse(&DataSeg::new_checked(&slot[16..32]).unwrap()).unwrap();
+    assert!(second.is_terminator());
+}
+
+#[test]
+fn a_full_receive_queue_is_an_error() {
+    let mut r = rig();
+    let cap = r.qp.recv_queue().capacity();
+    for i in 0..cap {
+        r.qp.post_recv(&RecvWr::new(u64::from(i), &[r.buf.sge(0, 8)]))
+            .unwrap();
+    }
+    let e =
+        r.qp.post_recv(&RecvWr::new(9, &[r.buf.sge(0, 8)]))
+            .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PostError::QueueFull {
+                queue: "receive",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_owner_bit_flips_each_lap_of_the_cq() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let cqes = r.cq.poller().capacity();
+    let mut wcs = [WorkCompletion::EMPTY; 1];
+    for i in 0..cqes * 3 {
+        let idx =
+            r.qp.post_send(&SendWr::new(u64::from(i), SendOp::Send, &[sge]).signaled())
+                .unwrap();
+        r.qp.ring_doorbell();
+        assert_eq!(r.cq.poll(&mut wcs), 0, "nothing before the device writes");
+        r.fake.cq(0).req(r.qp.qpn(), idx, 8);
+        assert_eq!(r.cq.poll(&mut wcs), 1);
+        assert_eq!(wcs[0].wr_id, u64::from(i));
+    }
+}
+
+#[test]
+fn stale_cqes_are_counted_and_skipped() {
+    let mut r = rig();
+    r.fake.cq(0).req(r.qp.qpn(), 5, 0); // nothing outstanding
+    r.fake.cq(0).req(0xbad, 0, 0); // no such QP
+    let mut wcs = [WorkCompletion::EMPTY; 4];
+    assert_eq!(r.cq.poll(&mut wcs), 0);
+    let stats = r.cq.poller().stats();
+    assert_eq!((stats.stale, stats.unknown_qpn), (1, 1));
+    assert_eq!(r.cq.poller().consumer_index(), 2);
+}
+
+#[test]
+fn discarding_a_qps_cqes_keeps_the_others_in_order() {
+    let mut r = rig();
+    let mut other = r.pd.create_qp(&r.cq, &r.cq, caps()).unwrap();
+    connect(&mut other);
+    let sge = r.buf.sge(0, 8);
+    let mut idx = Vec::new();
+    for i in 0..3 {
+        idx.push(
+            r.qp.post_send(&SendWr::new(i, SendOp::Send, &[sge]).signaled())
+                .unwrap(),
+        );
+        other
+            .post_send(&SendWr::new(50 + i, SendOp::Send, &[sge]).signaled())
+            .unwrap();
+    }
+    let cq = r.fake.cq(0);
+    for (i, &x) in idx.iter().enumerate() {
+        cq.req(r.qp.qpn(), x, 0);
+        cq.req(other.qpn(), i as u16, 0);
+    }
+    assert_eq!(r.cq.discard_qp(r.qp.qpn()), 3);
+    let mut wcs = [WorkCompletion::EMPTY; 8];
+    assert_eq!(r.cq.poll(&mut wcs), 3);
+    let ids: Vec<u64> = wcs[..3].iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, vec![50, 51, 52]);
+}
+
+// ---- raw WQE access for the failover layer ----
+
+#[test]
+fn an_outstanding_wqe_copies_into_another_qp_with_keys_index_and_qpn_rewritten() {
+    let mut r = rig();
+    let mut backup = r.pd.create_qp(&r.cq, &r.cq, caps()).unwrap();
+    connect(&mut backup);
+    // Move the backup's producer index so the copy must be renumbered.
+    let sge = r.buf.sge(0, 8);
+    let i = backup
+        .post_send(&SendWr::new(0, SendOp::Send, &[sge]).signaled())
+        .unwrap();
+    r.fake.cq(0).req(backup.qpn(), i, 0);
+    let mut wcs = [WorkCompletion::EMPTY; 2];
+    r.cq.poll(&mut wcs);
+
+    r.qp.post_send(&SendWr::new(42, SendOp::Write { remote: remote() }, &[sge]).signaled())
+        .unwrap();
+    let w = r.qp.send_queue().outstanding().next().unwrap();
+    assert_eq!(
+        (w.wr_id, w.info.opcode, w.published),
+        (42, SendOpcode::RdmaWrite, false)
+    );
+    let mut bytes = [0u8; 64];
+    r.qp.send_queue().copy_wqe(w.counter, &mut bytes);
+    rewrite_keys(&mut bytes, |l| l + 1, |k| k + 2).unwrap();
+    let idx = backup.send_queue().post_raw(&bytes, w.wr_id).unwrap();
+    assert_eq!(idx, 1);
+    let bb = r.fake.qp(backup.qpn()).sq_bb(1);
+    let ctrl = ctrl_of(&bb);
+    assert_eq!(
+        (ctrl.wqe_index, ctrl.qpn, ctrl.opcode),
+        (1, backup.qpn(), SendOpcode::RdmaWrite)
+    );
+    assert_eq!(
+        RaddrSeg::new_checked(&bb[16..32]).unwrap().rkey(),
+        0xabcd + 2
+    );
+    assert_eq!(
+        DataSeg::new_checked(&bb[32..48]).unwrap().lkey(),
+        r.buf.lkey() + 1
+    );
+    backup.ring_doorbell();
+    r.fake.cq(0).req(backup.qpn(), idx, 8);
+    assert_eq!(r.cq.poll(&mut wcs), 1);
+    assert_eq!(wcs[0].wr_id, 42);
+}

@@ -1,0 +1,380 @@
+//! Polling a completion queue: the owner-bit check, the read barrier after it, decoding
+//! success and error CQEs into work completions, and the consumer-index record.
+//!
+//! A CQ may serve several QPs. Each QP attaches its send and receive bookkeeping to the CQ
+//! ([`Attachments`]); the poller keeps a private copy of that list and refreshes it only when
+//! a generation counter says it changed, so a poll takes no lock and allocates nothing.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use hw_defs::mlx5::{cqe, Cqe64, CqeOpcode, ErrCqe, SendOpcode};
+
+use super::barrier;
+use super::track::{RecvTrack, SendTrack};
+use super::wr::{WcOpcode, WcStatus, WorkCompletion};
+
+/// One QP's bookkeeping as a CQ sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Attachment {
+    pub qpn: u32,
+    pub send: Option<Arc<SendTrack>>,
+    pub recv: Option<Arc<RecvTrack>>,
+}
+
+/// The QPs attached to a CQ. Written on the control path (QP create/destroy), read by the
+/// poller through its private copy.
+#[derive(Debug, Default)]
+pub(crate) struct Attachments {
+    generation: AtomicU64,
+    list: Mutex<Vec<Attachment>>,
+}
+
+impl Attachments {
+    pub fn attach(&self, a: Attachment) {
+        let mut list = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        match list.iter_mut().find(|x| x.qpn == a.qpn) {
+            Some(x) => {
+                if a.send.is_some() {
+                    x.send = a.send;
+                }
+                if a.recv.is_some() {
+                    x.recv = a.recv;
+                }
+            }
+            None => list.push(a),
+        }
+        // Release: a poller that sees the new generation sees the list it goes with (it takes
+        // the lock anyway; this keeps the fast-path check honest).
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    pub fn detach(&self, qpn: u32) {
+        let mut list = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|x| x.qpn != qpn);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    fn snapshot(&self, into: &mut Vec<Attachment>) -> u64 {
+        let list = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        into.clear();
+        into.extend(list.iter().cloned());
+        self.generation.load(Ordering::Acquire)
+    }
+}
+
+/// Counters of CQEs the poller could not turn into completions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollStats {
+    /// CQEs of a QP not attached to this CQ (one destroyed since, typically).
+    pub unknown_qpn: u64,
+    /// CQEs naming a WQE that is not outstanding (stale after a reset, or bogus).
+    pub stale: u64,
+}
+
+/// The hot half of a CQ: ring, consumer index, and the attached QPs' bookkeeping.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    ring: NonNull<u8>,
+    /// Entries in the ring (a power of two).
+    count: u32,
+    /// Offset of the 64-byte CQE inside an entry (64 for 128-byte CQEs, else 0).
+    cqe_offset: usize,
+    /// log2 of the entry size.
+    entry_shift: u32,
+    /// Consumer index: CQEs consumed so far (a counter; the lap parity is its `count` bit).
+    ci: u32,
+    /// The consumer-index record (set_ci, big-endian).
+    dbrec: NonNull<AtomicU32>,
+    attachments: Arc<Attachments>,
+    generation: u64,
+    local: Vec<Attachment>,
+    /// Index into `local` of the QP of the last CQE: the usual case is one QP per CQ.
+    hit: usize,
+    stats: PollStats,
+}
+
+// SAFETY: ring and record are owned by the CQ's provider object (kept alive by the Cq that
+// owns this poller); used through `&mut self` by one thread at a time.
+unsafe impl Send for CompletionQueue {}
+
+impl CompletionQueue {
+    pub(crate) fn new(
+        ring: NonNull<u8>,
+        count: u32,
+        entry_size: u32,
+        dbrec: NonNull<AtomicU32>,
+        attachments: Arc<Attachments>,
+    ) -> CompletionQueue {
+        CompletionQueue {
+            ring,
+            count,
+            cqe_offset: entry_size as usize - cqe::SIZE,
+            entry_shift: entry_size.trailing_zeros(),
+            ci: 0,
+            dbrec,
+            attachments,
+            generation: u64::MAX,
+            local: Vec::new(),
+            hit: 0,
+            stats: PollStats::default(),
+        }
+    }
+
+    /// Entries in the ring.
+    pub fn capacity(&self) -> u32 {
+        self.count
+    }
+
+    /// The consumer index.
+    pub fn consumer_index(&self) -> u32 {
+        self.ci
+    }
+
+    /// CQEs the poller dropped, by reason.
+    pub fn stats(&self) -> PollStats {
+        self.stats
+    }
+
+    #[inline(always)]
+    fn entry(&self, ci: u32) -> *mut u8 {
+        let index = (ci & (self.count - 1)) as usize;
+        // SAFETY: index < count: the entry lies inside the ring.
+        unsafe {
+            self.ring
+                .as_ptr()
+                .add((index << self.entry_shift) + self.cqe_offset)
+        }
+    }
+
+    /// The owner byte of the CQE at `ci`, or `None` while the device owns it.
+    #[inline(always)]
+    fn owned(&self, ci: u32) -> Option<*mut u8> {
+        let cqe = self.entry(ci);
+        // SAFETY: op_own is the CQE's last byte, inside the entry; the device writes it with a
+        // single store, so an atomic byte load sees either the old or the new value.
+        let op_own =
+            unsafe { (*(cqe.add(cqe::OP_OWN_OFFSET) as *const AtomicU8)).load(Ordering::Relaxed) };
+        if !cqe::is_sw_owned(op_own, ci, self.count) {
+            return None;
+        }
+        // The owner byte said the CQE is ours: read its body only now. Without this the CPU (or
+        // the compiler) may read body fields from before the device finished writing them
+        // (libmlx5: udma_from_device_barrier in mlx5_get_next_cqe).
+        barrier::from_device();
+        Some(cqe)
+    }
+
+    #[inline]
+    fn refresh(&mut self) {
+        if self.attachments.generation.load(Ordering::Acquire) != self.generation {
+            self.generation = self.attachments.snapshot(&mut self.local);
+            self.hit = 0;
+        }
+    }
+
+    #[inline(always)]
+    fn find(&mut self, qpn: u32) -> Option<usize> {
+        if let Some(a) = self.local.get(self.hit) {
+            if a.qpn == qpn {
+                return Some(self.hit);
+            }
+        }
+        let i = self.local.iter().position(|a| a.qpn == qpn)?;
+        self.hit = i;
+        Some(i)
+    }
+
+    /// Polls up to `wcs.len()` completions into `wcs`; returns how many were written.
+    #[inline]
+    pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        self.refresh();
+        let mut n = 0;
+        let mut ci = self.ci;
+        while n < wcs.len() {
+            let Some(ptr) = self.owned(ci) else { break };
+            // SAFETY: ptr is a whole 64-byte CQE inside the ring, owned by software (checked
+            // above, with the barrier); the device does not write it until the consumer index
+            // moves past it.
+            let bytes = unsafe { &*(ptr as *const [u8; cqe::SIZE]) };
+            ci = ci.wrapping_add(1);
+            if self.decode(bytes, &mut wcs[n]) {
+                n += 1;
+            }
+        }
+        if ci != self.ci {
+            self.ci = ci;
+            // Release: our reads of the consumed CQEs are done before the device may reuse
+            // their slots (it reads this record to know how far it may write).
+            // SAFETY: dbrec points into the CQ's doorbell record, alive as long as the CQ.
+            let dbrec = unsafe { self.dbrec.as_ref() };
+            dbrec.store((ci & 0x00ff_ffff).to_be(), Ordering::Release);
+        }
+        n
+    }
+
+    /// Turns one CQE into a completion; false if it names nothing outstanding.
+    #[inline(always)]
+    fn decode(&mut self, bytes: &[u8; cqe::SIZE], wc: &mut WorkCompletion) -> bool {
+        let view = Cqe64::new_unchecked(&bytes[..]);
+        let opcode = view.opcode();
+        let qpn = view.qpn();
+        let Some(at) = self.find(qpn) else {
+            self.stats.unknown_qpn += 1;
+            return false;
+        };
+        match opcode {
+            CqeOpcode::Req => {
+                let Some(send) = &self.local[at].send else {
+                    self.stats.unknown_qpn += 1;
+                    return false;
+                };
+                let Some(done) = send.retire(view.wqe_counter()) else {
+                    self.stats.stale += 1;
+                    return false;
+                };
+                *wc = WorkCompletion {
+                    wr_id: done.wr_id,
+                    status: WcStatus::Success,
+                    opcode: send_wc_opcode(done.info.opcode),
+                    byte_len: view.byte_cnt(),
+                    imm: None,
+                    qp_num: qpn,
+                    vendor_err: 0,
+                };
+                true
+            }
+            CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespWrImm => {
+                let Some(recv) = &self.local[at].recv else {
+                    self.stats.unknown_qpn += 1;
+                    return false;
+                };
+                let Some(wr_id) = recv.retire() else {
+                    self.stats.stale += 1;
+                    return false;
+                };
+                *wc = WorkCompletion {
+                    wr_id,
+                    status: WcStatus::Success,
+                    opcode: if opcode == CqeOpcode::RespWrImm {
+                        WcOpcode::RecvRdmaWithImm
+                    } else {
+                        WcOpcode::Recv
+                    },
+                    byte_len: view.byte_cnt(),
+                    imm: (opcode != CqeOpcode::RespSend).then(|| view.imm()),
+                    qp_num: qpn,
+                    vendor_err: 0,
+                };
+                true
+            }
+            CqeOpcode::ReqErr | CqeOpcode::RespErr => self.decode_error(bytes, at, qpn, wc),
+            _ => {
+                // Resize, compressed or unknown formats are never asked for; count and skip.
+                self.stats.stale += 1;
+                false
+            }
+        }
+    }
+
+    #[cold]
+    fn decode_error(
+        &mut self,
+        bytes: &[u8; cqe::SIZE],
+        at: usize,
+        qpn: u32,
+        wc: &mut WorkCompletion,
+    ) -> bool {
+        let err = ErrCqe::new_unchecked(&bytes[..]);
+        let status = err.syndrome().wc_status();
+        let (wr_id, opcode) = if err.opcode() == CqeOpcode::ReqErr {
+            let Some(send) = &self.local[at].send else {
+                self.stats.unknown_qpn += 1;
+                return false;
+            };
+            match send.retire(err.wqe_counter()) {
+                Some(done) => (done.wr_id, send_wc_opcode(done.info.opcode)),
+                None => {
+                    self.stats.stale += 1;
+                    return false;
+                }
+            }
+        } else {
+            let Some(recv) = &self.local[at].recv else {
+                self.stats.unknown_qpn += 1;
+                return false;
+            };
+            match recv.retire() {
+                Some(wr_id) => (wr_id, WcOpcode::Recv),
+                None => {
+                    self.stats.stale += 1;
+                    return false;
+                }
+            }
+        };
+        *wc = WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm: None,
+            qp_num: qpn,
+            vendor_err: err.vendor_err_synd(),
+        };
+        true
+    }
+
+    /// Drops every CQE of `qpn` still in the ring, keeping the others in order (libmlx5's
+    /// `__mlx5_cq_clean`, which the driver must do itself for a CQ whose ring it polls).
+    /// Call after the QP is reset or destroyed; returns how many were dropped.
+    pub fn discard_qp(&mut self, qpn: u32) -> u32 {
+        // Find the newest software-owned CQE.
+        let mut end = self.ci;
+        while end.wrapping_sub(self.ci) < self.count && self.owned(end).is_some() {
+            end = end.wrapping_add(1);
+        }
+        // Walk from newest to oldest, sliding survivors towards the newest end.
+        let mut dropped = 0u32;
+        let mut i = end;
+        while i != self.ci {
+            i = i.wrapping_sub(1);
+            let src = self.entry(i);
+            // SAFETY: the entry is software-owned (found above) and inside the ring.
+            let bytes = unsafe { &*(src as *const [u8; cqe::SIZE]) };
+            if Cqe64::new_unchecked(&bytes[..]).qpn() == qpn {
+                dropped += 1;
+            } else if dropped > 0 {
+                let dst_ci = i.wrapping_add(dropped);
+                let dst = self.entry(dst_ci);
+                // Keep the destination's owner bit: it is what the lap of `dst_ci` expects.
+                let owner = cqe::sw_owner_bit(dst_ci, self.count);
+                // SAFETY: both entries are software-owned CQEs inside the ring; 64 bytes each,
+                // distinct (dropped > 0).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src, dst, cqe::SIZE);
+                    let op_own = dst.add(cqe::OP_OWN_OFFSET);
+                    *op_own = (*op_own & !cqe::OWNER_MASK) | u8::from(owner);
+                }
+            }
+        }
+        if dropped > 0 {
+            self.ci = self.ci.wrapping_add(dropped);
+            // SAFETY: as in `poll`.
+            let dbrec = unsafe { self.dbrec.as_ref() };
+            dbrec.store((self.ci & 0x00ff_ffff).to_be(), Ordering::Release);
+        }
+        dropped
+    }
+}
+
+#[inline(always)]
+fn send_wc_opcode(opcode: SendOpcode) -> WcOpcode {
+    match opcode {
+        SendOpcode::RdmaWrite | SendOpcode::RdmaWriteImm => WcOpcode::RdmaWrite,
+        SendOpcode::RdmaRead => WcOpcode::RdmaRead,
+        SendOpcode::AtomicCs => WcOpcode::CompSwap,
+        SendOpcode::AtomicFa => WcOpcode::FetchAdd,
+        _ => WcOpcode::Send,
+    }
+}

@@ -1,0 +1,19 @@
+//! The datapath: building WQEs, ringing doorbells, posting receives and polling completions,
+//! over the mlx5 layouts of `hw-defs`. No locks, no allocation, no dynamic dispatch per
+//! operation; every barrier says why it is there (`docs/datapath.md` walks one WRITE through).
+//!
+//! - [`wr`]: work requests, work completions and post errors;
+//! - [`sq`]: the send queue (post, doorbell, raw WQE access for the failover layer);
+//! - [`rq`]: the receive queue;
+//! - [`cq`]: the CQ poller;
+//! - [`doorbell`]: the doorbell register (mlx5 UAR/BlueFlame or softnic);
+//! - [`barrier`]: the memory barriers, named after rdma-core's;
+//! - [`track`]: per-WQE bookkeeping shared by a queue and its CQ.
+
+pub mod barrier;
+pub mod cq;
+pub mod doorbell;
+pub mod rq;
+pub mod sq;
+pub mod track;
+pub mod wr;

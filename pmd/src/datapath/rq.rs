@@ -1,0 +1,237 @@
+//! The receive queue: scatter lists in the ring, published through the receive counter of the
+//! doorbell record (a receive queue has no doorbell register; the device reads the counter
+//! when a request needs a receive WQE).
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use hw_defs::mlx5::{DataSeg, DataSegRepr};
+
+use super::sq::check_sge;
+use super::track::RecvTrack;
+use super::wr::{PostError, RecvWr};
+use crate::keys::KeyTable;
+use crate::qp_state::QpState;
+use crate::verbs::Access;
+
+const SEG: usize = hw_defs::mlx5::data_seg::SIZE;
+
+/// The hot half of a QP's receive side. Owned by one lcore.
+#[derive(Debug)]
+pub struct RecvQueue {
+    ring: NonNull<u8>,
+    /// Slots in the ring, minus one.
+    mask: u32,
+    /// log2 of the slot size in bytes.
+    stride_shift: u32,
+    /// Data segments a slot holds.
+    slot_segs: u32,
+    max_sge: u32,
+    /// Producer counter: receives written.
+    pi: u32,
+    /// Receives the device has been told about.
+    published: u32,
+    ci_cache: u32,
+    qpn: u32,
+    pd: u32,
+    /// The receive counter of the doorbell record (big-endian).
+    dbrec: NonNull<AtomicU32>,
+    track: Arc<RecvTrack>,
+    keys: Arc<KeyTable>,
+    state: Arc<AtomicU8>,
+    device: Arc<str>,
+}
+
+// SAFETY: as for SendQueue: provider-owned memory alive as long as the QP, used through
+// `&mut self` by one thread at a time.
+unsafe impl Send for RecvQueue {}
+
+pub(crate) struct RecvQueueParts {
+    pub ring: NonNull<u8>,
+    pub slots: u32,
+    pub stride: u32,
+    pub max_sge: u32,
+    pub qpn: u32,
+    pub pd: u32,
+    pub dbrec: NonNull<AtomicU32>,
+    pub track: Arc<RecvTrack>,
+    pub keys: Arc<KeyTable>,
+    pub state: Arc<AtomicU8>,
+    pub device: Arc<str>,
+}
+
+impl RecvQueue {
+    pub(crate) fn new(p: RecvQueueParts) -> RecvQueue {
+        let slot_segs = p.stride / SEG as u32;
+        RecvQueue {
+            ring: p.ring,
+            mask: p.slots - 1,
+            stride_shift: p.stride.trailing_zeros(),
+            slot_segs,
+            max_sge: p.max_sge.min(slot_segs),
+            pi: 0,
+            published: 0,
+            ci_cache: 0,
+            qpn: p.qpn,
+            pd: p.pd,
+            dbrec: p.dbrec,
+            track: p.track,
+            keys: p.keys,
+            state: p.state,
+            device: p.device,
+        }
+    }
+
+    /// Slots in the ring.
+    pub fn capacity(&self) -> u32 {
+        self.mask + 1
+    }
+
+    /// Receives written so far (a counter).
+    pub fn written(&self) -> u32 {
+        self.pi
+    }
+
+    /// Receives completed so far (a counter).
+    pub fn completed(&self) -> u32 {
+        self.track.ci()
+    }
+
+    fn slot(&mut self, at: u32) -> &mut [u8] {
+        let offset = ((at & self.mask) as usize) << self.stride_shift;
+        // SAFETY: the slot lies inside the ring (index <= mask, stride = 1 << stride_shift);
+        // it is free (between producer and consumer counters), and `&mut self` keeps other
+        // writers out.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.ring.as_ptr().add(offset), 1 << self.stride_shift)
+        }
+    }
+
+    fn reserve(&mut self) -> Result<(), PostError> {
+        let capacity = self.mask + 1;
+        if self.pi.wrapping_sub(self.ci_cache) >= capacity {
+            self.ci_cache = self.track.ci();
+            let outstanding = self.pi.wrapping_sub(self.ci_cache);
+            if outstanding >= capacity {
+                return Err(PostError::QueueFull {
+                    queue: "receive",
+                    outstanding,
+                    capacity,
+                    needed: 1,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates and writes one receive WQE without publishing it.
+    #[inline]
+    pub fn write(&mut self, wr: &RecvWr) -> Result<(), PostError> {
+        if self.state.load(Ordering::Relaxed) == QpState::Reset as u8 {
+            return Err(PostError::NotReadyToReceive { qpn: self.qpn });
+        }
+        if wr.sges.len() > self.max_sge as usize {
+            return Err(PostError::TooManySges {
+                count: wr.sges.len(),
+                max: self.max_sge,
+                queue: "receive",
+            });
+        }
+        for sge in wr.sges.iter().filter(|s| s.len != 0) {
+            check_sge(&self.keys, self.pd, &self.device, sge, Access::LOCAL_WRITE)?;
+        }
+        self.reserve()?;
+        let at = self.pi;
+        let slot_segs = self.slot_segs as usize;
+        let slot = self.slot(at);
+        let mut n = 0;
+        for sge in wr.sges.iter().filter(|s| s.len != 0) {
+            DataSegRepr {
+                byte_count: sge.len,
+                lkey: sge.lkey,
+                addr: sge.addr,
+            }
+            .emit(&mut DataSeg::new_unchecked(
+                &mut slot[n * SEG..(n + 1) * SEG],
+            ));
+            n += 1;
+        }
+        if n < slot_segs {
+            // Fewer entries than the slot holds: the invalid-lkey terminator ends the list.
+            DataSegRepr::TERMINATOR.emit(&mut DataSeg::new_unchecked(
+                &mut slot[n * SEG..(n + 1) * SEG],
+            ));
+        }
+        self.track.record(at, wr.wr_id);
+        self.pi = at.wrapping_add(1);
+        self.track.set_pi(self.pi);
+        Ok(())
+    }
+
+    /// Tells the device about every receive written so far.
+    #[inline]
+    pub fn publish(&mut self) {
+        if self.published == self.pi {
+            return;
+        }
+        // Release: the receive WQEs' bytes are visible before the device can see the new
+        // counter (libmlx5: udma_to_device_barrier, then the store to the record).
+        // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP.
+        let dbrec = unsafe { self.dbrec.as_ref() };
+        dbrec.store(u32::from(self.pi as u16).to_be(), Ordering::Release);
+        self.published = self.pi;
+    }
+
+    /// Writes and publishes one receive.
+    #[inline]
+    pub fn post(&mut self, wr: &RecvWr) -> Result<(), PostError> {
+        self.write(wr)?;
+        self.publish();
+        Ok(())
+    }
+
+    /// Receives written and not completed, oldest first: (counter, wr_id).
+    pub fn outstanding(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        let (ci, _) = self.track.counters();
+        (0..self.pi.wrapping_sub(ci)).map(move |i| {
+            let at = ci.wrapping_add(i);
+            (at, self.track.wr_id(at))
+        })
+    }
+
+    /// Copies the slot of the receive at counter `at` into `out` (which must hold a slot);
+    /// returns the slot size.
+    pub fn copy_wqe(&self, at: u32, out: &mut [u8]) -> usize {
+        let stride = 1usize << self.stride_shift;
+        let offset = ((at & self.mask) as usize) << self.stride_shift;
+        // SAFETY: the slot lies inside the ring; the device only reads posted receives.
+        let src = unsafe { std::slice::from_raw_parts(self.ring.as_ptr().add(offset), stride) };
+        out[..stride].copy_from_slice(src);
+        stride
+    }
+
+    /// Writes a receive WQE given as raw bytes (copied from another ring, keys rewritten),
+    /// without publishing it. Only the first slot's worth of bytes is used.
+    pub fn write_raw(&mut self, bytes: &[u8], wr_id: u64) -> Result<(), PostError> {
+        self.reserve()?;
+        let at = self.pi;
+        let slot = self.slot(at);
+        let n = slot.len().min(bytes.len());
+        slot[..n].copy_from_slice(&bytes[..n]);
+        if n < slot.len() {
+            DataSegRepr::TERMINATOR.emit(&mut DataSeg::new_unchecked(&mut slot[n..n + SEG]));
+        }
+        self.track.record(at, wr_id);
+        self.pi = at.wrapping_add(1);
+        self.track.set_pi(self.pi);
+        Ok(())
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.pi = 0;
+        self.published = 0;
+        self.ci_cache = 0;
+        self.track.reset();
+    }
+}

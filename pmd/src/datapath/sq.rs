@@ -1,0 +1,631 @@
+//! The send queue: building WQEs in the ring, and the doorbell that publishes them.
+//!
+//! Writing and publishing are separate steps. [`SendQueue::post`] validates a work request and
+//! writes its WQE at the producer counter; nothing reaches the device until
+//! [`SendQueue::ring_doorbell`] (everything written so far) or
+//! [`SendQueue::ring_doorbell_through`] (up to and including one WQE) writes the doorbell
+//! record and the doorbell register. A batch of posts shares one doorbell; the failover layer
+//! withholds doorbells by simply not ringing, and copies outstanding WQEs between rings with
+//! [`SendQueue::copy_wqe`] and [`SendQueue::post_raw`].
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use hw_defs::mlx5::{
+    wqe, AtomicSeg, AtomicSegRepr, CtrlSeg, CtrlSegRepr, DataSeg, DataSegRepr, FenceMode,
+    InlineSeg, RaddrSeg, RaddrSegRepr, SendOpcode,
+};
+
+use super::doorbell::{Doorbell, LastWqe};
+use super::track::{SendTrack, WqeInfo};
+use super::wr::{Payload, PostError, SendFlags, SendOp, SendWr, Sge};
+use crate::keys::KeyTable;
+use crate::qp_state::QpState;
+use crate::verbs::Access;
+
+const BB: usize = wqe::SEND_WQE_BB;
+const UNIT: usize = wqe::SEND_WQE_DS;
+/// RC messages are at most 2^31 bytes.
+const MAX_MESSAGE: u64 = 1 << 31;
+
+/// Why a doorbell could not be rung up to a given WQE.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DoorbellError {
+    /// The index is not the start of a written, unpublished WQE.
+    #[error("WQE index {index:#x} is not the start of a written and unpublished WQE (published up to {published:#x}, written up to {written:#x})")]
+    NotPending {
+        /// The index given.
+        index: u16,
+        /// The published producer index.
+        published: u16,
+        /// The written producer index.
+        written: u16,
+    },
+}
+
+/// A WQE that has been written and not yet completed, as the failover layer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutstandingWqe {
+    /// The producer counter (in basic blocks) where it starts; its WQE index is the low 16 bits.
+    pub counter: u32,
+    /// The work request id.
+    pub wr_id: u64,
+    /// Size, opcode, signaled.
+    pub info: WqeInfo,
+    /// Whether a doorbell has published it to the device.
+    pub published: bool,
+}
+
+impl OutstandingWqe {
+    /// The WQE index written in its control segment.
+    pub fn index(&self) -> u16 {
+        self.counter as u16
+    }
+}
+
+/// The hot half of a QP's send side: ring pointer, counters, masks, and the pointers it needs
+/// to validate and to ring. Owned by one lcore; `&mut self` everywhere.
+#[derive(Debug)]
+pub struct SendQueue {
+    ring: NonNull<u8>,
+    /// Basic blocks in the ring, minus one.
+    mask: u32,
+    /// 16-byte units in the ring, minus one.
+    unit_mask: u32,
+    /// Producer counter (basic blocks) of written WQEs.
+    pi: u32,
+    /// Producer counter the device has been told about.
+    db_pi: u32,
+    /// Where the last written WQE starts.
+    last_start: u32,
+    /// Last consumer counter read from the track; refreshed only when the ring looks full.
+    ci_cache: u32,
+    qpn: u32,
+    pd: u32,
+    max_inline: u32,
+    max_sge: u32,
+    /// The send counter of the doorbell record (big-endian).
+    dbrec: NonNull<AtomicU32>,
+    doorbell: Doorbell,
+    track: Arc<SendTrack>,
+    keys: Arc<KeyTable>,
+    state: Arc<AtomicU8>,
+    device: Arc<str>,
+}
+
+// SAFETY: the ring, the doorbell record and the register are owned by the QP's provider object
+// (kept alive by the Qp that owns this queue) and are not tied to a thread; the queue is used
+// through `&mut self` only, by one thread at a time.
+unsafe impl Send for SendQueue {}
+
+/// Everything a send queue is built from.
+pub(crate) struct SendQueueParts {
+    pub ring: NonNull<u8>,
+    pub bbs: u32,
+    pub qpn: u32,
+    pub pd: u32,
+    pub max_inline: u32,
+    pub max_sge: u32,
+    pub dbrec: NonNull<AtomicU32>,
+    pub doorbell: Doorbell,
+    pub track: Arc<SendTrack>,
+    pub keys: Arc<KeyTable>,
+    pub state: Arc<AtomicU8>,
+    pub device: Arc<str>,
+}
+
+#[cold]
+fn unknown_lkey(lkey: u32, device: &str) -> PostError {
+    PostError::UnknownLkey {
+        lkey,
+        device: device.to_string(),
+    }
+}
+
+/// Checks one entry against the key table: known, same PD, inside, writable if it must be.
+#[inline]
+pub(crate) fn check_sge(
+    keys: &KeyTable,
+    pd: u32,
+    device: &str,
+    sge: &Sge,
+    needs: Access,
+) -> Result<(), PostError> {
+    let Some(mr) = keys.get(sge.lkey) else {
+        return Err(unknown_lkey(sge.lkey, device));
+    };
+    if mr.pd != pd {
+        return Err(PostError::ForeignLkey {
+            lkey: sge.lkey,
+            mr_pd: mr.pd,
+            qp_pd: pd,
+        });
+    }
+    if !mr.covers(sge.addr, u64::from(sge.len)) {
+        return Err(PostError::OutsideMr {
+            addr: sge.addr,
+            len: sge.len,
+            lkey: sge.lkey,
+            start: mr.addr,
+            end: mr.addr + mr.len,
+        });
+    }
+    if !mr.access.contains(needs) {
+        return Err(PostError::NoLocalWrite { lkey: sge.lkey });
+    }
+    Ok(())
+}
+
+#[cold]
+fn not_ready(qpn: u32, state: u8) -> PostError {
+    PostError::NotReadyToSend {
+        qpn,
+        state: QpState::from_ibv(state).unwrap_or(QpState::Err),
+    }
+}
+
+impl SendQueue {
+    pub(crate) fn new(p: SendQueueParts) -> SendQueue {
+        SendQueue {
+            ring: p.ring,
+            mask: p.bbs - 1,
+            unit_mask: p.bbs * (BB / UNIT) as u32 - 1,
+            pi: 0,
+            db_pi: 0,
+            last_start: 0,
+            ci_cache: 0,
+            qpn: p.qpn,
+            pd: p.pd,
+            max_inline: p.max_inline,
+            max_sge: p.max_sge,
+            dbrec: p.dbrec,
+            doorbell: p.doorbell,
+            track: p.track,
+            keys: p.keys,
+            state: p.state,
+            device: p.device,
+        }
+    }
+
+    /// Basic blocks in the ring.
+    pub fn capacity(&self) -> u32 {
+        self.mask + 1
+    }
+
+    /// The producer counter of written WQEs (basic blocks).
+    pub fn written(&self) -> u32 {
+        self.pi
+    }
+
+    /// The producer counter the device has been told about.
+    pub fn published(&self) -> u32 {
+        self.db_pi
+    }
+
+    /// The consumer counter: everything before it has completed.
+    pub fn completed(&self) -> u32 {
+        self.track.ci()
+    }
+
+    /// The QP number written into every control segment.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The 16 bytes of unit `u` of the WQE starting at counter `start`, wrapping.
+    #[inline(always)]
+    fn unit(&mut self, start: u32, u: u32) -> &mut [u8; UNIT] {
+        let index = (start.wrapping_mul(4).wrapping_add(u) & self.unit_mask) as usize;
+        // SAFETY: index <= unit_mask, so the 16 bytes lie inside the ring; they belong to a
+        // slot between the producer and consumer counters, which the device does not read
+        // (it reads only what a doorbell published and has not completed), and `&mut self`
+        // keeps other writers out.
+        unsafe { &mut *(self.ring.as_ptr().add(index * UNIT) as *mut [u8; UNIT]) }
+    }
+
+    /// Makes room for `bbs` basic blocks or says the queue is full.
+    #[inline]
+    fn reserve(&mut self, bbs: u32) -> Result<(), PostError> {
+        let capacity = self.mask + 1;
+        if self.pi.wrapping_sub(self.ci_cache) + bbs > capacity {
+            self.ci_cache = self.track.ci();
+            let outstanding = self.pi.wrapping_sub(self.ci_cache);
+            if outstanding + bbs > capacity {
+                return Err(PostError::QueueFull {
+                    queue: "send",
+                    outstanding,
+                    capacity,
+                    needed: bbs,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates `wr` and writes its WQE; returns its WQE index. Nothing is published until a
+    /// doorbell; on error nothing is written.
+    #[inline]
+    pub fn post(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
+        let state = self.state.load(Ordering::Relaxed);
+        if state != QpState::Rts as u8 {
+            return Err(not_ready(self.qpn, state));
+        }
+        let opcode = wr.op.opcode();
+        let header_units = match wr.op {
+            SendOp::Send | SendOp::SendImm { .. } => 1,
+            SendOp::Write { .. } | SendOp::WriteImm { .. } | SendOp::Read { .. } => 2,
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 3,
+        };
+        let data_units = match &wr.payload {
+            Payload::Gather(sges) => self.check_gather(&wr.op, sges)?,
+            Payload::Inline(data) => {
+                if wr.op.writes_locally() {
+                    return Err(PostError::InlineNotAllowed {
+                        op: op_name(&wr.op),
+                    });
+                }
+                if data.len() > self.max_inline as usize {
+                    return Err(PostError::InlineTooLong {
+                        len: data.len(),
+                        max: self.max_inline,
+                    });
+                }
+                if data.is_empty() {
+                    0
+                } else {
+                    wqe::inline_ds(data.len()) as u32
+                }
+            }
+        };
+        let ds = header_units + data_units;
+        let bbs = ds.div_ceil(4);
+        self.reserve(bbs)?;
+
+        let start = self.pi;
+        let signaled = wr.flags.contains(SendFlags::SIGNALED);
+        let imm = match wr.op {
+            SendOp::WriteImm { imm, .. } | SendOp::SendImm { imm } => imm,
+            _ => 0,
+        };
+        CtrlSegRepr {
+            opcode,
+            opmod: 0,
+            wqe_index: start as u16,
+            qpn: self.qpn,
+            ds: ds as u8,
+            signature: 0,
+            fence: if wr.flags.contains(SendFlags::FENCE) {
+                FenceMode::SmallAndFence
+            } else {
+                FenceMode::None
+            },
+            signaled,
+            solicited: wr.flags.contains(SendFlags::SOLICITED),
+            imm,
+        }
+        .emit(&mut CtrlSeg::new_unchecked(&mut self.unit(start, 0)[..]));
+        let mut u = 1;
+        match wr.op {
+            SendOp::Write { remote }
+            | SendOp::WriteImm { remote, .. }
+            | SendOp::Read { remote } => {
+                RaddrSegRepr {
+                    raddr: remote.addr,
+                    rkey: remote.rkey,
+                }
+                .emit(&mut RaddrSeg::new_unchecked(&mut self.unit(start, 1)[..]));
+                u = 2;
+            }
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => {
+                self.write_atomic(start, remote.addr, remote.rkey, swap, compare);
+                u = 3;
+            }
+            SendOp::FetchAdd { remote, add } => {
+                self.write_atomic(start, remote.addr, remote.rkey, add, 0);
+                u = 3;
+            }
+            SendOp::Send | SendOp::SendImm { .. } => {}
+        }
+        match &wr.payload {
+            Payload::Gather(sges) => {
+                for sge in sges.iter().filter(|s| s.len != 0) {
+                    DataSegRepr {
+                        byte_count: sge.len,
+                        lkey: sge.lkey,
+                        addr: sge.addr,
+                    }
+                    .emit(&mut DataSeg::new_unchecked(&mut self.unit(start, u)[..]));
+                    u += 1;
+                }
+            }
+            Payload::Inline(data) if !data.is_empty() => self.write_inline(start, u, data),
+            Payload::Inline(_) => {}
+        }
+        self.track.record(
+            start,
+            wr.wr_id,
+            WqeInfo {
+                bbs: bbs as u8,
+                opcode,
+                signaled,
+            },
+        );
+        self.last_start = start;
+        self.pi = start.wrapping_add(bbs);
+        self.track.set_pi(self.pi);
+        Ok(start as u16)
+    }
+
+    /// Validates a gather (or, for READ and atomics, scatter) list; returns its data units.
+    #[inline]
+    fn check_gather(&self, op: &SendOp, sges: &[Sge]) -> Result<u32, PostError> {
+        if sges.len() > self.max_sge as usize {
+            return Err(PostError::TooManySges {
+                count: sges.len(),
+                max: self.max_sge,
+                queue: "send",
+            });
+        }
+        let needs = if op.writes_locally() {
+            Access::LOCAL_WRITE
+        } else {
+            Access::NONE
+        };
+        let mut units = 0;
+        let mut bytes = 0u64;
+        for sge in sges {
+            // Zero-length entries are skipped, as libmlx5 does: a data segment with byte count
+            // 0 would mean 2 GiB to the NIC.
+            if sge.len == 0 {
+                continue;
+            }
+            check_sge(&self.keys, self.pd, &self.device, sge, needs)?;
+            units += 1;
+            bytes += u64::from(sge.len);
+        }
+        if op.is_atomic() {
+            let remote = match op {
+                SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => remote.addr,
+                _ => 0,
+            };
+            if units != 1 || bytes != 8 {
+                return Err(PostError::AtomicSge {
+                    count: sges.len(),
+                    bytes,
+                });
+            }
+            if remote % 8 != 0 {
+                return Err(PostError::MisalignedAtomic { addr: remote });
+            }
+        }
+        if bytes > MAX_MESSAGE {
+            return Err(PostError::MessageTooLong { bytes });
+        }
+        Ok(units)
+    }
+
+    #[inline]
+    fn write_atomic(&mut self, start: u32, raddr: u64, rkey: u32, swap_add: u64, compare: u64) {
+        RaddrSegRepr { raddr, rkey }
+            .emit(&mut RaddrSeg::new_unchecked(&mut self.unit(start, 1)[..]));
+        AtomicSegRepr { swap_add, compare }
+            .emit(&mut AtomicSeg::new_unchecked(&mut self.unit(start, 2)[..]));
+    }
+
+    /// Writes an inline segment at unit `u`: the 4-byte header, then the payload, continuing
+    /// at the ring's start when it reaches the end.
+    fn write_inline(&mut self, start: u32, u: u32, data: &[u8]) {
+        InlineSeg::new_unchecked(&mut self.unit(start, u)[..]).set_payload_len(data.len() as u32);
+        let ring_len = (self.unit_mask as usize + 1) * UNIT;
+        let first = (start.wrapping_mul(4).wrapping_add(u) & self.unit_mask) as usize * UNIT;
+        let mut at = first + hw_defs::mlx5::inline_seg::HEADER_SIZE;
+        let mut rest = data;
+        while !rest.is_empty() {
+            if at == ring_len {
+                at = 0;
+            }
+            let n = rest.len().min(ring_len - at);
+            // SAFETY: [at, at + n) lies inside the ring (n <= ring_len - at); the bytes belong
+            // to this unpublished WQE (max_inline keeps the WQE within its reserved blocks).
+            unsafe {
+                std::ptr::copy_nonoverlapping(rest.as_ptr(), self.ring.as_ptr().add(at), n);
+            }
+            at += n;
+            rest = &rest[n..];
+        }
+    }
+
+    /// Publishes every WQE written so far: the doorbell record, then the doorbell register.
+    /// Does nothing when nothing is pending.
+    #[inline]
+    pub fn ring_doorbell(&mut self) {
+        if self.pi == self.db_pi {
+            return;
+        }
+        let pi = self.pi;
+        let last = self.last_start;
+        self.publish(pi, last);
+    }
+
+    /// Publishes the written WQEs up to and including the one at WQE index `index`, which
+    /// must start a written WQE that has not been published; later WQEs stay withheld.
+    pub fn ring_doorbell_through(&mut self, index: u16) -> Result<(), DoorbellError> {
+        let pending = self.pi.wrapping_sub(self.db_pi);
+        let distance = u32::from(index.wrapping_sub(self.db_pi as u16));
+        let refuse = || DoorbellError::NotPending {
+            index,
+            published: self.db_pi as u16,
+            written: self.pi as u16,
+        };
+        if distance >= pending {
+            return Err(refuse());
+        }
+        // Walk the WQEs from the published counter so an index inside a WQE is refused.
+        let target = self.db_pi.wrapping_add(distance);
+        let mut at = self.db_pi;
+        while at != target {
+            let (_, info) = self.track.get(at);
+            at = at.wrapping_add(u32::from(info.bbs.max(1)));
+            if at.wrapping_sub(self.db_pi) > distance {
+                return Err(refuse());
+            }
+        }
+        let (_, info) = self.track.get(target);
+        self.publish(target.wrapping_add(u32::from(info.bbs)), target);
+        Ok(())
+    }
+
+    #[inline]
+    fn publish(&mut self, upto: u32, last_start: u32) {
+        // Release: every WQE byte written before this store is visible to the device before it
+        // can see the new counter (libmlx5's udma_to_device_barrier in post_send_db). The
+        // record holds the counter mod 2^16, big-endian.
+        // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP.
+        let dbrec = unsafe { self.dbrec.as_ref() };
+        dbrec.store(u32::from(upto as u16).to_be(), Ordering::Release);
+        let (_, info) = self.track.get(last_start);
+        let single = last_start == self.db_pi;
+        self.doorbell.ring(LastWqe {
+            ring: self.ring,
+            mask: self.mask,
+            start: last_start,
+            bbs: u32::from(info.bbs),
+            blueflame_ok: single,
+        });
+        self.db_pi = upto;
+    }
+
+    /// The WQEs written and not yet completed, oldest first.
+    pub fn outstanding(&self) -> impl Iterator<Item = OutstandingWqe> + '_ {
+        let end = self.pi;
+        let db = self.db_pi;
+        let mut at = self.track.ci();
+        std::iter::from_fn(move || {
+            if at == end {
+                return None;
+            }
+            let (wr_id, info) = self.track.get(at);
+            let w = OutstandingWqe {
+                counter: at,
+                wr_id,
+                info,
+                published: db.wrapping_sub(at) as i32 > 0,
+            };
+            at = at.wrapping_add(u32::from(info.bbs.max(1)));
+            Some(w)
+        })
+    }
+
+    /// Copies the bytes of the WQE starting at counter `at` (its basic blocks, unwrapped)
+    /// into `out`; returns the length. `out` must hold `bbs * 64` bytes.
+    pub fn copy_wqe(&self, at: u32, out: &mut [u8]) -> usize {
+        let (_, info) = self.track.get(at);
+        let len = usize::from(info.bbs) * BB;
+        for b in 0..usize::from(info.bbs) {
+            let index = (at.wrapping_add(b as u32) & self.mask) as usize;
+            // SAFETY: index <= mask: a whole basic block inside the ring. The WQE is written
+            // and the device only reads it, so copying out races with nothing.
+            let src = unsafe { std::slice::from_raw_parts(self.ring.as_ptr().add(index * BB), BB) };
+            out[b * BB..(b + 1) * BB].copy_from_slice(src);
+        }
+        len
+    }
+
+    /// Writes a WQE given as raw bytes (one copied from another ring, keys already rewritten)
+    /// at the producer counter, renumbering its WQE index and QP number; returns the index.
+    /// The bytes must be a whole WQE whose control segment's `ds` fits in them.
+    pub fn post_raw(&mut self, bytes: &[u8], wr_id: u64) -> Result<u16, PostError> {
+        let ctrl = CtrlSeg::new_unchecked(&bytes[..UNIT]);
+        let ds = u32::from(ctrl.ds()).max(1);
+        let opcode = ctrl.opcode();
+        let signaled = ctrl.cq_update();
+        let bbs = ds.div_ceil(4);
+        self.reserve(bbs)?;
+        let start = self.pi;
+        for u in 0..ds {
+            let src = &bytes[u as usize * UNIT..(u as usize + 1) * UNIT];
+            self.unit(start, u).copy_from_slice(src);
+        }
+        let qpn = self.qpn;
+        let mut ctrl = CtrlSeg::new_unchecked(&mut self.unit(start, 0)[..]);
+        ctrl.set_wqe_index(start as u16);
+        ctrl.set_qpn(qpn);
+        self.track.record(
+            start,
+            wr_id,
+            WqeInfo {
+                bbs: bbs as u8,
+                opcode,
+                signaled,
+            },
+        );
+        self.last_start = start;
+        self.pi = start.wrapping_add(bbs);
+        self.track.set_pi(self.pi);
+        Ok(start as u16)
+    }
+
+    /// Back to index 0 (the QP went to RESET).
+    pub(crate) fn reset(&mut self) {
+        self.pi = 0;
+        self.db_pi = 0;
+        self.last_start = 0;
+        self.ci_cache = 0;
+        self.track.reset();
+    }
+
+    /// The key table this queue validates against.
+    pub fn keys(&self) -> &Arc<KeyTable> {
+        &self.keys
+    }
+}
+
+fn op_name(op: &SendOp) -> &'static str {
+    match op {
+        SendOp::Write { .. } => "RDMA WRITE",
+        SendOp::WriteImm { .. } => "RDMA WRITE with immediate",
+        SendOp::Send => "SEND",
+        SendOp::SendImm { .. } => "SEND with immediate",
+        SendOp::Read { .. } => "RDMA READ",
+        SendOp::CompareSwap { .. } => "compare-and-swap",
+        SendOp::FetchAdd { .. } => "fetch-and-add",
+    }
+}
+
+/// Which local lkeys and remote rkeys a raw WQE names, so a copy can be rewritten for another
+/// device. Returns `None` for opcodes the driver does not post.
+pub fn rewrite_keys(
+    wqe_bytes: &mut [u8],
+    mut lkey: impl FnMut(u32) -> u32,
+    mut rkey: impl FnMut(u32) -> u32,
+) -> Option<()> {
+    let ctrl = CtrlSeg::new_checked(&wqe_bytes[..]).ok()?;
+    let opcode = ctrl.opcode();
+    let ds = usize::from(ctrl.ds());
+    if matches!(opcode, SendOpcode::Unknown(_) | SendOpcode::Nop) || ds * UNIT > wqe_bytes.len() {
+        return None;
+    }
+    let header = wqe::header_ds(opcode);
+    if opcode.has_raddr_seg() {
+        let mut raddr = RaddrSeg::new_checked(&mut wqe_bytes[UNIT..2 * UNIT]).ok()?;
+        let k = raddr.rkey();
+        raddr.set_rkey(rkey(k));
+    }
+    if header < ds {
+        let first = &wqe_bytes[header * UNIT..];
+        if InlineSeg::new_checked(first).ok()?.is_inline() {
+            return Some(());
+        }
+        for u in header..ds {
+            let mut seg = DataSeg::new_checked(&mut wqe_bytes[u * UNIT..(u + 1) * UNIT]).ok()?;
+            let k = seg.lkey();
+            seg.set_lkey(lkey(k));
+        }
+    }
+    Some(())
+}

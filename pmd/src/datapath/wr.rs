@@ -1,0 +1,408 @@
+//! Work requests going in, work completions coming out, and the errors a post can give.
+
+use smallvec::SmallVec;
+
+pub use hw_defs::verbs::WcStatus;
+
+use crate::qp_state::QpState;
+
+/// One gather or scatter entry: `len` bytes at `addr` in the MR of `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// First byte (a virtual address in this process).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// The local key of the MR the range lies in.
+    pub lkey: u32,
+}
+
+impl Sge {
+    /// An entry of `len` bytes at `addr` in the MR of `lkey`.
+    pub fn new(addr: u64, len: u32, lkey: u32) -> Sge {
+        Sge { addr, len, lkey }
+    }
+}
+
+/// A gather or scatter list; four entries live inline, more spill to the heap.
+pub type SgList = SmallVec<[Sge; 4]>;
+
+/// A remote buffer: an address in the peer's MR and its rkey.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Remote {
+    /// Address in the peer's address space.
+    pub addr: u64,
+    /// The peer MR's remote key.
+    pub rkey: u32,
+}
+
+/// What a send work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// RDMA WRITE of the payload to `remote`.
+    Write {
+        /// Destination.
+        remote: Remote,
+    },
+    /// RDMA WRITE with immediate: also consumes a receive at the peer, which sees `imm`.
+    WriteImm {
+        /// Destination.
+        remote: Remote,
+        /// The immediate (host order).
+        imm: u32,
+    },
+    /// SEND of the payload into the peer's next receive.
+    Send,
+    /// SEND with immediate.
+    SendImm {
+        /// The immediate (host order).
+        imm: u32,
+    },
+    /// RDMA READ of `remote` into the local scatter list (the payload's entries).
+    Read {
+        /// Source.
+        remote: Remote,
+    },
+    /// 64-bit compare-and-swap at `remote`; the old value lands in the single 8-byte entry.
+    CompareSwap {
+        /// The 8-byte-aligned target.
+        remote: Remote,
+        /// Swap if the target holds this.
+        compare: u64,
+        /// The new value.
+        swap: u64,
+    },
+    /// 64-bit fetch-and-add at `remote`; the old value lands in the single 8-byte entry.
+    FetchAdd {
+        /// The 8-byte-aligned target.
+        remote: Remote,
+        /// What to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The mlx5 opcode.
+    pub fn opcode(&self) -> hw_defs::mlx5::SendOpcode {
+        use hw_defs::mlx5::SendOpcode as O;
+        match self {
+            SendOp::Write { .. } => O::RdmaWrite,
+            SendOp::WriteImm { .. } => O::RdmaWriteImm,
+            SendOp::Send => O::Send,
+            SendOp::SendImm { .. } => O::SendImm,
+            SendOp::Read { .. } => O::RdmaRead,
+            SendOp::CompareSwap { .. } => O::AtomicCs,
+            SendOp::FetchAdd { .. } => O::AtomicFa,
+        }
+    }
+
+    /// The completion opcode a successful WQE of this kind reports.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Write { .. } | SendOp::WriteImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Send | SendOp::SendImm { .. } => WcOpcode::Send,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
+    /// Whether the device writes into the local entries (READ response, atomic result).
+    pub fn writes_locally(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+
+    /// Whether this is an atomic.
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+}
+
+/// Send flags, as `ibv_send_flags` has them (inline is a [`Payload`] variant instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SendFlags(u8);
+
+impl SendFlags {
+    /// No flags: unsignaled, unfenced.
+    pub const NONE: SendFlags = SendFlags(0);
+    /// Ask for a completion on success (`IBV_SEND_SIGNALED`).
+    pub const SIGNALED: SendFlags = SendFlags(1);
+    /// Wait for earlier READs and atomics before starting (`IBV_SEND_FENCE`).
+    pub const FENCE: SendFlags = SendFlags(2);
+    /// Set the solicited-event bit (`IBV_SEND_SOLICITED`).
+    pub const SOLICITED: SendFlags = SendFlags(4);
+
+    /// Whether every flag of `other` is set.
+    pub fn contains(self, other: SendFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for SendFlags {
+    type Output = SendFlags;
+    fn bitor(self, rhs: SendFlags) -> SendFlags {
+        SendFlags(self.0 | rhs.0)
+    }
+}
+
+/// Where a send's data comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// Gathered by the device from registered memory (or, for READ and atomics, where the
+    /// response lands).
+    Gather(SgList),
+    /// Copied into the WQE now (`IBV_SEND_INLINE`); no key needed, at most the QP's
+    /// `max_inline_data` bytes; the buffer may be reused as soon as `post_send` returns.
+    Inline(&'a [u8]),
+}
+
+/// A send work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// The data.
+    pub payload: Payload<'a>,
+    /// Signaled, fenced, solicited.
+    pub flags: SendFlags,
+}
+
+impl<'a> SendWr<'a> {
+    /// A work request gathering from `sges`, unsignaled.
+    pub fn new(wr_id: u64, op: SendOp, sges: &[Sge]) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            op,
+            payload: Payload::Gather(SgList::from_slice(sges)),
+            flags: SendFlags::NONE,
+        }
+    }
+
+    /// A work request carrying `data` inline, unsignaled.
+    pub fn inline(wr_id: u64, op: SendOp, data: &'a [u8]) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            op,
+            payload: Payload::Inline(data),
+            flags: SendFlags::NONE,
+        }
+    }
+
+    /// The same request, signaled.
+    pub fn signaled(mut self) -> SendWr<'a> {
+        self.flags = self.flags | SendFlags::SIGNALED;
+        self
+    }
+
+    /// The same request, fenced.
+    pub fn fenced(mut self) -> SendWr<'a> {
+        self.flags = self.flags | SendFlags::FENCE;
+        self
+    }
+}
+
+/// A receive work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming SEND's bytes land (WRITE_IMM consumes the receive but scatters
+    /// nothing).
+    pub sges: SgList,
+}
+
+impl RecvWr {
+    /// A receive scattering into `sges`.
+    pub fn new(wr_id: u64, sges: &[Sge]) -> RecvWr {
+        RecvWr {
+            wr_id,
+            sges: SgList::from_slice(sges),
+        }
+    }
+}
+
+/// The opcode of a completion; values as in `enum ibv_wc_opcode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum WcOpcode {
+    /// A SEND or SEND_IMM completed.
+    #[default]
+    Send = 0,
+    /// An RDMA WRITE or WRITE_IMM completed.
+    RdmaWrite = 1,
+    /// An RDMA READ completed.
+    RdmaRead = 2,
+    /// A compare-and-swap completed.
+    CompSwap = 3,
+    /// A fetch-and-add completed.
+    FetchAdd = 4,
+    /// A receive consumed by a SEND.
+    Recv = 128,
+    /// A receive consumed by an RDMA WRITE with immediate.
+    RecvRdmaWithImm = 129,
+}
+
+/// One work completion, as `struct ibv_wc` has the fields the driver reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The completed work request's id.
+    pub wr_id: u64,
+    /// Success or the error.
+    pub status: WcStatus,
+    /// What completed. For errors the opcode of the failed WQE when the driver knows it.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or transferred (READ, atomics: 8).
+    pub byte_len: u32,
+    /// The immediate of a SEND_IMM or WRITE_IMM, host order.
+    pub imm: Option<u32>,
+    /// The local QP the work request was posted on.
+    pub qp_num: u32,
+    /// The vendor syndrome of an error CQE (0 on success).
+    pub vendor_err: u8,
+}
+
+impl WorkCompletion {
+    /// A blank completion to fill arrays with.
+    pub const EMPTY: WorkCompletion = WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+        vendor_err: 0,
+    };
+
+    /// Whether the work request succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+}
+
+impl Default for WorkCompletion {
+    fn default() -> WorkCompletion {
+        WorkCompletion::EMPTY
+    }
+}
+
+/// Why a work request was refused at post time. Nothing was written to the ring.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// The queue has no room for the WQE.
+    #[error(
+        "{queue} queue full: {outstanding} of {capacity} slots outstanding, {needed} more needed"
+    )]
+    QueueFull {
+        /// "send" or "receive".
+        queue: &'static str,
+        /// Slots (basic blocks for the send queue) in use.
+        outstanding: u32,
+        /// Slots in the ring.
+        capacity: u32,
+        /// Slots the WQE needs.
+        needed: u32,
+    },
+    /// The QP cannot take this kind of work in its state.
+    #[error("QP {qpn:#x} is in {state}; posting sends needs RTS")]
+    NotReadyToSend {
+        /// The QP.
+        qpn: u32,
+        /// Its state.
+        state: QpState,
+    },
+    /// The QP cannot take receives in its state.
+    #[error("QP {qpn:#x} is in RESET; receives can be posted from INIT on")]
+    NotReadyToReceive {
+        /// The QP.
+        qpn: u32,
+    },
+    /// An lkey that no MR of the device has.
+    #[error("lkey {lkey:#x} is not registered on device {device}")]
+    UnknownLkey {
+        /// The key.
+        lkey: u32,
+        /// The device's name.
+        device: String,
+    },
+    /// An lkey of an MR in another protection domain.
+    #[error("lkey {lkey:#x} belongs to PD {mr_pd}, not to the QP's PD {qp_pd}")]
+    ForeignLkey {
+        /// The key.
+        lkey: u32,
+        /// The MR's PD.
+        mr_pd: u32,
+        /// The QP's PD.
+        qp_pd: u32,
+    },
+    /// An entry that does not lie inside its MR.
+    #[error("SGE {addr:#x}+{len} lies outside MR {lkey:#x} [{start:#x}, {end:#x})")]
+    OutsideMr {
+        /// Entry start.
+        addr: u64,
+        /// Entry length.
+        len: u32,
+        /// The MR's key.
+        lkey: u32,
+        /// MR start.
+        start: u64,
+        /// MR end.
+        end: u64,
+    },
+    /// The device would write into an MR registered without `LOCAL_WRITE`.
+    #[error(
+        "MR {lkey:#x} is not registered with LOCAL_WRITE, but this work request writes into it"
+    )]
+    NoLocalWrite {
+        /// The MR's key.
+        lkey: u32,
+    },
+    /// More entries than the queue takes.
+    #[error("{count} SGEs given; this QP takes at most {max} per {queue} work request")]
+    TooManySges {
+        /// Entries given.
+        count: usize,
+        /// The limit.
+        max: u32,
+        /// "send" or "receive".
+        queue: &'static str,
+    },
+    /// More inline bytes than the QP takes.
+    #[error("inline payload of {len} bytes exceeds this QP's max_inline_data of {max}")]
+    InlineTooLong {
+        /// Bytes given.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// Inline data for an operation whose payload is a local destination.
+    #[error("{op} cannot carry inline data: its local entries are where the response lands")]
+    InlineNotAllowed {
+        /// The operation.
+        op: &'static str,
+    },
+    /// An atomic's local entry must be exactly one 8-byte SGE.
+    #[error("atomics need exactly one 8-byte SGE for the old value; got {count} entries totalling {bytes} bytes")]
+    AtomicSge {
+        /// Entries given.
+        count: usize,
+        /// Their total length.
+        bytes: u64,
+    },
+    /// An atomic's remote address must be 8-byte aligned.
+    #[error("atomic target {addr:#x} is not 8-byte aligned")]
+    MisalignedAtomic {
+        /// The remote address.
+        addr: u64,
+    },
+    /// A message larger than RC allows.
+    #[error("message of {bytes} bytes exceeds the 2 GiB RC limit")]
+    MessageTooLong {
+        /// Total bytes.
+        bytes: u64,
+    },
+}

@@ -1,0 +1,480 @@
+//! Memory the device shares: queue rings, doorbell records and registered buffers.
+//!
+//! Everything comes from anonymous mappings made with nix `mmap`. With hugepages configured
+//! (the default policy, [`HugepagePolicy::Prefer`]) a mapping is backed by 2 MiB pages
+//! (`MAP_HUGETLB`), which keeps the TLB out of the datapath's way; when the kernel has none to
+//! give (`vm.nr_hugepages` is 0, or they are used up) the pool falls back to 4 KiB pages and
+//! says so exactly once per process.
+//!
+//! Small allocations (rings, doorbell records) are carved out of 2 MiB chunks by a first-fit
+//! free list; large ones (application buffers of 1 MiB and more) get a mapping of their own.
+//! Allocation is a control-path operation: it takes a lock and may call `mmap`.
+
+use std::ffi::c_void;
+use std::num::NonZeroUsize;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
+
+/// Size of a huge page, and of the chunks small allocations are carved from.
+pub const HUGEPAGE_SIZE: usize = 2 << 20;
+/// Size of a base page.
+pub const PAGE_SIZE: usize = 4096;
+/// Allocations at least this large get a mapping of their own.
+const DEDICATED_THRESHOLD: usize = 1 << 20;
+
+/// Whether memory comes from 2 MiB hugepages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HugepagePolicy {
+    /// Always 4 KiB pages, silently.
+    Never,
+    /// Hugepages when the kernel has them, else 4 KiB pages with one warning per process.
+    #[default]
+    Prefer,
+    /// Hugepages or an error.
+    Require,
+}
+
+/// The page size backing a mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageSize {
+    /// 4 KiB base pages.
+    Base,
+    /// 2 MiB hugepages.
+    Huge,
+}
+
+/// Why memory could not be had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemoryError {
+    /// `mmap` refused.
+    #[error("mmap of {len} bytes ({page:?} pages) failed: {errno}")]
+    Map {
+        /// Bytes asked for.
+        len: usize,
+        /// Page size tried.
+        page: PageSize,
+        /// What the kernel said.
+        errno: nix::errno::Errno,
+    },
+    /// Hugepages were required and the kernel has none to give.
+    #[error("hugepages required but unavailable for {len} bytes ({errno}); reserve some with `sysctl vm.nr_hugepages=N`")]
+    HugepagesUnavailable {
+        /// Bytes asked for.
+        len: usize,
+        /// What the kernel said.
+        errno: nix::errno::Errno,
+    },
+    /// A zero-length or absurdly aligned request.
+    #[error("invalid allocation request: {len} bytes aligned to {align}")]
+    InvalidRequest {
+        /// Bytes asked for.
+        len: usize,
+        /// Alignment asked for.
+        align: usize,
+    },
+}
+
+static FALLBACK_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// One anonymous mapping; unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    page: PageSize,
+}
+
+// SAFETY: a Mapping is plain process memory owned by this value; the pointer is not tied to a
+// thread.
+unsafe impl Send for Mapping {}
+// SAFETY: shared references only hand out the pointer; accesses through it are the caller's
+// (and the device's) business, synchronised by the datapath's barriers.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes (rounded up to the page size) under `policy`.
+    pub fn new(len: usize, policy: HugepagePolicy) -> Result<Mapping, MemoryError> {
+        if len == 0 {
+            return Err(MemoryError::InvalidRequest { len, align: 1 });
+        }
+        if policy != HugepagePolicy::Never {
+            match Mapping::map(len.next_multiple_of(HUGEPAGE_SIZE), PageSize::Huge) {
+                Ok(m) => return Ok(m),
+                Err(errno) if policy == HugepagePolicy::Require => {
+                    return Err(MemoryError::HugepagesUnavailable { len, errno });
+                }
+                Err(errno) => {
+                    if !FALLBACK_WARNED.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            %errno,
+                            "2 MiB hugepages unavailable; using 4 KiB pages for rings and buffers \
+                             (reserve hugepages with `sysctl vm.nr_hugepages=N`)"
+                        );
+                    }
+                }
+            }
+        }
+        let rounded = len.next_multiple_of(PAGE_SIZE);
+        Mapping::map(rounded, PageSize::Base).map_err(|errno| MemoryError::Map {
+            len: rounded,
+            page: PageSize::Base,
+            errno,
+        })
+    }
+
+    fn map(len: usize, page: PageSize) -> Result<Mapping, nix::errno::Errno> {
+        let mut flags = MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE;
+        if page == PageSize::Huge {
+            flags |= MapFlags::MAP_HUGETLB;
+        }
+        let size = NonZeroUsize::new(len).ok_or(nix::errno::Errno::EINVAL)?;
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases
+        // nothing that exists.
+        let ptr = unsafe {
+            mmap_anonymous(
+                None,
+                size,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                flags,
+            )?
+        };
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+            page,
+        })
+    }
+
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: mappings are never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The page size backing the mapping.
+    pub fn page_size(&self) -> PageSize {
+        self.page
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `Mapping::map` with this pointer and length, and the
+        // value owning it is being dropped, so nothing in this process uses it any more (the
+        // objects that let a device use it hold the Mapping alive).
+        let result = unsafe { munmap(self.ptr.cast::<c_void>(), self.len) };
+        if let Err(errno) = result {
+            tracing::error!(%errno, len = self.len, "munmap failed; leaking the mapping");
+        }
+    }
+}
+
+struct Chunk {
+    mapping: Mapping,
+    /// Free ranges as (offset, len), sorted by offset, never adjacent (coalesced on free).
+    free: Vec<(usize, usize)>,
+}
+
+impl Chunk {
+    fn take(&mut self, len: usize, align: usize) -> Option<usize> {
+        let base = self.mapping.as_ptr() as usize;
+        for i in 0..self.free.len() {
+            let (off, flen) = self.free[i];
+            let start = (base + off).next_multiple_of(align) - base;
+            let pad = start - off;
+            if pad + len > flen {
+                continue;
+            }
+            let tail = (start + len, flen - pad - len);
+            match (pad > 0, tail.1 > 0) {
+                (false, false) => {
+                    self.free.remove(i);
+                }
+                (false, true) => self.free[i] = tail,
+                (true, false) => self.free[i] = (off, pad),
+                (true, true) => {
+                    self.free[i] = (off, pad);
+                    self.free.insert(i + 1, tail);
+                }
+            }
+            return Some(start);
+        }
+        None
+    }
+
+    fn give_back(&mut self, off: usize, len: usize) {
+        let i = self.free.partition_point(|&(o, _)| o < off);
+        self.free.insert(i, (off, len));
+        // Coalesce with the right neighbour, then with the left one.
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+    }
+}
+
+struct PoolInner {
+    policy: HugepagePolicy,
+    chunks: Mutex<Vec<Chunk>>,
+}
+
+/// The allocator for everything a device shares: rings, doorbell records, registered buffers.
+/// Cheap to clone (an `Arc`).
+#[derive(Clone)]
+pub struct MemoryPool {
+    inner: Arc<PoolInner>,
+}
+
+impl std::fmt::Debug for MemoryPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryPool")
+            .field("policy", &self.inner.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+enum BlockSource {
+    /// Unmapped when the block drops.
+    Dedicated(#[allow(dead_code)] Mapping),
+    Chunk {
+        chunk_base: usize,
+        offset: usize,
+    },
+}
+
+/// A zeroed, aligned block of pool memory; returned to the pool on drop.
+pub struct Block {
+    ptr: NonNull<u8>,
+    len: usize,
+    page: PageSize,
+    source: BlockSource,
+    pool: Arc<PoolInner>,
+}
+
+// SAFETY: a Block exclusively owns its byte range of process memory.
+unsafe impl Send for Block {}
+// SAFETY: shared references only expose the pointer; see `Mapping`.
+unsafe impl Sync for Block {}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Block")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("page", &self.page)
+            .finish()
+    }
+}
+
+impl Block {
+    /// Start of the block.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes, as requested.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: blocks are never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The page size backing the block.
+    pub fn page_size(&self) -> PageSize {
+        self.page
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let BlockSource::Chunk { chunk_base, offset } = self.source {
+            let mut chunks = match self.pool.chunks.lock() {
+                Ok(c) => c,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if let Some(chunk) = chunks
+                .iter_mut()
+                .find(|c| c.mapping.as_ptr() as usize == chunk_base)
+            {
+                chunk.give_back(offset, self.len);
+            }
+        }
+        // A dedicated mapping unmaps itself when `source` drops.
+    }
+}
+
+impl MemoryPool {
+    /// A pool under `policy`. Maps nothing until the first allocation.
+    pub fn new(policy: HugepagePolicy) -> MemoryPool {
+        MemoryPool {
+            inner: Arc::new(PoolInner {
+                policy,
+                chunks: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The pool's hugepage policy.
+    pub fn policy(&self) -> HugepagePolicy {
+        self.inner.policy
+    }
+
+    /// A zeroed block of `len` bytes aligned to `align` (a power of two, at most 4096).
+    pub fn alloc(&self, len: usize, align: usize) -> Result<Block, MemoryError> {
+        if len == 0 || !align.is_power_of_two() || align > PAGE_SIZE {
+            return Err(MemoryError::InvalidRequest { len, align });
+        }
+        if len >= DEDICATED_THRESHOLD {
+            let mapping = Mapping::new(len, self.inner.policy)?;
+            return Ok(Block {
+                ptr: mapping.ptr,
+                len,
+                page: mapping.page,
+                source: BlockSource::Dedicated(mapping),
+                pool: self.inner.clone(),
+            });
+        }
+        let mut chunks = match self.inner.chunks.lock() {
+            Ok(c) => c,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let found = chunks.iter_mut().find_map(|c| {
+            c.take(len, align)
+                .map(|off| (c.mapping.as_ptr(), c.mapping.page, off))
+        });
+        let (base, page, offset) = match found {
+            Some(hit) => hit,
+            None => {
+                let mapping = Mapping::new(HUGEPAGE_SIZE, self.inner.policy)?;
+                let mut chunk = Chunk {
+                    free: vec![(0, mapping.len())],
+                    mapping,
+                };
+                let offset = chunk
+                    .take(len, align)
+                    .ok_or(MemoryError::InvalidRequest { len, align })?;
+                let hit = (chunk.mapping.as_ptr(), chunk.mapping.page, offset);
+                chunks.push(chunk);
+                hit
+            }
+        };
+        // SAFETY: `offset + len` lies within the chunk (first-fit only hands out free ranges
+        // inside it), and the range is ours alone until the Block gives it back; previous
+        // users may have left bytes in it, so clear them.
+        let ptr = unsafe {
+            let p = base.add(offset);
+            std::ptr::write_bytes(p, 0, len);
+            NonNull::new_unchecked(p)
+        };
+        Ok(Block {
+            ptr,
+            len,
+            page,
+            source: BlockSource::Chunk {
+                chunk_base: base as usize,
+                offset,
+            },
+            pool: self.inner.clone(),
+        })
+    }
+}
+
+impl Default for MemoryPool {
+    fn default() -> MemoryPool {
+        MemoryPool::new(HugepagePolicy::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_aligned_zeroed_and_disjoint() {
+        let pool = MemoryPool::new(HugepagePolicy::Never);
+        let a = pool.alloc(100, 64).unwrap();
+        let b = pool.alloc(4096, 4096).unwrap();
+        assert_eq!(a.as_ptr() as usize % 64, 0);
+        assert_eq!(b.as_ptr() as usize % 4096, 0);
+        let (a0, a1) = (a.as_ptr() as usize, a.as_ptr() as usize + a.len());
+        let (b0, b1) = (b.as_ptr() as usize, b.as_ptr() as usize + b.len());
+        assert!(a1 <= b0 || b1 <= a0);
+        // SAFETY: the block is ours and `len` bytes long.
+        let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) };
+        assert!(bytes.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn freed_blocks_are_reused_and_cleared() {
+        let pool = MemoryPool::new(HugepagePolicy::Never);
+        let first = pool.alloc(256, 64).unwrap();
+        let addr = first.as_ptr();
+        // SAFETY: the block is ours and 256 bytes long.
+        unsafe { std::ptr::write_bytes(addr, 0xab, 256) };
+        drop(first);
+        let again = pool.alloc(256, 64).unwrap();
+        assert_eq!(again.as_ptr(), addr);
+        // SAFETY: as above.
+        let bytes = unsafe { std::slice::from_raw_parts(again.as_ptr(), 256) };
+        assert!(bytes.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn free_ranges_coalesce_back_into_one_chunk() {
+        let pool = MemoryPool::new(HugepagePolicy::Never);
+        let blocks: Vec<Block> = (0..8)
+            .map(|_| pool.alloc(64 << 10, 4096).unwrap())
+            .collect();
+        drop(blocks);
+        let chunks = pool.inner.chunks.lock().unwrap();
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(chunks[0].free, vec![(0, HUGEPAGE_SIZE)]);
+    }
+
+    #[test]
+    fn large_blocks_get_their_own_mapping() {
+        let pool = MemoryPool::new(HugepagePolicy::Never);
+        let big = pool.alloc(3 << 20, 4096).unwrap();
+        assert!(matches!(big.source, BlockSource::Dedicated(_)));
+        assert!(pool.inner.chunks.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn prefer_falls_back_to_base_pages_when_the_kernel_has_no_hugepages() {
+        // Whatever this machine has reserved, Prefer never fails for a small request.
+        let m = Mapping::new(8192, HugepagePolicy::Prefer).unwrap();
+        assert!(m.len() >= 8192);
+    }
+
+    #[test]
+    fn invalid_requests_are_refused() {
+        let pool = MemoryPool::new(HugepagePolicy::Never);
+        assert!(matches!(
+            pool.alloc(0, 64),
+            Err(MemoryError::InvalidRequest { .. })
+        ));
+        assert!(matches!(
+            pool.alloc(64, 3),
+            Err(MemoryError::InvalidRequest { .. })
+        ));
+    }
+}
