@@ -346,9 +346,22 @@ impl SendQueue {
             Payload::Inline(data) if !data.is_empty() => self.write_inline(start, u, data),
             Payload::Inline(_) => {}
         }
+        Ok(self.commit(start, wr.wr_id, bbs, opcode, signaled))
+    }
+
+    /// Records a WQE written at `start` and moves the producer counter past it.
+    #[inline(always)]
+    fn commit(
+        &mut self,
+        start: u32,
+        wr_id: u64,
+        bbs: u32,
+        opcode: SendOpcode,
+        signaled: bool,
+    ) -> u16 {
         self.track.record(
             start,
-            wr.wr_id,
+            wr_id,
             WqeInfo {
                 bbs: bbs as u8,
                 opcode,
@@ -358,7 +371,7 @@ impl SendQueue {
         self.last_start = start;
         self.pi = start.wrapping_add(bbs);
         self.track.set_pi(self.pi);
-        Ok(start as u16)
+        start as u16
     }
 
     /// Validates a gather (or, for READ and atomics, scatter) list; returns its data units.
@@ -555,19 +568,7 @@ impl SendQueue {
         let mut ctrl = CtrlSeg::new_unchecked(&mut self.unit(start, 0)[..]);
         ctrl.set_wqe_index(start as u16);
         ctrl.set_qpn(qpn);
-        self.track.record(
-            start,
-            wr_id,
-            WqeInfo {
-                bbs: bbs as u8,
-                opcode,
-                signaled,
-            },
-        );
-        self.last_start = start;
-        self.pi = start.wrapping_add(bbs);
-        self.track.set_pi(self.pi);
-        Ok(start as u16)
+        Ok(self.commit(start, wr_id, bbs, opcode, signaled))
     }
 
     /// Back to index 0 (the QP went to RESET).
