@@ -90,6 +90,9 @@ pub struct KeyTable {
     slots: Box<[Slot]>,
     mask: usize,
     writers: Mutex<()>,
+    /// Moves on every removal, so a queue may cache an entry it looked up and trust it while
+    /// the generation it read before the lookup is still current.
+    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for KeyTable {
@@ -116,7 +119,16 @@ impl KeyTable {
             slots: (0..n).map(|_| Slot::default()).collect(),
             mask: n - 1,
             writers: Mutex::new(()),
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// The removal generation: unchanged since a lookup means the entry found is still valid.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        // Acquire pairs with the release increment in `remove`: a reader that still sees the
+        // old generation has not missed a removal that happened before its lookup.
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Number of slots.
@@ -213,6 +225,9 @@ impl KeyTable {
         for i in 0..PROBE {
             let idx = (h + i) & self.mask;
             if self.slots[idx].key.load(Ordering::Relaxed) == OCCUPIED | lkey as u64 {
+                // Invalidate cached copies first: a post racing this removal either sees the
+                // new generation and looks up again, or completes as if it came just before.
+                self.generation.fetch_add(1, Ordering::AcqRel);
                 self.write(idx, |slot| slot.key.store(0, Ordering::Relaxed));
                 return true;
             }
@@ -258,6 +273,16 @@ mod tests {
         assert!(table.remove(0x1234));
         assert_eq!(table.get(0x1234), None);
         assert!(!table.remove(0x1234));
+    }
+
+    #[test]
+    fn removal_moves_the_generation_and_insertion_does_not() {
+        let table = KeyTable::new(64);
+        let g0 = table.generation();
+        table.insert(entry(9, 0)).unwrap();
+        assert_eq!(table.generation(), g0);
+        table.remove(9);
+        assert_ne!(table.generation(), g0);
     }
 
     #[test]

@@ -328,7 +328,8 @@ fn every_opcode_is_encoded_with_its_segments() {
             };
             assert_eq!(atomic, expected);
         }
-        // Complete it so the next one has room.
+        // Publish and complete it so the next one has room.
+        r.qp.ring_doorbell();
         r.fake.cq(0).req(r.qp.qpn(), idx, 8);
         let mut wcs = [WorkCompletion::EMPTY; 1];
         assert_eq!(r.cq.poll(&mut wcs), 1);
@@ -381,6 +382,7 @@ fn a_wqe_that_reaches_the_end_of_the_ring_continues_at_its_start() {
                 &SendWr::new(u64::from(i), SendOp::Write { remote: remote() }, &[sge]).signaled(),
             )
             .unwrap();
+        r.qp.ring_doorbell();
         r.fake.cq(0).req(r.qp.qpn(), idx, 8);
         let mut wcs = [WorkCompletion::EMPTY; 1];
         assert_eq!(r.cq.poll(&mut wcs), 1);
@@ -788,6 +790,31 @@ fn the_owner_bit_flips_each_lap_of_the_cq() {
 }
 
 #[test]
+fn a_cqe_for_a_wqe_never_rung_is_stale() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let idx =
+        r.qp.post_send(&SendWr::new(1, SendOp::Send, &[sge]).signaled())
+            .unwrap();
+    r.fake.cq(0).req(r.qp.qpn(), idx, 0);
+    let mut wcs = [WorkCompletion::EMPTY; 4];
+    assert_eq!(r.cq.poll(&mut wcs), 0);
+    assert_eq!(r.cq.poller().stats().stale, 1);
+}
+
+#[test]
+fn a_cached_key_stops_working_once_its_mr_is_deregistered() {
+    let mut r = rig();
+    let tmp = r.pd.alloc_buffer(64, Access::ALL).unwrap();
+    let sge = tmp.sge(0, 8);
+    r.qp.post_send(&SendWr::new(1, SendOp::Send, &[sge]))
+        .unwrap();
+    drop(tmp);
+    let e = post_err(&mut r, SendWr::new(2, SendOp::Send, &[sge]));
+    assert!(matches!(e, PostError::UnknownLkey { .. }), "{e}");
+}
+
+#[test]
 fn stale_cqes_are_counted_and_skipped() {
     let mut r = rig();
     r.fake.cq(0).req(r.qp.qpn(), 5, 0); // nothing outstanding
@@ -815,6 +842,8 @@ fn discarding_a_qps_cqes_keeps_the_others_in_order() {
             .post_send(&SendWr::new(50 + i, SendOp::Send, &[sge]).signaled())
             .unwrap();
     }
+    r.qp.ring_doorbell();
+    other.ring_doorbell();
     let cq = r.fake.cq(0);
     for (i, &x) in idx.iter().enumerate() {
         cq.req(r.qp.qpn(), x, 0);
