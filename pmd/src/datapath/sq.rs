@@ -318,6 +318,79 @@ impl SendQueue {
     /// doorbell; on error nothing is written.
     #[inline]
     pub fn post(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
+        match self.post_fast(wr) {
+            Some(index) => Ok(index),
+            None => self.post_general(wr),
+        }
+    }
+
+    /// The common case in few instructions: a WRITE or SEND (with or without immediate) of one
+    /// non-empty entry in the MR of the key cache, on a QP in RTS with room for one block.
+    /// `None` means "not this case" (nothing written); the general path then decides,
+    /// including every error.
+    #[inline(always)]
+    fn post_fast(&mut self, wr: &SendWr<'_>) -> Option<u16> {
+        let Payload::Gather(sges) = &wr.payload else {
+            return None;
+        };
+        let [sge] = sges.as_slice() else {
+            return None;
+        };
+        let (opcode, remote, imm) = match wr.op {
+            SendOp::Write { remote } => (SendOpcode::RdmaWrite, Some(remote), 0),
+            SendOp::WriteImm { remote, imm } => (SendOpcode::RdmaWriteImm, Some(remote), imm),
+            SendOp::Send => (SendOpcode::Send, None, 0),
+            SendOp::SendImm { imm } => (SendOpcode::SendImm, None, imm),
+            _ => return None,
+        };
+        let c = self.key_cache;
+        let end = sge.addr.wrapping_add(u64::from(sge.len));
+        let ok = self.state.load(Ordering::Relaxed) == QpState::Rts as u8
+            && sge.len != 0
+            && u64::from(sge.len) <= MAX_MESSAGE
+            && sge.lkey == c.lkey
+            && sge.addr >= c.start
+            && end <= c.end
+            && end >= sge.addr
+            && self.pi.wrapping_sub(self.ci_cache) < self.mask + 1
+            && self.keys.generation() == c.generation;
+        if !ok {
+            return None;
+        }
+        let start = self.pi;
+        let signaled = wr.flags.contains(SendFlags::SIGNALED);
+        let fence = if wr.flags.contains(SendFlags::FENCE) {
+            FenceMode::SmallAndFence
+        } else {
+            FenceMode::None
+        };
+        let fm_ce_se = ctrl_seg::fm_ce_se(fence, signaled, wr.flags.contains(SendFlags::SOLICITED));
+        let qpn = self.qpn;
+        let ds = match remote {
+            Some(r) => {
+                emit::raddr(self.unit(start, 1), r.addr, r.rkey);
+                emit::data(self.unit(start, 2), sge.len, sge.lkey, sge.addr);
+                3
+            }
+            None => {
+                emit::data(self.unit(start, 1), sge.len, sge.lkey, sge.addr);
+                2
+            }
+        };
+        emit::ctrl(
+            self.unit(start, 0),
+            u8::from(opcode),
+            start as u16,
+            qpn,
+            ds,
+            fm_ce_se,
+            imm,
+        );
+        Some(self.commit(start, wr.wr_id, 1, opcode, signaled))
+    }
+
+    /// Every work request, with every check and every error.
+    fn post_general(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
         let state = self.state.load(Ordering::Relaxed);
         if state != QpState::Rts as u8 {
             return Err(not_ready(self.qpn, state));
