@@ -18,9 +18,11 @@
 //! | [`keys`] | the lock-free lkey table the datapath validates against |
 //! | [`memory`] | hugepage-backed pool for rings and registered buffers |
 //! | [`lcore`] | pinned threads, the service lcore, the idle policy of a poll loop |
+//! | [`failover`] | the SHIFT failover protocol as a sans-IO state machine (`docs/failover.md`) |
 
 pub mod control;
 pub mod datapath;
+pub mod failover;
 pub mod keys;
 pub mod lcore;
 pub mod memory;

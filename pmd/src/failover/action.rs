@@ -1,0 +1,198 @@
+//! What the failover machine asks the driver to do, and where application work goes.
+
+use super::config::Epoch;
+use super::event::Path;
+use super::message::ControlMessage;
+use super::status::WcStatus;
+
+/// One step for the driver. The driver performs actions in the order given and reports their
+/// results as events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Move `path`'s QP to ERR now. Its flush completions belong to the failover, not to the
+    /// application.
+    MoveQpToErr {
+        /// Which QP.
+        path: Path,
+    },
+    /// Poll the default CQ until both queues of the (errored) default QP are flushed:
+    /// successful completions go to the WC buffer in order and into the counters, flushes of
+    /// outstanding WQEs are swallowed (the WQEs stay in the rings to be copied). Scan the
+    /// rung, uncompleted send WQEs for atomics. Report [`Event::DefaultDrained`].
+    ///
+    /// [`Event::DefaultDrained`]: super::Event::DefaultDrained
+    DrainDefault,
+    /// Copy the default RQ's outstanding receive WQEs, in order, to the backup RQ behind
+    /// whatever is posted there, rewriting lkeys; update the backup receive doorbell record.
+    CopyRecvsToBackup,
+    /// Move the default SQ's outstanding WQEs (rung or withheld) to the backup SQ and ring the
+    /// backup doorbell:
+    /// 1. every WQE up to and including the `skip_through`-th two-sided send of the connection
+    ///    was executed by the peer: complete it to the application (success for signaled
+    ///    ones), do not send it again;
+    /// 2. post `burn` zero-length SENDs first, to consume the peer's stale receive WQEs;
+    /// 3. copy the rest in order, rewriting lkeys, rkeys, WQE index and QPN.
+    CopySendsToBackup {
+        /// Zero-length SENDs to post before the copies.
+        burn: u64,
+        /// Two-sided sends the peer has consumed, counted since the connection began.
+        skip_through: u64,
+    },
+    /// Take the default QP to RESET (its rings go back to index 0).
+    ResetDefaultQp,
+    /// Take the default QP from RESET through INIT and RTR to RTS with the saved attributes
+    /// and the PSNs of `epoch` ([`Epoch::start_psn`]); report [`Event::DefaultQpUp`].
+    ///
+    /// [`Event::DefaultQpUp`]: super::Event::DefaultQpUp
+    BringUpDefaultQp {
+        /// The incarnation to bring up.
+        epoch: Epoch,
+    },
+    /// Post a zero-length, signaled RDMA WRITE on the default QP and ring; report
+    /// [`Event::ProbeCompleted`](super::Event::ProbeCompleted).
+    PostProbe,
+    /// Send a control message to the peer on the control QP.
+    SendControl(ControlMessage),
+    /// Poll the backup CQ: successful completions to the WC buffer in order and into the
+    /// counters; report [`Event::BackupDrained`](super::Event::BackupDrained).
+    DrainBackup,
+    /// Copy the backup RQ's receive WQEs after the `consumed_through`-th application receive,
+    /// in order, to the default RQ and update its doorbell record. The originals stay posted
+    /// on the backup RQ as stale WQEs: the peer consumes them with zero-length SENDs at the
+    /// next failover, and their completions are swallowed.
+    MoveRecvsToDefault {
+        /// Application receives completed so far.
+        consumed_through: u64,
+    },
+    /// Ring the default SQ doorbell for every WQE withheld there.
+    ReleaseDefaultDoorbell,
+    /// Fail the resilient QP, as a plain QP in ERR fails: outstanding WRs (on either QP, rung
+    /// or withheld) complete with `status` for the first and `WR_FLUSH_ERR` for the rest,
+    /// receives are flushed, later posts fail.
+    SurfaceError {
+        /// The status of the first error completion the application sees.
+        status: WcStatus,
+        /// Why failover could not hide the failure (for logs and statistics).
+        reason: FailReason,
+    },
+}
+
+/// Which thread may perform an action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Touches rings, doorbells or CQs: only the lcore that owns the QP's datapath.
+    Datapath,
+    /// Control verbs and the control QP: thread-safe, may block; the service lcore may do it.
+    Control,
+}
+
+impl Action {
+    /// Which thread may perform this action.
+    pub fn lane(&self) -> Lane {
+        match self {
+            Action::MoveQpToErr { .. }
+            | Action::BringUpDefaultQp { .. }
+            | Action::SendControl(_) => Lane::Control,
+            Action::DrainDefault
+            | Action::CopyRecvsToBackup
+            | Action::CopySendsToBackup { .. }
+            | Action::ResetDefaultQp
+            | Action::PostProbe
+            | Action::DrainBackup
+            | Action::MoveRecvsToDefault { .. }
+            | Action::ReleaseDefaultDoorbell
+            | Action::SurfaceError { .. } => Lane::Datapath,
+        }
+    }
+}
+
+/// Why failover gave up and surfaced an error to the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailReason {
+    /// A protection or request error (not a path failure): retrying on another NIC would
+    /// bypass it.
+    Refused {
+        /// The refusing completion's status.
+        status: WcStatus,
+    },
+    /// An atomic was in flight when the path failed: it may have executed, so it cannot be
+    /// retransmitted, and it cannot be skipped.
+    AtomicInFlight,
+    /// Work depended on the backup path and the backup path failed (link down, QP error,
+    /// control send failed): no path is left that the protocol can use.
+    BackupUnavailable,
+    /// The peer failed its end.
+    PeerAborted,
+    /// The peer did not answer a failover handshake in time.
+    HandshakeTimeout,
+    /// The peer said something the protocol does not allow in this state.
+    ProtocolViolation,
+}
+
+impl FailReason {
+    /// The status the application sees first.
+    pub fn status(self) -> WcStatus {
+        match self {
+            FailReason::Refused { status } => status,
+            _ => WcStatus::RetryExcErr,
+        }
+    }
+
+    /// The wire code and the status it carries ([`WcStatus::Success`] unless refused).
+    pub(crate) fn code(self) -> (u64, WcStatus) {
+        match self {
+            FailReason::Refused { status } => (1, status),
+            FailReason::AtomicInFlight => (2, WcStatus::Success),
+            FailReason::BackupUnavailable => (3, WcStatus::Success),
+            FailReason::PeerAborted => (4, WcStatus::Success),
+            FailReason::HandshakeTimeout => (5, WcStatus::Success),
+            FailReason::ProtocolViolation => (6, WcStatus::Success),
+        }
+    }
+
+    /// The reason a wire code names, if any.
+    pub(crate) fn from_code(code: u64, status: WcStatus) -> Option<Self> {
+        Some(match code {
+            1 => FailReason::Refused { status },
+            2 => FailReason::AtomicInFlight,
+            3 => FailReason::BackupUnavailable,
+            4 => FailReason::PeerAborted,
+            5 => FailReason::HandshakeTimeout,
+            6 => FailReason::ProtocolViolation,
+            _ => return None,
+        })
+    }
+}
+
+impl core::fmt::Display for FailReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            FailReason::Refused { status } => {
+                write!(f, "refused by the NIC ({status:?}); never failed over")
+            }
+            FailReason::AtomicInFlight => {
+                f.write_str("an atomic was in flight; it cannot be retransmitted")
+            }
+            FailReason::BackupUnavailable => f.write_str("the backup path failed too"),
+            FailReason::PeerAborted => f.write_str("the peer failed its end"),
+            FailReason::HandshakeTimeout => {
+                f.write_str("the peer did not answer the failover handshake")
+            }
+            FailReason::ProtocolViolation => f.write_str("the peer broke the failover protocol"),
+        }
+    }
+}
+
+/// Where the driver puts a WR the application posts now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// Post on the default QP and ring (update the receive doorbell record).
+    Default,
+    /// Write into the default QP's ring without ringing: the WQE waits there until the machine
+    /// releases the doorbell or copies it to the backup QP.
+    DefaultWithheld,
+    /// Post on the backup QP and ring.
+    Backup,
+    /// The resilient QP has failed: refuse the post.
+    Closed,
+}

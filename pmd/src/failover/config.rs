@@ -1,0 +1,119 @@
+//! How one end of a resilient connection is set up: its role, its timers, its epochs.
+
+use core::time::Duration;
+
+/// Which end brings the default path back after a failover.
+///
+/// Both ends fail over (either may start it), but bringing the default QP pair back into a new
+/// epoch is led by one end so the two never race each other into different epochs. The
+/// rendezvous decides (railshift: the end whose default `(GID, QPN)` sorts lower leads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Schedules rearm attempts, probes the default path and announces it up.
+    Leader,
+    /// Follows the leader's rearm requests.
+    Follower,
+}
+
+/// The configuration of one end's failover machine.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// This end's role in rearming the default path.
+    pub role: Role,
+    /// Treat link-down of the default device as a path failure at once (move the default QP to
+    /// ERR and fail over) instead of waiting for retry exhaustion. On by default.
+    pub link_watch: bool,
+    /// How long the default link must have been up before the default QP is brought back
+    /// (recovered NICs can refuse RTR for a while after link-up, and links flap).
+    pub holddown: Duration,
+    /// Wait before the first rearm attempt after a failover, doubled after each failed attempt.
+    pub backoff_initial: Duration,
+    /// The longest wait between rearm attempts.
+    pub backoff_max: Duration,
+    /// How long a failover handshake may wait for the peer before the connection is failed.
+    pub handshake_timeout: Duration,
+    /// How soon to poll the backup CQ again while waiting for receive completions during a
+    /// switch-back.
+    pub redrain_interval: Duration,
+}
+
+impl Config {
+    /// The defaults for `role`: link watch on, 1 s hold-down, backoff from 100 ms to 5 s,
+    /// 2 s handshake timeout.
+    pub fn new(role: Role) -> Self {
+        Config {
+            role,
+            link_watch: true,
+            holddown: Duration::from_secs(1),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(2),
+            redrain_interval: Duration::from_micros(50),
+        }
+    }
+
+    /// The wait after `failures` consecutive failed rearm attempts.
+    pub fn backoff(&self, failures: u32) -> Duration {
+        let factor = 1u32.checked_shl(failures.min(31)).unwrap_or(u32::MAX);
+        self.backoff_initial
+            .saturating_mul(factor)
+            .min(self.backoff_max)
+    }
+}
+
+/// One incarnation of the default QP pair.
+///
+/// Every time the default pair is torn down and brought back, both ends move to a new epoch.
+/// A QP enters RTR in epoch `e` only after the peer's QP is known to have left every earlier
+/// epoch, and its PSNs start where [`Epoch::start_psn`] says, so packets of an older
+/// incarnation can never be taken for packets of the new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Epoch(pub u32);
+
+/// How far apart consecutive epochs' starting PSNs lie: a quarter of the 24-bit PSN space.
+pub const EPOCH_PSN_STRIDE: u32 = 1 << 22;
+
+impl Epoch {
+    /// The epoch after this one.
+    pub fn next(self) -> Epoch {
+        Epoch(self.0.saturating_add(1))
+    }
+
+    /// The first PSN of this epoch, for a QP whose saved starting PSN is `base`: RQ PSN of one
+    /// end and SQ PSN of the other are derived the same way from the same `base`.
+    pub fn start_psn(self, base: u32) -> u32 {
+        base.wrapping_add(self.0.wrapping_mul(EPOCH_PSN_STRIDE)) & 0x00FF_FFFF
+    }
+}
+
+impl core::fmt::Display for Epoch {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "epoch {}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_maximum() {
+        let config = Config::new(Role::Leader);
+        assert_eq!(config.backoff(0), Duration::from_millis(100));
+        assert_eq!(config.backoff(1), Duration::from_millis(200));
+        assert_eq!(config.backoff(3), Duration::from_millis(800));
+        assert_eq!(config.backoff(10), Duration::from_secs(5));
+        assert_eq!(config.backoff(u32::MAX), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn consecutive_epochs_start_a_quarter_of_the_psn_space_apart() {
+        let base = 0x12_3456;
+        assert_eq!(Epoch(0).start_psn(base), base);
+        assert_eq!(Epoch(1).start_psn(base), base + (1 << 22));
+        let e3 = Epoch(3).start_psn(base);
+        let e4 = Epoch(4).start_psn(base);
+        assert_eq!(e4.wrapping_sub(e3) & 0xFF_FFFF, 1 << 22);
+        assert!(e4 <= 0xFF_FFFF);
+    }
+}

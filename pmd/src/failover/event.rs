@@ -1,0 +1,99 @@
+//! What the driver tells the failover machine.
+
+use super::config::Epoch;
+use super::message::ControlMessage;
+use super::status::WcStatus;
+
+/// One of the two QPs of a resilient connection end, and the device it lives on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Path {
+    /// The default QP on the default device: carries traffic when nothing has failed.
+    Default,
+    /// The backup QP on the backup device (which also carries the control QP).
+    Backup,
+}
+
+/// The driver's counters of two-sided application work, counted since the connection began.
+///
+/// Two-sided sends are SEND, SEND_WITH_IMM and WRITE_WITH_IMM: the WRs that consume a receive
+/// WQE at the peer. Receives are the application's receive WRs. The failover layer's own
+/// messages (control SENDs, zero-length SENDs that consume stale receive WQEs, probes) are
+/// never counted. The driver keeps these on the datapath (an increment per completion) and
+/// hands a snapshot in with the events that need one; the machine is not called per WQE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Progress {
+    /// Two-sided application sends posted.
+    pub sends_posted: u64,
+    /// Of those, the ones known to have completed (success seen, directly or through a later
+    /// signaled completion).
+    pub sends_completed: u64,
+    /// Application receives posted.
+    pub recvs_posted: u64,
+    /// Application receives completed successfully, on either QP.
+    pub recvs_completed: u64,
+}
+
+/// Something the driver observed, or the result of an action it performed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// The first error completion polled from `path`'s QP (send or receive queue) since that
+    /// QP was last brought up. Flushes that follow it are the driver's to swallow.
+    ErrorCompletion {
+        /// Which QP.
+        path: Path,
+        /// Its status.
+        status: WcStatus,
+    },
+    /// The link of `path`'s device went down (netlink, or a port-error async event).
+    LinkDown {
+        /// Which device.
+        path: Path,
+    },
+    /// The link of `path`'s device came up.
+    LinkUp {
+        /// Which device.
+        path: Path,
+    },
+    /// [`Action::DrainDefault`](super::Action::DrainDefault) is done: every successful
+    /// completion of the default QP is in the WC buffer and counted in `progress`.
+    DefaultDrained {
+        /// The counters after the drain.
+        progress: Progress,
+        /// The first non-flush error completion of the default QP, if any.
+        first_error: Option<WcStatus>,
+        /// An atomic WR was rung on the default QP and has not completed: it may or may not
+        /// have executed, so it cannot be retransmitted.
+        atomic_in_flight: bool,
+    },
+    /// A control message arrived from the peer.
+    Control(ControlMessage),
+    /// A control send completed in error: the control QP (and so the backup path) is gone.
+    ControlSendFailed,
+    /// [`Action::BringUpDefaultQp`](super::Action::BringUpDefaultQp) is done.
+    DefaultQpUp {
+        /// The epoch the QP was brought up in.
+        epoch: Epoch,
+        /// Whether it reached RTS.
+        ok: bool,
+    },
+    /// The probe posted by [`Action::PostProbe`](super::Action::PostProbe) completed.
+    ProbeCompleted {
+        /// Success, or any error (retry exhaustion, flush).
+        ok: bool,
+    },
+    /// The application posted a signaled WR on the backup QP (reported only while
+    /// [`Failover::reports_signaled_posts`](super::Failover::reports_signaled_posts)).
+    SignaledPosted {
+        /// The counters including that WR.
+        progress: Progress,
+    },
+    /// The signaled WR reported by [`Event::SignaledPosted`] completed successfully.
+    FenceCompleted,
+    /// [`Action::DrainBackup`](super::Action::DrainBackup) is done.
+    BackupDrained {
+        /// The counters after the drain.
+        progress: Progress,
+    },
+    /// Time passed; due at [`Failover::poll_timeout`](super::Failover::poll_timeout).
+    Tick,
+}

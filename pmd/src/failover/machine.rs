@@ -1,0 +1,920 @@
+//! The failover machine of one resilient connection end.
+
+use super::action::{Action, FailReason, Route};
+use super::config::{Config, Epoch, Role};
+use super::event::{Event, Path, Progress};
+use super::message::ControlMessage;
+use super::status::{ErrorClass, WcStatus};
+use super::time::Timestamp;
+
+/// The SHIFT failover machine of one end of a resilient connection.
+///
+/// Sans-IO: [`Failover::handle`] takes an event and the time and appends the actions the
+/// driver must perform; it reads no clock, makes no system call and allocates nothing (the
+/// caller's action buffer never needs more than [`MAX_ACTIONS_PER_EVENT`] slots). The driver
+/// calls it only on events (an error completion, a link change, a control message, a timer);
+/// while both directions run on the default QP it is never called per WQE, and the routes
+/// ([`Failover::send_route`], [`Failover::recv_route`]) do not change.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Failover {
+    config: Config,
+    /// The send queue: the paper's states 1-4, and the failover round that leads to state 2.
+    send: SendState,
+    /// The receive queue: where the application's receive WQEs are.
+    recv: RecvState,
+    /// This end's default QP.
+    default_qp: DefaultQp,
+    /// The highest epoch this end has used or agreed to.
+    epoch: Epoch,
+    /// The epoch of the last failover round this end sent its `Failover` message for.
+    last_round: Option<Epoch>,
+    /// Consecutive failed rearm attempts (leader).
+    rearm_failures: u32,
+    default_link: Link,
+    backup_link: Link,
+    /// False once a backup QP or the control QP went to ERR: the backup pair cannot be
+    /// brought back without the peer, so the connection runs unprotected.
+    backup_usable: bool,
+    /// Stale receive WQEs left at the head of the backup RQ by the last receive switch-back.
+    stale_backup_recvs: u64,
+    failed: Option<FailReason>,
+}
+
+/// The most actions one call of [`Failover::handle`] appends.
+pub const MAX_ACTIONS_PER_EVENT: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum SendState {
+    /// State 1: sends go to the default QP.
+    Default,
+    /// State 1 -> 2: the default pair failed; sends are withheld on the default QP until they
+    /// are copied to the backup QP.
+    FailingOver(Round),
+    /// State 2: sends go to the backup QP.
+    Fallback,
+    /// State 3: the default path is back; sends still go to the backup QP until the
+    /// application posts a signaled WR, the fence.
+    WaitSignaled,
+    /// State 4: the fence is on the backup QP, later sends are withheld on the default QP.
+    /// `notified`: the fence completed and the peer was told; waiting for its receive queue
+    /// to follow, until the deadline.
+    WaitDrained {
+        sends_before: u64,
+        notified: Option<Timestamp>,
+    },
+}
+
+/// One failover round: both ends put their default QP in ERR, drain it, move receives to the
+/// backup QP, exchange `Failover` messages and move sends the peer has not consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Round {
+    /// The default-pair incarnation that failed.
+    epoch: Epoch,
+    step: RoundStep,
+    /// The peer's `Failover` message, if it arrived while we were still draining.
+    peer: Option<PeerFailover>,
+    deadline: Timestamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum RoundStep {
+    /// Waiting for the driver to drain the default QP.
+    Draining,
+    /// Our `Failover` message is sent; waiting for the peer's.
+    AwaitingPeer { drained: Progress },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PeerFailover {
+    recvs_completed: u64,
+    stale_recvs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum RecvState {
+    /// Receive WQEs are posted on the default QP.
+    Default,
+    /// Receive WQEs are posted on the backup QP.
+    Fallback,
+    /// The peer switched its sends back after `sends_before` two-sided sends; waiting for our
+    /// backup CQ to show them all before moving the remaining receive WQEs.
+    SwitchingBack {
+        sends_before: u64,
+        redrain_at: Timestamp,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum DefaultQp {
+    /// In RTS in the current epoch. `confirmed` once a probe went through in this epoch.
+    Live { confirmed: bool },
+    /// Out of its last epoch (ERR or RESET). The leader tries again after `backoff_until`.
+    Dead { backoff_until: Timestamp },
+    /// Leader: a rearm attempt for the current epoch.
+    Rearming {
+        step: RearmStep,
+        deadline: Timestamp,
+    },
+    /// Follower: being brought up into the current epoch at the leader's request.
+    BringingUp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum RearmStep {
+    AwaitingFollower,
+    BringingUp,
+    Probing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Link {
+    up: bool,
+    since: Timestamp,
+}
+
+/// Where the send queue is, for logs, statistics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SendPhase {
+    /// State 1: on the default QP.
+    Default,
+    /// A failover round is running.
+    FailingOver,
+    /// State 2: on the backup QP.
+    Fallback,
+    /// State 3: waiting for the application's next signaled WR.
+    WaitSignaled,
+    /// State 4: waiting for the fence to complete and the peer to follow.
+    WaitDrained,
+    /// The connection failed.
+    Failed,
+}
+
+/// Where the receive queue is, for logs, statistics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecvPhase {
+    /// Receive WQEs on the default QP.
+    Default,
+    /// Receive WQEs on the backup QP.
+    Fallback,
+    /// Moving receive WQEs back to the default QP.
+    SwitchingBack,
+    /// The connection failed.
+    Failed,
+}
+
+/// Where this end's default QP is, for logs, statistics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DefaultQpPhase {
+    /// In RTS and confirmed by a probe.
+    Live,
+    /// In RTS, not yet confirmed by a probe.
+    Unconfirmed,
+    /// In ERR or RESET.
+    Dead,
+    /// Being brought back (a rearm attempt).
+    Rearming,
+}
+
+impl Failover {
+    /// A connection end that has just been set up: both paths up, everything on the default
+    /// QP, epoch 0.
+    pub fn new(config: Config, now: Timestamp) -> Self {
+        Failover {
+            config,
+            send: SendState::Default,
+            recv: RecvState::Default,
+            default_qp: DefaultQp::Live { confirmed: true },
+            epoch: Epoch(0),
+            last_round: None,
+            rearm_failures: 0,
+            default_link: Link {
+                up: true,
+                since: now,
+            },
+            backup_link: Link {
+                up: true,
+                since: now,
+            },
+            backup_usable: true,
+            stale_backup_recvs: 0,
+            failed: None,
+        }
+    }
+
+    /// Handles one event at time `now`, appending at most [`MAX_ACTIONS_PER_EVENT`] actions
+    /// to `out`. A failed end ignores every event.
+    pub fn handle(&mut self, event: Event, now: Timestamp, out: &mut Vec<Action>) {
+        use ControlMessage as Msg;
+        if self.failed.is_some() {
+            return;
+        }
+        match event {
+            // State 1 -> 2: the default path failed, here or at the peer.
+            Event::ErrorCompletion {
+                path: Path::Default,
+                status,
+            } => self.default_failed(status, now, out),
+            Event::LinkDown {
+                path: Path::Default,
+            } => self.default_link_down(now, out),
+            Event::Control(Msg::Failover {
+                epoch,
+                recvs_completed,
+                stale_recvs,
+            }) => self.peer_failed_over(
+                epoch,
+                PeerFailover {
+                    recvs_completed,
+                    stale_recvs,
+                },
+                now,
+                out,
+            ),
+            Event::DefaultDrained {
+                progress,
+                first_error,
+                atomic_in_flight,
+            } => self.default_drained(progress, first_error, atomic_in_flight, out),
+            // The backup path failed.
+            Event::ErrorCompletion {
+                path: Path::Backup,
+                status,
+            } => self.backup_failed(status, true, out),
+            Event::LinkDown { path: Path::Backup } => {
+                self.backup_link = Link {
+                    up: false,
+                    since: now,
+                };
+                self.backup_failed(WcStatus::RetryExcErr, false, out)
+            }
+            Event::ControlSendFailed => self.backup_failed(WcStatus::RetryExcErr, true, out),
+            Event::LinkUp {
+                path: Path::Default,
+            } => {
+                self.default_link = Link {
+                    up: true,
+                    since: now,
+                }
+            }
+            Event::LinkUp { path: Path::Backup } => {
+                self.backup_link = Link {
+                    up: true,
+                    since: now,
+                }
+            }
+            // State 2: bring the default pair back into a new epoch and probe it.
+            Event::Tick => self.tick(now, out),
+            Event::Control(Msg::Rearm { epoch }) => self.rearm_requested(epoch, now, out),
+            Event::DefaultQpUp { epoch, ok } => self.default_qp_up(epoch, ok, now, out),
+            Event::Control(Msg::RearmDone { epoch, ok }) => self.rearm_done(epoch, ok, now, out),
+            Event::ProbeCompleted { ok } => self.probe_completed(ok, now, out),
+            Event::Control(Msg::PathUp { epoch }) => self.path_up(epoch, out),
+            // States 2 -> 3 -> 4 -> 1: switch back behind a fence, one direction at a time.
+            Event::SignaledPosted { progress } => self.fence_posted(progress),
+            Event::FenceCompleted => self.fence_completed(now, out),
+            Event::Control(Msg::SwitchBack {
+                epoch,
+                sends_before,
+            }) => self.peer_switching_back(epoch, sends_before, now, out),
+            Event::BackupDrained { progress } => self.backup_drained(progress, now, out),
+            Event::Control(Msg::SwitchBackReady { epoch }) => self.peer_recvs_ready(epoch, out),
+            Event::Control(Msg::Abort { reason }) => {
+                tracing::warn!(peer_reason = %reason, "failover: peer aborted the connection");
+                self.fail(FailReason::PeerAborted, out)
+            }
+        }
+    }
+
+    /// Where to post an application send WR now.
+    pub fn send_route(&self) -> Route {
+        if self.failed.is_some() {
+            return Route::Closed;
+        }
+        match self.send {
+            SendState::Default => Route::Default,
+            SendState::FailingOver(_) | SendState::WaitDrained { .. } => Route::DefaultWithheld,
+            SendState::Fallback | SendState::WaitSignaled => Route::Backup,
+        }
+    }
+
+    /// Where to post an application receive WR now.
+    pub fn recv_route(&self) -> Route {
+        if self.failed.is_some() {
+            return Route::Closed;
+        }
+        match (self.recv, self.send) {
+            (RecvState::Default, SendState::FailingOver(_)) => Route::DefaultWithheld,
+            (RecvState::Default, _) => Route::Default,
+            (RecvState::Fallback | RecvState::SwitchingBack { .. }, _) => Route::Backup,
+        }
+    }
+
+    /// Whether the driver must report [`Event::SignaledPosted`] after posting a signaled WR.
+    pub fn reports_signaled_posts(&self) -> bool {
+        self.failed.is_none() && self.send == SendState::WaitSignaled
+    }
+
+    /// When the driver must next deliver [`Event::Tick`], if ever.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        if self.failed.is_some() {
+            return None;
+        }
+        let send = match self.send {
+            SendState::FailingOver(round) => Some(round.deadline),
+            SendState::WaitDrained { notified, .. } => notified,
+            _ => None,
+        };
+        let recv = match self.recv {
+            RecvState::SwitchingBack { redrain_at, .. } => Some(redrain_at),
+            _ => None,
+        };
+        let rearm = match self.default_qp {
+            DefaultQp::Rearming { deadline, .. } => Some(deadline),
+            DefaultQp::Dead { .. } => self.next_rearm(),
+            _ => None,
+        };
+        [send, recv, rearm].into_iter().flatten().min()
+    }
+
+    /// Why the connection failed, if it did.
+    pub fn failed(&self) -> Option<FailReason> {
+        self.failed
+    }
+
+    /// The current (or last) epoch of this end's default QP.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// Where the send queue is.
+    pub fn send_phase(&self) -> SendPhase {
+        if self.failed.is_some() {
+            return SendPhase::Failed;
+        }
+        match self.send {
+            SendState::Default => SendPhase::Default,
+            SendState::FailingOver(_) => SendPhase::FailingOver,
+            SendState::Fallback => SendPhase::Fallback,
+            SendState::WaitSignaled => SendPhase::WaitSignaled,
+            SendState::WaitDrained { .. } => SendPhase::WaitDrained,
+        }
+    }
+
+    /// Where the receive queue is.
+    pub fn recv_phase(&self) -> RecvPhase {
+        if self.failed.is_some() {
+            return RecvPhase::Failed;
+        }
+        match self.recv {
+            RecvState::Default => RecvPhase::Default,
+            RecvState::Fallback => RecvPhase::Fallback,
+            RecvState::SwitchingBack { .. } => RecvPhase::SwitchingBack,
+        }
+    }
+
+    /// Where this end's default QP is.
+    pub fn default_qp_phase(&self) -> DefaultQpPhase {
+        match self.default_qp {
+            DefaultQp::Live { confirmed: true } => DefaultQpPhase::Live,
+            DefaultQp::Live { confirmed: false } => DefaultQpPhase::Unconfirmed,
+            DefaultQp::Dead { .. } => DefaultQpPhase::Dead,
+            DefaultQp::Rearming { .. } | DefaultQp::BringingUp => DefaultQpPhase::Rearming,
+        }
+    }
+
+    // ---- State 1 -> 2: failing over -------------------------------------------------------
+
+    fn default_failed(&mut self, status: WcStatus, now: Timestamp, out: &mut Vec<Action>) {
+        match ErrorClass::of(status) {
+            ErrorClass::Refusal => self.fail(FailReason::Refused { status }, out),
+            // Probe failures arrive as ProbeCompleted; anything else on a dead QP is a
+            // leftover flush.
+            ErrorClass::Path | ErrorClass::Flush if self.default_is_live() => {
+                self.start_round(self.epoch, None, now, out)
+            }
+            ErrorClass::Path | ErrorClass::Flush => {}
+        }
+    }
+
+    fn default_link_down(&mut self, now: Timestamp, out: &mut Vec<Action>) {
+        self.default_link = Link {
+            up: false,
+            since: now,
+        };
+        match self.default_qp {
+            DefaultQp::Live { .. } if self.config.link_watch => {
+                self.start_round(self.epoch, None, now, out)
+            }
+            DefaultQp::Rearming { .. } => {
+                out.push(Action::MoveQpToErr {
+                    path: Path::Default,
+                });
+                self.rearm_failed(now);
+            }
+            _ => {}
+        }
+    }
+
+    /// Both ends run one round per failed epoch; the peer's `Failover` message either starts
+    /// ours or completes it.
+    fn peer_failed_over(
+        &mut self,
+        epoch: Epoch,
+        peer: PeerFailover,
+        now: Timestamp,
+        out: &mut Vec<Action>,
+    ) {
+        match self.send {
+            SendState::FailingOver(round) if round.epoch == epoch && round.peer.is_none() => {
+                match round.step {
+                    RoundStep::Draining => {
+                        self.send = SendState::FailingOver(Round {
+                            peer: Some(peer),
+                            ..round
+                        })
+                    }
+                    RoundStep::AwaitingPeer { drained } => self.finish_round(peer, drained, out),
+                }
+            }
+            SendState::FailingOver(_) => {
+                self.protocol_violation("Failover during another round", out)
+            }
+            _ if self.last_round.is_some_and(|last| epoch <= last) => {
+                self.protocol_violation("Failover for an epoch already failed over", out)
+            }
+            _ if epoch > self.epoch || (self.default_is_live() && epoch != self.epoch) => {
+                self.protocol_violation("Failover for an epoch this end is not in", out)
+            }
+            _ => self.start_round(epoch, Some(peer), now, out),
+        }
+    }
+
+    fn start_round(
+        &mut self,
+        epoch: Epoch,
+        peer: Option<PeerFailover>,
+        now: Timestamp,
+        out: &mut Vec<Action>,
+    ) {
+        if !self.backup_link.up || !self.backup_usable {
+            tracing::warn!(%epoch, "failover: default path failed and the backup path is down");
+            return self.fail(FailReason::BackupUnavailable, out);
+        }
+        tracing::info!(%epoch, started_by_peer = peer.is_some(), "failover: default path failed, failing over");
+        let deadline = now + self.config.handshake_timeout;
+        self.send = SendState::FailingOver(Round {
+            epoch,
+            step: RoundStep::Draining,
+            peer,
+            deadline,
+        });
+        if let RecvState::SwitchingBack { .. } = self.recv {
+            // The receive WQEs have not moved yet: they stay on the backup QP.
+            self.recv = RecvState::Fallback;
+        }
+        self.default_qp = DefaultQp::Dead {
+            backoff_until: now + self.config.backoff_initial,
+        };
+        self.rearm_failures = 0;
+        out.push(Action::MoveQpToErr {
+            path: Path::Default,
+        });
+        out.push(Action::DrainDefault);
+    }
+
+    fn default_drained(
+        &mut self,
+        progress: Progress,
+        first_error: Option<WcStatus>,
+        atomic: bool,
+        out: &mut Vec<Action>,
+    ) {
+        let SendState::FailingOver(round) = self.send else {
+            return;
+        };
+        if round.step != RoundStep::Draining {
+            return;
+        }
+        if let Some(status) = first_error.filter(|s| ErrorClass::of(*s) == ErrorClass::Refusal) {
+            return self.fail(FailReason::Refused { status }, out);
+        }
+        if atomic {
+            return self.fail(FailReason::AtomicInFlight, out);
+        }
+        if self.recv == RecvState::Default {
+            out.push(Action::CopyRecvsToBackup);
+            self.recv = RecvState::Fallback;
+        }
+        out.push(Action::SendControl(ControlMessage::Failover {
+            epoch: round.epoch,
+            recvs_completed: progress.recvs_completed,
+            stale_recvs: self.stale_backup_recvs,
+        }));
+        // The peer burns them before anything else it sends on the backup QP.
+        self.stale_backup_recvs = 0;
+        self.last_round = Some(round.epoch);
+        match round.peer {
+            Some(peer) => self.finish_round(peer, progress, out),
+            None => {
+                self.send = SendState::FailingOver(Round {
+                    step: RoundStep::AwaitingPeer { drained: progress },
+                    ..round
+                })
+            }
+        }
+    }
+
+    fn finish_round(&mut self, peer: PeerFailover, drained: Progress, out: &mut Vec<Action>) {
+        if peer.recvs_completed > drained.sends_posted {
+            return self.protocol_violation("peer consumed more sends than were posted", out);
+        }
+        tracing::info!(
+            epoch = %self.epoch,
+            skipped_as_delivered = peer.recvs_completed.saturating_sub(drained.sends_completed),
+            stale_burned = peer.stale_recvs,
+            "failover: traffic moved to the backup path"
+        );
+        out.push(Action::CopySendsToBackup {
+            burn: peer.stale_recvs,
+            skip_through: peer.recvs_completed,
+        });
+        out.push(Action::ResetDefaultQp);
+        self.send = SendState::Fallback;
+    }
+
+    // ---- The backup path ------------------------------------------------------------------
+
+    /// The backup path failed; `qp_in_error`: a backup or control QP is in ERR for good (a
+    /// link that went down may come back, a QP in ERR cannot without the peer).
+    fn backup_failed(&mut self, status: WcStatus, qp_in_error: bool, out: &mut Vec<Action>) {
+        if qp_in_error {
+            self.backup_usable = false;
+        }
+        match ErrorClass::of(status) {
+            ErrorClass::Refusal => self.fail(FailReason::Refused { status }, out),
+            _ if self.needs_backup() => self.fail(FailReason::BackupUnavailable, out),
+            // Everything runs on the default pair: keep running, unprotected for now.
+            _ => tracing::warn!(
+                qp_in_error,
+                "failover: backup path lost while idle; connection unprotected"
+            ),
+        }
+    }
+
+    /// Whether some work or some protocol step depends on the backup path.
+    fn needs_backup(&self) -> bool {
+        self.send != SendState::Default
+            || self.recv != RecvState::Default
+            || !self.default_is_live()
+    }
+
+    // ---- State 2: rearm the default pair and probe it ------------------------------------
+
+    fn tick(&mut self, now: Timestamp, out: &mut Vec<Action>) {
+        match self.send {
+            SendState::FailingOver(round) if now >= round.deadline => {
+                return self.fail(FailReason::HandshakeTimeout, out)
+            }
+            SendState::WaitDrained {
+                notified: Some(deadline),
+                ..
+            } if now >= deadline => return self.fail(FailReason::HandshakeTimeout, out),
+            _ => {}
+        }
+        if let RecvState::SwitchingBack {
+            sends_before,
+            redrain_at,
+        } = self.recv
+        {
+            if now >= redrain_at {
+                out.push(Action::DrainBackup);
+                self.recv = RecvState::SwitchingBack {
+                    sends_before,
+                    redrain_at: now + self.config.redrain_interval,
+                };
+            }
+        }
+        match self.default_qp {
+            DefaultQp::Rearming { deadline, .. } if now >= deadline => self.rearm_failed(now),
+            DefaultQp::Dead { .. } if self.next_rearm().is_some_and(|due| now >= due) => {
+                self.start_rearm(now, out)
+            }
+            _ => {}
+        }
+    }
+
+    /// Leader, default QP dead: when the next rearm attempt may start (after the backoff and
+    /// the hold-down), if one may start at all.
+    fn next_rearm(&self) -> Option<Timestamp> {
+        let DefaultQp::Dead { backoff_until } = self.default_qp else {
+            return None;
+        };
+        let allowed = self.config.role == Role::Leader
+            && self.default_link.up
+            && self.backup_link.up
+            && self.backup_usable
+            && !matches!(self.send, SendState::FailingOver(_));
+        allowed.then(|| backoff_until.max(self.default_link.since + self.config.holddown))
+    }
+
+    fn start_rearm(&mut self, now: Timestamp, out: &mut Vec<Action>) {
+        // Our QP leaves the old epoch (RESET) before the follower hears of the new one.
+        self.epoch = self.epoch.next();
+        tracing::debug!(epoch = %self.epoch, "failover: rearm attempt");
+        out.push(Action::ResetDefaultQp);
+        out.push(Action::SendControl(ControlMessage::Rearm {
+            epoch: self.epoch,
+        }));
+        self.default_qp = DefaultQp::Rearming {
+            step: RearmStep::AwaitingFollower,
+            deadline: now + self.config.handshake_timeout,
+        };
+    }
+
+    fn rearm_failed(&mut self, now: Timestamp) {
+        self.rearm_failures = self.rearm_failures.saturating_add(1);
+        let backoff_until = now + self.config.backoff(self.rearm_failures);
+        tracing::debug!(epoch = %self.epoch, failures = self.rearm_failures, "failover: rearm attempt failed");
+        self.default_qp = DefaultQp::Dead { backoff_until };
+    }
+
+    /// Follower: the leader's QP has left every epoch before `epoch`.
+    fn rearm_requested(&mut self, epoch: Epoch, now: Timestamp, out: &mut Vec<Action>) {
+        if self.config.role == Role::Leader || epoch <= self.epoch {
+            return self.protocol_violation("Rearm to a leader or for an old epoch", out);
+        }
+        self.epoch = epoch;
+        let ready = self.default_link.up
+            && now >= self.default_link.since + self.config.holddown
+            && !matches!(self.send, SendState::FailingOver(_));
+        match self.default_qp {
+            DefaultQp::Live { confirmed: true } | DefaultQp::Rearming { .. } => {
+                self.protocol_violation("Rearm while the default pair is confirmed", out)
+            }
+            _ if !ready => {
+                if let DefaultQp::Live { .. } = self.default_qp {
+                    out.push(Action::MoveQpToErr {
+                        path: Path::Default,
+                    });
+                }
+                self.default_qp = DefaultQp::Dead { backoff_until: now };
+                out.push(Action::SendControl(ControlMessage::RearmDone {
+                    epoch,
+                    ok: false,
+                }));
+            }
+            DefaultQp::Live { confirmed: false }
+            | DefaultQp::Dead { .. }
+            | DefaultQp::BringingUp => {
+                // Leave the previous epoch before entering this one.
+                if let DefaultQp::Live { .. } = self.default_qp {
+                    out.push(Action::MoveQpToErr {
+                        path: Path::Default,
+                    });
+                }
+                out.push(Action::ResetDefaultQp);
+                out.push(Action::BringUpDefaultQp { epoch });
+                self.default_qp = DefaultQp::BringingUp;
+            }
+        }
+    }
+
+    fn default_qp_up(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Vec<Action>) {
+        if epoch != self.epoch {
+            return;
+        }
+        let up = ok && self.default_link.up;
+        match self.default_qp {
+            DefaultQp::BringingUp if up => {
+                self.default_qp = DefaultQp::Live { confirmed: false };
+                out.push(Action::SendControl(ControlMessage::RearmDone {
+                    epoch,
+                    ok: true,
+                }));
+            }
+            DefaultQp::BringingUp => {
+                out.push(Action::MoveQpToErr {
+                    path: Path::Default,
+                });
+                self.default_qp = DefaultQp::Dead { backoff_until: now };
+                out.push(Action::SendControl(ControlMessage::RearmDone {
+                    epoch,
+                    ok: false,
+                }));
+            }
+            DefaultQp::Rearming {
+                step: RearmStep::BringingUp,
+                deadline,
+            } if up => {
+                // The follower's QP is in RTS in this epoch: a probe can only be answered by it.
+                out.push(Action::PostProbe);
+                self.default_qp = DefaultQp::Rearming {
+                    step: RearmStep::Probing,
+                    deadline,
+                };
+            }
+            DefaultQp::Rearming {
+                step: RearmStep::BringingUp,
+                ..
+            } => {
+                out.push(Action::MoveQpToErr {
+                    path: Path::Default,
+                });
+                self.rearm_failed(now);
+            }
+            _ => {}
+        }
+    }
+
+    /// Leader: the follower's QP is in RTS in `epoch` (it has left every earlier epoch).
+    fn rearm_done(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Vec<Action>) {
+        if self.config.role == Role::Follower {
+            return self.protocol_violation("RearmDone to a follower", out);
+        }
+        match self.default_qp {
+            DefaultQp::Rearming {
+                step: RearmStep::AwaitingFollower,
+                deadline,
+            } if epoch == self.epoch => {
+                if ok {
+                    out.push(Action::BringUpDefaultQp { epoch });
+                    self.default_qp = DefaultQp::Rearming {
+                        step: RearmStep::BringingUp,
+                        deadline,
+                    };
+                } else {
+                    self.rearm_failed(now);
+                }
+            }
+            // An abandoned attempt.
+            _ => {}
+        }
+    }
+
+    fn probe_completed(&mut self, ok: bool, now: Timestamp, out: &mut Vec<Action>) {
+        let DefaultQp::Rearming {
+            step: RearmStep::Probing,
+            ..
+        } = self.default_qp
+        else {
+            return;
+        };
+        if !ok {
+            return self.rearm_failed(now);
+        }
+        tracing::info!(epoch = %self.epoch, "failover: default path is back");
+        self.default_qp = DefaultQp::Live { confirmed: true };
+        self.rearm_failures = 0;
+        out.push(Action::SendControl(ControlMessage::PathUp {
+            epoch: self.epoch,
+        }));
+        self.default_path_confirmed();
+    }
+
+    /// Follower: the leader's probe went through in `epoch`.
+    fn path_up(&mut self, epoch: Epoch, out: &mut Vec<Action>) {
+        if self.config.role == Role::Leader {
+            return self.protocol_violation("PathUp to a leader", out);
+        }
+        if self.default_qp == (DefaultQp::Live { confirmed: false }) && epoch == self.epoch {
+            self.default_qp = DefaultQp::Live { confirmed: true };
+            self.default_path_confirmed();
+        }
+    }
+
+    /// State 2 -> 3.
+    fn default_path_confirmed(&mut self) {
+        if self.send == SendState::Fallback {
+            self.send = SendState::WaitSignaled;
+        }
+    }
+
+    // ---- States 3 -> 4 -> 1: switch back behind a fence ----------------------------------
+
+    /// State 3 -> 4: the application's signaled WR on the backup QP is the fence.
+    fn fence_posted(&mut self, progress: Progress) {
+        if self.send == SendState::WaitSignaled {
+            self.send = SendState::WaitDrained {
+                sends_before: progress.sends_posted,
+                notified: None,
+            };
+        }
+    }
+
+    /// Everything posted on the backup QP has executed at the peer: tell it how many
+    /// two-sided sends to expect there, and wait for its receive queue to follow.
+    fn fence_completed(&mut self, now: Timestamp, out: &mut Vec<Action>) {
+        if let SendState::WaitDrained {
+            sends_before,
+            notified: None,
+        } = self.send
+        {
+            out.push(Action::SendControl(ControlMessage::SwitchBack {
+                epoch: self.epoch,
+                sends_before,
+            }));
+            let deadline = now + self.config.handshake_timeout;
+            self.send = SendState::WaitDrained {
+                sends_before,
+                notified: Some(deadline),
+            };
+        }
+    }
+
+    /// Receiver: the peer's sends are coming back to the default QP after `sends_before`.
+    fn peer_switching_back(
+        &mut self,
+        epoch: Epoch,
+        sends_before: u64,
+        now: Timestamp,
+        out: &mut Vec<Action>,
+    ) {
+        let current = epoch == self.epoch
+            && self.default_qp == (DefaultQp::Live { confirmed: true })
+            && !matches!(self.send, SendState::FailingOver(_));
+        match self.recv {
+            // The default pair failed again since: the peer's round moves its withheld sends.
+            _ if !current => {}
+            RecvState::Fallback => {
+                out.push(Action::DrainBackup);
+                self.recv = RecvState::SwitchingBack {
+                    sends_before,
+                    redrain_at: now + self.config.redrain_interval,
+                };
+            }
+            RecvState::Default | RecvState::SwitchingBack { .. } => {
+                self.protocol_violation("SwitchBack while receives are not on the backup QP", out)
+            }
+        }
+    }
+
+    fn backup_drained(&mut self, progress: Progress, now: Timestamp, out: &mut Vec<Action>) {
+        let RecvState::SwitchingBack { sends_before, .. } = self.recv else {
+            return;
+        };
+        match progress.recvs_completed.cmp(&sends_before) {
+            core::cmp::Ordering::Equal => {
+                out.push(Action::MoveRecvsToDefault {
+                    consumed_through: sends_before,
+                });
+                out.push(Action::SendControl(ControlMessage::SwitchBackReady {
+                    epoch: self.epoch,
+                }));
+                self.stale_backup_recvs += progress.recvs_posted.saturating_sub(sends_before);
+                self.recv = RecvState::Default;
+                tracing::info!(epoch = %self.epoch, stale = self.stale_backup_recvs, "failover: receives back on the default path");
+            }
+            // Completions not visible yet: poll again shortly.
+            core::cmp::Ordering::Less => {
+                self.recv = RecvState::SwitchingBack {
+                    sends_before,
+                    redrain_at: now + self.config.redrain_interval,
+                }
+            }
+            core::cmp::Ordering::Greater => {
+                self.protocol_violation("more receives completed than the peer sent", out)
+            }
+        }
+    }
+
+    /// State 4 -> 1: the peer's receive WQEs are on its default QP; ring what was withheld.
+    fn peer_recvs_ready(&mut self, epoch: Epoch, out: &mut Vec<Action>) {
+        if let SendState::WaitDrained {
+            notified: Some(_), ..
+        } = self.send
+        {
+            if epoch == self.epoch && self.default_is_live() {
+                out.push(Action::ReleaseDefaultDoorbell);
+                self.send = SendState::Default;
+                tracing::info!(epoch = %self.epoch, "failover: sends back on the default path");
+            }
+        }
+    }
+
+    // ---- Giving up ------------------------------------------------------------------------
+
+    fn protocol_violation(&mut self, what: &'static str, out: &mut Vec<Action>) {
+        tracing::error!(what, epoch = %self.epoch, "failover: protocol violation");
+        self.fail(FailReason::ProtocolViolation, out)
+    }
+
+    fn fail(&mut self, reason: FailReason, out: &mut Vec<Action>) {
+        tracing::error!(%reason, epoch = %self.epoch, "failover: connection failed");
+        self.failed = Some(reason);
+        out.push(Action::SurfaceError {
+            status: reason.status(),
+            reason,
+        });
+        let peer_may_hear = !matches!(
+            reason,
+            FailReason::PeerAborted | FailReason::BackupUnavailable
+        );
+        if peer_may_hear {
+            out.push(Action::SendControl(ControlMessage::Abort { reason }));
+        }
+    }
+
+    fn default_is_live(&self) -> bool {
+        matches!(self.default_qp, DefaultQp::Live { .. })
+    }
+}
