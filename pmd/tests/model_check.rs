@@ -1,0 +1,1591 @@
+//! Exhaustive model check of the SHIFT failover machine (`pmd::failover`).
+//!
+//! Two hosts, A and B, each with a default NIC and a backup NIC, connected by a default path
+//! and a backup path. Each host runs the real [`Failover`] machine; the model plays everything
+//! around it: the application (posting a small program of WRs at any moment), the driver
+//! (performing the machine's actions on rings: drains, WQE copies, withheld doorbells, error
+//! surfacing), the NICs (RC per QP: in-order execution, PSNs per incarnation, go-back-N
+//! retransmission on timeout, duplicate detection, retry exhaustion, RNR stalls, QP states
+//! RESET/RTS/ERR) and the network (loss of requests and ACKs, paths failing and recovering at
+//! any point, with or without link-down notifications, packets surviving a flap).
+//!
+//! Checked in every reachable state, within the bounds each scenario prints:
+//! - a WRITE_WITH_IMM (or SEND) is never observed before the data WRITEs posted before it, and
+//!   those WRITEs never execute again once it has been observed (producer/consumer);
+//! - every SEND lands in its own receive WQE, once; no receive WQE is consumed twice;
+//! - no atomic executes twice;
+//! - application completions are neither duplicated nor reordered, and none claims success
+//!   for a WR the peer did not execute;
+//! - no reset discards posted work;
+//! - when the system goes quiet, everything posted has completed or been reported as an error,
+//!   and without a backup failure or an atomic, nothing was reported as an error at all.
+//!
+//! The naive policy "retransmit everything outstanding" runs the same model with the driver
+//! ignoring the peer's receive counter and the atomic check; the checker must find a
+//! counterexample, which shows the properties can fail.
+//!
+//! Run: `cargo test -p pmd --test model_check -- --nocapture` (prints bounds, state counts
+//! and times).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use pmd::failover::{
+    Action, Config, ControlMessage, Event, Failover, Path, Progress, Role, Route, Timestamp,
+    WcStatus, MAX_ACTIONS_PER_EVENT,
+};
+use stateright::{Checker, HasDiscoveries, Model, Property};
+
+// ---- The application ---------------------------------------------------------------------
+
+/// What one application WR does at the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Op {
+    /// RDMA WRITE of bulk data: idempotent until a later notification is observed.
+    Write,
+    /// WRITE_WITH_IMM: the notification that the WRITEs before it have landed.
+    WriteImm,
+    /// SEND: consumes the next receive WQE.
+    Send,
+    /// FETCH_ADD: never idempotent.
+    FetchAdd,
+}
+
+impl Op {
+    fn two_sided(self) -> bool {
+        matches!(self, Op::WriteImm | Op::Send)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Wr {
+    op: Op,
+    signaled: bool,
+}
+
+const fn wr(op: Op, signaled: bool) -> Wr {
+    Wr { op, signaled }
+}
+
+/// NCCL-Simple-like: data WRITEs, then a WRITE_WITH_IMM; the second batch's first WRITE is
+/// signaled, so it can serve as the switch-back fence.
+const NCCL: &[Wr] = &[
+    wr(Op::Write, false),
+    wr(Op::WriteImm, true),
+    wr(Op::Write, true),
+    wr(Op::WriteImm, true),
+];
+const TWO_SENDS: &[Wr] = &[wr(Op::Send, true), wr(Op::Send, true)];
+const ONE_SEND: &[Wr] = &[wr(Op::Send, true)];
+const WRITE_THEN_ATOMIC: &[Wr] = &[wr(Op::Write, false), wr(Op::FetchAdd, true)];
+const NOTHING: &[Wr] = &[];
+
+fn two_sided_ordinal(program: &[Wr], index: u8) -> u8 {
+    program[..usize::from(index)]
+        .iter()
+        .filter(|w| w.op.two_sided())
+        .count() as u8
+}
+
+// ---- Scenarios and bounds ----------------------------------------------------------------
+
+/// How many faults and timer firings one run may contain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Budget {
+    default_failures: u8,
+    default_repairs: u8,
+    backup_failures: u8,
+    losses: u8,
+    ticks: u8,
+    waits: u8,
+}
+
+struct Scenario {
+    name: &'static str,
+    programs: [&'static [Wr]; 2],
+    recvs: [u8; 2],
+    /// Receives are all posted before anything else happens (NCCL pre-posts); otherwise the
+    /// application posts them one at a time, at any moment.
+    recvs_up_front: bool,
+    roles: [Role; 2],
+    budget: Budget,
+    /// What the run must reach (`SEEN_*` bits).
+    coverage: u8,
+}
+
+impl Scenario {
+    /// No atomics and no backup failure: failover must hide every default failure.
+    fn expects_success(&self) -> bool {
+        self.budget.backup_failures == 0
+            && self
+                .programs
+                .iter()
+                .all(|p| p.iter().all(|w| w.op != Op::FetchAdd))
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let program = |p: &[Wr]| {
+            p.iter()
+                .map(|w| format!("{:?}{}", w.op, if w.signaled { "(s)" } else { "" }))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let b = self.budget;
+        write!(
+            f,
+            "{}: A posts [{}] and {} recvs ({:?}); B posts [{}] and {} recvs ({:?}); recvs {}; \
+             default path fails <= {}x, repaired <= {}x; backup fails <= {}x; \
+             packets lost <= {}; timer ticks <= {}; quiet-time timeouts <= {}; retry_cnt {}",
+            self.name,
+            program(self.programs[A]),
+            self.recvs[A],
+            self.roles[A],
+            program(self.programs[B]),
+            self.recvs[B],
+            self.roles[B],
+            if self.recvs_up_front {
+                "up front"
+            } else {
+                "at any time"
+            },
+            b.default_failures,
+            b.default_repairs,
+            b.backup_failures,
+            b.losses,
+            b.ticks,
+            b.waits,
+            RETRY_CNT
+        )
+    }
+}
+
+/// Transport retries of a QP before it reports RETRY_EXC_ERR (the model's `retry_cnt`).
+const RETRY_CNT: u8 = 1;
+
+/// What the model's driver does with the machine's retransmission decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    /// Exactly what the machine asks.
+    Shift,
+    /// The naive policy: retransmit every outstanding WQE (ignore the peer's receive counter
+    /// and the atomic check).
+    RetransmitEverything,
+    /// Ignore the stale receive WQEs the peer announces (send no zero-length SENDs).
+    IgnoreStaleRecvs,
+    /// Every incarnation of the default pair starts at the same PSN (no epoch-derived PSNs).
+    SamePsnEveryEpoch,
+}
+
+const A: usize = 0;
+const B: usize = 1;
+const DEFAULT: usize = 0;
+const BACKUP: usize = 1;
+
+// ---- The world -----------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum QpState {
+    Reset,
+    Rts,
+    Err,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Wqe {
+    /// The application's WR number `n` of its program.
+    App(u8),
+    /// A zero-length WRITE probing the default path.
+    Probe,
+    /// A zero-length SEND consuming a stale receive WQE.
+    Burn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct SqEntry {
+    wqe: Wqe,
+    /// `None` while the doorbell is withheld.
+    psn: Option<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum RqEntry {
+    /// The application's receive number `n`.
+    App(u8),
+    /// A copy of receive `n` left behind on the backup RQ by a receive switch-back.
+    Stale(u8),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Qp {
+    state: QpState,
+    /// The incarnation whose PSNs this QP uses (backup QPs stay in 0).
+    epoch: u8,
+    sq: Vec<SqEntry>,
+    next_psn: u8,
+    retries: u8,
+    epsn: u8,
+    rq: Vec<RqEntry>,
+    /// The PSN of the last atomic executed (a one-entry responder atomic cache).
+    atomic_cache: Option<u8>,
+}
+
+impl Qp {
+    fn ready(epoch: u8) -> Qp {
+        Qp {
+            state: QpState::Rts,
+            epoch,
+            sq: Vec::new(),
+            next_psn: 0,
+            retries: RETRY_CNT,
+            epsn: 0,
+            rq: Vec::new(),
+            atomic_cache: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Request {
+    epoch: u8,
+    psn: u8,
+    wqe: Wqe,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Ack {
+    epoch: u8,
+    psn: u8,
+}
+
+/// Which hosts' links went down with a path (and come up with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Notified {
+    Nobody,
+    Host(usize),
+    Both,
+}
+
+impl Notified {
+    fn includes(self, host: usize) -> bool {
+        match self {
+            Notified::Nobody => false,
+            Notified::Host(h) => h == host,
+            Notified::Both => true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PathState {
+    up: bool,
+    notified: Notified,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Host {
+    machine: Failover,
+    /// Application send WRs posted so far (a prefix of the program).
+    posted: u8,
+    progress: Progress,
+    qps: [Qp; 2],
+    /// The last send WR the application saw a completion (success or error) for.
+    last_send_wc: Option<u8>,
+    /// Send WRs known resolved, as a prefix of the program.
+    resolved: u8,
+    /// Receives the application saw complete, in order.
+    recv_wcs: u8,
+    /// Some error completion reached the application.
+    saw_error: bool,
+    /// As a responder: the peer's WRs executed here at least once (bit per WR).
+    executed: u16,
+    /// As a responder: receive WQEs consumed (bit per receive).
+    consumed: u16,
+    /// One past the peer's latest WR whose two-sided completion the application observed.
+    observed_through: u8,
+    /// The WR reported as the switch-back fence, until it completes.
+    fence: Option<u8>,
+    first_default_error: Option<WcStatus>,
+    control_dead: bool,
+    /// The driver is draining the default CQ: it finishes once the default QP has left RTS
+    /// (flushes appear only then).
+    draining: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct World {
+    hosts: [Host; 2],
+    /// `[path][sender]`: requests in flight, in order.
+    requests: [[Vec<Request>; 2]; 2],
+    /// `[path][responder]`: acknowledgments in flight, in order.
+    acks: [[Vec<Ack>; 2]; 2],
+    /// `[sender]`: control messages on the control QP pair, in order.
+    control: [Vec<ControlMessage>; 2],
+    paths: [PathState; 2],
+    budget: Budget,
+    now: u64,
+    violations: u16,
+    seen: u8,
+}
+
+// Violations, one bit each.
+const NOTIFICATION_BEFORE_DATA: u16 = 1 << 0;
+const DATA_AFTER_NOTIFICATION: u16 = 1 << 1;
+const RECV_CONSUMED_TWICE: u16 = 1 << 2;
+const SEND_IN_WRONG_RECV: u16 = 1 << 3;
+const SEND_IN_STALE_RECV: u16 = 1 << 4;
+const BURN_IN_APP_RECV: u16 = 1 << 5;
+const ATOMIC_TWICE: u16 = 1 << 6;
+const SEND_WC_OUT_OF_ORDER: u16 = 1 << 7;
+const RECV_WC_OUT_OF_ORDER: u16 = 1 << 8;
+const SUCCESS_WITHOUT_EXECUTION: u16 = 1 << 9;
+const RESET_DISCARDED_WORK: u16 = 1 << 10;
+const ILLEGAL_QP_TRANSITION: u16 = 1 << 11;
+const TOO_MANY_ACTIONS: u16 = 1 << 12;
+
+// Coverage, one bit each.
+const SEEN_FAILOVER: u8 = 1 << 0;
+const SEEN_SWITCH_BACK: u8 = 1 << 1;
+const SEEN_BURN: u8 = 1 << 2;
+const SEEN_ATOMIC_REFUSED: u8 = 1 << 3;
+const SEEN_SKIP: u8 = 1 << 4;
+const SEEN_STALE_PACKET: u8 = 1 << 5;
+/// Not recorded in `World::seen`: computed from the state.
+const SEEN_QUIET_AFTER_FAILOVER: u8 = 1 << 6;
+
+/// One step of the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Step {
+    /// The application of `host` posts its next send WR.
+    Post { host: usize },
+    /// The application of `host` posts its next receive WR.
+    PostRecv { host: usize },
+    /// The oldest request `from` sent on `path` arrives (or is dropped by a dead path or QP).
+    DeliverRequest { path: usize, from: usize },
+    /// The oldest acknowledgment `from` sent on `path` arrives.
+    DeliverAck { path: usize, from: usize },
+    /// The oldest request `from` sent on `path` is lost.
+    LoseRequest { path: usize, from: usize },
+    /// The oldest acknowledgment `from` sent on `path` is lost.
+    LoseAck { path: usize, from: usize },
+    /// `host`'s QP on `path` times out waiting for an acknowledgment.
+    Timeout { host: usize, path: usize },
+    /// The oldest control message from `from` arrives.
+    DeliverControl { from: usize },
+    /// `from`'s control QP exhausts its retries (the backup path is down).
+    ControlTimeout { from: usize },
+    /// A path fails; `notified` hosts see their link go down.
+    PathDown { path: usize, notified: Notified },
+    /// A failed path recovers.
+    PathUp { path: usize },
+    /// A due timer of `host` fires.
+    Tick { host: usize },
+    /// `host`'s driver finishes draining the default CQ.
+    Drained { host: usize },
+    /// Nothing else can happen: time passes until the next deadline.
+    Wait,
+}
+
+// ---- The model ------------------------------------------------------------------------------
+
+/// A property's condition.
+type Condition = fn(&FailoverModel, &World) -> bool;
+
+struct FailoverModel {
+    scenario: Scenario,
+    policy: Policy,
+}
+
+impl FailoverModel {
+    fn config(&self, host: usize) -> Config {
+        let mut config = Config::new(self.scenario.roles[host]);
+        // Zero-length waits: hold-down and backoff timers may fire at any point.
+        config.holddown = Duration::ZERO;
+        config.backoff_initial = Duration::ZERO;
+        config.backoff_max = Duration::ZERO;
+        config.redrain_interval = Duration::ZERO;
+        // Handshake timeouts fire only when nothing else can happen (`Step::Wait`).
+        config.handshake_timeout = Duration::from_secs(2);
+        config
+    }
+
+    fn program(&self, host: usize) -> &'static [Wr] {
+        self.scenario.programs[host]
+    }
+
+    fn wr(&self, host: usize, index: u8) -> Wr {
+        self.program(host)[usize::from(index)]
+    }
+}
+
+impl World {
+    fn host(&mut self, host: usize) -> &mut Host {
+        &mut self.hosts[host]
+    }
+
+    fn violate(&mut self, what: u16) {
+        self.violations |= what;
+    }
+
+    /// Hands `event` to `host`'s machine and performs the actions, and the actions the
+    /// resulting events cause, until the machine is quiet.
+    fn feed(&mut self, model: &FailoverModel, host: usize, event: Event) {
+        let mut events = VecDeque::from([event]);
+        let mut actions = Vec::with_capacity(MAX_ACTIONS_PER_EVENT);
+        while let Some(event) = events.pop_front() {
+            actions.clear();
+            let now = Timestamp::from_nanos(self.now);
+            self.hosts[host].machine.handle(event, now, &mut actions);
+            if actions.len() > MAX_ACTIONS_PER_EVENT {
+                self.violate(TOO_MANY_ACTIONS);
+            }
+            for action in actions.drain(..) {
+                self.perform(model, host, action, &mut events);
+            }
+        }
+    }
+
+    /// The driver: one action on `host`'s rings, QPs and CQs.
+    fn perform(
+        &mut self,
+        model: &FailoverModel,
+        host: usize,
+        action: Action,
+        events: &mut VecDeque<Event>,
+    ) {
+        match action {
+            Action::MoveQpToErr { path } => {
+                let qp = &mut self.host(host).qps[index(path)];
+                qp.state = QpState::Err;
+                // A probe in flight is flushed.
+                if let Some(at) = qp.sq.iter().position(|e| e.wqe == Wqe::Probe) {
+                    qp.sq.remove(at);
+                    events.push_back(Event::ProbeCompleted { ok: false });
+                }
+            }
+            Action::DrainDefault => self.hosts[host].draining = true,
+            Action::CopyRecvsToBackup => {
+                let h = self.host(host);
+                let moved: Vec<RqEntry> = h.qps[DEFAULT].rq.drain(..).collect();
+                h.qps[BACKUP].rq.extend(moved);
+            }
+            Action::CopySendsToBackup { burn, skip_through } => {
+                self.copy_sends(model, host, burn, skip_through)
+            }
+            Action::ResetDefaultQp => {
+                let qp = &mut self.hosts[host].qps[DEFAULT];
+                let discards = qp.sq.iter().any(|e| matches!(e.wqe, Wqe::App(_)))
+                    || qp.rq.iter().any(|e| matches!(e, RqEntry::App(_)));
+                *qp = Qp {
+                    state: QpState::Reset,
+                    ..Qp::ready(qp.epoch)
+                };
+                self.hosts[host].first_default_error = None;
+                if discards {
+                    self.violate(RESET_DISCARDED_WORK);
+                }
+            }
+            Action::BringUpDefaultQp { epoch } => {
+                if self.hosts[host].qps[DEFAULT].state != QpState::Reset {
+                    self.violate(ILLEGAL_QP_TRANSITION);
+                }
+                let link_down =
+                    !self.paths[DEFAULT].up && self.paths[DEFAULT].notified.includes(host);
+                if !link_down {
+                    self.hosts[host].qps[DEFAULT] = Qp::ready(epoch.0 as u8);
+                }
+                events.push_back(Event::DefaultQpUp {
+                    epoch,
+                    ok: !link_down,
+                });
+            }
+            Action::PostProbe => {
+                if self.hosts[host].qps[DEFAULT].state == QpState::Rts {
+                    self.post(host, DEFAULT, Wqe::Probe, true);
+                } else {
+                    events.push_back(Event::ProbeCompleted { ok: false });
+                }
+            }
+            Action::SendControl(message) => {
+                if !self.hosts[host].control_dead {
+                    self.control[host].push(message);
+                }
+            }
+            Action::DrainBackup => events.push_back(Event::BackupDrained {
+                progress: self.hosts[host].progress,
+            }),
+            Action::MoveRecvsToDefault { consumed_through } => {
+                let h = self.host(host);
+                // Consumed receive WQEs have left the ring; every App entry left is unconsumed.
+                debug_assert!(h.progress.recvs_completed == consumed_through);
+                let [default, backup] = &mut h.qps;
+                for entry in backup.rq.iter_mut() {
+                    if let RqEntry::App(n) = *entry {
+                        default.rq.push(RqEntry::App(n));
+                        *entry = RqEntry::Stale(n);
+                    }
+                }
+            }
+            Action::ReleaseDefaultDoorbell => {
+                if self.hosts[host].qps[DEFAULT].state != QpState::Rts {
+                    self.violate(ILLEGAL_QP_TRANSITION);
+                }
+                let withheld: Vec<usize> = self.hosts[host].qps[DEFAULT]
+                    .sq
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| e.psn.is_none())
+                    .map(|(i, _)| i)
+                    .collect();
+                for at in withheld {
+                    self.ring(host, DEFAULT, at);
+                }
+                self.seen |= SEEN_SWITCH_BACK;
+            }
+            Action::SurfaceError { .. } => self.surface_error(host),
+        }
+    }
+
+    /// The drain finishes: every completion of the default QP has been polled.
+    fn drained(&mut self, model: &FailoverModel, host: usize) {
+        self.hosts[host].draining = false;
+        let h = &self.hosts[host];
+        let atomic_in_flight = h.qps[DEFAULT].sq.iter().any(|e| match e.wqe {
+            Wqe::App(n) => e.psn.is_some() && model.wr(host, n).op == Op::FetchAdd,
+            _ => false,
+        });
+        let event = Event::DefaultDrained {
+            progress: h.progress,
+            first_error: h.first_default_error,
+            atomic_in_flight: atomic_in_flight && model.policy != Policy::RetransmitEverything,
+        };
+        if atomic_in_flight && model.policy != Policy::RetransmitEverything {
+            self.seen |= SEEN_ATOMIC_REFUSED;
+        }
+        self.feed(model, host, event);
+    }
+
+    fn copy_sends(&mut self, model: &FailoverModel, host: usize, burn: u64, skip_through: u64) {
+        self.seen |= SEEN_FAILOVER;
+        let outstanding: Vec<SqEntry> = self.host(host).qps[DEFAULT].sq.drain(..).collect();
+        // Everything up to the last send the peer consumed was executed (RC executes in order).
+        let skip = match model.policy {
+            Policy::RetransmitEverything => 0,
+            _ => outstanding
+                .iter()
+                .rposition(|e| match e.wqe {
+                    Wqe::App(n) => {
+                        let w = model.wr(host, n);
+                        w.op.two_sided()
+                            && u64::from(two_sided_ordinal(model.program(host), n)) < skip_through
+                    }
+                    _ => false,
+                })
+                .map_or(0, |at| at + 1),
+        };
+        if skip > 0 {
+            self.seen |= SEEN_SKIP;
+        }
+        for entry in &outstanding[..skip] {
+            if let Wqe::App(n) = entry.wqe {
+                self.complete(model, host, n);
+            }
+        }
+        let burn = if model.policy == Policy::IgnoreStaleRecvs {
+            0
+        } else {
+            burn
+        };
+        for _ in 0..burn {
+            self.seen |= SEEN_BURN;
+            self.post(host, BACKUP, Wqe::Burn, true);
+        }
+        for entry in &outstanding[skip..] {
+            if let Wqe::App(_) = entry.wqe {
+                self.post(host, BACKUP, entry.wqe, true);
+            }
+        }
+    }
+
+    /// Puts a WQE on a send queue; rings it (assigns a PSN and transmits) unless withheld.
+    fn post(&mut self, host: usize, path: usize, wqe: Wqe, ring: bool) {
+        let qp = &mut self.hosts[host].qps[path];
+        qp.sq.push(SqEntry { wqe, psn: None });
+        if ring {
+            let at = qp.sq.len() - 1;
+            self.ring(host, path, at);
+        }
+    }
+
+    fn ring(&mut self, host: usize, path: usize, at: usize) {
+        let qp = &mut self.hosts[host].qps[path];
+        let psn = qp.next_psn;
+        qp.next_psn += 1;
+        qp.sq[at].psn = Some(psn);
+        if qp.state == QpState::Rts {
+            let request = Request {
+                epoch: qp.epoch,
+                psn,
+                wqe: qp.sq[at].wqe,
+            };
+            self.requests[path][host].push(request);
+        }
+    }
+
+    /// A send WR completed successfully (acknowledged, or skipped as consumed by the peer).
+    fn complete(&mut self, model: &FailoverModel, host: usize, n: u8) {
+        let w = model.wr(host, n);
+        let peer = 1 - host;
+        if w.op.two_sided() {
+            self.hosts[host].progress.sends_completed += 1;
+        }
+        if self.hosts[peer].executed & (1 << n) == 0 {
+            self.violate(SUCCESS_WITHOUT_EXECUTION);
+        }
+        if w.signaled {
+            self.send_wc(host, n);
+            let h = self.host(host);
+            h.resolved = h.resolved.max(n + 1);
+        }
+    }
+
+    /// The application sees a send completion for WR `n`.
+    fn send_wc(&mut self, host: usize, n: u8) {
+        let h = self.host(host);
+        let in_order = h.last_send_wc.is_none_or(|last| n > last);
+        h.last_send_wc = Some(n);
+        if !in_order {
+            self.violate(SEND_WC_OUT_OF_ORDER);
+        }
+    }
+
+    fn surface_error(&mut self, host: usize) {
+        let h = self.host(host);
+        let mut outstanding: Vec<u8> = h
+            .qps
+            .iter()
+            .flat_map(|qp| qp.sq.iter())
+            .filter_map(|e| match e.wqe {
+                Wqe::App(n) => Some(n),
+                _ => None,
+            })
+            .collect();
+        outstanding.sort_unstable();
+        for qp in h.qps.iter_mut() {
+            qp.state = QpState::Err;
+            qp.sq.clear();
+            qp.rq.clear();
+        }
+        h.saw_error = true;
+        h.resolved = h.posted;
+        h.fence = None;
+        h.draining = false;
+        for n in outstanding {
+            self.send_wc(host, n);
+        }
+    }
+
+    fn deliver_request(&mut self, model: &FailoverModel, path: usize, from: usize) {
+        let request = self.requests[path][from].remove(0);
+        let responder = 1 - from;
+        if !self.paths[path].up || self.hosts[responder].qps[path].state != QpState::Rts {
+            return;
+        }
+        let qp = &self.hosts[responder].qps[path];
+        let same_incarnation =
+            request.epoch == qp.epoch || model.policy == Policy::SamePsnEveryEpoch;
+        if !same_incarnation {
+            // A packet of another incarnation: its PSN lies far outside the window, so it is
+            // taken for a duplicate and acknowledged (with its own PSN), never executed.
+            self.seen |= SEEN_STALE_PACKET;
+            self.acks[path][responder].push(Ack {
+                epoch: request.epoch,
+                psn: request.psn,
+            });
+            return;
+        }
+        if request.epoch != qp.epoch {
+            self.seen |= SEEN_STALE_PACKET;
+        }
+        let epoch = qp.epoch;
+        if request.psn < qp.epsn {
+            // A duplicate: acknowledged again, not executed (atomics replay from the cache).
+            let psn = qp.epsn - 1;
+            self.acks[path][responder].push(Ack { epoch, psn });
+            return;
+        }
+        if request.psn > qp.epsn {
+            // Out of sequence after a loss: dropped; the requester times out and goes back.
+            return;
+        }
+        self.execute(model, path, from, request.wqe);
+        let qp = &mut self.hosts[responder].qps[path];
+        qp.epsn += 1;
+        self.acks[path][responder].push(Ack {
+            epoch,
+            psn: request.psn,
+        });
+    }
+
+    /// The responder executes a new request.
+    fn execute(&mut self, model: &FailoverModel, path: usize, from: usize, wqe: Wqe) {
+        let responder = 1 - from;
+        match wqe {
+            Wqe::Probe => {}
+            Wqe::Burn => match self.hosts[responder].qps[path].rq.remove(0) {
+                RqEntry::Stale(_) => {}
+                RqEntry::App(_) => self.violate(BURN_IN_APP_RECV),
+            },
+            Wqe::App(n) => {
+                let w = model.wr(from, n);
+                let h = &self.hosts[responder];
+                let violation = match w.op {
+                    Op::Write if n < h.observed_through => DATA_AFTER_NOTIFICATION,
+                    Op::FetchAdd if h.executed & (1 << n) != 0 => ATOMIC_TWICE,
+                    _ => 0,
+                };
+                self.violate(violation);
+                if w.op.two_sided() {
+                    self.receive(model, path, from, n);
+                }
+                self.hosts[responder].executed |= 1 << n;
+            }
+        }
+    }
+
+    /// A two-sided request, the sender's WR `n`, consumes the responder's next receive WQE.
+    fn receive(&mut self, model: &FailoverModel, path: usize, from: usize, n: u8) {
+        let responder = 1 - from;
+        let ordinal = two_sided_ordinal(model.program(from), n);
+        let entry = self.hosts[responder].qps[path].rq.remove(0);
+        let RqEntry::App(k) = entry else {
+            // The driver takes a stale WQE's completion for a burn and swallows it: lost.
+            return self.violate(SEND_IN_STALE_RECV);
+        };
+        let h = &mut self.hosts[responder];
+        let mut violations = 0;
+        if h.consumed & (1 << k) != 0 {
+            violations |= RECV_CONSUMED_TWICE;
+        }
+        h.consumed |= 1 << k;
+        if k != ordinal {
+            violations |= SEND_IN_WRONG_RECV;
+        }
+        if k != h.recv_wcs {
+            violations |= RECV_WC_OUT_OF_ORDER;
+        }
+        h.recv_wcs = h.recv_wcs.max(k + 1);
+        h.progress.recvs_completed += 1;
+        // The application observes the notification: the data before it must be there.
+        let data_before: u16 = model.program(from)[..usize::from(n)]
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.op == Op::Write)
+            .fold(0, |mask, (i, _)| mask | 1 << i);
+        if h.executed & data_before != data_before {
+            violations |= NOTIFICATION_BEFORE_DATA;
+        }
+        h.observed_through = h.observed_through.max(n + 1);
+        self.violate(violations);
+    }
+
+    fn deliver_ack(&mut self, model: &FailoverModel, path: usize, from: usize) {
+        let ack = self.acks[path][from].remove(0);
+        let requester = 1 - from;
+        let qp = &self.hosts[requester].qps[path];
+        if !self.paths[path].up || qp.state != QpState::Rts || ack.epoch != qp.epoch {
+            return;
+        }
+        let acked: Vec<SqEntry> = {
+            let qp = &mut self.hosts[requester].qps[path];
+            let count = qp
+                .sq
+                .iter()
+                .take_while(|e| e.psn.is_some_and(|p| p <= ack.psn))
+                .count();
+            if count > 0 {
+                qp.retries = RETRY_CNT;
+            }
+            qp.sq.drain(..count).collect()
+        };
+        for entry in acked {
+            match entry.wqe {
+                Wqe::App(n) => {
+                    self.complete(model, requester, n);
+                    if self.hosts[requester].fence == Some(n) {
+                        self.hosts[requester].fence = None;
+                        self.feed(model, requester, Event::FenceCompleted);
+                    }
+                }
+                Wqe::Probe => self.feed(model, requester, Event::ProbeCompleted { ok: true }),
+                Wqe::Burn => {}
+            }
+        }
+    }
+
+    fn timeout(&mut self, model: &FailoverModel, host: usize, path: usize) {
+        let qp = &mut self.hosts[host].qps[path];
+        if qp.retries > 0 {
+            // Go back N: retransmit everything unacknowledged.
+            qp.retries -= 1;
+            let epoch = qp.epoch;
+            let again: Vec<Request> = qp
+                .sq
+                .iter()
+                .filter_map(|e| {
+                    e.psn.map(|psn| Request {
+                        epoch,
+                        psn,
+                        wqe: e.wqe,
+                    })
+                })
+                .collect();
+            self.requests[path][host].extend(again);
+            return;
+        }
+        // Retry exhaustion: error completion for the oldest WQE, QP to ERR, the rest flushed.
+        qp.state = QpState::Err;
+        let head = qp.sq.first().map(|e| e.wqe);
+        let status = WcStatus::RetryExcErr;
+        let event = match head {
+            Some(Wqe::Probe) => {
+                qp.sq.remove(0);
+                Event::ProbeCompleted { ok: false }
+            }
+            _ => Event::ErrorCompletion {
+                path: path_of(path),
+                status,
+            },
+        };
+        if path == DEFAULT && head != Some(Wqe::Probe) {
+            self.hosts[host].first_default_error.get_or_insert(status);
+        }
+        self.feed(model, host, event);
+    }
+
+    fn post_app(&mut self, model: &FailoverModel, host: usize) {
+        let n = self.hosts[host].posted;
+        let w = model.wr(host, n);
+        let h = self.host(host);
+        h.posted += 1;
+        if w.op.two_sided() {
+            h.progress.sends_posted += 1;
+        }
+        match h.machine.send_route() {
+            Route::Closed => {
+                h.saw_error = true;
+                h.resolved = h.posted;
+                self.send_wc(host, n);
+                return;
+            }
+            Route::Default => self.post(host, DEFAULT, Wqe::App(n), true),
+            Route::DefaultWithheld => self.post(host, DEFAULT, Wqe::App(n), false),
+            Route::Backup => self.post(host, BACKUP, Wqe::App(n), true),
+        }
+        if w.signaled && self.hosts[host].machine.reports_signaled_posts() {
+            self.hosts[host].fence = Some(n);
+            let progress = self.hosts[host].progress;
+            self.feed(model, host, Event::SignaledPosted { progress });
+        }
+    }
+
+    fn deliver_control(&mut self, model: &FailoverModel, from: usize) {
+        let message = self.control[from].remove(0);
+        let to = 1 - from;
+        if self.hosts[to].control_dead {
+            // An RC QP in ERR answers nothing: the sender's retries run out.
+            self.hosts[from].control_dead = true;
+            self.control[from].clear();
+            return self.feed(model, from, Event::ControlSendFailed);
+        }
+        self.feed(model, to, Event::Control(message));
+    }
+
+    fn path_down(&mut self, model: &FailoverModel, path: usize, notified: Notified) {
+        self.paths[path] = PathState {
+            up: false,
+            notified,
+        };
+        for host in [A, B] {
+            if notified.includes(host) {
+                self.feed(
+                    model,
+                    host,
+                    Event::LinkDown {
+                        path: path_of(path),
+                    },
+                );
+            }
+        }
+    }
+
+    fn path_up(&mut self, model: &FailoverModel, path: usize) {
+        let notified = self.paths[path].notified;
+        self.paths[path] = PathState {
+            up: true,
+            notified: Notified::Nobody,
+        };
+        for host in [A, B] {
+            if notified.includes(host) {
+                self.feed(
+                    model,
+                    host,
+                    Event::LinkUp {
+                        path: path_of(path),
+                    },
+                );
+            }
+        }
+    }
+
+    fn due(&self, host: usize) -> bool {
+        self.hosts[host]
+            .machine
+            .poll_timeout()
+            .is_some_and(|t| t.as_nanos() <= self.now)
+    }
+
+    /// Whether the oldest request `from` sent on `path` can arrive now: a two-sided request
+    /// waits while the responder has no receive WQE for it (RNR).
+    fn request_deliverable(&self, model: &FailoverModel, path: usize, from: usize) -> bool {
+        !self.requests[path][from].is_empty() && !self.rnr_stalled(model, path, from)
+    }
+
+    /// Whether the oldest request `from` sent on `path` would execute but finds no receive
+    /// WQE. Every scenario posts all its receives up front, so this is always the protocol's
+    /// fault: a receive WQE on the wrong QP.
+    fn rnr_stalled(&self, model: &FailoverModel, path: usize, from: usize) -> bool {
+        let Some(request) = self.requests[path][from].first() else {
+            return false;
+        };
+        let qp = &self.hosts[1 - from].qps[path];
+        let executes = self.paths[path].up
+            && qp.state == QpState::Rts
+            && (request.epoch == qp.epoch || model.policy == Policy::SamePsnEveryEpoch)
+            && request.psn == qp.epsn;
+        let needs_recv = match request.wqe {
+            Wqe::Burn => true,
+            Wqe::App(n) => model.wr(from, n).op.two_sided(),
+            Wqe::Probe => false,
+        };
+        executes && needs_recv && qp.rq.is_empty()
+    }
+
+    /// Whether a request waits for a receive WQE that the application has posted: it sits on
+    /// the other QP, which is the protocol's fault (a burn's stale WQE always exists).
+    fn rnr_on_posted_recv(&self, model: &FailoverModel, path: usize, from: usize) -> bool {
+        if !self.rnr_stalled(model, path, from) {
+            return false;
+        }
+        match self.requests[path][from][0].wqe {
+            Wqe::App(n) => {
+                let ordinal = two_sided_ordinal(model.program(from), n);
+                self.hosts[1 - from].progress.recvs_posted > u64::from(ordinal)
+            }
+            _ => true,
+        }
+    }
+
+    fn post_recv(&mut self, host: usize) {
+        let h = self.host(host);
+        let k = h.progress.recvs_posted as u8;
+        h.progress.recvs_posted += 1;
+        match h.machine.recv_route() {
+            Route::Closed => {
+                h.saw_error = true;
+                h.recv_wcs = h.recv_wcs.max(k + 1);
+            }
+            Route::Default | Route::DefaultWithheld => h.qps[DEFAULT].rq.push(RqEntry::App(k)),
+            Route::Backup => h.qps[BACKUP].rq.push(RqEntry::App(k)),
+        }
+    }
+
+    fn can_time_out(&self, host: usize, path: usize) -> bool {
+        let qp = &self.hosts[host].qps[path];
+        qp.state == QpState::Rts
+            && qp.sq.iter().any(|e| e.psn.is_some())
+            && self.requests[path][host].is_empty()
+            && self.acks[path][1 - host].is_empty()
+    }
+}
+
+fn index(path: Path) -> usize {
+    match path {
+        Path::Default => DEFAULT,
+        Path::Backup => BACKUP,
+    }
+}
+
+fn path_of(index: usize) -> Path {
+    if index == DEFAULT {
+        Path::Default
+    } else {
+        Path::Backup
+    }
+}
+
+impl Model for FailoverModel {
+    type State = World;
+    type Action = Step;
+
+    fn init_states(&self) -> Vec<World> {
+        let host = |h: usize| {
+            let mut default = Qp::ready(0);
+            let up_front = if self.scenario.recvs_up_front {
+                self.scenario.recvs[h]
+            } else {
+                0
+            };
+            default.rq = (0..up_front).map(RqEntry::App).collect();
+            Host {
+                machine: Failover::new(self.config(h), Timestamp::ZERO),
+                posted: 0,
+                progress: Progress {
+                    recvs_posted: u64::from(up_front),
+                    ..Progress::default()
+                },
+                qps: [default, Qp::ready(0)],
+                last_send_wc: None,
+                resolved: 0,
+                recv_wcs: 0,
+                saw_error: false,
+                executed: 0,
+                consumed: 0,
+                observed_through: 0,
+                fence: None,
+                first_default_error: None,
+                control_dead: false,
+                draining: false,
+            }
+        };
+        let up = PathState {
+            up: true,
+            notified: Notified::Nobody,
+        };
+        vec![World {
+            hosts: [host(A), host(B)],
+            requests: Default::default(),
+            acks: Default::default(),
+            control: Default::default(),
+            paths: [up, up],
+            budget: self.scenario.budget,
+            now: 0,
+            violations: 0,
+            seen: 0,
+        }]
+    }
+
+    fn actions(&self, world: &World, steps: &mut Vec<Step>) {
+        let progress_before = steps.len();
+        for path in [DEFAULT, BACKUP] {
+            for from in [A, B] {
+                if world.request_deliverable(self, path, from) {
+                    steps.push(Step::DeliverRequest { path, from });
+                }
+                if !world.acks[path][from].is_empty() {
+                    steps.push(Step::DeliverAck { path, from });
+                }
+            }
+        }
+        for host in [A, B] {
+            for path in [DEFAULT, BACKUP] {
+                if world.can_time_out(host, path) {
+                    steps.push(Step::Timeout { host, path });
+                }
+            }
+            if !world.control[host].is_empty() {
+                steps.push(match world.paths[BACKUP].up {
+                    true => Step::DeliverControl { from: host },
+                    false => Step::ControlTimeout { from: host },
+                });
+            }
+            if world.hosts[host].draining && world.hosts[host].qps[DEFAULT].state != QpState::Rts {
+                steps.push(Step::Drained { host });
+            }
+            if world.budget.ticks > 0 && world.due(host) {
+                steps.push(Step::Tick { host });
+            }
+        }
+        let quiet = steps.len() == progress_before;
+        let later = [A, B].iter().any(|&h| {
+            world.hosts[h]
+                .machine
+                .poll_timeout()
+                .is_some_and(|t| t.as_nanos() > world.now)
+        });
+        if quiet && later && world.budget.waits > 0 {
+            steps.push(Step::Wait);
+        }
+        // The application and the faults, at any moment.
+        for host in [A, B] {
+            if usize::from(world.hosts[host].posted) < self.program(host).len() {
+                steps.push(Step::Post { host });
+            }
+            if world.hosts[host].progress.recvs_posted < u64::from(self.scenario.recvs[host]) {
+                steps.push(Step::PostRecv { host });
+            }
+        }
+        if world.budget.losses > 0 {
+            for path in [DEFAULT, BACKUP] {
+                for from in [A, B] {
+                    if !world.requests[path][from].is_empty() {
+                        steps.push(Step::LoseRequest { path, from });
+                    }
+                    if !world.acks[path][from].is_empty() {
+                        steps.push(Step::LoseAck { path, from });
+                    }
+                }
+            }
+        }
+        let down_budget = [world.budget.default_failures, world.budget.backup_failures];
+        for path in [DEFAULT, BACKUP] {
+            if world.paths[path].up && down_budget[path] > 0 {
+                for notified in [
+                    Notified::Nobody,
+                    Notified::Host(A),
+                    Notified::Host(B),
+                    Notified::Both,
+                ] {
+                    steps.push(Step::PathDown { path, notified });
+                }
+            }
+        }
+        if !world.paths[DEFAULT].up && world.budget.default_repairs > 0 {
+            steps.push(Step::PathUp { path: DEFAULT });
+        }
+    }
+
+    fn next_state(&self, world: &World, step: Step) -> Option<World> {
+        let mut next = world.clone();
+        match step {
+            Step::Post { host } => next.post_app(self, host),
+            Step::PostRecv { host } => next.post_recv(host),
+            Step::DeliverRequest { path, from } => next.deliver_request(self, path, from),
+            Step::DeliverAck { path, from } => next.deliver_ack(self, path, from),
+            Step::LoseRequest { path, from } => {
+                next.budget.losses -= 1;
+                next.requests[path][from].remove(0);
+            }
+            Step::LoseAck { path, from } => {
+                next.budget.losses -= 1;
+                next.acks[path][from].remove(0);
+            }
+            Step::Timeout { host, path } => next.timeout(self, host, path),
+            Step::DeliverControl { from } => next.deliver_control(self, from),
+            Step::ControlTimeout { from } => {
+                next.hosts[from].control_dead = true;
+                next.control[from].clear();
+                next.feed(self, from, Event::ControlSendFailed);
+            }
+            Step::PathDown { path, notified } => {
+                match path {
+                    DEFAULT => next.budget.default_failures -= 1,
+                    _ => next.budget.backup_failures -= 1,
+                }
+                next.path_down(self, path, notified);
+            }
+            Step::PathUp { path } => {
+                next.budget.default_repairs -= 1;
+                next.path_up(self, path);
+            }
+            Step::Drained { host } => next.drained(self, host),
+            Step::Tick { host } => {
+                next.budget.ticks -= 1;
+                next.feed(self, host, Event::Tick);
+            }
+            Step::Wait => {
+                next.budget.waits -= 1;
+                let deadline = [A, B]
+                    .iter()
+                    .filter_map(|&h| next.hosts[h].machine.poll_timeout())
+                    .map(Timestamp::as_nanos)
+                    .filter(|&t| t > next.now)
+                    .min()?;
+                next.now = deadline;
+                for host in [A, B] {
+                    if next.due(host) {
+                        next.feed(self, host, Event::Tick);
+                    }
+                }
+            }
+        }
+        Some(next)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        let mut properties = vec![
+            Property::always(
+                "a notification is never observed before its data",
+                |_: &FailoverModel, w: &World| w.violations & NOTIFICATION_BEFORE_DATA == 0,
+            ),
+            Property::always(
+                "data is never rewritten once its notification was observed",
+                |_: &FailoverModel, w: &World| w.violations & DATA_AFTER_NOTIFICATION == 0,
+            ),
+            Property::always(
+                "every send lands in its own receive WQE, once",
+                |_: &FailoverModel, w: &World| {
+                    w.violations
+                        & (RECV_CONSUMED_TWICE
+                            | SEND_IN_WRONG_RECV
+                            | SEND_IN_STALE_RECV
+                            | BURN_IN_APP_RECV)
+                        == 0
+                },
+            ),
+            Property::always(
+                "a send never waits for a receive posted on the other QP (no RNR)",
+                |m: &FailoverModel, w: &World| {
+                    [DEFAULT, BACKUP].iter().all(|&path| {
+                        [A, B]
+                            .iter()
+                            .all(|&from| !w.rnr_on_posted_recv(m, path, from))
+                    })
+                },
+            ),
+            Property::always(
+                "no atomic executes twice",
+                |_: &FailoverModel, w: &World| w.violations & ATOMIC_TWICE == 0,
+            ),
+            Property::always(
+                "application completions are neither duplicated nor reordered",
+                |_: &FailoverModel, w: &World| {
+                    w.violations & (SEND_WC_OUT_OF_ORDER | RECV_WC_OUT_OF_ORDER) == 0
+                },
+            ),
+            Property::always(
+                "no success completion for work the peer did not execute",
+                |_: &FailoverModel, w: &World| w.violations & SUCCESS_WITHOUT_EXECUTION == 0,
+            ),
+            Property::always(
+                "no reset discards posted work",
+                |_: &FailoverModel, w: &World| w.violations & RESET_DISCARDED_WORK == 0,
+            ),
+            Property::always(
+                "the machine asks only for legal QP transitions",
+                |_: &FailoverModel, w: &World| w.violations & ILLEGAL_QP_TRANSITION == 0,
+            ),
+            Property::always(
+                "the machine stays within its action bound",
+                |_: &FailoverModel, w: &World| w.violations & TOO_MANY_ACTIONS == 0,
+            ),
+            Property::always(
+                "when the system is quiet, everything posted has completed or failed",
+                |m: &FailoverModel, w: &World| {
+                    !m.quiet_and_done(w)
+                        || [A, B]
+                            .iter()
+                            .all(|&h| w.hosts[h].resolved == w.hosts[h].posted)
+                },
+            ),
+            Property::always(
+                "without a backup failure or an atomic, failover hides every failure",
+                |m: &FailoverModel, w: &World| {
+                    !m.scenario.expects_success()
+                        || !m.quiet_and_done(w)
+                        || [A, B].iter().all(|&h| {
+                            let host = &w.hosts[h];
+                            let peer_sends =
+                                m.program(1 - h).iter().filter(|w| w.op.two_sided()).count();
+                            !host.saw_error
+                                && host.machine.failed().is_none()
+                                && usize::from(host.recv_wcs) == peer_sends
+                        })
+                },
+            ),
+        ];
+        // What the scenario must reach, so that a pass cannot come from a model that never
+        // gets there.
+        let coverage: [(u8, &'static str, Condition); 7] = [
+            (SEEN_FAILOVER, "a failover completes", |_, w| {
+                w.seen & SEEN_FAILOVER != 0
+            }),
+            (
+                SEEN_SKIP,
+                "sends already consumed by the peer are skipped",
+                |_, w| w.seen & SEEN_SKIP != 0,
+            ),
+            (
+                SEEN_SWITCH_BACK,
+                "traffic switches back to the default path",
+                |_, w| w.seen & SEEN_SWITCH_BACK != 0,
+            ),
+            (SEEN_BURN, "stale receive WQEs are burned", |_, w| {
+                w.seen & SEEN_BURN != 0
+            }),
+            (
+                SEEN_STALE_PACKET,
+                "a packet of an old incarnation arrives",
+                |_, w| w.seen & SEEN_STALE_PACKET != 0,
+            ),
+            (
+                SEEN_ATOMIC_REFUSED,
+                "an atomic in flight is refused, not retransmitted",
+                |_, w| w.seen & SEEN_ATOMIC_REFUSED != 0,
+            ),
+            (
+                SEEN_QUIET_AFTER_FAILOVER,
+                "the system goes quiet after a failover with everything done",
+                |m, w| {
+                    w.seen & SEEN_FAILOVER != 0
+                        && m.quiet_and_done(w)
+                        && [A, B]
+                            .iter()
+                            .all(|&h| w.hosts[h].resolved == w.hosts[h].posted)
+                },
+            ),
+        ];
+        for (bit, name, condition) in coverage {
+            if self.scenario.coverage & bit != 0 {
+                properties.push(Property::sometimes(name, condition));
+            }
+        }
+        properties
+    }
+}
+
+impl FailoverModel {
+    /// All posted, and nothing but faults could still happen (no delivery, timeout, due timer
+    /// or deadline left to wait for).
+    fn quiet_and_done(&self, world: &World) -> bool {
+        let all_posted = [A, B].iter().all(|&h| {
+            usize::from(world.hosts[h].posted) == self.program(h).len()
+                && world.hosts[h].progress.recvs_posted == u64::from(self.scenario.recvs[h])
+        });
+        if !all_posted {
+            return false;
+        }
+        let mut steps = Vec::new();
+        self.actions(world, &mut steps);
+        let busy = steps.iter().any(|s| {
+            matches!(
+                s,
+                Step::DeliverRequest { .. }
+                    | Step::DeliverAck { .. }
+                    | Step::Timeout { .. }
+                    | Step::DeliverControl { .. }
+                    | Step::ControlTimeout { .. }
+                    | Step::Tick { .. }
+                    | Step::Drained { .. }
+                    | Step::Wait
+            )
+        });
+        // A deadline left but no quiet-time timeout in the budget: the bounds cut the run.
+        let cut = world.budget.waits == 0
+            && [A, B].iter().any(|&h| {
+                world.hosts[h]
+                    .machine
+                    .poll_timeout()
+                    .is_some_and(|t| t.as_nanos() > world.now)
+            });
+        !busy && !cut
+    }
+}
+
+// ---- Running the checks ----------------------------------------------------------------------
+
+fn check(
+    scenario: Scenario,
+    policy: Policy,
+    finish: HasDiscoveries,
+) -> impl Checker<FailoverModel> {
+    println!("{scenario}; policy {policy:?}");
+    let started = Instant::now();
+    let checker = FailoverModel { scenario, policy }
+        .checker()
+        .threads(2)
+        .finish_when(finish)
+        .spawn_bfs()
+        .join();
+    println!(
+        "  {} states ({} unique), depth {}, {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed()
+    );
+    checker
+}
+
+/// Checks every property of `scenario` under SHIFT exhaustively.
+fn verify(scenario: Scenario) {
+    check(scenario, Policy::Shift, HasDiscoveries::AnyFailures).assert_properties();
+}
+
+/// Runs `scenario` under a broken `policy` until `property` fails; panics if it never does.
+fn refute(scenario: Scenario, policy: Policy, property: &'static str) {
+    let checker = check(scenario, policy, HasDiscoveries::AnyOf([property].into()));
+    let path = checker.discovery(property);
+    assert!(
+        path.is_some(),
+        "{policy:?} must violate \"{property}\", and the checker found no counterexample"
+    );
+    let steps = path.unwrap().into_actions();
+    println!(
+        "  counterexample to \"{property}\" in {} steps: {steps:?}",
+        steps.len()
+    );
+}
+
+const fn budget(
+    default_failures: u8,
+    default_repairs: u8,
+    backup_failures: u8,
+    losses: u8,
+    ticks: u8,
+) -> Budget {
+    Budget {
+        default_failures,
+        default_repairs,
+        backup_failures,
+        losses,
+        ticks,
+        waits: 1,
+    }
+}
+
+const PRODUCER_CONSUMER: &str = "data is never rewritten once its notification was observed";
+const OWN_RECEIVE: &str = "every send lands in its own receive WQE, once";
+const ATOMIC_ONCE: &str = "no atomic executes twice";
+
+/// NCCL-Simple traffic one way, the sender leading the rearm: failover, rearm, switch-back,
+/// a second failure after (or during) the switch-back.
+fn nccl_one_way() -> Scenario {
+    Scenario {
+        name: "NCCL-Simple writes A -> B",
+        programs: [NCCL, NOTHING],
+        recvs: [0, 2],
+        recvs_up_front: true,
+        roles: [Role::Leader, Role::Follower],
+        budget: budget(2, 1, 0, 1, 2),
+        coverage: SEEN_FAILOVER
+            | SEEN_SKIP
+            | SEEN_SWITCH_BACK
+            | SEEN_BURN
+            | SEEN_STALE_PACKET
+            | SEEN_QUIET_AFTER_FAILOVER,
+    }
+}
+
+/// The same traffic with the passive receiver leading the rearm (H4).
+fn nccl_receiver_leads() -> Scenario {
+    Scenario {
+        name: "NCCL-Simple writes A -> B, B leads",
+        roles: [Role::Follower, Role::Leader],
+        budget: budget(2, 1, 0, 0, 1),
+        coverage: SEEN_FAILOVER | SEEN_SWITCH_BACK | SEEN_BURN | SEEN_QUIET_AFTER_FAILOVER,
+        ..nccl_one_way()
+    }
+}
+
+/// The same traffic with a flapping default path and no packet loss: enough to reach a
+/// second failure after a switch-back, cheap enough to search for deep counterexamples.
+fn nccl_flapping() -> Scenario {
+    Scenario {
+        name: "NCCL-Simple writes A -> B, flapping default path",
+        budget: budget(2, 1, 0, 0, 1),
+        coverage: SEEN_FAILOVER | SEEN_SWITCH_BACK | SEEN_BURN | SEEN_STALE_PACKET,
+        ..nccl_one_way()
+    }
+}
+
+/// SENDs in both directions: crossing handshakes, both receive queues moving.
+fn sends_both_ways() -> Scenario {
+    Scenario {
+        name: "SENDs both ways",
+        programs: [TWO_SENDS, ONE_SEND],
+        recvs: [1, 2],
+        recvs_up_front: false,
+        roles: [Role::Leader, Role::Follower],
+        budget: budget(1, 1, 0, 1, 2),
+        coverage: SEEN_FAILOVER | SEEN_SKIP | SEEN_SWITCH_BACK | SEEN_QUIET_AFTER_FAILOVER,
+    }
+}
+
+/// An atomic behind a WRITE: refused when in flight at a failure, never executed twice.
+fn atomic() -> Scenario {
+    Scenario {
+        name: "WRITE then FETCH_ADD A -> B",
+        programs: [WRITE_THEN_ATOMIC, NOTHING],
+        recvs: [0, 0],
+        recvs_up_front: true,
+        roles: [Role::Leader, Role::Follower],
+        budget: budget(1, 1, 0, 1, 1),
+        coverage: SEEN_FAILOVER | SEEN_ATOMIC_REFUSED,
+    }
+}
+
+/// The backup path fails too, at any point: nothing may hang.
+fn backup_fails_too() -> Scenario {
+    Scenario {
+        name: "NCCL-Simple writes A -> B, backup path fails too",
+        budget: budget(1, 1, 1, 0, 1),
+        coverage: SEEN_FAILOVER | SEEN_SWITCH_BACK,
+        ..nccl_one_way()
+    }
+}
+
+#[test]
+fn shift_keeps_nccl_writes_in_order_through_failover_and_switch_back() {
+    verify(nccl_one_way());
+}
+
+#[test]
+fn shift_survives_a_flapping_default_path() {
+    verify(nccl_flapping());
+}
+
+#[test]
+fn shift_holds_when_the_passive_receiver_leads_the_rearm() {
+    verify(nccl_receiver_leads());
+}
+
+#[test]
+fn shift_lands_every_send_in_its_own_receive_both_ways() {
+    verify(sends_both_ways());
+}
+
+#[test]
+fn shift_never_retransmits_an_atomic() {
+    verify(atomic());
+}
+
+#[test]
+fn shift_reports_errors_and_never_hangs_when_both_paths_fail() {
+    verify(backup_fails_too());
+}
+
+#[test]
+fn naive_retransmission_rewrites_data_after_its_notification() {
+    refute(
+        nccl_one_way(),
+        Policy::RetransmitEverything,
+        PRODUCER_CONSUMER,
+    );
+}
+
+#[test]
+fn naive_retransmission_lands_a_send_in_the_wrong_receive() {
+    refute(sends_both_ways(), Policy::RetransmitEverything, OWN_RECEIVE);
+}
+
+#[test]
+fn naive_retransmission_executes_an_atomic_twice() {
+    refute(atomic(), Policy::RetransmitEverything, ATOMIC_ONCE);
+}
+
+#[test]
+fn without_epoch_psns_an_old_packet_executes_in_a_new_incarnation() {
+    refute(
+        nccl_flapping(),
+        Policy::SamePsnEveryEpoch,
+        PRODUCER_CONSUMER,
+    );
+}
+
+#[test]
+fn ignoring_stale_receive_wqes_lands_a_send_in_one() {
+    refute(nccl_flapping(), Policy::IgnoreStaleRecvs, OWN_RECEIVE);
+}
