@@ -48,8 +48,15 @@ fn c_program() -> String {
     c
 }
 
-/// Compiles and runs the program; returns its output lines as "kind name" -> numbers.
+/// The program's output lines as "kind name" -> numbers. Compiled and run once per process:
+/// the tests run in parallel and would otherwise race on one temporary directory.
 fn rdma_core_values() -> BTreeMap<String, Vec<u64>> {
+    static VALUES: std::sync::OnceLock<BTreeMap<String, Vec<u64>>> = std::sync::OnceLock::new();
+    VALUES.get_or_init(compile_and_run).clone()
+}
+
+/// Compiles and runs the program; returns its output lines as "kind name" -> numbers.
+fn compile_and_run() -> BTreeMap<String, Vec<u64>> {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("hw-defs-rdma-core-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
