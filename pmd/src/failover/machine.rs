@@ -651,18 +651,7 @@ impl Failover {
             DefaultQp::Live { confirmed: true } | DefaultQp::Rearming { .. } => {
                 self.protocol_violation("Rearm while the default pair is confirmed", out)
             }
-            _ if !ready => {
-                if let DefaultQp::Live { .. } = self.default_qp {
-                    out.push(Action::MoveQpToErr {
-                        path: Path::Default,
-                    });
-                }
-                self.default_qp = DefaultQp::Dead { backoff_until: now };
-                out.push(Action::SendControl(ControlMessage::RearmDone {
-                    epoch,
-                    ok: false,
-                }));
-            }
+            _ if !ready => self.refuse_epoch(epoch, now, out),
             DefaultQp::Live { confirmed: false }
             | DefaultQp::Dead { .. }
             | DefaultQp::BringingUp => {
@@ -679,6 +668,23 @@ impl Failover {
         }
     }
 
+    /// Follower: cannot take part in `epoch` now. Its QP leaves whatever epoch it was in.
+    fn refuse_epoch(&mut self, epoch: Epoch, now: Timestamp, out: &mut Vec<Action>) {
+        if matches!(
+            self.default_qp,
+            DefaultQp::Live { .. } | DefaultQp::BringingUp
+        ) {
+            out.push(Action::MoveQpToErr {
+                path: Path::Default,
+            });
+        }
+        self.default_qp = DefaultQp::Dead { backoff_until: now };
+        out.push(Action::SendControl(ControlMessage::RearmDone {
+            epoch,
+            ok: false,
+        }));
+    }
+
     fn default_qp_up(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Vec<Action>) {
         if epoch != self.epoch {
             return;
@@ -692,16 +698,7 @@ impl Failover {
                     ok: true,
                 }));
             }
-            DefaultQp::BringingUp => {
-                out.push(Action::MoveQpToErr {
-                    path: Path::Default,
-                });
-                self.default_qp = DefaultQp::Dead { backoff_until: now };
-                out.push(Action::SendControl(ControlMessage::RearmDone {
-                    epoch,
-                    ok: false,
-                }));
-            }
+            DefaultQp::BringingUp => self.refuse_epoch(epoch, now, out),
             DefaultQp::Rearming {
                 step: RearmStep::BringingUp,
                 deadline,

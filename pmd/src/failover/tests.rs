@@ -47,6 +47,45 @@ fn peer_failover(epoch: u32, recvs_completed: u64, stale_recvs: u64) -> Event {
     })
 }
 
+fn rearm(epoch: u32) -> Event {
+    Event::Control(ControlMessage::Rearm {
+        epoch: Epoch(epoch),
+    })
+}
+
+fn rearm_done(epoch: u32, ok: bool) -> Event {
+    Event::Control(ControlMessage::RearmDone {
+        epoch: Epoch(epoch),
+        ok,
+    })
+}
+
+fn qp_up(epoch: u32, ok: bool) -> Event {
+    Event::DefaultQpUp {
+        epoch: Epoch(epoch),
+        ok,
+    }
+}
+
+fn path_up(epoch: u32) -> Event {
+    Event::Control(ControlMessage::PathUp {
+        epoch: Epoch(epoch),
+    })
+}
+
+fn switch_back(epoch: u32, sends_before: u64) -> Event {
+    Event::Control(ControlMessage::SwitchBack {
+        epoch: Epoch(epoch),
+        sends_before,
+    })
+}
+
+fn switch_back_ready(epoch: u32) -> Event {
+    Event::Control(ControlMessage::SwitchBackReady {
+        epoch: Epoch(epoch),
+    })
+}
+
 fn retry_exhausted() -> Event {
     Event::ErrorCompletion {
         path: Path::Default,
@@ -69,22 +108,8 @@ fn leader_back_on_default_path() -> Failover {
     let mut machine = failed_over(Role::Leader);
     let due = machine.poll_timeout().unwrap();
     step(&mut machine, Event::Tick, due);
-    step(
-        &mut machine,
-        Event::Control(ControlMessage::RearmDone {
-            epoch: Epoch(1),
-            ok: true,
-        }),
-        due,
-    );
-    step(
-        &mut machine,
-        Event::DefaultQpUp {
-            epoch: Epoch(1),
-            ok: true,
-        },
-        due,
-    );
+    step(&mut machine, rearm_done(1, true), due);
+    step(&mut machine, qp_up(1, true), due);
     step(&mut machine, Event::ProbeCompleted { ok: true }, due);
     assert_eq!(machine.send_phase(), SendPhase::WaitSignaled);
     machine
@@ -93,24 +118,9 @@ fn leader_back_on_default_path() -> Failover {
 /// Drives a follower from Fallback through the leader's rearm into WaitSignaled.
 fn follower_back_on_default_path() -> Failover {
     let mut machine = failed_over(Role::Follower);
-    step(
-        &mut machine,
-        Event::Control(ControlMessage::Rearm { epoch: Epoch(1) }),
-        at(5_000),
-    );
-    step(
-        &mut machine,
-        Event::DefaultQpUp {
-            epoch: Epoch(1),
-            ok: true,
-        },
-        at(5_000),
-    );
-    step(
-        &mut machine,
-        Event::Control(ControlMessage::PathUp { epoch: Epoch(1) }),
-        at(5_001),
-    );
+    step(&mut machine, rearm(1), at(5_000));
+    step(&mut machine, qp_up(1, true), at(5_000));
+    step(&mut machine, path_up(1), at(5_001));
     assert_eq!(machine.send_phase(), SendPhase::WaitSignaled);
     machine
 }
@@ -596,24 +606,10 @@ fn leader_rearm_leaves_the_old_epoch_before_asking_the_follower() {
 fn leader_brings_its_qp_up_only_once_the_follower_is_in_the_new_epoch() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, Event::Tick, at(1_000));
-    let actions = step(
-        &mut machine,
-        Event::Control(ControlMessage::RearmDone {
-            epoch: Epoch(1),
-            ok: true,
-        }),
-        at(1_001),
-    );
+    let actions = step(&mut machine, rearm_done(1, true), at(1_001));
     assert_eq!(actions, [Action::BringUpDefaultQp { epoch: Epoch(1) }]);
     assert_eq!(
-        step(
-            &mut machine,
-            Event::DefaultQpUp {
-                epoch: Epoch(1),
-                ok: true
-            },
-            at(1_001)
-        ),
+        step(&mut machine, qp_up(1, true), at(1_001)),
         [Action::PostProbe]
     );
 }
@@ -622,22 +618,8 @@ fn leader_brings_its_qp_up_only_once_the_follower_is_in_the_new_epoch() {
 fn a_successful_probe_confirms_the_path_and_moves_fallback_to_wait_signaled() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, Event::Tick, at(1_000));
-    step(
-        &mut machine,
-        Event::Control(ControlMessage::RearmDone {
-            epoch: Epoch(1),
-            ok: true,
-        }),
-        at(1_001),
-    );
-    step(
-        &mut machine,
-        Event::DefaultQpUp {
-            epoch: Epoch(1),
-            ok: true,
-        },
-        at(1_001),
-    );
+    step(&mut machine, rearm_done(1, true), at(1_001));
+    step(&mut machine, qp_up(1, true), at(1_001));
     let actions = step(&mut machine, Event::ProbeCompleted { ok: true }, at(1_002));
     assert_eq!(
         actions,
@@ -670,14 +652,7 @@ fn failed_probes_back_off_exponentially() {
             }),
             now,
         );
-        step(
-            &mut machine,
-            Event::DefaultQpUp {
-                epoch: Epoch(attempt),
-                ok: true,
-            },
-            now,
-        );
+        step(&mut machine, qp_up(attempt, true), now);
         step(&mut machine, Event::ProbeCompleted { ok: false }, now);
         let next = machine.poll_timeout().unwrap();
         waits.push(next.saturating_since(now));
@@ -698,14 +673,7 @@ fn failed_probes_back_off_exponentially() {
 fn a_refused_rearm_backs_off() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, Event::Tick, at(1_000));
-    let actions = step(
-        &mut machine,
-        Event::Control(ControlMessage::RearmDone {
-            epoch: Epoch(1),
-            ok: false,
-        }),
-        at(1_001),
-    );
+    let actions = step(&mut machine, rearm_done(1, false), at(1_001));
     assert_eq!(actions, []);
     assert_eq!(machine.default_qp_phase(), DefaultQpPhase::Dead);
     assert_eq!(machine.poll_timeout(), Some(at(1_201)));
@@ -723,20 +691,10 @@ fn a_rearm_attempt_without_answer_is_abandoned() {
 fn a_stale_rearm_done_is_ignored() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, Event::Tick, at(1_000));
-    step(
-        &mut machine,
-        Event::Control(ControlMessage::RearmDone {
-            epoch: Epoch(1),
-            ok: false,
-        }),
-        at(1_001),
-    );
+    step(&mut machine, rearm_done(1, false), at(1_001));
     step(&mut machine, Event::Tick, at(2_000));
     assert_eq!(machine.epoch(), Epoch(2));
-    let late = Event::Control(ControlMessage::RearmDone {
-        epoch: Epoch(1),
-        ok: true,
-    });
+    let late = rearm_done(1, true);
     assert_eq!(step(&mut machine, late, at(2_001)), []);
 }
 
@@ -764,11 +722,7 @@ fn rearm_is_abandoned_when_the_default_link_goes_down() {
 #[test]
 fn follower_leaves_the_old_epoch_before_entering_the_new_one() {
     let mut machine = failed_over(Role::Follower);
-    let actions = step(
-        &mut machine,
-        Event::Control(ControlMessage::Rearm { epoch: Epoch(1) }),
-        at(5_000),
-    );
+    let actions = step(&mut machine, rearm(1), at(5_000));
     assert_eq!(
         actions,
         [
@@ -776,14 +730,7 @@ fn follower_leaves_the_old_epoch_before_entering_the_new_one() {
             Action::BringUpDefaultQp { epoch: Epoch(1) }
         ]
     );
-    let actions = step(
-        &mut machine,
-        Event::DefaultQpUp {
-            epoch: Epoch(1),
-            ok: true,
-        },
-        at(5_000),
-    );
+    let actions = step(&mut machine, qp_up(1, true), at(5_000));
     assert_eq!(
         actions,
         [Action::SendControl(ControlMessage::RearmDone {
@@ -802,25 +749,10 @@ fn follower_leaves_the_old_epoch_before_entering_the_new_one() {
 #[test]
 fn follower_moves_an_unconfirmed_qp_to_err_before_a_newer_epoch() {
     let mut machine = failed_over(Role::Follower);
-    step(
-        &mut machine,
-        Event::Control(ControlMessage::Rearm { epoch: Epoch(1) }),
-        at(5_000),
-    );
-    step(
-        &mut machine,
-        Event::DefaultQpUp {
-            epoch: Epoch(1),
-            ok: true,
-        },
-        at(5_000),
-    );
+    step(&mut machine, rearm(1), at(5_000));
+    step(&mut machine, qp_up(1, true), at(5_000));
     // The leader's probe failed; it tries again in epoch 2.
-    let actions = step(
-        &mut machine,
-        Event::Control(ControlMessage::Rearm { epoch: Epoch(2) }),
-        at(6_000),
-    );
+    let actions = step(&mut machine, rearm(2), at(6_000));
     assert_eq!(
         actions,
         [
@@ -843,11 +775,7 @@ fn follower_refuses_rearm_while_its_link_is_down() {
         },
         at(4_000),
     );
-    let actions = step(
-        &mut machine,
-        Event::Control(ControlMessage::Rearm { epoch: Epoch(1) }),
-        at(5_000),
-    );
+    let actions = step(&mut machine, rearm(1), at(5_000));
     assert_eq!(
         actions,
         [Action::SendControl(ControlMessage::RearmDone {
@@ -874,11 +802,6 @@ fn follower_refuses_rearm_within_its_holddown() {
         },
         at(4_500),
     );
-    let rearm = |epoch| {
-        Event::Control(ControlMessage::Rearm {
-            epoch: Epoch(epoch),
-        })
-    };
     let refused = [Action::SendControl(ControlMessage::RearmDone {
         epoch: Epoch(1),
         ok: false,
@@ -896,19 +819,8 @@ fn follower_refuses_rearm_within_its_holddown() {
 #[test]
 fn a_follower_qp_that_fails_to_come_up_is_reported() {
     let mut machine = failed_over(Role::Follower);
-    step(
-        &mut machine,
-        Event::Control(ControlMessage::Rearm { epoch: Epoch(1) }),
-        at(5_000),
-    );
-    let actions = step(
-        &mut machine,
-        Event::DefaultQpUp {
-            epoch: Epoch(1),
-            ok: false,
-        },
-        at(5_000),
-    );
+    step(&mut machine, rearm(1), at(5_000));
+    let actions = step(&mut machine, qp_up(1, false), at(5_000));
     assert_eq!(
         actions,
         [
@@ -933,11 +845,7 @@ fn follower_moves_to_wait_signaled_on_path_up() {
 #[test]
 fn a_rearm_sent_to_a_leader_is_a_protocol_violation() {
     let mut machine = failed_over(Role::Leader);
-    let actions = step(
-        &mut machine,
-        Event::Control(ControlMessage::Rearm { epoch: Epoch(1) }),
-        at(5_000),
-    );
+    let actions = step(&mut machine, rearm(1), at(5_000));
     assert_eq!(
         surfaced(&actions).map(|(_, r)| r),
         Some(FailReason::ProtocolViolation)
@@ -947,11 +855,7 @@ fn a_rearm_sent_to_a_leader_is_a_protocol_violation() {
 #[test]
 fn a_rearm_for_an_old_epoch_is_a_protocol_violation() {
     let mut machine = follower_back_on_default_path();
-    let actions = step(
-        &mut machine,
-        Event::Control(ControlMessage::Rearm { epoch: Epoch(1) }),
-        at(6_000),
-    );
+    let actions = step(&mut machine, rearm(1), at(6_000));
     assert_eq!(
         surfaced(&actions).map(|(_, r)| r),
         Some(FailReason::ProtocolViolation)
@@ -962,22 +866,8 @@ fn a_rearm_for_an_old_epoch_is_a_protocol_violation() {
 fn a_failover_for_a_past_epoch_is_joined_by_a_leader_that_moved_on() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, Event::Tick, at(1_000));
-    step(
-        &mut machine,
-        Event::Control(ControlMessage::RearmDone {
-            epoch: Epoch(1),
-            ok: true,
-        }),
-        at(1_000),
-    );
-    step(
-        &mut machine,
-        Event::DefaultQpUp {
-            epoch: Epoch(1),
-            ok: true,
-        },
-        at(1_000),
-    );
+    step(&mut machine, rearm_done(1, true), at(1_000));
+    step(&mut machine, qp_up(1, true), at(1_000));
     step(&mut machine, Event::ProbeCompleted { ok: false }, at(1_001));
     step(&mut machine, Event::Tick, at(2_000));
     assert_eq!(machine.epoch(), Epoch(2));
@@ -1053,11 +943,7 @@ fn switch_back_ready_releases_the_withheld_doorbell() {
         at(2_000),
     );
     step(&mut machine, Event::FenceCompleted, at(2_001));
-    let actions = step(
-        &mut machine,
-        Event::Control(ControlMessage::SwitchBackReady { epoch: Epoch(1) }),
-        at(2_002),
-    );
+    let actions = step(&mut machine, switch_back_ready(1), at(2_002));
     assert_eq!(actions, [Action::ReleaseDefaultDoorbell]);
     assert_eq!(machine.send_phase(), SendPhase::Default);
     assert_eq!(machine.send_route(), Route::Default);
@@ -1084,10 +970,7 @@ fn a_switch_back_that_gets_no_answer_times_out() {
 #[test]
 fn receiver_drains_its_backup_cq_before_moving_receives_back() {
     let mut machine = follower_back_on_default_path();
-    let switch = Event::Control(ControlMessage::SwitchBack {
-        epoch: Epoch(1),
-        sends_before: 5,
-    });
+    let switch = switch_back(1, 5);
     assert_eq!(step(&mut machine, switch, at(6_000)), [Action::DrainBackup]);
     assert_eq!(machine.recv_phase(), RecvPhase::SwitchingBack);
     assert_eq!(machine.recv_route(), Route::Backup);
@@ -1113,10 +996,7 @@ fn receiver_drains_its_backup_cq_before_moving_receives_back() {
 #[test]
 fn receiver_polls_again_until_the_backup_completions_show() {
     let mut machine = follower_back_on_default_path();
-    let switch = Event::Control(ControlMessage::SwitchBack {
-        epoch: Epoch(1),
-        sends_before: 5,
-    });
+    let switch = switch_back(1, 5);
     step(&mut machine, switch, at(6_000));
     assert_eq!(
         step(
@@ -1148,10 +1028,7 @@ fn receiver_polls_again_until_the_backup_completions_show() {
 #[test]
 fn stale_receives_left_on_the_backup_are_announced_at_the_next_failover() {
     let mut machine = follower_back_on_default_path();
-    let switch = Event::Control(ControlMessage::SwitchBack {
-        epoch: Epoch(1),
-        sends_before: 5,
-    });
+    let switch = switch_back(1, 5);
     step(&mut machine, switch, at(6_000));
     // Seven receives posted, five consumed: two stay posted on the backup RQ.
     step(
@@ -1184,11 +1061,7 @@ fn the_peers_stale_receives_are_burned_before_the_copies() {
         at(2_000),
     );
     step(&mut machine, Event::FenceCompleted, at(2_001));
-    step(
-        &mut machine,
-        Event::Control(ControlMessage::SwitchBackReady { epoch: Epoch(1) }),
-        at(2_002),
-    );
+    step(&mut machine, switch_back_ready(1), at(2_002));
     step(&mut machine, retry_exhausted(), at(3_000));
     step(&mut machine, drained(progress(9, 4, 4)), at(3_000));
     let actions = step(&mut machine, peer_failover(1, 8, 2), at(3_001));
@@ -1214,10 +1087,7 @@ fn a_switch_back_after_the_pair_failed_again_is_ignored() {
         },
         at(6_000),
     );
-    let switch = Event::Control(ControlMessage::SwitchBack {
-        epoch: Epoch(1),
-        sends_before: 5,
-    });
+    let switch = switch_back(1, 5);
     assert_eq!(step(&mut machine, switch, at(6_001)), []);
     assert_eq!(machine.recv_phase(), RecvPhase::Fallback);
 }
@@ -1225,10 +1095,7 @@ fn a_switch_back_after_the_pair_failed_again_is_ignored() {
 #[test]
 fn a_failure_while_switching_receives_back_keeps_them_on_the_backup() {
     let mut machine = follower_back_on_default_path();
-    let switch = Event::Control(ControlMessage::SwitchBack {
-        epoch: Epoch(1),
-        sends_before: 5,
-    });
+    let switch = switch_back(1, 5);
     step(&mut machine, switch, at(6_000));
     step(&mut machine, retry_exhausted(), at(6_001));
     assert_eq!(machine.recv_phase(), RecvPhase::Fallback);
@@ -1268,7 +1135,7 @@ fn the_default_dying_during_wait_drained_moves_withheld_sends_to_the_backup() {
     );
     assert_eq!(machine.send_phase(), SendPhase::Fallback);
     // A late answer to the abandoned switch-back changes nothing.
-    let late = Event::Control(ControlMessage::SwitchBackReady { epoch: Epoch(1) });
+    let late = switch_back_ready(1);
     assert_eq!(step(&mut machine, late, at(2_003)), []);
     assert_eq!(step(&mut machine, Event::FenceCompleted, at(2_003)), []);
 }
@@ -1276,10 +1143,7 @@ fn the_default_dying_during_wait_drained_moves_withheld_sends_to_the_backup() {
 #[test]
 fn a_switch_back_while_receives_are_on_the_default_qp_is_a_protocol_violation() {
     let mut machine = end(Role::Leader);
-    let switch = Event::Control(ControlMessage::SwitchBack {
-        epoch: Epoch(0),
-        sends_before: 1,
-    });
+    let switch = switch_back(0, 1);
     let actions = step(&mut machine, switch, at(10));
     assert_eq!(
         surfaced(&actions).map(|(_, r)| r),
