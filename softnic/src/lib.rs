@@ -5,3 +5,58 @@
 //! rxe does), and writes mlx5-format completion-queue entries. It speaks real RoCEv2 over a UDP
 //! socket bound to a Linux netdev, or over an in-memory fabric that is deterministic from a seed
 //! and can drop, duplicate, reorder, delay and corrupt packets for tests.
+//!
+//! Module map (see `docs/softnic.md`):
+//! - the device and its control verbs: [`device`], [`qp_attr`] (QP states and attributes),
+//!   [`mr`] (PDs, MR table), [`cq`] (CQ ring and events), [`qp`] (rings, doorbell register),
+//!   [`memory`] (caller-supplied queue memory), [`events`] (async events), [`counters`];
+//! - time and progress: [`clock`], the engine (`engine`, one round of work and the auto-mode
+//!   thread), the wake-up path (`waker`);
+//! - the RC transport: `requester`, `completer`, `responder`, over the decoded packet view in
+//!   `packet` and the hw-defs layouts behind `codec`; `dma` moves bytes to and from registered
+//!   memory;
+//! - wires: [`fabric`] (in-memory, seeded faults), `udp` (sockets on a netdev), `netlink`
+//!   (link state), `trace` (pcap);
+//! - `harness` (feature `harness`): a small mlx5 driver for tests and benchmarks.
+
+pub mod clock;
+mod codec;
+mod completer;
+pub mod counters;
+pub mod cq;
+pub mod device;
+mod dma;
+mod engine;
+pub mod events;
+pub mod fabric;
+pub mod memory;
+pub mod mr;
+mod netlink;
+mod packet;
+pub mod qp;
+pub mod qp_attr;
+mod requester;
+mod responder;
+mod trace;
+mod tx;
+mod udp;
+mod waker;
+mod wire;
+
+#[cfg(feature = "harness")]
+pub mod harness;
+
+pub use clock::Clock;
+pub use counters::{Counters, NakCounts};
+pub use cq::{CompletionChannel, CqConfig, CqHandle, CqId};
+pub use device::{Device, DeviceConfig, DeviceError, MrKeys, ProgressMode, QpHandle, Wire};
+pub use engine::Activity;
+pub use events::{AsyncEvent, EventQueue};
+pub use fabric::{Fabric, FabricStats, Fault, FaultRule};
+pub use memory::QueueMemory;
+pub use mr::{Access, PdId};
+pub use qp::{DoorbellRegister, QpConfig};
+pub use qp_attr::{ModifyError, PathMtu, QpAttrs, QpState};
+pub use udp::rxe_source_port;
+pub use waker::EventFd;
+pub use wire::{PortState, ROCE_PORT};

@@ -1,0 +1,91 @@
+//! Counters per device and per QP. Updated by the engine under the device lock (one lock per
+//! round, not per packet) and read as snapshots.
+
+/// NAKs by kind (AETH syndrome).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NakCounts {
+    /// PSN sequence error.
+    pub psn_sequence: u64,
+    /// Receiver not ready.
+    pub rnr: u64,
+    /// Invalid request.
+    pub invalid_request: u64,
+    /// Remote access error.
+    pub remote_access: u64,
+    /// Remote operational error.
+    pub remote_operational: u64,
+}
+
+impl NakCounts {
+    fn add(&mut self, o: &NakCounts) {
+        self.psn_sequence += o.psn_sequence;
+        self.rnr += o.rnr;
+        self.invalid_request += o.invalid_request;
+        self.remote_access += o.remote_access;
+        self.remote_operational += o.remote_operational;
+    }
+
+    /// All kinds together.
+    pub fn total(&self) -> u64 {
+        self.psn_sequence + self.rnr + self.invalid_request + self.remote_access + self.remote_operational
+    }
+}
+
+/// Traffic and error counters, the same set for a device and for one QP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets sent (including retransmissions, ACKs and read responses).
+    pub tx_packets: u64,
+    /// UDP payload bytes sent.
+    pub tx_bytes: u64,
+    /// Packets received and accepted by ICRC and parsing.
+    pub rx_packets: u64,
+    /// UDP payload bytes received.
+    pub rx_bytes: u64,
+    /// Request packets sent again by go-back-N.
+    pub retransmitted_packets: u64,
+    /// Local ACK timeouts that fired.
+    pub timeouts: u64,
+    /// NAKs this side sent.
+    pub naks_sent: NakCounts,
+    /// NAKs this side received.
+    pub naks_received: NakCounts,
+    /// Duplicate requests received (re-ACKed, re-read or replayed, never re-executed).
+    pub duplicate_requests: u64,
+    /// Packets dropped silently while a PSN gap was open (after its one NAK).
+    pub out_of_sequence_drops: u64,
+    /// RNR waits this side's requester went through (one per RNR NAK acted on).
+    pub rnr_waits: u64,
+    /// Packets dropped for a wrong ICRC.
+    pub icrc_errors: u64,
+    /// Packets dropped because they could not be parsed or made no sense for the QP.
+    pub malformed_drops: u64,
+    /// Packets dropped because no QP has their destination QPN.
+    pub unknown_qpn_drops: u64,
+    /// Packets not sent or not received because the port was down.
+    pub port_down_drops: u64,
+    /// Times a CQ was full when a CQE had to be written.
+    pub cq_overruns: u64,
+}
+
+impl Counters {
+    /// Adds another set of counters into this one.
+    pub fn add(&mut self, o: &Counters) {
+        self.tx_packets += o.tx_packets;
+        self.tx_bytes += o.tx_bytes;
+        self.rx_packets += o.rx_packets;
+        self.rx_bytes += o.rx_bytes;
+        self.retransmitted_packets += o.retransmitted_packets;
+        self.timeouts += o.timeouts;
+        self.naks_sent.add(&o.naks_sent);
+        self.naks_received.add(&o.naks_received);
+        self.duplicate_requests += o.duplicate_requests;
+        self.out_of_sequence_drops += o.out_of_sequence_drops;
+        self.rnr_waits += o.rnr_waits;
+        self.icrc_errors += o.icrc_errors;
+        self.malformed_drops += o.malformed_drops;
+        self.unknown_qpn_drops += o.unknown_qpn_drops;
+        self.port_down_drops += o.port_down_drops;
+        self.cq_overruns += o.cq_overruns;
+    }
+}

@@ -1,0 +1,439 @@
+//! The device object and its control verbs: open, PD, MR, CQ, QP, modify/query/destroy,
+//! counters, events, and manual progress.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::clock::Clock;
+use crate::counters::Counters;
+use crate::cq::{Cq, CqConfig, CqHandle, CqId};
+use crate::engine::{Activity, Core, QPN_BASE};
+use crate::events::EventQueue;
+use crate::fabric::Fabric;
+use crate::mr::{Access, PdId};
+use crate::qp::{Bell, DoorbellRegister, ErrorCtx, Qp, QpConfig};
+use crate::qp_attr::{check_transition, ModifyError, QpAttrs, QpState};
+use crate::trace::Trace;
+use crate::tx::BATCH;
+use crate::udp::{rxe_source_port, UdpWire};
+use crate::waker::Waker;
+use crate::wire::{Batch, PortState, WireImpl};
+
+/// Where a device sends and receives.
+#[derive(Clone, Debug)]
+pub enum Wire {
+    /// RoCEv2 over UDP on a netdev: a socket on `addr:4791` bound to `netdev`.
+    Udp {
+        /// The netdev (SO_BINDTODEVICE).
+        netdev: String,
+        /// The local address; GID 0.
+        addr: IpAddr,
+    },
+    /// A port of an in-memory fabric.
+    Fabric {
+        /// The fabric.
+        fabric: Fabric,
+        /// The port index (from `Fabric::add_port`).
+        port: usize,
+    },
+}
+
+/// Who drives the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// An engine thread that sleeps when idle (the default).
+    #[default]
+    Auto,
+    /// An engine thread that never sleeps (opt-in; costs a core).
+    BusyPoll,
+    /// No thread: the caller calls [`Device::progress`].
+    Manual,
+}
+
+/// How to open a device.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// A name for logs.
+    pub name: String,
+    /// The wire.
+    pub wire: Wire,
+    /// Who drives it.
+    pub progress: ProgressMode,
+    /// Where time comes from.
+    pub clock: Clock,
+    /// Write every packet sent and received to this pcap file.
+    pub pcap: Option<PathBuf>,
+}
+
+impl DeviceConfig {
+    /// A config with the defaults: auto progress, real clock, no trace.
+    pub fn new(name: impl Into<String>, wire: Wire) -> DeviceConfig {
+        DeviceConfig { name: name.into(), wire, progress: ProgressMode::Auto, clock: Clock::real(), pcap: None }
+    }
+}
+
+/// Keys of a registered MR (equal on softnic, as on a ConnectX).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MrKeys {
+    /// For local gather/scatter lists.
+    pub lkey: u32,
+    /// For a peer's RDMA operations.
+    pub rkey: u32,
+}
+
+/// What `create_qp` returns.
+#[derive(Clone, Debug)]
+pub struct QpHandle {
+    /// The QP number.
+    pub qpn: u32,
+    /// The doorbell register to write after the doorbell record.
+    pub doorbell: DoorbellRegister,
+}
+
+/// Why a control verb failed.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    /// Opening the wire failed.
+    #[error("cannot open the wire: {0}")]
+    Io(#[from] std::io::Error),
+    /// The fabric has no such port.
+    #[error("the fabric has no port {0}")]
+    NoSuchPort(usize),
+    /// A queue configuration is unusable.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// No such protection domain.
+    #[error("unknown protection domain {0:?}")]
+    UnknownPd(PdId),
+    /// No such CQ.
+    #[error("unknown CQ {0:?}")]
+    UnknownCq(CqId),
+    /// No such QP.
+    #[error("unknown QP {0:#x}")]
+    UnknownQp(u32),
+    /// No MR has this key.
+    #[error("no MR has key {0:#x}")]
+    UnknownKey(u32),
+    /// The object is still used by others.
+    #[error("{0} is still in use")]
+    Busy(&'static str),
+    /// A QP transition was refused.
+    #[error(transparent)]
+    Modify(#[from] ModifyError),
+    /// The pcap trace could not be opened.
+    #[error("cannot open the pcap trace: {0}")]
+    Trace(std::io::Error),
+}
+
+/// What the device and its engine thread share.
+pub(crate) struct Shared {
+    pub name: String,
+    pub core: Mutex<Core>,
+    pub waker: Arc<Waker>,
+    pub clock: Clock,
+    pub events: Arc<EventQueue>,
+    pub stop: AtomicBool,
+    pub local_addr: IpAddr,
+}
+
+impl Shared {
+    pub fn lock_core(&self) -> MutexGuard<'_, Core> {
+        // The core is plain data; a panic elsewhere must not wedge the device.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A softnic device: one port, its wire, its objects, and (in auto mode) its engine thread.
+pub struct Device {
+    shared: Arc<Shared>,
+    engine: Option<JoinHandle<()>>,
+    mode: ProgressMode,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({}, {})", self.shared.name, self.shared.local_addr)
+    }
+}
+
+impl Device {
+    /// Opens a device on its wire; in auto mode starts its engine thread.
+    pub fn open(cfg: DeviceConfig) -> Result<Device, DeviceError> {
+        let waker = Arc::new(Waker::new(cfg.progress != ProgressMode::Manual)?);
+        let mut wire = match &cfg.wire {
+            Wire::Udp { netdev, addr } => WireImpl::Udp(UdpWire::open(netdev, *addr)?),
+            Wire::Fabric { fabric, port } => WireImpl::Fabric(fabric.port(*port).ok_or(DeviceError::NoSuchPort(*port))?),
+        };
+        wire.attach_waker(waker.clone());
+        let local_addr = wire.local_addr();
+        let port = wire.port_state(cfg.clock.now());
+        let trace = match &cfg.pcap {
+            Some(path) => Some(Trace::create(path).map_err(DeviceError::Trace)?),
+            None => None,
+        };
+        let fds = wire.poll_fds();
+        let core = Core {
+            wire,
+            local_addr,
+            port,
+            mrs: Default::default(),
+            pds: Vec::new(),
+            cqs: Vec::new(),
+            qps: Vec::new(),
+            counters: Counters::default(),
+            retired: Counters::default(),
+            rx: Batch::new(BATCH),
+            tx: Batch::new(BATCH),
+            trace,
+        };
+        let shared = Arc::new(Shared {
+            name: cfg.name.clone(),
+            core: Mutex::new(core),
+            waker: waker.clone(),
+            clock: cfg.clock.clone(),
+            events: Arc::new(EventQueue::new()?),
+            stop: AtomicBool::new(false),
+            local_addr,
+        });
+        let engine = match cfg.progress {
+            ProgressMode::Manual => None,
+            mode => {
+                let s = shared.clone();
+                let mut fds = fds;
+                fds.extend(waker.fd());
+                let busy = mode == ProgressMode::BusyPoll;
+                Some(
+                    std::thread::Builder::new()
+                        .name(format!("softnic-{}", cfg.name))
+                        .spawn(move || crate::engine::run_engine(s, fds, busy))?,
+                )
+            }
+        };
+        tracing::info!(name = %cfg.name, addr = %local_addr, mode = ?cfg.progress, "softnic device open");
+        Ok(Device { shared, engine, mode: cfg.progress })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The local address (GID 0 in address form).
+    pub fn addr(&self) -> IpAddr {
+        self.shared.local_addr
+    }
+
+    /// GID 0: the address, IPv4-mapped for IPv4 as RoCEv2 does.
+    pub fn gid(&self) -> [u8; 16] {
+        match self.shared.local_addr {
+            IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+            IpAddr::V6(a) => a.octets(),
+        }
+    }
+
+    /// The progress mode.
+    pub fn mode(&self) -> ProgressMode {
+        self.mode
+    }
+
+    /// The device's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.shared.clock
+    }
+
+    /// The port's link state as of the last round.
+    pub fn port_state(&self) -> PortState {
+        self.shared.lock_core().port
+    }
+
+    /// Async events (port active/error, QP fatal, CQ error).
+    pub fn events(&self) -> &EventQueue {
+        &self.shared.events
+    }
+
+    /// Manual progress: one round of work at `now` (the device clock's time). Harmless in auto
+    /// mode (it runs a round on the caller's thread).
+    pub fn progress(&self, now: Duration) -> Activity {
+        self.shared.lock_core().round(now, &self.shared.waker, &self.shared.events)
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> PdId {
+        let mut core = self.shared.lock_core();
+        let i = match core.pds.iter().position(|used| !used) {
+            Some(i) => i,
+            None => {
+                core.pds.push(false);
+                core.pds.len() - 1
+            }
+        };
+        core.pds[i] = true;
+        PdId(i as u32 + 1)
+    }
+
+    /// Frees a protection domain that no MR or QP uses.
+    pub fn dealloc_pd(&self, pd: PdId) -> Result<(), DeviceError> {
+        let mut core = self.shared.lock_core();
+        check_pd(&core, pd)?;
+        if core.mrs.any_in_pd(pd) || core.qps.iter().flatten().any(|q| q.pd == pd) {
+            return Err(DeviceError::Busy("protection domain"));
+        }
+        core.pds[pd.0 as usize - 1] = false;
+        Ok(())
+    }
+
+    /// Registers `len` bytes at `addr` with `access`.
+    ///
+    /// # Safety
+    /// The range must stay mapped (readable, and writable if any write access is granted)
+    /// until [`Device::dereg_mr`], as with `ibv_reg_mr`: the device reads and writes it from
+    /// its engine at any time, concurrently with the caller.
+    pub unsafe fn reg_mr(&self, pd: PdId, addr: *const u8, len: usize, access: Access) -> Result<MrKeys, DeviceError> {
+        let mut core = self.shared.lock_core();
+        check_pd(&core, pd)?;
+        let key = core.mrs.insert(pd, addr as u64, len as u64, access);
+        Ok(MrKeys { lkey: key, rkey: key })
+    }
+
+    /// Deregisters an MR; its keys stop working at once.
+    pub fn dereg_mr(&self, lkey: u32) -> Result<(), DeviceError> {
+        let mut core = self.shared.lock_core();
+        core.mrs.remove(lkey).map(|_| ()).ok_or(DeviceError::UnknownKey(lkey))
+    }
+
+    /// Creates a CQ over the caller's ring and consumer-index record.
+    pub fn create_cq(&self, cfg: CqConfig) -> Result<CqHandle, DeviceError> {
+        let mut core = self.shared.lock_core();
+        let i = core.cqs.iter().position(|c| c.is_none()).unwrap_or(core.cqs.len());
+        let (cq, handle) = Cq::new(CqId(i as u32), cfg).map_err(DeviceError::InvalidConfig)?;
+        if i == core.cqs.len() {
+            core.cqs.push(Some(cq));
+        } else {
+            core.cqs[i] = Some(cq);
+        }
+        Ok(handle)
+    }
+
+    /// Destroys a CQ no QP uses.
+    pub fn destroy_cq(&self, cq: CqId) -> Result<(), DeviceError> {
+        let mut core = self.shared.lock_core();
+        if core.cqs.get(cq.0 as usize).is_none_or(|c| c.is_none()) {
+            return Err(DeviceError::UnknownCq(cq));
+        }
+        if core.qps.iter().flatten().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+            return Err(DeviceError::Busy("CQ"));
+        }
+        core.cqs[cq.0 as usize] = None;
+        Ok(())
+    }
+
+    /// Creates an RC QP in RESET over the caller's rings and doorbell record.
+    pub fn create_qp(&self, cfg: QpConfig) -> Result<QpHandle, DeviceError> {
+        let mut core = self.shared.lock_core();
+        check_pd(&core, cfg.pd)?;
+        for cq in [cfg.send_cq, cfg.recv_cq] {
+            if core.cqs.get(cq.0 as usize).is_none_or(|c| c.is_none()) {
+                return Err(DeviceError::UnknownCq(cq));
+            }
+        }
+        let i = core.qps.iter().position(|q| q.is_none()).unwrap_or(core.qps.len());
+        let qpn = QPN_BASE + i as u32;
+        if qpn > 0x00ff_ffff {
+            return Err(DeviceError::InvalidConfig("out of QP numbers"));
+        }
+        let bell = Arc::new(Bell::default());
+        let qp = Qp::new(qpn, cfg, bell.clone(), rxe_source_port(qpn)).map_err(DeviceError::InvalidConfig)?;
+        if i == core.qps.len() {
+            core.qps.push(Some(qp));
+        } else {
+            core.qps[i] = Some(qp);
+        }
+        Ok(QpHandle { qpn, doorbell: DoorbellRegister::new(bell, self.shared.waker.clone()) })
+    }
+
+    /// Moves a QP to `state` with `attrs` (`ibv_modify_qp`).
+    pub fn modify_qp(&self, qpn: u32, state: QpState, attrs: &QpAttrs) -> Result<(), DeviceError> {
+        let mut guard = self.shared.lock_core();
+        let core = &mut *guard;
+        let qp = Core::qp_index(qpn).and_then(|i| core.qps.get_mut(i)).and_then(|q| q.as_mut()).ok_or(DeviceError::UnknownQp(qpn))?;
+        check_transition(qp.state, state, attrs)?;
+        match state {
+            QpState::Reset => qp.reset(),
+            QpState::Err => {
+                let mut ectx = ErrorCtx { cqs: &mut core.cqs, events: &self.shared.events };
+                qp.attrs.merge(attrs);
+                qp.enter_error(None, &mut ectx);
+                return Ok(());
+            }
+            _ => {}
+        }
+        qp.apply(state, attrs);
+        drop(guard);
+        // The engine may have work now (e.g. WQEs rung while in RTR).
+        self.shared.waker.wake();
+        Ok(())
+    }
+
+    /// The QP's state and attributes (`ibv_query_qp`).
+    pub fn query_qp(&self, qpn: u32) -> Result<(QpState, QpAttrs), DeviceError> {
+        let mut core = self.shared.lock_core();
+        let qp = core.qp_mut(qpn).ok_or(DeviceError::UnknownQp(qpn))?;
+        Ok((qp.state, qp.attrs.clone()))
+    }
+
+    /// Destroys a QP; its counters stay in the device totals.
+    pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
+        let mut core = self.shared.lock_core();
+        let i = Core::qp_index(qpn).filter(|&i| core.qps.get(i).is_some_and(|q| q.is_some())).ok_or(DeviceError::UnknownQp(qpn))?;
+        let qp = core.qps[i].take().expect("checked above");
+        core.retired.add(&qp.counters);
+        Ok(())
+    }
+
+    /// Device totals: device-level drops plus every QP's counters, live or destroyed.
+    pub fn counters(&self) -> Counters {
+        let core = self.shared.lock_core();
+        let mut c = core.counters;
+        c.add(&core.retired);
+        for qp in core.qps.iter().flatten() {
+            c.add(&qp.counters);
+        }
+        c
+    }
+
+    /// One QP's counters.
+    pub fn qp_counters(&self, qpn: u32) -> Result<Counters, DeviceError> {
+        let mut core = self.shared.lock_core();
+        Ok(core.qp_mut(qpn).ok_or(DeviceError::UnknownQp(qpn))?.counters)
+    }
+}
+
+fn check_pd(core: &Core, pd: PdId) -> Result<(), DeviceError> {
+    let ok = pd.0 >= 1 && core.pds.get(pd.0 as usize - 1).copied().unwrap_or(false);
+    if ok {
+        Ok(())
+    } else {
+        Err(DeviceError::UnknownPd(pd))
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.shared.waker.wake();
+        if let Some(h) = self.engine.take() {
+            if h.join().is_err() {
+                tracing::error!(name = %self.shared.name, "softnic engine thread panicked");
+            }
+        }
+        if let Some(t) = self.shared.lock_core().trace.as_mut() {
+            t.flush();
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! One round of device work, and the engine thread that runs rounds in auto mode.
+//!
+//! A round: read the port state, take doorbells, receive and process packet batches, fire
+//! timers, let each QP's requester send, flush the transmit batch. The device lock is taken once
+//! per round, never per packet. In auto mode an idle engine sleeps in `epoll_wait` on its
+//! socket, link monitor and doorbell eventfd, with the nearest timer as the timeout.
+
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::codec::{self, ParseError};
+use crate::completer;
+use crate::counters::Counters;
+use crate::cq::Cq;
+use crate::device::Shared;
+use crate::events::{AsyncEvent, EventQueue};
+use crate::mr::MrTable;
+use crate::qp::{ErrorCtx, Qp};
+use crate::qp_attr::QpState;
+use crate::requester;
+use crate::responder;
+use crate::trace::Trace;
+use crate::tx::{Tx, BATCH};
+use crate::waker::Waker;
+use crate::wire::{Batch, PortState, WireImpl};
+
+/// QPN of the first QP slot.
+pub(crate) const QPN_BASE: u32 = 0x11;
+/// Receive batches per round at most, so the requester gets its turn.
+const RX_BATCHES_PER_ROUND: usize = 4;
+/// Packets one QP's requester may send per round, for fairness between QPs.
+const REQ_BUDGET: usize = 2 * BATCH;
+
+/// What a round did and when the device next needs attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Work was done (or is known to be waiting): call again without sleeping.
+    pub busy: bool,
+    /// The earliest timer (ACK timeout, RNR wait, a delayed fabric packet), on the device clock.
+    pub next_deadline: Option<Duration>,
+}
+
+/// All protocol state of a device, behind the device lock.
+pub(crate) struct Core {
+    pub wire: WireImpl,
+    pub local_addr: IpAddr,
+    pub port: PortState,
+    pub mrs: MrTable,
+    pub pds: Vec<bool>,
+    pub cqs: Vec<Option<Cq>>,
+    pub qps: Vec<Option<Qp>>,
+    pub counters: Counters,
+    pub retired: Counters,
+    pub rx: Batch,
+    pub tx: Batch,
+    pub trace: Option<Trace>,
+}
+
+impl Core {
+    pub fn qp_index(qpn: u32) -> Option<usize> {
+        qpn.checked_sub(QPN_BASE).map(|i| i as usize)
+    }
+
+    pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
+        let i = Self::qp_index(qpn)?;
+        self.qps.get_mut(i)?.as_mut()
+    }
+
+    /// One round of work at time `now`.
+    pub fn round(&mut self, now: Duration, waker: &Waker, events: &EventQueue) -> Activity {
+        let mut busy = false;
+        let Core { wire, local_addr, port, mrs, cqs, qps, counters, rx, tx, trace, .. } = self;
+
+        let state = wire.port_state(now);
+        if state != *port {
+            *port = state;
+            tracing::info!(?state, "port state changed");
+            events.push(if state == PortState::Active { AsyncEvent::PortActive } else { AsyncEvent::PortError });
+        }
+        let port_up = state == PortState::Active;
+        let mut ectx = ErrorCtx { cqs, events };
+
+        if waker.take_pending() {
+            for qp in qps.iter_mut().flatten() {
+                if qp.bell.take() {
+                    qp.read_send_doorbell();
+                    busy = true;
+                }
+            }
+        }
+
+        for _ in 0..RX_BATCHES_PER_ROUND {
+            let n = wire.recv(rx, now);
+            if n == 0 {
+                break;
+            }
+            busy = true;
+            if !port_up {
+                counters.port_down_drops += n as u64;
+                continue;
+            }
+            let mut out = Tx { wire, batch: tx, local_addr: *local_addr, now, port_up, device: counters, trace, sent: 0 };
+            for pkt in rx.filled() {
+                if let Some(t) = out.trace.as_mut() {
+                    t.record(pkt.peer, pkt.src_port, *local_addr, crate::wire::ROCE_PORT, pkt.bytes(), now);
+                }
+                let h = match codec::parse_packet(pkt.bytes(), pkt.peer, pkt.src_port, *local_addr) {
+                    Ok(h) => h,
+                    Err(ParseError::Icrc) => {
+                        out.device.icrc_errors += 1;
+                        continue;
+                    }
+                    Err(ParseError::Malformed) => {
+                        out.device.malformed_drops += 1;
+                        continue;
+                    }
+                };
+                let qp = Core::qp_index(h.dest_qpn).and_then(|i| qps.get_mut(i)).and_then(|q| q.as_mut());
+                let Some(qp) = qp else {
+                    out.device.unknown_qpn_drops += 1;
+                    continue;
+                };
+                if qp.attrs.dest_addr != Some(pkt.peer) {
+                    // Not from this QP's peer: RC accepts packets only from its path.
+                    qp.counters.malformed_drops += 1;
+                    continue;
+                }
+                qp.counters.rx_packets += 1;
+                qp.counters.rx_bytes += pkt.len as u64;
+                if h.kind.is_request() {
+                    responder::handle(qp, &h, pkt.bytes(), mrs, &mut out, &mut ectx);
+                } else {
+                    completer::handle(qp, &h, pkt.bytes(), mrs, now, &mut ectx);
+                }
+            }
+            for qp in qps.iter_mut().flatten() {
+                responder::flush_ack(qp, &mut out);
+            }
+            out.flush();
+        }
+
+        let mut out = Tx { wire, batch: tx, local_addr: *local_addr, now, port_up, device: counters, trace, sent: 0 };
+        let mut deadline: Option<Duration> = None;
+        for qp in qps.iter_mut().flatten() {
+            requester::check_timer(qp, now, &mut ectx);
+            if qp.state == QpState::Err {
+                // Anything posted while in error is flushed, as a ConnectX does.
+                qp.flush(&mut ectx);
+                continue;
+            }
+            let r = requester::run(qp, mrs, &mut out, &mut ectx, REQ_BUDGET);
+            busy |= r.more;
+            for t in [qp.req.timer, qp.req.rnr_until].into_iter().flatten() {
+                deadline = Some(deadline.map_or(t, |d: Duration| d.min(t)));
+            }
+        }
+        out.flush();
+        busy |= out.sent > 0;
+        if let Some(t) = wire.next_arrival() {
+            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        }
+        Activity { busy, next_deadline: deadline }
+    }
+}
+
+/// The auto-mode engine thread body.
+pub(crate) fn run_engine(shared: Arc<Shared>, fds: Vec<std::os::fd::RawFd>, busy_poll: bool) {
+    let epoll = match Epoll::new(&fds) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, "engine cannot create its epoll set; the device is dead");
+            return;
+        }
+    };
+    let mut idle_rounds = 0u32;
+    while !shared.stop.load(Ordering::Acquire) {
+        let now = shared.clock.now();
+        let activity = shared.lock_core().round(now, &shared.waker, &shared.events);
+        if activity.busy {
+            idle_rounds = 0;
+            continue;
+        }
+        if busy_poll {
+            std::hint::spin_loop();
+            continue;
+        }
+        // A few idle rounds before sleeping catch the reply to what was just sent.
+        idle_rounds += 1;
+        if idle_rounds < 8 {
+            std::thread::yield_now();
+            continue;
+        }
+        if !shared.waker.prepare_sleep() {
+            continue;
+        }
+        let timeout_ms = match (activity.next_deadline, shared.clock.is_virtual()) {
+            (_, true) => 1,
+            (None, false) => 100,
+            (Some(t), false) => {
+                let now = shared.clock.now();
+                let left = t.saturating_sub(now);
+                (left.as_micros().div_ceil(1000) as i32).clamp(0, 100)
+            }
+        };
+        epoll.wait(timeout_ms);
+        shared.waker.woke();
+    }
+}
+
+/// A minimal epoll set.
+struct Epoll {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Epoll {
+    fn new(fds: &[std::os::fd::RawFd]) -> std::io::Result<Epoll> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain syscall; the fd is checked and owned.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        for &f in fds {
+            let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: f as u64 };
+            // SAFETY: a valid epoll_event for a live fd.
+            if unsafe { libc::epoll_ctl(raw, libc::EPOLL_CTL_ADD, f, &mut ev) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(Epoll { fd })
+    }
+
+    fn wait(&self, timeout_ms: i32) {
+        use std::os::fd::AsRawFd;
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: writes at most 8 events into a live array.
+        unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), 8, timeout_ms) };
+    }
+}

@@ -1,0 +1,574 @@
+//! A QP as the device sees it: its rings, the WQEs fetched from the send ring, the requester,
+//! completer and responder state, and what happens when it enters the error state.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::codec::{self, WqeError};
+use crate::counters::Counters;
+use crate::cq::{Cq, CqFull, CqId, CqeInfo, CqeKind};
+use crate::dma::Sge;
+use crate::events::{AsyncEvent, EventQueue};
+use crate::memory::QueueMemory;
+use crate::mr::{Access, PdId};
+use crate::qp_attr::{QpAttrs, QpState};
+use crate::waker::Waker;
+
+/// Basic block size of the send ring.
+pub const SEND_BB: usize = 64;
+/// The longest send WQE mlx5 allows (ds is 6 bits of 16-byte units).
+pub(crate) const MAX_WQE_BYTES: usize = 63 * 16;
+/// The requester asks for an ACK at least this often within a long message.
+pub(crate) const ACK_REQ_EVERY: u32 = 32;
+
+/// mlx5 CQE syndromes the device reports (`MLX5_CQE_SYNDROME_*`).
+pub(crate) mod syndrome {
+    pub const LOCAL_LENGTH: u8 = 0x01;
+    pub const LOCAL_QP_OPERATION: u8 = 0x02;
+    pub const LOCAL_PROTECTION: u8 = 0x04;
+    pub const WR_FLUSH: u8 = 0x05;
+    pub const REMOTE_INVALID_REQUEST: u8 = 0x12;
+    pub const REMOTE_ACCESS: u8 = 0x13;
+    pub const REMOTE_OPERATIONAL: u8 = 0x14;
+    pub const TRANSPORT_RETRY_EXCEEDED: u8 = 0x15;
+    pub const RNR_RETRY_EXCEEDED: u8 = 0x16;
+}
+
+/// What the driver gives `create_qp`.
+#[derive(Debug)]
+pub struct QpConfig {
+    /// Protection domain.
+    pub pd: PdId,
+    /// CQ for send completions.
+    pub send_cq: CqId,
+    /// CQ for receive completions.
+    pub recv_cq: CqId,
+    /// Send ring: `sq_bbs * 64` bytes.
+    pub sq: QueueMemory,
+    /// Number of 64-byte basic blocks in the send ring, a power of two.
+    pub sq_bbs: u32,
+    /// Receive ring: `rq_wqes * rq_stride` bytes.
+    pub rq: QueueMemory,
+    /// Number of receive WQEs, a power of two.
+    pub rq_wqes: u32,
+    /// Bytes per receive WQE (16 x max receive SGEs, a power of two).
+    pub rq_stride: u32,
+    /// Doorbell record: 8 bytes, receive counter then send counter, big-endian.
+    pub dbrec: QueueMemory,
+    /// Largest inline payload the driver writes.
+    pub max_inline: u32,
+    /// Largest gather list of a send WQE.
+    pub max_send_sge: u32,
+}
+
+/// The doorbell register of a QP (the UAR page of a ConnectX).
+///
+/// Writing it tells the device to read the doorbell record's send counter and fetch up to it.
+/// It is a release store and, only when the engine sleeps, one eventfd write.
+#[derive(Clone, Debug)]
+pub struct DoorbellRegister {
+    bell: Arc<Bell>,
+    waker: Arc<Waker>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Bell {
+    rung: AtomicBool,
+    last: AtomicU64,
+}
+
+impl Bell {
+    pub(crate) fn take(&self) -> bool {
+        self.rung.load(Ordering::Relaxed) && self.rung.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl DoorbellRegister {
+    pub(crate) fn new(bell: Arc<Bell>, waker: Arc<Waker>) -> Self {
+        DoorbellRegister { bell, waker }
+    }
+
+    /// Rings: `ctrl` is the first 8 bytes of the last control segment (as written to a UAR).
+    /// The caller must have written the WQEs and the doorbell record before.
+    #[inline]
+    pub fn ring(&self, ctrl: u64) {
+        self.bell.last.store(ctrl, Ordering::Release);
+        self.bell.rung.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// The last value written (for tests and tracing).
+    pub fn last_value(&self) -> u64 {
+        self.bell.last.load(Ordering::Acquire)
+    }
+}
+
+/// What a send WQE asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WqeOp {
+    Nop,
+    Write,
+    WriteImm,
+    Send,
+    SendImm,
+    Read,
+    CompareSwap,
+    FetchAdd,
+}
+
+impl WqeOp {
+    pub fn is_read_or_atomic(self) -> bool {
+        matches!(self, WqeOp::Read | WqeOp::CompareSwap | WqeOp::FetchAdd)
+    }
+}
+
+/// A send WQE as fetched, plus the requester's progress on it.
+#[derive(Clone, Debug)]
+pub(crate) struct SendWqe {
+    pub op: WqeOp,
+    pub mlx5_opcode: u8,
+    /// WQE index (BB producer counter & 0xffff) of its first BB.
+    pub index: u16,
+    pub bbs: u16,
+    pub signaled: bool,
+    pub solicited: bool,
+    pub fence: bool,
+    pub imm: u32,
+    pub raddr: u64,
+    pub rkey: u32,
+    pub swap_add: u64,
+    pub compare: u64,
+    pub sges: Vec<Sge>,
+    pub inline: bool,
+    pub inline_data: Vec<u8>,
+    pub length: u32,
+    /// A fetch-time fault; reported when the WQE reaches the requester.
+    pub fault: Option<u8>,
+    // Requester progress.
+    pub started: bool,
+    pub first_psn: u32,
+    pub last_psn: u32,
+    pub sent_all: bool,
+    /// A READ or atomic got its whole response.
+    pub done: bool,
+}
+
+impl SendWqe {
+    pub fn empty(max_sge: usize, max_inline: usize) -> SendWqe {
+        SendWqe {
+            op: WqeOp::Nop,
+            mlx5_opcode: 0,
+            index: 0,
+            bbs: 1,
+            signaled: false,
+            solicited: false,
+            fence: false,
+            imm: 0,
+            raddr: 0,
+            rkey: 0,
+            swap_add: 0,
+            compare: 0,
+            sges: Vec::with_capacity(max_sge.max(1)),
+            inline: false,
+            inline_data: Vec::with_capacity(max_inline),
+            length: 0,
+            fault: None,
+            started: false,
+            first_psn: 0,
+            last_psn: 0,
+            sent_all: false,
+            done: false,
+        }
+    }
+
+    /// Packets (PSNs) this WQE occupies at path MTU `mtu`.
+    pub fn packets(&self, mtu: u32) -> u32 {
+        match self.op {
+            WqeOp::Nop => 0,
+            WqeOp::CompareSwap | WqeOp::FetchAdd => 1,
+            _ => self.length.div_ceil(mtu).max(1),
+        }
+    }
+}
+
+/// The send ring and the WQEs fetched from it (a ring of reusable slots, indexed by absolute
+/// counters: `head` oldest uncompleted, `req` next to transmit, `tail` next free).
+pub(crate) struct SendQueue {
+    pub mem: QueueMemory,
+    pub bbs: u32,
+    /// BB counter of the next WQE to fetch.
+    pub fetch: u16,
+    /// BB counter up to which the driver has rung.
+    pub limit: u16,
+    pub slots: Vec<SendWqe>,
+    pub head: u64,
+    pub req: u64,
+    pub tail: u64,
+    scratch: Vec<u8>,
+}
+
+impl SendQueue {
+    pub fn slot(&self, abs: u64) -> &SendWqe {
+        &self.slots[(abs % self.slots.len() as u64) as usize]
+    }
+
+    pub fn slot_mut(&mut self, abs: u64) -> &mut SendWqe {
+        let n = self.slots.len() as u64;
+        &mut self.slots[(abs % n) as usize]
+    }
+
+    /// Fetches rung WQEs into free slots. Returns how many were fetched.
+    pub fn fetch(&mut self, max_inline: u32, max_sge: u32) -> usize {
+        let mut fetched = 0;
+        while self.fetch != self.limit && self.tail - self.head < self.slots.len() as u64 {
+            let ring_bytes = self.bbs as usize * SEND_BB;
+            let first = (self.fetch as usize % self.bbs as usize) * SEND_BB;
+            // The control segment's ds tells how many BBs the WQE spans; copy them out of the
+            // ring, unwrapping at its end, and parse the straight copy.
+            self.mem.read(first, &mut self.scratch[..SEND_BB]);
+            let ds = codec::wqe_ds(&self.scratch[..SEND_BB]);
+            let bytes = (ds as usize * 16).clamp(16, MAX_WQE_BYTES);
+            let bbs = bytes.div_ceil(SEND_BB);
+            let span = bbs * SEND_BB;
+            let end = first + span;
+            if end <= ring_bytes {
+                self.mem.read(first, &mut self.scratch[..span]);
+            } else {
+                let head_part = ring_bytes - first;
+                self.mem.read(first, &mut self.scratch[..head_part]);
+                self.mem.read(0, &mut self.scratch[head_part..span]);
+            }
+            let n = self.slots.len() as u64;
+            let slot = &mut self.slots[(self.tail % n) as usize];
+            let index = self.fetch;
+            let result = codec::decode_send_wqe(&self.scratch[..bytes.max(ds as usize * 16).min(span)], max_inline, max_sge, slot);
+            reset_progress(slot);
+            slot.index = index;
+            slot.bbs = bbs as u16;
+            if let Err(e) = result {
+                tracing::debug!(index, error = ?e, "malformed send WQE");
+                slot.fault = Some(match e {
+                    WqeError::Malformed => syndrome::LOCAL_QP_OPERATION,
+                    WqeError::TooLong => syndrome::LOCAL_LENGTH,
+                });
+            }
+            self.fetch = self.fetch.wrapping_add(bbs as u16);
+            self.tail += 1;
+            fetched += 1;
+        }
+        fetched
+    }
+}
+
+fn reset_progress(w: &mut SendWqe) {
+    w.fault = None;
+    w.started = false;
+    w.sent_all = false;
+    w.done = false;
+    w.first_psn = 0;
+    w.last_psn = 0;
+}
+
+/// The receive ring.
+pub(crate) struct RecvQueue {
+    pub mem: QueueMemory,
+    pub wqes: u32,
+    pub stride: u32,
+    /// Counter of the next receive WQE to consume (16 bits, as the doorbell record's).
+    pub ci: u16,
+}
+
+impl RecvQueue {
+    /// Reads the scatter list of the next receive WQE into `out`.
+    pub fn read_next(&self, out: &mut Vec<Sge>, scratch: &mut [u8]) -> Result<(), WqeError> {
+        let stride = self.stride as usize;
+        let off = (self.ci as usize % self.wqes as usize) * stride;
+        self.mem.read(off, &mut scratch[..stride]);
+        codec::decode_recv_wqe(&scratch[..stride], out)
+    }
+}
+
+/// Requester and completer state.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// Next PSN to send.
+    pub psn: u32,
+    /// Oldest PSN not acknowledged.
+    pub comp_psn: u32,
+    /// One past the highest PSN ever sent (to count retransmissions).
+    pub high_psn: u32,
+    /// Bytes of WQE `req` already sent.
+    pub offset: u32,
+    /// READ/atomic WQEs started and not done.
+    pub rd_atomic: u32,
+    /// Local ACK timer.
+    pub timer: Option<Duration>,
+    /// Sending is paused by an RNR NAK until then.
+    pub rnr_until: Option<Duration>,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    /// A go-back-N to this PSN is under way; further implicit retries wait for progress.
+    pub retrying_from: Option<u32>,
+    /// Packets sent since the last AckReq.
+    pub since_ack_req: u32,
+}
+
+/// Responder state.
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    /// Expected PSN.
+    pub epsn: u32,
+    /// Message sequence number (24 bits).
+    pub msn: u32,
+    /// A PSN-sequence NAK was sent for the current gap.
+    pub nak_sent: bool,
+    /// An ACK for epsn-1 is owed at the end of this receive batch.
+    pub ack_pending: bool,
+    /// A multi-packet SEND is in progress into receive WQE `rq.ci`.
+    pub in_send: bool,
+    pub recv_offset: u32,
+    pub recv_sges: Vec<Sge>,
+    /// A multi-packet WRITE is in progress.
+    pub in_write: bool,
+    pub write_va: u64,
+    pub write_rkey: u32,
+    pub write_left: u64,
+    pub write_len: u32,
+    /// Results of executed atomics by PSN, for replay (max_dest_rd_atomic entries).
+    pub atomic_cache: Vec<(u32, u64)>,
+    pub atomic_next: usize,
+}
+
+/// A QP.
+pub(crate) struct Qp {
+    pub qpn: u32,
+    pub pd: PdId,
+    pub send_cq: CqId,
+    pub recv_cq: CqId,
+    pub state: QpState,
+    pub attrs: QpAttrs,
+    pub sq: SendQueue,
+    pub rq: RecvQueue,
+    pub dbrec: QueueMemory,
+    pub bell: Arc<Bell>,
+    pub max_inline: u32,
+    pub max_send_sge: u32,
+    pub src_port: u16,
+    pub req: Requester,
+    pub resp: Responder,
+    pub counters: Counters,
+    pub rq_scratch: Vec<u8>,
+}
+
+impl Qp {
+    pub fn new(qpn: u32, cfg: QpConfig, bell: Arc<Bell>, src_port: u16) -> Result<Qp, &'static str> {
+        if !cfg.sq_bbs.is_power_of_two() || cfg.sq_bbs == 0 || cfg.sq_bbs > 1 << 15 {
+            return Err("sq_bbs must be a power of two up to 32768");
+        }
+        if cfg.sq.len() < cfg.sq_bbs as usize * SEND_BB {
+            return Err("send ring memory is smaller than sq_bbs * 64");
+        }
+        if !cfg.rq_wqes.is_power_of_two() || cfg.rq_wqes == 0 || cfg.rq_wqes > 1 << 15 {
+            return Err("rq_wqes must be a power of two up to 32768");
+        }
+        if !cfg.rq_stride.is_power_of_two() || cfg.rq_stride < 16 || cfg.rq_stride > 1024 {
+            return Err("rq_stride must be a power of two in 16..=1024");
+        }
+        if cfg.rq.len() < cfg.rq_wqes as usize * cfg.rq_stride as usize {
+            return Err("receive ring memory is smaller than rq_wqes * rq_stride");
+        }
+        if cfg.dbrec.len() < 8 || cfg.dbrec.as_ptr() as usize % 4 != 0 {
+            return Err("doorbell record must be 8 bytes, 4-byte aligned");
+        }
+        if cfg.max_inline as usize > MAX_WQE_BYTES || cfg.max_send_sge as usize > MAX_WQE_BYTES / 16 {
+            return Err("max_inline or max_send_sge exceed what a send WQE can hold");
+        }
+        let slots = (0..cfg.sq_bbs).map(|_| SendWqe::empty(cfg.max_send_sge as usize, cfg.max_inline as usize)).collect();
+        Ok(Qp {
+            qpn,
+            pd: cfg.pd,
+            send_cq: cfg.send_cq,
+            recv_cq: cfg.recv_cq,
+            state: QpState::Reset,
+            attrs: QpAttrs::default(),
+            sq: SendQueue {
+                mem: cfg.sq,
+                bbs: cfg.sq_bbs,
+                fetch: 0,
+                limit: 0,
+                slots,
+                head: 0,
+                req: 0,
+                tail: 0,
+                scratch: vec![0u8; MAX_WQE_BYTES + SEND_BB],
+            },
+            rq: RecvQueue { mem: cfg.rq, wqes: cfg.rq_wqes, stride: cfg.rq_stride, ci: 0 },
+            dbrec: cfg.dbrec,
+            bell,
+            max_inline: cfg.max_inline,
+            max_send_sge: cfg.max_send_sge,
+            src_port,
+            req: Requester::default(),
+            resp: Responder { recv_sges: Vec::with_capacity((cfg.rq_stride / 16) as usize), ..Default::default() },
+            counters: Counters::default(),
+            rq_scratch: vec![0u8; cfg.rq_stride as usize],
+        })
+    }
+
+    /// Path MTU in bytes (1024 until set).
+    pub fn mtu(&self) -> u32 {
+        self.attrs.path_mtu.map_or(1024, |m| m.bytes())
+    }
+
+    pub fn peer(&self) -> Option<(IpAddr, u32)> {
+        Some((self.attrs.dest_addr?, self.attrs.dest_qpn?))
+    }
+
+    /// The driver's receive counter.
+    pub fn rq_posted(&self) -> u16 {
+        self.dbrec.load_be32(0) as u16
+    }
+
+    /// Reads the doorbell record's send counter after a doorbell.
+    pub fn read_send_doorbell(&mut self) {
+        self.sq.limit = self.dbrec.load_be32(4) as u16;
+    }
+
+    /// Returns rings and transport state to their initial values (RESET), as libmlx5 expects.
+    pub fn reset(&mut self) {
+        self.sq.fetch = 0;
+        self.sq.limit = 0;
+        self.sq.head = 0;
+        self.sq.req = 0;
+        self.sq.tail = 0;
+        self.rq.ci = 0;
+        self.req = Requester::default();
+        let sges = std::mem::take(&mut self.resp.recv_sges);
+        self.resp = Responder { recv_sges: sges, ..Default::default() };
+        self.resp.recv_sges.clear();
+        self.attrs = QpAttrs::default();
+    }
+
+    /// Applies attributes that take effect on entering `to`.
+    pub fn apply(&mut self, to: QpState, given: &QpAttrs) {
+        self.attrs.merge(given);
+        if let Some(p) = given.rq_psn {
+            self.resp.epsn = p;
+        }
+        if let Some(p) = given.sq_psn {
+            self.req.psn = p;
+            self.req.comp_psn = p;
+            self.req.high_psn = p;
+        }
+        if let Some(n) = given.max_dest_rd_atomic {
+            self.resp.atomic_cache = vec![(u32::MAX, 0); n.max(1) as usize];
+            self.resp.atomic_next = 0;
+        }
+        if let Some(r) = given.retry_cnt {
+            self.req.retry_left = r;
+        }
+        if let Some(r) = given.rnr_retry {
+            self.req.rnr_left = r;
+        }
+        if to == QpState::Rts && self.state == QpState::Rtr {
+            self.req.retry_left = self.attrs.retry_cnt.unwrap_or(7);
+            self.req.rnr_left = self.attrs.rnr_retry.unwrap_or(7);
+        }
+        self.state = to;
+    }
+
+    /// Whether the QP allows the remote access.
+    pub fn allows(&self, need: Access) -> bool {
+        self.attrs.access.unwrap_or(Access::NONE).contains(need)
+    }
+}
+
+/// Writes a CQE to `cq`; on overrun, counts it, raises the async events, and reports it.
+pub(crate) fn push_cqe(cqs: &mut [Option<Cq>], id: CqId, info: &CqeInfo, counters: &mut Counters, events: &EventQueue) -> bool {
+    let Some(Some(cq)) = cqs.get_mut(id.0 as usize) else { return false };
+    let was_broken = cq.broken;
+    match cq.push(info) {
+        Ok(()) => true,
+        Err(CqFull::Overrun) => {
+            if !was_broken {
+                counters.cq_overruns += 1;
+                events.push(AsyncEvent::CqError { cq: id });
+            }
+            false
+        }
+    }
+}
+
+/// Everything a QP touches outside itself while it moves to the error state.
+pub(crate) struct ErrorCtx<'a> {
+    pub cqs: &'a mut [Option<Cq>],
+    pub events: &'a EventQueue,
+}
+
+impl Qp {
+    /// Moves to ERR: an error CQE for the WQE at `head` (when `failed` names a syndrome), then
+    /// WR_FLUSH_ERR for every other fetched or rung send WQE and every posted receive WQE.
+    pub fn enter_error(&mut self, failed: Option<u8>, ctx: &mut ErrorCtx<'_>) {
+        if self.state == QpState::Err {
+            return;
+        }
+        tracing::debug!(qpn = self.qpn, syndrome = ?failed, "QP enters the error state");
+        self.state = QpState::Err;
+        self.req.timer = None;
+        self.req.rnr_until = None;
+        if let Some(s) = failed {
+            if self.sq.head < self.sq.tail {
+                let w = self.sq.slot(self.sq.head);
+                let info = CqeInfo {
+                    kind: CqeKind::RequesterError { wqe_opcode: w.mlx5_opcode, syndrome: s },
+                    qpn: self.qpn,
+                    wqe_counter: w.index,
+                    byte_count: 0,
+                    imm: None,
+                };
+                self.sq.head += 1;
+                push_cqe(ctx.cqs, self.send_cq, &info, &mut self.counters, ctx.events);
+            }
+        }
+        self.flush(ctx);
+    }
+
+    /// In ERR: flushes every send WQE fetched or rung and every receive WQE posted.
+    pub fn flush(&mut self, ctx: &mut ErrorCtx<'_>) {
+        loop {
+            while self.sq.head < self.sq.tail {
+                let w = self.sq.slot(self.sq.head);
+                let info = CqeInfo {
+                    kind: CqeKind::RequesterError { wqe_opcode: w.mlx5_opcode, syndrome: syndrome::WR_FLUSH },
+                    qpn: self.qpn,
+                    wqe_counter: w.index,
+                    byte_count: 0,
+                    imm: None,
+                };
+                self.sq.head += 1;
+                push_cqe(ctx.cqs, self.send_cq, &info, &mut self.counters, ctx.events);
+            }
+            self.sq.req = self.sq.head;
+            if self.sq.fetch == self.sq.limit {
+                break;
+            }
+            self.sq.fetch(self.max_inline, self.max_send_sge);
+        }
+        self.resp.in_send = false;
+        self.resp.in_write = false;
+        let posted = self.rq_posted();
+        while self.rq.ci != posted {
+            let info = CqeInfo {
+                kind: CqeKind::ResponderError { syndrome: syndrome::WR_FLUSH },
+                qpn: self.qpn,
+                wqe_counter: self.rq.ci,
+                byte_count: 0,
+                imm: None,
+            };
+            self.rq.ci = self.rq.ci.wrapping_add(1);
+            push_cqe(ctx.cqs, self.recv_cq, &info, &mut self.counters, ctx.events);
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The requester: turns fetched send WQEs into request packets (segmented at the path MTU),
+//! keeps the max_rd_atomic and in-flight limits, arms the local ACK timer, and goes back N when
+//! the completer says so.
+
+use std::time::Duration;
+
+use crate::codec::{psn_add, psn_delta};
+use crate::cq::{CqeInfo, CqeKind};
+use crate::dma;
+use crate::mr::MrTable;
+use crate::packet::{ack_timeout, AtomicEth, Kind, OutHeader, Reth};
+use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, WqeOp, ACK_REQ_EVERY};
+use crate::qp_attr::QpState;
+use crate::tx::Tx;
+
+/// PSNs in flight (sent, not acknowledged) at most.
+const MAX_INFLIGHT_PSNS: u32 = 1024;
+
+/// What the requester did in one call.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct ReqOutcome {
+    /// Packets put in the batch.
+    pub packets: usize,
+    /// It stopped because of the budget with more to send.
+    pub more: bool,
+}
+
+/// Sends up to `budget` packets for `qp`.
+pub(crate) fn run(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, ectx: &mut ErrorCtx<'_>, budget: usize) -> ReqOutcome {
+    let mut out = ReqOutcome::default();
+    if qp.state != QpState::Rts {
+        return out;
+    }
+    if let Some(until) = qp.req.rnr_until {
+        if tx.now < until {
+            return out;
+        }
+        qp.req.rnr_until = None;
+    }
+    if qp.sq.fetch != qp.sq.limit {
+        qp.sq.fetch(qp.max_inline, qp.max_send_sge);
+    }
+    let Some((peer, dest_qpn)) = qp.peer() else { return out };
+    let mtu = qp.mtu();
+    let max_rd_atomic = qp.attrs.max_rd_atomic.unwrap_or(1).max(1) as u32;
+    while qp.sq.req < qp.sq.tail {
+        if out.packets >= budget {
+            out.more = true;
+            break;
+        }
+        let at_head = qp.sq.req == qp.sq.head;
+        let w = qp.sq.slot(qp.sq.req);
+        if let Some(s) = w.fault {
+            // A WQE the device cannot execute fails once everything before it has completed.
+            if at_head {
+                qp.enter_error(Some(s), ectx);
+            }
+            break;
+        }
+        if w.fence && qp.req.rd_atomic > 0 {
+            break;
+        }
+        if w.op.is_read_or_atomic() && !w.started && qp.req.rd_atomic >= max_rd_atomic {
+            break;
+        }
+        if psn_delta(qp.req.psn, qp.req.comp_psn) >= MAX_INFLIGHT_PSNS as i32 {
+            break;
+        }
+        if w.op == WqeOp::Nop {
+            // No packet: completes once everything before it is acknowledged.
+            let last = psn_add(qp.req.psn, u32::MAX >> 8);
+            let w = qp.sq.slot_mut(qp.sq.req);
+            w.started = true;
+            w.sent_all = true;
+            w.done = true;
+            w.first_psn = qp.req.psn;
+            w.last_psn = last & 0x00ff_ffff;
+            qp.sq.req += 1;
+            continue;
+        }
+        match send_one(qp, mrs, tx, peer, dest_qpn, mtu) {
+            Ok(()) => out.packets += 1,
+            Err(s) => {
+                let req = qp.sq.req;
+                qp.sq.slot_mut(req).fault = Some(s);
+            }
+        }
+    }
+    out
+}
+
+/// Sends the next packet of WQE `sq.req`; advances the requester.
+fn send_one(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, peer: std::net::IpAddr, dest_qpn: u32, mtu: u32) -> Result<(), u8> {
+    let req = qp.sq.req;
+    let psn = qp.req.psn;
+    let offset = qp.req.offset;
+    let pd = qp.pd;
+    let timeout = qp.attrs.timeout.and_then(ack_timeout);
+    let w = qp.sq.slot_mut(req);
+    if offset == 0 {
+        if !w.started && w.op.is_read_or_atomic() {
+            qp.req.rd_atomic += 1;
+        }
+        w.started = true;
+        w.first_psn = psn;
+        w.last_psn = psn_add(psn, w.packets(mtu) - 1);
+    }
+    let w = qp.sq.slot(req);
+    let mut hdr;
+    let advance;
+    let mut finished = false;
+    match w.op {
+        WqeOp::Write | WqeOp::WriteImm | WqeOp::Send | WqeOp::SendImm => {
+            let is_write = matches!(w.op, WqeOp::Write | WqeOp::WriteImm);
+            let n = mtu.min(w.length - offset);
+            let first = offset == 0;
+            let last = offset + n >= w.length;
+            hdr = OutHeader::new(if is_write { Kind::Write } else { Kind::Send }, dest_qpn, psn);
+            hdr.first = first;
+            hdr.last = last;
+            hdr.solicited = last && w.solicited;
+            hdr.ack_req = last || qp.req.since_ack_req + 1 >= ACK_REQ_EVERY;
+            if is_write && first {
+                hdr.reth = Some(Reth { va: w.raddr, rkey: w.rkey, len: w.length });
+            }
+            if last && matches!(w.op, WqeOp::WriteImm | WqeOp::SendImm) {
+                hdr.imm = Some(w.imm);
+            }
+            hdr.payload_len = n;
+            let mut fault = None;
+            let ok = tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |buf| {
+                if w.inline {
+                    match w.inline_data.get(offset as usize..(offset + n) as usize) {
+                        Some(src) => {
+                            buf.copy_from_slice(src);
+                            true
+                        }
+                        None => {
+                            fault = Some(syndrome::LOCAL_LENGTH);
+                            false
+                        }
+                    }
+                } else {
+                    match dma::gather(mrs, pd, &w.sges, offset as u64, buf) {
+                        Ok(()) => true,
+                        Err(_) => {
+                            fault = Some(syndrome::LOCAL_PROTECTION);
+                            false
+                        }
+                    }
+                }
+            });
+            if let Some(f) = fault {
+                return Err(f);
+            }
+            if !ok {
+                return Err(syndrome::LOCAL_LENGTH);
+            }
+            advance = 1;
+            if last {
+                finished = true;
+            } else {
+                qp.req.offset += n;
+            }
+        }
+        WqeOp::Read => {
+            hdr = OutHeader::new(Kind::ReadRequest, dest_qpn, psn);
+            hdr.ack_req = true;
+            hdr.reth = Some(Reth { va: w.raddr + offset as u64, rkey: w.rkey, len: w.length - offset });
+            tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
+            advance = psn_delta(w.last_psn, psn) as u32 + 1;
+            finished = true;
+        }
+        WqeOp::CompareSwap | WqeOp::FetchAdd => {
+            let kind = if w.op == WqeOp::CompareSwap { Kind::CompareSwap } else { Kind::FetchAdd };
+            hdr = OutHeader::new(kind, dest_qpn, psn);
+            hdr.ack_req = true;
+            hdr.atomic = Some(AtomicEth { va: w.raddr, rkey: w.rkey, swap_add: w.swap_add, compare: w.compare });
+            tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
+            advance = 1;
+            finished = true;
+        }
+        WqeOp::Nop => unreachable!("NOPs are completed without packets"),
+    }
+    if psn_delta(psn, qp.req.high_psn) < 0 {
+        qp.counters.retransmitted_packets += 1;
+    }
+    qp.req.psn = psn_add(psn, advance);
+    if psn_delta(qp.req.psn, qp.req.high_psn) > 0 {
+        qp.req.high_psn = qp.req.psn;
+    }
+    qp.req.since_ack_req = if hdr.ack_req { 0 } else { qp.req.since_ack_req + 1 };
+    if finished {
+        qp.sq.slot_mut(req).sent_all = true;
+        qp.sq.req += 1;
+        qp.req.offset = 0;
+    }
+    if qp.req.timer.is_none() {
+        qp.req.timer = timeout.map(|t| tx.now + t);
+    }
+    Ok(())
+}
+
+/// Go-back-N: the next packet sent is `from` again, and everything after it.
+pub(crate) fn go_back(qp: &mut Qp, from: u32) {
+    let mtu = qp.mtu();
+    let mut i = qp.sq.head;
+    while i < qp.sq.req {
+        let w = qp.sq.slot(i);
+        if w.started && w.op != WqeOp::Nop && psn_delta(w.last_psn, from) >= 0 {
+            break;
+        }
+        i += 1;
+    }
+    if i == qp.sq.req && qp.req.offset == 0 {
+        // Nothing sent at or after `from` is outstanding except the WQE in progress.
+        if psn_delta(from, qp.req.psn) < 0 && i < qp.sq.tail {
+            qp.req.psn = from;
+        }
+        return;
+    }
+    let w = qp.sq.slot(i);
+    let into = psn_delta(from, w.first_psn).max(0) as u32;
+    let offset = match w.op {
+        WqeOp::Write | WqeOp::WriteImm | WqeOp::Send | WqeOp::SendImm | WqeOp::Read => into * mtu,
+        _ => 0,
+    };
+    let from = if offset == 0 { w.first_psn } else { from };
+    for j in i..qp.sq.req.max(i + 1) {
+        if j < qp.sq.tail {
+            qp.sq.slot_mut(j).sent_all = false;
+        }
+    }
+    qp.sq.req = i;
+    qp.req.offset = offset;
+    qp.req.psn = from;
+    qp.req.since_ack_req = 0;
+    // The timer restarts with the first retransmitted packet.
+    qp.req.timer = None;
+}
+
+/// Fires the local ACK timer if due: retry (go back N) or, with no retries left, error.
+pub(crate) fn check_timer(qp: &mut Qp, now: Duration, ectx: &mut ErrorCtx<'_>) {
+    let Some(deadline) = qp.req.timer else { return };
+    if now < deadline || qp.state != QpState::Rts {
+        return;
+    }
+    qp.req.timer = None;
+    if psn_delta(qp.req.high_psn, qp.req.comp_psn) <= 0 && qp.sq.head == qp.sq.req {
+        return;
+    }
+    qp.counters.timeouts += 1;
+    if qp.req.retry_left == 0 {
+        qp.enter_error(Some(syndrome::TRANSPORT_RETRY_EXCEEDED), ectx);
+        return;
+    }
+    qp.req.retry_left -= 1;
+    qp.req.retrying_from = Some(qp.req.comp_psn);
+    let from = qp.req.comp_psn;
+    go_back(qp, from);
+}
+
+/// Completes the WQE at the head of the send queue (CQE only when signaled).
+pub(crate) fn complete_head(qp: &mut Qp, ectx: &mut ErrorCtx<'_>) {
+    let w = qp.sq.slot(qp.sq.head);
+    if w.op.is_read_or_atomic() {
+        qp.req.rd_atomic = qp.req.rd_atomic.saturating_sub(1);
+    }
+    let signaled = w.signaled;
+    let info = CqeInfo {
+        kind: CqeKind::Requester { wqe_opcode: w.mlx5_opcode },
+        qpn: qp.qpn,
+        wqe_counter: w.index,
+        byte_count: match w.op {
+            WqeOp::CompareSwap | WqeOp::FetchAdd => 8,
+            _ => w.length,
+        },
+        imm: None,
+    };
+    qp.sq.head += 1;
+    if qp.sq.req < qp.sq.head {
+        qp.sq.req = qp.sq.head;
+        qp.req.offset = 0;
+    }
+    if signaled && !push_cqe(ectx.cqs, qp.send_cq, &info, &mut qp.counters, ectx.events) {
+        ectx.events.push(crate::events::AsyncEvent::QpFatal { qpn: qp.qpn });
+        qp.enter_error(None, ectx);
+    }
+}

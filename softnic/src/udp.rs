@@ -1,0 +1,287 @@
+//! RoCEv2 over UDP sockets bound to one netdev.
+//!
+//! One nonblocking receive socket on `addr:4791` with SO_BINDTODEVICE, read with `recvmmsg`.
+//! Sends leave from one socket per UDP source port (the port rxe would choose for the QPN),
+//! bound with SO_REUSEPORT, with IP_PMTUDISC_DO so Linux sets DF and IP ID 0 as rxe does, which
+//! makes the IPv4 header reconstructible for the ICRC check on the far side. Sends are batched
+//! with `sendmmsg`, one call per run of packets sharing a source port.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use crate::netlink::{self, LinkMonitor};
+use crate::wire::{Batch, PortState, ROCE_PORT};
+
+/// The UDP source port rxe uses for a QP: `0xC000 + hash_32(qpn, 14)`.
+pub fn rxe_source_port(qpn: u32) -> u16 {
+    const GOLDEN_RATIO_32: u32 = 0x61C8_8647;
+    0xC000 + (qpn.wrapping_mul(GOLDEN_RATIO_32) >> (32 - 14)) as u16
+}
+
+const SOCKET_BUFFER: libc::c_int = 16 << 20;
+/// How often the link monitor is read when nothing wakes the engine for it.
+const LINK_POLL_INTERVAL: Duration = Duration::from_millis(1);
+
+fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn sockaddr_v4(addr: Ipv4Addr, port: u16) -> libc::sockaddr_in {
+    // SAFETY: sockaddr_in is plain data.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_port = port.to_be();
+    sa.sin_addr.s_addr = u32::from(addr).to_be();
+    sa
+}
+
+fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: passes a live c_int of the stated size.
+    check(unsafe {
+        libc::setsockopt(fd, level, name, (&value as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as u32)
+    })
+    .map(|_| ())
+}
+
+/// A nonblocking IPv4 UDP socket bound to `netdev` and `addr:port`.
+fn bound_socket(netdev: &str, addr: Ipv4Addr, port: u16, reuse_port: bool) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; checked and owned below.
+    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let raw = fd.as_raw_fd();
+    // SAFETY: passes the name bytes with their length.
+    check(unsafe {
+        libc::setsockopt(raw, libc::SOL_SOCKET, libc::SO_BINDTODEVICE, netdev.as_ptr().cast(), netdev.len() as u32)
+    })?;
+    if reuse_port {
+        set_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    }
+    set_int(raw, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
+    // Large buffers: a burst of MTU segments must not overflow them. FORCE needs CAP_NET_ADMIN;
+    // without it the plain option is capped by rmem_max/wmem_max, which is still better.
+    for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
+        if set_int(raw, libc::SOL_SOCKET, force, SOCKET_BUFFER).is_err() {
+            let _ = set_int(raw, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
+        }
+    }
+    let sa = sockaddr_v4(addr, port);
+    // SAFETY: a valid sockaddr_in of the size passed.
+    check(unsafe { libc::bind(raw, (&sa as *const libc::sockaddr_in).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32) })?;
+    Ok(fd)
+}
+
+/// The UDP wire of a device.
+pub(crate) struct UdpWire {
+    netdev: String,
+    addr: Ipv4Addr,
+    rx: OwnedFd,
+    tx: HashMap<u16, OwnedFd>,
+    monitor: LinkMonitor,
+    state: PortState,
+    last_link_poll: Instant,
+    // Scratch arrays for recvmmsg/sendmmsg, sized to the largest batch seen; their pointers
+    // are refilled on every call.
+    hdrs: Vec<libc::mmsghdr>,
+    iovs: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_in>,
+}
+
+// SAFETY: the raw pointers in the scratch arrays are rewritten before every use and never
+// dereferenced outside the call that set them.
+unsafe impl Send for UdpWire {}
+
+impl std::fmt::Debug for UdpWire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UdpWire({}@{})", self.addr, self.netdev)
+    }
+}
+
+impl UdpWire {
+    /// Opens the receive socket and the link monitor. IPv4 only.
+    pub(crate) fn open(netdev: &str, addr: IpAddr) -> io::Result<UdpWire> {
+        let IpAddr::V4(addr) = addr else {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "the UDP wire supports IPv4 addresses only"));
+        };
+        let ifindex = netlink::ifindex(netdev)?;
+        let monitor = LinkMonitor::new(ifindex)?;
+        let rx = bound_socket(netdev, addr, ROCE_PORT, false)?;
+        let state = netlink::query_state(netdev)?;
+        Ok(UdpWire {
+            netdev: netdev.to_string(),
+            addr,
+            rx,
+            tx: HashMap::new(),
+            monitor,
+            state,
+            last_link_poll: Instant::now(),
+            hdrs: Vec::new(),
+            iovs: Vec::new(),
+            names: Vec::new(),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> IpAddr {
+        IpAddr::V4(self.addr)
+    }
+
+    pub(crate) fn poll_fds(&self) -> Vec<RawFd> {
+        vec![self.rx.as_raw_fd(), self.monitor.fd()]
+    }
+
+    pub(crate) fn port_state(&mut self) -> PortState {
+        if self.last_link_poll.elapsed() >= LINK_POLL_INTERVAL {
+            self.last_link_poll = Instant::now();
+            if let Some(s) = self.monitor.poll() {
+                self.state = s;
+            }
+        }
+        self.state
+    }
+
+    fn scratch(&mut self, n: usize) {
+        if self.hdrs.len() < n {
+            // SAFETY: these are plain C structs for which all-zero is valid.
+            self.hdrs.resize_with(n, || unsafe { std::mem::zeroed() });
+            self.iovs.resize(n, libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 });
+            self.names.resize_with(n, || sockaddr_v4(Ipv4Addr::UNSPECIFIED, 0));
+        }
+    }
+
+    fn tx_socket(&mut self, src_port: u16) -> RawFd {
+        if let Some(fd) = self.tx.get(&src_port) {
+            return fd.as_raw_fd();
+        }
+        match bound_socket(&self.netdev, self.addr, src_port, true) {
+            Ok(fd) => {
+                let raw = fd.as_raw_fd();
+                self.tx.insert(src_port, fd);
+                raw
+            }
+            Err(e) => {
+                tracing::warn!(src_port, error = %e, "cannot bind a send socket; sending from port 4791");
+                self.rx.as_raw_fd()
+            }
+        }
+    }
+
+    /// Sends the batch; runs sharing a source port go out in one `sendmmsg`.
+    pub(crate) fn send(&mut self, batch: &Batch) -> usize {
+        let pkts = batch.filled();
+        self.scratch(pkts.len());
+        let mut sent = 0;
+        let mut start = 0;
+        while start < pkts.len() {
+            let port = pkts[start].src_port;
+            let mut end = start + 1;
+            while end < pkts.len() && pkts[end].src_port == port {
+                end += 1;
+            }
+            let fd = self.tx_socket(port);
+            for i in start..end {
+                let IpAddr::V4(dst) = pkts[i].peer else { continue };
+                self.names[i] = sockaddr_v4(dst, ROCE_PORT);
+                self.iovs[i] = libc::iovec { iov_base: pkts[i].data.as_ptr() as *mut libc::c_void, iov_len: pkts[i].len };
+                let h = &mut self.hdrs[i].msg_hdr;
+                h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_in).cast();
+                h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+                h.msg_iov = &mut self.iovs[i];
+                h.msg_iovlen = 1;
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
+                h.msg_flags = 0;
+            }
+            let mut at = start;
+            let mut stalls = 0;
+            while at < end {
+                // SAFETY: hdrs[at..end] point at live names, iovecs and packet buffers.
+                let n = unsafe { libc::sendmmsg(fd, self.hdrs[at..].as_mut_ptr(), (end - at) as u32, 0) };
+                if n > 0 {
+                    at += n as usize;
+                    sent += n as usize;
+                    continue;
+                }
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::WouldBlock && stalls < 100 {
+                    // The socket buffer is full: wait for room briefly instead of dropping.
+                    stalls += 1;
+                    let mut pfd = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut pfd, 1, 1) };
+                    continue;
+                }
+                if err.kind() != io::ErrorKind::WouldBlock {
+                    tracing::debug!(error = %err, "sendmmsg failed; dropping the packet");
+                }
+                // Drop the packet that failed (e.g. ENETDOWN, EMSGSIZE); the transport retransmits.
+                at += 1;
+            }
+            start = end;
+        }
+        sent
+    }
+
+    /// Receives up to the batch's capacity with one `recvmmsg`.
+    pub(crate) fn recv(&mut self, batch: &mut Batch) -> usize {
+        let cap = batch.slots.len();
+        self.scratch(cap);
+        for i in 0..cap {
+            let slot = &mut batch.slots[i];
+            self.iovs[i] = libc::iovec { iov_base: slot.data.as_mut_ptr().cast(), iov_len: slot.data.len() };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = std::ptr::null_mut();
+            h.msg_controllen = 0;
+            h.msg_flags = 0;
+        }
+        // SAFETY: hdrs[..cap] point at live names, iovecs and batch buffers.
+        let n = unsafe {
+            libc::recvmmsg(self.rx.as_raw_fd(), self.hdrs.as_mut_ptr(), cap as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
+        };
+        if n <= 0 {
+            return 0;
+        }
+        let n = n as usize;
+        for i in 0..n {
+            let slot = &mut batch.slots[i];
+            let truncated = self.hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            slot.len = if truncated { 0 } else { self.hdrs[i].msg_len as usize };
+            let sa = &self.names[i];
+            slot.peer = IpAddr::V4(Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)));
+            slot.src_port = u16::from_be(sa.sin_port);
+        }
+        batch.count = n;
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_ports_follow_rxe_hash_and_stay_in_the_rocev2_range() {
+        for qpn in [0u32, 1, 17, 0x1234, 0xff_ffff] {
+            let p = rxe_source_port(qpn);
+            assert!((0xC000..=0xFFFF).contains(&p));
+        }
+        // hash_32(17, 14) = (17 * 0x61C88647) >> 18, computed by hand.
+        assert_eq!(rxe_source_port(17), 0xC000 + ((17u32.wrapping_mul(0x61C8_8647)) >> 18) as u16);
+    }
+
+    #[test]
+    fn opening_on_a_missing_netdev_names_it() {
+        let err = UdpWire::open("no-such-dev0", IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap_err();
+        assert!(err.to_string().contains("no-such-dev0"), "{err}");
+    }
+}

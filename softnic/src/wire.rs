@@ -1,0 +1,158 @@
+//! What the engine sends and receives through: packet buffers reused across rounds, batches, and
+//! the two wires (a UDP socket on a netdev, or a port on the in-memory fabric).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::fabric::FabricPort;
+use crate::udp::UdpWire;
+
+/// The largest UDP payload the device sends or accepts: a 4096-byte MTU segment plus the
+/// largest header stack (BTH + RETH + ImmDt) and the ICRC, rounded up.
+pub(crate) const MAX_PACKET: usize = 4096 + 128;
+
+/// The RoCEv2 UDP destination port.
+pub const ROCE_PORT: u16 = 4791;
+
+/// One packet in a batch; its buffer is allocated once and reused.
+#[derive(Debug)]
+pub(crate) struct PacketBuf {
+    /// Peer address: destination for sends, source for receives.
+    pub peer: IpAddr,
+    /// UDP source port (ours for sends, the peer's for receives).
+    pub src_port: u16,
+    /// Bytes used in `data`.
+    pub len: usize,
+    /// The UDP payload (BTH .. ICRC), `MAX_PACKET` bytes of capacity.
+    pub data: Box<[u8]>,
+}
+
+impl PacketBuf {
+    fn new() -> PacketBuf {
+        PacketBuf {
+            peer: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            src_port: 0,
+            len: 0,
+            data: vec![0u8; MAX_PACKET].into_boxed_slice(),
+        }
+    }
+
+    /// The bytes in use.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data[..self.len]
+    }
+}
+
+/// A fixed set of reusable packet buffers, filled from the front.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub slots: Vec<PacketBuf>,
+    pub count: usize,
+}
+
+impl Batch {
+    pub fn new(capacity: usize) -> Batch {
+        Batch { slots: (0..capacity).map(|_| PacketBuf::new()).collect(), count: 0 }
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.count == self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The next free slot; the caller fills it and then calls `commit`. None when full.
+    pub fn next_slot(&mut self) -> Option<&mut PacketBuf> {
+        self.slots.get_mut(self.count)
+    }
+
+    pub fn commit(&mut self) {
+        self.count += 1;
+    }
+
+    pub fn filled(&self) -> &[PacketBuf] {
+        &self.slots[..self.count]
+    }
+
+    pub fn clear(&mut self) {
+        self.count = 0;
+    }
+}
+
+/// Link state of a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortState {
+    /// Carrier up: traffic flows.
+    Active,
+    /// Carrier down or administratively down: nothing is sent or received.
+    Down,
+}
+
+/// The device's wire.
+pub(crate) enum WireImpl {
+    Udp(UdpWire),
+    Fabric(FabricPort),
+}
+
+impl WireImpl {
+    /// Our address (GID 0).
+    pub fn local_addr(&self) -> IpAddr {
+        match self {
+            WireImpl::Udp(w) => w.local_addr(),
+            WireImpl::Fabric(p) => p.addr(),
+        }
+    }
+
+    /// Sends every packet of the batch (dropping what the OS refuses) and empties it.
+    /// Returns how many were handed to the medium.
+    pub fn send(&mut self, batch: &mut Batch, now: Duration) -> usize {
+        let n = match self {
+            WireImpl::Udp(w) => w.send(batch),
+            WireImpl::Fabric(p) => p.send(batch, now),
+        };
+        batch.clear();
+        n
+    }
+
+    /// Fills the batch with received packets (from empty); returns how many.
+    pub fn recv(&mut self, batch: &mut Batch, now: Duration) -> usize {
+        batch.clear();
+        match self {
+            WireImpl::Udp(w) => w.recv(batch),
+            WireImpl::Fabric(p) => p.recv(batch, now),
+        }
+    }
+
+    /// The port's link state now (the netlink monitor's latest word for UDP).
+    pub fn port_state(&mut self, now: Duration) -> PortState {
+        match self {
+            WireImpl::Udp(w) => w.port_state(),
+            WireImpl::Fabric(p) => p.state(now),
+        }
+    }
+
+    /// The earliest time something will arrive that is already on its way (fabric delays).
+    pub fn next_arrival(&self) -> Option<Duration> {
+        match self {
+            WireImpl::Udp(_) => None,
+            WireImpl::Fabric(p) => p.next_event(),
+        }
+    }
+
+    /// File descriptors the engine sleeps on (socket, netlink).
+    pub fn poll_fds(&self) -> Vec<std::os::fd::RawFd> {
+        match self {
+            WireImpl::Udp(w) => w.poll_fds(),
+            WireImpl::Fabric(_) => Vec::new(),
+        }
+    }
+
+    /// Lets the wire wake the engine when a packet arrives (fabric only; sockets use epoll).
+    pub fn attach_waker(&mut self, waker: std::sync::Arc<crate::waker::Waker>) {
+        if let WireImpl::Fabric(p) = self {
+            p.attach_waker(waker)
+        }
+    }
+}
