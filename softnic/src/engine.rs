@@ -158,7 +158,7 @@ impl Core {
         }
         out.flush();
         busy |= out.sent > 0;
-        if let Some(t) = wire.next_arrival() {
+        if let Some(t) = wire.next_arrival(now) {
             deadline = Some(deadline.map_or(t, |d| d.min(t)));
         }
         Activity { busy, next_deadline: deadline }

@@ -383,7 +383,7 @@ impl FabricPort {
         self.fabric.lock().state(self.port, now)
     }
 
-    pub(crate) fn next_event(&self) -> Option<Duration> {
+    pub(crate) fn next_event(&self, now: Duration) -> Option<Duration> {
         let f = self.fabric.lock();
         let arrival = f.ports.get(self.port).and_then(|p| p.inbox.peek().map(|Reverse((t, _, _))| *t));
         // Link rules for this port change its state at their edges; the engine must look then.
@@ -392,7 +392,8 @@ impl FabricPort {
             .iter()
             .filter(|r| r.fault == Fault::LinkDown { port: self.port })
             .flat_map(|r| [Some(r.start), r.end])
-            .flatten();
+            .flatten()
+            .filter(|&t| t > now);
         arrival.into_iter().chain(edges).min()
     }
 

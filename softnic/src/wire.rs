@@ -134,10 +134,10 @@ impl WireImpl {
     }
 
     /// The earliest time something will arrive that is already on its way (fabric delays).
-    pub fn next_arrival(&self) -> Option<Duration> {
+    pub fn next_arrival(&self, now: Duration) -> Option<Duration> {
         match self {
             WireImpl::Udp(_) => None,
-            WireImpl::Fabric(p) => p.next_event(),
+            WireImpl::Fabric(p) => p.next_event(now),
         }
     }
 

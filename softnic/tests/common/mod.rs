@@ -1,0 +1,49 @@
+//! Helpers shared by softnic's integration tests.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use softnic::harness::{connect, Completion, ConnectOptions, HarnessCq, Node, QpSizes, Sim};
+use softnic::Device;
+
+/// Two nodes on a fabric, connected.
+pub fn pair_with(seed: u64, latency: Duration, sizes: QpSizes, o: ConnectOptions) -> (Sim, Node, Node) {
+    let sim = Sim::new(seed, latency);
+    let a = Node::new(sim.device("a", 1).unwrap(), 1 << 20, sizes).unwrap();
+    let b = Node::new(sim.device("b", 2).unwrap(), 1 << 20, sizes).unwrap();
+    connect(&a.dev, &a.qp, &b.dev, &b.qp, &o).unwrap();
+    (sim, a, b)
+}
+
+/// Runs until `cq` yields a completion (at most `limit` of virtual time).
+pub fn next_within(sim: &Sim, devs: &[&Device], cq: &mut HarnessCq, limit: Duration) -> Option<Completion> {
+    let mut got = None;
+    sim.run_until(devs, limit, || {
+        got = got.or_else(|| cq.poll());
+        got.is_some()
+    });
+    got
+}
+
+/// Runs until `cq` yields a completion (at most one virtual second).
+pub fn next(sim: &Sim, devs: &[&Device], cq: &mut HarnessCq) -> Completion {
+    next_within(sim, devs, cq, Duration::from_secs(1)).expect("no completion within a virtual second")
+}
+
+/// The seed from SOFTNIC_SEED, or `default`.
+pub fn seed(default: u64) -> u64 {
+    std::env::var("SOFTNIC_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// Bytes that differ with `seed`.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
