@@ -37,6 +37,9 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, now:
                     if qp.state != QpState::Rts {
                         return;
                     }
+                    if qp.req.comp_psn != before {
+                        progressed(qp, now);
+                    }
                     if qp.req.rnr_left == 0 {
                         qp.enter_error(Some(syndrome::RNR_RETRY_EXCEEDED), ectx);
                         return;
@@ -54,6 +57,10 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, now:
                     acknowledge_through(qp, psn_add(h.psn, 0x00ff_ffff), ectx);
                     if qp.state != QpState::Rts {
                         return;
+                    }
+                    // What the NAK implicitly acknowledged is progress like any other.
+                    if qp.req.comp_psn != before {
+                        progressed(qp, now);
                     }
                     match code {
                         NakCode::PsnSequence => {

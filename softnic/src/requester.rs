@@ -203,6 +203,11 @@ fn send_one(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, peer: std::net::IpAddr,
 
 /// Go-back-N: the next packet sent is `from` again, and everything after it.
 pub(crate) fn go_back(qp: &mut Qp, from: u32) {
+    // Only ever backwards: a PSN at or after the next one to send needs no resending (an
+    // earlier go-back-N may already have rewound further).
+    if psn_delta(from, qp.req.psn) >= 0 {
+        return;
+    }
     let mtu = qp.mtu();
     let mut i = qp.sq.head;
     while i < qp.sq.req {
@@ -213,10 +218,7 @@ pub(crate) fn go_back(qp: &mut Qp, from: u32) {
         i += 1;
     }
     if i == qp.sq.req && qp.req.offset == 0 {
-        // Nothing sent at or after `from` is outstanding except the WQE in progress.
-        if psn_delta(from, qp.req.psn) < 0 && i < qp.sq.tail {
-            qp.req.psn = from;
-        }
+        // Nothing sent at or after `from` is outstanding.
         return;
     }
     let w = qp.sq.slot(i);
@@ -279,8 +281,13 @@ pub(crate) fn complete_head(qp: &mut Qp, ectx: &mut ErrorCtx<'_>) {
     };
     qp.sq.head += 1;
     if qp.sq.req < qp.sq.head {
+        // An ACK overtook a go-back-N in progress and completed the WQE being resent. Resume
+        // at the next WQE with the PSNs after it, so no PSN ever names two different packets.
         qp.sq.req = qp.sq.head;
         qp.req.offset = 0;
+        if psn_delta(qp.req.comp_psn, qp.req.psn) > 0 {
+            qp.req.psn = qp.req.comp_psn;
+        }
     }
     if signaled && !push_cqe(ectx.cqs, qp.send_cq, &info, &mut qp.counters, ectx.events) {
         ectx.events.push(crate::events::AsyncEvent::QpFatal { qpn: qp.qpn });
