@@ -178,10 +178,4 @@ impl Cq {
         }
         Ok(())
     }
-
-    /// Clears the producer counter (the driver re-creates or resets the CQ memory).
-    #[cfg(test)]
-    pub fn producer(&self) -> u32 {
-        self.pi
-    }
 }

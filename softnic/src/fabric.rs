@@ -233,6 +233,26 @@ impl Fabric {
         Some(FabricPort { fabric: self.clone(), port, addr })
     }
 
+    /// Puts raw bytes on the fabric as if port `from` had sent them from UDP port `src_port`
+    /// to `to` (fault rules apply). For tests that feed devices hostile input. Returns whether
+    /// the packet was queued for delivery.
+    pub fn inject(&self, from: usize, to: IpAddr, src_port: u16, bytes: &[u8], now: Duration) -> bool {
+        let waker = {
+            let mut f = self.lock();
+            if from >= f.ports.len() {
+                return false;
+            }
+            match f.transmit(from, to, src_port, bytes, now) {
+                Some(port) => f.ports[port].waker.clone(),
+                None => return false,
+            }
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
     /// Looks a port up by address.
     pub fn port_by_addr(&self, addr: IpAddr) -> Option<usize> {
         self.lock().ports.iter().position(|p| p.addr == addr)
