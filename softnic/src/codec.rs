@@ -4,10 +4,12 @@
 use std::net::IpAddr;
 
 use hw_defs::mlx5::{
-    self, cqe::CqeOpcode, AtomicSegRepr, CqeRepr, Cqe64, CtrlSeg, ErrCqe, ErrCqeRepr, FenceMode, RecvWqe, SendOpcode, SendRing, SendWqeRepr,
-    WqeData,
+    self, cqe::CqeOpcode, AtomicSegRepr, Cqe64, CqeRepr, CtrlSeg, ErrCqe, ErrCqeRepr, FenceMode,
+    RecvWqe, SendOpcode, SendRing, SendWqeRepr, WqeData,
 };
-use hw_defs::roce::aeth::{self, Aeth, AethRepr, NakCode as WireNak, Syndrome as AethSyndrome, CREDITS_UNLIMITED};
+use hw_defs::roce::aeth::{
+    self, Aeth, AethRepr, NakCode as WireNak, Syndrome as AethSyndrome, CREDITS_UNLIMITED,
+};
 use hw_defs::roce::atomic_ack_eth::{self, AtomicAckEth, AtomicAckEthRepr};
 use hw_defs::roce::atomic_eth::{self, AtomicEth as AtomicEthView, AtomicEthRepr};
 use hw_defs::roce::bth::{self, Bth, BthRepr, DEFAULT_PKEY};
@@ -20,7 +22,7 @@ use hw_defs::roce::Psn;
 
 use crate::cq::{CqeInfo, CqeKind};
 use crate::dma::Sge;
-use crate::packet::{Ack, AtomicEth, Header, Kind, NakCode, OutHeader, Reth};
+use crate::packet::{AckKind, AtomicEth, Header, Kind, NakCode, OutHeader, Reth};
 use crate::qp::{SendWqe, WqeOp, SEND_BB};
 
 /// `psn + n` mod 2^24.
@@ -50,7 +52,12 @@ pub(crate) fn wqe_ds(first_bb: &[u8]) -> u8 {
 }
 
 /// Decodes a send WQE copied out of the ring (straightened, starting at offset 0) into `out`.
-pub(crate) fn decode_send_wqe(bytes: &[u8], max_inline: u32, max_sge: u32, out: &mut SendWqe) -> Result<(), WqeError> {
+pub(crate) fn decode_send_wqe(
+    bytes: &[u8],
+    max_inline: u32,
+    max_sge: u32,
+    out: &mut SendWqe,
+) -> Result<(), WqeError> {
     // Parse from a private ring of 16 BBs (the largest WQE) holding the straightened copy, so
     // the parser never sees the driver's live ring.
     let mut ring = [0u8; 16 * SEND_BB];
@@ -76,7 +83,10 @@ pub(crate) fn decode_send_wqe(bytes: &[u8], max_inline: u32, max_sge: u32, out: 
     out.imm = wqe.ctrl.imm;
     out.raddr = wqe.raddr.map_or(0, |r| r.raddr);
     out.rkey = wqe.raddr.map_or(0, |r| r.rkey);
-    let atomic = wqe.atomic.unwrap_or(AtomicSegRepr { swap_add: 0, compare: 0 });
+    let atomic = wqe.atomic.unwrap_or(AtomicSegRepr {
+        swap_add: 0,
+        compare: 0,
+    });
     out.swap_add = atomic.swap_add;
     out.compare = atomic.compare;
     out.sges.clear();
@@ -89,7 +99,11 @@ pub(crate) fn decode_send_wqe(bytes: &[u8], max_inline: u32, max_sge: u32, out: 
             }
             let mut total: u64 = 0;
             for s in sges.iter() {
-                out.sges.push(Sge { addr: s.addr, len: s.byte_count, lkey: s.lkey });
+                out.sges.push(Sge {
+                    addr: s.addr,
+                    len: s.byte_count,
+                    lkey: s.lkey,
+                });
                 total += s.byte_count as u64;
             }
             out.length = u32::try_from(total).map_err(|_| WqeError::TooLong)?;
@@ -118,7 +132,11 @@ pub(crate) fn decode_recv_wqe(bytes: &[u8], out: &mut Vec<Sge>) -> Result<(), Wq
     let wqe = RecvWqe::new_checked(bytes).map_err(|_| WqeError::Malformed)?;
     out.clear();
     for s in wqe.sges() {
-        out.push(Sge { addr: s.addr, len: s.byte_count, lkey: s.lkey });
+        out.push(Sge {
+            addr: s.addr,
+            len: s.byte_count,
+            lkey: s.lkey,
+        });
     }
     Ok(())
 }
@@ -144,7 +162,10 @@ pub(crate) fn encode_cqe(buf: &mut [u8; 64], info: &CqeInfo, owner: u8) -> u8 {
         timestamp: 0,
     };
     match info.kind {
-        CqeKind::RequesterError { wqe_opcode, syndrome } => {
+        CqeKind::RequesterError {
+            wqe_opcode,
+            syndrome,
+        } => {
             let r = error(CqeOpcode::ReqErr, wqe_opcode, syndrome);
             r.emit_body(&mut ErrCqe::new_unchecked(&mut buf[..]));
             r.op_own(owner)
@@ -160,7 +181,11 @@ pub(crate) fn encode_cqe(buf: &mut [u8; 64], info: &CqeInfo, owner: u8) -> u8 {
             r.op_own(owner)
         }
         CqeKind::RecvSend => {
-            let r = ok(if info.imm.is_some() { CqeOpcode::RespSendImm } else { CqeOpcode::RespSend });
+            let r = ok(if info.imm.is_some() {
+                CqeOpcode::RespSendImm
+            } else {
+                CqeOpcode::RespSend
+            });
             r.emit_body(&mut Cqe64::new_unchecked(&mut buf[..]));
             r.op_own(owner)
         }
@@ -194,36 +219,49 @@ fn kind_of(op: Operation) -> Kind {
     }
 }
 
-fn ack_of(s: AethSyndrome) -> Ack {
+fn ack_of(s: AethSyndrome) -> AckKind {
     match s {
-        AethSyndrome::Ack { .. } => Ack::Ack,
-        AethSyndrome::RnrNak { timer_code } => Ack::Rnr(timer_code),
-        AethSyndrome::Nak(WireNak::PsnSequenceError) => Ack::Nak(NakCode::PsnSequence),
-        AethSyndrome::Nak(WireNak::InvalidRequest) => Ack::Nak(NakCode::InvalidRequest),
-        AethSyndrome::Nak(WireNak::RemoteAccessError) => Ack::Nak(NakCode::RemoteAccess),
-        AethSyndrome::Nak(WireNak::RemoteOperationalError) => Ack::Nak(NakCode::RemoteOperational),
-        AethSyndrome::Nak(other) => Ack::Nak(NakCode::Other(other.into())),
-        AethSyndrome::Reserved(b) => Ack::Nak(NakCode::Other(b)),
+        AethSyndrome::Ack { .. } => AckKind::Ack,
+        AethSyndrome::RnrNak { timer_code } => AckKind::Rnr(timer_code),
+        AethSyndrome::Nak(WireNak::PsnSequenceError) => AckKind::Nak(NakCode::PsnSequence),
+        AethSyndrome::Nak(WireNak::InvalidRequest) => AckKind::Nak(NakCode::InvalidRequest),
+        AethSyndrome::Nak(WireNak::RemoteAccessError) => AckKind::Nak(NakCode::RemoteAccess),
+        AethSyndrome::Nak(WireNak::RemoteOperationalError) => {
+            AckKind::Nak(NakCode::RemoteOperational)
+        }
+        AethSyndrome::Nak(other) => AckKind::Nak(NakCode::Other(other.into())),
+        AethSyndrome::Reserved(b) => AckKind::Nak(NakCode::Other(b)),
     }
 }
 
-fn syndrome_of(a: Ack) -> AethSyndrome {
+fn syndrome_of(a: AckKind) -> AethSyndrome {
     match a {
-        Ack::Ack => AethSyndrome::Ack { credit_code: CREDITS_UNLIMITED },
-        Ack::Rnr(code) => AethSyndrome::RnrNak { timer_code: code },
-        Ack::Nak(NakCode::PsnSequence) => AethSyndrome::Nak(WireNak::PsnSequenceError),
-        Ack::Nak(NakCode::InvalidRequest) => AethSyndrome::Nak(WireNak::InvalidRequest),
-        Ack::Nak(NakCode::RemoteAccess) => AethSyndrome::Nak(WireNak::RemoteAccessError),
-        Ack::Nak(NakCode::RemoteOperational) => AethSyndrome::Nak(WireNak::RemoteOperationalError),
-        Ack::Nak(NakCode::Other(c)) => AethSyndrome::Nak(WireNak::from(c)),
+        AckKind::Ack => AethSyndrome::Ack {
+            credit_code: CREDITS_UNLIMITED,
+        },
+        AckKind::Rnr(code) => AethSyndrome::RnrNak { timer_code: code },
+        AckKind::Nak(NakCode::PsnSequence) => AethSyndrome::Nak(WireNak::PsnSequenceError),
+        AckKind::Nak(NakCode::InvalidRequest) => AethSyndrome::Nak(WireNak::InvalidRequest),
+        AckKind::Nak(NakCode::RemoteAccess) => AethSyndrome::Nak(WireNak::RemoteAccessError),
+        AckKind::Nak(NakCode::RemoteOperational) => {
+            AethSyndrome::Nak(WireNak::RemoteOperationalError)
+        }
+        AckKind::Nak(NakCode::Other(c)) => AethSyndrome::Nak(WireNak::from(c)),
     }
 }
 
 /// Parses and ICRC-checks a received UDP payload from `src:src_port` to `dst:4791`.
-pub(crate) fn parse_packet(bytes: &[u8], src: IpAddr, src_port: u16, dst: IpAddr) -> Result<Header, ParseError> {
+pub(crate) fn parse_packet(
+    bytes: &[u8],
+    src: IpAddr,
+    src_port: u16,
+    dst: IpAddr,
+) -> Result<Header, ParseError> {
     let packet = Packet::new_checked(bytes).map_err(|_| ParseError::Malformed)?;
     let repr = PacketRepr::parse(&packet).map_err(|_| ParseError::Malformed)?;
-    let Some(info) = repr.bth.opcode.info() else { return Err(ParseError::Malformed) };
+    let Some(info) = repr.bth.opcode.info() else {
+        return Err(ParseError::Malformed);
+    };
     let ip = icrc::IpFields::rxe(src, dst).map_err(|_| ParseError::Malformed)?;
     if icrc::verify_udp_payload(ip, src_port, crate::wire::ROCE_PORT, bytes).is_err() {
         return Err(ParseError::Icrc);
@@ -238,8 +276,17 @@ pub(crate) fn parse_packet(bytes: &[u8], src: IpAddr, src_port: u16, dst: IpAddr
         ack_req: repr.bth.ack_req,
         dest_qpn: repr.bth.dest_qp,
         psn: repr.bth.psn.value(),
-        reth: repr.reth.map(|r| Reth { va: r.va, rkey: r.rkey, len: r.dma_length }),
-        atomic: repr.atomic_eth.map(|a| AtomicEth { va: a.va, rkey: a.rkey, swap_add: a.swap_add, compare: a.compare }),
+        reth: repr.reth.map(|r| Reth {
+            va: r.va,
+            rkey: r.rkey,
+            len: r.dma_length,
+        }),
+        atomic: repr.atomic_eth.map(|a| AtomicEth {
+            va: a.va,
+            rkey: a.rkey,
+            swap_add: a.swap_add,
+            compare: a.compare,
+        }),
         aeth: repr.aeth.map(|a| (ack_of(a.syndrome), a.msn)),
         atomic_ack: repr.atomic_ack_eth.map(|a| a.orig_rem_dt),
         imm: repr.immdt.map(|i| i.imm),
@@ -307,27 +354,55 @@ pub(crate) fn emit_headers(buf: &mut [u8], h: &OutHeader) -> Option<usize> {
     }
     .emit(&mut Bth::new_unchecked(&mut buf[..bth::HEADER_LEN]));
     if let (Some(o), Some(r)) = (at.reth, h.reth) {
-        RethRepr { va: r.va, rkey: r.rkey, dma_length: r.len }.emit(&mut RethView::new_unchecked(&mut buf[o..o + reth::HEADER_LEN]));
+        RethRepr {
+            va: r.va,
+            rkey: r.rkey,
+            dma_length: r.len,
+        }
+        .emit(&mut RethView::new_unchecked(
+            &mut buf[o..o + reth::HEADER_LEN],
+        ));
     }
     if let (Some(o), Some(a)) = (at.atomic_eth, h.atomic) {
-        AtomicEthRepr { va: a.va, rkey: a.rkey, swap_add: a.swap_add, compare: a.compare }
-            .emit(&mut AtomicEthView::new_unchecked(&mut buf[o..o + atomic_eth::HEADER_LEN]));
+        AtomicEthRepr {
+            va: a.va,
+            rkey: a.rkey,
+            swap_add: a.swap_add,
+            compare: a.compare,
+        }
+        .emit(&mut AtomicEthView::new_unchecked(
+            &mut buf[o..o + atomic_eth::HEADER_LEN],
+        ));
     }
     if let (Some(o), Some((ack, msn))) = (at.aeth, h.aeth) {
-        AethRepr { syndrome: syndrome_of(ack), msn }.emit(&mut Aeth::new_unchecked(&mut buf[o..o + aeth::HEADER_LEN]));
+        AethRepr {
+            syndrome: syndrome_of(ack),
+            msn,
+        }
+        .emit(&mut Aeth::new_unchecked(&mut buf[o..o + aeth::HEADER_LEN]));
     }
     if let (Some(o), Some(v)) = (at.atomic_ack_eth, h.atomic_ack) {
-        AtomicAckEthRepr { orig_rem_dt: v }.emit(&mut AtomicAckEth::new_unchecked(&mut buf[o..o + atomic_ack_eth::HEADER_LEN]));
+        AtomicAckEthRepr { orig_rem_dt: v }.emit(&mut AtomicAckEth::new_unchecked(
+            &mut buf[o..o + atomic_ack_eth::HEADER_LEN],
+        ));
     }
     if let (Some(o), Some(imm)) = (at.immdt, h.imm) {
-        ImmDtRepr { imm }.emit(&mut ImmDt::new_unchecked(&mut buf[o..o + immdt::HEADER_LEN]));
+        ImmDtRepr { imm }.emit(&mut ImmDt::new_unchecked(
+            &mut buf[o..o + immdt::HEADER_LEN],
+        ));
     }
     Some(at.payload)
 }
 
 /// Zeroes the pad after `len` bytes of headers and payload, appends the ICRC for the datagram
 /// from `src:src_port` to `dst:4791`, and returns the packet length.
-pub(crate) fn seal(buf: &mut [u8], len: usize, src: IpAddr, src_port: u16, dst: IpAddr) -> Option<usize> {
+pub(crate) fn seal(
+    buf: &mut [u8],
+    len: usize,
+    src: IpAddr,
+    src_port: u16,
+    dst: IpAddr,
+) -> Option<usize> {
     let pad = pad_for(len) as usize;
     let total = len + pad + icrc::ICRC_LEN;
     let b = buf.get_mut(..total)?;
@@ -344,7 +419,10 @@ mod tests {
     use std::net::Ipv4Addr;
 
     fn addrs() -> (IpAddr, IpAddr) {
-        (IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)), IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)))
+        (
+            IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
+        )
     }
 
     #[test]
@@ -353,7 +431,11 @@ mod tests {
         let mut buf = vec![0u8; 2048];
         let mut h = OutHeader::new(Kind::Write, 0x12, 77);
         h.last = false;
-        h.reth = Some(Reth { va: 0x1000, rkey: 0x201, len: 5000 });
+        h.reth = Some(Reth {
+            va: 0x1000,
+            rkey: 0x201,
+            len: 5000,
+        });
         h.payload_len = 1022;
         let hl = emit_headers(&mut buf, &h).expect("headers");
         for (i, x) in buf[hl..hl + 1022].iter_mut().enumerate() {
@@ -361,7 +443,10 @@ mod tests {
         }
         let n = seal(&mut buf, hl + 1022, a, 0xc123, b).expect("seal");
         let p = parse_packet(&buf[..n], a, 0xc123, b).expect("parse");
-        assert_eq!((p.kind, p.first, p.last, p.psn, p.dest_qpn), (Kind::Write, true, false, 77, 0x12));
+        assert_eq!(
+            (p.kind, p.first, p.last, p.psn, p.dest_qpn),
+            (Kind::Write, true, false, 77, 0x12)
+        );
         assert_eq!(p.reth, h.reth);
         assert_eq!(p.payload.len(), 1022);
         assert_eq!(&buf[p.payload.clone()][..4], &[0, 1, 2, 3]);

@@ -7,13 +7,20 @@ use std::time::Duration;
 use crate::codec::{psn_add, psn_delta};
 use crate::dma;
 use crate::mr::MrTable;
-use crate::packet::{ack_timeout, rnr_timer, Ack, Header, Kind, NakCode};
+use crate::packet::{ack_timeout, rnr_timer, AckKind, Header, Kind, NakCode};
 use crate::qp::{syndrome, ErrorCtx, Qp, WqeOp};
 use crate::qp_attr::QpState;
 use crate::requester::{complete_head, go_back};
 
 /// Handles one response packet for `qp`.
-pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, now: Duration, ectx: &mut ErrorCtx<'_>) {
+pub(crate) fn handle(
+    qp: &mut Qp,
+    h: &Header,
+    packet: &[u8],
+    mrs: &MrTable,
+    now: Duration,
+    ectx: &mut ErrorCtx<'_>,
+) {
     if qp.state != QpState::Rts {
         return;
     }
@@ -30,8 +37,8 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, now:
                 return;
             };
             match ack {
-                Ack::Ack => acknowledge_through(qp, h.psn, ectx),
-                Ack::Rnr(code) => {
+                AckKind::Ack => acknowledge_through(qp, h.psn, ectx),
+                AckKind::Rnr(code) => {
                     qp.counters.naks_received.rnr += 1;
                     acknowledge_through(qp, psn_add(h.psn, 0x00ff_ffff), ectx);
                     if qp.state != QpState::Rts {
@@ -53,7 +60,7 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, now:
                     go_back(qp, h.psn);
                     return;
                 }
-                Ack::Nak(code) => {
+                AckKind::Nak(code) => {
                     acknowledge_through(qp, psn_add(h.psn, 0x00ff_ffff), ectx);
                     if qp.state != QpState::Rts {
                         return;
@@ -138,14 +145,22 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, now:
             let mtu = qp.mtu();
             let pd = qp.pd;
             let w = qp.sq.slot_mut(qp.sq.head);
-            if w.op != WqeOp::Read || w.done || psn_delta(h.psn, w.first_psn) < 0 || psn_delta(h.psn, w.last_psn) > 0 {
+            if w.op != WqeOp::Read
+                || w.done
+                || psn_delta(h.psn, w.first_psn) < 0
+                || psn_delta(h.psn, w.last_psn) > 0
+            {
                 qp.counters.malformed_drops += 1;
                 return;
             }
             let offset = psn_delta(h.psn, w.first_psn) as u64 * mtu as u64;
             let data = packet.get(h.payload.clone()).unwrap_or(&[]);
             let is_last = h.psn == w.last_psn;
-            let expected = if is_last { (w.length as u64).saturating_sub(offset) } else { mtu as u64 };
+            let expected = if is_last {
+                (w.length as u64).saturating_sub(offset)
+            } else {
+                mtu as u64
+            };
             if data.len() as u64 != expected || h.last != is_last {
                 qp.counters.malformed_drops += 1;
                 return;
@@ -199,7 +214,11 @@ fn acknowledge_through(qp: &mut Qp, psn: u32, ectx: &mut ErrorCtx<'_>) {
             if w.op.is_read_or_atomic() && !w.done {
                 // Acknowledged past a READ or atomic whose response never came: ask again.
                 let from = w.first_psn;
-                let from = if psn_delta(qp.req.comp_psn, from) > 0 { qp.req.comp_psn } else { from };
+                let from = if psn_delta(qp.req.comp_psn, from) > 0 {
+                    qp.req.comp_psn
+                } else {
+                    from
+                };
                 if qp.req.retrying_from != Some(from) {
                     qp.req.retrying_from = Some(from);
                     go_back(qp, from);
@@ -226,5 +245,9 @@ fn progressed(qp: &mut Qp, now: Duration) {
     qp.req.rnr_left = qp.attrs.rnr_retry.unwrap_or(7);
     qp.req.retrying_from = None;
     let outstanding = psn_delta(qp.req.high_psn, qp.req.comp_psn) > 0 || qp.sq.head < qp.sq.req;
-    qp.req.timer = if outstanding { qp.attrs.timeout.and_then(ack_timeout).map(|t| now + t) } else { None };
+    qp.req.timer = if outstanding {
+        qp.attrs.timeout.and_then(ack_timeout).map(|t| now + t)
+    } else {
+        None
+    };
 }

@@ -27,7 +27,11 @@ impl NakCounts {
 
     /// All kinds together.
     pub fn total(&self) -> u64 {
-        self.psn_sequence + self.rnr + self.invalid_request + self.remote_access + self.remote_operational
+        self.psn_sequence
+            + self.rnr
+            + self.invalid_request
+            + self.remote_access
+            + self.remote_operational
     }
 }
 

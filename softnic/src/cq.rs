@@ -24,7 +24,9 @@ pub struct CompletionChannel {
 impl CompletionChannel {
     /// A new channel.
     pub fn new() -> std::io::Result<Arc<CompletionChannel>> {
-        Ok(Arc::new(CompletionChannel { fd: EventFd::new()? }))
+        Ok(Arc::new(CompletionChannel {
+            fd: EventFd::new()?,
+        }))
     }
 
     /// Blocks until an event arrives or `timeout_ms` passes (-1: forever); returns whether

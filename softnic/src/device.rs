@@ -74,7 +74,13 @@ pub struct DeviceConfig {
 impl DeviceConfig {
     /// A config with the defaults: auto progress, real clock, no trace.
     pub fn new(name: impl Into<String>, wire: Wire) -> DeviceConfig {
-        DeviceConfig { name: name.into(), wire, progress: ProgressMode::Auto, clock: Clock::real(), pcap: None }
+        DeviceConfig {
+            name: name.into(),
+            wire,
+            progress: ProgressMode::Auto,
+            clock: Clock::real(),
+            pcap: None,
+        }
     }
 }
 
@@ -158,7 +164,11 @@ pub struct Device {
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Device({}, {})", self.shared.name, self.shared.local_addr)
+        write!(
+            f,
+            "Device({}, {})",
+            self.shared.name, self.shared.local_addr
+        )
     }
 }
 
@@ -168,13 +178,15 @@ impl Device {
         let waker = Arc::new(Waker::new(cfg.progress != ProgressMode::Manual)?);
         let mut wire = match &cfg.wire {
             Wire::Udp { netdev, addr } => WireImpl::Udp(UdpWire::open(netdev, *addr)?),
-            Wire::Fabric { fabric, port } => WireImpl::Fabric(fabric.port(*port).ok_or(DeviceError::NoSuchPort(*port))?),
+            Wire::Fabric { fabric, port } => {
+                WireImpl::Fabric(fabric.port(*port).ok_or(DeviceError::NoSuchPort(*port))?)
+            }
         };
         wire.attach_waker(waker.clone());
         let local_addr = wire.local_addr();
         let port = wire.port_state(cfg.clock.now());
         let trace = match &cfg.pcap {
-            Some(path) => Some(Trace::create(path).map_err(DeviceError::Trace)?),
+            Some(path) => Some(Trace::create(path, cfg.clock.now()).map_err(DeviceError::Trace)?),
             None => None,
         };
         let fds = wire.poll_fds();
@@ -216,7 +228,11 @@ impl Device {
             }
         };
         tracing::info!(name = %cfg.name, addr = %local_addr, mode = ?cfg.progress, "softnic device open");
-        Ok(Device { shared, engine, mode: cfg.progress })
+        Ok(Device {
+            shared,
+            engine,
+            mode: cfg.progress,
+        })
     }
 
     /// The device's name.
@@ -260,7 +276,9 @@ impl Device {
     /// Manual progress: one round of work at `now` (the device clock's time). Harmless in auto
     /// mode (it runs a round on the caller's thread).
     pub fn progress(&self, now: Duration) -> Activity {
-        self.shared.lock_core().round(now, &self.shared.waker, &self.shared.events)
+        self.shared
+            .lock_core()
+            .round(now, &self.shared.waker, &self.shared.events)
     }
 
     /// Allocates a protection domain.
@@ -294,23 +312,39 @@ impl Device {
     /// The range must stay mapped (readable, and writable if any write access is granted)
     /// until [`Device::dereg_mr`], as with `ibv_reg_mr`: the device reads and writes it from
     /// its engine at any time, concurrently with the caller.
-    pub unsafe fn reg_mr(&self, pd: PdId, addr: *const u8, len: usize, access: Access) -> Result<MrKeys, DeviceError> {
+    pub unsafe fn reg_mr(
+        &self,
+        pd: PdId,
+        addr: *const u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MrKeys, DeviceError> {
         let mut core = self.shared.lock_core();
         check_pd(&core, pd)?;
         let key = core.mrs.insert(pd, addr as u64, len as u64, access);
-        Ok(MrKeys { lkey: key, rkey: key })
+        Ok(MrKeys {
+            lkey: key,
+            rkey: key,
+        })
     }
 
     /// Deregisters an MR; its keys stop working at once.
     pub fn dereg_mr(&self, lkey: u32) -> Result<(), DeviceError> {
         let mut core = self.shared.lock_core();
-        core.mrs.remove(lkey).map(|_| ()).ok_or(DeviceError::UnknownKey(lkey))
+        core.mrs
+            .remove(lkey)
+            .map(|_| ())
+            .ok_or(DeviceError::UnknownKey(lkey))
     }
 
     /// Creates a CQ over the caller's ring and consumer-index record.
     pub fn create_cq(&self, cfg: CqConfig) -> Result<CqHandle, DeviceError> {
         let mut core = self.shared.lock_core();
-        let i = core.cqs.iter().position(|c| c.is_none()).unwrap_or(core.cqs.len());
+        let i = core
+            .cqs
+            .iter()
+            .position(|c| c.is_none())
+            .unwrap_or(core.cqs.len());
         let (cq, handle) = Cq::new(CqId(i as u32), cfg).map_err(DeviceError::InvalidConfig)?;
         if i == core.cqs.len() {
             core.cqs.push(Some(cq));
@@ -326,7 +360,12 @@ impl Device {
         if core.cqs.get(cq.0 as usize).is_none_or(|c| c.is_none()) {
             return Err(DeviceError::UnknownCq(cq));
         }
-        if core.qps.iter().flatten().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+        if core
+            .qps
+            .iter()
+            .flatten()
+            .any(|q| q.send_cq == cq || q.recv_cq == cq)
+        {
             return Err(DeviceError::Busy("CQ"));
         }
         core.cqs[cq.0 as usize] = None;
@@ -342,31 +381,45 @@ impl Device {
                 return Err(DeviceError::UnknownCq(cq));
             }
         }
-        let i = core.qps.iter().position(|q| q.is_none()).unwrap_or(core.qps.len());
+        let i = core
+            .qps
+            .iter()
+            .position(|q| q.is_none())
+            .unwrap_or(core.qps.len());
         let qpn = QPN_BASE + i as u32;
         if qpn > 0x00ff_ffff {
             return Err(DeviceError::InvalidConfig("out of QP numbers"));
         }
         let bell = Arc::new(Bell::default());
-        let qp = Qp::new(qpn, cfg, bell.clone(), rxe_source_port(qpn)).map_err(DeviceError::InvalidConfig)?;
+        let qp = Qp::new(qpn, cfg, bell.clone(), rxe_source_port(qpn))
+            .map_err(DeviceError::InvalidConfig)?;
         if i == core.qps.len() {
             core.qps.push(Some(qp));
         } else {
             core.qps[i] = Some(qp);
         }
-        Ok(QpHandle { qpn, doorbell: DoorbellRegister::new(bell, self.shared.waker.clone()) })
+        Ok(QpHandle {
+            qpn,
+            doorbell: DoorbellRegister::new(bell, self.shared.waker.clone()),
+        })
     }
 
     /// Moves a QP to `state` with `attrs` (`ibv_modify_qp`).
     pub fn modify_qp(&self, qpn: u32, state: QpState, attrs: &QpAttrs) -> Result<(), DeviceError> {
         let mut guard = self.shared.lock_core();
         let core = &mut *guard;
-        let qp = Core::qp_index(qpn).and_then(|i| core.qps.get_mut(i)).and_then(|q| q.as_mut()).ok_or(DeviceError::UnknownQp(qpn))?;
+        let qp = Core::qp_index(qpn)
+            .and_then(|i| core.qps.get_mut(i))
+            .and_then(|q| q.as_mut())
+            .ok_or(DeviceError::UnknownQp(qpn))?;
         check_transition(qp.state, state, attrs)?;
         match state {
             QpState::Reset => qp.reset(),
             QpState::Err => {
-                let mut ectx = ErrorCtx { cqs: &mut core.cqs, events: &self.shared.events };
+                let mut ectx = ErrorCtx {
+                    cqs: &mut core.cqs,
+                    events: &self.shared.events,
+                };
                 qp.attrs.merge(attrs);
                 qp.enter_error(None, &mut ectx);
                 return Ok(());
@@ -390,7 +443,9 @@ impl Device {
     /// Destroys a QP; its counters stay in the device totals.
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
         let mut core = self.shared.lock_core();
-        let i = Core::qp_index(qpn).filter(|&i| core.qps.get(i).is_some_and(|q| q.is_some())).ok_or(DeviceError::UnknownQp(qpn))?;
+        let i = Core::qp_index(qpn)
+            .filter(|&i| core.qps.get(i).is_some_and(|q| q.is_some()))
+            .ok_or(DeviceError::UnknownQp(qpn))?;
         let qp = core.qps[i].take().expect("checked above");
         core.retired.add(&qp.counters);
         Ok(())
@@ -410,7 +465,10 @@ impl Device {
     /// One QP's counters.
     pub fn qp_counters(&self, qpn: u32) -> Result<Counters, DeviceError> {
         let mut core = self.shared.lock_core();
-        Ok(core.qp_mut(qpn).ok_or(DeviceError::UnknownQp(qpn))?.counters)
+        Ok(core
+            .qp_mut(qpn)
+            .ok_or(DeviceError::UnknownQp(qpn))?
+            .counters)
     }
 }
 
@@ -425,7 +483,9 @@ fn check_pd(core: &Core, pd: PdId) -> Result<(), DeviceError> {
 
 impl Drop for Device {
     fn drop(&mut self) {
-        self.shared.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Release);
         self.shared.waker.wake();
         if let Some(h) = self.engine.take() {
             if h.join().is_err() {

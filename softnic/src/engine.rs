@@ -71,13 +71,29 @@ impl Core {
     /// One round of work at time `now`.
     pub fn round(&mut self, now: Duration, waker: &Waker, events: &EventQueue) -> Activity {
         let mut busy = false;
-        let Core { wire, local_addr, port, mrs, cqs, qps, counters, rx, tx, trace, .. } = self;
+        let Core {
+            wire,
+            local_addr,
+            port,
+            mrs,
+            cqs,
+            qps,
+            counters,
+            rx,
+            tx,
+            trace,
+            ..
+        } = self;
 
         let state = wire.port_state(now);
         if state != *port {
             *port = state;
             tracing::info!(?state, "port state changed");
-            events.push(if state == PortState::Active { AsyncEvent::PortActive } else { AsyncEvent::PortError });
+            events.push(if state == PortState::Active {
+                AsyncEvent::PortActive
+            } else {
+                AsyncEvent::PortError
+            });
         }
         let port_up = state == PortState::Active;
         let mut ectx = ErrorCtx { cqs, events };
@@ -101,12 +117,29 @@ impl Core {
                 counters.port_down_drops += n as u64;
                 continue;
             }
-            let mut out = Tx { wire, batch: tx, local_addr: *local_addr, now, port_up, device: counters, trace, sent: 0 };
+            let mut out = Tx {
+                wire,
+                batch: tx,
+                local_addr: *local_addr,
+                now,
+                port_up,
+                device: counters,
+                trace,
+                sent: 0,
+            };
             for pkt in rx.filled() {
                 if let Some(t) = out.trace.as_mut() {
-                    t.record(pkt.peer, pkt.src_port, *local_addr, crate::wire::ROCE_PORT, pkt.bytes(), now);
+                    t.record(
+                        pkt.peer,
+                        pkt.src_port,
+                        *local_addr,
+                        crate::wire::ROCE_PORT,
+                        pkt.bytes(),
+                        now,
+                    );
                 }
-                let h = match codec::parse_packet(pkt.bytes(), pkt.peer, pkt.src_port, *local_addr) {
+                let h = match codec::parse_packet(pkt.bytes(), pkt.peer, pkt.src_port, *local_addr)
+                {
                     Ok(h) => h,
                     Err(ParseError::Icrc) => {
                         out.device.icrc_errors += 1;
@@ -117,7 +150,9 @@ impl Core {
                         continue;
                     }
                 };
-                let qp = Core::qp_index(h.dest_qpn).and_then(|i| qps.get_mut(i)).and_then(|q| q.as_mut());
+                let qp = Core::qp_index(h.dest_qpn)
+                    .and_then(|i| qps.get_mut(i))
+                    .and_then(|q| q.as_mut());
                 let Some(qp) = qp else {
                     out.device.unknown_qpn_drops += 1;
                     continue;
@@ -141,7 +176,16 @@ impl Core {
             out.flush();
         }
 
-        let mut out = Tx { wire, batch: tx, local_addr: *local_addr, now, port_up, device: counters, trace, sent: 0 };
+        let mut out = Tx {
+            wire,
+            batch: tx,
+            local_addr: *local_addr,
+            now,
+            port_up,
+            device: counters,
+            trace,
+            sent: 0,
+        };
         let mut deadline: Option<Duration> = None;
         for qp in qps.iter_mut().flatten() {
             requester::check_timer(qp, now, &mut ectx);
@@ -161,7 +205,10 @@ impl Core {
         if let Some(t) = wire.next_arrival(now) {
             deadline = Some(deadline.map_or(t, |d| d.min(t)));
         }
-        Activity { busy, next_deadline: deadline }
+        Activity {
+            busy,
+            next_deadline: deadline,
+        }
     }
 }
 
@@ -225,7 +272,10 @@ impl Epoll {
         // SAFETY: a fresh descriptor.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
         for &f in fds {
-            let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: f as u64 };
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: f as u64,
+            };
             // SAFETY: a valid epoll_event for a live fd.
             if unsafe { libc::epoll_ctl(raw, libc::EPOLL_CTL_ADD, f, &mut ev) } < 0 {
                 return Err(std::io::Error::last_os_error());

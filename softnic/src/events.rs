@@ -40,18 +40,27 @@ pub struct EventQueue {
 
 impl EventQueue {
     pub(crate) fn new() -> std::io::Result<EventQueue> {
-        Ok(EventQueue { queue: Mutex::new(VecDeque::new()), fd: EventFd::new()? })
+        Ok(EventQueue {
+            queue: Mutex::new(VecDeque::new()),
+            fd: EventFd::new()?,
+        })
     }
 
     pub(crate) fn push(&self, event: AsyncEvent) {
         tracing::debug!(?event, "async event");
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(event);
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(event);
         self.fd.signal();
     }
 
     /// The oldest unread event, if any.
     pub fn poll(&self) -> Option<AsyncEvent> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
     }
 
     /// Waits up to `timeout_ms` (-1: forever) for an event and returns it.

@@ -64,19 +64,43 @@ pub struct FaultRule {
 impl FaultRule {
     /// A rule for every packet, active forever.
     pub fn always(fault: Fault) -> FaultRule {
-        FaultRule { fault, from: None, to: None, start: Duration::ZERO, end: None }
+        FaultRule {
+            fault,
+            from: None,
+            to: None,
+            start: Duration::ZERO,
+            end: None,
+        }
     }
 
     /// Port `port`'s link is down from `down_at` until `up_at` (None: stays down).
     pub fn link_down(port: usize, down_at: Duration, up_at: Option<Duration>) -> FaultRule {
-        FaultRule { fault: Fault::LinkDown { port }, from: None, to: None, start: down_at, end: up_at }
+        FaultRule {
+            fault: Fault::LinkDown { port },
+            from: None,
+            to: None,
+            start: down_at,
+            end: up_at,
+        }
     }
 
     /// No packet between ports `a` and `b` (either way) during the window.
     pub fn partition(a: usize, b: usize, start: Duration, end: Option<Duration>) -> [FaultRule; 2] {
         [
-            FaultRule { fault: Fault::Partition, from: Some(a), to: Some(b), start, end },
-            FaultRule { fault: Fault::Partition, from: Some(b), to: Some(a), start, end },
+            FaultRule {
+                fault: Fault::Partition,
+                from: Some(a),
+                to: Some(b),
+                start,
+                end,
+            },
+            FaultRule {
+                fault: Fault::Partition,
+                from: Some(b),
+                to: Some(a),
+                start,
+                end,
+            },
         ]
     }
 
@@ -172,7 +196,12 @@ impl Fabric {
     /// Adds a port with this address; returns its index.
     pub fn add_port(&self, addr: IpAddr) -> usize {
         let mut f = self.lock();
-        f.ports.push(PortSlot { addr, admin_up: true, inbox: BinaryHeap::new(), waker: None });
+        f.ports.push(PortSlot {
+            addr,
+            admin_up: true,
+            inbox: BinaryHeap::new(),
+            waker: None,
+        });
         f.ports.len() - 1
     }
 
@@ -222,21 +251,40 @@ impl Fabric {
     /// link rule starts or ends. Simulations advance a virtual clock to it when all is idle.
     pub fn next_event(&self, now: Duration) -> Option<Duration> {
         let f = self.lock();
-        let arrivals = f.ports.iter().filter_map(|p| p.inbox.peek().map(|Reverse((t, _, _))| *t));
-        let links = f.rules.iter().filter(|r| matches!(r.fault, Fault::LinkDown { .. })).flat_map(|r| [Some(r.start), r.end]).flatten();
+        let arrivals = f
+            .ports
+            .iter()
+            .filter_map(|p| p.inbox.peek().map(|Reverse((t, _, _))| *t));
+        let links = f
+            .rules
+            .iter()
+            .filter(|r| matches!(r.fault, Fault::LinkDown { .. }))
+            .flat_map(|r| [Some(r.start), r.end])
+            .flatten();
         arrivals.chain(links).filter(|&t| t > now).min()
     }
 
     /// A wire end for a device.
     pub fn port(&self, port: usize) -> Option<FabricPort> {
         let addr = self.port_addr(port)?;
-        Some(FabricPort { fabric: self.clone(), port, addr })
+        Some(FabricPort {
+            fabric: self.clone(),
+            port,
+            addr,
+        })
     }
 
     /// Puts raw bytes on the fabric as if port `from` had sent them from UDP port `src_port`
     /// to `to` (fault rules apply). For tests that feed devices hostile input. Returns whether
     /// the packet was queued for delivery.
-    pub fn inject(&self, from: usize, to: IpAddr, src_port: u16, bytes: &[u8], now: Duration) -> bool {
+    pub fn inject(
+        &self,
+        from: usize,
+        to: IpAddr,
+        src_port: u16,
+        bytes: &[u8],
+        now: Duration,
+    ) -> bool {
         let waker = {
             let mut f = self.lock();
             if from >= f.ports.len() {
@@ -261,8 +309,13 @@ impl Fabric {
 
 impl FabricInner {
     fn state(&self, port: usize, now: Duration) -> PortState {
-        let Some(p) = self.ports.get(port) else { return PortState::Down };
-        let link_rule_down = self.rules.iter().any(|r| r.fault == Fault::LinkDown { port } && r.active(now));
+        let Some(p) = self.ports.get(port) else {
+            return PortState::Down;
+        };
+        let link_rule_down = self
+            .rules
+            .iter()
+            .any(|r| r.fault == Fault::LinkDown { port } && r.active(now));
         if p.admin_up && !link_rule_down {
             PortState::Active
         } else {
@@ -299,7 +352,14 @@ impl FabricInner {
     }
 
     /// Applies the rules to one packet from `from` and queues what survives.
-    fn transmit(&mut self, from: usize, to_addr: IpAddr, src_port: u16, bytes: &[u8], now: Duration) -> Option<usize> {
+    fn transmit(
+        &mut self,
+        from: usize,
+        to_addr: IpAddr,
+        src_port: u16,
+        bytes: &[u8],
+        now: Duration,
+    ) -> Option<usize> {
         self.stats.sent += 1;
         let from_addr = self.ports[from].addr;
         let Some(to) = self.ports.iter().position(|p| p.addr == to_addr) else {
@@ -336,7 +396,10 @@ impl FabricInner {
                         self.stats.duplicated += 1;
                     }
                 }
-                Fault::Reorder { probability, max_delay } => {
+                Fault::Reorder {
+                    probability,
+                    max_delay,
+                } => {
                     if self.chance(probability) {
                         let extra = self.rng.random_range(0..=max_delay.as_nanos() as u64);
                         delay += Duration::from_nanos(extra);
@@ -362,7 +425,15 @@ impl FabricInner {
             }
             // A duplicate trails the original by a little, as a retransmitting switch would.
             let at = now + delay + Duration::from_nanos(copy as u64 * 500);
-            self.enqueue(to, at, InFlight { from_addr, src_port, data });
+            self.enqueue(
+                to,
+                at,
+                InFlight {
+                    from_addr,
+                    src_port,
+                    data,
+                },
+            );
         }
         Some(to)
     }
@@ -405,7 +476,10 @@ impl FabricPort {
 
     pub(crate) fn next_event(&self, now: Duration) -> Option<Duration> {
         let f = self.fabric.lock();
-        let arrival = f.ports.get(self.port).and_then(|p| p.inbox.peek().map(|Reverse((t, _, _))| *t));
+        let arrival = f
+            .ports
+            .get(self.port)
+            .and_then(|p| p.inbox.peek().map(|Reverse((t, _, _))| *t));
         // Link rules for this port change its state at their edges; the engine must look then.
         let edges = f
             .rules
@@ -456,12 +530,16 @@ impl FabricPort {
             return 0;
         }
         while !batch.is_full() {
-            let Some(&Reverse((at, _, idx))) = f.ports[self.port].inbox.peek() else { break };
+            let Some(&Reverse((at, _, idx))) = f.ports[self.port].inbox.peek() else {
+                break;
+            };
             if at > now {
                 break;
             }
             f.ports[self.port].inbox.pop();
-            let Some(fl) = f.flights[idx].take() else { continue };
+            let Some(fl) = f.flights[idx].take() else {
+                continue;
+            };
             f.free_flights.push(idx);
             let slot = batch.next_slot().expect("batch not full");
             let n = fl.data.len().min(slot.data.len());
@@ -506,7 +584,11 @@ mod tests {
     fn received(port: &mut FabricPort, now: Duration) -> Vec<u32> {
         let mut batch = Batch::new(256);
         port.recv(&mut batch, now);
-        batch.filled().iter().map(|p| u32::from_be_bytes(p.data[..4].try_into().unwrap())).collect()
+        batch
+            .filled()
+            .iter()
+            .map(|p| u32::from_be_bytes(p.data[..4].try_into().unwrap()))
+            .collect()
     }
 
     #[test]
@@ -514,7 +596,10 @@ mod tests {
         let (_f, mut a, mut b) = two_ports(1);
         send_n(&mut a, b.addr(), 10, Duration::ZERO);
         assert!(received(&mut b, Duration::from_nanos(999)).is_empty());
-        assert_eq!(received(&mut b, Duration::from_micros(1)), (0..10).collect::<Vec<_>>());
+        assert_eq!(
+            received(&mut b, Duration::from_micros(1)),
+            (0..10).collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -522,7 +607,10 @@ mod tests {
         let run = |seed| {
             let (f, mut a, mut b) = two_ports(seed);
             f.add_rule(FaultRule::always(Fault::Drop(0.3)));
-            f.add_rule(FaultRule::always(Fault::Reorder { probability: 0.3, max_delay: Duration::from_micros(5) }));
+            f.add_rule(FaultRule::always(Fault::Reorder {
+                probability: 0.3,
+                max_delay: Duration::from_micros(5),
+            }));
             send_n(&mut a, b.addr(), 200, Duration::ZERO);
             received(&mut b, Duration::from_millis(1))
         };
@@ -533,7 +621,11 @@ mod tests {
     #[test]
     fn a_link_down_window_blackholes_traffic_and_reports_the_port_down() {
         let (f, mut a, mut b) = two_ports(1);
-        f.add_rule(FaultRule::link_down(1, Duration::from_millis(1), Some(Duration::from_millis(2))));
+        f.add_rule(FaultRule::link_down(
+            1,
+            Duration::from_millis(1),
+            Some(Duration::from_millis(2)),
+        ));
         assert_eq!(b.state(Duration::ZERO), PortState::Active);
         assert_eq!(b.state(Duration::from_millis(1)), PortState::Down);
         send_n(&mut a, b.addr(), 3, Duration::from_millis(1));

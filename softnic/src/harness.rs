@@ -9,16 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hw_defs::mlx5::{
-    cqe, AtomicSegRepr, CqeOpcode, CqeRepr, CtrlSegRepr, Cqe64, DataSegRepr, ErrCqe, ErrCqeRepr, FenceMode, InlineData, RaddrSegRepr,
-    RecvWqe, SendOpcode, SendRing, SendWqeRepr, Sges, Syndrome, WqeData,
+    cqe, AtomicSegRepr, Cqe64, CqeOpcode, CqeRepr, CtrlSegRepr, DataSegRepr, ErrCqe, ErrCqeRepr,
+    FenceMode, InlineData, RaddrSegRepr, RecvWqe, SendOpcode, SendRing, SendWqeRepr, Sges,
+    Syndrome, WqeData,
 };
 use hw_defs::verbs::WcStatus;
 
-use crate::{
-    Access, Clock, CompletionChannel, CqConfig, CqHandle, Device, DeviceConfig, DeviceError, Fabric, MrKeys, PathMtu, PdId,
-    ProgressMode, QpAttrs, QpConfig, QpState, QueueMemory, Wire,
-};
 use crate::qp::DoorbellRegister;
+use crate::{
+    Access, Clock, CompletionChannel, CqConfig, CqHandle, Device, DeviceConfig, DeviceError,
+    Fabric, MrKeys, PathMtu, PdId, ProgressMode, QpAttrs, QpConfig, QpState, QueueMemory, Wire,
+};
 
 /// Registered memory owned by the harness.
 pub struct Buffer {
@@ -45,21 +46,33 @@ impl Buffer {
 
     /// A gather/scatter element over `offset..offset+len`.
     pub fn sge(&self, offset: usize, len: u32) -> DataSegRepr {
-        DataSegRepr { byte_count: len, lkey: self.keys.lkey, addr: self.addr(offset) }
+        DataSegRepr {
+            byte_count: len,
+            lkey: self.keys.lkey,
+            addr: self.addr(offset),
+        }
     }
 
     /// Copies bytes out (racy with the device only if the test lets it be).
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         assert!(offset + out.len() <= self.mem.len());
         // SAFETY: in bounds of our allocation.
-        unsafe { std::ptr::copy_nonoverlapping(self.mem.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.mem.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
     }
 
     /// Copies bytes in.
     pub fn write(&self, offset: usize, data: &[u8]) {
         assert!(offset + data.len() <= self.mem.len());
         // SAFETY: in bounds of our allocation.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(offset), data.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(offset), data.len())
+        }
     }
 
     /// Reads a native-endian u64 (atomic targets).
@@ -101,27 +114,53 @@ pub struct HarnessCq {
 
 impl HarnessCq {
     /// Creates a CQ of `count` entries, initialised as libmlx5 does (opcode invalid).
-    pub fn new(dev: &Device, count: u32, channel: Option<Arc<CompletionChannel>>) -> Result<HarnessCq, DeviceError> {
+    pub fn new(
+        dev: &Device,
+        count: u32,
+        channel: Option<Arc<CompletionChannel>>,
+    ) -> Result<HarnessCq, DeviceError> {
         let ring = QueueMemory::alloc(count as usize * cqe::SIZE);
         for i in 0..count as usize {
-            ring.write(i * cqe::SIZE + cqe::OP_OWN_OFFSET, &[u8::from(CqeOpcode::Invalid) << 4]);
+            ring.write(
+                i * cqe::SIZE + cqe::OP_OWN_OFFSET,
+                &[u8::from(CqeOpcode::Invalid) << 4],
+            );
         }
         let dbrec = QueueMemory::alloc(8);
-        let handle = dev.create_cq(CqConfig { ring: ring.clone(), cqe_count: count, dbrec: dbrec.clone(), channel })?;
-        Ok(HarnessCq { handle, ring, dbrec, count, ci: 0 })
+        let handle = dev.create_cq(CqConfig {
+            ring: ring.clone(),
+            cqe_count: count,
+            dbrec: dbrec.clone(),
+            channel,
+        })?;
+        Ok(HarnessCq {
+            handle,
+            ring,
+            dbrec,
+            count,
+            ci: 0,
+        })
     }
 
     /// Takes the next CQE, if the device has written one.
     pub fn poll(&mut self) -> Option<Completion> {
         let off = cqe::cqe_offset(self.ci, self.count);
         // SAFETY: in bounds; the device stores this byte with release ordering after the rest.
-        let op_own = unsafe { AtomicU8::from_ptr(self.ring.as_ptr().add(off + cqe::OP_OWN_OFFSET)) }.load(Ordering::Acquire);
+        let op_own =
+            unsafe { AtomicU8::from_ptr(self.ring.as_ptr().add(off + cqe::OP_OWN_OFFSET)) }
+                .load(Ordering::Acquire);
         if !cqe::is_sw_owned(op_own, self.ci, self.count) {
             return None;
         }
         let mut bytes = [0u8; cqe::SIZE];
         // SAFETY: in bounds; the device finished this entry (owner bit observed with acquire).
-        unsafe { std::ptr::copy_nonoverlapping(self.ring.as_ptr().add(off), bytes.as_mut_ptr(), cqe::SIZE) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ring.as_ptr().add(off),
+                bytes.as_mut_ptr(),
+                cqe::SIZE,
+            )
+        };
         let opcode = CqeOpcode::from(op_own >> 4);
         let c = if opcode.is_error() {
             let e = ErrCqeRepr::parse(&ErrCqe::new_checked(&bytes[..]).ok()?).ok()?;
@@ -236,7 +275,13 @@ pub struct QpSizes {
 
 impl Default for QpSizes {
     fn default() -> Self {
-        QpSizes { sq_bbs: 256, rq_wqes: 256, rq_sges: 4, max_inline: 256, max_send_sge: 4 }
+        QpSizes {
+            sq_bbs: 256,
+            rq_wqes: 256,
+            rq_sges: 4,
+            max_inline: 256,
+            max_send_sge: 4,
+        }
     }
 }
 
@@ -260,7 +305,13 @@ pub struct HarnessQp {
 
 impl HarnessQp {
     /// Creates a QP in RESET.
-    pub fn new(dev: &Device, pd: PdId, send_cq: &HarnessCq, recv_cq: &HarnessCq, sizes: QpSizes) -> Result<HarnessQp, DeviceError> {
+    pub fn new(
+        dev: &Device,
+        pd: PdId,
+        send_cq: &HarnessCq,
+        recv_cq: &HarnessCq,
+        sizes: QpSizes,
+    ) -> Result<HarnessQp, DeviceError> {
         let rq_stride = (sizes.rq_sges.max(1) * 16).next_power_of_two();
         let sq = QueueMemory::alloc(sizes.sq_bbs as usize * 64);
         let rq = QueueMemory::alloc(sizes.rq_wqes as usize * rq_stride as usize);
@@ -307,17 +358,49 @@ impl HarnessQp {
     /// Writes a send WQE with a fence mode.
     pub fn post_with(&mut self, op: Op, data: Data<'_>, signaled: bool, fence: FenceMode) -> u16 {
         let (opcode, raddr, atomic, imm) = match op {
-            Op::Write { raddr, rkey } => (SendOpcode::RdmaWrite, Some(RaddrSegRepr { raddr, rkey }), None, 0),
-            Op::WriteImm { raddr, rkey, imm } => (SendOpcode::RdmaWriteImm, Some(RaddrSegRepr { raddr, rkey }), None, imm),
+            Op::Write { raddr, rkey } => (
+                SendOpcode::RdmaWrite,
+                Some(RaddrSegRepr { raddr, rkey }),
+                None,
+                0,
+            ),
+            Op::WriteImm { raddr, rkey, imm } => (
+                SendOpcode::RdmaWriteImm,
+                Some(RaddrSegRepr { raddr, rkey }),
+                None,
+                imm,
+            ),
             Op::Send => (SendOpcode::Send, None, None, 0),
             Op::SendImm { imm } => (SendOpcode::SendImm, None, None, imm),
-            Op::Read { raddr, rkey } => (SendOpcode::RdmaRead, Some(RaddrSegRepr { raddr, rkey }), None, 0),
-            Op::CompareSwap { raddr, rkey, compare, swap } => {
-                (SendOpcode::AtomicCs, Some(RaddrSegRepr { raddr, rkey }), Some(AtomicSegRepr { swap_add: swap, compare }), 0)
-            }
-            Op::FetchAdd { raddr, rkey, add } => {
-                (SendOpcode::AtomicFa, Some(RaddrSegRepr { raddr, rkey }), Some(AtomicSegRepr { swap_add: add, compare: 0 }), 0)
-            }
+            Op::Read { raddr, rkey } => (
+                SendOpcode::RdmaRead,
+                Some(RaddrSegRepr { raddr, rkey }),
+                None,
+                0,
+            ),
+            Op::CompareSwap {
+                raddr,
+                rkey,
+                compare,
+                swap,
+            } => (
+                SendOpcode::AtomicCs,
+                Some(RaddrSegRepr { raddr, rkey }),
+                Some(AtomicSegRepr {
+                    swap_add: swap,
+                    compare,
+                }),
+                0,
+            ),
+            Op::FetchAdd { raddr, rkey, add } => (
+                SendOpcode::AtomicFa,
+                Some(RaddrSegRepr { raddr, rkey }),
+                Some(AtomicSegRepr {
+                    swap_add: add,
+                    compare: 0,
+                }),
+                0,
+            ),
             Op::Nop => (SendOpcode::Nop, None, None, 0),
         };
         let index = (self.sq_pi & 0xffff) as u16;
@@ -366,8 +449,13 @@ impl HarnessQp {
         let off = (self.rq_pi % self.rq_wqes) as usize * self.rq_stride as usize;
         // SAFETY: the receive ring is ours; the device reads this slot only after the counter
         // below publishes it.
-        let slot = unsafe { std::slice::from_raw_parts_mut(self.rq.as_ptr().add(off), self.rq_stride as usize) };
-        RecvWqe::new_checked(slot).expect("stride").write(sges).expect("SGEs fit the stride");
+        let slot = unsafe {
+            std::slice::from_raw_parts_mut(self.rq.as_ptr().add(off), self.rq_stride as usize)
+        };
+        RecvWqe::new_checked(slot)
+            .expect("stride")
+            .write(sges)
+            .expect("SGEs fit the stride");
         self.rq_pi = self.rq_pi.wrapping_add(1);
         self.dbrec.store_be32(0, self.rq_pi & 0xffff);
     }
@@ -407,13 +495,34 @@ pub struct ConnectOptions {
 
 impl Default for ConnectOptions {
     fn default() -> Self {
-        ConnectOptions { mtu: PathMtu::Mtu1024, timeout: 14, retry_cnt: 7, rnr_retry: 7, min_rnr_timer: 1, rd_atomic: 16, psn: 0x00ff_fff0 }
+        ConnectOptions {
+            mtu: PathMtu::Mtu1024,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            rd_atomic: 16,
+            psn: 0x00ff_fff0,
+        }
     }
 }
 
 /// Takes a QP from RESET to RTS towards a peer QP.
-pub fn bring_up(dev: &Device, qpn: u32, peer_addr: IpAddr, peer_qpn: u32, o: &ConnectOptions) -> Result<(), DeviceError> {
-    dev.modify_qp(qpn, QpState::Init, &QpAttrs { access: Some(Access::ALL), ..Default::default() })?;
+pub fn bring_up(
+    dev: &Device,
+    qpn: u32,
+    peer_addr: IpAddr,
+    peer_qpn: u32,
+    o: &ConnectOptions,
+) -> Result<(), DeviceError> {
+    dev.modify_qp(
+        qpn,
+        QpState::Init,
+        &QpAttrs {
+            access: Some(Access::ALL),
+            ..Default::default()
+        },
+    )?;
     dev.modify_qp(
         qpn,
         QpState::Rtr,
@@ -442,7 +551,13 @@ pub fn bring_up(dev: &Device, qpn: u32, peer_addr: IpAddr, peer_qpn: u32, o: &Co
 }
 
 /// Connects two QPs to each other.
-pub fn connect(a: &Device, qa: &HarnessQp, b: &Device, qb: &HarnessQp, o: &ConnectOptions) -> Result<(), DeviceError> {
+pub fn connect(
+    a: &Device,
+    qa: &HarnessQp,
+    b: &Device,
+    qb: &HarnessQp,
+    o: &ConnectOptions,
+) -> Result<(), DeviceError> {
     bring_up(a, qa.qpn, b.addr(), qb.qpn, o)?;
     bring_up(b, qb.qpn, a.addr(), qa.qpn, o)
 }
@@ -471,7 +586,14 @@ impl Node {
         let rcq = HarnessCq::new(&dev, 4096, None)?;
         let qp = HarnessQp::new(&dev, pd, &scq, &rcq, sizes)?;
         let buf = Buffer::new(&dev, pd, buf_len, Access::ALL)?;
-        Ok(Node { dev, pd, scq, rcq, qp, buf })
+        Ok(Node {
+            dev,
+            pd,
+            scq,
+            rcq,
+            qp,
+            buf,
+        })
     }
 }
 
@@ -486,24 +608,47 @@ pub struct Sim {
 impl Sim {
     /// A simulation whose faults come from `seed`.
     pub fn new(seed: u64, latency: Duration) -> Sim {
-        Sim { clock: Clock::new_virtual(), fabric: Fabric::new(seed, latency) }
+        Sim {
+            clock: Clock::new_virtual(),
+            fabric: Fabric::new(seed, latency),
+        }
     }
 
     /// Adds a port with address 198.18.0.`n` and opens a manual-progress device on it.
     pub fn device(&self, name: &str, n: u8) -> Result<Device, DeviceError> {
-        let port = self.fabric.add_port(IpAddr::V4(Ipv4Addr::new(198, 18, 0, n)));
+        self.device_traced(name, n, None)
+    }
+
+    /// As [`Sim::device`], writing a pcap trace of the device's packets to `pcap`.
+    pub fn device_traced(
+        &self,
+        name: &str,
+        n: u8,
+        pcap: Option<std::path::PathBuf>,
+    ) -> Result<Device, DeviceError> {
+        let port = self
+            .fabric
+            .add_port(IpAddr::V4(Ipv4Addr::new(198, 18, 0, n)));
         Device::open(DeviceConfig {
             name: name.into(),
-            wire: Wire::Fabric { fabric: self.fabric.clone(), port },
+            wire: Wire::Fabric {
+                fabric: self.fabric.clone(),
+                port,
+            },
             progress: ProgressMode::Manual,
             clock: self.clock.clone(),
-            pcap: None,
+            pcap,
         })
     }
 
     /// Runs rounds on `devices` until `done` says so or `limit` of virtual time passes; jumps
     /// the clock to the next timer whenever every device is idle. Returns whether `done` held.
-    pub fn run_until(&self, devices: &[&Device], limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    pub fn run_until(
+        &self,
+        devices: &[&Device],
+        limit: Duration,
+        mut done: impl FnMut() -> bool,
+    ) -> bool {
         let end = self.clock.now() + limit;
         loop {
             if done() {

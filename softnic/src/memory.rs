@@ -59,18 +59,31 @@ impl QueueMemory {
     /// # Safety
     /// `ptr..ptr+len` must stay mapped, readable and writable, and not be freed while `owner`
     /// (or any clone of the returned value) is alive.
-    pub unsafe fn from_raw(ptr: NonNull<u8>, len: usize, owner: Arc<dyn Any + Send + Sync>) -> Self {
-        QueueMemory { ptr, len, _owner: owner }
+    pub unsafe fn from_raw(
+        ptr: NonNull<u8>,
+        len: usize,
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> Self {
+        QueueMemory {
+            ptr,
+            len,
+            _owner: owner,
+        }
     }
 
     /// A zeroed, 4096-byte aligned allocation of `len` bytes (at least one byte is allocated).
     pub fn alloc(len: usize) -> QueueMemory {
-        let layout = Layout::from_size_align(len.max(1), 4096).expect("queue memory size overflows");
+        let layout =
+            Layout::from_size_align(len.max(1), 4096).expect("queue memory size overflows");
         // SAFETY: layout has non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         let owner = Arc::new(AlignedBuffer { ptr, layout });
-        QueueMemory { ptr, len, _owner: owner }
+        QueueMemory {
+            ptr,
+            len,
+            _owner: owner,
+        }
     }
 
     /// A sub-range of this memory, sharing its owner, or `None` when it does not fit.
@@ -81,7 +94,11 @@ impl QueueMemory {
         }
         // SAFETY: offset <= len of a live allocation, so the result is in bounds and non-null.
         let ptr = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(offset)) };
-        Some(QueueMemory { ptr, len, _owner: self._owner.clone() })
+        Some(QueueMemory {
+            ptr,
+            len,
+            _owner: self._owner.clone(),
+        })
     }
 
     /// The first byte.
@@ -101,18 +118,32 @@ impl QueueMemory {
 
     /// Copies `out.len()` bytes from `offset` into `out`. The caller checked the range.
     pub(crate) fn read(&self, offset: usize, out: &mut [u8]) {
-        assert!(offset + out.len() <= self.len, "queue memory read out of range");
+        assert!(
+            offset + out.len() <= self.len,
+            "queue memory read out of range"
+        );
         // SAFETY: in bounds (asserted); the driver does not write these bytes while the device
         // owns them (doorbell protocol), so a plain copy is sound.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
     }
 
     /// Copies `data` to `offset`. The caller checked the range.
     pub(crate) fn write(&self, offset: usize, data: &[u8]) {
-        assert!(offset + data.len() <= self.len, "queue memory write out of range");
+        assert!(
+            offset + data.len() <= self.len,
+            "queue memory write out of range"
+        );
         // SAFETY: in bounds (asserted); the driver does not read these bytes before the release
         // store that publishes them.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        }
     }
 
     /// Loads a big-endian 32-bit counter at a 4-byte aligned offset with acquire ordering.
@@ -122,7 +153,8 @@ impl QueueMemory {
 
     /// Stores a big-endian 32-bit counter at a 4-byte aligned offset with release ordering.
     pub fn store_be32(&self, offset: usize, value: u32) {
-        self.atomic_u32(offset).store(value.to_be(), Ordering::Release)
+        self.atomic_u32(offset)
+            .store(value.to_be(), Ordering::Release)
     }
 
     /// Stores one byte with release ordering: every earlier write is visible before it.
@@ -138,7 +170,10 @@ impl QueueMemory {
         // SAFETY: in bounds (asserted) and alignment checked next; the word lives as long as
         // self; both sides access it only atomically.
         let p = unsafe { self.ptr.as_ptr().add(offset) };
-        assert!((p as usize) % 4 == 0, "doorbell counter is not 4-byte aligned");
+        assert!(
+            (p as usize) % 4 == 0,
+            "doorbell counter is not 4-byte aligned"
+        );
         // SAFETY: aligned, in bounds, valid for the lifetime of &self.
         unsafe { AtomicU32::from_ptr(p.cast()) }
     }

@@ -97,7 +97,13 @@ impl MrTable {
         let v = &mut self.variants[index];
         *v = if *v == 0xff { 1 } else { *v + 1 };
         let key = ((index as u32) << 8) | *v as u32;
-        self.slots[index] = Some(Mr { pd, addr, len, access, key });
+        self.slots[index] = Some(Mr {
+            pd,
+            addr,
+            len,
+            access,
+            key,
+        });
         key
     }
 
@@ -111,7 +117,10 @@ impl MrTable {
     }
 
     pub fn get(&self, key: u32) -> Option<&Mr> {
-        self.slots.get((key >> 8) as usize)?.as_ref().filter(|m| m.key == key)
+        self.slots
+            .get((key >> 8) as usize)?
+            .as_ref()
+            .filter(|m| m.key == key)
     }
 
     pub fn any_in_pd(&self, pd: PdId) -> bool {
@@ -119,12 +128,21 @@ impl MrTable {
     }
 
     /// Checks `key` grants `needed` on `addr..addr+len` in `pd`; returns the MR.
-    pub fn check(&self, key: u32, pd: PdId, addr: u64, len: u64, needed: Access) -> Result<&Mr, KeyError> {
+    pub fn check(
+        &self,
+        key: u32,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        needed: Access,
+    ) -> Result<&Mr, KeyError> {
         let mr = self.get(key).ok_or(KeyError::Unknown(key))?;
         if mr.pd != pd {
             return Err(KeyError::OtherPd(key));
         }
-        let end = addr.checked_add(len).ok_or(KeyError::OutOfBounds { key, addr, len })?;
+        let end = addr
+            .checked_add(len)
+            .ok_or(KeyError::OutOfBounds { key, addr, len })?;
         if addr < mr.addr || end > mr.addr + mr.len {
             return Err(KeyError::OutOfBounds { key, addr, len });
         }
@@ -152,17 +170,34 @@ mod tests {
         let again = t.insert(PdId(1), 0x1000, 0x1000, Access::ALL);
         assert_eq!(again >> 8, keys[1] >> 8);
         assert_ne!(again, keys[1]);
-        assert_eq!(t.check(keys[1], PdId(1), 0x1000, 8, Access::NONE).err(), Some(KeyError::Unknown(keys[1])));
+        assert_eq!(
+            t.check(keys[1], PdId(1), 0x1000, 8, Access::NONE).err(),
+            Some(KeyError::Unknown(keys[1]))
+        );
     }
 
     #[test]
     fn checks_name_the_fault() {
         let mut t = MrTable::default();
         let k = t.insert(PdId(1), 0x1000, 0x100, Access::REMOTE_READ);
-        assert!(t.check(k, PdId(1), 0x1000, 0x100, Access::REMOTE_READ).is_ok());
-        assert_eq!(t.check(k, PdId(2), 0x1000, 1, Access::NONE).err(), Some(KeyError::OtherPd(k)));
-        assert!(matches!(t.check(k, PdId(1), 0x10ff, 2, Access::NONE), Err(KeyError::OutOfBounds { .. })));
-        assert!(matches!(t.check(k, PdId(1), u64::MAX, 2, Access::NONE), Err(KeyError::OutOfBounds { .. })));
-        assert!(matches!(t.check(k, PdId(1), 0x1000, 8, Access::REMOTE_WRITE), Err(KeyError::NoAccess { .. })));
+        assert!(t
+            .check(k, PdId(1), 0x1000, 0x100, Access::REMOTE_READ)
+            .is_ok());
+        assert_eq!(
+            t.check(k, PdId(2), 0x1000, 1, Access::NONE).err(),
+            Some(KeyError::OtherPd(k))
+        );
+        assert!(matches!(
+            t.check(k, PdId(1), 0x10ff, 2, Access::NONE),
+            Err(KeyError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            t.check(k, PdId(1), u64::MAX, 2, Access::NONE),
+            Err(KeyError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            t.check(k, PdId(1), 0x1000, 8, Access::REMOTE_WRITE),
+            Err(KeyError::NoAccess { .. })
+        ));
     }
 }

@@ -23,11 +23,15 @@ pub(crate) fn state_from_flags(flags: u32) -> PortState {
 
 /// The interface index of `netdev`, or an error naming it.
 pub(crate) fn ifindex(netdev: &str) -> io::Result<u32> {
-    let name = CString::new(netdev).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "netdev name has a NUL"))?;
+    let name = CString::new(netdev)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "netdev name has a NUL"))?;
     // SAFETY: a valid NUL-terminated string.
     let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
     if idx == 0 {
-        Err(io::Error::new(io::ErrorKind::NotFound, format!("no netdev named {netdev}")))
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no netdev named {netdev}"),
+        ))
     } else {
         Ok(idx)
     }
@@ -46,7 +50,10 @@ pub(crate) fn query_state(netdev: &str) -> io::Result<PortState> {
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     let bytes = netdev.as_bytes();
     if bytes.len() >= req.ifr_name.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "netdev name too long"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "netdev name too long",
+        ));
     }
     for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
         *d = *s as libc::c_char;
@@ -59,7 +66,9 @@ pub(crate) fn query_state(netdev: &str) -> io::Result<PortState> {
     // SAFETY: the kernel filled ifru_flags.
     let flags = unsafe { req.ifr_ifru.ifru_flags } as u16 as u32;
     let running = flags & libc::IFF_RUNNING as u32 != 0;
-    Ok(state_from_flags(flags | if running { IFF_LOWER_UP } else { 0 }))
+    Ok(state_from_flags(
+        flags | if running { IFF_LOWER_UP } else { 0 },
+    ))
 }
 
 /// An rtnetlink socket subscribed to RTMGRP_LINK, filtered to one interface.
@@ -74,7 +83,11 @@ impl LinkMonitor {
     pub(crate) fn new(ifindex: u32) -> io::Result<LinkMonitor> {
         // SAFETY: plain syscall; the fd is checked and owned.
         let fd = unsafe {
-            libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
         };
         if fd < 0 {
             return Err(io::Error::last_os_error());
@@ -87,12 +100,20 @@ impl LinkMonitor {
         sa.nl_groups = libc::RTMGRP_LINK as u32;
         // SAFETY: a valid sockaddr_nl of the size passed.
         let rc = unsafe {
-            libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_nl).cast(), std::mem::size_of::<libc::sockaddr_nl>() as u32)
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
         };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(LinkMonitor { fd, ifindex, buf: vec![0u8; 16384] })
+        Ok(LinkMonitor {
+            fd,
+            ifindex,
+            buf: vec![0u8; 16384],
+        })
     }
 
     /// Reads every pending message; returns the latest state of our interface, if reported.
@@ -100,7 +121,14 @@ impl LinkMonitor {
         let mut latest = None;
         loop {
             // SAFETY: reads into a live buffer of the given length; nonblocking.
-            let n = unsafe { libc::recv(self.fd.as_raw_fd(), self.buf.as_mut_ptr().cast(), self.buf.len(), 0) };
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    0,
+                )
+            };
             if n <= 0 {
                 return latest;
             }
@@ -130,7 +158,11 @@ pub(crate) fn parse_link_messages(mut buf: &[u8], ifindex: u32) -> Option<PortSt
             let index = i32::from_ne_bytes(body[4..8].try_into().ok()?);
             let flags = u32::from_ne_bytes(body[8..12].try_into().ok()?);
             if index as u32 == ifindex {
-                latest = Some(if kind == libc::RTM_DELLINK { PortState::Down } else { state_from_flags(flags) });
+                latest = Some(if kind == libc::RTM_DELLINK {
+                    PortState::Down
+                } else {
+                    state_from_flags(flags)
+                });
             }
         }
         let aligned = (len + 3) & !3;

@@ -20,7 +20,10 @@ pub(crate) enum Kind {
 impl Kind {
     /// Whether a requester sends it (the responder handles it).
     pub fn is_request(self) -> bool {
-        matches!(self, Kind::Send | Kind::Write | Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd)
+        matches!(
+            self,
+            Kind::Send | Kind::Write | Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd
+        )
     }
 }
 
@@ -54,7 +57,7 @@ pub(crate) enum NakCode {
 
 /// What an AETH says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Ack {
+pub(crate) enum AckKind {
     /// Positive acknowledgement (credit field ignored: we do not do end-to-end flow control).
     Ack,
     /// Receiver not ready, with the 5-bit timer code.
@@ -76,7 +79,7 @@ pub(crate) struct Header {
     pub psn: u32,
     pub reth: Option<Reth>,
     pub atomic: Option<AtomicEth>,
-    pub aeth: Option<(Ack, u32)>,
+    pub aeth: Option<(AckKind, u32)>,
     pub atomic_ack: Option<u64>,
     pub imm: Option<u32>,
     /// Where the payload lies in the packet bytes (pad and ICRC excluded).
@@ -95,7 +98,7 @@ pub(crate) struct OutHeader {
     pub psn: u32,
     pub reth: Option<Reth>,
     pub atomic: Option<AtomicEth>,
-    pub aeth: Option<(Ack, u32)>,
+    pub aeth: Option<(AckKind, u32)>,
     pub atomic_ack: Option<u64>,
     pub imm: Option<u32>,
     pub payload_len: u32,
@@ -124,8 +127,9 @@ impl OutHeader {
 /// The RNR timer code's wait (IBA table 45), rounded to microseconds. Code 0 is 655.36 ms.
 pub(crate) fn rnr_timer(code: u8) -> std::time::Duration {
     const MICROS: [u32; 32] = [
-        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120,
-        7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
     ];
     std::time::Duration::from_micros(MICROS[(code & 31) as usize] as u64)
 }

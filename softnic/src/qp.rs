@@ -243,7 +243,12 @@ impl SendQueue {
             let n = self.slots.len() as u64;
             let slot = &mut self.slots[(self.tail % n) as usize];
             let index = self.fetch;
-            let result = codec::decode_send_wqe(&self.scratch[..bytes.max(ds as usize * 16).min(span)], max_inline, max_sge, slot);
+            let result = codec::decode_send_wqe(
+                &self.scratch[..bytes.max(ds as usize * 16).min(span)],
+                max_inline,
+                max_sge,
+                slot,
+            );
             reset_progress(slot);
             slot.index = index;
             slot.bbs = bbs as u16;
@@ -363,7 +368,12 @@ pub(crate) struct Qp {
 }
 
 impl Qp {
-    pub fn new(qpn: u32, cfg: QpConfig, bell: Arc<Bell>, src_port: u16) -> Result<Qp, &'static str> {
+    pub fn new(
+        qpn: u32,
+        cfg: QpConfig,
+        bell: Arc<Bell>,
+        src_port: u16,
+    ) -> Result<Qp, &'static str> {
         if !cfg.sq_bbs.is_power_of_two() || cfg.sq_bbs == 0 || cfg.sq_bbs > 1 << 15 {
             return Err("sq_bbs must be a power of two up to 32768");
         }
@@ -382,10 +392,13 @@ impl Qp {
         if cfg.dbrec.len() < 8 || cfg.dbrec.as_ptr() as usize % 4 != 0 {
             return Err("doorbell record must be 8 bytes, 4-byte aligned");
         }
-        if cfg.max_inline as usize > MAX_WQE_BYTES || cfg.max_send_sge as usize > MAX_WQE_BYTES / 16 {
+        if cfg.max_inline as usize > MAX_WQE_BYTES || cfg.max_send_sge as usize > MAX_WQE_BYTES / 16
+        {
             return Err("max_inline or max_send_sge exceed what a send WQE can hold");
         }
-        let slots = (0..cfg.sq_bbs).map(|_| SendWqe::empty(cfg.max_send_sge as usize, cfg.max_inline as usize)).collect();
+        let slots = (0..cfg.sq_bbs)
+            .map(|_| SendWqe::empty(cfg.max_send_sge as usize, cfg.max_inline as usize))
+            .collect();
         Ok(Qp {
             qpn,
             pd: cfg.pd,
@@ -404,14 +417,22 @@ impl Qp {
                 tail: 0,
                 scratch: vec![0u8; MAX_WQE_BYTES + SEND_BB],
             },
-            rq: RecvQueue { mem: cfg.rq, wqes: cfg.rq_wqes, stride: cfg.rq_stride, ci: 0 },
+            rq: RecvQueue {
+                mem: cfg.rq,
+                wqes: cfg.rq_wqes,
+                stride: cfg.rq_stride,
+                ci: 0,
+            },
             dbrec: cfg.dbrec,
             bell,
             max_inline: cfg.max_inline,
             max_send_sge: cfg.max_send_sge,
             src_port,
             req: Requester::default(),
-            resp: Responder { recv_sges: Vec::with_capacity((cfg.rq_stride / 16) as usize), ..Default::default() },
+            resp: Responder {
+                recv_sges: Vec::with_capacity((cfg.rq_stride / 16) as usize),
+                ..Default::default()
+            },
             counters: Counters::default(),
             rq_scratch: vec![0u8; cfg.rq_stride as usize],
         })
@@ -446,7 +467,10 @@ impl Qp {
         self.rq.ci = 0;
         self.req = Requester::default();
         let sges = std::mem::take(&mut self.resp.recv_sges);
-        self.resp = Responder { recv_sges: sges, ..Default::default() };
+        self.resp = Responder {
+            recv_sges: sges,
+            ..Default::default()
+        };
         self.resp.recv_sges.clear();
         self.attrs = QpAttrs::default();
     }
@@ -486,8 +510,16 @@ impl Qp {
 }
 
 /// Writes a CQE to `cq`; on overrun, counts it, raises the async events, and reports it.
-pub(crate) fn push_cqe(cqs: &mut [Option<Cq>], id: CqId, info: &CqeInfo, counters: &mut Counters, events: &EventQueue) -> bool {
-    let Some(Some(cq)) = cqs.get_mut(id.0 as usize) else { return false };
+pub(crate) fn push_cqe(
+    cqs: &mut [Option<Cq>],
+    id: CqId,
+    info: &CqeInfo,
+    counters: &mut Counters,
+    events: &EventQueue,
+) -> bool {
+    let Some(Some(cq)) = cqs.get_mut(id.0 as usize) else {
+        return false;
+    };
     let was_broken = cq.broken;
     match cq.push(info) {
         Ok(()) => true,
@@ -522,7 +554,10 @@ impl Qp {
             if self.sq.head < self.sq.tail {
                 let w = self.sq.slot(self.sq.head);
                 let info = CqeInfo {
-                    kind: CqeKind::RequesterError { wqe_opcode: w.mlx5_opcode, syndrome: s },
+                    kind: CqeKind::RequesterError {
+                        wqe_opcode: w.mlx5_opcode,
+                        syndrome: s,
+                    },
                     qpn: self.qpn,
                     wqe_counter: w.index,
                     byte_count: 0,
@@ -541,7 +576,10 @@ impl Qp {
             while self.sq.head < self.sq.tail {
                 let w = self.sq.slot(self.sq.head);
                 let info = CqeInfo {
-                    kind: CqeKind::RequesterError { wqe_opcode: w.mlx5_opcode, syndrome: syndrome::WR_FLUSH },
+                    kind: CqeKind::RequesterError {
+                        wqe_opcode: w.mlx5_opcode,
+                        syndrome: syndrome::WR_FLUSH,
+                    },
                     qpn: self.qpn,
                     wqe_counter: w.index,
                     byte_count: 0,
@@ -561,7 +599,9 @@ impl Qp {
         let posted = self.rq_posted();
         while self.rq.ci != posted {
             let info = CqeInfo {
-                kind: CqeKind::ResponderError { syndrome: syndrome::WR_FLUSH },
+                kind: CqeKind::ResponderError {
+                    syndrome: syndrome::WR_FLUSH,
+                },
                 qpn: self.qpn,
                 wqe_counter: self.rq.ci,
                 byte_count: 0,

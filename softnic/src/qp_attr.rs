@@ -53,9 +53,15 @@ impl PathMtu {
     /// + RETH 16 + ImmDt 4 + ICRC 4 bytes of overhead), as rxe derives the active MTU.
     pub fn for_ethernet_mtu(mtu: u32) -> Option<PathMtu> {
         let room = mtu.checked_sub(20 + 8 + 12 + 16 + 4 + 4)?;
-        [PathMtu::Mtu4096, PathMtu::Mtu2048, PathMtu::Mtu1024, PathMtu::Mtu512, PathMtu::Mtu256]
-            .into_iter()
-            .find(|m| m.bytes() <= room)
+        [
+            PathMtu::Mtu4096,
+            PathMtu::Mtu2048,
+            PathMtu::Mtu1024,
+            PathMtu::Mtu512,
+            PathMtu::Mtu256,
+        ]
+        .into_iter()
+        .find(|m| m.bytes() <= room)
     }
 }
 
@@ -97,7 +103,20 @@ impl QpAttrs {
         macro_rules! take {
             ($($f:ident),*) => { $( if other.$f.is_some() { self.$f = other.$f.clone(); } )* };
         }
-        take!(access, path_mtu, dest_qpn, dest_addr, rq_psn, max_dest_rd_atomic, min_rnr_timer, timeout, retry_cnt, rnr_retry, sq_psn, max_rd_atomic);
+        take!(
+            access,
+            path_mtu,
+            dest_qpn,
+            dest_addr,
+            rq_psn,
+            max_dest_rd_atomic,
+            min_rnr_timer,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            sq_psn,
+            max_rd_atomic
+        );
     }
 }
 
@@ -133,14 +152,31 @@ pub enum ModifyError {
 }
 
 /// Checks the transition and its required attributes (as `ibv_modify_qp` on RC).
-pub(crate) fn check_transition(from: QpState, to: QpState, given: &QpAttrs) -> Result<(), ModifyError> {
+pub(crate) fn check_transition(
+    from: QpState,
+    to: QpState,
+    given: &QpAttrs,
+) -> Result<(), ModifyError> {
     use QpState as S;
     let required: &[&'static str] = match (from, to) {
         (_, S::Reset) | (_, S::Err) => &[],
         (S::Reset, S::Init) => &["qp_access_flags"],
         (S::Init, S::Init) => &[],
-        (S::Init, S::Rtr) => &["path_mtu", "dest_qp_num", "ah_attr", "rq_psn", "max_dest_rd_atomic", "min_rnr_timer"],
-        (S::Rtr, S::Rts) => &["timeout", "retry_cnt", "rnr_retry", "sq_psn", "max_rd_atomic"],
+        (S::Init, S::Rtr) => &[
+            "path_mtu",
+            "dest_qp_num",
+            "ah_attr",
+            "rq_psn",
+            "max_dest_rd_atomic",
+            "min_rnr_timer",
+        ],
+        (S::Rtr, S::Rts) => &[
+            "timeout",
+            "retry_cnt",
+            "rnr_retry",
+            "sq_psn",
+            "max_rd_atomic",
+        ],
         (S::Rts, S::Rts) => &[],
         _ => return Err(ModifyError::IllegalTransition { from, to }),
     };
@@ -206,7 +242,10 @@ mod tests {
     fn reset_to_rts_directly_is_illegal() {
         assert_eq!(
             check_transition(QpState::Reset, QpState::Rts, &QpAttrs::default()),
-            Err(ModifyError::IllegalTransition { from: QpState::Reset, to: QpState::Rts })
+            Err(ModifyError::IllegalTransition {
+                from: QpState::Reset,
+                to: QpState::Rts
+            })
         );
     }
 
@@ -216,7 +255,9 @@ mod tests {
         a.dest_qpn = None;
         a.rq_psn = None;
         match check_transition(QpState::Init, QpState::Rtr, &a) {
-            Err(ModifyError::MissingAttributes { missing, .. }) => assert_eq!(missing, vec!["dest_qp_num", "rq_psn"]),
+            Err(ModifyError::MissingAttributes { missing, .. }) => {
+                assert_eq!(missing, vec!["dest_qp_num", "rq_psn"])
+            }
             other => panic!("{other:?}"),
         }
         assert!(check_transition(QpState::Init, QpState::Rtr, &rtr_attrs()).is_ok());
@@ -224,7 +265,13 @@ mod tests {
 
     #[test]
     fn any_state_may_go_to_error_or_reset() {
-        for s in [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Err] {
+        for s in [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Err,
+        ] {
             assert!(check_transition(s, QpState::Err, &QpAttrs::default()).is_ok());
             assert!(check_transition(s, QpState::Reset, &QpAttrs::default()).is_ok());
         }
@@ -232,8 +279,17 @@ mod tests {
 
     #[test]
     fn out_of_range_retry_count_is_refused() {
-        let a = QpAttrs { retry_cnt: Some(8), ..Default::default() };
-        assert_eq!(check_transition(QpState::Rts, QpState::Rts, &a), Err(ModifyError::BadAttribute { name: "retry_cnt", value: 8 }));
+        let a = QpAttrs {
+            retry_cnt: Some(8),
+            ..Default::default()
+        };
+        assert_eq!(
+            check_transition(QpState::Rts, QpState::Rts, &a),
+            Err(ModifyError::BadAttribute {
+                name: "retry_cnt",
+                value: 8
+            })
+        );
     }
 
     #[test]

@@ -26,7 +26,13 @@ pub(crate) struct ReqOutcome {
 }
 
 /// Sends up to `budget` packets for `qp`.
-pub(crate) fn run(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, ectx: &mut ErrorCtx<'_>, budget: usize) -> ReqOutcome {
+pub(crate) fn run(
+    qp: &mut Qp,
+    mrs: &MrTable,
+    tx: &mut Tx<'_>,
+    ectx: &mut ErrorCtx<'_>,
+    budget: usize,
+) -> ReqOutcome {
     let mut out = ReqOutcome::default();
     if qp.state != QpState::Rts {
         return out;
@@ -40,7 +46,9 @@ pub(crate) fn run(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, ectx: &mut ErrorC
     if qp.sq.fetch != qp.sq.limit {
         qp.sq.fetch(qp.max_inline, qp.max_send_sge);
     }
-    let Some((peer, dest_qpn)) = qp.peer() else { return out };
+    let Some((peer, dest_qpn)) = qp.peer() else {
+        return out;
+    };
     let mtu = qp.mtu();
     let max_rd_atomic = qp.attrs.max_rd_atomic.unwrap_or(1).max(1) as u32;
     while qp.sq.req < qp.sq.tail {
@@ -90,7 +98,14 @@ pub(crate) fn run(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, ectx: &mut ErrorC
 }
 
 /// Sends the next packet of WQE `sq.req`; advances the requester.
-fn send_one(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, peer: std::net::IpAddr, dest_qpn: u32, mtu: u32) -> Result<(), u8> {
+fn send_one(
+    qp: &mut Qp,
+    mrs: &MrTable,
+    tx: &mut Tx<'_>,
+    peer: std::net::IpAddr,
+    dest_qpn: u32,
+    mtu: u32,
+) -> Result<(), u8> {
     let req = qp.sq.req;
     let psn = qp.req.psn;
     let offset = qp.req.offset;
@@ -115,13 +130,21 @@ fn send_one(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, peer: std::net::IpAddr,
             let n = mtu.min(w.length - offset);
             let first = offset == 0;
             let last = offset + n >= w.length;
-            hdr = OutHeader::new(if is_write { Kind::Write } else { Kind::Send }, dest_qpn, psn);
+            hdr = OutHeader::new(
+                if is_write { Kind::Write } else { Kind::Send },
+                dest_qpn,
+                psn,
+            );
             hdr.first = first;
             hdr.last = last;
             hdr.solicited = last && w.solicited;
             hdr.ack_req = last || qp.req.since_ack_req + 1 >= ACK_REQ_EVERY;
             if is_write && first {
-                hdr.reth = Some(Reth { va: w.raddr, rkey: w.rkey, len: w.length });
+                hdr.reth = Some(Reth {
+                    va: w.raddr,
+                    rkey: w.rkey,
+                    len: w.length,
+                });
             }
             if last && matches!(w.op, WqeOp::WriteImm | WqeOp::SendImm) {
                 hdr.imm = Some(w.imm);
@@ -166,16 +189,29 @@ fn send_one(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, peer: std::net::IpAddr,
         WqeOp::Read => {
             hdr = OutHeader::new(Kind::ReadRequest, dest_qpn, psn);
             hdr.ack_req = true;
-            hdr.reth = Some(Reth { va: w.raddr + offset as u64, rkey: w.rkey, len: w.length - offset });
+            hdr.reth = Some(Reth {
+                va: w.raddr + offset as u64,
+                rkey: w.rkey,
+                len: w.length - offset,
+            });
             tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
             advance = psn_delta(w.last_psn, psn) as u32 + 1;
             finished = true;
         }
         WqeOp::CompareSwap | WqeOp::FetchAdd => {
-            let kind = if w.op == WqeOp::CompareSwap { Kind::CompareSwap } else { Kind::FetchAdd };
+            let kind = if w.op == WqeOp::CompareSwap {
+                Kind::CompareSwap
+            } else {
+                Kind::FetchAdd
+            };
             hdr = OutHeader::new(kind, dest_qpn, psn);
             hdr.ack_req = true;
-            hdr.atomic = Some(AtomicEth { va: w.raddr, rkey: w.rkey, swap_add: w.swap_add, compare: w.compare });
+            hdr.atomic = Some(AtomicEth {
+                va: w.raddr,
+                rkey: w.rkey,
+                swap_add: w.swap_add,
+                compare: w.compare,
+            });
             tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
             advance = 1;
             finished = true;
@@ -189,7 +225,11 @@ fn send_one(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, peer: std::net::IpAddr,
     if psn_delta(qp.req.psn, qp.req.high_psn) > 0 {
         qp.req.high_psn = qp.req.psn;
     }
-    qp.req.since_ack_req = if hdr.ack_req { 0 } else { qp.req.since_ack_req + 1 };
+    qp.req.since_ack_req = if hdr.ack_req {
+        0
+    } else {
+        qp.req.since_ack_req + 1
+    };
     if finished {
         qp.sq.slot_mut(req).sent_all = true;
         qp.sq.req += 1;
@@ -270,7 +310,9 @@ pub(crate) fn complete_head(qp: &mut Qp, ectx: &mut ErrorCtx<'_>) {
     }
     let signaled = w.signaled;
     let info = CqeInfo {
-        kind: CqeKind::Requester { wqe_opcode: w.mlx5_opcode },
+        kind: CqeKind::Requester {
+            wqe_opcode: w.mlx5_opcode,
+        },
         qpn: qp.qpn,
         wqe_counter: w.index,
         byte_count: match w.op {
@@ -290,7 +332,8 @@ pub(crate) fn complete_head(qp: &mut Qp, ectx: &mut ErrorCtx<'_>) {
         }
     }
     if signaled && !push_cqe(ectx.cqs, qp.send_cq, &info, &mut qp.counters, ectx.events) {
-        ectx.events.push(crate::events::AsyncEvent::QpFatal { qpn: qp.qpn });
+        ectx.events
+            .push(crate::events::AsyncEvent::QpFatal { qpn: qp.qpn });
         qp.enter_error(None, ectx);
     }
 }

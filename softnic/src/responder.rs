@@ -7,13 +7,20 @@ use crate::cq::{CqeInfo, CqeKind};
 use crate::dma::{self, AtomicOp};
 use crate::events::AsyncEvent;
 use crate::mr::{Access, MrTable};
-use crate::packet::{Ack, Header, Kind, NakCode, OutHeader, Reth};
+use crate::packet::{AckKind, Header, Kind, NakCode, OutHeader, Reth};
 use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp};
 use crate::qp_attr::QpState;
 use crate::tx::Tx;
 
 /// Handles one request packet for `qp`.
-pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, tx: &mut Tx<'_>, ectx: &mut ErrorCtx<'_>) {
+pub(crate) fn handle(
+    qp: &mut Qp,
+    h: &Header,
+    packet: &[u8],
+    mrs: &MrTable,
+    tx: &mut Tx<'_>,
+    ectx: &mut ErrorCtx<'_>,
+) {
     if !matches!(qp.state, QpState::Rtr | QpState::Rts) {
         return;
     }
@@ -23,7 +30,7 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, tx: 
             qp.resp.nak_sent = true;
             qp.counters.naks_sent.psn_sequence += 1;
             let epsn = qp.resp.epsn;
-            send_ack(qp, tx, Ack::Nak(NakCode::PsnSequence), epsn);
+            send_ack(qp, tx, AckKind::Nak(NakCode::PsnSequence), epsn);
         } else {
             qp.counters.out_of_sequence_drops += 1;
         }
@@ -38,7 +45,9 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, tx: 
     let payload = packet.get(h.payload.clone()).unwrap_or(&[]);
     let mtu = qp.mtu() as usize;
     // Every packet but the last of a message carries exactly one MTU.
-    if (h.kind == Kind::Send || h.kind == Kind::Write) && (!h.last && payload.len() != mtu || payload.len() > mtu) {
+    if (h.kind == Kind::Send || h.kind == Kind::Write)
+        && (!h.last && payload.len() != mtu || payload.len() > mtu)
+    {
         return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
     }
     match h.kind {
@@ -48,8 +57,21 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, tx: 
             if qp.resp.in_send || qp.resp.in_write {
                 return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
             }
-            let Some(reth) = h.reth else { return fatal(qp, tx, ectx, NakCode::InvalidRequest, None) };
-            if reth.len > 0 && (!qp.allows(Access::REMOTE_READ) || mrs.check(reth.rkey, qp.pd, reth.va, reth.len as u64, Access::REMOTE_READ).is_err()) {
+            let Some(reth) = h.reth else {
+                return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
+            };
+            if reth.len > 0
+                && (!qp.allows(Access::REMOTE_READ)
+                    || mrs
+                        .check(
+                            reth.rkey,
+                            qp.pd,
+                            reth.va,
+                            reth.len as u64,
+                            Access::REMOTE_READ,
+                        )
+                        .is_err())
+            {
                 return fatal(qp, tx, ectx, NakCode::RemoteAccess, None);
             }
             let packets = reth.len.div_ceil(mtu as u32).max(1);
@@ -61,15 +83,24 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, tx: 
             if qp.resp.in_send || qp.resp.in_write {
                 return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
             }
-            let Some(a) = h.atomic else { return fatal(qp, tx, ectx, NakCode::InvalidRequest, None) };
-            if !qp.allows(Access::REMOTE_ATOMIC) || mrs.check(a.rkey, qp.pd, a.va, 8, Access::REMOTE_ATOMIC).is_err() {
+            let Some(a) = h.atomic else {
+                return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
+            };
+            if !qp.allows(Access::REMOTE_ATOMIC)
+                || mrs
+                    .check(a.rkey, qp.pd, a.va, 8, Access::REMOTE_ATOMIC)
+                    .is_err()
+            {
                 return fatal(qp, tx, ectx, NakCode::RemoteAccess, None);
             }
             if a.va % 8 != 0 {
                 return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
             }
             let op = if h.kind == Kind::CompareSwap {
-                AtomicOp::CompareSwap { compare: a.compare, swap: a.swap_add }
+                AtomicOp::CompareSwap {
+                    compare: a.compare,
+                    swap: a.swap_add,
+                }
             } else {
                 AtomicOp::FetchAdd { add: a.swap_add }
             };
@@ -87,7 +118,14 @@ pub(crate) fn handle(qp: &mut Qp, h: &Header, packet: &[u8], mrs: &MrTable, tx: 
     }
 }
 
-fn send(qp: &mut Qp, h: &Header, payload: &[u8], mrs: &MrTable, tx: &mut Tx<'_>, ectx: &mut ErrorCtx<'_>) {
+fn send(
+    qp: &mut Qp,
+    h: &Header,
+    payload: &[u8],
+    mrs: &MrTable,
+    tx: &mut Tx<'_>,
+    ectx: &mut ErrorCtx<'_>,
+) {
     if qp.resp.in_write || h.first == qp.resp.in_send {
         // FIRST/ONLY inside a message, or MIDDLE/LAST outside one.
         return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
@@ -100,22 +138,56 @@ fn send(qp: &mut Qp, h: &Header, payload: &[u8], mrs: &MrTable, tx: &mut Tx<'_>,
         let parsed = qp.rq.read_next(&mut sges, &mut qp.rq_scratch);
         qp.resp.recv_sges = sges;
         if parsed.is_err() {
-            return fatal(qp, tx, ectx, NakCode::RemoteOperational, Some(syndrome::LOCAL_QP_OPERATION));
+            return fatal(
+                qp,
+                tx,
+                ectx,
+                NakCode::RemoteOperational,
+                Some(syndrome::LOCAL_QP_OPERATION),
+            );
         }
         qp.resp.in_send = true;
         qp.resp.recv_offset = 0;
     }
-    match dma::scatter(mrs, qp.pd, &qp.resp.recv_sges, qp.resp.recv_offset as u64, payload) {
+    match dma::scatter(
+        mrs,
+        qp.pd,
+        &qp.resp.recv_sges,
+        qp.resp.recv_offset as u64,
+        payload,
+    ) {
         Ok(true) => {}
-        Ok(false) => return fatal(qp, tx, ectx, NakCode::InvalidRequest, Some(syndrome::LOCAL_LENGTH)),
-        Err(_) => return fatal(qp, tx, ectx, NakCode::RemoteOperational, Some(syndrome::LOCAL_PROTECTION)),
+        Ok(false) => {
+            return fatal(
+                qp,
+                tx,
+                ectx,
+                NakCode::InvalidRequest,
+                Some(syndrome::LOCAL_LENGTH),
+            )
+        }
+        Err(_) => {
+            return fatal(
+                qp,
+                tx,
+                ectx,
+                NakCode::RemoteOperational,
+                Some(syndrome::LOCAL_PROTECTION),
+            )
+        }
     }
     qp.resp.recv_offset += payload.len() as u32;
     qp.resp.epsn = psn_add(qp.resp.epsn, 1);
     if h.last {
         qp.resp.in_send = false;
         qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
-        let info = CqeInfo { kind: CqeKind::RecvSend, qpn: qp.qpn, wqe_counter: qp.rq.ci, byte_count: qp.resp.recv_offset, imm: h.imm };
+        let info = CqeInfo {
+            kind: CqeKind::RecvSend,
+            qpn: qp.qpn,
+            wqe_counter: qp.rq.ci,
+            byte_count: qp.resp.recv_offset,
+            imm: h.imm,
+        };
         qp.rq.ci = qp.rq.ci.wrapping_add(1);
         recv_cqe(qp, &info, ectx);
     }
@@ -124,14 +196,34 @@ fn send(qp: &mut Qp, h: &Header, payload: &[u8], mrs: &MrTable, tx: &mut Tx<'_>,
     }
 }
 
-fn write(qp: &mut Qp, h: &Header, payload: &[u8], mrs: &MrTable, tx: &mut Tx<'_>, ectx: &mut ErrorCtx<'_>) {
+fn write(
+    qp: &mut Qp,
+    h: &Header,
+    payload: &[u8],
+    mrs: &MrTable,
+    tx: &mut Tx<'_>,
+    ectx: &mut ErrorCtx<'_>,
+) {
     if qp.resp.in_send || h.first == qp.resp.in_write {
         return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
     }
     if h.first {
-        let Some(reth) = h.reth else { return fatal(qp, tx, ectx, NakCode::InvalidRequest, None) };
+        let Some(reth) = h.reth else {
+            return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
+        };
         // A zero-length WRITE touches no memory and needs no valid rkey (IBA 9.4.4).
-        if reth.len > 0 && (!qp.allows(Access::REMOTE_WRITE) || mrs.check(reth.rkey, qp.pd, reth.va, reth.len as u64, Access::REMOTE_WRITE).is_err()) {
+        if reth.len > 0
+            && (!qp.allows(Access::REMOTE_WRITE)
+                || mrs
+                    .check(
+                        reth.rkey,
+                        qp.pd,
+                        reth.va,
+                        reth.len as u64,
+                        Access::REMOTE_WRITE,
+                    )
+                    .is_err())
+        {
             return fatal(qp, tx, ectx, NakCode::RemoteAccess, None);
         }
         qp.resp.write_va = reth.va;
@@ -150,7 +242,17 @@ fn write(qp: &mut Qp, h: &Header, payload: &[u8], mrs: &MrTable, tx: &mut Tx<'_>
         }
         return rnr(qp, h.psn, tx);
     }
-    if len > 0 && dma::write_mem(mrs, qp.resp.write_rkey, qp.pd, qp.resp.write_va, payload, Access::REMOTE_WRITE).is_err() {
+    if len > 0
+        && dma::write_mem(
+            mrs,
+            qp.resp.write_rkey,
+            qp.pd,
+            qp.resp.write_va,
+            payload,
+            Access::REMOTE_WRITE,
+        )
+        .is_err()
+    {
         return fatal(qp, tx, ectx, NakCode::RemoteAccess, None);
     }
     qp.resp.in_write = !h.last;
@@ -160,7 +262,13 @@ fn write(qp: &mut Qp, h: &Header, payload: &[u8], mrs: &MrTable, tx: &mut Tx<'_>
     if h.last {
         qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
         if h.imm.is_some() {
-            let info = CqeInfo { kind: CqeKind::RecvWriteImm, qpn: qp.qpn, wqe_counter: qp.rq.ci, byte_count: qp.resp.write_len, imm: h.imm };
+            let info = CqeInfo {
+                kind: CqeKind::RecvWriteImm,
+                qpn: qp.qpn,
+                wqe_counter: qp.rq.ci,
+                byte_count: qp.resp.write_len,
+                imm: h.imm,
+            };
             qp.rq.ci = qp.rq.ci.wrapping_add(1);
             recv_cqe(qp, &info, ectx);
         }
@@ -177,7 +285,17 @@ fn duplicate(qp: &mut Qp, h: &Header, mrs: &MrTable, tx: &mut Tx<'_>) {
         // Reads have no side effects: execute again from the request's own parameters.
         Kind::ReadRequest => {
             if let Some(reth) = h.reth {
-                let ok = reth.len == 0 || (qp.allows(Access::REMOTE_READ) && mrs.check(reth.rkey, qp.pd, reth.va, reth.len as u64, Access::REMOTE_READ).is_ok());
+                let ok = reth.len == 0
+                    || (qp.allows(Access::REMOTE_READ)
+                        && mrs
+                            .check(
+                                reth.rkey,
+                                qp.pd,
+                                reth.va,
+                                reth.len as u64,
+                                Access::REMOTE_READ,
+                            )
+                            .is_ok());
                 if ok {
                     flush_ack(qp, tx);
                     read_response(qp, h.psn, reth, mrs, tx);
@@ -197,7 +315,9 @@ fn duplicate(qp: &mut Qp, h: &Header, mrs: &MrTable, tx: &mut Tx<'_>) {
 
 fn read_response(qp: &mut Qp, psn: u32, reth: Reth, mrs: &MrTable, tx: &mut Tx<'_>) {
     flush_ack(qp, tx);
-    let Some((peer, dest_qpn)) = qp.peer() else { return };
+    let Some((peer, dest_qpn)) = qp.peer() else {
+        return;
+    };
     let mtu = qp.mtu();
     let packets = reth.len.div_ceil(mtu).max(1);
     let msn = qp.resp.msn;
@@ -208,7 +328,7 @@ fn read_response(qp: &mut Qp, psn: u32, reth: Reth, mrs: &MrTable, tx: &mut Tx<'
         hdr.first = i == 0;
         hdr.last = i + 1 == packets;
         if hdr.first || hdr.last {
-            hdr.aeth = Some((Ack::Ack, msn));
+            hdr.aeth = Some((AckKind::Ack, msn));
         }
         hdr.payload_len = n;
         let (rkey, pd, va) = (reth.rkey, qp.pd, reth.va + offset);
@@ -220,9 +340,11 @@ fn read_response(qp: &mut Qp, psn: u32, reth: Reth, mrs: &MrTable, tx: &mut Tx<'
 
 fn atomic_ack(qp: &mut Qp, psn: u32, orig: u64, tx: &mut Tx<'_>) {
     flush_ack(qp, tx);
-    let Some((peer, dest_qpn)) = qp.peer() else { return };
+    let Some((peer, dest_qpn)) = qp.peer() else {
+        return;
+    };
     let mut hdr = OutHeader::new(Kind::AtomicAck, dest_qpn, psn);
-    hdr.aeth = Some((Ack::Ack, qp.resp.msn));
+    hdr.aeth = Some((AckKind::Ack, qp.resp.msn));
     hdr.atomic_ack = Some(orig);
     tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
 }
@@ -230,13 +352,15 @@ fn atomic_ack(qp: &mut Qp, psn: u32, orig: u64, tx: &mut Tx<'_>) {
 fn rnr(qp: &mut Qp, psn: u32, tx: &mut Tx<'_>) {
     qp.counters.naks_sent.rnr += 1;
     let timer = qp.attrs.min_rnr_timer.unwrap_or(0);
-    send_ack(qp, tx, Ack::Rnr(timer), psn);
+    send_ack(qp, tx, AckKind::Rnr(timer), psn);
 }
 
 /// Sends an ACK or NAK now (after any pending ACK, to keep PSN order on the wire).
-fn send_ack(qp: &mut Qp, tx: &mut Tx<'_>, ack: Ack, psn: u32) {
+fn send_ack(qp: &mut Qp, tx: &mut Tx<'_>, ack: AckKind, psn: u32) {
     flush_ack(qp, tx);
-    let Some((peer, dest_qpn)) = qp.peer() else { return };
+    let Some((peer, dest_qpn)) = qp.peer() else {
+        return;
+    };
     let mut hdr = OutHeader::new(Kind::Ack, dest_qpn, psn);
     hdr.aeth = Some((ack, qp.resp.msn));
     tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
@@ -248,9 +372,11 @@ pub(crate) fn flush_ack(qp: &mut Qp, tx: &mut Tx<'_>) {
         return;
     }
     qp.resp.ack_pending = false;
-    let Some((peer, dest_qpn)) = qp.peer() else { return };
+    let Some((peer, dest_qpn)) = qp.peer() else {
+        return;
+    };
     let mut hdr = OutHeader::new(Kind::Ack, dest_qpn, psn_add(qp.resp.epsn, 0x00ff_ffff));
-    hdr.aeth = Some((Ack::Ack, qp.resp.msn));
+    hdr.aeth = Some((AckKind::Ack, qp.resp.msn));
     tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
 }
 
@@ -263,16 +389,28 @@ fn recv_cqe(qp: &mut Qp, info: &CqeInfo, ectx: &mut ErrorCtx<'_>) {
 
 /// A request the responder cannot execute: NAK it, report a receive error if a receive WQE
 /// was involved, and move the QP to the error state.
-fn fatal(qp: &mut Qp, tx: &mut Tx<'_>, ectx: &mut ErrorCtx<'_>, nak: NakCode, recv_syndrome: Option<u8>) {
+fn fatal(
+    qp: &mut Qp,
+    tx: &mut Tx<'_>,
+    ectx: &mut ErrorCtx<'_>,
+    nak: NakCode,
+    recv_syndrome: Option<u8>,
+) {
     match nak {
         NakCode::InvalidRequest => qp.counters.naks_sent.invalid_request += 1,
         NakCode::RemoteAccess => qp.counters.naks_sent.remote_access += 1,
         _ => qp.counters.naks_sent.remote_operational += 1,
     }
     let epsn = qp.resp.epsn;
-    send_ack(qp, tx, Ack::Nak(nak), epsn);
+    send_ack(qp, tx, AckKind::Nak(nak), epsn);
     if let Some(s) = recv_syndrome {
-        let info = CqeInfo { kind: CqeKind::ResponderError { syndrome: s }, qpn: qp.qpn, wqe_counter: qp.rq.ci, byte_count: 0, imm: None };
+        let info = CqeInfo {
+            kind: CqeKind::ResponderError { syndrome: s },
+            qpn: qp.qpn,
+            wqe_counter: qp.rq.ci,
+            byte_count: 0,
+            imm: None,
+        };
         qp.rq.ci = qp.rq.ci.wrapping_add(1);
         push_cqe(ectx.cqs, qp.recv_cq, &info, &mut qp.counters, ectx.events);
     }

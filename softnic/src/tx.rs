@@ -39,7 +39,14 @@ impl Tx<'_> {
         }
         if let Some(t) = self.trace.as_mut() {
             for p in self.batch.filled() {
-                t.record(self.local_addr, p.src_port, p.peer, crate::wire::ROCE_PORT, p.bytes(), self.now);
+                t.record(
+                    self.local_addr,
+                    p.src_port,
+                    p.peer,
+                    crate::wire::ROCE_PORT,
+                    p.bytes(),
+                    self.now,
+                );
             }
         }
         self.sent += self.wire.send(self.batch, self.now);
@@ -49,7 +56,9 @@ impl Tx<'_> {
         if self.batch.is_full() {
             self.flush();
         }
-        self.batch.next_slot().expect("batch has room after a flush")
+        self.batch
+            .next_slot()
+            .expect("batch has room after a flush")
     }
 
     /// Lays out one packet: headers from `hdr`, then `fill` writes exactly `hdr.payload_len`
@@ -65,12 +74,16 @@ impl Tx<'_> {
     ) -> bool {
         let local = self.local_addr;
         let slot = self.slot();
-        let Some(hlen) = codec::emit_headers(&mut slot.data, hdr) else { return false };
+        let Some(hlen) = codec::emit_headers(&mut slot.data, hdr) else {
+            return false;
+        };
         let plen = hdr.payload_len as usize;
         if hlen + plen + 8 > slot.data.len() || !fill(&mut slot.data[hlen..hlen + plen]) {
             return false;
         }
-        let Some(len) = codec::seal(&mut slot.data, hlen + plen, local, src_port, peer) else { return false };
+        let Some(len) = codec::seal(&mut slot.data, hlen + plen, local, src_port, peer) else {
+            return false;
+        };
         slot.len = len;
         slot.peer = peer;
         slot.src_port = src_port;

@@ -45,7 +45,13 @@ fn sockaddr_v4(addr: Ipv4Addr, port: u16) -> libc::sockaddr_in {
 fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: passes a live c_int of the stated size.
     check(unsafe {
-        libc::setsockopt(fd, level, name, (&value as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as u32)
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
     })
     .map(|_| ())
 }
@@ -53,28 +59,54 @@ fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int)
 /// A nonblocking IPv4 UDP socket bound to `netdev` and `addr:port`.
 fn bound_socket(netdev: &str, addr: Ipv4Addr, port: u16, reuse_port: bool) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall; checked and owned below.
-    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
+    let fd = check(unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?;
     // SAFETY: fresh descriptor.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let raw = fd.as_raw_fd();
     // SAFETY: passes the name bytes with their length.
     check(unsafe {
-        libc::setsockopt(raw, libc::SOL_SOCKET, libc::SO_BINDTODEVICE, netdev.as_ptr().cast(), netdev.len() as u32)
+        libc::setsockopt(
+            raw,
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            netdev.as_ptr().cast(),
+            netdev.len() as u32,
+        )
     })?;
     if reuse_port {
         set_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
     }
-    set_int(raw, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
+    set_int(
+        raw,
+        libc::IPPROTO_IP,
+        libc::IP_MTU_DISCOVER,
+        libc::IP_PMTUDISC_DO,
+    )?;
     // Large buffers: a burst of MTU segments must not overflow them. FORCE needs CAP_NET_ADMIN;
     // without it the plain option is capped by rmem_max/wmem_max, which is still better.
-    for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
         if set_int(raw, libc::SOL_SOCKET, force, SOCKET_BUFFER).is_err() {
             let _ = set_int(raw, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
         }
     }
     let sa = sockaddr_v4(addr, port);
     // SAFETY: a valid sockaddr_in of the size passed.
-    check(unsafe { libc::bind(raw, (&sa as *const libc::sockaddr_in).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32) })?;
+    check(unsafe {
+        libc::bind(
+            raw,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as u32,
+        )
+    })?;
     Ok(fd)
 }
 
@@ -108,7 +140,10 @@ impl UdpWire {
     /// Opens the receive socket and the link monitor. IPv4 only.
     pub(crate) fn open(netdev: &str, addr: IpAddr) -> io::Result<UdpWire> {
         let IpAddr::V4(addr) = addr else {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, "the UDP wire supports IPv4 addresses only"));
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the UDP wire supports IPv4 addresses only",
+            ));
         };
         let ifindex = netlink::ifindex(netdev)?;
         let monitor = LinkMonitor::new(ifindex)?;
@@ -150,8 +185,15 @@ impl UdpWire {
         if self.hdrs.len() < n {
             // SAFETY: these are plain C structs for which all-zero is valid.
             self.hdrs.resize_with(n, || unsafe { std::mem::zeroed() });
-            self.iovs.resize(n, libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 });
-            self.names.resize_with(n, || sockaddr_v4(Ipv4Addr::UNSPECIFIED, 0));
+            self.iovs.resize(
+                n,
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                },
+            );
+            self.names
+                .resize_with(n, || sockaddr_v4(Ipv4Addr::UNSPECIFIED, 0));
         }
     }
 
@@ -185,13 +227,24 @@ impl UdpWire {
                 end += 1;
             }
             let fd = self.tx_socket(port);
-            for i in start..end {
-                let IpAddr::V4(dst) = pkts[i].peer else { continue };
-                self.names[i] = sockaddr_v4(dst, ROCE_PORT);
-                self.iovs[i] = libc::iovec { iov_base: pkts[i].data.as_ptr() as *mut libc::c_void, iov_len: pkts[i].len };
+            for (i, pkt) in pkts.iter().enumerate().take(end).skip(start) {
+                // Only IPv4 peers can be reached from this socket; anything else gets no
+                // address and fails alone (EDESTADDRREQ), to be retransmitted or errored.
+                let (name, namelen) = match pkt.peer {
+                    IpAddr::V4(dst) => (
+                        sockaddr_v4(dst, ROCE_PORT),
+                        std::mem::size_of::<libc::sockaddr_in>() as u32,
+                    ),
+                    IpAddr::V6(_) => (sockaddr_v4(Ipv4Addr::UNSPECIFIED, 0), 0),
+                };
+                self.names[i] = name;
+                self.iovs[i] = libc::iovec {
+                    iov_base: pkt.data.as_ptr() as *mut libc::c_void,
+                    iov_len: pkt.len,
+                };
                 let h = &mut self.hdrs[i].msg_hdr;
                 h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_in).cast();
-                h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+                h.msg_namelen = namelen;
                 h.msg_iov = &mut self.iovs[i];
                 h.msg_iovlen = 1;
                 h.msg_control = std::ptr::null_mut();
@@ -202,7 +255,9 @@ impl UdpWire {
             let mut stalls = 0;
             while at < end {
                 // SAFETY: hdrs[at..end] point at live names, iovecs and packet buffers.
-                let n = unsafe { libc::sendmmsg(fd, self.hdrs[at..].as_mut_ptr(), (end - at) as u32, 0) };
+                let n = unsafe {
+                    libc::sendmmsg(fd, self.hdrs[at..].as_mut_ptr(), (end - at) as u32, 0)
+                };
                 if n > 0 {
                     at += n as usize;
                     sent += n as usize;
@@ -212,7 +267,11 @@ impl UdpWire {
                 if err.kind() == io::ErrorKind::WouldBlock && stalls < 100 {
                     // The socket buffer is full: wait for room briefly instead of dropping.
                     stalls += 1;
-                    let mut pfd = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+                    let mut pfd = libc::pollfd {
+                        fd,
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
                     // SAFETY: one valid pollfd.
                     unsafe { libc::poll(&mut pfd, 1, 1) };
                     continue;
@@ -234,7 +293,10 @@ impl UdpWire {
         self.scratch(cap);
         for i in 0..cap {
             let slot = &mut batch.slots[i];
-            self.iovs[i] = libc::iovec { iov_base: slot.data.as_mut_ptr().cast(), iov_len: slot.data.len() };
+            self.iovs[i] = libc::iovec {
+                iov_base: slot.data.as_mut_ptr().cast(),
+                iov_len: slot.data.len(),
+            };
             let h = &mut self.hdrs[i].msg_hdr;
             h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_in).cast();
             h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
@@ -246,7 +308,13 @@ impl UdpWire {
         }
         // SAFETY: hdrs[..cap] point at live names, iovecs and batch buffers.
         let n = unsafe {
-            libc::recvmmsg(self.rx.as_raw_fd(), self.hdrs.as_mut_ptr(), cap as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
+            libc::recvmmsg(
+                self.rx.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                cap as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
         };
         if n <= 0 {
             return 0;
@@ -255,7 +323,11 @@ impl UdpWire {
         for i in 0..n {
             let slot = &mut batch.slots[i];
             let truncated = self.hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            slot.len = if truncated { 0 } else { self.hdrs[i].msg_len as usize };
+            slot.len = if truncated {
+                0
+            } else {
+                self.hdrs[i].msg_len as usize
+            };
             let sa = &self.names[i];
             slot.peer = IpAddr::V4(Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)));
             slot.src_port = u16::from_be(sa.sin_port);
@@ -276,7 +348,10 @@ mod tests {
             assert!((0xC000..=0xFFFF).contains(&p));
         }
         // hash_32(17, 14) = (17 * 0x61C88647) >> 18, computed by hand.
-        assert_eq!(rxe_source_port(17), 0xC000 + ((17u32.wrapping_mul(0x61C8_8647)) >> 18) as u16);
+        assert_eq!(
+            rxe_source_port(17),
+            0xC000 + ((17u32.wrapping_mul(0x61C8_8647)) >> 18) as u16
+        );
     }
 
     #[test]

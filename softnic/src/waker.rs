@@ -24,7 +24,8 @@ impl EventFd {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh descriptor that nothing else owns.
-        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(EventFd { fd })
     }
 
     /// Adds one to the counter, making the fd readable.
@@ -49,7 +50,11 @@ impl EventFd {
 
     /// Blocks until signaled or `timeout_ms` passes (-1: forever); returns whether signaled.
     pub fn wait(&self, timeout_ms: i32) -> bool {
-        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
         n > 0 && self.drain() > 0
@@ -76,7 +81,11 @@ impl Waker {
         Ok(Waker {
             pending: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
-            eventfd: if with_eventfd { Some(EventFd::new()?) } else { None },
+            eventfd: if with_eventfd {
+                Some(EventFd::new()?)
+            } else {
+                None
+            },
         })
     }
 

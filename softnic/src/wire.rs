@@ -52,7 +52,10 @@ pub(crate) struct Batch {
 
 impl Batch {
     pub fn new(capacity: usize) -> Batch {
-        Batch { slots: (0..capacity).map(|_| PacketBuf::new()).collect(), count: 0 }
+        Batch {
+            slots: (0..capacity).map(|_| PacketBuf::new()).collect(),
+            count: 0,
+        }
     }
 
     pub fn is_full(&self) -> bool {

@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use hw_defs::mlx5::CqeOpcode;
 use hw_defs::verbs::WcStatus;
+use softnic::harness::{
+    connect, Completion, ConnectOptions, Data, HarnessCq, Node, Op, QpSizes, Sim,
+};
 use softnic::Device;
-use softnic::harness::{connect, Completion, ConnectOptions, Data, HarnessCq, Node, Op, QpSizes, Sim};
 
 fn pair_with(seed: u64, sizes: QpSizes, o: ConnectOptions) -> (Sim, Node, Node) {
     let sim = Sim::new(seed, Duration::from_micros(2));
@@ -32,7 +34,9 @@ fn next(sim: &Sim, devs: &[&Device], cq: &mut HarnessCq) -> Completion {
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 #[test]
@@ -41,10 +45,20 @@ fn a_write_lands_in_remote_memory_and_completes_signaled() {
     let data = pattern(5000, 1);
     a.buf.write(0, &data);
     let sge = [a.buf.sge(0, data.len() as u32)];
-    let idx = a.qp.post(Op::Write { raddr: b.buf.addr(100), rkey: b.buf.keys.rkey }, Data::Sges(&sge), true);
+    let idx = a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(100),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
     a.qp.ring();
     let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
-    assert_eq!((c.opcode, c.status, c.wqe_counter), (CqeOpcode::Req, WcStatus::Success, idx));
+    assert_eq!(
+        (c.opcode, c.status, c.wqe_counter),
+        (CqeOpcode::Req, WcStatus::Success, idx)
+    );
     let mut got = vec![0u8; data.len()];
     b.buf.read(100, &mut got);
     assert_eq!(got, data);
@@ -60,12 +74,24 @@ fn a_send_fills_a_receive_wqe_across_its_scatter_list() {
     a.qp.post(Op::SendImm { imm: 0xdead_beef }, Data::Sges(&sge), true);
     a.qp.ring();
     let r = next(&sim, &[&a.dev, &b.dev], &mut b.rcq);
-    assert_eq!((r.opcode, r.status, r.byte_count, r.imm, r.wqe_counter), (CqeOpcode::RespSendImm, WcStatus::Success, 3000, 0xdead_beef, 0));
+    assert_eq!(
+        (r.opcode, r.status, r.byte_count, r.imm, r.wqe_counter),
+        (
+            CqeOpcode::RespSendImm,
+            WcStatus::Success,
+            3000,
+            0xdead_beef,
+            0
+        )
+    );
     let mut got = vec![0u8; 3000];
     b.buf.read(0, &mut got[..1000]);
     b.buf.read(5000, &mut got[1000..]);
     assert_eq!(got, data);
-    assert_eq!(next(&sim, &[&a.dev, &b.dev], &mut a.scq).status, WcStatus::Success);
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::Success
+    );
 }
 
 #[test]
@@ -88,10 +114,21 @@ fn write_with_immediate_consumes_a_receive_wqe_and_reports_the_length() {
     a.buf.write(0, &data);
     b.qp.post_recv(&[b.buf.sge(0, 8)]);
     let sge = [a.buf.sge(0, 2500)];
-    a.qp.post(Op::WriteImm { raddr: b.buf.addr(8192), rkey: b.buf.keys.rkey, imm: 42 }, Data::Sges(&sge), true);
+    a.qp.post(
+        Op::WriteImm {
+            raddr: b.buf.addr(8192),
+            rkey: b.buf.keys.rkey,
+            imm: 42,
+        },
+        Data::Sges(&sge),
+        true,
+    );
     a.qp.ring();
     let r = next(&sim, &[&a.dev, &b.dev], &mut b.rcq);
-    assert_eq!((r.opcode, r.byte_count, r.imm), (CqeOpcode::RespWrImm, 2500, 42));
+    assert_eq!(
+        (r.opcode, r.byte_count, r.imm),
+        (CqeOpcode::RespWrImm, 2500, 42)
+    );
     let mut got = vec![0u8; 2500];
     b.buf.read(8192, &mut got);
     assert_eq!(got, data);
@@ -103,7 +140,14 @@ fn a_read_brings_remote_bytes_into_the_local_scatter_list() {
     let data = pattern(4100, 4);
     b.buf.write(300, &data);
     let sges = [a.buf.sge(0, 100), a.buf.sge(1000, 4000)];
-    a.qp.post(Op::Read { raddr: b.buf.addr(300), rkey: b.buf.keys.rkey }, Data::Sges(&sges), true);
+    a.qp.post(
+        Op::Read {
+            raddr: b.buf.addr(300),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&sges),
+        true,
+    );
     a.qp.ring();
     let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
     assert_eq!((c.status, c.byte_count), (WcStatus::Success, 4100));
@@ -121,14 +165,46 @@ fn atomics_return_the_original_value_and_update_remote_memory() {
     let s1 = [a.buf.sge(8, 8)];
     let s2 = [a.buf.sge(16, 8)];
     let rkey = b.buf.keys.rkey;
-    a.qp.post(Op::FetchAdd { raddr: b.buf.addr(64), rkey, add: 5 }, Data::Sges(&s0), true);
-    a.qp.post(Op::CompareSwap { raddr: b.buf.addr(64), rkey, compare: 15, swap: 100 }, Data::Sges(&s1), true);
-    a.qp.post(Op::CompareSwap { raddr: b.buf.addr(64), rkey, compare: 15, swap: 7 }, Data::Sges(&s2), true);
+    a.qp.post(
+        Op::FetchAdd {
+            raddr: b.buf.addr(64),
+            rkey,
+            add: 5,
+        },
+        Data::Sges(&s0),
+        true,
+    );
+    a.qp.post(
+        Op::CompareSwap {
+            raddr: b.buf.addr(64),
+            rkey,
+            compare: 15,
+            swap: 100,
+        },
+        Data::Sges(&s1),
+        true,
+    );
+    a.qp.post(
+        Op::CompareSwap {
+            raddr: b.buf.addr(64),
+            rkey,
+            compare: 15,
+            swap: 7,
+        },
+        Data::Sges(&s2),
+        true,
+    );
     a.qp.ring();
     for _ in 0..3 {
-        assert_eq!(next(&sim, &[&a.dev, &b.dev], &mut a.scq).status, WcStatus::Success);
+        assert_eq!(
+            next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+            WcStatus::Success
+        );
     }
-    assert_eq!((a.buf.read_u64(0), a.buf.read_u64(8), a.buf.read_u64(16)), (10, 15, 100));
+    assert_eq!(
+        (a.buf.read_u64(0), a.buf.read_u64(8), a.buf.read_u64(16)),
+        (10, 15, 100)
+    );
     assert_eq!(b.buf.read_u64(64), 100);
 }
 
@@ -138,9 +214,23 @@ fn unsignaled_wqes_complete_silently_before_a_signaled_one() {
     let sge = [a.buf.sge(0, 16)];
     let rkey = b.buf.keys.rkey;
     for i in 0..5 {
-        a.qp.post(Op::Write { raddr: b.buf.addr(i * 16), rkey }, Data::Sges(&sge), false);
+        a.qp.post(
+            Op::Write {
+                raddr: b.buf.addr(i * 16),
+                rkey,
+            },
+            Data::Sges(&sge),
+            false,
+        );
     }
-    let last = a.qp.post(Op::Write { raddr: b.buf.addr(80), rkey }, Data::Sges(&sge), true);
+    let last = a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(80),
+            rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
     a.qp.ring();
     let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
     assert_eq!(c.wqe_counter, last);
@@ -149,13 +239,24 @@ fn unsignaled_wqes_complete_silently_before_a_signaled_one() {
 
 #[test]
 fn inline_data_that_wraps_the_send_ring_arrives_intact() {
-    let sizes = QpSizes { sq_bbs: 8, max_inline: 200, ..QpSizes::default() };
+    let sizes = QpSizes {
+        sq_bbs: 8,
+        max_inline: 200,
+        ..QpSizes::default()
+    };
     let (sim, mut a, b) = pair_with(2, sizes, ConnectOptions::default());
     let rkey = b.buf.keys.rkey;
     // 200-byte inline WRITEs take 4 BBs each; the ring has 8, so every other one wraps.
     for round in 0..6u8 {
         let data = pattern(200, round);
-        a.qp.post(Op::Write { raddr: b.buf.addr(round as usize * 256), rkey }, Data::Inline(&data), true);
+        a.qp.post(
+            Op::Write {
+                raddr: b.buf.addr(round as usize * 256),
+                rkey,
+            },
+            Data::Inline(&data),
+            true,
+        );
         a.qp.ring();
         let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
         assert_eq!(c.status, WcStatus::Success);
@@ -168,22 +269,53 @@ fn inline_data_that_wraps_the_send_ring_arrives_intact() {
 #[test]
 fn a_zero_length_write_needs_no_valid_rkey() {
     let (sim, mut a, mut b) = pair();
-    a.qp.post(Op::Write { raddr: 0, rkey: 0xdead }, Data::Sges(&[]), true);
+    a.qp.post(
+        Op::Write {
+            raddr: 0,
+            rkey: 0xdead,
+        },
+        Data::Sges(&[]),
+        true,
+    );
     a.qp.ring();
-    assert_eq!(next(&sim, &[&a.dev, &b.dev], &mut a.scq).status, WcStatus::Success);
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::Success
+    );
     b.qp.post_recv(&[b.buf.sge(0, 8)]);
-    a.qp.post(Op::WriteImm { raddr: 0, rkey: 0xdead, imm: 9 }, Data::Sges(&[]), true);
+    a.qp.post(
+        Op::WriteImm {
+            raddr: 0,
+            rkey: 0xdead,
+            imm: 9,
+        },
+        Data::Sges(&[]),
+        true,
+    );
     a.qp.ring();
     let r = next(&sim, &[&a.dev, &b.dev], &mut b.rcq);
-    assert_eq!((r.opcode, r.byte_count, r.imm), (CqeOpcode::RespWrImm, 0, 9));
-    assert_eq!(next(&sim, &[&a.dev, &b.dev], &mut a.scq).status, WcStatus::Success);
+    assert_eq!(
+        (r.opcode, r.byte_count, r.imm),
+        (CqeOpcode::RespWrImm, 0, 9)
+    );
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::Success
+    );
 }
 
 #[test]
 fn a_nop_completes_after_the_work_before_it() {
     let (sim, mut a, b) = pair();
     let sge = [a.buf.sge(0, 16)];
-    a.qp.post(Op::Write { raddr: b.buf.addr(0), rkey: b.buf.keys.rkey }, Data::Sges(&sge), false);
+    a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(0),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&sge),
+        false,
+    );
     let nop = a.qp.post(Op::Nop, Data::Sges(&[]), true);
     a.qp.ring();
     let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
@@ -195,7 +327,14 @@ fn nothing_is_fetched_before_the_doorbell() {
     let (sim, mut a, b) = pair();
     let sge = [a.buf.sge(0, 16)];
     a.buf.write(0, &[7u8; 16]);
-    a.qp.post(Op::Write { raddr: b.buf.addr(0), rkey: b.buf.keys.rkey }, Data::Sges(&sge), true);
+    a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(0),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
     let mut polled = None;
     sim.run_until(&[&a.dev, &b.dev], Duration::from_millis(100), || {
         polled = polled.or_else(|| a.scq.poll());
@@ -204,6 +343,9 @@ fn nothing_is_fetched_before_the_doorbell() {
     assert!(polled.is_none());
     assert_eq!(b.buf.read_u64(0), 0);
     a.qp.ring();
-    assert_eq!(next(&sim, &[&a.dev, &b.dev], &mut a.scq).status, WcStatus::Success);
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::Success
+    );
     assert_eq!(b.buf.read_u64(0), u64::from_ne_bytes([7; 8]));
 }

@@ -51,12 +51,27 @@ struct Posted {
 }
 
 fn lossy_pair(seed: u64) -> (Sim, Node, Node) {
-    let o = ConnectOptions { timeout: 8, retry_cnt: 7, rnr_retry: 7, ..Default::default() };
-    let sizes = QpSizes { sq_bbs: 256, rq_wqes: 256, rq_sges: 1, max_inline: 64, max_send_sge: 2 };
+    let o = ConnectOptions {
+        timeout: 8,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        ..Default::default()
+    };
+    let sizes = QpSizes {
+        sq_bbs: 256,
+        rq_wqes: 256,
+        rq_sges: 1,
+        max_inline: 64,
+        max_send_sge: 2,
+    };
     let (sim, a, b) = pair_with(seed, Duration::from_micros(2), sizes, o);
     sim.fabric.add_rule(FaultRule::always(Fault::Drop(0.10)));
-    sim.fabric.add_rule(FaultRule::always(Fault::Reorder { probability: 0.10, max_delay: Duration::from_micros(20) }));
-    sim.fabric.add_rule(FaultRule::always(Fault::Duplicate(0.05)));
+    sim.fabric.add_rule(FaultRule::always(Fault::Reorder {
+        probability: 0.10,
+        max_delay: Duration::from_micros(20),
+    }));
+    sim.fabric
+        .add_rule(FaultRule::always(Fault::Duplicate(0.05)));
     (sim, a, b)
 }
 
@@ -98,21 +113,58 @@ fn run(kind: Kind, default_seed: u64) {
             posted += 1;
             let slot = (id as usize) % SLOTS;
             let len = rng.random_range(1..=SLOT);
-            let offset = if kind == Kind::Read { rng.random_range(0..=SLOT - len) } else { 0 };
-            let signaled = posted == burst || next_id == OPS || outstanding.len() + 1 == WINDOW || rng.random_bool(0.3);
+            let offset = if kind == Kind::Read {
+                rng.random_range(0..=SLOT - len)
+            } else {
+                0
+            };
+            let signaled = posted == burst
+                || next_id == OPS
+                || outstanding.len() + 1 == WINDOW
+                || rng.random_bool(0.3);
             let local = a.buf.sge(slot * SLOT, len as u32);
             let op = match kind {
-                Kind::Write => Op::Write { raddr: b.buf.addr(slot * SLOT), rkey },
-                Kind::WriteImm => Op::WriteImm { raddr: b.buf.addr(slot * SLOT), rkey, imm: id as u32 },
+                Kind::Write => Op::Write {
+                    raddr: b.buf.addr(slot * SLOT),
+                    rkey,
+                },
+                Kind::WriteImm => Op::WriteImm {
+                    raddr: b.buf.addr(slot * SLOT),
+                    rkey,
+                    imm: id as u32,
+                },
                 Kind::Send => Op::Send,
                 Kind::SendImm => Op::SendImm { imm: id as u32 },
-                Kind::Read => Op::Read { raddr: b.buf.addr(slot * SLOT + offset), rkey },
-                Kind::CompareSwap => Op::CompareSwap { raddr: atomic_target, rkey, compare: id, swap: id + 1 },
-                Kind::FetchAdd => Op::FetchAdd { raddr: atomic_target, rkey, add: 1 },
+                Kind::Read => Op::Read {
+                    raddr: b.buf.addr(slot * SLOT + offset),
+                    rkey,
+                },
+                Kind::CompareSwap => Op::CompareSwap {
+                    raddr: atomic_target,
+                    rkey,
+                    compare: id,
+                    swap: id + 1,
+                },
+                Kind::FetchAdd => Op::FetchAdd {
+                    raddr: atomic_target,
+                    rkey,
+                    add: 1,
+                },
             };
-            let len = if matches!(kind, Kind::CompareSwap | Kind::FetchAdd) { 8 } else { len };
-            let local = if len == 8 && matches!(kind, Kind::CompareSwap | Kind::FetchAdd) { a.buf.sge(slot * SLOT, 8) } else { local };
-            if matches!(kind, Kind::Write | Kind::WriteImm | Kind::Send | Kind::SendImm) {
+            let len = if matches!(kind, Kind::CompareSwap | Kind::FetchAdd) {
+                8
+            } else {
+                len
+            };
+            let local = if len == 8 && matches!(kind, Kind::CompareSwap | Kind::FetchAdd) {
+                a.buf.sge(slot * SLOT, 8)
+            } else {
+                local
+            };
+            if matches!(
+                kind,
+                Kind::Write | Kind::WriteImm | Kind::Send | Kind::SendImm
+            ) {
                 a.buf.write(slot * SLOT, &pattern(len, id));
             } else {
                 a.buf.write(slot * SLOT, &vec![0u8; len]);
@@ -121,7 +173,13 @@ fn run(kind: Kind, default_seed: u64) {
             if matches!(kind, Kind::Send | Kind::SendImm) {
                 sends.push_back((id, len));
             }
-            outstanding.push_back(Posted { id, index, slot, len, offset });
+            outstanding.push_back(Posted {
+                id,
+                index,
+                slot,
+                len,
+                offset,
+            });
         }
         a.qp.ring();
         // Progress until a completion shows up.
@@ -138,7 +196,13 @@ fn run(kind: Kind, default_seed: u64) {
         });
         if !ok {
             idle_rounds += 1;
-            assert!(idle_rounds < 3, "no progress: {} of {OPS} done, counters a {:?} b {:?}", done, a.dev.counters(), b.dev.counters());
+            assert!(
+                idle_rounds < 3,
+                "no progress: {} of {OPS} done, counters a {:?} b {:?}",
+                done,
+                a.dev.counters(),
+                b.dev.counters()
+            );
             continue;
         }
         for r in recvs {
@@ -149,7 +213,9 @@ fn run(kind: Kind, default_seed: u64) {
                     recv_imms.push(r.imm as u64);
                 }
                 _ => {
-                    let (id, len) = sends.pop_front().expect("a receive completion for a send we made");
+                    let (id, len) = sends
+                        .pop_front()
+                        .expect("a receive completion for a send we made");
                     assert_eq!(r.byte_count as usize, len, "send {id}");
                     if kind == Kind::SendImm {
                         assert_eq!((r.opcode, r.imm as u64), (CqeOpcode::RespSendImm, id));
@@ -164,10 +230,18 @@ fn run(kind: Kind, default_seed: u64) {
             }
         }
         for c in got {
-            assert_eq!(c.status, WcStatus::Success, "completion {c:?} after {done} ops; a {:?} b {:?}", a.dev.counters(), b.dev.counters());
+            assert_eq!(
+                c.status,
+                WcStatus::Success,
+                "completion {c:?} after {done} ops; a {:?} b {:?}",
+                a.dev.counters(),
+                b.dev.counters()
+            );
             // The CQE completes its WQE and every unsignaled one before it.
             loop {
-                let p = outstanding.pop_front().expect("a completion for a WQE we posted");
+                let p = outstanding
+                    .pop_front()
+                    .expect("a completion for a WQE we posted");
                 verify(kind, &a, &b, &p, &mut originals);
                 done += 1;
                 if p.index == c.wqe_counter {
@@ -178,9 +252,17 @@ fn run(kind: Kind, default_seed: u64) {
     }
     match kind {
         Kind::FetchAdd | Kind::CompareSwap => {
-            assert_eq!(b.buf.read_u64(SLOTS * SLOT), OPS, "each atomic executed exactly once");
+            assert_eq!(
+                b.buf.read_u64(SLOTS * SLOT),
+                OPS,
+                "each atomic executed exactly once"
+            );
             originals.sort_unstable();
-            assert_eq!(originals, (0..OPS).collect::<Vec<_>>(), "each atomic saw a distinct original value");
+            assert_eq!(
+                originals,
+                (0..OPS).collect::<Vec<_>>(),
+                "each atomic saw a distinct original value"
+            );
         }
         Kind::WriteImm => {
             recv_imms.sort_unstable();
@@ -193,7 +275,10 @@ fn run(kind: Kind, default_seed: u64) {
     let ca = a.dev.counters();
     let cb = b.dev.counters();
     let stats = sim.fabric.stats();
-    assert!(stats.dropped > 0 && stats.duplicated > 0 && stats.reordered > 0, "{stats:?}");
+    assert!(
+        stats.dropped > 0 && stats.duplicated > 0 && stats.reordered > 0,
+        "{stats:?}"
+    );
     assert!(ca.retransmitted_packets + cb.retransmitted_packets > 0);
     assert!(cb.duplicate_requests > 0 || ca.duplicate_requests > 0);
 }
@@ -203,12 +288,20 @@ fn verify(kind: Kind, a: &Node, b: &Node, p: &Posted, originals: &mut Vec<u64>) 
     match kind {
         Kind::Write | Kind::WriteImm => {
             b.buf.read(p.slot * SLOT, &mut bytes);
-            assert!(bytes == pattern(p.len, p.id), "write {} differs at the responder", p.id);
+            assert!(
+                bytes == pattern(p.len, p.id),
+                "write {} differs at the responder",
+                p.id
+            );
         }
         Kind::Read => {
             a.buf.read(p.slot * SLOT, &mut bytes);
             let src = pattern(SLOT, 1_000_000 + p.slot as u64);
-            assert!(bytes[..] == src[p.offset..p.offset + p.len], "read {} brought the wrong bytes", p.id);
+            assert!(
+                bytes[..] == src[p.offset..p.offset + p.len],
+                "read {} brought the wrong bytes",
+                p.id
+            );
         }
         Kind::CompareSwap => {
             let orig = a.buf.read_u64(p.slot * SLOT);

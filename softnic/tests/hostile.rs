@@ -16,8 +16,15 @@ use softnic::{rxe_source_port, ROCE_PORT};
 
 /// A plausible RC packet: BTH with `opcode`, some header bytes, payload, zero ICRC.
 fn template(rng: &mut ChaCha8Rng, dest_qpn: u32) -> Vec<u8> {
-    let opcode: u8 = if rng.random_bool(0.8) { rng.random_range(0..=0x14) } else { rng.random() };
-    let len = 12 + rng.random_range(0..64) + rng.random_range(0..2048) * usize::from(rng.random_bool(0.3)) + 4;
+    let opcode: u8 = if rng.random_bool(0.8) {
+        rng.random_range(0..=0x14)
+    } else {
+        rng.random()
+    };
+    let len = 12
+        + rng.random_range(0..64)
+        + rng.random_range(0..2048) * usize::from(rng.random_bool(0.3))
+        + 4;
     let mut p: Vec<u8> = (0..len).map(|_| rng.random()).collect();
     p[0] = opcode;
     p[1] &= 0xf0; // pad 0, tver 0 mostly
@@ -41,9 +48,17 @@ fn with_icrc(mut p: Vec<u8>, src: IpAddr, dst: IpAddr, src_port: u16) -> Vec<u8>
 fn random_and_mutated_packets_are_counted_and_dropped_and_a_valid_qp_keeps_working() {
     let seed = seed(77);
     eprintln!("seed {seed} (set SOFTNIC_SEED to replay)");
-    let (sim, mut a, mut b) = pair_with(seed, Duration::from_micros(2), QpSizes::default(), ConnectOptions::default());
+    let (sim, mut a, mut b) = pair_with(
+        seed,
+        Duration::from_micros(2),
+        QpSizes::default(),
+        ConnectOptions::default(),
+    );
     // A second QP pair on the same devices takes the well-formed abuse (it may end in ERR).
-    let (acq, bcq) = (HarnessCq::new(&a.dev, 1024, None).unwrap(), HarnessCq::new(&b.dev, 1024, None).unwrap());
+    let (acq, bcq) = (
+        HarnessCq::new(&a.dev, 1024, None).unwrap(),
+        HarnessCq::new(&b.dev, 1024, None).unwrap(),
+    );
     let mut qa = HarnessQp::new(&a.dev, a.pd, &acq, &acq, QpSizes::default()).unwrap();
     let mut qb = HarnessQp::new(&b.dev, b.pd, &bcq, &bcq, QpSizes::default()).unwrap();
     let o = ConnectOptions::default();
@@ -62,12 +77,18 @@ fn random_and_mutated_packets_are_counted_and_dropped_and_a_valid_qp_keeps_worki
         for _ in 0..50 {
             let p = match rng.random_range(0..4) {
                 // Pure noise.
-                0 => (0..rng.random_range(0..3000)).map(|_| rng.random()).collect(),
+                0 => (0..rng.random_range(0..3000))
+                    .map(|_| rng.random())
+                    .collect(),
                 // Plausible headers, wrong ICRC, aimed at the working QP.
                 1 => template(&mut rng, b.qp.qpn),
                 // Plausible headers with a correct ICRC, aimed at the abused QP or nowhere.
                 2 => {
-                    let qpn = if rng.random_bool(0.7) { qb.qpn } else { rng.random_range(0..0x00ff_ffff) };
+                    let qpn = if rng.random_bool(0.7) {
+                        qb.qpn
+                    } else {
+                        rng.random_range(0..0x00ff_ffff)
+                    };
                     with_icrc(template(&mut rng, qpn), src, dst, sport)
                 }
                 // A truncated or extended well-formed packet.
@@ -85,7 +106,9 @@ fn random_and_mutated_packets_are_counted_and_dropped_and_a_valid_qp_keeps_worki
                 injected += 1;
             }
         }
-        sim.run_until(&[&a.dev, &b.dev], Duration::from_micros(50 + round), || false);
+        sim.run_until(&[&a.dev, &b.dev], Duration::from_micros(50 + round), || {
+            false
+        });
     }
     let after = b.dev.counters();
     let dropped = (after.icrc_errors - before.icrc_errors)
@@ -94,19 +117,36 @@ fn random_and_mutated_packets_are_counted_and_dropped_and_a_valid_qp_keeps_worki
     assert!(injected > 15_000, "{injected}");
     assert!(after.icrc_errors > before.icrc_errors, "{after:?}");
     assert!(after.malformed_drops > before.malformed_drops, "{after:?}");
-    assert!(after.unknown_qpn_drops > before.unknown_qpn_drops, "{after:?}");
-    assert!(dropped > injected / 2, "{dropped} of {injected} dropped: {after:?}");
+    assert!(
+        after.unknown_qpn_drops > before.unknown_qpn_drops,
+        "{after:?}"
+    );
+    assert!(
+        dropped > injected / 2,
+        "{dropped} of {injected} dropped: {after:?}"
+    );
     // The working QP pair is untouched: 200 writes and sends, every byte checked.
     for i in 0..200u64 {
         let data = pattern(3000, i);
         a.buf.write(0, &data);
         let sge = [a.buf.sge(0, 3000)];
-        a.qp.post(Op::Write { raddr: b.buf.addr(8192), rkey: b.buf.keys.rkey }, Data::Sges(&sge), true);
+        a.qp.post(
+            Op::Write {
+                raddr: b.buf.addr(8192),
+                rkey: b.buf.keys.rkey,
+            },
+            Data::Sges(&sge),
+            true,
+        );
         b.qp.post_recv(&[b.buf.sge(16384, 4096)]);
         a.qp.post(Op::Send, Data::Sges(&sge), true);
         a.qp.ring();
         for _ in 0..2 {
-            assert_eq!(next(&sim, &[&a.dev, &b.dev], &mut a.scq).status, WcStatus::Success, "op {i}");
+            assert_eq!(
+                next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+                WcStatus::Success,
+                "op {i}"
+            );
         }
         let r = next(&sim, &[&a.dev, &b.dev], &mut b.rcq);
         assert_eq!((r.status, r.byte_count), (WcStatus::Success, 3000));

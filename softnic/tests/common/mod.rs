@@ -7,7 +7,12 @@ use softnic::harness::{connect, Completion, ConnectOptions, HarnessCq, Node, QpS
 use softnic::Device;
 
 /// Two nodes on a fabric, connected.
-pub fn pair_with(seed: u64, latency: Duration, sizes: QpSizes, o: ConnectOptions) -> (Sim, Node, Node) {
+pub fn pair_with(
+    seed: u64,
+    latency: Duration,
+    sizes: QpSizes,
+    o: ConnectOptions,
+) -> (Sim, Node, Node) {
     let sim = Sim::new(seed, latency);
     let a = Node::new(sim.device("a", 1).unwrap(), 1 << 20, sizes).unwrap();
     let b = Node::new(sim.device("b", 2).unwrap(), 1 << 20, sizes).unwrap();
@@ -16,7 +21,12 @@ pub fn pair_with(seed: u64, latency: Duration, sizes: QpSizes, o: ConnectOptions
 }
 
 /// Runs until `cq` yields a completion (at most `limit` of virtual time).
-pub fn next_within(sim: &Sim, devs: &[&Device], cq: &mut HarnessCq, limit: Duration) -> Option<Completion> {
+pub fn next_within(
+    sim: &Sim,
+    devs: &[&Device],
+    cq: &mut HarnessCq,
+    limit: Duration,
+) -> Option<Completion> {
     let mut got = None;
     sim.run_until(devs, limit, || {
         got = got.or_else(|| cq.poll());
@@ -27,12 +37,16 @@ pub fn next_within(sim: &Sim, devs: &[&Device], cq: &mut HarnessCq, limit: Durat
 
 /// Runs until `cq` yields a completion (at most one virtual second).
 pub fn next(sim: &Sim, devs: &[&Device], cq: &mut HarnessCq) -> Completion {
-    next_within(sim, devs, cq, Duration::from_secs(1)).expect("no completion within a virtual second")
+    next_within(sim, devs, cq, Duration::from_secs(1))
+        .expect("no completion within a virtual second")
 }
 
 /// The seed from SOFTNIC_SEED, or `default`.
 pub fn seed(default: u64) -> u64 {
-    std::env::var("SOFTNIC_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+    std::env::var("SOFTNIC_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Bytes that differ with `seed`.
