@@ -1,42 +1,21 @@
 //! Each opcode and each WQE feature once, end to end on a fault-free fabric with manual
 //! progress and a virtual clock.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{next, pattern};
 use hw_defs::mlx5::CqeOpcode;
 use hw_defs::verbs::WcStatus;
-use softnic::harness::{
-    connect, Completion, ConnectOptions, Data, HarnessCq, Node, Op, QpSizes, Sim,
-};
-use softnic::Device;
+use softnic::harness::{ConnectOptions, Data, Node, Op, QpSizes, Sim};
 
 fn pair_with(seed: u64, sizes: QpSizes, o: ConnectOptions) -> (Sim, Node, Node) {
-    let sim = Sim::new(seed, Duration::from_micros(2));
-    let a = Node::new(sim.device("a", 1).unwrap(), 1 << 20, sizes).unwrap();
-    let b = Node::new(sim.device("b", 2).unwrap(), 1 << 20, sizes).unwrap();
-    connect(&a.dev, &a.qp, &b.dev, &b.qp, &o).unwrap();
-    (sim, a, b)
+    common::pair_with(seed, Duration::from_micros(2), sizes, o)
 }
 
 fn pair() -> (Sim, Node, Node) {
     pair_with(1, QpSizes::default(), ConnectOptions::default())
-}
-
-/// Runs until `cq` yields a completion (at most one virtual second).
-fn next(sim: &Sim, devs: &[&Device], cq: &mut HarnessCq) -> Completion {
-    let mut got = None;
-    let ok = sim.run_until(devs, Duration::from_secs(1), || {
-        got = got.or_else(|| cq.poll());
-        got.is_some()
-    });
-    assert!(ok, "no completion within a virtual second");
-    got.unwrap()
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
 }
 
 #[test]
@@ -248,7 +227,7 @@ fn inline_data_that_wraps_the_send_ring_arrives_intact() {
     let rkey = b.buf.keys.rkey;
     // 200-byte inline WRITEs take 4 BBs each; the ring has 8, so every other one wraps.
     for round in 0..6u8 {
-        let data = pattern(200, round);
+        let data = pattern(200, round as u64);
         a.qp.post(
             Op::Write {
                 raddr: b.buf.addr(round as usize * 256),
