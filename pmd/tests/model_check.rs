@@ -374,8 +374,9 @@ enum Step {
     Timeout { host: usize, path: usize },
     /// The oldest control message from `from` arrives.
     DeliverControl { from: usize },
-    /// `from`'s control QP exhausts its retries (the backup path is down).
-    ControlTimeout { from: usize },
+    /// `from`'s control QP exhausts its retries (the backup path is down). With
+    /// `head_delivered`, the oldest message did reach the peer; only its ACK was lost.
+    ControlTimeout { from: usize, head_delivered: bool },
     /// A path fails; `notified` hosts see their link go down.
     PathDown { path: usize, notified: Notified },
     /// A failed path recovers.
@@ -1096,10 +1097,16 @@ impl Model for FailoverModel {
                 }
             }
             if !world.control[host].is_empty() {
-                steps.push(match world.paths[BACKUP].up {
-                    true => Step::DeliverControl { from: host },
-                    false => Step::ControlTimeout { from: host },
-                });
+                if world.paths[BACKUP].up {
+                    steps.push(Step::DeliverControl { from: host });
+                } else {
+                    for head_delivered in [false, true] {
+                        steps.push(Step::ControlTimeout {
+                            from: host,
+                            head_delivered,
+                        });
+                    }
+                }
             }
             if world.hosts[host].draining && world.hosts[host].qps[DEFAULT].state != QpState::Rts {
                 steps.push(Step::Drained { host });
@@ -1174,7 +1181,15 @@ impl Model for FailoverModel {
             }
             Step::Timeout { host, path } => next.timeout(self, host, path),
             Step::DeliverControl { from } => next.deliver_control(self, from),
-            Step::ControlTimeout { from } => {
+            Step::ControlTimeout {
+                from,
+                head_delivered,
+            } => {
+                let to = 1 - from;
+                if head_delivered && !next.hosts[to].control_dead {
+                    let message = next.control[from].remove(0);
+                    next.feed(self, to, Event::Control(message));
+                }
                 next.hosts[from].control_dead = true;
                 next.control[from].clear();
                 next.feed(self, from, Event::ControlSendFailed);
