@@ -95,6 +95,18 @@ impl Cq {
         self.poller.poll(wcs)
     }
 
+    /// Polls; if nothing is there and the device progresses manually, runs one round of the
+    /// device and polls again. This is how the polling lcore drives a manual-progress softnic
+    /// from inside its poll loop (polling advances the device).
+    #[inline]
+    pub fn poll_with_progress(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        let n = self.poller.poll(wcs);
+        if n > 0 || !self.shared.ctx.progress() {
+            return n;
+        }
+        self.poller.poll(wcs)
+    }
+
     /// The CQ number.
     pub fn cqn(&self) -> u32 {
         self.shared.cqn

@@ -54,6 +54,9 @@ impl MmioDoorbell {
 pub enum Doorbell {
     /// An mlx5 UAR/BlueFlame register.
     Mmio(MmioDoorbell),
+    /// The softnic's register.
+    #[cfg(feature = "soft")]
+    Soft(softnic::DoorbellRegister),
 }
 
 /// Where the WQE that a doorbell announces lives, for a BlueFlame copy.
@@ -127,6 +130,14 @@ impl Doorbell {
                 // BlueFlame copy (into the other half) cannot merge with or pass this one.
                 barrier::wc_flush();
                 db.offset ^= db.bf_size;
+            }
+            #[cfg(feature = "soft")]
+            Doorbell::Soft(reg) => {
+                // SAFETY: the first 8 bytes of the control segment lie in the ring.
+                let v = unsafe { (last.bb(0) as *const u64).read() };
+                // A release store (and a wake-up if the engine sleeps); the doorbell record's
+                // own release store already ordered the WQEs before it.
+                reg.ring(v);
             }
         }
     }

@@ -264,17 +264,30 @@ pub trait Provider: Send + Sync + 'static {
     }
 }
 
+#[cfg(feature = "soft")]
+pub mod soft;
+
 /// Opens the provider for `name`.
 pub(crate) fn open(
     name: &DeviceName,
-    _memory: &crate::memory::MemoryPool,
-    _config: &crate::control::ContextConfig,
+    memory: &crate::memory::MemoryPool,
+    config: &crate::control::ContextConfig,
 ) -> Result<Box<dyn Provider>, VerbsError> {
+    let _ = (memory, config);
     match name {
         DeviceName::Mlx5 { .. } => Err(VerbsError::NotBuilt {
             name: name.to_string(),
             feature: "mlx5",
         }),
+        #[cfg(feature = "soft")]
+        DeviceName::Soft { .. } | DeviceName::Fabric { .. } => {
+            let options = soft::SoftOptions {
+                progress: config.progress,
+                ..soft::SoftOptions::default()
+            };
+            Ok(Box::new(soft::SoftProvider::open(name, memory, options)?))
+        }
+        #[cfg(not(feature = "soft"))]
         DeviceName::Soft { .. } | DeviceName::Fabric { .. } => Err(VerbsError::NotBuilt {
             name: name.to_string(),
             feature: "soft",

@@ -1,0 +1,557 @@
+//! The soft provider: the softnic device behind the provider trait.
+//!
+//! The pmd allocates every ring and doorbell record from its own pool (hugepages when
+//! available) and hands them to the softnic as `QueueMemory`, whose owner keeps the block
+//! alive as long as the device holds it; so a device that refuses a destroy never writes into
+//! freed memory. The doorbell register is the softnic's `DoorbellRegister`.
+//!
+//! Device names: `soft:<netdev>` and `soft:<netdev>@<addr>` open a softnic on a UDP socket
+//! bound to the netdev; `fabric:<name>/<port>` opens one on a port of an in-process fabric
+//! registered with [`register_fabric`].
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use softnic::{
+    Clock, CompletionChannel, CqConfig, CqHandle, CqId, Device, DeviceConfig, DeviceError, Fabric,
+    PathMtu, PdId, ProgressMode, QpAttrs, QpConfig, QueueMemory, Wire,
+};
+
+use super::{
+    CompletionEvents, CqRequest, Handle, ProgressModel, Provider, QpRequest, RawCq, RawMr, RawQp,
+    RawWorkQueue, VerbsError,
+};
+use crate::datapath::doorbell::Doorbell;
+use crate::memory::{Block, MemoryPool};
+use crate::name::DeviceName;
+use crate::qp_state::QpState;
+use crate::verbs::{Access, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpAttr, QpCaps};
+
+/// Largest gather list the soft provider grants.
+const MAX_SGE: u32 = 16;
+/// Largest inline payload the soft provider grants.
+const MAX_INLINE: u32 = 512;
+/// Largest queue in work requests.
+const MAX_WR: u32 = 1 << 15;
+
+fn fabrics() -> &'static Mutex<HashMap<String, Fabric>> {
+    static FABRICS: OnceLock<Mutex<HashMap<String, Fabric>>> = OnceLock::new();
+    FABRICS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Makes `fabric` openable as `fabric:<name>/<port>`. Replaces a fabric of the same name.
+pub fn register_fabric(name: &str, fabric: &Fabric) {
+    fabrics()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(name.to_string(), fabric.clone());
+}
+
+/// Forgets the fabric registered under `name`; devices already open keep working.
+pub fn unregister_fabric(name: &str) {
+    fabrics()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(name);
+}
+
+/// Options of a softnic device beyond the name.
+#[derive(Clone, Debug)]
+pub struct SoftOptions {
+    /// Engine thread (auto) or progress from the polling lcore (manual).
+    pub progress: ProgressModel,
+    /// Real time, or a virtual clock for deterministic simulations.
+    pub clock: Clock,
+    /// Write every packet to this pcap file.
+    pub pcap: Option<std::path::PathBuf>,
+}
+
+impl Default for SoftOptions {
+    fn default() -> SoftOptions {
+        SoftOptions {
+            progress: ProgressModel::Auto,
+            clock: Clock::real(),
+            pcap: None,
+        }
+    }
+}
+
+/// The first IPv4 address of `netdev`, else its first global IPv6 address.
+fn netdev_addr(netdev: &str) -> Result<IpAddr, String> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("getifaddrs: {e}"))?;
+    let mut v6 = None;
+    for ifa in addrs.filter(|a| a.interface_name == netdev) {
+        let Some(addr) = ifa.address else { continue };
+        if let Some(sin) = addr.as_sockaddr_in() {
+            return Ok(IpAddr::V4(sin.ip()));
+        }
+        if let Some(sin6) = addr.as_sockaddr_in6() {
+            let ip = sin6.ip();
+            let link_local = ip.segments()[0] & 0xffc0 == 0xfe80;
+            if v6.is_none() && !link_local {
+                v6 = Some(IpAddr::V6(ip));
+            }
+        }
+    }
+    v6.ok_or_else(|| format!("netdev {netdev} has no IPv4 or global IPv6 address"))
+}
+
+struct CqMem {
+    id: CqId,
+}
+
+/// A softnic device as a provider.
+pub struct SoftProvider {
+    name: DeviceName,
+    device: Device,
+    pool: MemoryPool,
+    progress: ProgressModel,
+    cqs: Mutex<HashMap<u64, CqMem>>,
+}
+
+impl std::fmt::Debug for SoftProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftProvider")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn verbs(device: &DeviceName, verb: &'static str, e: DeviceError) -> VerbsError {
+    let device = device.to_string();
+    match e {
+        DeviceError::InvalidConfig(what) => VerbsError::InvalidArgument {
+            device,
+            verb,
+            what: what.to_string(),
+        },
+        other => VerbsError::Failed {
+            device,
+            verb,
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// Queue memory for the softnic: the block stays alive while the device holds it.
+fn queue_memory(block: Block) -> QueueMemory {
+    let block = Arc::new(block);
+    let ptr = NonNull::new(block.as_ptr()).expect("pool blocks are never null");
+    let len = block.len();
+    // SAFETY: the block is `len` bytes of mapped memory owned by `block`, which the
+    // QueueMemory keeps alive as its owner; nothing else frees it.
+    unsafe { QueueMemory::from_raw(ptr, len, block) }
+}
+
+impl SoftProvider {
+    /// Opens a softnic for a `soft:` or `fabric:` name.
+    pub fn open(
+        name: &DeviceName,
+        pool: &MemoryPool,
+        options: SoftOptions,
+    ) -> Result<SoftProvider, VerbsError> {
+        let no_device = |reason: String| VerbsError::NoDevice {
+            name: name.to_string(),
+            reason,
+        };
+        let wire = match name {
+            DeviceName::Soft { netdev, addr } => {
+                let addr = match addr {
+                    Some(a) => *a,
+                    None => netdev_addr(netdev).map_err(no_device)?,
+                };
+                Wire::Udp {
+                    netdev: netdev.clone(),
+                    addr,
+                }
+            }
+            DeviceName::Fabric { fabric, port } => {
+                let f = fabrics()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(fabric)
+                    .cloned()
+                    .ok_or_else(|| no_device(format!("no fabric is registered as {fabric:?}")))?;
+                Wire::Fabric {
+                    fabric: f,
+                    port: *port as usize,
+                }
+            }
+            DeviceName::Mlx5 { .. } => {
+                return Err(no_device(
+                    "the soft provider opens soft: and fabric: names".into(),
+                ))
+            }
+        };
+        let mut config = DeviceConfig::new(name.to_string(), wire);
+        config.progress = match options.progress {
+            ProgressModel::Auto => ProgressMode::Auto,
+            ProgressModel::Manual => ProgressMode::Manual,
+        };
+        config.clock = options.clock;
+        config.pcap = options.pcap;
+        let device = Device::open(config).map_err(|e| no_device(e.to_string()))?;
+        Ok(SoftProvider {
+            name: name.clone(),
+            device,
+            pool: pool.clone(),
+            progress: options.progress,
+            cqs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The softnic device itself (counters, async events, clock).
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn block(&self, verb: &'static str, len: usize) -> Result<Block, VerbsError> {
+        self.pool
+            .alloc(len, 64)
+            .map_err(|e| VerbsError::OutOfResources {
+                device: self.name.to_string(),
+                verb,
+                what: e.to_string(),
+            })
+    }
+
+    fn cq_id(&self, handle: Handle) -> Result<CqId, VerbsError> {
+        self.cqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&handle.0)
+            .map(|c| c.id)
+            .ok_or_else(|| VerbsError::InvalidArgument {
+                device: self.name.to_string(),
+                verb: "create_qp",
+                what: format!("unknown CQ handle {}", handle.0),
+            })
+    }
+}
+
+fn to_soft_access(a: Access) -> softnic::Access {
+    softnic::Access(a.bits())
+}
+
+fn to_soft_state(s: QpState) -> softnic::QpState {
+    match s {
+        QpState::Reset => softnic::QpState::Reset,
+        QpState::Init => softnic::QpState::Init,
+        QpState::Rtr => softnic::QpState::Rtr,
+        QpState::Rts => softnic::QpState::Rts,
+        QpState::Err => softnic::QpState::Err,
+    }
+}
+
+fn from_soft_state(s: softnic::QpState) -> QpState {
+    match s {
+        softnic::QpState::Reset => QpState::Reset,
+        softnic::QpState::Init => QpState::Init,
+        softnic::QpState::Rtr => QpState::Rtr,
+        softnic::QpState::Rts => QpState::Rts,
+        softnic::QpState::Err => QpState::Err,
+    }
+}
+
+fn to_soft_mtu(m: Mtu) -> PathMtu {
+    match m {
+        Mtu::Mtu256 => PathMtu::Mtu256,
+        Mtu::Mtu512 => PathMtu::Mtu512,
+        Mtu::Mtu1024 => PathMtu::Mtu1024,
+        Mtu::Mtu2048 => PathMtu::Mtu2048,
+        Mtu::Mtu4096 => PathMtu::Mtu4096,
+    }
+}
+
+fn to_soft_attrs(a: &QpAttr) -> QpAttrs {
+    QpAttrs {
+        access: a.access.map(to_soft_access),
+        path_mtu: a.path_mtu.map(to_soft_mtu),
+        dest_qpn: a.dest_qpn,
+        dest_addr: a.av.map(|av| av.dgid.to_ip()),
+        rq_psn: a.rq_psn,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        sq_psn: a.sq_psn,
+        max_rd_atomic: a.max_rd_atomic,
+    }
+}
+
+struct SoftEvents {
+    handle: CqHandle,
+    channel: Arc<CompletionChannel>,
+}
+
+impl CompletionEvents for SoftEvents {
+    fn arm(&self) -> Result<(), VerbsError> {
+        self.handle.arm();
+        Ok(())
+    }
+
+    fn wait(&self, timeout: Option<Duration>) -> Result<bool, VerbsError> {
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        let fired = self.channel.wait(ms);
+        if fired {
+            self.channel.drain();
+        }
+        Ok(fired)
+    }
+
+    fn fd(&self) -> std::os::fd::RawFd {
+        self.channel.fd()
+    }
+}
+
+/// Basic blocks the largest WQE of a QP with `caps` takes.
+fn max_wqe_bbs(caps: &QpCaps) -> u32 {
+    let data = caps
+        .max_send_sge
+        .max(hw_defs::mlx5::wqe::inline_ds(caps.max_inline_data as usize) as u32);
+    (3 + data).div_ceil(4)
+}
+
+impl Provider for SoftProvider {
+    fn name(&self) -> &DeviceName {
+        &self.name
+    }
+
+    fn query_device(&self) -> Result<DeviceAttr, VerbsError> {
+        Ok(DeviceAttr {
+            fw_ver: concat!("softnic ", env!("CARGO_PKG_VERSION")).to_string(),
+            max_qp_wr: MAX_WR,
+            max_sge: MAX_SGE,
+            max_cqe: 1 << 22,
+            max_mr_size: 1 << 40,
+            max_inline_data: MAX_INLINE,
+            max_qp_rd_atom: 16,
+            max_qp_init_rd_atom: 16,
+        })
+    }
+
+    fn query_port(&self) -> Result<PortAttr, VerbsError> {
+        let state = match self.device.port_state() {
+            softnic::PortState::Active => PortState::Active,
+            softnic::PortState::Down => PortState::Down,
+        };
+        Ok(PortAttr {
+            state,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::Mtu4096,
+            gid_tbl_len: 1,
+        })
+    }
+
+    fn query_gid(&self, index: u16) -> Result<Gid, VerbsError> {
+        if index != 0 {
+            return Err(VerbsError::InvalidArgument {
+                device: self.name.to_string(),
+                verb: "query_gid",
+                what: format!("GID index {index} (softnic has one GID)"),
+            });
+        }
+        Ok(Gid(self.device.gid()))
+    }
+
+    fn alloc_pd(&self) -> Result<Handle, VerbsError> {
+        Ok(Handle(u64::from(self.device.alloc_pd().0)))
+    }
+
+    fn dealloc_pd(&self, pd: Handle) -> Result<(), VerbsError> {
+        self.device
+            .dealloc_pd(PdId(pd.0 as u32))
+            .map_err(|e| verbs(&self.name, "dealloc_pd", e))
+    }
+
+    unsafe fn reg_mr(
+        &self,
+        pd: Handle,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<RawMr, VerbsError> {
+        // SAFETY: forwarded from the trait's contract (the range stays mapped until dereg).
+        let keys = unsafe {
+            self.device
+                .reg_mr(PdId(pd.0 as u32), addr, len, to_soft_access(access))
+        }
+        .map_err(|e| verbs(&self.name, "reg_mr", e))?;
+        Ok(RawMr {
+            handle: Handle(u64::from(keys.lkey)),
+            lkey: keys.lkey,
+            rkey: keys.rkey,
+        })
+    }
+
+    fn dereg_mr(&self, mr: Handle) -> Result<(), VerbsError> {
+        self.device
+            .dereg_mr(mr.0 as u32)
+            .map_err(|e| verbs(&self.name, "dereg_mr", e))
+    }
+
+    fn create_cq(&self, req: &CqRequest) -> Result<RawCq, VerbsError> {
+        let count = req.entries.max(2).next_power_of_two();
+        let ring = self.block("create_cq", count as usize * hw_defs::mlx5::cqe::SIZE)?;
+        // Every CQE starts invalid (opcode 15, owner 0), as libmlx5 initialises its rings, so
+        // lap-0 slots the device has not written are not taken for completions.
+        for i in 0..count as usize {
+            // SAFETY: the byte lies inside the ring block, which nobody else uses yet.
+            unsafe {
+                *ring
+                    .as_ptr()
+                    .add(i * 64 + hw_defs::mlx5::cqe::OP_OWN_OFFSET) = 0xf0
+            };
+        }
+        let dbrec = self.block("create_cq", hw_defs::mlx5::dbrec::CQ_SIZE)?;
+        let buf = NonNull::new(ring.as_ptr()).expect("pool blocks are never null");
+        let dbrec_ptr =
+            NonNull::new(dbrec.as_ptr().cast::<u32>()).expect("pool blocks are never null");
+        let channel = if req.events {
+            Some(CompletionChannel::new().map_err(|e| VerbsError::Failed {
+                device: self.name.to_string(),
+                verb: "create_cq",
+                reason: format!("completion channel: {e}"),
+            })?)
+        } else {
+            None
+        };
+        let handle = self
+            .device
+            .create_cq(CqConfig {
+                ring: queue_memory(ring),
+                cqe_count: count,
+                dbrec: queue_memory(dbrec),
+                channel: channel.clone(),
+            })
+            .map_err(|e| verbs(&self.name, "create_cq", e))?;
+        let id = handle.id;
+        self.cqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(u64::from(id.0), CqMem { id });
+        let events = channel
+            .map(|channel| Arc::new(SoftEvents { handle, channel }) as Arc<dyn CompletionEvents>);
+        Ok(RawCq {
+            handle: Handle(u64::from(id.0)),
+            cqn: id.0,
+            buf,
+            cqe_cnt: count,
+            cqe_size: 64,
+            dbrec: dbrec_ptr,
+            events,
+        })
+    }
+
+    fn destroy_cq(&self, cq: Handle) -> Result<(), VerbsError> {
+        self.device
+            .destroy_cq(CqId(cq.0 as u32))
+            .map_err(|e| verbs(&self.name, "destroy_cq", e))?;
+        self.cqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&cq.0);
+        Ok(())
+    }
+
+    fn create_qp(&self, req: &QpRequest) -> Result<RawQp, VerbsError> {
+        let caps = req.caps;
+        if caps.max_send_sge > MAX_SGE
+            || caps.max_recv_sge > MAX_SGE
+            || caps.max_inline_data > MAX_INLINE
+            || caps.max_send_wr > MAX_WR
+            || caps.max_recv_wr > MAX_WR
+        {
+            return Err(VerbsError::InvalidArgument {
+                device: self.name.to_string(),
+                verb: "create_qp",
+                what: format!("{caps:?} exceeds the device limits (sge {MAX_SGE}, inline {MAX_INLINE}, wr {MAX_WR})"),
+            });
+        }
+        let wqe_bbs = max_wqe_bbs(&caps);
+        let sq_bbs = (caps.max_send_wr.max(1) * wqe_bbs).next_power_of_two();
+        let rq_wqes = caps.max_recv_wr.max(1).next_power_of_two();
+        let rq_stride = (caps.max_recv_sge.max(1) * 16).next_power_of_two();
+        let sq = self.block("create_qp", sq_bbs as usize * 64)?;
+        let rq = self.block("create_qp", (rq_wqes * rq_stride) as usize)?;
+        let dbrec = self.block("create_qp", hw_defs::mlx5::dbrec::SIZE)?;
+        let sq_ptr = NonNull::new(sq.as_ptr()).expect("pool blocks are never null");
+        let rq_ptr = NonNull::new(rq.as_ptr()).expect("pool blocks are never null");
+        let dbrec_ptr =
+            NonNull::new(dbrec.as_ptr().cast::<u32>()).expect("pool blocks are never null");
+        let handle = self
+            .device
+            .create_qp(QpConfig {
+                pd: PdId(req.pd.0 as u32),
+                send_cq: self.cq_id(req.send_cq)?,
+                recv_cq: self.cq_id(req.recv_cq)?,
+                sq: queue_memory(sq),
+                sq_bbs,
+                rq: queue_memory(rq),
+                rq_wqes,
+                rq_stride,
+                dbrec: queue_memory(dbrec),
+                max_inline: caps.max_inline_data,
+                max_send_sge: caps.max_send_sge,
+            })
+            .map_err(|e| verbs(&self.name, "create_qp", e))?;
+        Ok(RawQp {
+            handle: Handle(u64::from(handle.qpn)),
+            qpn: handle.qpn,
+            sq: RawWorkQueue {
+                buf: sq_ptr,
+                wqe_cnt: sq_bbs,
+                stride: 64,
+            },
+            rq: RawWorkQueue {
+                buf: rq_ptr,
+                wqe_cnt: rq_wqes,
+                stride: rq_stride,
+            },
+            dbrec: dbrec_ptr,
+            doorbell: Doorbell::Soft(handle.doorbell),
+            caps: QpCaps {
+                max_send_wr: sq_bbs / wqe_bbs,
+                max_recv_wr: rq_wqes,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: rq_stride / 16,
+                max_inline_data: caps.max_inline_data,
+            },
+        })
+    }
+
+    fn modify_qp(&self, qp: Handle, to: QpState, attr: &QpAttr) -> Result<(), VerbsError> {
+        self.device
+            .modify_qp(qp.0 as u32, to_soft_state(to), &to_soft_attrs(attr))
+            .map_err(|e| verbs(&self.name, "modify_qp", e))
+    }
+
+    fn query_qp(&self, qp: Handle) -> Result<QpState, VerbsError> {
+        self.device
+            .query_qp(qp.0 as u32)
+            .map(|(state, _)| from_soft_state(state))
+            .map_err(|e| verbs(&self.name, "query_qp", e))
+    }
+
+    fn destroy_qp(&self, qp: Handle) -> Result<(), VerbsError> {
+        self.device
+            .destroy_qp(qp.0 as u32)
+            .map_err(|e| verbs(&self.name, "destroy_qp", e))
+    }
+
+    fn progress_model(&self) -> ProgressModel {
+        self.progress
+    }
+
+    #[inline]
+    fn progress(&self) -> bool {
+        if self.progress != ProgressModel::Manual {
+            return false;
+        }
+        self.device.progress(self.device.clock().now()).busy
+    }
+}

@@ -1,0 +1,376 @@
+//! The pmd over softnic devices on the in-memory fabric: every opcode, the post-time errors, a
+//! reset and reconnect, a looped-back pair on one device, completion events.
+
+mod common;
+
+use common::*;
+use pmd::{PostError, QpState, RecvWr, Remote, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+
+#[test]
+fn a_write_lands_in_the_peer_and_completes() {
+    let (mut a, b) = two_devices();
+    a.buf.write(0, b"hello, railshift");
+    let wr = SendWr::new(
+        7,
+        SendOp::Write {
+            remote: b.buf.remote(100),
+        },
+        &[a.buf.sge(0, 16)],
+    )
+    .signaled();
+    a.qp.post_send(&wr).unwrap();
+    a.qp.ring_doorbell();
+    let wcs = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status, wcs[0].opcode),
+        (7, WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    let mut got = [0u8; 16];
+    b.buf.read(100, &mut got);
+    assert_eq!(&got, b"hello, railshift");
+}
+
+#[test]
+fn a_multi_packet_write_gathered_from_three_sges_arrives_whole() {
+    let (mut a, b) = two_devices();
+    let data: Vec<u8> = (0..9000u32).map(|i| (i * 7) as u8).collect();
+    a.buf.write(0, &data);
+    let sges = [
+        a.buf.sge(0, 3000),
+        a.buf.sge(3000, 3000),
+        a.buf.sge(6000, 3000),
+    ];
+    a.qp.post_send(
+        &SendWr::new(
+            1,
+            SendOp::Write {
+                remote: b.buf.remote(0),
+            },
+            &sges,
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.ring_doorbell();
+    let wcs = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    assert!(wcs[0].is_ok(), "{wcs:?}");
+    let mut got = vec![0u8; 9000];
+    b.buf.read(0, &mut got);
+    assert_eq!(got, data);
+}
+
+#[test]
+fn write_with_immediate_consumes_a_receive_and_delivers_the_immediate() {
+    let (mut a, mut b) = two_devices();
+    b.qp.post_recv(&RecvWr::new(55, &[])).unwrap();
+    a.buf.write(0, &[9; 32]);
+    let op = SendOp::WriteImm {
+        remote: b.buf.remote(64),
+        imm: 0xdead_beef,
+    };
+    a.qp.post_send(&SendWr::new(1, op, &[a.buf.sge(0, 32)]).signaled())
+        .unwrap();
+    a.qp.ring_doorbell();
+    let sent = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    assert_eq!(sent[0].status, WcStatus::Success);
+    let recv = wait(&[&a.ctx, &b.ctx], &mut b.cq, 1);
+    assert_eq!(
+        (recv[0].wr_id, recv[0].opcode, recv[0].imm, recv[0].byte_len),
+        (55, WcOpcode::RecvRdmaWithImm, Some(0xdead_beef), 32)
+    );
+    let mut got = [0u8; 32];
+    b.buf.read(64, &mut got);
+    assert_eq!(got, [9; 32]);
+}
+
+#[test]
+fn send_and_send_with_immediate_scatter_into_posted_receives() {
+    let (mut a, mut b) = two_devices();
+    b.qp.post_recv(&RecvWr::new(1, &[b.buf.sge(0, 8), b.buf.sge(1000, 100)]))
+        .unwrap();
+    b.qp.post_recv(&RecvWr::new(2, &[b.buf.sge(2000, 100)]))
+        .unwrap();
+    a.buf.write(0, b"0123456789abcdef");
+    a.qp.post_send(&SendWr::new(10, SendOp::Send, &[a.buf.sge(0, 16)]))
+        .unwrap();
+    a.qp.post_send(&SendWr::new(11, SendOp::SendImm { imm: 42 }, &[a.buf.sge(0, 4)]).signaled())
+        .unwrap();
+    a.qp.ring_doorbell();
+    let sent = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    assert_eq!((sent[0].wr_id, sent[0].opcode), (11, WcOpcode::Send));
+    let recv = wait(&[&a.ctx, &b.ctx], &mut b.cq, 2);
+    assert_eq!(
+        (recv[0].wr_id, recv[0].opcode, recv[0].imm, recv[0].byte_len),
+        (1, WcOpcode::Recv, None, 16)
+    );
+    assert_eq!(
+        (recv[1].wr_id, recv[1].imm, recv[1].byte_len),
+        (2, Some(42), 4)
+    );
+    let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
+    b.buf.read(0, &mut head);
+    b.buf.read(1000, &mut tail);
+    assert_eq!((&head, &tail), (b"01234567", b"89abcdef"));
+}
+
+#[test]
+fn inline_write_and_send_carry_their_bytes_in_the_wqe() {
+    let (mut a, mut b) = two_devices();
+    b.qp.post_recv(&RecvWr::new(3, &[b.buf.sge(500, 64)]))
+        .unwrap();
+    let payload = *b"inline bytes need no lkey at all";
+    a.qp.post_send(&SendWr::inline(
+        1,
+        SendOp::Write {
+            remote: b.buf.remote(0),
+        },
+        &payload,
+    ))
+    .unwrap();
+    a.qp.post_send(&SendWr::inline(2, SendOp::Send, &payload).signaled())
+        .unwrap();
+    a.qp.ring_doorbell();
+    wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    let recv = wait(&[&a.ctx, &b.ctx], &mut b.cq, 1);
+    assert_eq!(recv[0].byte_len, payload.len() as u32);
+    let (mut w, mut s) = ([0u8; 32], [0u8; 32]);
+    b.buf.read(0, &mut w);
+    b.buf.read(500, &mut s);
+    assert_eq!((w, s), (payload, payload));
+}
+
+#[test]
+fn a_read_fetches_remote_bytes_into_the_local_buffer() {
+    let (mut a, b) = two_devices();
+    b.buf.write(4096, b"read me back");
+    a.qp.post_send(
+        &SendWr::new(
+            5,
+            SendOp::Read {
+                remote: b.buf.remote(4096),
+            },
+            &[a.buf.sge(200, 12)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.ring_doorbell();
+    let wcs = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    assert_eq!(
+        (wcs[0].opcode, wcs[0].status),
+        (WcOpcode::RdmaRead, WcStatus::Success)
+    );
+    let mut got = [0u8; 12];
+    a.buf.read(200, &mut got);
+    assert_eq!(&got, b"read me back");
+}
+
+#[test]
+fn compare_swap_and_fetch_add_return_the_old_value_and_change_the_target() {
+    let (mut a, b) = two_devices();
+    b.buf.write_u64(8, 100);
+    let target = b.buf.remote(8);
+    a.qp.post_send(
+        &SendWr::new(
+            1,
+            SendOp::CompareSwap {
+                remote: target,
+                compare: 100,
+                swap: 7,
+            },
+            &[a.buf.sge(0, 8)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.post_send(
+        &SendWr::new(
+            2,
+            SendOp::FetchAdd {
+                remote: target,
+                add: 5,
+            },
+            &[a.buf.sge(8, 8)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.post_send(
+        &SendWr::new(
+            3,
+            SendOp::CompareSwap {
+                remote: target,
+                compare: 100,
+                swap: 1,
+            },
+            &[a.buf.sge(16, 8)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.ring_doorbell();
+    let wcs = wait(&[&a.ctx, &b.ctx], &mut a.cq, 3);
+    let ops: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.opcode, w.status)).collect();
+    assert_eq!(
+        ops,
+        vec![
+            (1, WcOpcode::CompSwap, WcStatus::Success),
+            (2, WcOpcode::FetchAdd, WcStatus::Success),
+            (3, WcOpcode::CompSwap, WcStatus::Success),
+        ]
+    );
+    assert_eq!(a.buf.read_u64(0), 100, "swap saw 100");
+    assert_eq!(a.buf.read_u64(8), 7, "add saw the swapped 7");
+    assert_eq!(
+        a.buf.read_u64(16),
+        12,
+        "failed compare returns the current value"
+    );
+    assert_eq!(b.buf.read_u64(8), 12);
+}
+
+#[test]
+fn a_batch_of_unsignaled_writes_completes_with_its_signaled_tail() {
+    let (mut a, b) = two_devices();
+    for i in 0..31u64 {
+        a.qp.post_send(&SendWr::new(
+            i,
+            SendOp::Write {
+                remote: b.buf.remote(i as usize * 8),
+            },
+            &[a.buf.sge(0, 8)],
+        ))
+        .unwrap();
+    }
+    a.qp.post_send(
+        &SendWr::new(
+            31,
+            SendOp::Write {
+                remote: b.buf.remote(248),
+            },
+            &[a.buf.sge(0, 8)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.ring_doorbell();
+    let wcs = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    assert_eq!(wcs[0].wr_id, 31);
+    assert_eq!(a.qp.send_queue().outstanding().count(), 0);
+}
+
+#[test]
+fn post_time_errors_over_softnic_are_typed_and_write_nothing() {
+    let (mut a, b) = two_devices();
+    let remote = b.buf.remote(0);
+    let unknown = SendWr::new(
+        1,
+        SendOp::Write { remote },
+        &[Sge::new(a.buf.addr(), 8, 0x00ab_cdef)],
+    );
+    assert!(matches!(
+        a.qp.post_send(&unknown),
+        Err(PostError::UnknownLkey {
+            lkey: 0x00ab_cdef,
+            ..
+        })
+    ));
+    let outside = SendWr::new(1, SendOp::Write { remote }, &[a.buf.sge(BUF - 4, 8)]);
+    assert!(matches!(
+        a.qp.post_send(&outside),
+        Err(PostError::OutsideMr { .. })
+    ));
+    let long = vec![0u8; 129];
+    let too_long = SendWr::inline(1, SendOp::Write { remote }, &long);
+    assert_eq!(
+        a.qp.post_send(&too_long),
+        Err(PostError::InlineTooLong { len: 129, max: 128 })
+    );
+    assert_eq!(a.qp.send_queue().written(), 0);
+    // Queue full: fill the ring with unsignaled work that is never rung.
+    let mut posted = 0;
+    let err = loop {
+        match a.qp.post_send(&SendWr::new(
+            posted,
+            SendOp::Write { remote },
+            &[a.buf.sge(0, 8)],
+        )) {
+            Ok(_) => posted += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(err, PostError::QueueFull { queue: "send", .. }),
+        "{err}"
+    );
+    assert_eq!(posted as u32, a.qp.send_queue().capacity());
+}
+
+#[test]
+fn a_reset_qp_pair_reconnects_from_saved_attributes_and_keeps_working() {
+    let (mut a, mut b) = two_devices();
+    let write = |a: &mut Side, id| {
+        a.buf.write(0, &[id as u8; 8]);
+        a.qp.post_send(
+            &SendWr::new(
+                id,
+                SendOp::Write {
+                    remote: Remote { ..b.buf.remote(0) },
+                },
+                &[a.buf.sge(0, 8)],
+            )
+            .signaled(),
+        )
+        .unwrap();
+        a.qp.ring_doorbell();
+    };
+    write(&mut a, 1);
+    wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    // Both sides fail (as after a link loss) and come back without the application.
+    a.qp.handle().set_error().unwrap();
+    b.qp.handle().set_error().unwrap();
+    assert_eq!(a.qp.state(), QpState::Err);
+    a.qp.bring_up_again().unwrap();
+    b.qp.bring_up_again().unwrap();
+    a.cq.discard_qp(a.qp.qpn());
+    assert_eq!(a.qp.state(), QpState::Rts);
+    write(&mut a, 2);
+    let wcs = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (2, WcStatus::Success));
+    let mut got = [0u8; 8];
+    b.buf.read(0, &mut got);
+    assert_eq!(got, [2; 8]);
+}
+
+#[test]
+fn two_qps_on_one_device_talk_through_loopback() {
+    let (name, fabric) = fabric();
+    fabric.add_port("198.18.0.9".parse().unwrap());
+    let ctx = open(&format!("fabric:{name}/0"));
+    let mut a = side(&ctx);
+    let mut b = side(&ctx);
+    pair(&mut a, &mut b);
+    b.qp.post_recv(&RecvWr::new(9, &[b.buf.sge(0, 64)]))
+        .unwrap();
+    a.buf.write(0, b"looped");
+    a.qp.post_send(&SendWr::new(1, SendOp::Send, &[a.buf.sge(0, 6)]).signaled())
+        .unwrap();
+    a.qp.ring_doorbell();
+    wait(&[&ctx], &mut a.cq, 1);
+    let recv = wait(&[&ctx], &mut b.cq, 1);
+    assert_eq!((recv[0].wr_id, recv[0].byte_len), (9, 6));
+}
+
+#[test]
+fn a_write_to_a_bad_rkey_completes_with_remote_access_error() {
+    let (mut a, b) = two_devices();
+    let bad = Remote {
+        addr: b.buf.addr(),
+        rkey: b.buf.rkey() ^ 0x00ff_0000,
+    };
+    a.qp.post_send(&SendWr::new(3, SendOp::Write { remote: bad }, &[a.buf.sge(0, 8)]).signaled())
+        .unwrap();
+    a.qp.ring_doorbell();
+    let wcs = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (3, WcStatus::RemAccessErr));
+}
