@@ -166,6 +166,15 @@ impl CompletionQueue {
         Some(cqe)
     }
 
+    /// How many CQEs the device has written that are not polled yet (without consuming any).
+    pub fn ready(&self) -> u32 {
+        let mut n = 0;
+        while n < self.count && self.owned(self.ci.wrapping_add(n)).is_some() {
+            n += 1;
+        }
+        n
+    }
+
     #[inline]
     fn refresh(&mut self) {
         if self.attachments.generation.load(Ordering::Acquire) != self.generation {
