@@ -35,21 +35,37 @@ fn every_opcode_crosses_udp_on_loopback_needs_root() {
     pair(&mut a, &mut b);
     let ctxs = [&ca, &cb];
 
-    b.qp.post_recv(&RecvWr::new(100, &[b.buf.sge(1024, 64)])).unwrap();
-    b.qp.post_recv(&RecvWr::new(101, &[b.buf.sge(2048, 64)])).unwrap();
+    b.qp.post_recv(&RecvWr::new(100, &[b.buf.sge(1024, 64)]))
+        .unwrap();
+    b.qp.post_recv(&RecvWr::new(101, &[b.buf.sge(2048, 64)]))
+        .unwrap();
     b.qp.post_recv(&RecvWr::new(102, &[])).unwrap();
     b.buf.write(4096, b"remote bytes");
     b.buf.write_u64(8192, 10);
     a.buf.write(0, b"over the wire");
 
     let ops = [
-        SendOp::Write { remote: b.buf.remote(0) },
+        SendOp::Write {
+            remote: b.buf.remote(0),
+        },
         SendOp::Send,
         SendOp::SendImm { imm: 7 },
-        SendOp::WriteImm { remote: b.buf.remote(512), imm: 8 },
-        SendOp::Read { remote: b.buf.remote(4096) },
-        SendOp::CompareSwap { remote: b.buf.remote(8192), compare: 10, swap: 20 },
-        SendOp::FetchAdd { remote: b.buf.remote(8192), add: 1 },
+        SendOp::WriteImm {
+            remote: b.buf.remote(512),
+            imm: 8,
+        },
+        SendOp::Read {
+            remote: b.buf.remote(4096),
+        },
+        SendOp::CompareSwap {
+            remote: b.buf.remote(8192),
+            compare: 10,
+            swap: 20,
+        },
+        SendOp::FetchAdd {
+            remote: b.buf.remote(8192),
+            add: 1,
+        },
     ];
     for (i, op) in ops.iter().enumerate() {
         let sge = match op {
@@ -58,12 +74,17 @@ fn every_opcode_crosses_udp_on_loopback_needs_root() {
             SendOp::FetchAdd { .. } => a.buf.sge(408, 8),
             _ => a.buf.sge(0, 13),
         };
-        a.qp.post_send(&SendWr::new(i as u64, *op, &[sge]).signaled()).unwrap();
+        a.qp.post_send(&SendWr::new(i as u64, *op, &[sge]).signaled())
+            .unwrap();
     }
     a.qp.ring_doorbell();
     let sent = wait(&ctxs, &mut a.cq, ops.len());
     for (wc, op) in sent.iter().zip(&ops) {
-        assert_eq!((wc.status, wc.opcode), (WcStatus::Success, op.wc_opcode()), "{op:?}");
+        assert_eq!(
+            (wc.status, wc.opcode),
+            (WcStatus::Success, op.wc_opcode()),
+            "{op:?}"
+        );
     }
     let recv = wait(&ctxs, &mut b.cq, 3);
     let r: Vec<_> = recv.iter().map(|w| (w.wr_id, w.opcode, w.imm)).collect();
@@ -83,5 +104,12 @@ fn every_opcode_crosses_udp_on_loopback_needs_root() {
     let mut read = [0u8; 12];
     a.buf.read(300, &mut read);
     assert_eq!(&read, b"remote bytes");
-    assert_eq!((a.buf.read_u64(400), a.buf.read_u64(408), b.buf.read_u64(8192)), (10, 20, 21));
+    assert_eq!(
+        (
+            a.buf.read_u64(400),
+            a.buf.read_u64(408),
+            b.buf.read_u64(8192)
+        ),
+        (10, 20, 21)
+    );
 }
