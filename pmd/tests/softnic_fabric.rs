@@ -374,3 +374,136 @@ fn a_write_to_a_bad_rkey_completes_with_remote_access_error() {
     let wcs = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
     assert_eq!((wcs[0].wr_id, wcs[0].status), (3, WcStatus::RemAccessErr));
 }
+
+#[test]
+fn an_armed_cq_signals_its_completion_event() {
+    let (name, fabric) = fabric();
+    fabric.add_port("198.18.0.1".parse().unwrap());
+    fabric.add_port("198.18.0.2".parse().unwrap());
+    let ca = open(&format!("fabric:{name}/0"));
+    let cb = open(&format!("fabric:{name}/1"));
+    let pd = ca.alloc_pd().unwrap();
+    let mut cq = ca.create_cq(16, true).unwrap();
+    let mut qp = pd.create_qp(&cq, &cq, caps()).unwrap();
+    let buf = pd.alloc_buffer(4096, pmd::Access::ALL).unwrap();
+    let mut b = side(&cb);
+    connect(&mut qp, cb.query_gid(0).unwrap(), b.qp.qpn());
+    connect(&mut b.qp, ca.query_gid(0).unwrap(), qp.qpn());
+    cq.arm().unwrap();
+    assert!(
+        !cq.wait_event(Some(std::time::Duration::ZERO)).unwrap(),
+        "no event before a CQE"
+    );
+    qp.post_send(
+        &SendWr::new(
+            1,
+            SendOp::Write {
+                remote: b.buf.remote(0),
+            },
+            &[buf.sge(0, 8)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    qp.ring_doorbell();
+    let wcs = wait(&[&ca, &cb], &mut cq, 1);
+    assert!(wcs[0].is_ok());
+    assert!(cq
+        .wait_event(Some(std::time::Duration::from_secs(1)))
+        .unwrap());
+}
+
+#[test]
+fn a_cq_without_events_says_so_when_armed() {
+    let (mut a, _b) = two_devices();
+    let err = a.cq.arm().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("created without completion events"),
+        "{err}"
+    );
+    let _ = &mut a;
+}
+
+#[test]
+fn a_pinned_lcore_drives_manual_devices_from_its_poll_loop_and_parks_when_idle() {
+    let (mut a, b) = two_devices();
+    let core = pmd::lcore::cores().last().copied();
+    let lcore = pmd::lcore::launch("test-poller", core, move || {
+        let mut poller = pmd::lcore::Poller::default();
+        let mut wcs = [pmd::WorkCompletion::EMPTY; 4];
+        let mut done = Vec::new();
+        for i in 0..50u64 {
+            let wr = SendWr::new(
+                i,
+                SendOp::Write {
+                    remote: b.buf.remote(0),
+                },
+                &[a.buf.sge(0, 8)],
+            )
+            .signaled();
+            a.qp.post_send(&wr).unwrap();
+            a.qp.ring_doorbell();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                b.ctx.progress();
+                let n = a.cq.poll_with_progress(&mut wcs);
+                if n > 0 {
+                    poller.busy();
+                    done.extend(wcs[..n].iter().map(|w| w.wr_id));
+                    break;
+                }
+                poller.idle();
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no completion for {i}"
+                );
+            }
+        }
+        done
+    })
+    .unwrap();
+    assert_eq!(lcore.join().unwrap(), (0..50).collect::<Vec<u64>>());
+}
+
+#[test]
+fn auto_progress_devices_complete_work_on_their_own_engine_threads() {
+    let (name, fabric) = fabric();
+    fabric.add_port("198.18.0.1".parse().unwrap());
+    fabric.add_port("198.18.0.2".parse().unwrap());
+    let auto = pmd::ContextConfig::default();
+    let ca = pmd::Context::open(&format!("fabric:{name}/0"), &auto).unwrap();
+    let cb = pmd::Context::open(&format!("fabric:{name}/1"), &auto).unwrap();
+    assert_eq!(ca.progress_model(), pmd::provider::ProgressModel::Auto);
+    let mut a = side(&ca);
+    let mut b = side(&cb);
+    pair(&mut a, &mut b);
+    a.buf.write(0, b"engine");
+    a.qp.post_send(
+        &SendWr::new(
+            1,
+            SendOp::Write {
+                remote: b.buf.remote(0),
+            },
+            &[a.buf.sge(0, 6)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.ring_doorbell();
+    // Nobody calls progress: the engines do the work; the poller backs off and parks.
+    let mut poller = pmd::lcore::Poller::default();
+    let mut wcs = [pmd::WorkCompletion::EMPTY; 1];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while a.cq.poll(&mut wcs) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the engines did not complete the WRITE"
+        );
+        poller.idle();
+    }
+    assert!(wcs[0].is_ok());
+    let mut got = [0u8; 6];
+    b.buf.read(0, &mut got);
+    assert_eq!(&got, b"engine");
+}
