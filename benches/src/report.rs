@@ -29,8 +29,10 @@ impl Report {
 
     /// Sets a string (a configuration detail worth keeping beside the numbers).
     pub fn text(&mut self, key: &str, value: &str) -> &mut Report {
-        self.figures
-            .insert(key.to_string(), serde_json::Value::String(value.to_string()));
+        self.figures.insert(
+            key.to_string(),
+            serde_json::Value::String(value.to_string()),
+        );
         self
     }
 
@@ -41,8 +43,11 @@ impl Report {
 
     /// The report as pretty-printed JSON.
     pub fn to_json(&self) -> String {
-        let map: serde_json::Map<String, serde_json::Value> =
-            self.figures.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let map: serde_json::Map<String, serde_json::Value> = self
+            .figures
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         serde_json::to_string_pretty(&serde_json::Value::Object(map))
             .expect("a map of numbers and strings always serialises")
     }
@@ -60,7 +65,9 @@ mod tests {
     #[test]
     fn figures_are_written_as_one_flat_object_in_key_order() {
         let mut r = Report::new();
-        r.number("post_single_ns", 12.5).number("floor_copy64_ns", 1.0).text("provider", "soft");
+        r.number("post_single_ns", 12.5)
+            .number("floor_copy64_ns", 1.0)
+            .text("provider", "soft");
         let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(v["post_single_ns"], 12.5);
         assert_eq!(v["provider"], "soft");

@@ -13,7 +13,7 @@
 use std::ffi::c_void;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
@@ -78,6 +78,20 @@ pub enum MemoryError {
 }
 
 static FALLBACK_WARNED: AtomicBool = AtomicBool::new(false);
+static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many mappings wanted hugepages and got 4 KiB pages in this process (one warning was
+/// logged for the first of them).
+pub fn hugepage_fallbacks() -> u64 {
+    FALLBACKS.load(Ordering::Relaxed)
+}
+
+/// Counts a fallback to base pages; true only for the first one in the process, the one that
+/// gets the warning.
+fn note_fallback() -> bool {
+    FALLBACKS.fetch_add(1, Ordering::Relaxed);
+    !FALLBACK_WARNED.swap(true, Ordering::Relaxed)
+}
 
 /// One anonymous mapping; unmapped on drop.
 #[derive(Debug)]
@@ -107,7 +121,7 @@ impl Mapping {
                     return Err(MemoryError::HugepagesUnavailable { len, errno });
                 }
                 Err(errno) => {
-                    if !FALLBACK_WARNED.swap(true, Ordering::Relaxed) {
+                    if note_fallback() {
                         tracing::warn!(
                             %errno,
                             "2 MiB hugepages unavailable; using 4 KiB pages for rings and buffers \
@@ -463,6 +477,25 @@ mod tests {
         // Whatever this machine has reserved, Prefer never fails for a small request.
         let m = Mapping::new(8192, HugepagePolicy::Prefer).unwrap();
         assert!(m.len() >= 8192);
+    }
+
+    #[test]
+    fn require_gives_hugepages_or_a_clear_error() {
+        match Mapping::new(4096, HugepagePolicy::Require) {
+            Ok(m) => assert_eq!(m.page_size(), PageSize::Huge),
+            Err(e) => {
+                assert!(matches!(e, MemoryError::HugepagesUnavailable { .. }), "{e}");
+                assert!(e.to_string().contains("vm.nr_hugepages"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_first_fallback_of_the_process_warns() {
+        let warned: usize = (0..100).map(|_| usize::from(note_fallback())).sum();
+        assert!(warned <= 1, "{warned} warnings");
+        assert!(hugepage_fallbacks() >= 100);
+        assert!(!note_fallback());
     }
 
     #[test]

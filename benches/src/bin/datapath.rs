@@ -49,7 +49,9 @@ fn open(name: &str) -> Arc<Context> {
 
 fn side(ctx: &Arc<Context>) -> Side {
     let pd = ctx.alloc_pd().expect("alloc_pd");
-    let cq = ctx.create_cq(4 * POLL_ROUND as u32, false).expect("create_cq");
+    let cq = ctx
+        .create_cq(4 * POLL_ROUND as u32, false)
+        .expect("create_cq");
     let caps = QpCaps {
         max_send_wr: 512,
         max_recv_wr: 16,
@@ -68,9 +70,13 @@ fn side(ctx: &Arc<Context>) -> Side {
 }
 
 fn connect(qp: &mut Qp, gid: pmd::Gid, qpn: u32) {
-    qp.modify(QpState::Init, &QpAttr::init(Access::ALL)).expect("INIT");
-    qp.modify(QpState::Rtr, &QpAttr::rtr(AddressVector::to_gid(gid), qpn, 0, Mtu::Mtu4096))
-        .expect("RTR");
+    qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
+        .expect("INIT");
+    qp.modify(
+        QpState::Rtr,
+        &QpAttr::rtr(AddressVector::to_gid(gid), qpn, 0, Mtu::Mtu4096),
+    )
+    .expect("RTR");
     qp.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
 }
 
@@ -90,7 +96,10 @@ impl Bench {
         register_fabric(&name, &fabric);
         let mut a = side(&open(&format!("fabric:{name}/0")));
         let mut b = side(&open(&format!("fabric:{name}/1")));
-        let (ga, gb) = (a.ctx.query_gid(0).expect("gid"), b.ctx.query_gid(0).expect("gid"));
+        let (ga, gb) = (
+            a.ctx.query_gid(0).expect("gid"),
+            b.ctx.query_gid(0).expect("gid"),
+        );
         let (qa, qb) = (a.qp.qpn(), b.qp.qpn());
         connect(&mut a.qp, gb, qb);
         connect(&mut b.qp, ga, qa);
@@ -123,7 +132,10 @@ impl Bench {
         while self.a.cq.poller().ready() < n {
             self.a.ctx.progress();
             self.b.ctx.progress();
-            assert!(Instant::now() < deadline, "devices did not write {n} CQEs in 10 s");
+            assert!(
+                Instant::now() < deadline,
+                "devices did not write {n} CQEs in 10 s"
+            );
         }
     }
 
@@ -139,7 +151,10 @@ impl Bench {
                 assert!(wc.is_ok(), "benchmark WRITE failed: {wc:?}");
             }
             got += k;
-            assert!(Instant::now() < deadline, "only {got} of {n} completions in 10 s");
+            assert!(
+                Instant::now() < deadline,
+                "only {got} of {n} completions in 10 s"
+            );
         }
     }
 }
@@ -209,7 +224,10 @@ fn poll(bench: &mut Bench, rounds: usize) -> f64 {
                 got += k;
             }
             let elapsed = start.elapsed().as_nanos() as f64;
-            assert_eq!(got, POLL_ROUND, "the device had not written every CQE before polling");
+            assert_eq!(
+                got, POLL_ROUND,
+                "the device had not written every CQE before polling"
+            );
             black_box(&wcs);
             elapsed / got as f64
         })
@@ -295,10 +313,14 @@ fn main() {
         let single = post_single(&mut bench, rounds);
         let batch = post_batch32(&mut bench, rounds);
         let poll = poll(&mut bench, rounds / 4 + 1);
-        (floor, single, batch, poll)
+        let pages = match bench.a.buf.page_size() {
+            pmd::memory::PageSize::Huge => "2 MiB hugepages",
+            pmd::memory::PageSize::Base => "4 KiB pages",
+        };
+        (floor, single, batch, poll, pages)
     })
     .expect("launch the benchmark lcore");
-    let (floor, single, batch, poll) = lcore.join().expect("benchmark lcore");
+    let (floor, single, batch, poll, pages) = lcore.join().expect("benchmark lcore");
 
     let mut report = Report::new();
     report
@@ -306,18 +328,32 @@ fn main() {
         .number("post_batch32_ns", batch)
         .number("poll_ns", poll)
         .number("floor_copy64_ns", floor)
-        .text("provider", "soft (fabric, manual progress)");
-    println!("railshift datapath, soft provider, median of {rounds} rounds of {ROUND} WQEs");
+        .text("provider", "soft (fabric, manual progress)")
+        .text("pages", pages);
+    println!(
+        "railshift datapath, soft provider, {pages}, median of {rounds} rounds of {ROUND} WQEs"
+    );
     println!("{:<34} {:>10} {:>12}", "figure", "ns", "x floor");
     for (name, key, goal) in [
         ("post + doorbell, one at a time", "post_single_ns", None),
-        ("post, batches of 32 + doorbell", "post_batch32_ns", Some(10.0)),
+        (
+            "post, batches of 32 + doorbell",
+            "post_batch32_ns",
+            Some(10.0),
+        ),
         ("poll, per CQE", "poll_ns", Some(5.0)),
-        ("floor: 64-byte copy to a ring slot", "floor_copy64_ns", None),
+        (
+            "floor: 64-byte copy to a ring slot",
+            "floor_copy64_ns",
+            None,
+        ),
     ] {
         let v = report.get(key).unwrap_or(f64::NAN);
         let goal = goal.map_or(String::new(), |g: f64| {
-            format!("  (goal <= {g} ns: {})", if v <= g { "met" } else { "missed" })
+            format!(
+                "  (goal <= {g} ns: {})",
+                if v <= g { "met" } else { "missed" }
+            )
         });
         println!("{name:<34} {v:>10.2} {:>12.2}{goal}", v / floor);
     }
