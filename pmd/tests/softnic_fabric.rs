@@ -507,3 +507,21 @@ fn auto_progress_devices_complete_work_on_their_own_engine_threads() {
     b.buf.read(0, &mut got);
     assert_eq!(&got, b"engine");
 }
+
+#[test]
+fn opening_what_is_not_there_says_what_is_missing() {
+    let config = pmd::ContextConfig::default();
+    let err = pmd::Context::open("fabric:never-registered/0", &config).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("no fabric is registered as \"never-registered\""),
+        "{err}"
+    );
+    let err = pmd::Context::open("mlx5:mlx5_0", &config).unwrap_err();
+    assert!(
+        err.to_string().contains("needs the `mlx5` cargo feature"),
+        "{err}"
+    );
+    let err = pmd::Context::open("rxe0", &config).unwrap_err();
+    assert!(err.to_string().contains("no provider prefix"), "{err}");
+}

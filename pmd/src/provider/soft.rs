@@ -555,3 +555,19 @@ impl Provider for SoftProvider {
         self.device.progress(self.device.clock().now()).busy
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_netdev_name_binds_to_its_first_ipv4_address() {
+        assert_eq!(netdev_addr("lo"), Ok(IpAddr::from([127, 0, 0, 1])));
+    }
+
+    #[test]
+    fn a_netdev_that_does_not_exist_is_named_in_the_error() {
+        let err = netdev_addr("nosuchdev0").unwrap_err();
+        assert!(err.contains("nosuchdev0"), "{err}");
+    }
+}
