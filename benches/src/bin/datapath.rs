@@ -164,30 +164,14 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn post_single(bench: &mut Bench, rounds: usize) -> f64 {
+/// ns per WQE of posting rounds of `ROUND` WRITEs with one doorbell per `batch` of them.
+fn post(bench: &mut Bench, rounds: usize, batch: usize) -> f64 {
     let wrs = bench.writes(ROUND, false);
     let samples = (0..rounds)
         .map(|_| {
             let start = Instant::now();
-            for wr in &wrs {
-                bench.a.qp.post_send(black_box(wr)).expect("post");
-                bench.a.qp.ring_doorbell();
-            }
-            let ns = start.elapsed().as_nanos() as f64 / ROUND as f64;
-            bench.drain(1);
-            ns
-        })
-        .collect();
-    median(samples)
-}
-
-fn post_batch32(bench: &mut Bench, rounds: usize) -> f64 {
-    let wrs = bench.writes(ROUND, false);
-    let samples = (0..rounds)
-        .map(|_| {
-            let start = Instant::now();
-            for batch in wrs.chunks(32) {
-                for wr in batch {
+            for group in wrs.chunks(batch) {
+                for wr in group {
                     bench.a.qp.post_send(black_box(wr)).expect("post");
                 }
                 bench.a.qp.ring_doorbell();
@@ -308,10 +292,10 @@ fn main() {
     let lcore = pmd::lcore::launch("bench-datapath", core, move || {
         let mut bench = Bench::new();
         // Warm caches, rings and the branch predictor once before measuring.
-        post_batch32(&mut bench, 5);
+        post(&mut bench, 5, 32);
         let floor = floor_copy64(&bench.a.ctx, rounds);
-        let single = post_single(&mut bench, rounds);
-        let batch = post_batch32(&mut bench, rounds);
+        let single = post(&mut bench, rounds, 1);
+        let batch = post(&mut bench, rounds, 32);
         let poll = poll(&mut bench, rounds / 4 + 1);
         let pages = match bench.a.buf.page_size() {
             pmd::memory::PageSize::Huge => "2 MiB hugepages",
