@@ -3,6 +3,9 @@
 //! on the in-memory fabric with a virtual clock. It is test tooling, not the pmd: no failover,
 //! no hugepages, one thread.
 
+#[path = "harness_netns.rs"]
+pub mod netns;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;

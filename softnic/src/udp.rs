@@ -4,7 +4,8 @@
 //! Sends leave from one socket per UDP source port (the port rxe would choose for the QPN),
 //! bound with SO_REUSEPORT, with IP_PMTUDISC_DO so Linux sets DF and IP ID 0 as rxe does, which
 //! makes the IPv4 header reconstructible for the ICRC check on the far side. Sends are batched
-//! with `sendmmsg`, one call per run of packets sharing a source port.
+//! with `sendmmsg`, one call per run of packets sharing a source port, with UDP checksum 0 as
+//! rxe sends them (`SO_NO_CHECK`).
 
 use std::collections::HashMap;
 use std::io;
@@ -56,6 +57,26 @@ fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int)
     .map(|_| ())
 }
 
+/// The calling thread's network namespace, as an fd.
+fn current_netns() -> io::Result<OwnedFd> {
+    Ok(std::fs::File::open("/proc/thread-self/ns/net")?.into())
+}
+
+/// Whether the calling thread is in the namespace `ns` (true when it cannot tell).
+fn same_netns(ns: &OwnedFd) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(here) = std::fs::metadata("/proc/thread-self/ns/net") else {
+        return true;
+    };
+    // SAFETY: stat is plain data; fstat fills it for an fd we own.
+    let mut there: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a live fd and a live stat buffer.
+    if unsafe { libc::fstat(ns.as_raw_fd(), &mut there) } < 0 {
+        return true;
+    }
+    here.ino() == there.st_ino && here.dev() == there.st_dev
+}
+
 /// A nonblocking IPv4 UDP socket bound to `netdev` and `addr:port`.
 fn bound_socket(netdev: &str, addr: Ipv4Addr, port: u16, reuse_port: bool) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall; checked and owned below.
@@ -82,6 +103,9 @@ fn bound_socket(netdev: &str, addr: Ipv4Addr, port: u16, reuse_port: bool) -> io
     if reuse_port {
         set_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
     }
+    // UDP checksum 0, as rxe sends over IPv4: the ICRC protects the packet, and a partial
+    // (offloaded) checksum would show as bad in captures taken on the sending side.
+    set_int(raw, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)?;
     set_int(
         raw,
         libc::IPPROTO_IP,
@@ -114,6 +138,8 @@ fn bound_socket(netdev: &str, addr: Ipv4Addr, port: u16, reuse_port: bool) -> io
 pub(crate) struct UdpWire {
     netdev: String,
     addr: Ipv4Addr,
+    /// The network namespace the device was opened in.
+    netns: OwnedFd,
     rx: OwnedFd,
     tx: HashMap<u16, OwnedFd>,
     monitor: LinkMonitor,
@@ -145,6 +171,7 @@ impl UdpWire {
                 "the UDP wire supports IPv4 addresses only",
             ));
         };
+        let netns = current_netns()?;
         let ifindex = netlink::ifindex(netdev)?;
         let monitor = LinkMonitor::new(ifindex)?;
         let rx = bound_socket(netdev, addr, ROCE_PORT, false)?;
@@ -152,6 +179,7 @@ impl UdpWire {
         Ok(UdpWire {
             netdev: netdev.to_string(),
             addr,
+            netns,
             rx,
             tx: HashMap::new(),
             monitor,
@@ -201,7 +229,26 @@ impl UdpWire {
         if let Some(fd) = self.tx.get(&src_port) {
             return fd.as_raw_fd();
         }
-        match bound_socket(&self.netdev, self.addr, src_port, true) {
+        // Sockets belong to the network namespace of the thread that creates them; the device
+        // may be driven from a thread in another namespace than the one it was opened in.
+        let created = if same_netns(&self.netns) {
+            bound_socket(&self.netdev, self.addr, src_port, true)
+        } else {
+            let (netns, netdev, addr) = (&self.netns, &self.netdev, self.addr);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    // SAFETY: setns on a namespace fd we own; it changes only this short-lived
+                    // thread's namespace.
+                    if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    bound_socket(netdev, addr, src_port, true)
+                })
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("socket thread panicked")))
+            })
+        };
+        match created {
             Ok(fd) => {
                 let raw = fd.as_raw_fd();
                 self.tx.insert(src_port, fd);
