@@ -170,10 +170,12 @@ impl Core {
                     completer::handle(qp, &h, pkt.bytes(), mrs, now, &mut ectx);
                 }
             }
-            for qp in qps.iter_mut().flatten() {
-                responder::flush_ack(qp, &mut out);
-            }
+            // Read responses and NAKs go now; coalesced ACKs wait for the requester phase.
             out.flush();
+            if n < rx.slots.len() {
+                // The socket is drained; another recvmmsg would only say so.
+                break;
+            }
         }
 
         let mut out = Tx {
@@ -196,6 +198,18 @@ impl Core {
             }
             let r = requester::run(qp, mrs, &mut out, &mut ectx, REQ_BUDGET);
             busy |= r.more;
+            // A coalesced ACK rides in the same sendmmsg as this round's requests; with no
+            // requests it waits one round for the reply the application is likely to post
+            // (a latency benchmark's answer), then goes alone.
+            if qp.resp.ack_pending {
+                if r.packets > 0 || qp.resp.ack_deferred {
+                    qp.resp.ack_deferred = false;
+                    responder::flush_ack(qp, &mut out);
+                } else {
+                    qp.resp.ack_deferred = true;
+                    busy = true;
+                }
+            }
             for t in [qp.req.timer, qp.req.rnr_until].into_iter().flatten() {
                 deadline = Some(deadline.map_or(t, |d: Duration| d.min(t)));
             }

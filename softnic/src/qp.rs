@@ -331,6 +331,8 @@ pub(crate) struct Responder {
     pub nak_sent: bool,
     /// An ACK for epsn-1 is owed at the end of this receive batch.
     pub ack_pending: bool,
+    /// The pending ACK already waited one round for company.
+    pub ack_deferred: bool,
     /// A multi-packet SEND is in progress into receive WQE `rq.ci`.
     pub in_send: bool,
     pub recv_offset: u32,
