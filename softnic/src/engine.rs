@@ -98,13 +98,39 @@ impl Core {
         let port_up = state == PortState::Active;
         let mut ectx = ErrorCtx { cqs, events };
 
+        let mut rung = false;
         if waker.take_pending() {
             for qp in qps.iter_mut().flatten() {
                 if qp.bell.take() {
                     qp.read_send_doorbell();
-                    busy = true;
+                    rung = true;
                 }
             }
+        }
+        if rung {
+            busy = true;
+            // New work goes out before this round's receive syscall: that is the latency a
+            // driver sees between its doorbell and the wire.
+            let mut out = Tx {
+                wire,
+                batch: tx,
+                local_addr: *local_addr,
+                now,
+                port_up,
+                device: counters,
+                trace,
+                sent: 0,
+            };
+            for qp in qps.iter_mut().flatten() {
+                if qp.state == QpState::Rts {
+                    let r = requester::run(qp, mrs, &mut out, &mut ectx, REQ_BUDGET);
+                    if r.packets > 0 && qp.resp.ack_pending {
+                        qp.resp.ack_deferred = false;
+                        responder::flush_ack(qp, &mut out);
+                    }
+                }
+            }
+            out.flush();
         }
 
         for _ in 0..RX_BATCHES_PER_ROUND {
