@@ -26,6 +26,28 @@ const UNIT: usize = wqe::SEND_WQE_DS;
 /// RC messages are at most 2^31 bytes.
 const MAX_MESSAGE: u64 = 1 << 31;
 
+/// `fm_ce_se` for each combination of the SIGNALED, FENCE and SOLICITED bits of
+/// [`SendFlags`], as hw-defs computes it (a test compares every entry).
+const FM_CE_SE: [u8; 8] = {
+    let mut t = [0u8; 8];
+    let mut f = 0;
+    while f < 8 {
+        let mut v = 0;
+        if f & 1 != 0 {
+            v |= ctrl_seg::CTRL_CQ_UPDATE;
+        }
+        if f & 2 != 0 {
+            v |= ctrl_seg::CTRL_FENCE;
+        }
+        if f & 4 != 0 {
+            v |= ctrl_seg::CTRL_SOLICITED;
+        }
+        t[f] = v;
+        f += 1;
+    }
+    t
+};
+
 /// Why a doorbell could not be rung up to a given WQE.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DoorbellError {
@@ -358,27 +380,28 @@ impl SendQueue {
             return None;
         }
         let start = self.pi;
-        let signaled = wr.flags.contains(SendFlags::SIGNALED);
-        let fence = if wr.flags.contains(SendFlags::FENCE) {
-            FenceMode::SmallAndFence
-        } else {
-            FenceMode::None
-        };
-        let fm_ce_se = ctrl_seg::fm_ce_se(fence, signaled, wr.flags.contains(SendFlags::SOLICITED));
+        let flags = wr.flags.bits() & 7;
+        let signaled = flags & SendFlags::SIGNALED.bits() != 0;
+        let fm_ce_se = FM_CE_SE[usize::from(flags)];
         let qpn = self.qpn;
+        // A one-block WQE never wraps: address its block once.
+        let index = (start & self.mask) as usize;
+        // SAFETY: index <= mask, so the 64-byte block lies inside the ring; it is free (the
+        // space check above) and unpublished, and `&mut self` keeps other writers out.
+        let bb = unsafe { &mut *(self.ring.as_ptr().add(index * BB) as *mut [[u8; UNIT]; 4]) };
         let ds = match remote {
             Some(r) => {
-                emit::raddr(self.unit(start, 1), r.addr, r.rkey);
-                emit::data(self.unit(start, 2), sge.len, sge.lkey, sge.addr);
+                emit::raddr(&mut bb[1], r.addr, r.rkey);
+                emit::data(&mut bb[2], sge.len, sge.lkey, sge.addr);
                 3
             }
             None => {
-                emit::data(self.unit(start, 1), sge.len, sge.lkey, sge.addr);
+                emit::data(&mut bb[1], sge.len, sge.lkey, sge.addr);
                 2
             }
         };
         emit::ctrl(
-            self.unit(start, 0),
+            &mut bb[0],
             u8::from(opcode),
             start as u16,
             qpn,
@@ -802,6 +825,22 @@ mod tests {
         ctrl_seg, AtomicSeg, AtomicSegRepr, CtrlSeg, CtrlSegRepr, DataSeg, DataSegRepr, FenceMode,
         RaddrSeg, RaddrSegRepr, SendOpcode,
     };
+
+    #[test]
+    fn the_fm_ce_se_table_matches_hw_defs_for_every_flag_combination() {
+        use crate::datapath::wr::SendFlags;
+        for f in 0..8u8 {
+            let has = |b: SendFlags| f & b.bits() != 0;
+            let fence = if has(SendFlags::FENCE) {
+                FenceMode::SmallAndFence
+            } else {
+                FenceMode::None
+            };
+            let want =
+                ctrl_seg::fm_ce_se(fence, has(SendFlags::SIGNALED), has(SendFlags::SOLICITED));
+            assert_eq!(super::FM_CE_SE[usize::from(f)], want, "flags {f:#b}");
+        }
+    }
 
     #[test]
     fn fast_segments_are_the_bytes_hw_defs_emits() {

@@ -139,6 +139,11 @@ impl SendFlags {
     pub fn contains(self, other: SendFlags) -> bool {
         self.0 & other.0 == other.0
     }
+
+    /// The raw bits (SIGNALED 1, FENCE 2, SOLICITED 4).
+    pub fn bits(self) -> u8 {
+        self.0
+    }
 }
 
 impl std::ops::BitOr for SendFlags {
