@@ -328,3 +328,70 @@ fn nothing_is_fetched_before_the_doorbell() {
     );
     assert_eq!(b.buf.read_u64(0), u64::from_ne_bytes([7; 8]));
 }
+
+#[test]
+fn a_fenced_write_waits_for_the_read_before_it() {
+    let (sim, mut a, b) = pair();
+    let remote = pattern(2048, 9);
+    b.buf.write(0, &remote);
+    let rkey = b.buf.keys.rkey;
+    let land = [a.buf.sge(4096, 2048)];
+    a.qp.post(
+        Op::Read {
+            raddr: b.buf.addr(0),
+            rkey,
+        },
+        Data::Sges(&land),
+        false,
+    );
+    // Sends what the READ brought back: only right if it waited for the READ to complete.
+    a.qp.post_with(
+        Op::Write {
+            raddr: b.buf.addr(8192),
+            rkey,
+        },
+        Data::Sges(&land),
+        true,
+        hw_defs::mlx5::FenceMode::SmallAndFence,
+    );
+    a.qp.ring();
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::Success
+    );
+    let mut got = vec![0u8; 2048];
+    b.buf.read(8192, &mut got);
+    assert!(got == remote);
+}
+
+#[test]
+fn reads_beyond_max_rd_atomic_wait_their_turn_and_all_complete() {
+    let o = ConnectOptions {
+        rd_atomic: 1,
+        ..Default::default()
+    };
+    let (sim, mut a, b) = pair_with(4, QpSizes::default(), o);
+    let rkey = b.buf.keys.rkey;
+    for i in 0..8usize {
+        b.buf.write(i * 4096, &pattern(3000, i as u64));
+        let s = [a.buf.sge(i * 4096, 3000)];
+        a.qp.post(
+            Op::Read {
+                raddr: b.buf.addr(i * 4096),
+                rkey,
+            },
+            Data::Sges(&s),
+            i == 7,
+        );
+    }
+    a.qp.ring();
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::Success
+    );
+    for i in 0..8usize {
+        let mut got = vec![0u8; 3000];
+        a.buf.read(i * 4096, &mut got);
+        assert!(got == pattern(3000, i as u64), "read {i}");
+    }
+}
