@@ -4,8 +4,8 @@
 use std::net::IpAddr;
 
 use hw_defs::mlx5::{
-    self, cqe::CqeOpcode, AtomicSegRepr, Cqe64, CqeRepr, CtrlSeg, ErrCqe, ErrCqeRepr, FenceMode,
-    RecvWqe, SendOpcode, SendRing, SendWqeRepr, WqeData,
+    self, cqe::CqeOpcode, req_cqe, AtomicSegRepr, Cqe64, CqeRepr, CtrlSeg, ErrCqe, ErrCqeRepr,
+    FenceMode, RecvWqe, SendOpcode, SendRing, SendWqeRepr, WqeData,
 };
 use hw_defs::roce::aeth::{
     self, Aeth, AethRepr, NakCode as WireNak, Syndrome as AethSyndrome, CREDITS_UNLIMITED,
@@ -175,9 +175,11 @@ pub(crate) fn encode_cqe(buf: &mut [u8; 64], info: &CqeInfo, owner: u8) -> u8 {
             r.emit_body(&mut ErrCqe::new_unchecked(&mut buf[..]));
             r.op_own(owner)
         }
-        CqeKind::Requester { .. } => {
+        CqeKind::Requester { wqe_opcode } => {
             let r = ok(CqeOpcode::Req);
             r.emit_body(&mut Cqe64::new_unchecked(&mut buf[..]));
+            // libmlx5 reads the completed WQE's opcode from here to fill ibv_wc.opcode.
+            let _ = req_cqe::set_req_wqe_opcode(&mut buf[..], SendOpcode::from(wqe_opcode));
             r.op_own(owner)
         }
         CqeKind::RecvSend => {
@@ -423,6 +425,28 @@ mod tests {
             IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
             IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
         )
+    }
+
+    #[test]
+    fn a_requester_cqe_carries_its_wqe_opcode_for_libmlx5() {
+        let mut buf = [0u8; 64];
+        let info = CqeInfo {
+            kind: CqeKind::Requester {
+                wqe_opcode: u8::from(SendOpcode::RdmaRead),
+            },
+            qpn: 0x11,
+            wqe_counter: 9,
+            byte_count: 4096,
+            imm: None,
+        };
+        let op_own = encode_cqe(&mut buf, &info, 1);
+        buf[63] = op_own;
+        assert_eq!(req_cqe::req_wqe_opcode(&buf).unwrap(), SendOpcode::RdmaRead);
+        let c = CqeRepr::parse(&Cqe64::new_checked(&buf[..]).unwrap()).unwrap();
+        assert_eq!(
+            (c.opcode, c.qpn, c.wqe_counter, c.byte_count),
+            (CqeOpcode::Req, 0x11, 9, 4096)
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - send WQEs: [`ctrl_seg`], [`raddr_seg`], [`atomic_seg`], [`data_seg`], [`inline_seg`],
 //!   the ring geometry in [`wqe`] and whole WQEs in a ring in [`send_wqe`];
 //! - receive WQEs: [`recv_wqe`];
-//! - completions: [`cqe`] and [`err_cqe`] (syndromes and their `ibv_wc_status`);
+//! - completions: [`cqe`], [`req_cqe`] (the send opcode of a requester CQE) and [`err_cqe`]
+//!   (syndromes and their `ibv_wc_status`);
 //! - doorbell records: [`dbrec`].
 
 pub mod abi;
@@ -18,6 +19,7 @@ pub mod err_cqe;
 pub mod inline_seg;
 pub mod raddr_seg;
 pub mod recv_wqe;
+pub mod req_cqe;
 pub mod send_wqe;
 pub mod wqe;
 
