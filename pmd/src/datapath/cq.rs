@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use hw_defs::mlx5::{cqe, Cqe64, CqeOpcode, ErrCqe, SendOpcode};
+use hw_defs::mlx5::{cqe, Cqe64, CqeOpcode, ErrCqe};
 
 use super::barrier;
 use super::track::{RecvTrack, SendTrack};
@@ -227,14 +227,15 @@ impl CompletionQueue {
     #[inline(always)]
     fn decode(&mut self, bytes: &[u8; cqe::SIZE], wc: &mut WorkCompletion) -> bool {
         let view = Cqe64::new_unchecked(&bytes[..]);
-        let opcode = view.opcode();
+        // The opcode nibble as a number: converting to `CqeOpcode` is a chain of compares.
+        let opcode = view.op_own() >> 4;
         let qpn = view.qpn();
         let Some(at) = self.find(qpn) else {
             self.stats.unknown_qpn += 1;
             return false;
         };
         match opcode {
-            CqeOpcode::Req => {
+            raw::REQ => {
                 let Some(send) = &self.local[at].send else {
                     self.stats.unknown_qpn += 1;
                     return false;
@@ -246,7 +247,7 @@ impl CompletionQueue {
                 *wc = WorkCompletion {
                     wr_id: done.wr_id,
                     status: WcStatus::Success,
-                    opcode: send_wc_opcode(done.info.opcode),
+                    opcode: send_wc_opcode(done.opcode),
                     byte_len: view.byte_cnt(),
                     imm: None,
                     qp_num: qpn,
@@ -254,7 +255,7 @@ impl CompletionQueue {
                 };
                 true
             }
-            CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespWrImm => {
+            raw::RESP_SEND | raw::RESP_SEND_IMM | raw::RESP_WR_IMM => {
                 let Some(recv) = &self.local[at].recv else {
                     self.stats.unknown_qpn += 1;
                     return false;
@@ -266,19 +267,19 @@ impl CompletionQueue {
                 *wc = WorkCompletion {
                     wr_id,
                     status: WcStatus::Success,
-                    opcode: if opcode == CqeOpcode::RespWrImm {
+                    opcode: if opcode == raw::RESP_WR_IMM {
                         WcOpcode::RecvRdmaWithImm
                     } else {
                         WcOpcode::Recv
                     },
                     byte_len: view.byte_cnt(),
-                    imm: (opcode != CqeOpcode::RespSend).then(|| view.imm()),
+                    imm: (opcode != raw::RESP_SEND).then(|| view.imm()),
                     qp_num: qpn,
                     vendor_err: 0,
                 };
                 true
             }
-            CqeOpcode::ReqErr | CqeOpcode::RespErr => self.decode_error(bytes, at, qpn, wc),
+            raw::REQ_ERR | raw::RESP_ERR => self.decode_error(bytes, at, qpn, wc),
             _ => {
                 // Resize, compressed or unknown formats are never asked for; count and skip.
                 self.stats.stale += 1;
@@ -303,7 +304,7 @@ impl CompletionQueue {
                 return false;
             };
             match send.retire(err.wqe_counter()) {
-                Some(done) => (done.wr_id, send_wc_opcode(done.info.opcode)),
+                Some(done) => (done.wr_id, send_wc_opcode(done.opcode)),
                 None => {
                     self.stats.stale += 1;
                     return false;
@@ -377,13 +378,65 @@ impl CompletionQueue {
     }
 }
 
+/// The mlx5 CQE and send opcodes the poller matches on, as plain numbers (hw-defs' enums
+/// convert through a chain of compares; a test checks these equal the enums' values).
+mod raw {
+    pub const REQ: u8 = 0;
+    pub const RESP_WR_IMM: u8 = 1;
+    pub const RESP_SEND: u8 = 2;
+    pub const RESP_SEND_IMM: u8 = 3;
+    pub const REQ_ERR: u8 = 13;
+    pub const RESP_ERR: u8 = 14;
+    pub const RDMA_WRITE: u8 = 0x08;
+    pub const RDMA_WRITE_IMM: u8 = 0x09;
+    pub const RDMA_READ: u8 = 0x10;
+    pub const ATOMIC_CS: u8 = 0x11;
+    pub const ATOMIC_FA: u8 = 0x12;
+}
+
 #[inline(always)]
-fn send_wc_opcode(opcode: SendOpcode) -> WcOpcode {
+fn send_wc_opcode(opcode: u8) -> WcOpcode {
     match opcode {
-        SendOpcode::RdmaWrite | SendOpcode::RdmaWriteImm => WcOpcode::RdmaWrite,
-        SendOpcode::RdmaRead => WcOpcode::RdmaRead,
-        SendOpcode::AtomicCs => WcOpcode::CompSwap,
-        SendOpcode::AtomicFa => WcOpcode::FetchAdd,
+        raw::RDMA_WRITE | raw::RDMA_WRITE_IMM => WcOpcode::RdmaWrite,
+        raw::RDMA_READ => WcOpcode::RdmaRead,
+        raw::ATOMIC_CS => WcOpcode::CompSwap,
+        raw::ATOMIC_FA => WcOpcode::FetchAdd,
         _ => WcOpcode::Send,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hw_defs::mlx5::SendOpcode;
+
+    #[test]
+    fn raw_opcodes_are_the_hw_defs_values() {
+        let cqe = [
+            (raw::REQ, CqeOpcode::Req),
+            (raw::RESP_WR_IMM, CqeOpcode::RespWrImm),
+            (raw::RESP_SEND, CqeOpcode::RespSend),
+            (raw::RESP_SEND_IMM, CqeOpcode::RespSendImm),
+            (raw::REQ_ERR, CqeOpcode::ReqErr),
+            (raw::RESP_ERR, CqeOpcode::RespErr),
+        ];
+        for (n, op) in cqe {
+            assert_eq!(n, u8::from(op), "{op:?}");
+        }
+        let send = [
+            (raw::RDMA_WRITE, SendOpcode::RdmaWrite),
+            (raw::RDMA_WRITE_IMM, SendOpcode::RdmaWriteImm),
+            (raw::RDMA_READ, SendOpcode::RdmaRead),
+            (raw::ATOMIC_CS, SendOpcode::AtomicCs),
+            (raw::ATOMIC_FA, SendOpcode::AtomicFa),
+        ];
+        for (n, op) in send {
+            assert_eq!(n, u8::from(op), "{op:?}");
+        }
+        assert_eq!(send_wc_opcode(u8::from(SendOpcode::Send)), WcOpcode::Send);
+        assert_eq!(
+            send_wc_opcode(u8::from(SendOpcode::SendImm)),
+            WcOpcode::Send
+        );
     }
 }

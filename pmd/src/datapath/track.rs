@@ -49,7 +49,8 @@ impl WqeInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SendRetired {
     pub wr_id: u64,
-    pub info: WqeInfo,
+    /// The raw mlx5 opcode: the CQ maps it straight to a completion opcode.
+    pub opcode: u8,
 }
 
 /// The send queue's per-WQE table and counters.
@@ -118,11 +119,17 @@ impl SendTrack {
             return None;
         }
         let at = ci.wrapping_add(distance);
-        let (wr_id, info) = self.get(at);
-        let next = at.wrapping_add(u32::from(info.bbs.max(1)));
+        let slot = (at & self.mask) as usize;
+        let wr_id = self.wr_id[slot].load(Ordering::Relaxed);
+        // The packed info, unpacked by hand: the enum conversion is a chain of compares.
+        let info = self.info[slot].load(Ordering::Relaxed);
+        let next = at.wrapping_add(u32::from((info as u8).max(1)));
         // Release: the slot reads above happen before the poster may reuse the slots.
         self.ci.store(next, Ordering::Release);
-        Some(SendRetired { wr_id, info })
+        Some(SendRetired {
+            wr_id,
+            opcode: (info >> 8) as u8,
+        })
     }
 
     /// Both counters back to zero (the QP went to RESET).
@@ -227,6 +234,7 @@ mod tests {
         t.set_pi(4);
         let r = t.retire(3).unwrap();
         assert_eq!(r.wr_id, 102);
+        assert_eq!(r.opcode, u8::from(SendOpcode::RdmaWrite));
         assert_eq!(t.counters(), (4, 4));
     }
 
