@@ -51,19 +51,20 @@ pub(crate) fn wqe_ds(first_bb: &[u8]) -> u8 {
     CtrlSeg::new_checked(first_bb).map(|c| c.ds()).unwrap_or(0)
 }
 
-/// Decodes a send WQE copied out of the ring (straightened, starting at offset 0) into `out`.
+/// The straightened copy a send WQE is decoded from: 16 basic blocks, room for the largest WQE
+/// and a power of two, so it is parsed as a private ring of its own at index 0 and the parser
+/// never sees the driver's live ring.
+pub(crate) const WQE_SCRATCH: usize = 16 * SEND_BB;
+
+/// Decodes a send WQE copied out of the ring (straightened, starting at offset 0 of `ring`,
+/// which is [`WQE_SCRATCH`] bytes) into `out`.
 pub(crate) fn decode_send_wqe(
-    bytes: &[u8],
+    ring: &[u8],
     max_inline: u32,
     max_sge: u32,
     out: &mut SendWqe,
 ) -> Result<(), WqeError> {
-    // Parse from a private ring of 16 BBs (the largest WQE) holding the straightened copy, so
-    // the parser never sees the driver's live ring.
-    let mut ring = [0u8; 16 * SEND_BB];
-    let n = bytes.len().min(ring.len());
-    ring[..n].copy_from_slice(&bytes[..n]);
-    let ring = SendRing::new_checked(&ring[..]).map_err(|_| WqeError::Malformed)?;
+    let ring = SendRing::new_checked(ring).map_err(|_| WqeError::Malformed)?;
     let wqe = SendWqeRepr::parse(&ring, 0).map_err(|_| WqeError::Malformed)?;
     out.op = match wqe.ctrl.opcode {
         SendOpcode::Nop => WqeOp::Nop,

@@ -271,6 +271,7 @@ impl Fabric {
             fabric: self.clone(),
             port,
             addr,
+            wake: Vec::new(),
         })
     }
 
@@ -444,6 +445,8 @@ pub struct FabricPort {
     fabric: Fabric,
     port: usize,
     addr: IpAddr,
+    /// Receivers to wake after a send, reused.
+    wake: Vec<Arc<Waker>>,
 }
 
 impl std::fmt::Debug for FabricPort {
@@ -493,7 +496,7 @@ impl FabricPort {
 
     /// Sends a batch under one lock; wakes the receivers once each.
     pub(crate) fn send(&mut self, batch: &Batch, now: Duration) -> usize {
-        let mut wake: Vec<Arc<Waker>> = Vec::new();
+        let mut wake = std::mem::take(&mut self.wake);
         let mut sent = 0;
         {
             let mut f = self.fabric.lock();
@@ -508,9 +511,10 @@ impl FabricPort {
                 }
             }
         }
-        for w in wake {
+        for w in wake.drain(..) {
             w.wake();
         }
+        self.wake = wake;
         sent
     }
 

@@ -440,6 +440,14 @@ impl HarnessQp {
         index
     }
 
+    /// Overwrites the `ds` of the WQE at `index` (tests of malformed WQEs).
+    pub fn corrupt_ds(&mut self, index: u16, ds: u8) {
+        let off = (index as usize % self.sq_bbs as usize) * 64;
+        let ring = self.ring_bytes();
+        let mut ctrl = hw_defs::mlx5::CtrlSeg::new_unchecked(&mut ring[off..off + 16]);
+        ctrl.set_ds(ds);
+    }
+
     /// Publishes every WQE written so far: doorbell record, then doorbell register.
     pub fn ring(&self) {
         // The WQEs must be visible before the counter; store_be32 is a release store.

@@ -233,7 +233,13 @@ impl SendQueue {
             let bbs = bytes.div_ceil(SEND_BB);
             let span = bbs * SEND_BB;
             let end = first + span;
-            if end <= ring_bytes {
+            // The driver rang `limit - fetch` BBs; a WQE claiming more than that (or more than
+            // the ring) is malformed, and everything rung up to the limit goes with it.
+            let rung = self.limit.wrapping_sub(self.fetch) as usize;
+            let fits = span <= ring_bytes && bbs <= rung;
+            if !fits {
+                // A WQE larger than the whole ring: nothing sensible to read.
+            } else if end <= ring_bytes {
                 self.mem.read(first, &mut self.scratch[..span]);
             } else {
                 let head_part = ring_bytes - first;
@@ -243,12 +249,11 @@ impl SendQueue {
             let n = self.slots.len() as u64;
             let slot = &mut self.slots[(self.tail % n) as usize];
             let index = self.fetch;
-            let result = codec::decode_send_wqe(
-                &self.scratch[..bytes.max(ds as usize * 16).min(span)],
-                max_inline,
-                max_sge,
-                slot,
-            );
+            let result = if fits {
+                codec::decode_send_wqe(&self.scratch[..], max_inline, max_sge, slot)
+            } else {
+                Err(WqeError::Malformed)
+            };
             reset_progress(slot);
             slot.index = index;
             slot.bbs = bbs as u16;
@@ -259,7 +264,11 @@ impl SendQueue {
                     WqeError::TooLong => syndrome::LOCAL_LENGTH,
                 });
             }
-            self.fetch = self.fetch.wrapping_add(bbs as u16);
+            self.fetch = if fits {
+                self.fetch.wrapping_add(bbs as u16)
+            } else {
+                self.limit
+            };
             self.tail += 1;
             fetched += 1;
         }
@@ -417,7 +426,7 @@ impl Qp {
                 head: 0,
                 req: 0,
                 tail: 0,
-                scratch: vec![0u8; MAX_WQE_BYTES + SEND_BB],
+                scratch: vec![0u8; codec::WQE_SCRATCH],
             },
             rq: RecvQueue {
                 mem: cfg.rq,
@@ -591,10 +600,11 @@ impl Qp {
                 push_cqe(ctx.cqs, self.send_cq, &info, &mut self.counters, ctx.events);
             }
             self.sq.req = self.sq.head;
-            if self.sq.fetch == self.sq.limit {
+            if self.sq.fetch == self.sq.limit
+                || self.sq.fetch(self.max_inline, self.max_send_sge) == 0
+            {
                 break;
             }
-            self.sq.fetch(self.max_inline, self.max_send_sge);
         }
         self.resp.in_send = false;
         self.resp.in_write = false;

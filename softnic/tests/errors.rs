@@ -399,3 +399,30 @@ fn illegal_transitions_are_refused_with_names() {
         "{err}"
     );
 }
+
+#[test]
+fn a_wqe_claiming_more_than_the_ring_holds_is_a_local_qp_operation_error() {
+    let sizes = QpSizes {
+        sq_bbs: 4,
+        ..QpSizes::default()
+    };
+    let (sim, mut a, b) = pair_with(
+        1,
+        Duration::from_micros(2),
+        sizes,
+        ConnectOptions::default(),
+    );
+    // A WRITE whose 8-byte inline payload fits, then a control segment claiming 63 units.
+    let idx = a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(0),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Inline(b"12345678"),
+        true,
+    );
+    a.qp.corrupt_ds(idx, 63);
+    a.qp.ring();
+    let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
+    assert_eq!((c.status, c.wqe_counter), (WcStatus::LocQpOpErr, idx));
+}
