@@ -440,6 +440,24 @@ impl HarnessQp {
         index
     }
 
+    /// Fills the send and receive rings with `noise` (cycled) and publishes the given counters
+    /// with a doorbell: what a buggy or hostile driver could hand the device.
+    pub fn post_garbage(&mut self, noise: &[u8], send_counter: u16, recv_counter: u16) {
+        let ring = self.ring_bytes();
+        for (b, n) in ring.iter_mut().zip(noise.iter().cycle()) {
+            *b = *n;
+        }
+        // SAFETY: the receive ring is ours; the device reads it only after the counter below.
+        let rq = unsafe { std::slice::from_raw_parts_mut(self.rq.as_ptr(), self.rq.len()) };
+        for (b, n) in rq.iter_mut().zip(noise.iter().rev().cycle()) {
+            *b = *n;
+        }
+        self.dbrec.store_be32(0, u32::from(recv_counter));
+        self.dbrec.store_be32(4, u32::from(send_counter));
+        self.doorbell
+            .ring(u64::from_ne_bytes(noise[..8].try_into().unwrap_or([0; 8])));
+    }
+
     /// Overwrites the `ds` of the WQE at `index` (tests of malformed WQEs).
     pub fn corrupt_ds(&mut self, index: u16, ds: u8) {
         let off = (index as usize % self.sq_bbs as usize) * 64;
