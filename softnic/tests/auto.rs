@@ -141,3 +141,34 @@ fn a_doorbell_wakes_an_engine_that_went_to_sleep() {
     a.qp.ring();
     assert_eq!(wait(&mut a.scq).status, WcStatus::Success);
 }
+
+#[test]
+fn busy_poll_engines_complete_work_too() {
+    let fabric = Fabric::new(2, Duration::from_micros(5));
+    let open = |n: u8| {
+        let port = fabric.add_port(IpAddr::V4(Ipv4Addr::new(198, 18, 0, n)));
+        let mut cfg = DeviceConfig::new(
+            format!("busy{n}"),
+            Wire::Fabric {
+                fabric: fabric.clone(),
+                port,
+            },
+        );
+        cfg.progress = softnic::ProgressMode::BusyPoll;
+        Device::open(cfg).unwrap()
+    };
+    let mut a = Node::new(open(1), 1 << 16, QpSizes::default()).unwrap();
+    let b = Node::new(open(2), 1 << 16, QpSizes::default()).unwrap();
+    connect(&a.dev, &a.qp, &b.dev, &b.qp, &ConnectOptions::default()).unwrap();
+    let sge = [a.buf.sge(0, 4000)];
+    a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(0),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
+    a.qp.ring();
+    assert_eq!(wait(&mut a.scq).status, WcStatus::Success);
+}

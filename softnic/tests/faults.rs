@@ -13,7 +13,7 @@ use hw_defs::verbs::WcStatus;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use softnic::harness::{Completion, ConnectOptions, Data, Node, Op, QpSizes, Sim};
-use softnic::{Fault, FaultRule};
+use softnic::{Counters, FabricStats, Fault, FaultRule};
 
 const OPS: u64 = 1000;
 const WINDOW: usize = 24;
@@ -75,7 +75,8 @@ fn lossy_pair(seed: u64) -> (Sim, Node, Node) {
     (sim, a, b)
 }
 
-fn run(kind: Kind, default_seed: u64) {
+/// Runs the workload; returns what a replay must reproduce exactly.
+fn run(kind: Kind, default_seed: u64) -> (Counters, Counters, FabricStats, Duration) {
     let seed = seed(default_seed);
     let _guard = SeedGuard(seed);
     let (sim, mut a, mut b) = lossy_pair(seed);
@@ -281,6 +282,7 @@ fn run(kind: Kind, default_seed: u64) {
     );
     assert!(ca.retransmitted_packets + cb.retransmitted_packets > 0);
     assert!(cb.duplicate_requests > 0 || ca.duplicate_requests > 0);
+    (ca, cb, stats, sim.clock.now())
 }
 
 fn verify(kind: Kind, a: &Node, b: &Node, p: &Posted, originals: &mut Vec<u64>) {
@@ -346,4 +348,11 @@ fn compare_and_swap_executes_exactly_once_under_faults() {
 #[test]
 fn fetch_and_add_executes_exactly_once_under_faults() {
     run(Kind::FetchAdd, 17);
+}
+
+#[test]
+fn the_same_seed_replays_the_same_run_packet_for_packet() {
+    let first = run(Kind::SendImm, 21);
+    let second = run(Kind::SendImm, 21);
+    assert_eq!(first, second);
 }
