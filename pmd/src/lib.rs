@@ -19,6 +19,7 @@
 //! | [`memory`] | hugepage-backed pool for rings and registered buffers |
 //! | [`lcore`] | pinned threads, the service lcore, the idle policy of a poll loop |
 //! | [`failover`] | the SHIFT failover protocol as a sans-IO state machine (`docs/failover.md`) |
+//! | [`resilient`] | resilient QPs: the failover machine's driver, shadow verbs, rendezvous, the failover service |
 
 pub mod control;
 pub mod datapath;
@@ -29,9 +30,12 @@ pub mod memory;
 pub mod name;
 pub mod provider;
 pub mod qp_state;
+pub mod resilient;
 pub mod verbs;
 
-pub use control::{Context, ContextConfig, Cq, Mr, OpenError, Pd, Qp, QpHandle, RegisteredBuffer};
+pub use control::{
+    Context, ContextConfig, Cq, ModifyError, Mr, OpenError, Pd, Qp, QpHandle, RegisteredBuffer,
+};
 pub use datapath::wr::{
     Payload, PostError, RecvWr, Remote, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
     WorkCompletion,

@@ -15,7 +15,7 @@
 //! - the RC transport: `requester`, `completer`, `responder`, over the decoded packet view in
 //!   `packet` and the hw-defs layouts behind `codec`; `dma` moves bytes to and from registered
 //!   memory;
-//! - wires: [`fabric`] (in-memory, seeded faults), `udp` (sockets on a netdev), `netlink`
+//! - wires: [`fabric`] (in-memory, seeded faults), `udp` (sockets on a netdev), [`netlink`]
 //!   (link state), `trace` (pcap);
 //! - `harness` (feature `harness`): a small mlx5 driver for tests and benchmarks.
 
@@ -31,7 +31,7 @@ pub mod events;
 pub mod fabric;
 pub mod memory;
 pub mod mr;
-mod netlink;
+pub mod netlink;
 mod packet;
 pub mod qp;
 pub mod qp_attr;

@@ -1,5 +1,8 @@
 //! The link monitor: an rtnetlink socket subscribed to link changes, and the interface flags
 //! that make a netdev's link state the port state (IFF_UP and IFF_RUNNING and IFF_LOWER_UP).
+//!
+//! Public because the pmd's link watch uses it for netdevs of devices that are not softnics
+//! (a ConnectX's netdev): one rtnetlink reader, not two.
 
 use std::ffi::CString;
 use std::io;
@@ -22,7 +25,7 @@ pub(crate) fn state_from_flags(flags: u32) -> PortState {
 }
 
 /// The interface index of `netdev`, or an error naming it.
-pub(crate) fn ifindex(netdev: &str) -> io::Result<u32> {
+pub fn ifindex(netdev: &str) -> io::Result<u32> {
     let name = CString::new(netdev)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "netdev name has a NUL"))?;
     // SAFETY: a valid NUL-terminated string.
@@ -38,7 +41,7 @@ pub(crate) fn ifindex(netdev: &str) -> io::Result<u32> {
 }
 
 /// The netdev's state now, from SIOCGIFFLAGS (which lacks IFF_LOWER_UP; IFF_RUNNING stands in).
-pub(crate) fn query_state(netdev: &str) -> io::Result<PortState> {
+pub fn query_state(netdev: &str) -> io::Result<PortState> {
     // SAFETY: plain syscall; the fd is checked and owned.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -73,14 +76,16 @@ pub(crate) fn query_state(netdev: &str) -> io::Result<PortState> {
 
 /// An rtnetlink socket subscribed to RTMGRP_LINK, filtered to one interface.
 #[derive(Debug)]
-pub(crate) struct LinkMonitor {
+pub struct LinkMonitor {
     fd: OwnedFd,
     ifindex: u32,
     buf: Vec<u8>,
 }
 
 impl LinkMonitor {
-    pub(crate) fn new(ifindex: u32) -> io::Result<LinkMonitor> {
+    /// A socket reporting link changes of the interface with index `ifindex` (see
+    /// [`ifindex`]).
+    pub fn new(ifindex: u32) -> io::Result<LinkMonitor> {
         // SAFETY: plain syscall; the fd is checked and owned.
         let fd = unsafe {
             libc::socket(
@@ -117,7 +122,7 @@ impl LinkMonitor {
     }
 
     /// Reads every pending message; returns the latest state of our interface, if reported.
-    pub(crate) fn poll(&mut self) -> Option<PortState> {
+    pub fn poll(&mut self) -> Option<PortState> {
         let mut latest = None;
         loop {
             // SAFETY: reads into a live buffer of the given length; nonblocking.
@@ -138,7 +143,8 @@ impl LinkMonitor {
         }
     }
 
-    pub(crate) fn fd(&self) -> RawFd {
+    /// The socket, readable when link messages are waiting (for poll/epoll).
+    pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::keys::KeyTable;
 use crate::memory::{HugepagePolicy, MemoryPool};
 use crate::name::{DeviceName, NameError};
-use crate::provider::{CqRequest, ProgressModel, Provider, VerbsError};
+use crate::provider::{CqRequest, DeviceStep, PortEvent, ProgressModel, Provider, VerbsError};
 use crate::verbs::{DeviceAttr, Gid, PortAttr};
 
 use super::{Cq, Pd};
@@ -160,6 +160,21 @@ impl Context {
     #[inline]
     pub fn progress(&self) -> bool {
         self.provider.progress()
+    }
+
+    /// One round of device work under manual progress, and when the device next needs one.
+    pub fn step(&self) -> DeviceStep {
+        self.provider.step()
+    }
+
+    /// The oldest unread port event (link up or down), if any.
+    pub fn poll_port_event(&self) -> Option<PortEvent> {
+        self.provider.poll_port_event()
+    }
+
+    /// A descriptor that becomes readable when a port event may be waiting.
+    pub fn port_event_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.provider.port_event_fd()
     }
 
     /// Allocates a protection domain.

@@ -142,6 +142,12 @@ impl Cq {
         self.events("wait_event")?.wait(timeout)
     }
 
+    /// The descriptor that becomes readable on a completion event (for epoll users), if the
+    /// CQ was created with events.
+    pub fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.shared.events.as_ref().map(|e| e.fd())
+    }
+
     fn events(&self, verb: &'static str) -> Result<&Arc<dyn CompletionEvents>, VerbsError> {
         self.shared
             .events

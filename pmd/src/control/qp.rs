@@ -29,6 +29,13 @@ pub enum ModifyError {
     /// The device refused it.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    /// A move to RESET asked of a [`QpHandle`]: the rings go back to index 0, which only the
+    /// owner of the [`Qp`] may do.
+    #[error("QP {qpn:#x}: a move to RESET needs the Qp itself (its rings reset), not a handle")]
+    ResetNeedsQp {
+        /// The QP.
+        qpn: u32,
+    },
     /// `bring_up_again` needs attributes of a transition the QP never went through.
     #[error(
         "QP {qpn:#x} has no saved attributes for the transition to {state}: bring it up once first"
@@ -163,6 +170,17 @@ impl QpHandle {
     /// new sends are refused at post time.
     pub fn set_error(&self) -> Result<(), ModifyError> {
         self.ctl.modify(QpState::Err, &QpAttr::default())
+    }
+
+    /// Moves the QP to `to` with `attr`, through the transition table, from any thread: what
+    /// the service lcore uses to bring up a QP whose datapath belongs to another lcore. A
+    /// move to RESET is refused ([`ModifyError::ResetNeedsQp`]): it resets ring indices that
+    /// live in the [`Qp`].
+    pub fn modify(&self, to: QpState, attr: &QpAttr) -> Result<(), ModifyError> {
+        if to == QpState::Reset {
+            return Err(ModifyError::ResetNeedsQp { qpn: self.ctl.qpn });
+        }
+        self.ctl.modify(to, attr)
     }
 }
 

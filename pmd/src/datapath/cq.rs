@@ -198,15 +198,42 @@ impl CompletionQueue {
     /// Polls up to `wcs.len()` completions into `wcs`; returns how many were written.
     #[inline]
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        self.poll_inner::<false>(wcs).0
+    }
+
+    /// Polls like [`CompletionQueue::poll`] but stops in front of the first error CQE without
+    /// consuming it; the flag says whether one is waiting. The failover layer uses this to
+    /// read the queues' counters just before an error retires its WQE: the WQEs from there on
+    /// are the ones it moves to the other QP.
+    #[inline]
+    pub fn poll_until_error(&mut self, wcs: &mut [WorkCompletion]) -> (usize, bool) {
+        self.poll_inner::<true>(wcs)
+    }
+
+    #[inline(always)]
+    fn poll_inner<const STOP_AT_ERROR: bool>(
+        &mut self,
+        wcs: &mut [WorkCompletion],
+    ) -> (usize, bool) {
         self.refresh();
         let mut n = 0;
         let mut ci = self.ci;
+        let mut error_next = false;
         while n < wcs.len() {
             let Some(ptr) = self.owned(ci) else { break };
             // SAFETY: ptr is a whole 64-byte CQE inside the ring, owned by software (checked
             // above, with the barrier); the device does not write it until the consumer index
             // moves past it.
             let bytes = unsafe { &*(ptr as *const [u8; cqe::SIZE]) };
+            if STOP_AT_ERROR
+                && matches!(
+                    Cqe64::new_unchecked(&bytes[..]).op_own() >> 4,
+                    raw::REQ_ERR | raw::RESP_ERR
+                )
+            {
+                error_next = true;
+                break;
+            }
             ci = ci.wrapping_add(1);
             if self.decode(bytes, &mut wcs[n]) {
                 n += 1;
@@ -220,7 +247,7 @@ impl CompletionQueue {
             let dbrec = unsafe { self.dbrec.as_ref() };
             dbrec.store((ci & 0x00ff_ffff).to_be(), Ordering::Release);
         }
-        n
+        (n, error_next)
     }
 
     /// Turns one CQE into a completion; false if it names nothing outstanding.
@@ -395,7 +422,7 @@ mod raw {
 }
 
 #[inline(always)]
-fn send_wc_opcode(opcode: u8) -> WcOpcode {
+pub(crate) fn send_wc_opcode(opcode: u8) -> WcOpcode {
     match opcode {
         raw::RDMA_WRITE | raw::RDMA_WRITE_IMM => WcOpcode::RdmaWrite,
         raw::RDMA_READ => WcOpcode::RdmaRead,

@@ -98,6 +98,11 @@ impl RecvQueue {
         self.track.ci()
     }
 
+    /// Receives the device has been told about (a counter).
+    pub fn published(&self) -> u32 {
+        self.published
+    }
+
     fn slot(&mut self, at: u32) -> &mut [u8] {
         let offset = ((at & self.mask) as usize) << self.stride_shift;
         // SAFETY: the slot lies inside the ring (index <= mask, stride = 1 << stride_shift);
@@ -194,10 +199,22 @@ impl RecvQueue {
     /// Receives written and not completed, oldest first: (counter, wr_id).
     pub fn outstanding(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
         let (ci, _) = self.track.counters();
-        (0..self.pi.wrapping_sub(ci)).map(move |i| {
-            let at = ci.wrapping_add(i);
+        self.written_from(ci)
+    }
+
+    /// Receives written from counter `start` on, oldest first, completed or not: (counter,
+    /// wr_id). As for the send queue, the failover layer passes the counter it read before
+    /// flushes retired the receives it is about to copy.
+    pub fn written_from(&self, start: u32) -> impl Iterator<Item = (u32, u64)> + '_ {
+        (0..self.pi.wrapping_sub(start)).map(move |i| {
+            let at = start.wrapping_add(i);
             (at, self.track.wr_id(at))
         })
+    }
+
+    /// Bytes per receive WQE slot.
+    pub fn stride(&self) -> usize {
+        1 << self.stride_shift
     }
 
     /// Copies the slot of the receive at counter `at` into `out` (which must hold a slot);

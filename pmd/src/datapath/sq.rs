@@ -342,7 +342,7 @@ impl SendQueue {
     pub fn post(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
         match self.post_fast(wr) {
             Some(index) => Ok(index),
-            None => self.post_general(wr),
+            None => self.post_general(wr, true),
         }
     }
 
@@ -412,10 +412,18 @@ impl SendQueue {
         Some(self.commit(start, wr.wr_id, 1, opcode, signaled))
     }
 
+    /// Validates `wr` and writes its WQE whatever the QP's state, for a WQE whose doorbell is
+    /// withheld: the failover layer writes the application's WRs into the ring of a default
+    /// QP in ERR while a failover round runs, and moves them to the backup QP before any
+    /// doorbell. Every other check is made.
+    pub fn post_withheld(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
+        self.post_general(wr, false)
+    }
+
     /// Every work request, with every check and every error.
-    fn post_general(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
+    fn post_general(&mut self, wr: &SendWr<'_>, check_state: bool) -> Result<u16, PostError> {
         let state = self.state.load(Ordering::Relaxed);
-        if state != QpState::Rts as u8 {
+        if check_state && state != QpState::Rts as u8 {
             return Err(not_ready(self.qpn, state));
         }
         let opcode = wr.op.opcode();
@@ -701,9 +709,17 @@ impl SendQueue {
 
     /// The WQEs written and not yet completed, oldest first.
     pub fn outstanding(&self) -> impl Iterator<Item = OutstandingWqe> + '_ {
+        self.written_from(self.track.ci())
+    }
+
+    /// The WQEs written from producer counter `start` on, oldest first, whether completed or
+    /// not. `start` must be where a WQE starts, at or after the oldest slot still holding one
+    /// (the failover layer passes the consumer counter it read just before a flush retired
+    /// WQEs that it is about to copy: their bytes and bookkeeping are still in the ring).
+    pub fn written_from(&self, start: u32) -> impl Iterator<Item = OutstandingWqe> + '_ {
         let end = self.pi;
         let db = self.db_pi;
-        let mut at = self.track.ci();
+        let mut at = start;
         std::iter::from_fn(move || {
             if at == end {
                 return None;

@@ -404,6 +404,16 @@ pub enum PostError {
         /// The remote address.
         addr: u64,
     },
+    /// A work request routed to the backup QP names a key that has no backup counterpart
+    /// (an MR whose backup registration has not happened, or a peer rkey the peer's
+    /// rendezvous did not announce).
+    #[error("no backup {kind} for {key:#x}: its MR has no registration on the backup device that this end knows of")]
+    NoBackupKey {
+        /// "lkey" or "rkey".
+        kind: &'static str,
+        /// The default key.
+        key: u32,
+    },
     /// A message larger than RC allows.
     #[error("message of {bytes} bytes exceeds the 2 GiB RC limit")]
     MessageTooLong {

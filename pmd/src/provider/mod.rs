@@ -34,6 +34,26 @@ pub enum ProgressModel {
     Manual,
 }
 
+/// A change of the port's link state, as an async event reports it (`IBV_EVENT_PORT_ACTIVE`,
+/// `IBV_EVENT_PORT_ERR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortEvent {
+    /// The link came up.
+    Active,
+    /// The link went down.
+    Down,
+}
+
+/// What one round of device work did, and when the device next needs one (a manual-progress
+/// softnic; hardware reports nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceStep {
+    /// Work was done: run another round before sleeping.
+    pub busy: bool,
+    /// The device's next timer, on its own clock (time since the clock's epoch).
+    pub next_deadline: Option<Duration>,
+}
+
 /// Why a control verb failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerbsError {
@@ -261,6 +281,23 @@ pub trait Provider: Send + Sync + 'static {
     /// happened. A no-op for devices that progress on their own.
     fn progress(&self) -> bool {
         false
+    }
+    /// As [`Provider::progress`], also saying when the device next needs a round (what a
+    /// simulation with a virtual clock jumps to when everything is idle).
+    fn step(&self) -> DeviceStep {
+        DeviceStep {
+            busy: self.progress(),
+            next_deadline: None,
+        }
+    }
+    /// The oldest unread port event, if any. Port events are read by one consumer (the
+    /// failover service's link watch).
+    fn poll_port_event(&self) -> Option<PortEvent> {
+        None
+    }
+    /// A descriptor that becomes readable when a port event may be waiting, for epoll.
+    fn port_event_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
     }
 }
 

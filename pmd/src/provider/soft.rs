@@ -21,8 +21,8 @@ use softnic::{
 };
 
 use super::{
-    CompletionEvents, CqRequest, Handle, ProgressModel, Provider, QpRequest, RawCq, RawMr, RawQp,
-    RawWorkQueue, VerbsError,
+    CompletionEvents, CqRequest, DeviceStep, Handle, PortEvent, ProgressModel, Provider, QpRequest,
+    RawCq, RawMr, RawQp, RawWorkQueue, VerbsError,
 };
 use crate::datapath::doorbell::Doorbell;
 use crate::memory::{Block, MemoryPool};
@@ -553,6 +553,46 @@ impl Provider for SoftProvider {
             return false;
         }
         self.device.progress(self.device.clock().now()).busy
+    }
+
+    fn step(&self) -> DeviceStep {
+        if self.progress != ProgressModel::Manual {
+            return DeviceStep::default();
+        }
+        let activity = self.device.progress(self.device.clock().now());
+        DeviceStep {
+            busy: activity.busy,
+            next_deadline: activity.next_deadline,
+        }
+    }
+
+    fn poll_port_event(&self) -> Option<PortEvent> {
+        // Reset the eventfd before reading the queue: an event pushed after this signals it
+        // again, so a poller that sleeps on the fd never misses one.
+        let mut count = 0u64;
+        // SAFETY: an 8-byte read into a live u64 from the queue's eventfd, which is
+        // nonblocking (EAGAIN when nothing is pending).
+        unsafe {
+            libc::read(
+                self.device.events().fd(),
+                (&mut count as *mut u64).cast(),
+                8,
+            )
+        };
+        while let Some(event) = self.device.events().poll() {
+            match event {
+                softnic::AsyncEvent::PortActive => return Some(PortEvent::Active),
+                softnic::AsyncEvent::PortError => return Some(PortEvent::Down),
+                other => {
+                    tracing::warn!(device = %self.name, event = ?other, "async event")
+                }
+            }
+        }
+        None
+    }
+
+    fn port_event_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.device.events().fd())
     }
 }
 

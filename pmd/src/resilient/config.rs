@@ -1,0 +1,85 @@
+//! How resilient QPs are set up: failover on or off, the link watch, the protocol's timers.
+
+use std::time::Duration;
+
+use crate::failover::{self, Role};
+
+/// Where the link watch reads a device's link state from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LinkSource {
+    /// Softnic devices: the provider's port events (the softnic's own netlink monitor raises
+    /// them). `mlx5:<ibdev>` devices: rtnetlink on the ibdev's netdev, found in sysfs.
+    #[default]
+    Auto,
+    /// rtnetlink on this netdev, whatever the device.
+    Netdev(String),
+    /// Do not watch this device's link.
+    Off,
+}
+
+/// The configuration of a resilient context and the QPs made from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResilientConfig {
+    /// Fail over at all. Off: a resilient QP is the default QP and nothing else (no backup
+    /// resources are created), which is what `--no-failover` runs measure against.
+    pub failover: bool,
+    /// Move the default QP to ERR as soon as its device's link goes down, instead of waiting
+    /// for retry exhaustion. On by default.
+    pub link_watch: bool,
+    /// Where each device's link state comes from: `[default, backup]`.
+    pub link_sources: [LinkSource; 2],
+    /// How long the default link must have been up before the default QP is brought back.
+    pub holddown: Duration,
+    /// Wait before the first rearm attempt, doubled after each failed one.
+    pub backoff_initial: Duration,
+    /// The longest wait between rearm attempts.
+    pub backoff_max: Duration,
+    /// How long a failover or switch-back handshake waits for the peer before the
+    /// connection fails.
+    pub handshake_timeout: Duration,
+    /// How soon the backup CQ is polled again while a receive switch-back waits for
+    /// completions.
+    pub redrain_interval: Duration,
+    /// Receive WQEs posted on the control QP (control messages in flight at most).
+    pub control_depth: u32,
+}
+
+impl Default for ResilientConfig {
+    fn default() -> ResilientConfig {
+        let machine = failover::Config::new(Role::Leader);
+        ResilientConfig {
+            failover: true,
+            link_watch: machine.link_watch,
+            link_sources: [LinkSource::Auto, LinkSource::Auto],
+            holddown: machine.holddown,
+            backoff_initial: machine.backoff_initial,
+            backoff_max: machine.backoff_max,
+            handshake_timeout: machine.handshake_timeout,
+            redrain_interval: machine.redrain_interval,
+            control_depth: 32,
+        }
+    }
+}
+
+impl ResilientConfig {
+    /// A configuration without failover: resilient QPs behave as plain QPs.
+    pub fn without_failover() -> ResilientConfig {
+        ResilientConfig {
+            failover: false,
+            ..ResilientConfig::default()
+        }
+    }
+
+    /// The failover machine's configuration for an end with `role`.
+    pub(crate) fn machine(&self, role: Role) -> failover::Config {
+        failover::Config {
+            role,
+            link_watch: self.link_watch,
+            holddown: self.holddown,
+            backoff_initial: self.backoff_initial,
+            backoff_max: self.backoff_max,
+            handshake_timeout: self.handshake_timeout,
+            redrain_interval: self.redrain_interval,
+        }
+    }
+}

@@ -1,0 +1,1110 @@
+//! The driver half of a resilient QP: it feeds the failover machine its events and performs
+//! the actions the machine returns, on the thread that owns the QP (the application's lcore,
+//! or the service lcore for an adopted QP). Every action runs here, in the order given,
+//! including the control verbs (moving a QP to ERR, bringing it up): the datapath is stalled
+//! by the failover anyway, and doing them in place keeps their order with the ring work
+//! around them (`docs/failover.md`, the pmd side).
+
+use hw_defs::mlx5::{DataSeg, SendOpcode};
+
+use crate::datapath::cq::send_wc_opcode;
+use crate::datapath::sq::rewrite_keys;
+use crate::datapath::wr::{Remote, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::failover::{
+    Action, ControlMessage, Epoch, Event, FailReason, Failover, Path, Progress, Role, SendPhase,
+    Timestamp,
+};
+use crate::qp_state::QpState;
+use crate::verbs::QpAttr;
+
+use super::mailbox::Mail;
+use super::qp::{
+    batch, internal_wr_id, is_recv, two_sided_opcode, Backup, Errored, ResilientQp, RoundRecord,
+};
+use super::stats::{Cause, EventKind, FailoverEvent, EVENT_LOG_CAPACITY};
+
+/// Rounds of mail, timers and polling one `run` does at most before it returns (each round
+/// that finds nothing ends it sooner).
+const MAX_ROUNDS: usize = 64;
+
+fn path_index(path: Path) -> usize {
+    match path {
+        Path::Default => 0,
+        Path::Backup => 1,
+    }
+}
+
+impl ResilientQp {
+    /// Everything failover-related that is due: mail, timers, completions of both QPs (into
+    /// the WC buffer), a drain in progress, a fence. Then publishes what the service lcore
+    /// needs to know.
+    pub(super) fn run(&mut self) {
+        self.sync_recv_count();
+        for _ in 0..MAX_ROUNDS {
+            let mut moved = self.take_mail();
+            moved |= self.tick();
+            moved |= self.collect(Path::Backup);
+            moved |= self.collect(Path::Default);
+            moved |= self.check_drain();
+            if !moved {
+                break;
+            }
+        }
+        self.slow.default_rq_mark = self.default.recv_queue().completed();
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let s = &self.slow;
+        let deadline = if s.failed.is_some() {
+            None
+        } else {
+            s.machine.as_ref().and_then(|m| m.poll_timeout())
+        };
+        let armed = s.failed.is_none()
+            && s.machine.as_ref().is_some_and(|m| {
+                matches!(
+                    m.default_qp_phase(),
+                    crate::failover::DefaultQpPhase::Live
+                        | crate::failover::DefaultQpPhase::Unconfirmed
+                ) && m.send_phase() != SendPhase::FailingOver
+            });
+        let busy = s.failed.is_none()
+            && (s.draining || s.fence.is_some() || s.probe.is_some() || !s.events.is_empty());
+        self.shared.publish(deadline, armed, busy);
+    }
+
+    /// Adds the application receives the fast path completed since the last slow run.
+    fn sync_recv_count(&mut self) {
+        let done = self.default.recv_queue().completed();
+        self.slow.recvs_counted += u64::from(done.wrapping_sub(self.slow.default_rq_mark));
+        self.slow.default_rq_mark = done;
+    }
+
+    /// The counters the machine reads.
+    fn progress_now(&mut self) -> Progress {
+        self.sync_recv_count();
+        let mut outstanding = 0u64;
+        let start = self.slow.errored[0]
+            .send_start
+            .unwrap_or_else(|| self.default.send_queue().completed());
+        outstanding += self
+            .default
+            .send_queue()
+            .written_from(start)
+            .filter(|w| two_sided_opcode(w.info.opcode))
+            .count() as u64;
+        if let Some(b) = &mut self.slow.backup {
+            let burns = &self.slow.burns;
+            outstanding +=
+                b.qp.send_queue()
+                    .outstanding()
+                    .filter(|w| {
+                        two_sided_opcode(w.info.opcode)
+                            && !burns.iter().any(|(s, e)| in_range(w.counter, *s, *e))
+                    })
+                    .count() as u64;
+        }
+        Progress {
+            sends_posted: self.sends_posted,
+            sends_completed: self.sends_posted.saturating_sub(outstanding),
+            recvs_posted: self.recvs_posted,
+            recvs_completed: self.slow.recvs_counted,
+        }
+    }
+
+    // ---- mail ---------------------------------------------------------------------------
+
+    fn take_mail(&mut self) -> bool {
+        if !self.shared.pending() {
+            return false;
+        }
+        let mut mail = std::mem::take(&mut self.slow.mail);
+        self.shared.take(&mut mail);
+        let any = !mail.is_empty();
+        while let Some(m) = mail.pop_front() {
+            match m {
+                Mail::Event(e) if self.slow.machine.is_some() => self.feed(e),
+                Mail::Event(e) => self.slow.early.push(e),
+                Mail::Protected(parts) => self.install(*parts),
+                Mail::SetupFailed(e) => self.slow.setup_error = Some(e),
+            }
+        }
+        self.slow.mail = mail;
+        any
+    }
+
+    /// The backup side is ready: arm failover.
+    fn install(&mut self, parts: super::mailbox::BackupParts) {
+        if self.slow.errored[0].reported
+            || self.default.state() != QpState::Rts
+            || self.slow.failed.is_some()
+        {
+            tracing::warn!(qp = %self.shared.name, state = %self.default.state(), "failover: the default QP failed before the backup side was ready; it stays unprotected");
+            return;
+        }
+        let s = &mut *self.slow;
+        let local = (
+            s.default_ctx.query_gid(0).map(|g| g.0).unwrap_or_default(),
+            s.default_qpn,
+        );
+        let peer = (parts.peer.default_gid.0, parts.peer.default_qpn);
+        let role = if local < peer {
+            Role::Leader
+        } else {
+            Role::Follower
+        };
+        s.peer_rkeys = parts.peer.rkeys.iter().copied().collect();
+        s.base = parts.base;
+        let now = s.clock.now();
+        s.machine = Some(Failover::new(s.config.machine(role), now));
+        s.backup = Some(Backup {
+            qp: parts.qp,
+            cq: parts.cq,
+            control: parts.control,
+            peer: parts.peer,
+        });
+        tracing::info!(qp = %self.shared.name, ?role, "failover: armed");
+        let early = std::mem::take(&mut self.slow.early);
+        for e in early {
+            self.feed(e);
+        }
+    }
+
+    fn tick(&mut self) -> bool {
+        let Some(machine) = &self.slow.machine else {
+            return false;
+        };
+        let now = self.slow.clock.now();
+        match machine.poll_timeout() {
+            Some(due) if now >= due && self.slow.failed.is_none() => {
+                self.feed(Event::Tick);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    // ---- the machine ----------------------------------------------------------------------
+
+    /// Hands `event` to the machine and performs the actions, and the actions the events they
+    /// cause bring, until the machine is quiet.
+    pub(super) fn feed(&mut self, event: Event) {
+        self.slow.events.push_back(event);
+        while let Some(event) = self.slow.events.pop_front() {
+            let Some(machine) = self.slow.machine.as_mut() else {
+                return;
+            };
+            let now = self.slow.clock.now();
+            let before = machine.send_phase();
+            let mut actions = std::mem::take(&mut self.slow.actions);
+            actions.clear();
+            machine.handle(event, now, &mut actions);
+            let after = machine.send_phase();
+            let epoch = machine.epoch();
+            if after == SendPhase::FailingOver && before != SendPhase::FailingOver {
+                self.round_started(event, now, epoch);
+            }
+            if after == SendPhase::WaitSignaled && before != SendPhase::WaitSignaled {
+                self.slow.switch_started = Some(now);
+            }
+            for action in actions.drain(..) {
+                self.perform(action, now);
+            }
+            self.slow.actions = actions;
+            self.maybe_fence();
+        }
+    }
+
+    fn round_started(&mut self, event: Event, now: Timestamp, epoch: Epoch) {
+        let cause = match event {
+            Event::ErrorCompletion { status, .. } => Cause::of_status(status),
+            Event::LinkDown { .. } => Cause::LinkDown,
+            Event::Control(ControlMessage::Failover { .. }) => Cause::PeerFailover,
+            _ => Cause::Flushed,
+        };
+        tracing::info!(qp = %self.shared.name, device = %self.slow.default_device, cause = cause.as_str(), epoch = epoch.0, "failover: round started");
+        self.slow.round = Some(RoundRecord {
+            detected: now,
+            cause,
+            epoch: epoch.0,
+        });
+    }
+
+    fn perform(&mut self, action: Action, now: Timestamp) {
+        match action {
+            Action::MoveQpToErr { path } => self.move_to_err(path),
+            Action::DrainDefault => {
+                self.slow.draining = true;
+                self.collect(Path::Default);
+                self.check_drain();
+            }
+            Action::CopyRecvsToBackup => self.copy_recvs_to_backup(),
+            Action::CopySendsToBackup { burn, skip_through } => {
+                self.copy_sends_to_backup(burn, skip_through, now)
+            }
+            Action::ResetDefaultQp => self.reset_default(),
+            Action::BringUpDefaultQp { epoch } => {
+                let ok = match self.bring_up_default(epoch) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(qp = %self.shared.name, %epoch, error = %e, "failover: default QP not brought up");
+                        false
+                    }
+                };
+                self.slow.events.push_back(Event::DefaultQpUp { epoch, ok });
+            }
+            Action::PostProbe => self.post_probe(),
+            Action::SendControl(message) => {
+                let Some(b) = &self.slow.backup else { return };
+                if let Err(e) = b.control.send(message) {
+                    tracing::warn!(qp = %self.shared.name, error = %e, ?message, "failover: control message not sent");
+                    self.slow.events.push_back(Event::ControlSendFailed);
+                }
+            }
+            Action::DrainBackup => {
+                self.collect(Path::Backup);
+                let progress = self.progress_now();
+                self.slow
+                    .events
+                    .push_back(Event::BackupDrained { progress });
+            }
+            Action::MoveRecvsToDefault { consumed_through } => {
+                self.move_recvs_to_default(consumed_through)
+            }
+            Action::ReleaseDefaultDoorbell => {
+                self.default.ring_doorbell();
+                self.switched_back(now);
+            }
+            Action::SurfaceError { status, reason } => self.surface(status, reason, now),
+        }
+    }
+
+    // ---- collecting completions --------------------------------------------------------------
+
+    /// Polls `path`'s CQ into the WC buffer, feeding the machine what it needs to know.
+    /// Returns whether anything was polled.
+    fn collect(&mut self, path: Path) -> bool {
+        if self.slow.failed.is_some() {
+            return false;
+        }
+        if path == Path::Backup && self.slow.backup.is_none() {
+            return false;
+        }
+        let mut any = false;
+        loop {
+            // One at a time while a fence is out: its completion is the one that retires it.
+            let max = if path == Path::Backup && self.slow.fence.is_some() {
+                1
+            } else {
+                batch()
+            };
+            let mut scratch = self.slow.scratch;
+            let (n, error_next) = match path {
+                Path::Default => self
+                    .default_cq
+                    .poller()
+                    .poll_until_error(&mut scratch[..max]),
+                Path::Backup => {
+                    let b = self.slow.backup.as_mut().expect("checked above");
+                    b.cq.poller().poll_until_error(&mut scratch[..max])
+                }
+            };
+            for wc in &scratch[..n] {
+                self.on_success(path, *wc);
+            }
+            if error_next {
+                self.on_error_cqe(path);
+            }
+            if n == 0 && !error_next {
+                break;
+            }
+            any = true;
+            if self.slow.failed.is_some() {
+                break;
+            }
+        }
+        if path == Path::Default {
+            self.slow.default_rq_mark = self.default.recv_queue().completed();
+        }
+        any
+    }
+
+    fn on_success(&mut self, path: Path, mut wc: WorkCompletion) {
+        let recv = is_recv(&wc);
+        match path {
+            Path::Default => {
+                if !recv && self.slow.probe.is_some() {
+                    self.slow.probe = None;
+                    self.feed(Event::ProbeCompleted { ok: true });
+                    return;
+                }
+                if recv {
+                    self.slow.recvs_counted += 1;
+                }
+            }
+            Path::Backup => {
+                if recv && self.slow.backup_stale > 0 {
+                    self.slow.backup_stale -= 1;
+                    return;
+                }
+                if !recv && self.fence_retired() {
+                    return;
+                }
+                if recv {
+                    self.slow.recvs_counted += 1;
+                }
+                self.first_success();
+            }
+        }
+        wc.qp_num = self.slow.default_qpn;
+        self.slow.wcs.push_back(wc);
+    }
+
+    /// Whether the send completion just polled from the backup CQ retired the fence (the
+    /// fence is the last WQE on the backup SQ, so only its completion reaches its end).
+    fn fence_retired(&mut self) -> bool {
+        let Some(end) = self.slow.fence else {
+            return false;
+        };
+        let b = self
+            .slow
+            .backup
+            .as_mut()
+            .expect("a fence is on the backup QP");
+        if b.qp.send_queue().completed() != end {
+            return false;
+        }
+        self.slow.fence = None;
+        self.prune_burns();
+        self.feed(Event::FenceCompleted);
+        true
+    }
+
+    /// Forgets burn ranges the backup SQ has completed past.
+    fn prune_burns(&mut self) {
+        let Some(b) = self.slow.backup.as_mut() else {
+            return;
+        };
+        let done = b.qp.send_queue().completed();
+        let written = b.qp.send_queue().written();
+        while let Some(&(_, end)) = self.slow.burns.front() {
+            // `end` is at or before the consumer counter: every burn of the range completed.
+            if done.wrapping_sub(end) <= written.wrapping_sub(end)
+                && done.wrapping_sub(end) < (1 << 31)
+            {
+                self.slow.burns.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn first_success(&mut self) {
+        let Some(i) = self.slow.awaiting_success.take() else {
+            return;
+        };
+        let now = self.slow.clock.now();
+        let at = self.slow.clock.unix_ms(now);
+        if let Some(event) = self.slow.log.get_mut(i) {
+            let latency_ms = at - event.detected_unix_ms;
+            event.first_success_unix_ms = Some(at);
+            event.fallback_latency_us = Some(latency_ms * 1e3);
+            self.slow.stats.last_fallback_latency = Some(std::time::Duration::from_secs_f64(
+                (latency_ms / 1e3).max(0.0),
+            ));
+            tracing::info!(qp = %self.shared.name, fallback_latency_us = latency_ms * 1e3, "failover: first completion on the backup QP");
+        }
+    }
+
+    /// An error CQE is next in `path`'s CQ: note where the queues stood, consume it, and tell
+    /// the machine if it is the QP's first.
+    fn on_error_cqe(&mut self, path: Path) {
+        let i = path_index(path);
+        let (sq_at, rq_at, wc) = {
+            let mut one = [WorkCompletion::EMPTY];
+            let (qp, cq) = match path {
+                Path::Default => (&mut self.default, &mut self.default_cq),
+                Path::Backup => {
+                    let b = self.slow.backup.as_mut().expect("polled");
+                    (&mut b.qp, &mut b.cq)
+                }
+            };
+            let sq_at = qp.send_queue().completed();
+            let rq_at = qp.recv_queue().completed();
+            if cq.poll(&mut one) == 0 {
+                return; // a stale CQE, counted by the poller
+            }
+            (sq_at, rq_at, one[0])
+        };
+        let recv = is_recv(&wc);
+        if path == Path::Default && !recv && self.slow.probe.is_some() {
+            self.slow.probe = None;
+            self.feed(Event::ProbeCompleted { ok: false });
+            return;
+        }
+        let backup_done = self.backup_sq_completed();
+        if path == Path::Backup && !recv && self.slow.fence == Some(backup_done) {
+            // The fence failed: the backup QP is in ERR; its first error is what counts.
+            self.slow.fence = None;
+        }
+        if self.slow.machine.is_none() {
+            // Unprotected: a plain QP's error, as it is.
+            let mut wc = wc;
+            wc.qp_num = self.slow.default_qpn;
+            self.slow.wcs.push_back(wc);
+            return;
+        }
+        let e = &mut self.slow.errored[i];
+        if recv {
+            e.recv_start.get_or_insert(rq_at);
+        } else {
+            e.send_start.get_or_insert(sq_at);
+        }
+        if wc.status != WcStatus::WrFlushErr && e.first_error.is_none() {
+            e.first_error = Some(wc.status);
+            e.error_wc = Some(wc);
+        }
+        if !e.reported {
+            e.reported = true;
+            tracing::debug!(qp = %self.shared.name, ?path, status = ?wc.status, wr_id = wc.wr_id, "failover: first error completion");
+            self.feed(Event::ErrorCompletion {
+                path,
+                status: wc.status,
+            });
+        }
+    }
+
+    fn backup_sq_completed(&mut self) -> u32 {
+        self.slow
+            .backup
+            .as_mut()
+            .map_or(0, |b| b.qp.send_queue().completed())
+    }
+
+    /// The drain of the default QP ends when every WQE and receive the device was told about
+    /// has completed (successfully or flushed).
+    fn check_drain(&mut self) -> bool {
+        if !self.slow.draining {
+            return false;
+        }
+        let sq = self.default.send_queue();
+        let (sq_done, sq_published) = (sq.completed(), sq.published());
+        let rq = self.default.recv_queue();
+        let (rq_done, rq_published) = (rq.completed(), rq.published());
+        if sq_done != sq_published || rq_done != rq_published {
+            return false;
+        }
+        self.slow.draining = false;
+        let e = self.slow.errored[0];
+        let send_start = e.send_start.unwrap_or(sq_done);
+        let recv_start = e.recv_start.unwrap_or(rq_done);
+        self.slow.moving = Some((send_start, recv_start));
+        let probe = self.slow.probe;
+        let atomic_in_flight = self.default.send_queue().written_from(send_start).any(|w| {
+            w.published
+                && matches!(w.info.opcode, SendOpcode::AtomicCs | SendOpcode::AtomicFa)
+                && Some(w.counter) != probe
+        });
+        let progress = self.progress_now();
+        self.feed(Event::DefaultDrained {
+            progress,
+            first_error: e.first_error,
+            atomic_in_flight,
+        });
+        true
+    }
+
+    // ---- actions ----------------------------------------------------------------------------
+
+    fn move_to_err(&mut self, path: Path) {
+        let handle = match path {
+            Path::Default => self.default.handle(),
+            Path::Backup => match &self.slow.backup {
+                Some(b) => b.qp.handle(),
+                None => return,
+            },
+        };
+        if let Err(e) = handle.set_error() {
+            tracing::debug!(qp = %self.shared.name, ?path, error = %e, "failover: QP not moved to ERR");
+        }
+    }
+
+    /// The receive WQEs of the default RQ from where the drain found them, in order, to the
+    /// backup RQ behind whatever is posted there, lkeys rewritten.
+    fn copy_recvs_to_backup(&mut self) {
+        let start = self
+            .slow
+            .moving
+            .map_or_else(|| self.default.recv_queue().completed(), |(_, r)| r);
+        let mut list = std::mem::take(&mut self.slow.recv_list);
+        list.clear();
+        list.extend(self.default.recv_queue().written_from(start));
+        let stride = self.default.recv_queue().stride();
+        let mut bytes = std::mem::take(&mut self.slow.wqe_bytes);
+        bytes.resize(stride, 0);
+        let mut moved = 0u64;
+        let mut failure = None;
+        for &(at, wr_id) in &list {
+            self.default.recv_queue().copy_wqe(at, &mut bytes);
+            let keys = self.slow.shadow.as_ref().map(|s| &s.pd.keys);
+            if let Err(key) = rewrite_recv_keys(&mut bytes, |k| keys.and_then(|m| m.backup_lkey(k)))
+            {
+                failure = Some((WcStatus::LocProtErr, format!("no backup lkey for {key:#x}")));
+                break;
+            }
+            let b = self.slow.backup.as_mut().expect("protected");
+            if let Err(e) = b.qp.recv_queue().write_raw(&bytes, wr_id) {
+                failure = Some((WcStatus::LocQpOpErr, e.to_string()));
+                break;
+            }
+            moved += 1;
+        }
+        if let Some(b) = self.slow.backup.as_mut() {
+            b.qp.recv_queue().publish();
+        }
+        self.slow.wqe_bytes = bytes;
+        self.slow.recv_list = list;
+        self.slow.stats.wqes_copied += moved;
+        self.slow.pending_recvs_copied += moved;
+        if let Some((status, why)) = failure {
+            self.cannot_copy(status, &why);
+        }
+    }
+
+    /// A WQE could not be moved (no backup key, no room): the backup QP cannot carry this
+    /// connection, which the machine treats as a local error of the backup QP.
+    fn cannot_copy(&mut self, status: WcStatus, why: &str) {
+        tracing::error!(qp = %self.shared.name, why, "failover: a WQE cannot be moved to the backup QP");
+        self.slow.errored[1].reported = true;
+        self.slow.events.push_back(Event::ErrorCompletion {
+            path: Path::Backup,
+            status,
+        });
+    }
+
+    /// Moves the default SQ's outstanding WQEs to the backup SQ: the ones the peer consumed
+    /// complete (signaled ones with success; READs go again, since their responses may not
+    /// have arrived), then `burn` zero-length SENDs, then the rest, keys, WQE index and QPN
+    /// rewritten; rings the backup doorbell.
+    fn copy_sends_to_backup(&mut self, burn: u64, skip_through: u64, now: Timestamp) {
+        let start = self
+            .slow
+            .moving
+            .map_or_else(|| self.default.send_queue().completed(), |(s, _)| s);
+        let probe = self.slow.probe;
+        let mut list = std::mem::take(&mut self.slow.wqe_list);
+        list.clear();
+        list.extend(
+            self.default
+                .send_queue()
+                .written_from(start)
+                .filter(|w| Some(w.counter) != probe),
+        );
+        // Two-sided ordinals: the WQEs on the default ring are the last ones posted.
+        let on_default = list
+            .iter()
+            .filter(|w| two_sided_opcode(w.info.opcode))
+            .count() as u64;
+        let mut ordinal = self.sends_posted - on_default;
+        let mut skip = 0;
+        for (i, w) in list.iter().enumerate() {
+            if two_sided_opcode(w.info.opcode) {
+                ordinal += 1;
+                if ordinal <= skip_through {
+                    skip = i + 1;
+                }
+            }
+        }
+        // 1. Consumed by the peer: complete, do not send again.
+        let mut skipped = 0u64;
+        let mut again: Vec<usize> = Vec::new();
+        for (i, w) in list[..skip].iter().enumerate() {
+            if w.info.opcode == SendOpcode::RdmaRead {
+                again.push(i);
+                continue;
+            }
+            skipped += 1;
+            if w.info.signaled {
+                self.slow.wcs.push_back(WorkCompletion {
+                    wr_id: w.wr_id,
+                    status: WcStatus::Success,
+                    opcode: send_wc_opcode(w.info.opcode),
+                    byte_len: 0,
+                    imm: None,
+                    qp_num: self.slow.default_qpn,
+                    vendor_err: 0,
+                });
+            }
+        }
+        // 2. Burns, first of all on the backup SQ.
+        let mut failure = None;
+        if burn > 0 {
+            let b = self.slow.backup.as_mut().expect("protected");
+            let from = b.qp.send_queue().written();
+            for _ in 0..burn {
+                let wr = SendWr::new(internal_wr_id(), SendOp::Send, &[]);
+                if let Err(e) = b.qp.post_send(&wr) {
+                    failure = Some((WcStatus::LocQpOpErr, e.to_string()));
+                    break;
+                }
+            }
+            let to = b.qp.send_queue().written();
+            self.slow.burns.push_back((from, to));
+        }
+        // 3. READs the peer executed but whose responses may be lost, then the rest.
+        let mut copied = 0u64;
+        let order: Vec<usize> = again.into_iter().chain(skip..list.len()).collect();
+        let mut bytes = std::mem::take(&mut self.slow.wqe_bytes);
+        for i in order {
+            if failure.is_some() {
+                break;
+            }
+            let w = list[i];
+            bytes.resize(usize::from(w.info.bbs.max(1)) * 64, 0);
+            let len = self.default.send_queue().copy_wqe(w.counter, &mut bytes);
+            // The peer's rkey, mapped first (a lookup may ask the store); a WRITE without data
+            // names no memory and needs no mapping.
+            let rkey = match wqe_rkey(&bytes[..len]) {
+                Some((rkey, true)) => match self.backup_rkey(rkey) {
+                    Some(b) => Some(b),
+                    None => {
+                        failure = Some((
+                            WcStatus::LocProtErr,
+                            format!("no backup rkey for {rkey:#x}"),
+                        ));
+                        break;
+                    }
+                },
+                Some((rkey, false)) => Some(rkey),
+                None => None,
+            };
+            let keys = self.slow.shadow.clone();
+            let mut lkey_missing = None;
+            let rewritten = rewrite_keys(
+                &mut bytes[..len],
+                |k| match keys.as_ref().and_then(|s| s.pd.keys.backup_lkey(k)) {
+                    Some(b) => b,
+                    None => {
+                        lkey_missing.get_or_insert(k);
+                        k
+                    }
+                },
+                |k| rkey.unwrap_or(k),
+            );
+            if rewritten.is_none() {
+                failure = Some((
+                    WcStatus::LocQpOpErr,
+                    format!(
+                        "WQE at {:#x} has an opcode the driver does not post",
+                        w.counter
+                    ),
+                ));
+                break;
+            }
+            if let Some(k) = lkey_missing {
+                failure = Some((WcStatus::LocProtErr, format!("no backup lkey for {k:#x}")));
+                break;
+            }
+            let b = self.slow.backup.as_mut().expect("protected");
+            if let Err(e) = b.qp.send_queue().post_raw(&bytes[..len], w.wr_id) {
+                failure = Some((WcStatus::LocQpOpErr, e.to_string()));
+                break;
+            }
+            copied += 1;
+        }
+        if let Some(b) = self.slow.backup.as_mut() {
+            b.qp.ring_doorbell();
+        }
+        self.slow.wqe_bytes = bytes;
+        self.slow.wqe_list = list;
+        self.round_finished(now, copied, skipped);
+        if let Some((status, why)) = failure {
+            self.cannot_copy(status, &why);
+        }
+    }
+
+    fn round_finished(&mut self, now: Timestamp, retransmitted: u64, skipped: u64) {
+        let s = &mut *self.slow;
+        let recvs = std::mem::take(&mut s.pending_recvs_copied);
+        s.stats.failovers += 1;
+        s.stats.wqes_retransmitted += retransmitted;
+        s.stats.wqes_skipped += skipped;
+        s.stats.wqes_copied += retransmitted;
+        let round = s.round.take().unwrap_or(RoundRecord {
+            detected: now,
+            cause: Cause::Flushed,
+            epoch: s.machine.as_ref().map_or(0, |m| m.epoch().0),
+        });
+        let elapsed = now.saturating_since(round.detected);
+        tracing::info!(
+            qp = %self.shared.name,
+            device = %s.default_device,
+            cause = round.cause.as_str(),
+            epoch = round.epoch,
+            wqes_copied = retransmitted + recvs,
+            wqes_retransmitted = retransmitted,
+            wqes_skipped = skipped,
+            elapsed_us = elapsed.as_secs_f64() * 1e6,
+            "failover: traffic moved to the backup QP"
+        );
+        let event = FailoverEvent {
+            kind: EventKind::Failover,
+            cause: round.cause,
+            device: s.default_device.clone(),
+            unix_ms: s.clock.unix_ms(now),
+            detected_unix_ms: s.clock.unix_ms(round.detected),
+            first_success_unix_ms: None,
+            fallback_latency_us: None,
+            wqes_copied: retransmitted + recvs,
+            wqes_retransmitted: retransmitted,
+            wqes_skipped: skipped,
+            epoch: round.epoch,
+        };
+        self.slow.awaiting_success = self.log(event);
+    }
+
+    fn switched_back(&mut self, now: Timestamp) {
+        let s = &mut *self.slow;
+        s.stats.switch_backs += 1;
+        let started = s.switch_started.take().unwrap_or(now);
+        let epoch = s.machine.as_ref().map_or(0, |m| m.epoch().0);
+        tracing::info!(
+            qp = %self.shared.name,
+            device = %s.default_device,
+            epoch,
+            elapsed_us = now.saturating_since(started).as_secs_f64() * 1e6,
+            "failover: sends back on the default QP"
+        );
+        let event = FailoverEvent {
+            kind: EventKind::SwitchBack,
+            cause: Cause::PathRecovered,
+            device: s.default_device.clone(),
+            unix_ms: s.clock.unix_ms(now),
+            detected_unix_ms: s.clock.unix_ms(started),
+            first_success_unix_ms: None,
+            fallback_latency_us: None,
+            wqes_copied: 0,
+            wqes_retransmitted: 0,
+            wqes_skipped: 0,
+            epoch,
+        };
+        self.log(event);
+    }
+
+    /// Appends to the event log; returns the entry's index, or `None` when the log is full.
+    fn log(&mut self, event: FailoverEvent) -> Option<usize> {
+        if self.slow.log.len() >= EVENT_LOG_CAPACITY {
+            self.slow.stats.events_dropped += 1;
+            return None;
+        }
+        self.slow.log.push(event);
+        Some(self.slow.log.len() - 1)
+    }
+
+    fn reset_default(&mut self) {
+        self.sync_recv_count();
+        if let Err(e) = self.default.modify(QpState::Reset, &QpAttr::default()) {
+            tracing::warn!(qp = %self.shared.name, error = %e, "failover: default QP not reset");
+        }
+        self.default_cq.discard_qp(self.slow.default_qpn);
+        self.slow.errored[0] = Errored::default();
+        self.slow.probe = None;
+        self.slow.moving = None;
+        self.slow.draining = false;
+        self.slow.default_rq_mark = 0;
+    }
+
+    /// RESET -> INIT -> RTR -> RTS with the application's attributes and the PSNs of `epoch`.
+    fn bring_up_default(&mut self, epoch: Epoch) -> Result<(), crate::control::ModifyError> {
+        let base = &self.slow.base;
+        let qpn = self.slow.default_qpn;
+        let missing = |state| crate::control::ModifyError::NotSaved { qpn, state };
+        let init = base.init.clone().ok_or(missing(QpState::Init))?;
+        let mut rtr = base.rtr.clone().ok_or(missing(QpState::Rtr))?;
+        let mut rts = base.rts.clone().ok_or(missing(QpState::Rts))?;
+        rtr.rq_psn = Some(epoch.start_psn(rtr.rq_psn.unwrap_or(0)));
+        rts.sq_psn = Some(epoch.start_psn(rts.sq_psn.unwrap_or(0)));
+        if self.default.state() != QpState::Reset {
+            self.reset_default();
+        }
+        self.default.modify(QpState::Init, &init)?;
+        self.default.modify(QpState::Rtr, &rtr)?;
+        self.default.modify(QpState::Rts, &rts)
+    }
+
+    fn post_probe(&mut self) {
+        let wr = SendWr::new(
+            internal_wr_id(),
+            SendOp::Write {
+                remote: Remote { addr: 0, rkey: 0 },
+            },
+            &[],
+        )
+        .signaled();
+        let at = self.default.send_queue().written();
+        match self.default.post_send(&wr) {
+            Ok(_) => {
+                self.default.ring_doorbell();
+                self.slow.probe = Some(at);
+            }
+            Err(e) => {
+                tracing::debug!(qp = %self.shared.name, error = %e, "failover: probe not posted");
+                self.slow
+                    .events
+                    .push_back(Event::ProbeCompleted { ok: false });
+            }
+        }
+    }
+
+    /// State 3: post the fence ourselves, a zero-length signaled WRITE on the backup QP
+    /// behind everything posted there, instead of waiting for the application's next
+    /// signaled WR (an idle end, or one that rarely signals, then switches back too).
+    fn maybe_fence(&mut self) {
+        let Some(machine) = &self.slow.machine else {
+            return;
+        };
+        if !machine.reports_signaled_posts() || self.slow.fence.is_some() {
+            return;
+        }
+        let wr = SendWr::new(
+            internal_wr_id(),
+            SendOp::Write {
+                remote: Remote { addr: 0, rkey: 0 },
+            },
+            &[],
+        )
+        .signaled();
+        let b = self.slow.backup.as_mut().expect("protected");
+        match b.qp.post_send(&wr) {
+            Ok(_) => {
+                b.qp.ring_doorbell();
+                self.slow.fence = Some(b.qp.send_queue().written());
+                let progress = self.progress_now();
+                self.slow
+                    .events
+                    .push_back(Event::SignaledPosted { progress });
+            }
+            Err(e) => {
+                tracing::warn!(qp = %self.shared.name, error = %e, "failover: switch-back fence not posted; retrying later");
+            }
+        }
+    }
+
+    /// Receiver side of a switch-back: the backup RQ's application receives (behind any
+    /// stale ones) to the default RQ, lkeys rewritten; they become stale on the backup RQ.
+    fn move_recvs_to_default(&mut self, consumed_through: u64) {
+        debug_assert_eq!(self.slow.recvs_counted, consumed_through);
+        let stale = self.slow.backup_stale;
+        let mut list = std::mem::take(&mut self.slow.recv_list);
+        list.clear();
+        let b = self.slow.backup.as_mut().expect("protected");
+        list.extend(b.qp.recv_queue().outstanding().skip(stale as usize));
+        let stride = b.qp.recv_queue().stride();
+        let mut bytes = std::mem::take(&mut self.slow.wqe_bytes);
+        bytes.resize(stride, 0);
+        let mut moved = 0u64;
+        let mut failure = None;
+        for &(at, wr_id) in &list {
+            let b = self.slow.backup.as_mut().expect("protected");
+            b.qp.recv_queue().copy_wqe(at, &mut bytes);
+            let keys = self.slow.shadow.as_ref().map(|s| &s.pd.keys);
+            if let Err(key) =
+                rewrite_recv_keys(&mut bytes, |k| keys.and_then(|m| m.default_lkey(k)))
+            {
+                failure = Some(format!("no default lkey for backup lkey {key:#x}"));
+                break;
+            }
+            if let Err(e) = self.default.recv_queue().write_raw(&bytes, wr_id) {
+                failure = Some(e.to_string());
+                break;
+            }
+            moved += 1;
+        }
+        self.default.recv_queue().publish();
+        self.slow.backup_stale += moved;
+        self.slow.stats.wqes_copied += moved;
+        self.slow.wqe_bytes = bytes;
+        self.slow.recv_list = list;
+        tracing::info!(qp = %self.shared.name, moved, stale = self.slow.backup_stale, "failover: receives back on the default QP");
+        if let Some(why) = failure {
+            // The default QP is live: a receive that cannot go back fails the connection
+            // the way a local error of the default QP would.
+            tracing::error!(qp = %self.shared.name, why, "failover: a receive cannot be moved back");
+            self.slow.events.push_back(Event::ErrorCompletion {
+                path: Path::Default,
+                status: WcStatus::LocQpOpErr,
+            });
+        }
+    }
+
+    /// The connection failed: both QPs to ERR, the successes still in the CQs to the
+    /// application, then every outstanding WR completes in error (the first with `status`,
+    /// or the refusing completion itself), as a plain RC QP in ERR fails.
+    fn surface(&mut self, status: WcStatus, reason: FailReason, now: Timestamp) {
+        self.move_to_err(Path::Default);
+        self.move_to_err(Path::Backup);
+        self.collect(Path::Backup);
+        self.collect(Path::Default);
+        self.slow.failed = Some(reason);
+        self.slow.draining = false;
+        let refusing = match reason {
+            FailReason::Refused { .. } => self.slow.errored[0]
+                .error_wc
+                .filter(|wc| wc.status == status)
+                .map(|wc| (Path::Default, wc))
+                .or_else(|| {
+                    self.slow.errored[1]
+                        .error_wc
+                        .filter(|wc| wc.status == status)
+                        .map(|wc| (Path::Backup, wc))
+                }),
+            _ => None,
+        };
+        let mut errors: Vec<WorkCompletion> = Vec::new();
+        let qpn = self.slow.default_qpn;
+        let flush = |wr_id, opcode| WorkCompletion {
+            wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode,
+            byte_len: 0,
+            imm: None,
+            qp_num: qpn,
+            vendor_err: 0,
+        };
+        // Sends, oldest first: whatever is on the backup SQ was posted before what is on
+        // the default SQ (the default ring holds only withheld WRs while the backup is used).
+        for path in [Path::Backup, Path::Default] {
+            let skip_first = refusing.is_some_and(|(p, wc)| p == path && !is_recv(&wc));
+            let start = self.slow.errored[path_index(path)].send_start;
+            let burns = self.slow.burns.clone();
+            let (fence, probe) = (self.slow.fence, self.slow.probe);
+            let sq = match path {
+                Path::Default => self.default.send_queue(),
+                Path::Backup => match self.slow.backup.as_mut() {
+                    Some(b) => b.qp.send_queue(),
+                    None => continue,
+                },
+            };
+            let start = start.unwrap_or(sq.completed());
+            let mut first = true;
+            for w in sq.written_from(start) {
+                let internal = w.wr_id == internal_wr_id()
+                    && (burns.iter().any(|(s, e)| in_range(w.counter, *s, *e))
+                        || fence
+                            .is_some_and(|f| w.counter.wrapping_add(u32::from(w.info.bbs)) == f)
+                        || probe == Some(w.counter));
+                if internal {
+                    continue;
+                }
+                if std::mem::take(&mut first) && skip_first {
+                    continue;
+                }
+                errors.push(flush(w.wr_id, send_wc_opcode(w.info.opcode)));
+            }
+        }
+        for path in [Path::Backup, Path::Default] {
+            let skip_first = refusing.is_some_and(|(p, wc)| p == path && is_recv(&wc));
+            let start = self.slow.errored[path_index(path)].recv_start;
+            let stale = if path == Path::Backup {
+                self.slow.backup_stale as usize
+            } else {
+                0
+            };
+            let rq = match path {
+                Path::Default => self.default.recv_queue(),
+                Path::Backup => match self.slow.backup.as_mut() {
+                    Some(b) => b.qp.recv_queue(),
+                    None => continue,
+                },
+            };
+            let start = start.unwrap_or(rq.completed());
+            let skip = stale + usize::from(skip_first);
+            for (_, wr_id) in rq.written_from(start).skip(skip) {
+                errors.push(flush(wr_id, WcOpcode::Recv));
+            }
+        }
+        match refusing {
+            Some((_, mut wc)) => {
+                wc.qp_num = qpn;
+                self.slow.wcs.push_back(wc);
+            }
+            None => {
+                if let Some(first) = errors.first_mut() {
+                    first.status = status;
+                }
+            }
+        }
+        self.slow.wcs.extend(errors);
+        self.slow.fence = None;
+        self.slow.probe = None;
+        // The event log.
+        let refused = matches!(
+            reason,
+            FailReason::Refused { .. } | FailReason::AtomicInFlight
+        );
+        let s = &mut *self.slow;
+        if refused {
+            s.stats.refusals += 1;
+        } else {
+            s.stats.errors += 1;
+        }
+        let cause = Cause::of_failure(reason);
+        let detected = s.round.take().map_or(now, |r| r.detected);
+        tracing::warn!(qp = %self.shared.name, device = %s.default_device, cause = cause.as_str(), %reason, "failover: connection failed; errors go to the application");
+        let event = FailoverEvent {
+            kind: if refused {
+                EventKind::Refused
+            } else {
+                EventKind::Error
+            },
+            cause,
+            device: s.default_device.clone(),
+            unix_ms: s.clock.unix_ms(now),
+            detected_unix_ms: s.clock.unix_ms(detected),
+            first_success_unix_ms: None,
+            fallback_latency_us: None,
+            wqes_copied: 0,
+            wqes_retransmitted: 0,
+            wqes_skipped: 0,
+            epoch: s.machine.as_ref().map_or(0, |m| m.epoch().0),
+        };
+        self.log(event);
+    }
+}
+
+/// Whether counter `c` lies in `[start, end)` (wrapping).
+fn in_range(c: u32, start: u32, end: u32) -> bool {
+    c.wrapping_sub(start) < end.wrapping_sub(start)
+}
+
+/// Rewrites the lkeys of a receive WQE's data segments (up to the terminator) through `map`;
+/// the first lkey without a mapping is the error.
+fn rewrite_recv_keys(bytes: &mut [u8], map: impl Fn(u32) -> Option<u32>) -> Result<(), u32> {
+    for seg in bytes.chunks_exact_mut(hw_defs::mlx5::data_seg::SIZE) {
+        let mut seg = DataSeg::new_unchecked(seg);
+        if seg.is_terminator() {
+            break;
+        }
+        if seg.byte_count() == 0 {
+            continue;
+        }
+        let k = seg.lkey();
+        seg.set_lkey(map(k).ok_or(k)?);
+    }
+    Ok(())
+}
+
+/// The rkey of a raw send WQE that has a remote-address segment, and whether the WQE names
+/// remote memory (it carries data, or is an atomic): a zero-length WRITE does not.
+fn wqe_rkey(wqe: &[u8]) -> Option<(u32, bool)> {
+    use hw_defs::mlx5::{wqe, CtrlSeg, RaddrSeg};
+    let ctrl = CtrlSeg::new_checked(wqe).ok()?;
+    let opcode = ctrl.opcode();
+    if !opcode.has_raddr_seg() {
+        return None;
+    }
+    let raddr = RaddrSeg::new_checked(wqe.get(16..32)?).ok()?;
+    let names_memory = opcode.has_atomic_seg() || usize::from(ctrl.ds()) > wqe::header_ds(opcode);
+    Some((raddr.rkey(), names_memory))
+}

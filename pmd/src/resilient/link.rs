@@ -1,0 +1,135 @@
+//! The link watch: where the service lcore learns that a device's link went down or came up.
+//!
+//! Softnic devices report port events through the provider (the softnic's own rtnetlink
+//! monitor raises them for a UDP device, the fabric's link rules for a fabric device). A
+//! ConnectX's link is its netdev's: the watch reads rtnetlink for that netdev directly (found
+//! in sysfs under the ibdev, or named in the configuration).
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use crate::control::Context;
+use crate::name::DeviceName;
+use crate::provider::PortEvent;
+
+use super::config::LinkSource;
+
+/// One device's link watch.
+pub(crate) struct LinkWatch {
+    pub ctx: Arc<Context>,
+    source: Source,
+}
+
+enum Source {
+    Provider,
+    #[cfg(feature = "soft")]
+    Netdev {
+        name: String,
+        monitor: softnic::netlink::LinkMonitor,
+        up: bool,
+    },
+    Off,
+}
+
+/// The netdev of an mlx5 verbs device, from sysfs.
+fn mlx5_netdev(ibdev: &str) -> Option<String> {
+    let dir = format!("/sys/class/infiniband/{ibdev}/device/net");
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .min()
+}
+
+impl LinkWatch {
+    /// The watch of `ctx`'s link from `source`; a source that cannot be opened is logged and
+    /// the device goes unwatched (failover still happens on retry exhaustion).
+    pub fn new(ctx: &Arc<Context>, source: &LinkSource) -> LinkWatch {
+        let netdev = match source {
+            LinkSource::Off => None,
+            LinkSource::Netdev(name) => Some(name.clone()),
+            LinkSource::Auto => match ctx.name().parse::<DeviceName>() {
+                Ok(DeviceName::Mlx5 { ibdev }) => match mlx5_netdev(&ibdev) {
+                    Some(n) => Some(n),
+                    None => {
+                        tracing::warn!(device = %ctx.name(), "link watch: no netdev found for this device in sysfs; its link is not watched");
+                        None
+                    }
+                },
+                _ => {
+                    return LinkWatch {
+                        ctx: ctx.clone(),
+                        source: Source::Provider,
+                    }
+                }
+            },
+        };
+        let source = match netdev {
+            None => Source::Off,
+            Some(name) => Self::netdev(ctx, name),
+        };
+        LinkWatch {
+            ctx: ctx.clone(),
+            source,
+        }
+    }
+
+    #[cfg(feature = "soft")]
+    fn netdev(ctx: &Arc<Context>, name: String) -> Source {
+        use softnic::netlink;
+        let opened = netlink::ifindex(&name).and_then(|index| {
+            let monitor = netlink::LinkMonitor::new(index)?;
+            let state = netlink::query_state(&name)?;
+            Ok((monitor, state == softnic::PortState::Active))
+        });
+        match opened {
+            Ok((monitor, up)) => {
+                tracing::debug!(device = %ctx.name(), netdev = %name, up, "link watch: rtnetlink");
+                Source::Netdev { name, monitor, up }
+            }
+            Err(e) => {
+                tracing::warn!(device = %ctx.name(), netdev = %name, error = %e, "link watch: cannot watch the netdev; its link is not watched");
+                Source::Off
+            }
+        }
+    }
+
+    #[cfg(not(feature = "soft"))]
+    fn netdev(ctx: &Arc<Context>, name: String) -> Source {
+        tracing::warn!(device = %ctx.name(), netdev = %name, "link watch: rtnetlink needs the `soft` feature (softnic's monitor); the link is not watched");
+        Source::Off
+    }
+
+    /// The link changes since the last call, oldest first (true: up).
+    pub fn poll(&mut self, out: &mut Vec<bool>) {
+        match &mut self.source {
+            Source::Provider => {
+                while let Some(e) = self.ctx.poll_port_event() {
+                    out.push(e == PortEvent::Active);
+                }
+            }
+            #[cfg(feature = "soft")]
+            Source::Netdev { name, monitor, up } => {
+                if let Some(state) = monitor.poll() {
+                    let now_up = state == softnic::PortState::Active;
+                    if now_up != *up {
+                        tracing::debug!(netdev = %name, up = now_up, "link watch: netdev changed");
+                        *up = now_up;
+                        out.push(now_up);
+                    }
+                }
+            }
+            Source::Off => {}
+        }
+    }
+
+    /// A descriptor that becomes readable when a change may be waiting.
+    pub fn fd(&self) -> Option<RawFd> {
+        match &self.source {
+            Source::Provider => self.ctx.port_event_fd(),
+            #[cfg(feature = "soft")]
+            Source::Netdev { monitor, .. } => Some(monitor.fd()),
+            Source::Off => None,
+        }
+    }
+}

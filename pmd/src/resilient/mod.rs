@@ -1,0 +1,65 @@
+//! Resilient QPs: SHIFT cross-NIC failover in the driver (`docs/failover.md`).
+//!
+//! A [`ResilientQp`] pairs a default QP on one device with a backup QP on another device in
+//! the same host and moves the application's in-flight work to the backup when the default
+//! path fails, and back when it recovers, without losing, duplicating or reordering what the
+//! application depends on. The protocol is the sans-IO machine of [`crate::failover`]; this
+//! module performs its actions.
+//!
+//! | piece | job |
+//! | --- | --- |
+//! | [`ResilientContext`], [`ResilientPd`], [`ResilientBuffer`], [`ResilientMr`] | the application's control verbs on the default device, recorded for the backup device |
+//! | [`ResilientQp`] | post, doorbell, poll as on a plain QP; the failover driver behind it |
+//! | [`FailoverService`] | the service lcore: shadow verbs, link watch, control messages, timers, adopted QPs |
+//! | [`PeerAttrs`], [`Rendezvous`], [`RedisRendezvous`] | backup attributes and how the two ends exchange them |
+//! | [`FailoverStats`], [`FailoverEvent`] | per-QP counters and the event log the apps put in their JSON |
+//! | [`Clock`] | real or virtual time |
+//!
+//! Setting up a resilient connection with the inline rendezvous:
+//!
+//! ```no_run
+//! # use pmd::resilient::*;
+//! # use pmd::*;
+//! # fn exchange(_: &[u8]) -> Vec<u8> { unimplemented!() }
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let service = FailoverService::start(ServiceConfig::default())?;
+//! let ctx = ResilientContext::open("soft:nic0", Some("soft:nic1"), &ContextConfig::default(),
+//!                                  &service, ResilientConfig::default())?;
+//! let pd = ctx.alloc_pd()?;
+//! let buf = pd.alloc_buffer(1 << 20, Access::ALL)?;
+//! let mut qp = pd.create_qp(QpCaps::default())?;
+//! // Send the backup attributes with the application's own (QPN, GID, rkey, address)...
+//! let blob = qp.rendezvous_blob(std::time::Duration::from_secs(5))?;
+//! let peer_blob = exchange(&blob);
+//! qp.connect_backup(&peer_blob)?;
+//! // ... and bring the QP up as usual; the backup QP follows on the service lcore.
+//! # let (peer_gid, peer_qpn) = (Gid::default(), 0);
+//! qp.modify(QpState::Init, &QpAttr::init(Access::ALL))?;
+//! qp.modify(QpState::Rtr, &QpAttr::rtr(AddressVector::to_gid(peer_gid), peer_qpn, 0, Mtu::Mtu1024))?;
+//! qp.modify(QpState::Rts, &QpAttr::rts(0))?;
+//! qp.wait_protected(std::time::Duration::from_secs(5))?;
+//! # Ok(()) }
+//! ```
+
+mod clock;
+mod config;
+mod context;
+mod control;
+mod driver;
+mod link;
+mod mailbox;
+mod qp;
+mod rendezvous;
+mod service;
+mod shadow;
+mod stats;
+
+pub use clock::Clock;
+pub use config::{LinkSource, ResilientConfig};
+pub use context::{ResilientBuffer, ResilientContext, ResilientMr, ResilientPd};
+pub use control::ControlError;
+pub use qp::{ConnectError, ResilientQp, ResilientState};
+pub use rendezvous::{PeerAttrs, RedisRendezvous, Rendezvous, RendezvousError};
+pub use service::{AdoptedQp, FailoverService, ServiceConfig};
+pub use shadow::ShadowOrder;
+pub use stats::{Cause, EventKind, FailoverEvent, FailoverStats, EVENT_LOG_CAPACITY};

@@ -1,0 +1,752 @@
+//! The resilient QP: a default QP whose work moves to a backup QP on another device when the
+//! default path fails, and back when it recovers (SHIFT). Applications post and poll through
+//! it as through a plain [`Qp`]: the same [`SendWr`], [`RecvWr`] and [`WorkCompletion`].
+//!
+//! The hot half is the default QP, its CQ, two counters and two flags. While both queues run
+//! on the default QP and nothing is pending, a post is the default QP's post plus one
+//! predictable branch and an add; a poll is the default CQ's poll (stopping in front of an
+//! error CQE instead of consuming it) plus one relaxed load of the mailbox flag. The failover
+//! machine is consulted only on events: an error completion, mail from the service lcore (a
+//! control message, a link change), a timer. Everything else lives behind `slow`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use crossbeam_utils::sync::Unparker;
+
+use crate::control::{Context, Cq, Qp, SavedAttrs};
+use crate::datapath::sq::OutstandingWqe;
+use crate::datapath::wr::{
+    Payload, PostError, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
+};
+use crate::failover::{Action, Event, FailReason, Failover, Route, SendPhase, Timestamp};
+use crate::qp_state::QpState;
+use crate::verbs::QpCaps;
+
+use super::clock::Clock;
+use super::config::ResilientConfig;
+use super::control::ControlChannel;
+use super::mailbox::{Mail, QpShared};
+use super::rendezvous::{PeerAttrs, RendezvousError};
+use super::shadow::{CtxInner, QpShadow};
+use super::stats::{Cause, FailoverEvent, FailoverStats};
+
+/// Where a resilient QP is, as the apps' JSON timeline names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResilientState {
+    /// Not (yet) protected: the backup side is not set up (or failover is off). Work runs on
+    /// the default QP and fails as on a plain QP.
+    Unprotected,
+    /// Everything on the default QP, backup ready.
+    Default,
+    /// A failover round is running.
+    FailingOver,
+    /// Sends on the backup QP.
+    Fallback,
+    /// The default path is back; waiting for the fence.
+    WaitSignaled,
+    /// The fence is on the backup QP; later sends wait on the default QP.
+    WaitDrained,
+    /// The connection failed.
+    Failed,
+}
+
+impl ResilientState {
+    /// The name the apps' JSON timeline uses (`default | fallback | wait-signaled |
+    /// wait-drained | failed`; a running round counts as fallback, an unprotected QP as
+    /// default).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResilientState::Unprotected | ResilientState::Default => "default",
+            ResilientState::FailingOver | ResilientState::Fallback => "fallback",
+            ResilientState::WaitSignaled => "wait-signaled",
+            ResilientState::WaitDrained => "wait-drained",
+            ResilientState::Failed => "failed",
+        }
+    }
+}
+
+/// Why a resilient QP's backup side could not be connected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectError {
+    /// Failover is off, or the context has no backup device.
+    #[error("this resilient QP has no backup side (failover off, or no backup device)")]
+    NoBackup,
+    /// The backup side could not be set up.
+    #[error("the backup side could not be set up: {0}")]
+    Setup(String),
+    /// The peer's attributes did not parse.
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
+    /// The wait ran out.
+    #[error("the backup side was not ready after {0:?} (is the service lcore running?)")]
+    Timeout(std::time::Duration),
+}
+
+/// wr_id of the driver's own WQEs (probes, fences); their completions are never reported.
+const INTERNAL_WR_ID: u64 = u64::MAX;
+/// Completions polled per batch in the slow path.
+const BATCH: usize = 32;
+
+/// The backup side, once protected.
+pub(super) struct Backup {
+    pub qp: Qp,
+    pub cq: Cq,
+    pub control: Arc<ControlChannel>,
+    pub peer: PeerAttrs,
+}
+
+/// What the driver learned from a QP's first error completion since it was brought up.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Errored {
+    /// The send queue's consumer counter just before the first failed send completion: from
+    /// there on, the WQEs are still the failover's (flushes retire them from the track, the
+    /// bytes stay in the ring).
+    pub send_start: Option<u32>,
+    /// The same for the receive queue.
+    pub recv_start: Option<u32>,
+    /// The first error that was not a flush.
+    pub first_error: Option<WcStatus>,
+    /// Its completion, to surface as it is if failover refuses.
+    pub error_wc: Option<WorkCompletion>,
+    /// The machine has been told.
+    pub reported: bool,
+}
+
+/// The round in progress, for the event log.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RoundRecord {
+    pub detected: Timestamp,
+    pub cause: Cause,
+    pub epoch: u32,
+}
+
+/// Everything off the hot path.
+pub(super) struct Slow {
+    pub clock: Clock,
+    pub config: ResilientConfig,
+    pub ctx: Option<Arc<CtxInner>>,
+    pub default_ctx: Arc<Context>,
+    pub shadow: Option<Arc<QpShadow>>,
+    pub default_qpn: u32,
+    pub default_device: String,
+    pub backup: Option<Backup>,
+    pub machine: Option<Failover>,
+    pub actions: Vec<Action>,
+    pub events: VecDeque<Event>,
+    pub mail: VecDeque<Mail>,
+    /// Events that came before protection, replayed after it.
+    pub early: Vec<Event>,
+    /// Completions for the application, returned before anything polled later.
+    pub wcs: VecDeque<WorkCompletion>,
+    pub scratch: [WorkCompletion; BATCH],
+    pub errored: [Errored; 2],
+    /// A drain of the default QP is running.
+    pub draining: bool,
+    /// Where the default queues' WQEs to move start (set when the drain ends).
+    pub moving: Option<(u32, u32)>,
+    /// Application receives completed, as counted by the slow path, plus the default RQ's
+    /// completions up to `default_rq_mark` (the fast path's are added lazily).
+    pub recvs_counted: u64,
+    pub default_rq_mark: u32,
+    /// Receive completions of the backup QP to swallow: stale WQEs at the head of its RQ.
+    pub backup_stale: u64,
+    /// Backup SQ counter ranges `[start, end)` of zero-length SENDs that burn stale receives.
+    pub burns: VecDeque<(u32, u32)>,
+    /// The default SQ counter of the outstanding probe.
+    pub probe: Option<u32>,
+    /// The backup SQ counter just past the outstanding switch-back fence.
+    pub fence: Option<u32>,
+    pub peer_rkeys: HashMap<u32, u32>,
+    pub base: SavedAttrs,
+    pub stats: FailoverStats,
+    pub log: Vec<FailoverEvent>,
+    pub round: Option<RoundRecord>,
+    /// The log entry waiting for its first successful completion on the backup QP.
+    pub awaiting_success: Option<usize>,
+    /// When the send queue started switching back.
+    pub switch_started: Option<Timestamp>,
+    pub failed: Option<FailReason>,
+    pub setup_error: Option<String>,
+    /// Receives moved by the round in progress, for its log entry.
+    pub pending_recvs_copied: u64,
+    pub wqe_bytes: Vec<u8>,
+    pub wqe_list: Vec<OutstandingWqe>,
+    pub recv_list: Vec<(u32, u64)>,
+}
+
+/// A resilient RC queue pair. See the module documentation; created by
+/// [`crate::resilient::ResilientPd::create_qp`].
+///
+/// Completions of both QPs come out of [`ResilientQp::poll`] in the order the application
+/// depends on (successes drained before a failover first, then the backup QP's, then the
+/// default QP's again after a switch-back), all naming the default QP's number. The
+/// failover's own WQEs (probes, fences, zero-length SENDs that burn stale receives, control
+/// messages) never reach the application.
+pub struct ResilientQp {
+    // ---- hot: the default path ----
+    pub(super) fast_send: bool,
+    pub(super) fast_recv: bool,
+    pub(super) fast_poll: bool,
+    /// Two-sided application sends posted (SEND, SEND_IMM, WRITE_IMM).
+    pub(super) sends_posted: u64,
+    /// Application receives posted.
+    pub(super) recvs_posted: u64,
+    pub(super) default: Qp,
+    pub(super) default_cq: Cq,
+    pub(super) shared: Arc<QpShared>,
+    // ---- everything else ----
+    pub(super) slow: Box<Slow>,
+}
+
+impl std::fmt::Debug for ResilientQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResilientQp")
+            .field("qp", &self.shared.name)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+#[inline(always)]
+fn two_sided(op: &SendOp) -> bool {
+    matches!(
+        op,
+        SendOp::WriteImm { .. } | SendOp::Send | SendOp::SendImm { .. }
+    )
+}
+
+impl ResilientQp {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        default: Qp,
+        default_cq: Cq,
+        shared: Arc<QpShared>,
+        shadow: Option<Arc<QpShadow>>,
+        ctx: Option<Arc<CtxInner>>,
+        clock: Clock,
+        config: ResilientConfig,
+    ) -> ResilientQp {
+        let default_ctx = default.pd().context().clone();
+        let slow = Box::new(Slow {
+            clock,
+            config,
+            ctx,
+            default_device: default_ctx.name().to_string(),
+            default_ctx,
+            shadow,
+            default_qpn: default.qpn(),
+            backup: None,
+            machine: None,
+            actions: Vec::with_capacity(crate::failover::MAX_ACTIONS_PER_EVENT),
+            events: VecDeque::new(),
+            mail: VecDeque::new(),
+            early: Vec::new(),
+            wcs: VecDeque::new(),
+            scratch: [WorkCompletion::EMPTY; BATCH],
+            errored: [Errored::default(); 2],
+            draining: false,
+            moving: None,
+            recvs_counted: 0,
+            default_rq_mark: 0,
+            backup_stale: 0,
+            burns: VecDeque::new(),
+            probe: None,
+            fence: None,
+            peer_rkeys: HashMap::new(),
+            base: SavedAttrs::default(),
+            stats: FailoverStats::default(),
+            log: Vec::new(),
+            round: None,
+            awaiting_success: None,
+            switch_started: None,
+            failed: None,
+            setup_error: None,
+            pending_recvs_copied: 0,
+            wqe_bytes: Vec::new(),
+            wqe_list: Vec::new(),
+            recv_list: Vec::new(),
+        });
+        ResilientQp {
+            fast_send: true,
+            fast_recv: true,
+            fast_poll: true,
+            sends_posted: 0,
+            recvs_posted: 0,
+            default,
+            default_cq,
+            shared,
+            slow,
+        }
+    }
+
+    // ---- the datapath ------------------------------------------------------------------
+
+    /// Validates `wr` and writes its WQE on the QP its route names (the default QP while
+    /// nothing has failed). Nothing reaches a device until [`ResilientQp::ring_doorbell`].
+    #[inline]
+    pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        if self.fast_send {
+            self.default.post_send(wr)?;
+            self.sends_posted += u64::from(two_sided(&wr.op));
+            return Ok(());
+        }
+        self.post_send_slow(wr)
+    }
+
+    /// Publishes every WQE posted so far whose doorbell is not withheld by the failover.
+    #[inline]
+    pub fn ring_doorbell(&mut self) {
+        if self.fast_send {
+            self.default.ring_doorbell();
+            return;
+        }
+        self.ring_slow();
+    }
+
+    /// Writes and publishes a receive on the QP its route names.
+    #[inline]
+    pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
+        if self.fast_recv {
+            self.default.post_recv(wr)?;
+            self.recvs_posted += 1;
+            return Ok(());
+        }
+        self.post_recv_slow(wr)
+    }
+
+    /// Polls up to `wcs.len()` completions of both QPs into `wcs`; returns how many. Also
+    /// runs whatever failover work is due (mail, timers, a drain in progress).
+    #[inline]
+    pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        if self.fast_poll && !self.shared.pending() {
+            let (n, error_next) = self.default_cq.poller().poll_until_error(wcs);
+            if !error_next {
+                return n;
+            }
+            return n + self.poll_slow(&mut wcs[n..]);
+        }
+        self.poll_slow(wcs)
+    }
+
+    /// Polls; when nothing came and a device progresses manually, runs one round of the
+    /// devices (default, and backup too unless everything runs on the default path) and
+    /// polls again: how a polling lcore drives manual-progress softnic devices.
+    pub fn poll_with_progress(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        let n = self.poll(wcs);
+        if n > 0 {
+            return n;
+        }
+        let mut moved = self.slow.default_ctx.progress();
+        if let Some(b) = &self.slow.backup {
+            moved |= b.qp.pd().context().progress();
+        }
+        if moved {
+            self.poll(wcs)
+        } else {
+            0
+        }
+    }
+
+    /// Runs whatever failover work is due without taking completions out (they wait for the
+    /// next poll): for an application that does not poll for a while.
+    pub fn progress(&mut self) {
+        self.run();
+        self.refresh_fast();
+    }
+
+    // ---- control ------------------------------------------------------------------------
+
+    /// The default QP's number: what the peer connects to and every completion names.
+    pub fn qpn(&self) -> u32 {
+        self.slow.default_qpn
+    }
+
+    /// The capabilities the default device granted.
+    pub fn caps(&self) -> QpCaps {
+        self.default.caps()
+    }
+
+    /// The default device's context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.slow.default_ctx
+    }
+
+    /// Moves the default QP through the application's bring-up (RESET -> INIT -> RTR -> RTS),
+    /// recording each transition for the backup QP's shadow bring-up on the service lcore.
+    /// Other transitions are refused once the QP is protected: failover owns the QPs then.
+    pub fn modify(
+        &mut self,
+        to: QpState,
+        attr: &crate::verbs::QpAttr,
+    ) -> Result<(), crate::control::ModifyError> {
+        if self.slow.machine.is_some() && to != QpState::Rts {
+            return Err(crate::control::ModifyError::Transition(
+                crate::qp_state::TransitionError::Illegal {
+                    from: self.default.state(),
+                    to,
+                },
+            ));
+        }
+        self.default.modify(to, attr)?;
+        if let Some(shadow) = &self.slow.shadow {
+            shadow.record(to, attr);
+            if let Some(ctx) = &self.slow.ctx {
+                ctx.service.nudge();
+            }
+        }
+        Ok(())
+    }
+
+    /// This end's backup attributes, for the application to send to the peer beside its own
+    /// connection attributes (inline rendezvous), once the backup QP exists. `None` while the
+    /// service lcore is still creating it. The application registers its MRs first: the
+    /// bytes carry the backup rkeys of every MR of the PD registered so far.
+    pub fn try_rendezvous_blob(&self) -> Result<Option<Vec<u8>>, ConnectError> {
+        let shadow = self.slow.shadow.as_ref().ok_or(ConnectError::NoBackup)?;
+        Ok(shadow
+            .local_attrs()
+            .map_err(ConnectError::Setup)?
+            .map(|a| a.to_bytes()))
+    }
+
+    /// As [`ResilientQp::try_rendezvous_blob`], waiting up to `timeout` for the backup QP.
+    pub fn rendezvous_blob(&self, timeout: std::time::Duration) -> Result<Vec<u8>, ConnectError> {
+        let ctx = self.slow.ctx.as_ref().ok_or(ConnectError::NoBackup)?;
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(blob) = self.try_rendezvous_blob()? {
+                return Ok(blob);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(ConnectError::Timeout(timeout));
+            }
+            ctx.service.nudge();
+            ctx.service.wait_a_little();
+        }
+    }
+
+    /// Hands the peer's backup attributes (its [`ResilientQp::rendezvous_blob`]) to the
+    /// shadow bring-up. Call before or after [`ResilientQp::modify`] to RTR: the backup QP is
+    /// brought up when both are known.
+    pub fn connect_backup(&mut self, peer_blob: &[u8]) -> Result<(), ConnectError> {
+        let shadow = self.slow.shadow.as_ref().ok_or(ConnectError::NoBackup)?;
+        shadow.set_peer(PeerAttrs::parse(peer_blob)?);
+        if let Some(ctx) = &self.slow.ctx {
+            ctx.service.nudge();
+        }
+        Ok(())
+    }
+
+    /// Whether the backup side is connected and failover armed.
+    pub fn is_protected(&self) -> bool {
+        self.slow.machine.is_some()
+    }
+
+    /// Polls (taking mail) until the QP is protected or `timeout` passes; completions polled
+    /// meanwhile wait for the next poll. Returns whether it is protected.
+    pub fn wait_protected(&mut self, timeout: std::time::Duration) -> Result<(), ConnectError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let Some(ctx) = self.slow.ctx.clone() else {
+            return Err(ConnectError::NoBackup);
+        };
+        while self.slow.machine.is_none() {
+            if let Some(e) = &self.slow.setup_error {
+                return Err(ConnectError::Setup(e.clone()));
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(ConnectError::Timeout(timeout));
+            }
+            ctx.service.nudge();
+            self.progress();
+            if self.slow.machine.is_none() {
+                ctx.service.wait_a_little();
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the QP is.
+    pub fn state(&self) -> ResilientState {
+        if self.slow.failed.is_some() {
+            return ResilientState::Failed;
+        }
+        match &self.slow.machine {
+            None => ResilientState::Unprotected,
+            Some(m) => match m.send_phase() {
+                SendPhase::Default => ResilientState::Default,
+                SendPhase::FailingOver => ResilientState::FailingOver,
+                SendPhase::Fallback => ResilientState::Fallback,
+                SendPhase::WaitSignaled => ResilientState::WaitSignaled,
+                SendPhase::WaitDrained => ResilientState::WaitDrained,
+                SendPhase::Failed => ResilientState::Failed,
+            },
+        }
+    }
+
+    /// Why the connection failed, if it did.
+    pub fn failure(&self) -> Option<FailReason> {
+        self.slow.failed
+    }
+
+    /// The failover machine, for logs and tests.
+    pub fn machine(&self) -> Option<&Failover> {
+        self.slow.machine.as_ref()
+    }
+
+    /// Counters since the QP was created.
+    pub fn stats(&self) -> FailoverStats {
+        self.slow.stats
+    }
+
+    /// The event log: failovers, switch-backs, refusals, errors, oldest first.
+    pub fn events(&self) -> &[FailoverEvent] {
+        &self.slow.log
+    }
+
+    /// A poller to unpark when mail comes for this QP (the service lcore calls it), so an
+    /// owner lcore that parks when idle takes failover work at once.
+    pub fn set_waker(&self, unparker: Option<Unparker>) {
+        self.shared.set_waker(unparker);
+    }
+
+    /// When failover work is next due if nothing else happens (a timer of the machine).
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        self.shared.deadline()
+    }
+
+    /// Whether the QP has failover work in progress that needs polling (a drain, a
+    /// switch-back) or completions waiting to be returned.
+    pub fn is_busy(&self) -> bool {
+        self.shared.busy() || !self.slow.wcs.is_empty()
+    }
+
+    // ---- slow datapath --------------------------------------------------------------------
+
+    fn send_route(&self) -> Route {
+        if self.slow.failed.is_some() {
+            return Route::Closed;
+        }
+        self.slow
+            .machine
+            .as_ref()
+            .map_or(Route::Default, |m| m.send_route())
+    }
+
+    fn recv_route(&self) -> Route {
+        if self.slow.failed.is_some() {
+            return Route::Closed;
+        }
+        self.slow
+            .machine
+            .as_ref()
+            .map_or(Route::Default, |m| m.recv_route())
+    }
+
+    #[cold]
+    fn post_send_slow(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        match self.send_route() {
+            Route::Default => {
+                self.default.post_send(wr)?;
+            }
+            Route::DefaultWithheld => {
+                self.default.send_queue().post_withheld(wr)?;
+            }
+            Route::Backup => {
+                let translated = self.translate_send(wr)?;
+                let backup = self.slow.backup.as_mut().expect("routed to backup");
+                backup.qp.post_send(&translated)?;
+            }
+            Route::Closed => {
+                return Err(PostError::NotReadyToSend {
+                    qpn: self.slow.default_qpn,
+                    state: QpState::Err,
+                })
+            }
+        }
+        self.sends_posted += u64::from(two_sided(&wr.op));
+        Ok(())
+    }
+
+    #[cold]
+    fn ring_slow(&mut self) {
+        if self.send_route() == Route::Default {
+            self.default.ring_doorbell();
+        }
+        if let Some(b) = &mut self.slow.backup {
+            b.qp.ring_doorbell();
+        }
+    }
+
+    #[cold]
+    fn post_recv_slow(&mut self, wr: &RecvWr) -> Result<(), PostError> {
+        match self.recv_route() {
+            Route::Default => self.default.post_recv(wr)?,
+            Route::DefaultWithheld => self.default.recv_queue().write(wr)?,
+            Route::Backup => {
+                let translated = self.translate_recv(wr)?;
+                let backup = self.slow.backup.as_mut().expect("routed to backup");
+                backup.qp.post_recv(&translated)?;
+            }
+            Route::Closed => {
+                // As on a QP in ERR: taken, and flushed at once.
+                self.slow.wcs.push_back(WorkCompletion {
+                    wr_id: wr.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: self.slow.default_qpn,
+                    ..WorkCompletion::EMPTY
+                });
+                self.fast_poll = false;
+            }
+        }
+        self.recvs_posted += 1;
+        Ok(())
+    }
+
+    /// The backup lkey of a default lkey.
+    fn backup_lkey(&self, lkey: u32) -> Result<u32, PostError> {
+        self.slow
+            .shadow
+            .as_ref()
+            .and_then(|s| s.pd.keys.backup_lkey(lkey))
+            .ok_or(PostError::NoBackupKey {
+                kind: "lkey",
+                key: lkey,
+            })
+    }
+
+    /// The peer's backup rkey of one of its default rkeys: from its rendezvous, else from the
+    /// store (cached).
+    pub(super) fn backup_rkey(&mut self, rkey: u32) -> Option<u32> {
+        if let Some(r) = self.slow.peer_rkeys.get(&rkey) {
+            return Some(*r);
+        }
+        let store = self.slow.ctx.as_ref()?.store.clone()?;
+        let gid = self.slow.backup.as_ref()?.peer.default_gid;
+        match store.lookup_rkey(gid, rkey) {
+            Ok(Some(backup)) => {
+                self.slow.peer_rkeys.insert(rkey, backup);
+                Some(backup)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(qp = %self.shared.name, error = %e, "failover: rkey lookup failed");
+                None
+            }
+        }
+    }
+
+    fn translate_send<'a>(&mut self, wr: &SendWr<'a>) -> Result<SendWr<'a>, PostError> {
+        let mut out = wr.clone();
+        let mut total = 0u64;
+        if let Payload::Gather(sges) = &mut out.payload {
+            for sge in sges.iter_mut().filter(|s| s.len != 0) {
+                sge.lkey = self.backup_lkey(sge.lkey)?;
+                total += u64::from(sge.len);
+            }
+        }
+        if let Payload::Inline(data) = &out.payload {
+            total += data.len() as u64;
+        }
+        let remote = match &mut out.op {
+            SendOp::Write { remote }
+            | SendOp::WriteImm { remote, .. }
+            | SendOp::Read { remote }
+            | SendOp::CompareSwap { remote, .. }
+            | SendOp::FetchAdd { remote, .. } => Some(remote),
+            SendOp::Send | SendOp::SendImm { .. } => None,
+        };
+        if let Some(remote) = remote {
+            // A zero-length WRITE needs no rkey.
+            if total > 0 || wr.op.is_atomic() {
+                let key = remote.rkey;
+                remote.rkey = self
+                    .backup_rkey(key)
+                    .ok_or(PostError::NoBackupKey { kind: "rkey", key })?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn translate_recv(&self, wr: &RecvWr) -> Result<RecvWr, PostError> {
+        let mut sges = SgList::new();
+        for sge in &wr.sges {
+            let mut s = *sge;
+            if s.len != 0 {
+                s.lkey = self.backup_lkey(s.lkey)?;
+            }
+            sges.push(s);
+        }
+        Ok(RecvWr {
+            wr_id: wr.wr_id,
+            sges,
+        })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poll_slow(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        self.run();
+        let n = self.slow.wcs.len().min(wcs.len());
+        for (dst, src) in wcs.iter_mut().zip(self.slow.wcs.drain(..n)) {
+            *dst = src;
+        }
+        self.refresh_fast();
+        n
+    }
+
+    /// Recomputes the hot flags from the machine and the driver's state.
+    pub(super) fn refresh_fast(&mut self) {
+        let s = &self.slow;
+        let open = s.failed.is_none();
+        let (send, recv, quiet) = match &s.machine {
+            None => (true, true, true),
+            Some(m) => (
+                m.send_route() == Route::Default,
+                m.recv_route() == Route::Default,
+                m.poll_timeout().is_none(),
+            ),
+        };
+        self.fast_send = open && send;
+        self.fast_recv = open && recv;
+        self.fast_poll = open
+            && send
+            && recv
+            && quiet
+            && s.wcs.is_empty()
+            && s.events.is_empty()
+            && !s.draining
+            && s.fence.is_none()
+            && s.probe.is_none();
+    }
+}
+
+impl Drop for ResilientQp {
+    fn drop(&mut self) {
+        if let Some(shadow) = &self.slow.shadow {
+            shadow.cancel();
+        }
+    }
+}
+
+/// The internal wr_id, for the driver.
+pub(super) const fn internal_wr_id() -> u64 {
+    INTERNAL_WR_ID
+}
+
+/// The batch size of slow polls, for the driver.
+pub(super) const fn batch() -> usize {
+    BATCH
+}
+
+/// Whether a send WQE's opcode consumes a receive at the peer.
+pub(super) fn two_sided_opcode(opcode: hw_defs::mlx5::SendOpcode) -> bool {
+    use hw_defs::mlx5::SendOpcode as O;
+    matches!(opcode, O::Send | O::SendImm | O::RdmaWriteImm)
+}
+
+/// Whether `wc` is a receive completion.
+pub(super) fn is_recv(wc: &WorkCompletion) -> bool {
+    matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+}

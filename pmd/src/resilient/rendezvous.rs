@@ -1,0 +1,395 @@
+//! Backup attributes and how the two ends of a resilient connection learn each other's.
+//!
+//! To fail over, each end needs the peer's backup QP (its GID and QPN), the peer's control
+//! QP, and for every rkey the application uses towards the peer, the rkey of the same memory
+//! on the peer's backup device. [`PeerAttrs`] is all of that for one end, with a byte format
+//! (big-endian):
+//!
+//! ```text
+//!  0       4     5          8                 24      28                44      48      52     56
+//!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+------+----
+//!  | "RSBK"| ver | reserved |   default GID   | d QPN |   backup GID    | b QPN | c QPN |  n   | n x (default rkey, backup rkey)
+//!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+------+----
+//! ```
+//!
+//! Two ways to exchange it:
+//! - **inline** (the default): the application sends [`crate::resilient::ResilientQp::rendezvous_blob`]
+//!   with its own connection attributes (its TCP exchange) and hands the peer's blob to
+//!   [`crate::resilient::ResilientQp::connect_backup`]. Nothing else runs.
+//! - **a key-value store** ([`Rendezvous`]; [`RedisRendezvous`] for clusters, as the paper uses
+//!   Redis over the management network): the service lcore publishes each end's attributes
+//!   under its default `(GID, QPN)` when the backup QP exists, and looks the peer's up by the
+//!   peer's default `(GID, QPN)` (known from the application's RTR attributes) before it
+//!   brings the backup QP up; backup rkeys are published per registered MR and looked up on
+//!   demand when a failover meets an rkey it has not seen.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::verbs::Gid;
+
+/// Why attributes could not be parsed, published or looked up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RendezvousError {
+    /// Fewer bytes than the format needs.
+    #[error("backup attributes truncated: {len} bytes, {needed} needed")]
+    Truncated {
+        /// Bytes given.
+        len: usize,
+        /// Bytes the header (or the header and its rkey list) needs.
+        needed: usize,
+    },
+    /// Not backup attributes.
+    #[error("not railshift backup attributes (magic {0:#010x})")]
+    BadMagic(u32),
+    /// A version this build does not read.
+    #[error("backup attributes version {0} is not supported (this build reads 1)")]
+    UnsupportedVersion(u8),
+    /// A field holds a value the format does not allow.
+    #[error("backup attributes: bad {0}")]
+    BadField(&'static str),
+    /// The key-value store failed.
+    #[error("rendezvous store {store}: {reason}")]
+    Store {
+        /// Which store (its address).
+        store: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// What one end of a resilient connection tells the other about its backup side.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PeerAttrs {
+    /// The end's default device GID (identifies the end with `default_qpn`).
+    pub default_gid: Gid,
+    /// The end's default QP number.
+    pub default_qpn: u32,
+    /// The backup device's GID.
+    pub backup_gid: Gid,
+    /// The backup QP number.
+    pub backup_qpn: u32,
+    /// The control QP number (on the backup device).
+    pub control_qpn: u32,
+    /// For each MR of the end's PD: (default rkey, backup rkey).
+    pub rkeys: Vec<(u32, u32)>,
+}
+
+const MAGIC: u32 = 0x5253_424b; // "RSBK"
+const VERSION: u8 = 1;
+const HEADER: usize = 56;
+
+mod field {
+    use core::ops::Range;
+    pub const MAGIC: Range<usize> = 0..4;
+    pub const VERSION: usize = 4;
+    pub const RESERVED: Range<usize> = 5..8;
+    pub const DEFAULT_GID: Range<usize> = 8..24;
+    pub const DEFAULT_QPN: Range<usize> = 24..28;
+    pub const BACKUP_GID: Range<usize> = 28..44;
+    pub const BACKUP_QPN: Range<usize> = 44..48;
+    pub const CONTROL_QPN: Range<usize> = 48..52;
+    pub const COUNT: Range<usize> = 52..56;
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn gid(b: &[u8]) -> Gid {
+    let mut g = [0u8; 16];
+    g.copy_from_slice(b);
+    Gid(g)
+}
+
+impl PeerAttrs {
+    /// The attributes as bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; HEADER + 8 * self.rkeys.len()];
+        out[field::MAGIC].copy_from_slice(&MAGIC.to_be_bytes());
+        out[field::VERSION] = VERSION;
+        out[field::DEFAULT_GID].copy_from_slice(&self.default_gid.0);
+        out[field::DEFAULT_QPN].copy_from_slice(&self.default_qpn.to_be_bytes());
+        out[field::BACKUP_GID].copy_from_slice(&self.backup_gid.0);
+        out[field::BACKUP_QPN].copy_from_slice(&self.backup_qpn.to_be_bytes());
+        out[field::CONTROL_QPN].copy_from_slice(&self.control_qpn.to_be_bytes());
+        out[field::COUNT].copy_from_slice(&(self.rkeys.len() as u32).to_be_bytes());
+        for (i, (default, backup)) in self.rkeys.iter().enumerate() {
+            let at = HEADER + 8 * i;
+            out[at..at + 4].copy_from_slice(&default.to_be_bytes());
+            out[at + 4..at + 8].copy_from_slice(&backup.to_be_bytes());
+        }
+        out
+    }
+
+    /// Parses untrusted bytes (from the peer, or from the store).
+    pub fn parse(bytes: &[u8]) -> Result<PeerAttrs, RendezvousError> {
+        if bytes.len() < HEADER {
+            return Err(RendezvousError::Truncated {
+                len: bytes.len(),
+                needed: HEADER,
+            });
+        }
+        let magic = be32(&bytes[field::MAGIC]);
+        if magic != MAGIC {
+            return Err(RendezvousError::BadMagic(magic));
+        }
+        if bytes[field::VERSION] != VERSION {
+            return Err(RendezvousError::UnsupportedVersion(bytes[field::VERSION]));
+        }
+        if bytes[field::RESERVED].iter().any(|b| *b != 0) {
+            return Err(RendezvousError::BadField("reserved bytes"));
+        }
+        let qpn = |r: core::ops::Range<usize>, name| {
+            let v = be32(&bytes[r]);
+            if v > 0x00ff_ffff {
+                Err(RendezvousError::BadField(name))
+            } else {
+                Ok(v)
+            }
+        };
+        let default_qpn = qpn(field::DEFAULT_QPN, "default QPN")?;
+        let backup_qpn = qpn(field::BACKUP_QPN, "backup QPN")?;
+        let control_qpn = qpn(field::CONTROL_QPN, "control QPN")?;
+        let count = be32(&bytes[field::COUNT]) as usize;
+        let needed = count
+            .checked_mul(8)
+            .and_then(|n| n.checked_add(HEADER))
+            .ok_or(RendezvousError::BadField("rkey count"))?;
+        if bytes.len() != needed {
+            return Err(if bytes.len() < needed {
+                RendezvousError::Truncated {
+                    len: bytes.len(),
+                    needed,
+                }
+            } else {
+                RendezvousError::BadField("trailing bytes after the rkey list")
+            });
+        }
+        let rkeys = (0..count)
+            .map(|i| {
+                let at = HEADER + 8 * i;
+                (be32(&bytes[at..at + 4]), be32(&bytes[at + 4..at + 8]))
+            })
+            .collect();
+        Ok(PeerAttrs {
+            default_gid: gid(&bytes[field::DEFAULT_GID]),
+            default_qpn,
+            backup_gid: gid(&bytes[field::BACKUP_GID]),
+            backup_qpn,
+            control_qpn,
+            rkeys,
+        })
+    }
+}
+
+/// A key-value store the service lcore publishes backup attributes to and looks them up in.
+/// Calls may block (a network round trip); only the service lcore makes them, except an
+/// rkey lookup on a failover that meets an rkey no earlier lookup brought.
+pub trait Rendezvous: Send + Sync {
+    /// Publishes one end's attributes under its default `(GID, QPN)`.
+    fn publish_qp(&self, attrs: &PeerAttrs) -> Result<(), RendezvousError>;
+    /// The attributes of the end whose default QP is `(gid, qpn)`, if published yet.
+    fn lookup_qp(&self, gid: Gid, qpn: u32) -> Result<Option<PeerAttrs>, RendezvousError>;
+    /// Publishes that `default_rkey` of the device with default GID `gid` is `backup_rkey`
+    /// on its backup device.
+    fn publish_rkey(
+        &self,
+        gid: Gid,
+        default_rkey: u32,
+        backup_rkey: u32,
+    ) -> Result<(), RendezvousError>;
+    /// The backup rkey of `default_rkey` of the device with default GID `gid`, if published.
+    fn lookup_rkey(&self, gid: Gid, default_rkey: u32) -> Result<Option<u32>, RendezvousError>;
+}
+
+/// [`Rendezvous`] over Redis (the `redis` crate, synchronous, default features off).
+///
+/// Keys: `<prefix>:qp:<gid>:<qpn>` holds an end's [`PeerAttrs`] bytes; the hash
+/// `<prefix>:rkey:<gid>` maps default rkeys (decimal) to backup rkeys. Connections time out
+/// after `timeout`, so a store that went away makes a lookup fail instead of hanging the
+/// service lcore.
+pub struct RedisRendezvous {
+    client: redis::Client,
+    url: String,
+    prefix: String,
+    timeout: Duration,
+    conn: Mutex<Option<redis::Connection>>,
+}
+
+impl std::fmt::Debug for RedisRendezvous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisRendezvous")
+            .field("url", &self.url)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl RedisRendezvous {
+    /// A store at `url` (`redis://host:port/`), keys under `prefix` (several jobs can share a
+    /// server with different prefixes). Connects lazily.
+    pub fn new(url: &str, prefix: &str) -> Result<RedisRendezvous, RendezvousError> {
+        let client = redis::Client::open(url).map_err(|e| RendezvousError::Store {
+            store: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(RedisRendezvous {
+            client,
+            url: url.to_string(),
+            prefix: prefix.to_string(),
+            timeout: Duration::from_secs(1),
+            conn: Mutex::new(None),
+        })
+    }
+
+    fn store_error(&self, e: impl std::fmt::Display) -> RendezvousError {
+        RendezvousError::Store {
+            store: self.url.clone(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// Runs `cmd` on the (re)connected connection; a failed command drops the connection so
+    /// the next call reconnects.
+    fn run<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RendezvousError> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            let conn = self
+                .client
+                .get_connection_with_timeout(self.timeout)
+                .map_err(|e| self.store_error(e))?;
+            conn.set_read_timeout(Some(self.timeout))
+                .and_then(|_| conn.set_write_timeout(Some(self.timeout)))
+                .map_err(|e| self.store_error(e))?;
+            *guard = Some(conn);
+        }
+        let conn = guard.as_mut().expect("connected above");
+        let result = cmd.query::<T>(conn);
+        if result.is_err() {
+            *guard = None;
+        }
+        result.map_err(|e| self.store_error(e))
+    }
+
+    fn qp_key(&self, gid: Gid, qpn: u32) -> String {
+        format!("{}:qp:{gid}:{qpn}", self.prefix)
+    }
+
+    fn rkey_key(&self, gid: Gid) -> String {
+        format!("{}:rkey:{gid}", self.prefix)
+    }
+}
+
+impl Rendezvous for RedisRendezvous {
+    fn publish_qp(&self, attrs: &PeerAttrs) -> Result<(), RendezvousError> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.qp_key(attrs.default_gid, attrs.default_qpn))
+            .arg(attrs.to_bytes());
+        self.run::<()>(&cmd)
+    }
+
+    fn lookup_qp(&self, gid: Gid, qpn: u32) -> Result<Option<PeerAttrs>, RendezvousError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(self.qp_key(gid, qpn));
+        match self.run::<Option<Vec<u8>>>(&cmd)? {
+            Some(bytes) => PeerAttrs::parse(&bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn publish_rkey(
+        &self,
+        gid: Gid,
+        default_rkey: u32,
+        backup_rkey: u32,
+    ) -> Result<(), RendezvousError> {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(self.rkey_key(gid))
+            .arg(default_rkey)
+            .arg(backup_rkey);
+        self.run::<()>(&cmd)
+    }
+
+    fn lookup_rkey(&self, gid: Gid, default_rkey: u32) -> Result<Option<u32>, RendezvousError> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(self.rkey_key(gid)).arg(default_rkey);
+        self.run::<Option<u32>>(&cmd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn sample() -> PeerAttrs {
+        PeerAttrs {
+            default_gid: Gid::from(Ipv4Addr::new(198, 18, 0, 1)),
+            default_qpn: 0x11,
+            backup_gid: Gid::from(Ipv4Addr::new(198, 18, 1, 1)),
+            backup_qpn: 0x12,
+            control_qpn: 0x13,
+            rkeys: vec![(0x100, 0x200), (0x101, 0x2ff)],
+        }
+    }
+
+    #[test]
+    fn attributes_are_written_as_the_format_says() {
+        let bytes = sample().to_bytes();
+        assert_eq!(bytes.len(), 56 + 16);
+        assert_eq!(&bytes[0..8], b"RSBK\x01\x00\x00\x00");
+        assert_eq!(
+            &bytes[8..24],
+            &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1]
+        );
+        assert_eq!(&bytes[24..28], &[0, 0, 0, 0x11]);
+        assert_eq!(&bytes[44..56], &[0, 0, 0, 0x12, 0, 0, 0, 0x13, 0, 0, 0, 2]);
+        assert_eq!(&bytes[56..64], &[0, 0, 1, 0, 0, 0, 2, 0]);
+    }
+
+    #[test]
+    fn attributes_round_trip() {
+        assert_eq!(PeerAttrs::parse(&sample().to_bytes()), Ok(sample()));
+    }
+
+    #[test]
+    fn bad_bytes_are_refused_by_name() {
+        let good = sample().to_bytes();
+        assert!(matches!(
+            PeerAttrs::parse(&good[..40]),
+            Err(RendezvousError::Truncated { len: 40, .. })
+        ));
+        assert!(matches!(
+            PeerAttrs::parse(&good[..60]),
+            Err(RendezvousError::Truncated { needed: 72, .. })
+        ));
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        assert!(matches!(
+            PeerAttrs::parse(&bad),
+            Err(RendezvousError::BadMagic(_))
+        ));
+        let mut bad = good.clone();
+        bad[4] = 2;
+        assert_eq!(
+            PeerAttrs::parse(&bad),
+            Err(RendezvousError::UnsupportedVersion(2))
+        );
+        let mut bad = good.clone();
+        bad[44] = 1;
+        assert_eq!(
+            PeerAttrs::parse(&bad),
+            Err(RendezvousError::BadField("backup QPN"))
+        );
+        let mut bad = good.clone();
+        bad.push(0);
+        assert!(matches!(
+            PeerAttrs::parse(&bad),
+            Err(RendezvousError::BadField(_))
+        ));
+        let mut bad = good;
+        bad[52..56].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(PeerAttrs::parse(&bad).is_err());
+    }
+}

@@ -1,0 +1,481 @@
+//! The failover service: the lcore that does a process's failover control work, so that
+//! datapath lcores never block on it.
+//!
+//! It runs the shadow verbs (best-effort order), watches each device's link and moves a
+//! protected default QP to ERR the moment its link goes down, polls every control QP and
+//! puts the messages in the owning QP's mailbox, wakes owners whose timers are due, and runs
+//! the QPs handed to it with [`FailoverService::adopt`] (an application that never polls its
+//! QP, such as a WRITE-only responder). It sleeps in `poll(2)` on the control CQs' completion
+//! channels, the devices' port-event descriptors, the netdev monitors and its own wake-up
+//! eventfd, with the nearest timer as the timeout.
+//!
+//! [`FailoverService::start`] runs it on its own thread; [`FailoverService::manual`] makes one
+//! that a deterministic simulation steps with [`FailoverService::run_once`] on its virtual
+//! clock.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::control::Context;
+use crate::failover::{Event, Path, Timestamp};
+
+use super::clock::Clock;
+use super::config::LinkSource;
+use super::link::LinkWatch;
+use super::mailbox::Mail;
+use super::qp::ResilientQp;
+use super::shadow::{Outcome, QpShadow, ShadowOrder, Verb};
+
+/// How often verbs that wait (for a peer, for the application) are retried.
+const VERB_RETRY: Duration = Duration::from_millis(5);
+/// How often an adopted QP with work in progress (a drain, a switch-back) is run.
+const BUSY_RETRY: Duration = Duration::from_micros(200);
+/// The longest the service thread sleeps without looking around.
+const MAX_SLEEP: Duration = Duration::from_millis(100);
+
+/// An eventfd that wakes the service thread.
+struct WakeFd {
+    fd: OwnedFd,
+}
+
+impl WakeFd {
+    fn new() -> std::io::Result<WakeFd> {
+        // SAFETY: plain syscall; the result is checked and then owned.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(WakeFd { fd })
+    }
+
+    fn signal(&self) {
+        let one = 1u64;
+        // SAFETY: an 8-byte write from a live u64 to our eventfd; EAGAIN (saturated) still
+        // leaves it readable.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn drain(&self) {
+        let mut v = 0u64;
+        // SAFETY: an 8-byte read into a live u64 from our nonblocking eventfd.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+struct Adopted {
+    id: u64,
+    qp: ResilientQp,
+}
+
+struct State {
+    verbs: Vec<Verb>,
+    order: ShadowOrder,
+    links: Vec<LinkWatch>,
+    qps: Vec<Weak<QpShadow>>,
+    adopted: Vec<Adopted>,
+    next_id: u64,
+    changes: Vec<bool>,
+    events: Vec<Event>,
+}
+
+pub(crate) struct ServiceInner {
+    clock: Clock,
+    threaded: bool,
+    state: Mutex<State>,
+    wake: WakeFd,
+    stop: AtomicBool,
+}
+
+/// What contexts and QPs hold of the service.
+#[derive(Clone)]
+pub(crate) struct ServiceHandle {
+    inner: Arc<ServiceInner>,
+}
+
+/// The failover service of a process (or of one simulated host). Stops when dropped; QPs
+/// adopted by it are dropped with it.
+pub struct FailoverService {
+    handle: ServiceHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for FailoverService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailoverService")
+            .field("threaded", &self.handle.inner.threaded)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A QP the service runs for an application that does not poll it.
+#[derive(Debug)]
+pub struct AdoptedQp {
+    id: u64,
+    service: Weak<ServiceInner>,
+}
+
+/// How the service is started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceConfig {
+    /// The core to pin the service thread to (unpinned with `None`).
+    pub core: Option<usize>,
+    /// The shadow verbs' order (best effort unless a test asks otherwise).
+    pub shadow_order: ShadowOrder,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> ServiceConfig {
+        ServiceConfig {
+            core: None,
+            shadow_order: ShadowOrder::BestEffort,
+        }
+    }
+}
+
+impl FailoverService {
+    /// Starts the service on its own thread, on the real clock.
+    pub fn start(config: ServiceConfig) -> std::io::Result<FailoverService> {
+        let handle = ServiceHandle::new(Clock::real(), true, config.shadow_order)?;
+        let inner = handle.inner.clone();
+        let core = config.core;
+        let thread = std::thread::Builder::new()
+            .name("railshift-failover".into())
+            .spawn(move || {
+                if let Some(id) = core {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+                        tracing::warn!(
+                            core = id,
+                            "failover service: could not pin; running unpinned"
+                        );
+                    }
+                }
+                service_loop(inner)
+            })?;
+        Ok(FailoverService {
+            handle,
+            thread: Some(thread),
+        })
+    }
+
+    /// A service without a thread, stepped by [`FailoverService::run_once`] on `clock` (a
+    /// virtual clock in deterministic simulations).
+    pub fn manual(clock: Clock) -> std::io::Result<FailoverService> {
+        Ok(FailoverService {
+            handle: ServiceHandle::new(clock, false, ShadowOrder::BestEffort)?,
+            thread: None,
+        })
+    }
+
+    /// Sets the order shadow verbs run in.
+    pub fn set_shadow_order(&self, order: ShadowOrder) {
+        self.handle.lock().order = order;
+    }
+
+    /// Runs one round of everything the service does (see the module documentation) and
+    /// returns when it next needs to run if nothing wakes it.
+    pub fn run_once(&self) -> Option<Timestamp> {
+        self.handle.run_once()
+    }
+
+    /// The clock the service and its QPs run on.
+    pub fn clock(&self) -> &Clock {
+        &self.handle.inner.clock
+    }
+
+    /// Takes `qp` over: the service runs its failover work whenever mail comes, a timer is
+    /// due or a drain is in progress, so a QP whose application never polls (a WRITE-only
+    /// responder) still takes part in failovers and switch-backs. Completions wait in its
+    /// buffer until [`AdoptedQp::give_back`].
+    pub fn adopt(&self, qp: ResilientQp) -> AdoptedQp {
+        let mut st = self.handle.lock();
+        let id = st.next_id;
+        st.next_id += 1;
+        st.adopted.push(Adopted { id, qp });
+        drop(st);
+        self.handle.nudge();
+        AdoptedQp {
+            id,
+            service: Arc::downgrade(&self.handle.inner),
+        }
+    }
+
+    pub(crate) fn handle(&self) -> &ServiceHandle {
+        &self.handle
+    }
+}
+
+impl AdoptedQp {
+    /// Takes the QP back from the service (`None` if the service is gone).
+    pub fn give_back(self) -> Option<ResilientQp> {
+        let inner = self.service.upgrade()?;
+        let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        let at = st.adopted.iter().position(|a| a.id == self.id)?;
+        Some(st.adopted.swap_remove(at).qp)
+    }
+
+    /// Runs `f` on the adopted QP (to read its state or statistics) under the service's lock.
+    pub fn with<R>(&self, f: impl FnOnce(&ResilientQp) -> R) -> Option<R> {
+        let inner = self.service.upgrade()?;
+        let st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.adopted
+            .iter()
+            .find(|a| a.id == self.id)
+            .map(|a| f(&a.qp))
+    }
+}
+
+impl Drop for FailoverService {
+    fn drop(&mut self) {
+        self.handle.inner.stop.store(true, Ordering::Release);
+        self.handle.inner.wake.signal();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("failover service thread panicked");
+            }
+        }
+        // Adopted QPs hold the service (through their context): drop them here, or they and
+        // it would keep each other alive.
+        let adopted = std::mem::take(&mut self.handle.lock().adopted);
+        drop(adopted);
+        let mut st = self.handle.lock();
+        st.verbs.clear();
+        st.links.clear();
+    }
+}
+
+impl ServiceHandle {
+    fn new(clock: Clock, threaded: bool, order: ShadowOrder) -> std::io::Result<ServiceHandle> {
+        Ok(ServiceHandle {
+            inner: Arc::new(ServiceInner {
+                clock,
+                threaded,
+                state: Mutex::new(State {
+                    verbs: Vec::new(),
+                    order,
+                    links: Vec::new(),
+                    qps: Vec::new(),
+                    adopted: Vec::new(),
+                    next_id: 0,
+                    changes: Vec::new(),
+                    events: Vec::new(),
+                }),
+                wake: WakeFd::new()?,
+                stop: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    /// Queues a shadow verb.
+    pub fn submit(&self, verb: Verb) {
+        self.lock().verbs.push(verb);
+        self.nudge();
+    }
+
+    /// Registers a resilient QP: its control channel is polled and link changes of its
+    /// devices go to its mailbox.
+    pub fn register_qp(&self, qp: &Arc<QpShadow>) {
+        self.lock().qps.push(Arc::downgrade(qp));
+    }
+
+    /// Watches `ctx`'s link (once per device).
+    pub fn watch(&self, ctx: &Arc<Context>, source: &LinkSource) {
+        let mut st = self.lock();
+        if st.links.iter().any(|l| Arc::ptr_eq(&l.ctx, ctx)) {
+            return;
+        }
+        st.links.push(LinkWatch::new(ctx, source));
+    }
+
+    /// Gets the service to run soon: wakes the thread, or (without one) runs a round now if
+    /// nobody else is.
+    pub fn nudge(&self) {
+        if self.inner.threaded {
+            self.inner.wake.signal();
+        } else if let Ok(st) = self.inner.state.try_lock() {
+            drop(st);
+            self.run_once();
+        }
+    }
+
+    /// How a caller waiting for the service passes time.
+    pub fn wait_a_little(&self) {
+        if self.inner.threaded {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+
+    fn run_once(&self) -> Option<Timestamp> {
+        let clock = &self.inner.clock;
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let mut next: Option<Timestamp> = None;
+        let mut soon = |t: Timestamp| next = Some(next.map_or(t, |n: Timestamp| n.min(t)));
+
+        // 1. Shadow verbs, best effort (or strictly in order).
+        let mut waiting = false;
+        let mut i = 0;
+        while i < st.verbs.len() {
+            match st.verbs[i].run() {
+                Outcome::Done => {
+                    st.verbs.remove(i);
+                }
+                Outcome::Waiting(what) => {
+                    tracing::trace!(what, "failover service: shadow verb waits");
+                    waiting = true;
+                    if st.order == ShadowOrder::Strict {
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+        }
+        if waiting {
+            soon(clock.now() + VERB_RETRY);
+        }
+
+        // 2. Registered QPs that are gone.
+        st.qps
+            .retain(|w| w.upgrade().is_some_and(|q| !q.is_cancelled()));
+        let qps: Vec<Arc<QpShadow>> = st.qps.iter().filter_map(Weak::upgrade).collect();
+
+        // 3. Link changes.
+        for li in 0..st.links.len() {
+            st.changes.clear();
+            let mut changes = std::mem::take(&mut st.changes);
+            st.links[li].poll(&mut changes);
+            let ctx = st.links[li].ctx.clone();
+            for &up in &changes {
+                tracing::info!(device = %ctx.name(), up, "failover service: link changed");
+                for qp in &qps {
+                    let path = if Arc::ptr_eq(&qp.pd.ctx.default, &ctx) {
+                        Path::Default
+                    } else if qp
+                        .pd
+                        .ctx
+                        .backup
+                        .as_ref()
+                        .is_some_and(|b| Arc::ptr_eq(b, &ctx))
+                    {
+                        Path::Backup
+                    } else {
+                        continue;
+                    };
+                    if !up
+                        && path == Path::Default
+                        && qp.pd.ctx.config.link_watch
+                        && qp.shared.watch_armed()
+                    {
+                        // At once, not at the owner's next poll: the NIC stops working on the
+                        // QP and flushes it, so nothing waits for retry exhaustion.
+                        if let Err(e) = qp.shared.default_handle.set_error() {
+                            tracing::debug!(qp = %qp.shared.name, error = %e, "link watch: default QP not moved to ERR");
+                        }
+                    }
+                    let event = if up {
+                        Event::LinkUp { path }
+                    } else {
+                        Event::LinkDown { path }
+                    };
+                    qp.shared.post(Mail::Event(event));
+                }
+            }
+            st.changes = changes;
+        }
+
+        // 4. Control messages.
+        let mut events = std::mem::take(&mut st.events);
+        for qp in &qps {
+            let Some(control) = qp.control() else {
+                continue;
+            };
+            events.clear();
+            control.clear_event();
+            control.poll(&mut events);
+            control.arm();
+            control.poll(&mut events);
+            for e in events.drain(..) {
+                qp.shared.post(Mail::Event(e));
+            }
+        }
+        st.events = events;
+
+        // 5. Owners whose timers are due.
+        let now = clock.now();
+        for qp in &qps {
+            if let Some(due) = qp.shared.deadline() {
+                if due <= now {
+                    qp.shared.wake();
+                } else {
+                    soon(due);
+                }
+            }
+        }
+
+        // 6. Adopted QPs.
+        for a in st.adopted.iter_mut() {
+            let due = a.qp.next_deadline().is_some_and(|t| t <= now);
+            if a.qp.shared.pending() || due || a.qp.shared.busy() {
+                a.qp.progress();
+            }
+            if a.qp.shared.busy() {
+                soon(now + BUSY_RETRY);
+            }
+            if let Some(t) = a.qp.next_deadline() {
+                soon(t);
+            }
+        }
+        next
+    }
+
+    /// The descriptors the service thread sleeps on.
+    fn fds(&self, out: &mut Vec<RawFd>) {
+        out.clear();
+        out.push(self.inner.wake.fd.as_raw_fd());
+        let st = self.lock();
+        out.extend(st.links.iter().filter_map(|l| l.fd()));
+        for qp in st.qps.iter().filter_map(Weak::upgrade) {
+            if let Some(fd) = qp.control().and_then(|c| c.event_fd()) {
+                out.push(fd);
+            }
+        }
+    }
+}
+
+fn service_loop(inner: Arc<ServiceInner>) {
+    let handle = ServiceHandle { inner };
+    let mut fds = Vec::new();
+    let mut pollfds: Vec<libc::pollfd> = Vec::new();
+    while !handle.inner.stop.load(Ordering::Acquire) {
+        let next = handle.run_once();
+        let timeout = next
+            .map_or(MAX_SLEEP, |t| handle.inner.clock.until(t))
+            .min(MAX_SLEEP);
+        if timeout.is_zero() {
+            continue;
+        }
+        handle.fds(&mut fds);
+        pollfds.clear();
+        pollfds.extend(fds.iter().map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: a live array of pollfds of the given length.
+        unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, ms) };
+        handle.inner.wake.drain();
+    }
+}

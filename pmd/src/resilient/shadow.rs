@@ -1,0 +1,611 @@
+//! Shadow control verbs: the application's control verbs on the default device, recorded and
+//! replayed on the backup device by the service lcore (SHIFT section 4.2, appendix B.1).
+//!
+//! Each recorded object is a shadow: a PD, an MR (the same memory registered again), a QP
+//! (the backup CQ and QP, and the control QP pair's local end) whose bring-up follows the
+//! application's INIT, RTR and RTS. The service lcore keeps a list of pending verbs and runs
+//! it in **best-effort order**: a verb that waits for something (an attribute of the remote
+//! end, the application's next transition, its PD) is skipped and retried on the next scan,
+//! so one QP waiting for its peer never holds up another QP's setup. That is what keeps two
+//! hosts that set up many QPs from several threads out of the cyclic wait of appendix B.1
+//! (each host's setup of QP 1 waiting for the other host's QP 1, which waits behind its QP 2,
+//! which waits for ours). [`ShadowOrder::Strict`] runs the list strictly in order instead; it
+//! exists to show that deadlock in a test.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::control::{Context, Cq, Mr, Pd, Qp, SavedAttrs};
+use crate::qp_state::QpState;
+use crate::verbs::{Access, Gid, QpAttr, QpCaps};
+
+use super::config::ResilientConfig;
+use super::control::ControlChannel;
+use super::mailbox::{BackupParts, Mail, QpShared};
+use super::rendezvous::{PeerAttrs, Rendezvous};
+use super::service::ServiceHandle;
+
+/// How the service lcore runs its list of shadow verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShadowOrder {
+    /// Skip a verb that waits and try the next one (SHIFT appendix B.1). The default.
+    #[default]
+    BestEffort,
+    /// Run the list strictly in order, stopping at the first verb that waits. Deadlocks when
+    /// two hosts set up several QPs in different orders; for tests that show it.
+    Strict,
+}
+
+/// What a resilient context shares with everything made from it.
+pub(crate) struct CtxInner {
+    pub default: Arc<Context>,
+    pub backup: Option<Arc<Context>>,
+    pub service: ServiceHandle,
+    pub config: ResilientConfig,
+    pub store: Option<Arc<dyn Rendezvous>>,
+}
+
+/// One shadow verb waiting in the service lcore's list. Weak: a verb whose object the
+/// application dropped is forgotten.
+pub(crate) enum Verb {
+    AllocPd(Weak<PdShadow>),
+    RegMr(Weak<MrShadow>),
+    SetUpQp(Weak<QpShadow>),
+}
+
+/// What running a verb did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Finished (or failed, or its object is gone): drop it from the list.
+    Done,
+    /// Waiting for something; try again later.
+    Waiting(&'static str),
+}
+
+impl Verb {
+    pub fn run(&self) -> Outcome {
+        match self {
+            Verb::AllocPd(pd) => pd.upgrade().map_or(Outcome::Done, |pd| pd.run()),
+            Verb::RegMr(mr) => mr.upgrade().map_or(Outcome::Done, |mr| mr.run()),
+            Verb::SetUpQp(qp) => qp.upgrade().map_or(Outcome::Done, |qp| qp.run()),
+        }
+    }
+}
+
+/// Default keys to backup keys for one PD's MRs.
+#[derive(Debug, Default)]
+pub(crate) struct KeyMap {
+    inner: Mutex<KeyMapInner>,
+}
+
+#[derive(Debug, Default)]
+struct KeyMapInner {
+    lkeys: HashMap<u32, u32>,
+    lkeys_back: HashMap<u32, u32>,
+    rkeys: Vec<(u32, u32)>,
+}
+
+impl KeyMap {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeyMapInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(&self, default_lkey: u32, default_rkey: u32, backup: &Mr) {
+        let mut m = self.lock();
+        m.lkeys.insert(default_lkey, backup.lkey());
+        m.lkeys_back.insert(backup.lkey(), default_lkey);
+        m.rkeys.push((default_rkey, backup.rkey()));
+    }
+
+    fn remove(&self, default_lkey: u32, default_rkey: u32) {
+        let mut m = self.lock();
+        if let Some(b) = m.lkeys.remove(&default_lkey) {
+            m.lkeys_back.remove(&b);
+        }
+        m.rkeys.retain(|(d, _)| *d != default_rkey);
+    }
+
+    /// The backup lkey of a default lkey.
+    pub fn backup_lkey(&self, default: u32) -> Option<u32> {
+        self.lock().lkeys.get(&default).copied()
+    }
+
+    /// The default lkey of a backup lkey.
+    pub fn default_lkey(&self, backup: u32) -> Option<u32> {
+        self.lock().lkeys_back.get(&backup).copied()
+    }
+
+    /// Every (default rkey, backup rkey) pair, for the peer.
+    pub fn rkeys(&self) -> Vec<(u32, u32)> {
+        self.lock().rkeys.clone()
+    }
+}
+
+enum Slot<T> {
+    Pending,
+    Ready(T),
+    Failed(String),
+}
+
+/// A PD and its backup twin.
+pub(crate) struct PdShadow {
+    pub ctx: Arc<CtxInner>,
+    pub default: Arc<Pd>,
+    backup: Mutex<Slot<Arc<Pd>>>,
+    pub keys: KeyMap,
+    /// MRs registered on the default device whose backup registration has not finished.
+    pub mrs_pending: AtomicUsize,
+}
+
+impl PdShadow {
+    pub fn new(ctx: Arc<CtxInner>, default: Arc<Pd>) -> PdShadow {
+        PdShadow {
+            ctx,
+            default,
+            backup: Mutex::new(Slot::Pending),
+            keys: KeyMap::default(),
+            mrs_pending: AtomicUsize::new(0),
+        }
+    }
+
+    /// The backup PD, once the service lcore allocated it.
+    pub fn backup(&self) -> Result<Option<Arc<Pd>>, String> {
+        match &*self.backup.lock().unwrap_or_else(|p| p.into_inner()) {
+            Slot::Pending => Ok(None),
+            Slot::Ready(pd) => Ok(Some(pd.clone())),
+            Slot::Failed(e) => Err(e.clone()),
+        }
+    }
+
+    fn run(&self) -> Outcome {
+        let Some(backup_ctx) = &self.ctx.backup else {
+            return Outcome::Done;
+        };
+        let slot = match backup_ctx.alloc_pd() {
+            Ok(pd) => Slot::Ready(pd),
+            Err(e) => {
+                tracing::error!(device = %backup_ctx.name(), error = %e, "failover: backup PD not allocated; QPs of this PD stay unprotected");
+                Slot::Failed(e.to_string())
+            }
+        };
+        *self.backup.lock().unwrap_or_else(|p| p.into_inner()) = slot;
+        Outcome::Done
+    }
+}
+
+#[derive(Debug)]
+struct MrState {
+    backup: Option<Mr>,
+    /// The application dropped its MR: never register the memory again.
+    cancelled: bool,
+    done: bool,
+}
+
+/// An MR and its backup twin on the same memory.
+#[derive(Debug)]
+pub(crate) struct MrShadow {
+    pd: Arc<PdShadow>,
+    addr: usize,
+    len: usize,
+    access: Access,
+    default_lkey: u32,
+    default_rkey: u32,
+    default_gid: Gid,
+    state: Mutex<MrState>,
+}
+
+impl MrShadow {
+    pub fn new(pd: Arc<PdShadow>, default: &Mr, default_gid: Gid) -> MrShadow {
+        pd.mrs_pending.fetch_add(1, Ordering::AcqRel);
+        MrShadow {
+            pd,
+            addr: default.addr() as usize,
+            len: default.len(),
+            access: default.access(),
+            default_lkey: default.lkey(),
+            default_rkey: default.rkey(),
+            default_gid,
+            state: Mutex::new(MrState {
+                backup: None,
+                cancelled: false,
+                done: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MrState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn finish(&self, state: &mut MrState) {
+        if !state.done {
+            state.done = true;
+            self.pd.mrs_pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn run(&self) -> Outcome {
+        let backup_pd = match self.pd.backup() {
+            Ok(Some(pd)) => pd,
+            Ok(None) => return Outcome::Waiting("the backup PD"),
+            Err(_) => {
+                self.finish(&mut self.lock());
+                return Outcome::Done;
+            }
+        };
+        // The lock is held across the registration: the application's drop of the MR waits
+        // for it, so the memory cannot go away underneath.
+        let mut state = self.lock();
+        if state.cancelled || state.done {
+            self.finish(&mut state);
+            return Outcome::Done;
+        }
+        // SAFETY: the range is the application's MR, registered on the default device; it
+        // stays mapped until `cancel` runs (the application's MR drop), which takes this lock
+        // and drops the backup MR before the memory can go.
+        let registered = unsafe { backup_pd.register(self.addr as *mut u8, self.len, self.access) };
+        match registered {
+            Ok(mr) => {
+                // The default MR is alive (not cancelled), so its keys are current.
+                self.pd
+                    .keys
+                    .insert(self.default_lkey, self.default_rkey, &mr);
+                if let Some(store) = &self.pd.ctx.store {
+                    if let Err(e) =
+                        store.publish_rkey(self.default_gid, self.default_rkey, mr.rkey())
+                    {
+                        tracing::warn!(error = %e, "failover: backup rkey not published");
+                    }
+                }
+                state.backup = Some(mr);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, lkey = self.default_lkey, "failover: backup MR not registered; work naming it cannot fail over")
+            }
+        }
+        self.finish(&mut state);
+        Outcome::Done
+    }
+
+    /// The application drops its MR: deregister the backup twin first.
+    pub fn cancel(&self) {
+        let mut state = self.lock();
+        state.cancelled = true;
+        if state.backup.take().is_some() {
+            self.pd.keys.remove(self.default_lkey, self.default_rkey);
+        }
+        self.finish(&mut state);
+    }
+}
+
+/// The application's transitions of the default QP, as the shadow replays them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Recorded {
+    pub init: Option<QpAttr>,
+    pub rtr: Option<QpAttr>,
+    pub rts: Option<QpAttr>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Create,
+    Created,
+    Init,
+    Rtr,
+    Rts,
+    HandedOver,
+    Failed,
+}
+
+struct Setup {
+    stage: Stage,
+    qp: Option<Qp>,
+    cq: Option<Cq>,
+    control: Option<Arc<ControlChannel>>,
+    /// This end's attributes for the peer, once the backup objects exist.
+    local: Option<PeerAttrs>,
+}
+
+/// A QP and its backup side: the backup CQ and QP and the control channel, brought up after
+/// the application's default QP.
+pub(crate) struct QpShadow {
+    pub pd: Arc<PdShadow>,
+    pub caps: QpCaps,
+    pub cq_entries: u32,
+    pub default_qpn: u32,
+    pub default_gid: Gid,
+    pub shared: Arc<QpShared>,
+    recorded: Mutex<Recorded>,
+    peer: Mutex<Option<PeerAttrs>>,
+    setup: Mutex<Setup>,
+    /// The control channel once created: the service polls it.
+    control: Mutex<Option<Arc<ControlChannel>>>,
+    cancelled: AtomicBool,
+}
+
+impl QpShadow {
+    pub fn new(
+        pd: Arc<PdShadow>,
+        caps: QpCaps,
+        cq_entries: u32,
+        default_qpn: u32,
+        default_gid: Gid,
+        shared: Arc<QpShared>,
+    ) -> QpShadow {
+        QpShadow {
+            pd,
+            caps,
+            cq_entries,
+            default_qpn,
+            default_gid,
+            shared,
+            recorded: Mutex::new(Recorded::default()),
+            peer: Mutex::new(None),
+            setup: Mutex::new(Setup {
+                stage: Stage::Create,
+                qp: None,
+                cq: None,
+                control: None,
+                local: None,
+            }),
+            control: Mutex::new(None),
+            cancelled: AtomicBool::new(false),
+        }
+    }
+
+    /// Records one of the application's transitions of the default QP.
+    pub fn record(&self, to: QpState, attr: &QpAttr) {
+        let mut r = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        match to {
+            QpState::Init if r.init.is_none() => r.init = Some(attr.clone()),
+            QpState::Rtr => r.rtr = Some(attr.clone()),
+            QpState::Rts if r.rts.is_none() => r.rts = Some(attr.clone()),
+            _ => {}
+        }
+    }
+
+    /// The peer's attributes, from the application's exchange (inline rendezvous).
+    pub fn set_peer(&self, peer: PeerAttrs) {
+        *self.peer.lock().unwrap_or_else(|p| p.into_inner()) = Some(peer);
+    }
+
+    /// This end's attributes for the peer, once the backup objects exist and every MR of the
+    /// PD registered so far has its backup twin.
+    pub fn local_attrs(&self) -> Result<Option<PeerAttrs>, String> {
+        let setup = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        if setup.stage == Stage::Failed {
+            return Err("setting up the backup side failed (see the log)".into());
+        }
+        if self.pd.mrs_pending.load(Ordering::Acquire) > 0 {
+            return Ok(None);
+        }
+        Ok(setup.local.clone().map(|mut local| {
+            local.rkeys = self.pd.keys.rkeys();
+            local
+        }))
+    }
+
+    /// The control channel, once it exists.
+    pub fn control(&self) -> Option<Arc<ControlChannel>> {
+        self.control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The application dropped the QP: stop setting it up.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    fn fail(&self, setup: &mut Setup, what: &str, e: impl std::fmt::Display) -> Outcome {
+        tracing::error!(qp = %self.shared.name, what, error = %e, "failover: backup side not set up; the QP stays unprotected");
+        setup.stage = Stage::Failed;
+        self.shared.post(Mail::SetupFailed(format!("{what}: {e}")));
+        Outcome::Done
+    }
+
+    /// Advances the backup side as far as it can go now.
+    fn run(&self) -> Outcome {
+        if self.is_cancelled() {
+            return Outcome::Done;
+        }
+        let mut setup = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match setup.stage {
+                Stage::Create => {
+                    let pd = match self.pd.backup() {
+                        Ok(Some(pd)) => pd,
+                        Ok(None) => return Outcome::Waiting("the backup PD"),
+                        Err(e) => return self.fail(&mut setup, "backup PD", e),
+                    };
+                    let ctx = pd.context().clone();
+                    let cq = match ctx.create_cq(self.cq_entries, false) {
+                        Ok(cq) => cq,
+                        Err(e) => return self.fail(&mut setup, "backup CQ", e),
+                    };
+                    let qp = match pd.create_qp(&cq, &cq, self.caps) {
+                        Ok(qp) => qp,
+                        Err(e) => return self.fail(&mut setup, "backup QP", e),
+                    };
+                    let depth = self.pd.ctx.config.control_depth;
+                    let control = match ControlChannel::create(&pd, depth, self.default_qpn) {
+                        Ok(c) => Arc::new(c),
+                        Err(e) => return self.fail(&mut setup, "control QP", e),
+                    };
+                    let backup_gid = match ctx.query_gid(0) {
+                        Ok(g) => g,
+                        Err(e) => return self.fail(&mut setup, "backup GID", e),
+                    };
+                    let local = PeerAttrs {
+                        default_gid: self.default_gid,
+                        default_qpn: self.default_qpn,
+                        backup_gid,
+                        backup_qpn: qp.qpn(),
+                        control_qpn: control.qpn(),
+                        rkeys: Vec::new(),
+                    };
+                    if let Some(store) = &self.pd.ctx.store {
+                        let mut published = local.clone();
+                        published.rkeys = self.pd.keys.rkeys();
+                        if let Err(e) = store.publish_qp(&published) {
+                            // Retried: the store may come back.
+                            tracing::warn!(qp = %self.shared.name, error = %e, "failover: backup attributes not published yet");
+                            return Outcome::Waiting("the rendezvous store");
+                        }
+                    }
+                    tracing::debug!(qp = %self.shared.name, backup_qpn = qp.qpn(), control_qpn = control.qpn(), "failover: backup QP created");
+                    *self.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(control.clone());
+                    setup.qp = Some(qp);
+                    setup.cq = Some(cq);
+                    setup.control = Some(control);
+                    setup.local = Some(local);
+                    setup.stage = Stage::Created;
+                }
+                Stage::Created => {
+                    let Some(init) = self.recorded().init else {
+                        return Outcome::Waiting("the application's INIT");
+                    };
+                    let qp = setup.qp.as_mut().expect("created");
+                    if let Err(e) = qp.modify(QpState::Init, &init) {
+                        return self.fail(&mut setup, "backup QP to INIT", e);
+                    }
+                    if let Err(e) = setup.control.as_ref().expect("created").init() {
+                        return self.fail(&mut setup, "control QP to INIT", e);
+                    }
+                    setup.stage = Stage::Init;
+                }
+                Stage::Init => {
+                    let Some(rtr) = self.recorded().rtr else {
+                        return Outcome::Waiting("the application's RTR");
+                    };
+                    let (Some(av), Some(dest_qpn)) = (rtr.av, rtr.dest_qpn) else {
+                        return self.fail(
+                            &mut setup,
+                            "application's RTR",
+                            "no address vector or destination QPN",
+                        );
+                    };
+                    let peer = match self.find_peer(av.dgid, dest_qpn) {
+                        Ok(Some(peer)) => peer,
+                        Ok(None) => return Outcome::Waiting("the peer's backup attributes"),
+                        Err(e) => return self.fail(&mut setup, "peer's backup attributes", e),
+                    };
+                    let mut backup_rtr = rtr.clone();
+                    backup_rtr.av = Some(crate::verbs::AddressVector {
+                        dgid: peer.backup_gid,
+                        ..av
+                    });
+                    backup_rtr.dest_qpn = Some(peer.backup_qpn);
+                    let qp = setup.qp.as_mut().expect("created");
+                    if let Err(e) = qp.modify(QpState::Rtr, &backup_rtr) {
+                        return self.fail(&mut setup, "backup QP to RTR", e);
+                    }
+                    setup.stage = Stage::Rtr;
+                }
+                Stage::Rtr => {
+                    let recorded = self.recorded();
+                    let (Some(rtr), Some(rts)) = (recorded.rtr, recorded.rts) else {
+                        return Outcome::Waiting("the application's RTS");
+                    };
+                    let peer = self
+                        .peer
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone()
+                        .expect("found at RTR");
+                    let qp = setup.qp.as_mut().expect("created");
+                    if let Err(e) = qp.modify(QpState::Rts, &rts) {
+                        return self.fail(&mut setup, "backup QP to RTS", e);
+                    }
+                    let control = setup.control.as_ref().expect("created");
+                    if let Err(e) = control.connect(
+                        peer.backup_gid,
+                        peer.control_qpn,
+                        peer.default_qpn,
+                        &rtr,
+                        &rts,
+                    ) {
+                        return self.fail(&mut setup, "control QP to RTS", e);
+                    }
+                    setup.stage = Stage::Rts;
+                }
+                Stage::Rts => {
+                    if self.pd.mrs_pending.load(Ordering::Acquire) > 0 {
+                        return Outcome::Waiting("backup MRs");
+                    }
+                    let recorded = self.recorded();
+                    let peer = self
+                        .peer
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone()
+                        .expect("found at RTR");
+                    let parts = BackupParts {
+                        qp: setup.qp.take().expect("created"),
+                        cq: setup.cq.take().expect("created"),
+                        control: setup.control.clone().expect("created"),
+                        peer,
+                        base: SavedAttrs {
+                            init: recorded.init,
+                            rtr: recorded.rtr,
+                            rts: recorded.rts,
+                        },
+                    };
+                    tracing::info!(qp = %self.shared.name, backup_qpn = parts.qp.qpn(), "failover: backup QP connected; the QP is protected");
+                    self.shared.post(Mail::Protected(Box::new(parts)));
+                    setup.stage = Stage::HandedOver;
+                    return Outcome::Done;
+                }
+                Stage::HandedOver | Stage::Failed => return Outcome::Done,
+            }
+        }
+    }
+
+    fn recorded(&self) -> Recorded {
+        self.recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The peer's attributes: given inline, or looked up in the store by the peer's default
+    /// `(GID, QPN)` from the application's RTR. Checked against that RTR either way.
+    fn find_peer(&self, gid: Gid, qpn: u32) -> Result<Option<PeerAttrs>, String> {
+        let mut slot = self.peer.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            if let Some(store) = &self.pd.ctx.store {
+                match store.lookup_qp(gid, qpn) {
+                    Ok(found) => *slot = found,
+                    Err(e) => {
+                        tracing::warn!(qp = %self.shared.name, error = %e, "failover: rendezvous lookup failed; retrying");
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        match &*slot {
+            None => Ok(None),
+            Some(peer) if peer.default_gid == gid && peer.default_qpn == qpn => {
+                Ok(Some(peer.clone()))
+            }
+            Some(peer) => Err(format!(
+                "the peer's backup attributes are for default QP {:#x} on {}, but the application connected to {qpn:#x} on {gid}",
+                peer.default_qpn, peer.default_gid
+            )),
+        }
+    }
+}
+
+impl std::fmt::Debug for PdShadow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PdShadow")
+            .field("default", &self.default)
+            .finish_non_exhaustive()
+    }
+}

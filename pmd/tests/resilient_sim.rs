@@ -1,0 +1,457 @@
+//! Resilient QPs over softnic devices on the in-memory fabric, deterministic: two hosts with
+//! two NICs each, manual progress, a virtual clock. Failover on link down and on retry
+//! exhaustion, switch-back, refusals, both paths down; data and notification order checked.
+
+mod sim;
+
+use std::time::Duration;
+
+use pmd::resilient::{Cause, EventKind, ResilientState};
+use pmd::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use sim::*;
+
+const SLOT: usize = 256;
+
+fn pattern(iteration: u64) -> Vec<u8> {
+    (0..SLOT)
+        .map(|j| (iteration as usize * 31 + j * 7) as u8)
+        .collect()
+}
+
+/// NCCL-Simple-like traffic from A to B: per iteration two data WRITEs into B's slot for it,
+/// then a zero-length WRITE_WITH_IMM carrying the iteration number (signaled). B checks each
+/// notification against the next expected number and its slot against the pattern.
+struct Nccl {
+    total: u64,
+    window: u64,
+    posted: u64,
+    completed: u64,
+    notified: u64,
+    recvs_posted: u64,
+    errors: Vec<String>,
+}
+
+impl Nccl {
+    fn new(total: u64) -> Nccl {
+        Nccl {
+            total,
+            window: 8,
+            posted: 0,
+            completed: 0,
+            notified: 0,
+            recvs_posted: 0,
+            errors: Vec::new(),
+        }
+    }
+
+    /// Posts what the window allows, polls both ends, checks; true when all is done.
+    fn step(&mut self, s: &mut Sim) -> bool {
+        while self.recvs_posted < self.total && self.recvs_posted < self.notified + 32 {
+            s.b.qp
+                .post_recv(&RecvWr::new(self.recvs_posted, &[]))
+                .unwrap();
+            self.recvs_posted += 1;
+        }
+        while self.posted < self.total && self.posted < self.completed + self.window {
+            let i = self.posted;
+            let local = (i as usize % 64) * SLOT;
+            s.a.buf.write(local, &pattern(i));
+            let half = SLOT as u32 / 2;
+            for k in 0..2u32 {
+                let wr = SendWr::new(
+                    i * 10 + u64::from(k),
+                    SendOp::Write {
+                        remote: s.b.buf.remote(i as usize * SLOT + (k * half) as usize),
+                    },
+                    &[s.a.buf.sge(local + (k * half) as usize, half)],
+                );
+                s.a.qp.post_send(&wr).unwrap();
+            }
+            let note = SendWr::new(
+                i * 10 + 9,
+                SendOp::WriteImm {
+                    remote: s.b.buf.remote(0),
+                    imm: i as u32,
+                },
+                &[],
+            )
+            .signaled();
+            s.a.qp.post_send(&note).unwrap();
+            s.a.qp.ring_doorbell();
+            self.posted += 1;
+        }
+        s.poll(true);
+        for wc in s.a.wcs.drain(..) {
+            if wc.status != WcStatus::Success {
+                self.errors.push(format!("sender completion {wc:?}"));
+                continue;
+            }
+            if wc.wr_id != self.completed * 10 + 9 {
+                self.errors.push(format!(
+                    "sender completion {} out of order, expected {}",
+                    wc.wr_id,
+                    self.completed * 10 + 9
+                ));
+            }
+            self.completed += 1;
+        }
+        s.poll(false);
+        let wcs: Vec<_> = s.b.wcs.drain(..).collect();
+        for wc in wcs {
+            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::RecvRdmaWithImm {
+                self.errors.push(format!("receiver completion {wc:?}"));
+                continue;
+            }
+            let i = u64::from(wc.imm.unwrap_or(u32::MAX));
+            if i != self.notified {
+                self.errors.push(format!(
+                    "notification {i} arrived, {} expected",
+                    self.notified
+                ));
+            }
+            let mut got = vec![0u8; SLOT];
+            s.b.buf.read(i as usize * SLOT, &mut got);
+            if got != pattern(i) {
+                self.errors
+                    .push(format!("notification {i} observed before its data"));
+            }
+            self.notified += 1;
+        }
+        !self.errors.is_empty() || (self.completed == self.total && self.notified == self.total)
+    }
+
+    fn assert_clean(&self) {
+        assert!(self.errors.is_empty(), "{:#?}", self.errors);
+        assert_eq!((self.completed, self.notified), (self.total, self.total));
+    }
+}
+
+#[test]
+fn a_connected_pair_is_protected_and_carries_traffic_on_the_default_path() {
+    let mut sim = Sim::new(1, config());
+    assert_eq!(sim.a.qp.state(), ResilientState::Default);
+    let mut t = Nccl::new(20);
+    assert!(sim.run_until(Duration::from_secs(1), |s| t.step(s)));
+    t.assert_clean();
+    assert_eq!(sim.a.qp.stats().failovers, 0);
+}
+
+#[test]
+fn link_down_of_the_default_nic_moves_traffic_to_the_backup_in_order() {
+    let mut sim = Sim::new(2, config());
+    let mut t = Nccl::new(60);
+    let mut down = false;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if !down && t.completed >= 10 {
+            s.link_down(A_DEFAULT, None);
+            down = true;
+        }
+        t.step(s)
+    });
+    assert!(
+        done,
+        "traffic stalled: {} of 60 completed, {} notified",
+        t.completed, t.notified
+    );
+    t.assert_clean();
+    assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
+    let stats = sim.a.qp.stats();
+    assert_eq!(stats.failovers, 1);
+    let event = &sim.a.qp.events()[0];
+    assert_eq!(
+        (event.kind, event.cause),
+        (EventKind::Failover, Cause::LinkDown)
+    );
+    assert!(event.fallback_latency_us.is_some(), "{event:?}");
+}
+
+#[test]
+fn the_default_path_comes_back_and_sends_switch_back_in_order() {
+    let mut sim = Sim::new(3, config());
+    let mut t = Nccl::new(400);
+    let mut down = false;
+    let done = sim.run_until(Duration::from_secs(20), |s| {
+        if !down && t.completed >= 10 {
+            s.link_down(A_DEFAULT, Some(Duration::from_millis(30)));
+            down = true;
+        }
+        t.step(s)
+            && s.a.qp.state() == ResilientState::Default
+            && s.b.qp.state() == ResilientState::Default
+    });
+    assert!(
+        done,
+        "stalled: {} completed, {} notified, states {:?} {:?}",
+        t.completed,
+        t.notified,
+        sim.a.qp.state(),
+        sim.b.qp.state()
+    );
+    t.assert_clean();
+    for h in [&sim.a, &sim.b] {
+        let stats = h.qp.stats();
+        assert_eq!((stats.failovers, stats.switch_backs), (1, 1), "{stats:?}");
+    }
+    let back = &sim.a.qp.events()[1];
+    assert_eq!(
+        (back.kind, back.cause),
+        (EventKind::SwitchBack, Cause::PathRecovered)
+    );
+}
+
+#[test]
+fn retry_exhaustion_without_a_link_event_fails_over_too() {
+    let mut sim = Sim::new(4, config());
+    let mut t = Nccl::new(60);
+    let mut cut = false;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if !cut && t.completed >= 10 {
+            // A switch port between the default NICs: packets vanish, no link goes down.
+            let now = s.now();
+            for rule in softnic::FaultRule::partition(A_DEFAULT, B_DEFAULT, now, None) {
+                s.fabric.add_rule(rule);
+            }
+            cut = true;
+        }
+        t.step(s)
+    });
+    assert!(done, "stalled at {} of 60", t.completed);
+    t.assert_clean();
+    let event = &sim.a.qp.events()[0];
+    assert_eq!(
+        (event.kind, event.cause),
+        (EventKind::Failover, Cause::RetryExceeded)
+    );
+    assert_eq!(sim.b.qp.events()[0].cause, Cause::PeerFailover);
+}
+
+#[test]
+fn the_receivers_link_going_down_fails_both_ends_over() {
+    let mut sim = Sim::new(5, config());
+    let mut t = Nccl::new(60);
+    let mut down = false;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if !down && t.notified >= 10 {
+            s.link_down(B_DEFAULT, None);
+            down = true;
+        }
+        t.step(s)
+    });
+    assert!(done, "stalled at {} of 60", t.completed);
+    t.assert_clean();
+    assert_eq!(sim.b.qp.events()[0].cause, Cause::LinkDown);
+    assert_eq!(sim.a.qp.stats().failovers, 1);
+}
+
+/// Runs until `n` completions came out of host `a`'s QP; returns them.
+fn completions(sim: &mut Sim, a: bool, n: usize, limit: Duration) -> Vec<pmd::WorkCompletion> {
+    let mut got = Vec::new();
+    sim.run_until(limit, |s| {
+        s.poll(a);
+        got.append(&mut s.host(a).wcs);
+        got.len() >= n
+    });
+    got
+}
+
+#[test]
+fn an_atomic_in_flight_is_refused_and_surfaced_instead_of_retransmitted() {
+    let mut sim = Sim::new(6, config());
+    sim.b.buf.write_u64(64, 5);
+    let target = sim.b.buf.remote(64);
+    let write = SendWr::new(
+        1,
+        SendOp::Write {
+            remote: sim.b.buf.remote(0),
+        },
+        &[sim.a.buf.sge(0, 64)],
+    );
+    let add = SendWr::new(
+        2,
+        SendOp::FetchAdd {
+            remote: target,
+            add: 1,
+        },
+        &[sim.a.buf.sge(128, 8)],
+    )
+    .signaled();
+    sim.a.qp.post_send(&write).unwrap();
+    sim.a.qp.post_send(&add).unwrap();
+    sim.a.qp.ring_doorbell();
+    // The link dies before the device has even sent the atomic: it is rung, so it might
+    // have executed for all the failover layer can know.
+    sim.link_down(A_DEFAULT, None);
+    // As on a plain RC QP in ERR: every outstanding WR completes, the first with the error.
+    let wcs = completions(&mut sim, true, 2, Duration::from_secs(2));
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(sim.a.qp.state(), ResilientState::Failed);
+    let event = sim.a.qp.events().last().unwrap().clone();
+    assert_eq!(
+        (event.kind, event.cause),
+        (EventKind::Refused, Cause::AtomicInFlight)
+    );
+    assert_eq!(sim.a.qp.stats().failovers, 0);
+    // Later posts are refused, as on a QP in ERR.
+    assert!(sim
+        .a
+        .qp
+        .post_send(&SendWr::new(3, SendOp::Send, &[]))
+        .is_err());
+    // The peer was told and failed its end too.
+    sim.run_for(Duration::from_millis(50));
+    assert_eq!(sim.b.qp.state(), ResilientState::Failed);
+}
+
+#[test]
+fn a_remote_access_error_goes_to_the_application_and_is_never_failed_over() {
+    let mut sim = Sim::new(7, config());
+    let mut bad = sim.b.buf.remote(0);
+    bad.rkey ^= 0x5a5a;
+    let ok = SendWr::new(
+        1,
+        SendOp::Write {
+            remote: sim.b.buf.remote(0),
+        },
+        &[sim.a.buf.sge(0, 64)],
+    )
+    .signaled();
+    let refused = SendWr::new(2, SendOp::Write { remote: bad }, &[sim.a.buf.sge(0, 64)]).signaled();
+    let after = SendWr::new(
+        3,
+        SendOp::Write {
+            remote: sim.b.buf.remote(64),
+        },
+        &[sim.a.buf.sge(0, 64)],
+    )
+    .signaled();
+    for wr in [&ok, &refused, &after] {
+        sim.a.qp.post_send(wr).unwrap();
+    }
+    sim.a.qp.ring_doorbell();
+    let wcs = completions(&mut sim, true, 3, Duration::from_secs(2));
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::RemAccessErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    let stats = sim.a.qp.stats();
+    assert_eq!((stats.failovers, stats.refusals), (0, 1));
+    let event = sim.a.qp.events().last().unwrap();
+    assert_eq!(
+        (event.kind, event.cause),
+        (EventKind::Refused, Cause::Refused(WcStatus::RemAccessErr))
+    );
+    assert_eq!(event.cause.as_str(), "remote-access-error");
+}
+
+#[test]
+fn with_both_paths_down_every_posted_work_request_fails_promptly() {
+    let mut sim = Sim::new(8, config());
+    let mut t = Nccl::new(1000);
+    let mut down_at = None;
+    let mut errors = 0;
+    sim.run_until(Duration::from_secs(10), |s| {
+        if down_at.is_none() && t.completed >= 10 {
+            s.link_down(A_DEFAULT, None);
+            s.link_down(A_BACKUP, None);
+            down_at = Some(s.now());
+        }
+        if s.a.qp.state() == ResilientState::Failed {
+            s.poll(true);
+            errors += s.a.wcs.iter().filter(|w| !w.is_ok()).count();
+            s.a.wcs.clear();
+            return t.posted > 0;
+        }
+        t.step(s);
+        false
+    });
+    let down_at = down_at.expect("the links went down");
+    assert_eq!(sim.a.qp.state(), ResilientState::Failed);
+    let event = sim.a.qp.events().last().unwrap();
+    assert_eq!(
+        (event.kind, event.cause),
+        (EventKind::Error, Cause::BackupUnavailable)
+    );
+    // Promptly: both links were seen down at once, no handshake was waited for.
+    let failed_at = Duration::from_secs_f64(event.unix_ms / 1e3);
+    assert!(
+        failed_at - down_at < Duration::from_millis(5),
+        "{:?}",
+        failed_at - down_at
+    );
+    // Every WR outstanding when it failed completed, in error: three per iteration.
+    let outstanding = t.posted - t.completed;
+    assert!(outstanding > 0);
+    assert_eq!(errors as u64, 3 * outstanding);
+}
+
+#[test]
+fn sends_both_ways_land_in_their_own_receives_across_a_failover() {
+    let mut sim = Sim::new(9, config());
+    const N: u64 = 100;
+    for h in [&mut sim.a, &mut sim.b] {
+        for i in 0..N {
+            let sge = h.buf.sge(4096 + i as usize * 16, 16);
+            h.qp.post_recv(&RecvWr::new(i, &[sge])).unwrap();
+        }
+    }
+    let mut sent = [0u64; 2];
+    let mut done = [0u64; 2];
+    let mut got = [0u64; 2];
+    let mut errors = Vec::new();
+    let mut down = false;
+    sim.run_until(Duration::from_secs(5), |s| {
+        for (side, a) in [(0usize, true), (1usize, false)] {
+            let h = s.host(a);
+            while sent[side] < N && sent[side] < done[side] + 8 {
+                let i = sent[side];
+                h.buf
+                    .write(i as usize * 16, &(i * 1000 + side as u64).to_le_bytes());
+                let wr = SendWr::new(i, SendOp::Send, &[h.buf.sge(i as usize * 16, 8)]).signaled();
+                h.qp.post_send(&wr).unwrap();
+                sent[side] += 1;
+            }
+            h.qp.ring_doorbell();
+        }
+        if !down && done[0] >= 20 {
+            s.link_down(A_DEFAULT, None);
+            down = true;
+        }
+        for (side, a) in [(0usize, true), (1usize, false)] {
+            s.poll(a);
+            let wcs: Vec<_> = s.host(a).wcs.drain(..).collect();
+            for wc in wcs {
+                if !wc.is_ok() {
+                    errors.push(format!("{side}: {wc:?}"));
+                } else if wc.opcode == WcOpcode::Recv {
+                    // Receive `wr_id` must hold the peer's send number `wr_id`.
+                    let mut b = [0u8; 8];
+                    s.host(a).buf.read(4096 + wc.wr_id as usize * 16, &mut b);
+                    let want = wc.wr_id * 1000 + (1 - side) as u64;
+                    if u64::from_le_bytes(b) != want || wc.wr_id != got[side] {
+                        errors.push(format!(
+                            "{side}: receive {} holds {}",
+                            wc.wr_id,
+                            u64::from_le_bytes(b)
+                        ));
+                    }
+                    got[side] += 1;
+                } else {
+                    done[side] += 1;
+                }
+            }
+        }
+        !errors.is_empty() || (done == [N, N] && got == [N, N])
+    });
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert_eq!((done, got), ([N, N], [N, N]));
+    assert_eq!(sim.a.qp.stats().failovers, 1);
+}
