@@ -1,0 +1,376 @@
+//! Resilient QPs with the failover service on its own thread and softnic devices on their
+//! own engine threads (auto progress, real time), as applications run them: failover and
+//! switch-back on administrative link changes, a WRITE-only responder that never polls, and
+//! two hosts setting up many QPs from several threads.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use pmd::provider::soft::{register_fabric, unregister_fabric};
+use pmd::resilient::{
+    FailoverService, ResilientBuffer, ResilientConfig, ResilientContext, ResilientPd, ResilientQp,
+    ResilientState, ServiceConfig, ShadowOrder,
+};
+use pmd::{
+    Access, AddressVector, Context, ContextConfig, Mtu, QpAttr, QpCaps, QpState, SendOp, SendWr,
+    WorkCompletion,
+};
+
+struct Host {
+    // Dropped last: the QPs and buffers go first.
+    qp: ResilientQp,
+    buf: ResilientBuffer,
+    pd: ResilientPd,
+    ctx: ResilientContext,
+    service: FailoverService,
+}
+
+struct Fabric {
+    name: String,
+    fabric: softnic::Fabric,
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        unregister_fabric(&self.name);
+    }
+}
+
+/// Logs to the test's output when `RUST_LOG` is set.
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+fn fabric() -> Fabric {
+    logs();
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "thr{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let fabric = softnic::Fabric::new(1, Duration::from_micros(5));
+    for addr in ["198.18.0.1", "198.18.1.1", "198.18.0.2", "198.18.1.2"] {
+        fabric.add_port(addr.parse().unwrap());
+    }
+    register_fabric(&name, &fabric);
+    Fabric { name, fabric }
+}
+
+fn config() -> ResilientConfig {
+    ResilientConfig {
+        holddown: Duration::from_millis(50),
+        backoff_initial: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(200),
+        handshake_timeout: Duration::from_millis(1500),
+        ..ResilientConfig::default()
+    }
+}
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    }
+}
+
+fn rts() -> QpAttr {
+    let mut rts = QpAttr::rts(0);
+    rts.timeout = Some(12); // 16 ms
+    rts.retry_cnt = Some(3);
+    rts
+}
+
+fn open_ctx(
+    f: &Fabric,
+    ports: [usize; 2],
+    service: &FailoverService,
+    config: ResilientConfig,
+) -> ResilientContext {
+    let open = |p: usize| {
+        Context::open(&format!("fabric:{}/{p}", f.name), &ContextConfig::default()).unwrap()
+    };
+    ResilientContext::new(open(ports[0]), Some(open(ports[1])), service, config, None)
+}
+
+fn host(f: &Fabric, ports: [usize; 2], config: ResilientConfig) -> Host {
+    let service = FailoverService::start(ServiceConfig::default()).unwrap();
+    let ctx = open_ctx(f, ports, &service, config);
+    let pd = ctx.alloc_pd().unwrap();
+    let buf = pd.alloc_buffer(1 << 16, Access::ALL).unwrap();
+    let qp = pd.create_qp(caps()).unwrap();
+    Host {
+        qp,
+        buf,
+        pd,
+        ctx,
+        service,
+    }
+}
+
+/// The inline rendezvous and the application's bring-up of one QP pair.
+fn connect(a: &mut ResilientQp, b: &mut ResilientQp, ga: pmd::Gid, gb: pmd::Gid) {
+    let blob_a = a.rendezvous_blob(Duration::from_secs(5)).unwrap();
+    let blob_b = b.rendezvous_blob(Duration::from_secs(5)).unwrap();
+    a.connect_backup(&blob_b).unwrap();
+    b.connect_backup(&blob_a).unwrap();
+    let (qa, qb) = (a.qpn(), b.qpn());
+    for (qp, gid, qpn) in [(&mut *a, gb, qb), (&mut *b, ga, qa)] {
+        qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
+            .unwrap();
+        qp.modify(
+            QpState::Rtr,
+            &QpAttr::rtr(AddressVector::to_gid(gid), qpn, 0, Mtu::Mtu1024),
+        )
+        .unwrap();
+        qp.modify(QpState::Rts, &rts()).unwrap();
+    }
+    a.wait_protected(Duration::from_secs(5)).unwrap();
+    b.wait_protected(Duration::from_secs(5)).unwrap();
+}
+
+fn pair(f: &Fabric, config: ResilientConfig) -> (Host, Host) {
+    let mut a = host(f, [0, 1], config.clone());
+    let mut b = host(f, [2, 3], config);
+    let ga = a.ctx.default_context().query_gid(0).unwrap();
+    let gb = b.ctx.default_context().query_gid(0).unwrap();
+    connect(&mut a.qp, &mut b.qp, ga, gb);
+    (a, b)
+}
+
+/// WRITEs of 64 bytes from A into B, one signaled per batch of 8; `check` runs between
+/// batches. Returns when `total` batches completed, or panics after `limit`.
+fn write_batches(
+    a: &mut Host,
+    b_buf: &ResilientBuffer,
+    total: u64,
+    limit: Duration,
+    mut between: impl FnMut(u64, &mut ResilientQp),
+) {
+    let deadline = Instant::now() + limit;
+    let mut wcs = [WorkCompletion::EMPTY; 16];
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < total {
+        while posted < total && posted < done + 4 {
+            for k in 0..8u64 {
+                let n = posted * 8 + k;
+                let offset = (n % 512) as usize * 64;
+                a.buf.write(offset, &n.to_le_bytes());
+                let wr = SendWr::new(
+                    n,
+                    SendOp::Write {
+                        remote: b_buf.remote(offset),
+                    },
+                    &[a.buf.sge(offset, 64)],
+                );
+                let wr = if k == 7 { wr.signaled() } else { wr };
+                a.qp.post_send(&wr).unwrap();
+            }
+            a.qp.ring_doorbell();
+            posted += 1;
+        }
+        let n = a.qp.poll(&mut wcs);
+        for wc in &wcs[..n] {
+            assert!(
+                wc.is_ok(),
+                "batch failed: {wc:?} (state {:?})",
+                a.qp.state()
+            );
+            assert_eq!(wc.wr_id, done * 8 + 7, "completions out of order");
+            done += 1;
+            between(done, &mut a.qp);
+        }
+        if n == 0 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done} of {total} batches after {limit:?}; state {:?}",
+            a.qp.state()
+        );
+    }
+}
+
+#[test]
+fn a_write_only_responder_run_by_its_service_follows_failover_and_switch_back() {
+    let f = fabric();
+    let (mut a, b) = pair(&f, config());
+    // B's application only receives WRITEs and never polls: its service runs its QP.
+    let Host {
+        qp: b_qp,
+        buf: b_buf,
+        pd: _b_pd,
+        ctx: _b_ctx,
+        service: b_service,
+    } = b;
+    let b_adopted = b_service.adopt(b_qp);
+    let b = ResponderOnly { buf: b_buf };
+    let mut down_at = None;
+    write_batches(&mut a, &b.buf, 400, Duration::from_secs(20), |done, qp| {
+        if done == 50 {
+            f.fabric.set_link(0, false);
+            down_at = Some(Instant::now());
+        }
+        if done == 200 {
+            assert_eq!(qp.state(), ResilientState::Fallback);
+            f.fabric.set_link(0, true);
+        }
+    });
+    // Switch-back needs the hold-down and a probe; keep some traffic flowing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.qp.state() != ResilientState::Default {
+        write_batches(&mut a, &b.buf, 4, Duration::from_secs(5), |_, _| {});
+        assert!(
+            Instant::now() < deadline,
+            "no switch-back: {:?}",
+            a.qp.state()
+        );
+    }
+    let stats = a.qp.stats();
+    assert_eq!((stats.failovers, stats.switch_backs), (1, 1), "{stats:?}");
+    assert!(down_at.is_some());
+    let b_qp = b_adopted.give_back().expect("the service still runs");
+    assert_eq!(b_qp.stats().failovers, 1);
+}
+
+/// What is left of a host whose QP its service runs.
+struct ResponderOnly {
+    buf: ResilientBuffer,
+}
+
+#[test]
+fn a_responder_that_neither_polls_nor_is_adopted_leaves_the_handshake_to_time_out() {
+    let f = fabric();
+    let config = ResilientConfig {
+        handshake_timeout: Duration::from_millis(300),
+        ..config()
+    };
+    let (mut a, b) = pair(&f, config);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut wcs = [WorkCompletion::EMPTY; 16];
+    let wr = SendWr::new(
+        1,
+        SendOp::Write {
+            remote: b.buf.remote(0),
+        },
+        &[a.buf.sge(0, 64)],
+    );
+    a.qp.post_send(&wr.clone().signaled()).unwrap();
+    a.qp.ring_doorbell();
+    f.fabric.set_link(0, false);
+    let mut got = Vec::new();
+    while got.is_empty() {
+        let n = a.qp.poll(&mut wcs);
+        got.extend_from_slice(&wcs[..n]);
+        assert!(Instant::now() < deadline, "nothing came back");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // B's half of the handshake never ran: A gives up after the handshake timeout and the
+    // WR completes in error rather than hanging.
+    assert_eq!(a.qp.state(), ResilientState::Failed);
+    assert!(!got[0].is_ok());
+    let event = a.qp.events().last().unwrap();
+    assert_eq!(event.cause, pmd::resilient::Cause::HandshakeTimeout);
+    drop(b);
+}
+
+/// Two hosts set up `qps` QP pairs, one application thread per QP (SHIFT appendix B.1): host
+/// A's threads create their QPs in ascending order, host B's in descending order, so the
+/// hosts' services record the shadow verbs in opposite orders; each thread then exchanges
+/// attributes with its peer thread through a channel (as applications do over TCP) and
+/// brings its QP up. Returns how many of host A's QPs were protected within `limit`.
+fn set_up_many(order: ShadowOrder, qps: usize, limit: Duration) -> usize {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc;
+    let f = fabric();
+    let hosts: Vec<_> = (0..2)
+        .map(|h| {
+            let service = FailoverService::start(ServiceConfig {
+                core: None,
+                shadow_order: order,
+            })
+            .unwrap();
+            let ctx = open_ctx(&f, [2 * h, 2 * h + 1], &service, config());
+            let pd = ctx.alloc_pd().unwrap();
+            let buf = pd.alloc_buffer(4096, Access::ALL).unwrap();
+            (service, ctx, pd, buf, AtomicUsize::new(0))
+        })
+        .collect();
+    type Attrs = (u32, pmd::Gid, Vec<u8>);
+    type End = (mpsc::Sender<Attrs>, mpsc::Receiver<Attrs>);
+    let mut ends: Vec<[Option<End>; 2]> = (0..qps)
+        .map(|_| {
+            let (to_b, from_a) = mpsc::channel::<Attrs>();
+            let (to_a, from_b) = mpsc::channel::<Attrs>();
+            [Some((to_b, from_b)), Some((to_a, from_a))]
+        })
+        .collect();
+    let protected = AtomicUsize::new(0);
+    let deadline = Instant::now() + limit;
+    std::thread::scope(|scope| {
+        for (h, host) in hosts.iter().enumerate() {
+            for (i, end) in ends.iter_mut().enumerate() {
+                let (tx, rx) = end[h].take().unwrap();
+                // The position of this thread's create in its host's order.
+                let turn = if h == 0 { i } else { qps - 1 - i };
+                let protected = &protected;
+                scope.spawn(move || {
+                    let (_, ctx, pd, _, created) = host;
+                    while created.load(Ordering::Acquire) != turn {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                    let mut qp = pd.create_qp(caps()).unwrap();
+                    created.fetch_add(1, Ordering::Release);
+                    let gid = ctx.default_context().query_gid(0).unwrap();
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let Ok(blob) = qp.rendezvous_blob(left) else {
+                        return;
+                    };
+                    let _ = tx.send((qp.qpn(), gid, blob));
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let Ok((peer_qpn, peer_gid, peer_blob)) = rx.recv_timeout(left) else {
+                        return;
+                    };
+                    qp.connect_backup(&peer_blob).unwrap();
+                    qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
+                        .unwrap();
+                    qp.modify(
+                        QpState::Rtr,
+                        &QpAttr::rtr(AddressVector::to_gid(peer_gid), peer_qpn, 0, Mtu::Mtu1024),
+                    )
+                    .unwrap();
+                    qp.modify(QpState::Rts, &rts()).unwrap();
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if qp.wait_protected(left).is_ok() && h == 0 {
+                        protected.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        }
+    });
+    protected.load(Ordering::Relaxed)
+}
+
+#[test]
+fn two_hosts_setting_up_many_qps_from_several_threads_never_deadlock() {
+    assert_eq!(
+        set_up_many(ShadowOrder::BestEffort, 8, Duration::from_secs(20)),
+        8
+    );
+}
+
+#[test]
+fn the_same_setup_with_shadow_verbs_run_strictly_in_order_deadlocks() {
+    // Appendix B.1's cycle: each host's service waits on a QP whose peer the other host's
+    // service has not created yet. (Bounded: the setup gives up after two seconds.)
+    assert_eq!(
+        set_up_many(ShadowOrder::Strict, 2, Duration::from_secs(2)),
+        0
+    );
+}
