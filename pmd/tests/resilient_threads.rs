@@ -3,6 +3,8 @@
 //! switch-back on administrative link changes, a WRITE-only responder that never polls, and
 //! two hosts setting up many QPs from several threads.
 
+mod sim;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -11,10 +13,7 @@ use pmd::resilient::{
     FailoverService, ResilientBuffer, ResilientConfig, ResilientContext, ResilientPd, ResilientQp,
     ResilientState, ServiceConfig, ShadowOrder,
 };
-use pmd::{
-    Access, AddressVector, Context, ContextConfig, Mtu, QpAttr, QpCaps, QpState, SendOp, SendWr,
-    WorkCompletion,
-};
+use pmd::{Access, Context, ContextConfig, QpAttr, QpCaps, SendOp, SendWr, WorkCompletion};
 
 struct Host {
     // Dropped last: the QPs and buffers go first.
@@ -121,16 +120,8 @@ fn connect(a: &mut ResilientQp, b: &mut ResilientQp, ga: pmd::Gid, gb: pmd::Gid)
     a.connect_backup(&blob_b).unwrap();
     b.connect_backup(&blob_a).unwrap();
     let (qa, qb) = (a.qpn(), b.qpn());
-    for (qp, gid, qpn) in [(&mut *a, gb, qb), (&mut *b, ga, qa)] {
-        qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
-            .unwrap();
-        qp.modify(
-            QpState::Rtr,
-            &QpAttr::rtr(AddressVector::to_gid(gid), qpn, 0, Mtu::Mtu1024),
-        )
-        .unwrap();
-        qp.modify(QpState::Rts, &rts()).unwrap();
-    }
+    sim::bring_up(a, gb, qb, &rts());
+    sim::bring_up(b, ga, qa, &rts());
     a.wait_protected(Duration::from_secs(5)).unwrap();
     b.wait_protected(Duration::from_secs(5)).unwrap();
 }
@@ -338,14 +329,7 @@ fn set_up_many(order: ShadowOrder, qps: usize, limit: Duration) -> usize {
                         return;
                     };
                     qp.connect_backup(&peer_blob).unwrap();
-                    qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
-                        .unwrap();
-                    qp.modify(
-                        QpState::Rtr,
-                        &QpAttr::rtr(AddressVector::to_gid(peer_gid), peer_qpn, 0, Mtu::Mtu1024),
-                    )
-                    .unwrap();
-                    qp.modify(QpState::Rts, &rts()).unwrap();
+                    sim::bring_up(&mut qp, peer_gid, peer_qpn, &rts());
                     let left = deadline.saturating_duration_since(Instant::now());
                     if qp.wait_protected(left).is_ok() && h == 0 {
                         protected.fetch_add(1, Ordering::Relaxed);

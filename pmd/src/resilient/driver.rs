@@ -834,14 +834,7 @@ impl ResilientQp {
     }
 
     fn post_probe(&mut self) {
-        let wr = SendWr::new(
-            internal_wr_id(),
-            SendOp::Write {
-                remote: Remote { addr: 0, rkey: 0 },
-            },
-            &[],
-        )
-        .signaled();
+        let wr = empty_write();
         let at = self.default.send_queue().written();
         match self.default.post_send(&wr) {
             Ok(_) => {
@@ -867,14 +860,7 @@ impl ResilientQp {
         if !machine.reports_signaled_posts() || self.slow.fence.is_some() {
             return;
         }
-        let wr = SendWr::new(
-            internal_wr_id(),
-            SendOp::Write {
-                remote: Remote { addr: 0, rkey: 0 },
-            },
-            &[],
-        )
-        .signaled();
+        let wr = empty_write();
         let b = self.slow.backup.as_mut().expect("protected");
         match b.qp.post_send(&wr) {
             Ok(_) => {
@@ -1071,6 +1057,13 @@ impl ResilientQp {
         };
         self.log(event);
     }
+}
+
+/// The failover's own signaled zero-length RDMA WRITE (probes, fences): it names no memory,
+/// so rkey 0 does.
+fn empty_write() -> SendWr<'static> {
+    let remote = Remote { addr: 0, rkey: 0 };
+    SendWr::new(internal_wr_id(), SendOp::Write { remote }, &[]).signaled()
 }
 
 /// Whether counter `c` lies in `[start, end)` (wrapping).

@@ -513,12 +513,7 @@ impl QpShadow {
                     let (Some(rtr), Some(rts)) = (recorded.rtr, recorded.rts) else {
                         return Outcome::Waiting("the application's RTS");
                     };
-                    let peer = self
-                        .peer
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .clone()
-                        .expect("found at RTR");
+                    let peer = self.found_peer();
                     let qp = setup.qp.as_mut().expect("created");
                     if let Err(e) = qp.modify(QpState::Rts, &rts) {
                         return self.fail(&mut setup, "backup QP to RTS", e);
@@ -540,12 +535,7 @@ impl QpShadow {
                         return Outcome::Waiting("backup MRs");
                     }
                     let recorded = self.recorded();
-                    let peer = self
-                        .peer
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .clone()
-                        .expect("found at RTR");
+                    let peer = self.found_peer();
                     let parts = BackupParts {
                         qp: setup.qp.take().expect("created"),
                         cq: setup.cq.take().expect("created"),
@@ -565,6 +555,15 @@ impl QpShadow {
                 Stage::HandedOver | Stage::Failed => return Outcome::Done,
             }
         }
+    }
+
+    /// The peer's attributes, found before RTR.
+    fn found_peer(&self) -> PeerAttrs {
+        self.peer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .expect("found at RTR")
     }
 
     fn recorded(&self) -> Recorded {

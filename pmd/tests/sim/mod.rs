@@ -60,6 +60,18 @@ pub fn rts() -> QpAttr {
     rts
 }
 
+/// The application's bring-up of a resilient QP towards the peer's default QP.
+pub fn bring_up(qp: &mut ResilientQp, peer_gid: pmd::Gid, peer_qpn: u32, rts: &QpAttr) {
+    qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
+        .unwrap();
+    qp.modify(
+        QpState::Rtr,
+        &QpAttr::rtr(AddressVector::to_gid(peer_gid), peer_qpn, 0, Mtu::Mtu1024),
+    )
+    .unwrap();
+    qp.modify(QpState::Rts, rts).unwrap();
+}
+
 pub fn caps() -> QpCaps {
     QpCaps {
         max_send_wr: 128,
@@ -163,16 +175,8 @@ impl Sim {
         let gid = |h: &Host| h.devices[0].query_gid(0).unwrap();
         let (ga, gb) = (gid(&self.a), gid(&self.b));
         let (qa, qb) = (self.a.qp.qpn(), self.b.qp.qpn());
-        for (qp, peer_gid, peer_qpn) in [(&mut self.a.qp, gb, qb), (&mut self.b.qp, ga, qa)] {
-            qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
-                .unwrap();
-            qp.modify(
-                QpState::Rtr,
-                &QpAttr::rtr(AddressVector::to_gid(peer_gid), peer_qpn, 0, Mtu::Mtu1024),
-            )
-            .unwrap();
-            qp.modify(QpState::Rts, &rts()).unwrap();
-        }
+        bring_up(&mut self.a.qp, gb, qb, &rts());
+        bring_up(&mut self.b.qp, ga, qa, &rts());
         let ok = self.run_until(Duration::from_secs(1), |s| {
             s.a.qp.is_protected() && s.b.qp.is_protected()
         });
