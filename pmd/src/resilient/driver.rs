@@ -629,7 +629,7 @@ impl ResilientQp {
                 self.slow.wcs.push_back(WorkCompletion {
                     wr_id: w.wr_id,
                     status: WcStatus::Success,
-                    opcode: send_wc_opcode(w.info.opcode),
+                    opcode: send_wc_opcode(u8::from(w.info.opcode)),
                     byte_len: 0,
                     imm: None,
                     qp_num: self.slow.default_qpn,
@@ -986,7 +986,7 @@ impl ResilientQp {
                 if std::mem::take(&mut first) && skip_first {
                     continue;
                 }
-                errors.push(flush(w.wr_id, send_wc_opcode(w.info.opcode)));
+                errors.push(flush(w.wr_id, send_wc_opcode(u8::from(w.info.opcode))));
             }
         }
         for path in [Path::Backup, Path::Default] {
