@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::datapath::cq::{Attachments, CompletionQueue};
+use crate::datapath::cq::{Attachments, CompletionQueue, CqRing};
 use crate::datapath::wr::WorkCompletion;
 use crate::provider::{CompletionEvents, CqRequest, Handle, VerbsError};
 
@@ -19,6 +19,17 @@ pub(crate) struct CqShared {
     pub cqn: u32,
     pub events: Option<Arc<dyn CompletionEvents>>,
     pub attachments: Arc<Attachments>,
+    /// The ring, read (owner bytes only) to bound a reset QP's stale CQEs.
+    pub ring: CqRing,
+}
+
+impl CqShared {
+    /// `qpn` stopped producing CQEs (reset or destroyed on the device): have the poller drop
+    /// the ones still in the ring before it reads on. The driver polls this CQ itself, so no
+    /// one else cleans it: libmlx5 skips DV-owned CQs, and the softnic never cleans.
+    pub fn clean(&self, qpn: u32) {
+        self.attachments.request_clean(qpn, self.ring.produced());
+    }
 }
 
 impl Drop for CqShared {
@@ -55,12 +66,19 @@ fn bad_geometry(ctx: &Context, what: String) -> VerbsError {
 impl Cq {
     pub(crate) fn create(ctx: &Arc<Context>, req: &CqRequest) -> Result<Cq, VerbsError> {
         let raw = ctx.provider().create_cq(req)?;
+        let ring = CqRing::new(
+            raw.buf,
+            raw.cqe_cnt,
+            raw.cqe_size,
+            NonNull::cast::<AtomicU32>(raw.dbrec),
+        );
         let shared = Arc::new(CqShared {
             ctx: ctx.clone(),
             handle: raw.handle,
             cqn: raw.cqn,
             events: raw.events.clone(),
             attachments: Arc::new(Attachments::default()),
+            ring,
         });
         // A provider that hands out a ring we cannot poll safely is refused here (and the CQ
         // destroyed by `shared`'s drop), never trusted on the datapath.
@@ -79,13 +97,7 @@ impl Cq {
                 format!("CQE size {} (expected 64 or 128)", raw.cqe_size),
             ));
         }
-        let poller = CompletionQueue::new(
-            raw.buf,
-            raw.cqe_cnt,
-            raw.cqe_size,
-            NonNull::cast::<AtomicU32>(raw.dbrec),
-            shared.attachments.clone(),
-        );
+        let poller = CompletionQueue::new(ring, shared.attachments.clone());
         Ok(Cq { poller, shared })
     }
 
@@ -126,7 +138,8 @@ impl Cq {
         &self.shared
     }
 
-    /// Drops every CQE of `qpn` still in the ring (after resetting or destroying that QP).
+    /// Drops every CQE of `qpn` still in the ring now. Resetting or destroying a QP already
+    /// has its CQEs dropped at the next poll; this is for callers that want it done at once.
     pub fn discard_qp(&mut self, qpn: u32) -> u32 {
         self.poller.discard_qp(qpn)
     }

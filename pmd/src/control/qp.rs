@@ -125,12 +125,29 @@ impl QpControl {
     }
 }
 
+impl QpControl {
+    /// The QP no longer produces CQEs (the device reset or destroyed it): have its CQs drop
+    /// the ones still in their rings, as libmlx5 does for the CQs it polls itself. Otherwise a
+    /// stale CQE would complete a WQE posted after a reset at the same index.
+    fn clean_cqs(&self) {
+        self.send_cq.clean(self.qpn);
+        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            self.recv_cq.clean(self.qpn);
+        }
+    }
+}
+
 impl Drop for QpControl {
     fn drop(&mut self) {
         self.send_cq.attachments.detach(self.qpn);
         self.recv_cq.attachments.detach(self.qpn);
         let ctx = self.pd.context();
-        ctx.released("destroy_qp", ctx.provider().destroy_qp(self.handle));
+        let destroyed = ctx.provider().destroy_qp(self.handle);
+        if destroyed.is_ok() {
+            // The device may give the QPN to a new QP of these CQs; none of ours may be left.
+            self.clean_cqs();
+        }
+        ctx.released("destroy_qp", destroyed);
     }
 }
 
@@ -358,13 +375,14 @@ impl Qp {
     }
 
     /// Moves the QP to `to` with `attr`, through the transition table. Moving to RESET
-    /// returns both rings to index 0 (CQEs of the QP still in its CQs are stale: poll them
-    /// first, or drop them with [`Cq::discard_qp`]).
+    /// returns both rings to index 0, and the QP's CQEs still in its CQs are dropped at their
+    /// next poll (they are stale; poll them before the reset to see them).
     pub fn modify(&mut self, to: QpState, attr: &QpAttr) -> Result<(), ModifyError> {
         self.ctl.modify(to, attr)?;
         if to == QpState::Reset {
             self.sq.reset();
             self.rq.reset();
+            self.ctl.clean_cqs();
         }
         Ok(())
     }

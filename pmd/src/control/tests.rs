@@ -856,6 +856,44 @@ fn discarding_a_qps_cqes_keeps_the_others_in_order() {
     assert_eq!(ids, vec![50, 51, 52]);
 }
 
+#[test]
+fn resetting_a_qp_drops_its_stale_cqes_at_the_next_poll_and_keeps_the_others_in_order() {
+    let mut r = rig();
+    let mut other = r.pd.create_qp(&r.cq, &r.cq, caps()).unwrap();
+    connect(&mut other);
+    let sge = r.buf.sge(0, 8);
+    let a0 =
+        r.qp.post_send(&SendWr::new(1, SendOp::Send, &[sge]).signaled())
+            .unwrap();
+    let a1 =
+        r.qp.post_send(&SendWr::new(2, SendOp::Send, &[sge]).signaled())
+            .unwrap();
+    let b0 = other
+        .post_send(&SendWr::new(50, SendOp::Send, &[sge]).signaled())
+        .unwrap();
+    r.qp.ring_doorbell();
+    other.ring_doorbell();
+    let cq = r.fake.cq(0);
+    cq.req(r.qp.qpn(), a0, 0);
+    cq.req(other.qpn(), b0, 0);
+    cq.req(r.qp.qpn(), a1, 0);
+    // The QP is reset and brought up again before anyone polled, and takes new work at the
+    // index its first stale CQE names.
+    r.qp.bring_up_again().unwrap();
+    let n0 =
+        r.qp.post_send(&SendWr::new(3, SendOp::Send, &[sge]).signaled())
+            .unwrap();
+    assert_eq!(n0, a0);
+    r.qp.ring_doorbell();
+    cq.req(r.qp.qpn(), n0, 0);
+    let mut wcs = [WorkCompletion::EMPTY; 8];
+    let n = r.cq.poll(&mut wcs);
+    let ids: Vec<u64> = wcs[..n].iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, vec![50, 3]);
+    let stats = r.cq.poller().stats();
+    assert_eq!((stats.cleaned, stats.stale), (2, 0));
+}
+
 // ---- raw WQE access for the failover layer ----
 
 #[test]

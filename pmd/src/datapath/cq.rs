@@ -29,6 +29,18 @@ pub(crate) struct Attachment {
 pub(crate) struct Attachments {
     generation: AtomicU64,
     list: Mutex<Vec<Attachment>>,
+    /// QPs reset or destroyed since the poller last looked, and how far the device had
+    /// written when they were (see [`CqRing::produced`]): their CQEs before that point are
+    /// stale and must go before the poller decodes anything else.
+    cleans: Mutex<Vec<PendingClean>>,
+}
+
+/// A request to drop one QP's CQEs from the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PendingClean {
+    qpn: u32,
+    /// The device's producer position (mod 2^24) when the QP stopped producing CQEs.
+    until: u32,
 }
 
 impl Attachments {
@@ -56,6 +68,22 @@ impl Attachments {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
+    /// Asks the poller to drop the CQEs of `qpn` that lie before `until` (libmlx5 cleans the
+    /// CQ inside `ibv_modify_qp`/`ibv_destroy_qp`; for a CQ the driver polls, the driver must,
+    /// and only the poller may move its consumer index). The poller does it at its next poll,
+    /// before it reads a CQE.
+    pub fn request_clean(&self, qpn: u32, until: u32) {
+        let mut cleans = self.cleans.lock().unwrap_or_else(|p| p.into_inner());
+        cleans.push(PendingClean { qpn, until });
+        // Release: a poller that sees the new generation sees the request.
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    fn take_cleans(&self, into: &mut Vec<PendingClean>) {
+        let mut cleans = self.cleans.lock().unwrap_or_else(|p| p.into_inner());
+        into.append(&mut cleans);
+    }
+
     fn snapshot(&self, into: &mut Vec<Attachment>) -> u64 {
         let list = self.list.lock().unwrap_or_else(|p| p.into_inner());
         into.clear();
@@ -71,11 +99,15 @@ pub struct PollStats {
     pub unknown_qpn: u64,
     /// CQEs naming a WQE that is not outstanding (stale after a reset, or bogus).
     pub stale: u64,
+    /// CQEs of reset or destroyed QPs removed from the ring before they were polled.
+    pub cleaned: u64,
 }
 
-/// The hot half of a CQ: ring, consumer index, and the attached QPs' bookkeeping.
-#[derive(Debug)]
-pub struct CompletionQueue {
+/// Where a CQ's entries are and how to tell which are software's. The poller reads CQEs
+/// through it; the control path reads only owner bytes and the consumer-index record, to find
+/// how far the device has written ([`CqRing::produced`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CqRing {
     ring: NonNull<u8>,
     /// Entries in the ring (a power of two).
     count: u32,
@@ -83,11 +115,120 @@ pub struct CompletionQueue {
     cqe_offset: usize,
     /// log2 of the entry size.
     entry_shift: u32,
-    /// Consumer index: CQEs consumed so far (a counter; the lap parity is its `count` bit).
-    ci: u32,
     /// The consumer-index record (set_ci, big-endian).
     dbrec: NonNull<AtomicU32>,
+}
+
+// SAFETY: the ring and record are owned by the CQ's provider object, alive while the CQ's
+// control half (which holds every CqRing copy) lives. Shared reads are atomic loads of owner
+// bytes and of the record; everything else goes through the poller's `&mut self`.
+unsafe impl Send for CqRing {}
+// SAFETY: as above.
+unsafe impl Sync for CqRing {}
+
+impl CqRing {
+    /// A ring of `count` entries of `entry_size` bytes (64 or 128) at `ring`.
+    pub(crate) fn new(
+        ring: NonNull<u8>,
+        count: u32,
+        entry_size: u32,
+        dbrec: NonNull<AtomicU32>,
+    ) -> CqRing {
+        CqRing {
+            ring,
+            count,
+            cqe_offset: (entry_size as usize).saturating_sub(cqe::SIZE),
+            entry_shift: entry_size.trailing_zeros(),
+            dbrec,
+        }
+    }
+
+    #[inline(always)]
+    fn entry(&self, ci: u32) -> *mut u8 {
+        let index = (ci & (self.count - 1)) as usize;
+        // SAFETY: index < count: the entry lies inside the ring.
+        unsafe {
+            self.ring
+                .as_ptr()
+                .add((index << self.entry_shift) + self.cqe_offset)
+        }
+    }
+
+    #[inline(always)]
+    fn op_own(&self, cqe: *mut u8) -> &AtomicU8 {
+        // SAFETY: op_own is the CQE's last byte, inside the entry; the device writes it with a
+        // single store, so an atomic byte load sees either the old or the new value.
+        unsafe { &*(cqe.add(cqe::OP_OWN_OFFSET) as *const AtomicU8) }
+    }
+
+    /// The CQE at `ci`, or `None` while the device owns it.
+    #[inline(always)]
+    fn owned(&self, ci: u32) -> Option<*mut u8> {
+        let cqe = self.entry(ci);
+        let op_own = self.op_own(cqe).load(Ordering::Relaxed);
+        if !cqe::is_sw_owned(op_own, ci, self.count) {
+            return None;
+        }
+        // The owner byte said the CQE is ours: read its body only now. Without this the CPU (or
+        // the compiler) may read body fields from before the device finished writing them
+        // (libmlx5: udma_from_device_barrier in mlx5_get_next_cqe).
+        barrier::from_device();
+        Some(cqe)
+    }
+
+    /// Publishes the consumer index.
+    #[inline(always)]
+    fn publish(&self, ci: u32) {
+        // Release: our reads of the consumed CQEs are done before the device may reuse
+        // their slots (it reads this record to know how far it may write).
+        // SAFETY: dbrec points into the CQ's doorbell record, alive as long as the CQ.
+        let dbrec = unsafe { self.dbrec.as_ref() };
+        dbrec.store((ci & CI_MASK).to_be(), Ordering::Release);
+    }
+
+    fn published(&self) -> u32 {
+        // SAFETY: as in `publish`.
+        u32::from_be(unsafe { self.dbrec.as_ref() }.load(Ordering::Acquire)) & CI_MASK
+    }
+
+    /// How far the device has written, mod 2^24: the first position from the poller's
+    /// published consumer index on whose CQE is not software's yet. Called by the control path
+    /// just after a QP stopped producing CQEs (reset or destroyed), it bounds that QP's stale
+    /// CQEs: all lie before it (libmlx5's `__mlx5_cq_clean` scans for the same producer index).
+    /// The poller may be consuming meanwhile on another thread: a slot it has passed may
+    /// already hold the device's next lap and look unwritten, so a scan that stops behind the
+    /// poller goes on from where the poller is.
+    pub(crate) fn produced(&self) -> u32 {
+        let mut ci = self.published();
+        let mut end = ci;
+        loop {
+            while end.wrapping_sub(ci) & CI_MASK < self.count && self.owned(end).is_some() {
+                end = end.wrapping_add(1) & CI_MASK;
+            }
+            let now = self.published();
+            if end.wrapping_sub(now) & CI_MASK <= self.count {
+                return end;
+            }
+            ci = now;
+            end = now;
+        }
+    }
+}
+
+/// The consumer index travels mod 2^24.
+const CI_MASK: u32 = 0x00ff_ffff;
+
+/// The hot half of a CQ: ring, consumer index, and the attached QPs' bookkeeping.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    ring: CqRing,
+    /// Entries in the ring (a power of two).
+    count: u32,
+    /// Consumer index: CQEs consumed so far (a counter; the lap parity is its `count` bit).
+    ci: u32,
     attachments: Arc<Attachments>,
+    /// Clean requests taken from `attachments`, kept to reuse the allocation.
+    cleaning: Vec<PendingClean>,
     generation: u64,
     local: Vec<Attachment>,
     /// Index into `local` of the QP of the last CQE: the usual case is one QP per CQ.
@@ -100,21 +241,13 @@ pub struct CompletionQueue {
 unsafe impl Send for CompletionQueue {}
 
 impl CompletionQueue {
-    pub(crate) fn new(
-        ring: NonNull<u8>,
-        count: u32,
-        entry_size: u32,
-        dbrec: NonNull<AtomicU32>,
-        attachments: Arc<Attachments>,
-    ) -> CompletionQueue {
+    pub(crate) fn new(ring: CqRing, attachments: Arc<Attachments>) -> CompletionQueue {
         CompletionQueue {
             ring,
-            count,
-            cqe_offset: entry_size as usize - cqe::SIZE,
-            entry_shift: entry_size.trailing_zeros(),
+            count: ring.count,
             ci: 0,
-            dbrec,
             attachments,
+            cleaning: Vec::new(),
             generation: u64::MAX,
             local: Vec::new(),
             hit: 0,
@@ -139,31 +272,14 @@ impl CompletionQueue {
 
     #[inline(always)]
     fn entry(&self, ci: u32) -> *mut u8 {
-        let index = (ci & (self.count - 1)) as usize;
-        // SAFETY: index < count: the entry lies inside the ring.
-        unsafe {
-            self.ring
-                .as_ptr()
-                .add((index << self.entry_shift) + self.cqe_offset)
-        }
+        self.ring.entry(ci)
     }
 
-    /// The owner byte of the CQE at `ci`, or `None` while the device owns it.
+    /// The CQE at `ci`, or `None` while the device owns it (with the read barrier after the
+    /// owner byte).
     #[inline(always)]
     fn owned(&self, ci: u32) -> Option<*mut u8> {
-        let cqe = self.entry(ci);
-        // SAFETY: op_own is the CQE's last byte, inside the entry; the device writes it with a
-        // single store, so an atomic byte load sees either the old or the new value.
-        let op_own =
-            unsafe { (*(cqe.add(cqe::OP_OWN_OFFSET) as *const AtomicU8)).load(Ordering::Relaxed) };
-        if !cqe::is_sw_owned(op_own, ci, self.count) {
-            return None;
-        }
-        // The owner byte said the CQE is ours: read its body only now. Without this the CPU (or
-        // the compiler) may read body fields from before the device finished writing them
-        // (libmlx5: udma_from_device_barrier in mlx5_get_next_cqe).
-        barrier::from_device();
-        Some(cqe)
+        self.ring.owned(ci)
     }
 
     /// How many CQEs the device has written that are not polled yet (without consuming any).
@@ -178,9 +294,30 @@ impl CompletionQueue {
     #[inline]
     fn refresh(&mut self) {
         if self.attachments.generation.load(Ordering::Acquire) != self.generation {
-            self.generation = self.attachments.snapshot(&mut self.local);
-            self.hit = 0;
+            self.changed();
         }
+    }
+
+    /// A QP was attached, detached, reset or destroyed: take the new list, and drop the CQEs
+    /// of reset or destroyed QPs before reading any CQE.
+    #[cold]
+    fn changed(&mut self) {
+        self.generation = self.attachments.snapshot(&mut self.local);
+        self.hit = 0;
+        self.attachments.take_cleans(&mut self.cleaning);
+        let mut cleaning = std::mem::take(&mut self.cleaning);
+        for c in cleaning.drain(..) {
+            // Positions past `until` hold CQEs written after the QP stopped: none is its (the
+            // device writes a reset QP's CQEs again only after it is brought up). `until`
+            // behind our consumer index (a poll on another thread got there first) means
+            // nothing is left.
+            let ahead = c.until.wrapping_sub(self.ci) & CI_MASK;
+            if ahead <= self.count {
+                let end = self.ci.wrapping_add(ahead.min(self.ready()));
+                self.discard_before(c.qpn, end);
+            }
+        }
+        self.cleaning = cleaning;
     }
 
     #[inline(always)]
@@ -241,11 +378,7 @@ impl CompletionQueue {
         }
         if ci != self.ci {
             self.ci = ci;
-            // Release: our reads of the consumed CQEs are done before the device may reuse
-            // their slots (it reads this record to know how far it may write).
-            // SAFETY: dbrec points into the CQ's doorbell record, alive as long as the CQ.
-            let dbrec = unsafe { self.dbrec.as_ref() };
-            dbrec.store((ci & 0x00ff_ffff).to_be(), Ordering::Release);
+            self.ring.publish(ci);
         }
         (n, error_next)
     }
@@ -363,43 +496,46 @@ impl CompletionQueue {
     }
 
     /// Drops every CQE of `qpn` still in the ring, keeping the others in order (libmlx5's
-    /// `__mlx5_cq_clean`, which the driver must do itself for a CQ whose ring it polls).
-    /// Call after the QP is reset or destroyed; returns how many were dropped.
+    /// `__mlx5_cq_clean`). The driver does this by itself when a QP attached to this CQ is
+    /// reset or destroyed (at the next poll); this is for doing it now. Returns how many
+    /// were dropped.
     pub fn discard_qp(&mut self, qpn: u32) -> u32 {
-        // Find the newest software-owned CQE.
-        let mut end = self.ci;
-        while end.wrapping_sub(self.ci) < self.count && self.owned(end).is_some() {
-            end = end.wrapping_add(1);
-        }
-        // Walk from newest to oldest, sliding survivors towards the newest end.
+        let end = self.ci.wrapping_add(self.ready());
+        self.discard_before(qpn, end)
+    }
+
+    /// Drops the CQEs of `qpn` in `[ci, end)`, all software-owned, sliding the others towards
+    /// `end` so their order is kept, then moves the consumer index past the freed slots.
+    fn discard_before(&mut self, qpn: u32, end: u32) -> u32 {
         let mut dropped = 0u32;
         let mut i = end;
         while i != self.ci {
             i = i.wrapping_sub(1);
             let src = self.entry(i);
-            // SAFETY: the entry is software-owned (found above) and inside the ring.
+            // SAFETY: the entry is software-owned (the caller's range) and inside the ring.
             let bytes = unsafe { &*(src as *const [u8; cqe::SIZE]) };
-            if Cqe64::new_unchecked(&bytes[..]).qpn() == qpn {
+            let view = Cqe64::new_unchecked(&bytes[..]);
+            if view.qpn() == qpn {
                 dropped += 1;
             } else if dropped > 0 {
                 let dst_ci = i.wrapping_add(dropped);
                 let dst = self.entry(dst_ci);
-                // Keep the destination's owner bit: it is what the lap of `dst_ci` expects.
-                let owner = cqe::sw_owner_bit(dst_ci, self.count);
-                // SAFETY: both entries are software-owned CQEs inside the ring; 64 bytes each,
-                // distinct (dropped > 0).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src, dst, cqe::SIZE);
-                    let op_own = dst.add(cqe::OP_OWN_OFFSET);
-                    *op_own = (*op_own & !cqe::OWNER_MASK) | u8::from(owner);
-                }
+                // The destination keeps the owner bit its own lap expects.
+                let owner = u8::from(cqe::sw_owner_bit(dst_ci, self.count));
+                let op_own = (view.op_own() & !cqe::OWNER_MASK) | owner;
+                // SAFETY: both entries are software-owned CQEs inside the ring, 64 bytes each,
+                // distinct (dropped > 0); the device does not touch them until the consumer
+                // index passes them.
+                unsafe { std::ptr::copy_nonoverlapping(src, dst, cqe::OP_OWN_OFFSET) };
+                // The owner byte through an atomic: the control path may be reading owner
+                // bytes at the same time (`CqRing::produced`).
+                self.ring.op_own(dst).store(op_own, Ordering::Relaxed);
             }
         }
         if dropped > 0 {
             self.ci = self.ci.wrapping_add(dropped);
-            // SAFETY: as in `poll`.
-            let dbrec = unsafe { self.dbrec.as_ref() };
-            dbrec.store((self.ci & 0x00ff_ffff).to_be(), Ordering::Release);
+            self.ring.publish(self.ci);
+            self.stats.cleaned += u64::from(dropped);
         }
         dropped
     }
@@ -465,5 +601,42 @@ mod tests {
             send_wc_opcode(u8::from(SendOpcode::SendImm)),
             WcOpcode::Send
         );
+    }
+
+    /// A ring of `count` 64-byte CQEs whose first `written` positions (from 0) the device has
+    /// written, with the consumer index `ci` published.
+    fn ring(count: u32, written: u32, ci: u32) -> (Vec<[u8; 64]>, AtomicU32) {
+        let mut entries = vec![[0u8; 64]; count as usize];
+        for e in &mut entries {
+            e[cqe::OP_OWN_OFFSET] = 0xf0;
+        }
+        for pos in 0..written {
+            let owner = u8::from(cqe::sw_owner_bit(pos, count));
+            entries[(pos % count) as usize][cqe::OP_OWN_OFFSET] = owner; // REQ, lap's owner bit
+        }
+        (entries, AtomicU32::new(ci.to_be()))
+    }
+
+    fn view(entries: &mut [[u8; 64]], dbrec: &AtomicU32) -> CqRing {
+        CqRing::new(
+            NonNull::from(&mut entries[0]).cast(),
+            entries.len() as u32,
+            64,
+            NonNull::from(dbrec),
+        )
+    }
+
+    #[test]
+    fn the_producer_position_is_the_first_unwritten_slot_after_the_published_consumer_index() {
+        // 4 slots; the device wrote positions 0..7 (its second lap up to slot 2), the poller
+        // published 5: positions 5 and 6 are software's, 7 is not written yet.
+        let (mut entries, dbrec) = ring(4, 7, 5);
+        assert_eq!(view(&mut entries, &dbrec).produced(), 7);
+        // Nothing unpolled: the producer is the consumer index.
+        let (mut entries, dbrec) = ring(4, 3, 3);
+        assert_eq!(view(&mut entries, &dbrec).produced(), 3);
+        // A full ring stops after one lap.
+        let (mut entries, dbrec) = ring(4, 6, 2);
+        assert_eq!(view(&mut entries, &dbrec).produced(), 6);
     }
 }
