@@ -32,9 +32,11 @@ impl MmioDoorbell {
     ///
     /// # Safety
     /// `reg` must point to a mapping of at least `max(8, 2 * bf_size)` writable bytes, 8-byte
-    /// aligned, that stays mapped as long as this value lives, and nothing else may write it
-    /// concurrently (libmlx5 shares a BlueFlame register between QPs only under a lock; the
-    /// mlx5 provider must ask for a dedicated one).
+    /// aligned, that stays mapped as long as this value lives. With `bf_size` > 0 nothing else
+    /// may write it concurrently (libmlx5 shares a BlueFlame register between QPs only under a
+    /// lock; the mlx5 provider gives each QP a thread domain, which has a register of its own).
+    /// With `bf_size` 0 only whole 8-byte doorbells are written, at offset 0, which other
+    /// writers' equally whole doorbells cannot tear.
     pub unsafe fn new(reg: NonNull<u8>, bf_size: u32) -> MmioDoorbell {
         MmioDoorbell {
             reg,
@@ -46,6 +48,58 @@ impl MmioDoorbell {
     /// Largest WQE, in bytes, that goes out as a BlueFlame copy.
     pub fn blueflame_size(&self) -> u32 {
         self.bf_size
+    }
+
+    /// Rings the register as libmlx5's `post_send_db` does after its doorbell-record store:
+    /// `mmio_wc_start`, then either `mlx5_bf_copy` of the whole WQE or `mmio_write64_be` of its
+    /// first 8 bytes at `reg + offset`, then `mmio_flush_writes`, then `offset ^= bf_size`.
+    #[inline]
+    fn ring(&mut self, last: LastWqe) {
+        // mmio_wc_start (sfence on x86): the doorbell record is an ordinary store and the
+        // register is write-combining memory, which x86 does not order after ordinary stores;
+        // the record must reach the device before the register write makes it fetch.
+        barrier::wc_flush();
+        let dst = self.reg.as_ptr().wrapping_add(self.offset as usize) as *mut u64;
+        let bytes = last.bbs as usize * hw_defs::mlx5::wqe::SEND_WQE_BB;
+        if last.blueflame_ok && self.bf_size != 0 && bytes <= self.bf_size as usize {
+            // BlueFlame (mlx5_bf_copy): the whole WQE in 64-byte chunks, one basic block at a
+            // time, following the ring when the WQE wraps past its end.
+            for b in 0..last.bbs {
+                // SAFETY: bb(b) is a whole basic block inside the ring; the chunk at
+                // `dst + 64 * b` stays inside this half because bytes <= bf_size (checked
+                // above); both are 8-byte aligned (rings are page-aligned, the register by
+                // `new`'s contract).
+                unsafe { copy_block(dst.add(b as usize * 8), last.bb(b) as *const u64) };
+            }
+        } else {
+            // mmio_write64_be: the first 8 bytes of the control segment, already big-endian
+            // in the ring, as one 8-byte store.
+            // SAFETY: those bytes lie in the ring; the register has at least 8 writable,
+            // aligned bytes at `offset` (`new`'s contract).
+            unsafe { dst.write_volatile((last.bb(0) as *const u64).read()) };
+        }
+        // mmio_flush_writes (sfence): push the write out of the CPU's write-combining buffer
+        // now, so the device sees this doorbell before any later one, and the next copy
+        // cannot merge with this one.
+        barrier::wc_flush();
+        // The next BlueFlame write goes to the other half (no-op without BlueFlame), so it
+        // does not land on a buffer the device may still be reading.
+        self.offset ^= self.bf_size;
+    }
+}
+
+/// libmlx5's `mmio_memcpy_x64` for one 64-byte chunk on x86-64: eight 8-byte stores in
+/// ascending address order, which the write-combining buffer merges into one 64-byte write
+/// (a `memcpy` could use string instructions that store in any order).
+///
+/// # Safety
+/// `dst` must be 64 writable, 8-byte aligned MMIO bytes and `src` 64 readable, aligned bytes.
+#[inline(always)]
+unsafe fn copy_block(dst: *mut u64, src: *const u64) {
+    for w in 0..8 {
+        // SAFETY: w < 8 words of 8 bytes: inside both 64-byte blocks (the caller's promise).
+        // Volatile: every store is emitted, in this order, and none is merged by the compiler.
+        unsafe { dst.add(w).write_volatile(src.add(w).read()) };
     }
 }
 
@@ -95,42 +149,7 @@ impl Doorbell {
     #[inline]
     pub(crate) fn ring(&mut self, last: LastWqe) {
         match self {
-            Doorbell::Mmio(db) => {
-                // The doorbell record (an ordinary store) must reach the device before the
-                // register write starts the fetch, and the register is write-combining memory,
-                // which TSO does not order: sfence first (libmlx5's mmio_wc_start).
-                barrier::wc_flush();
-                let dst = db.reg.as_ptr().wrapping_add(db.offset as usize) as *mut u64;
-                let bytes = last.bbs as usize * hw_defs::mlx5::wqe::SEND_WQE_BB;
-                if last.blueflame_ok && db.bf_size != 0 && bytes <= db.bf_size as usize {
-                    // BlueFlame: the whole WQE, 8 bytes at a time, basic block by basic block
-                    // (the WQE may wrap around the end of the ring).
-                    for b in 0..last.bbs {
-                        let src = last.bb(b) as *const u64;
-                        for w in 0..8 {
-                            // SAFETY: src is a whole basic block inside the ring; dst stays
-                            // within this BlueFlame half because bytes <= bf_size (checked
-                            // above); both are 8-byte aligned (rings are page-aligned, the
-                            // register is 8-byte aligned by `MmioDoorbell::new`'s contract).
-                            unsafe {
-                                let v = src.add(w).read();
-                                dst.add(b as usize * 8 + w).write_volatile(v);
-                            }
-                        }
-                    }
-                } else {
-                    // SAFETY: the first 8 bytes of the control segment lie in the ring; the
-                    // register has at least 8 writable bytes at `offset`.
-                    unsafe {
-                        let v = (last.bb(0) as *const u64).read();
-                        dst.write_volatile(v);
-                    }
-                }
-                // Flush the write-combining buffer: the NIC sees the doorbell now, and the next
-                // BlueFlame copy (into the other half) cannot merge with or pass this one.
-                barrier::wc_flush();
-                db.offset ^= db.bf_size;
-            }
+            Doorbell::Mmio(db) => db.ring(last),
             #[cfg(feature = "soft")]
             Doorbell::Soft(reg) => {
                 // SAFETY: the first 8 bytes of the control segment lie in the ring.
