@@ -8,6 +8,8 @@ RAILSHIFT_PACKAGES=(
   "fonts-dejavu-core:/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
   "gcc:/usr/bin/cc"
   "libibverbs-dev:/usr/include/infiniband/mlx5dv.h"
+  "librdmacm-dev:/usr/include/rdma/rdma_cma.h"
+  "libclang-dev:/usr/share/doc/libclang-dev/copyright"
   "tshark:/usr/bin/tshark"
 )
 

@@ -304,6 +304,9 @@ pub trait Provider: Send + Sync + 'static {
 #[cfg(feature = "soft")]
 pub mod soft;
 
+#[cfg(feature = "mlx5")]
+pub mod mlx5;
+
 /// Opens the provider for `name`.
 pub(crate) fn open(
     name: &DeviceName,
@@ -312,6 +315,9 @@ pub(crate) fn open(
 ) -> Result<Box<dyn Provider>, VerbsError> {
     let _ = (memory, config);
     match name {
+        #[cfg(feature = "mlx5")]
+        DeviceName::Mlx5 { .. } => Ok(Box::new(mlx5::Mlx5Provider::open(name)?)),
+        #[cfg(not(feature = "mlx5"))]
         DeviceName::Mlx5 { .. } => Err(VerbsError::NotBuilt {
             name: name.to_string(),
             feature: "mlx5",
