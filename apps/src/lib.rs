@@ -1,3 +1,31 @@
-//! perftest-style tools (write, send, read and atomic bandwidth and latency) and a collective
-//! ring-allreduce workload on the railshift driver, with HdrHistogram latency reports, a
-//! bandwidth timeline and JSON output.
+//! railshift's perftest-style tools and collective workload (`docs/apps.md`).
+//!
+//! Each binary (`shift_write_bw`, `shift_write_lat`, ...) is a thin `main` over
+//! [`run::main`]; everything else is here, shared:
+//!
+//! | module | job |
+//! | --- | --- |
+//! | [`cli`] | the flags (perftest's names where they mean the same) and their defaults |
+//! | [`exchange`] | the versioned out-of-band TCP exchange and the run's control messages |
+//! | [`endpoint`] | devices, buffers and QPs: plain, or resilient with `--backup-dev` |
+//! | [`session`] | setting up one connection; the idle policy; perftest's header block |
+//! | [`bw`] | bandwidth tools (WRITE, SEND, READ, FETCH_ADD) and their server; `--check` |
+//! | [`lat`] | latency tools, HdrHistogram, the `.hgrm` file |
+//! | [`pattern`] | the data patterns `--check` writes and verifies |
+//! | [`report`] | the JSON report (`docs/apps-json.md`), timeline, failover summary, tables |
+//! | [`run`] | parse, run, report, exit code |
+//! | [`error`] | what stops a tool, as one line |
+
+pub mod bw;
+pub mod cli;
+pub mod endpoint;
+pub mod error;
+pub mod exchange;
+pub mod lat;
+pub mod pattern;
+pub mod report;
+pub mod run;
+pub mod session;
+
+pub use cli::Tool;
+pub use error::AppError;

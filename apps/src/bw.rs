@@ -1,0 +1,626 @@
+//! The bandwidth tools: WRITE, SEND, READ and FETCH_ADD streams with `tx_depth` work
+//! requests in flight, one signaled every `cq_mod`, and the server that answers them.
+//!
+//! `shift_write_bw --check` is NCCL-Simple-like traffic: each iteration writes its own
+//! pattern into a slot of the server's buffer (one WRITE per 64 KiB) and then a zero-length
+//! WRITE_WITH_IMM whose immediate is the iteration number. The server checks the order of the
+//! immediates and the slot's bytes, and hands slots back with an 8-byte inline RDMA WRITE of
+//! its checked count into the client's buffer (NCCL's receiver updates the sender's head the
+//! same way), so the client never overwrites a slot the server has not checked.
+
+use std::time::{Duration, Instant};
+
+use pmd::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
+
+use crate::cli::{Options, Tool};
+use crate::endpoint::Conn;
+use crate::error::AppError;
+use crate::exchange::Msg;
+use crate::pattern;
+use crate::report::{AtomicJson, CheckJson, ResultRow, Timeline};
+use crate::session::{Idle, Length, PeerWatch, Session};
+
+/// Largest WRITE of a `--check` iteration.
+const CHUNK: usize = 64 * 1024;
+/// Room at the end of the buffer for the credit word.
+const CONTROL: usize = 64;
+/// Buffers stay below this (slots shrink, down to two).
+const MAX_BUFFER: usize = 64 << 20;
+/// Receives the server keeps posted.
+const RECV_DEPTH: u32 = 256;
+/// A run that completes nothing for this long has lost its peer.
+const STALL: Duration = Duration::from_secs(20);
+
+/// The shape of a bandwidth run, the same on both sides.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    /// Largest message.
+    pub size: usize,
+    /// Slots of `size` bytes in the buffer.
+    pub slots: usize,
+    /// WQEs per iteration.
+    pub wqes_per_iter: u32,
+    /// Iterations in flight at most.
+    pub in_flight: u64,
+    /// One signaled iteration every this many.
+    pub cq_mod: u64,
+}
+
+impl Layout {
+    /// The layout `o` asks for.
+    pub fn of(o: &Options) -> Layout {
+        let size = *o.sizes.iter().max().expect("at least one size");
+        let check_write = o.tool == Tool::WriteBw && o.flags.check;
+        let wqes_per_iter = if check_write {
+            size.div_ceil(CHUNK) as u32 + 1
+        } else {
+            1
+        };
+        let tx = o.flags.tx_depth.max(wqes_per_iter);
+        let in_flight = u64::from((tx / wqes_per_iter).max(1));
+        let want = (2 * in_flight as usize).max(8);
+        let slots = (MAX_BUFFER / size).clamp(2, want.max(2));
+        let in_flight = in_flight.min(slots as u64);
+        // Every iteration is signaled under --check (its notification); otherwise perftest's
+        // 100, or less for a shallow queue.
+        let cq_mod = if o.flags.check {
+            1
+        } else {
+            (in_flight / 2).clamp(1, 100)
+        };
+        Layout {
+            size,
+            slots,
+            wqes_per_iter,
+            in_flight,
+            cq_mod,
+        }
+    }
+
+    /// Buffer length: the slots and the control words.
+    pub fn buffer_len(&self) -> usize {
+        self.slots * self.size + CONTROL
+    }
+
+    /// Offset of the credit word (the server's checked count, in the client's buffer).
+    pub fn credit_offset(&self) -> usize {
+        self.slots * self.size
+    }
+
+    /// The QP's queues.
+    pub fn caps(&self, o: &Options) -> QpCaps {
+        let send = (self.in_flight as u32 * self.wqes_per_iter + 16).next_power_of_two();
+        QpCaps {
+            max_send_wr: send,
+            max_recv_wr: RECV_DEPTH,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: o.inline_size.max(16),
+        }
+    }
+}
+
+/// What a bandwidth side reports besides its rows.
+#[derive(Debug, Default)]
+pub struct BwOutcome {
+    /// One row per size.
+    pub rows: Vec<ResultRow>,
+    /// What `--check` verified.
+    pub check: Option<CheckJson>,
+    /// Atomic counters.
+    pub atomic: Option<AtomicJson>,
+    /// The error that stopped the run.
+    pub error: Option<AppError>,
+}
+
+/// Describes a failed completion, with the failover's account of it.
+pub fn completion_error(conn: &Conn, wc: &WorkCompletion, what: &str) -> AppError {
+    let detail = conn
+        .events()
+        .last()
+        .map(|e| format!(" (failover: {} {})", e.kind.as_str(), e.cause.as_str()))
+        .unwrap_or_default();
+    AppError::Completion {
+        status: wc.status,
+        vendor: wc.vendor_err,
+        what: what.to_owned(),
+        detail,
+    }
+}
+
+fn signed(wr: SendWr<'_>, signal: bool) -> SendWr<'_> {
+    if signal {
+        wr.signaled()
+    } else {
+        wr
+    }
+}
+
+// ---- client -----------------------------------------------------------------------------
+
+/// Per-tool behaviour of the client loop.
+struct Traffic<'a> {
+    tool: Tool,
+    check: bool,
+    layout: Layout,
+    /// Remote slots (the server's buffer).
+    remote_slots: usize,
+    remote_addr: u64,
+    remote_rkey: u32,
+    inline: u32,
+    scratch: Vec<u8>,
+    atomic: AtomicJson,
+    check_json: CheckJson,
+    _s: std::marker::PhantomData<&'a ()>,
+}
+
+impl Traffic<'_> {
+    fn remote(&self, offset: usize) -> pmd::Remote {
+        pmd::Remote {
+            addr: self.remote_addr + offset as u64,
+            rkey: self.remote_rkey,
+        }
+    }
+
+    /// Whether iteration `i` may be posted: under `--check`, the server must have checked
+    /// the slot's previous iteration.
+    fn may_post(&self, s: &Session, i: u64) -> bool {
+        if !(self.check && self.tool == Tool::WriteBw) {
+            return true;
+        }
+        let checked = s.mem.read_u64(self.layout.credit_offset());
+        checked + self.layout.slots as u64 > i
+    }
+
+    fn post(&mut self, s: &mut Session, i: u64, size: usize, signal: bool) -> Result<(), AppError> {
+        let slot = (i % self.layout.slots as u64) as usize;
+        let offset = slot * self.layout.size;
+        let remote_slot = (i % self.remote_slots as u64) as usize * self.layout.size;
+        match self.tool {
+            Tool::WriteBw if self.check => {
+                self.scratch.resize(size, 0);
+                pattern::fill(&mut self.scratch, i);
+                s.mem.write(offset, &self.scratch);
+                let mut at = 0;
+                while at < size {
+                    let len = CHUNK.min(size - at);
+                    let op = SendOp::Write {
+                        remote: self.remote(remote_slot + at),
+                    };
+                    let wr = SendWr::new(i, op, &[s.mem.sge(offset + at, len as u32)]);
+                    s.conn.post_send(&wr)?;
+                    at += len;
+                }
+                let op = SendOp::WriteImm {
+                    remote: self.remote(remote_slot),
+                    imm: i as u32,
+                };
+                s.conn.post_send(&signed(SendWr::new(i, op, &[]), signal))?;
+            }
+            Tool::WriteBw | Tool::SendBw => {
+                let op = if self.tool == Tool::WriteBw {
+                    SendOp::Write {
+                        remote: self.remote(remote_slot),
+                    }
+                } else {
+                    SendOp::Send
+                };
+                let wr = if size as u32 <= self.inline {
+                    self.scratch.resize(size, 0xa5);
+                    SendWr::inline(i, op, &self.scratch[..size])
+                } else {
+                    SendWr::new(i, op, &[s.mem.sge(offset, size as u32)])
+                };
+                s.conn.post_send(&signed(wr, signal))?;
+            }
+            Tool::ReadBw => {
+                if self.check {
+                    s.mem.write(offset, &vec![0u8; size]);
+                }
+                let op = SendOp::Read {
+                    remote: self.remote(remote_slot),
+                };
+                let wr = SendWr::new(i, op, &[s.mem.sge(offset, size as u32)]);
+                s.conn.post_send(&signed(wr, signal))?;
+            }
+            Tool::AtomicBw => {
+                let op = SendOp::FetchAdd {
+                    remote: self.remote(0),
+                    add: 1,
+                };
+                let wr = SendWr::new(i, op, &[s.mem.sge(slot * 8, 8)]);
+                s.conn.post_send(&signed(wr, signal))?;
+                self.atomic.posted += 1;
+            }
+            other => unreachable!("{} is not a bandwidth tool", other.name()),
+        }
+        Ok(())
+    }
+
+    /// Iterations `from..to` completed: verify what came back.
+    fn completed(&mut self, s: &Session, size: usize, from: u64, to: u64) -> Result<(), AppError> {
+        match self.tool {
+            Tool::ReadBw if self.check => {
+                self.scratch.resize(size, 0);
+                for i in from..to {
+                    let slot = (i % self.layout.slots as u64) as usize;
+                    s.mem.read(slot * self.layout.size, &mut self.scratch);
+                    let remote_slot = i % self.remote_slots as u64;
+                    let bad = pattern::mismatches(&self.scratch, remote_slot);
+                    self.check_json.bytes_checked += size as u64;
+                    self.check_json.errors += bad;
+                    if bad > 0 {
+                        return Err(AppError::Check(format!(
+                            "READ {i} brought {bad} wrong bytes of {size}"
+                        )));
+                    }
+                }
+            }
+            Tool::AtomicBw => {
+                for i in from..to {
+                    let slot = (i % self.layout.slots as u64) as usize;
+                    let fetched = s.mem.read_u64(slot * 8);
+                    if fetched != i {
+                        self.atomic.fetched_in_sequence = false;
+                    }
+                }
+                self.atomic.completed = to;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Runs the client side of a bandwidth tool over every size.
+pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timeline) -> BwOutcome {
+    let mut idle = Idle::new(o.flags.poll);
+    s.conn.set_waker(idle.unparker());
+    let mut t = Traffic {
+        tool: o.tool,
+        check: o.flags.check,
+        layout,
+        remote_slots: ((s.peer.len as usize).saturating_sub(CONTROL) / layout.size).max(1),
+        remote_addr: s.peer.addr,
+        remote_rkey: s.peer.rkey,
+        inline: o.inline_size,
+        scratch: Vec::new(),
+        atomic: AtomicJson {
+            fetched_in_sequence: true,
+            ..AtomicJson::default()
+        },
+        check_json: CheckJson {
+            enabled: o.flags.check,
+            ..CheckJson::default()
+        },
+        _s: std::marker::PhantomData,
+    };
+    let mut out = BwOutcome::default();
+    // Bytes and iterations before the current size, for the timeline's running totals.
+    let (mut bytes_before, mut iters_before) = (0u64, 0u64);
+    for &size in &o.sizes {
+        let (row, err) = run_size(
+            o,
+            s,
+            &mut t,
+            size,
+            timeline,
+            &mut idle,
+            bytes_before,
+            iters_before,
+        );
+        bytes_before += row.iterations * size as u64;
+        iters_before += row.iterations;
+        out.rows.push(row);
+        if let Some(e) = err {
+            out.error = Some(e);
+            break;
+        }
+    }
+    if o.tool == Tool::ReadBw {
+        out.check = Some(t.check_json);
+    }
+    if o.tool == Tool::AtomicBw {
+        out.atomic = Some(t.atomic);
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_size(
+    o: &Options,
+    s: &mut Session,
+    t: &mut Traffic<'_>,
+    size: usize,
+    timeline: &mut Timeline,
+    idle: &mut Idle,
+    bytes_before: u64,
+    iters_before: u64,
+) -> (ResultRow, Option<AppError>) {
+    let length = Length::of(o);
+    let layout = t.layout;
+    let start = Instant::now();
+    let mut wcs = [WorkCompletion::EMPTY; 32];
+    let (mut posted, mut completed, mut errors) = (0u64, 0u64, 0u64);
+    let mut last_progress = start;
+    let mut stopping = false;
+    let mut error = None;
+    let mut failed = false;
+    let mut now = start;
+    loop {
+        // Post what the queue, the credits and the run's length allow.
+        let mut rung = false;
+        while !stopping && posted - completed < layout.in_flight {
+            let boundary = posted % layout.cq_mod == 0;
+            if boundary && !length.wants(posted, start, now) {
+                stopping = true;
+                break;
+            }
+            if !t.may_post(s, posted) {
+                break;
+            }
+            let last = match length {
+                Length::Iters(n) => posted + 1 == n,
+                Length::Duration(_) => false,
+            };
+            let signal = (posted + 1) % layout.cq_mod == 0 || last;
+            if let Err(e) = t.post(s, posted, size, signal) {
+                error = Some(e);
+                break;
+            }
+            posted += 1;
+            rung = true;
+            if last {
+                stopping = true;
+            }
+        }
+        if rung {
+            s.conn.ring();
+        }
+        if error.is_some() {
+            break;
+        }
+        let n = s.conn.poll(&mut wcs);
+        now = Instant::now();
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                errors += 1;
+                if error.is_none() {
+                    error = Some(completion_error(&s.conn, wc, o.tool.op()));
+                }
+                continue;
+            }
+            if wc.opcode == WcOpcode::Recv || wc.opcode == WcOpcode::RecvRdmaWithImm {
+                continue;
+            }
+            let done = wc.wr_id + 1;
+            if done > completed {
+                if let Err(e) = t.completed(s, size, completed, done) {
+                    error.get_or_insert(e);
+                }
+                completed = done;
+                last_progress = now;
+            }
+        }
+        if error.is_some() {
+            failed = true;
+        }
+        timeline.tick(
+            now,
+            bytes_before + completed * size as u64,
+            iters_before + completed,
+            errors,
+            s.conn.state(failed),
+        );
+        if error.is_some() || (stopping && completed == posted) {
+            break;
+        }
+        if n == 0 && !rung {
+            if now.duration_since(last_progress) > STALL {
+                error = Some(AppError::Stalled(STALL));
+                break;
+            }
+            idle.idle();
+        } else {
+            idle.busy();
+        }
+    }
+    let secs = now.duration_since(start).as_secs_f64().max(1e-9);
+    let bytes = completed * size as u64;
+    let avg = bytes as f64 * 8.0 / secs / 1e9;
+    let row = ResultRow {
+        size,
+        iterations: completed,
+        bw_peak_gbps: timeline
+            .peak_gbps()
+            .filter(|_| o.sizes.len() == 1)
+            .unwrap_or(avg)
+            .max(avg),
+        bw_avg_gbps: avg,
+        msg_rate_mpps: completed as f64 / secs / 1e6,
+        duration_s: secs,
+    };
+    (row, error)
+}
+
+/// The client's end of the run: tell the server, hear what it saw (the atomic counter).
+pub fn finish_client(s: &mut Session, iterations: u64, atomic: Option<&mut AtomicJson>) {
+    if s.chan.send(&Msg::Done { iterations }).is_err() {
+        return;
+    }
+    if let Ok(Msg::Summary { atomic_counter }) = s.chan.recv(Duration::from_secs(5)) {
+        if let (Some(a), Some(c)) = (atomic, atomic_counter) {
+            a.remote_counter = Some(c);
+            a.double_executions = c.saturating_sub(a.posted);
+        }
+    }
+    s.chan.close();
+}
+
+// ---- server -----------------------------------------------------------------------------
+
+/// What the server's loop tracks under `--check`.
+struct Checker {
+    layout: Layout,
+    next: u64,
+    scratch: Vec<u8>,
+    json: CheckJson,
+    credit_at: u64,
+    credit_addr: u64,
+    credit_rkey: u32,
+}
+
+impl Checker {
+    fn notification(&mut self, s: &mut Session, imm: u32) -> Result<(), AppError> {
+        // The immediate carries the iteration's low 32 bits.
+        let i = (self.next & !0xffff_ffff) | u64::from(imm);
+        if i != self.next {
+            self.json.notification_errors += 1;
+        }
+        self.json.notifications_checked += 1;
+        let slot = (i % self.layout.slots as u64) as usize;
+        self.scratch.resize(self.layout.size, 0);
+        s.mem.read(slot * self.layout.size, &mut self.scratch);
+        self.json.errors += pattern::mismatches(&self.scratch, i);
+        self.json.bytes_checked += self.layout.size as u64;
+        self.next = i + 1;
+        // Hand slots back every half ring (and at once for a short ring).
+        let step = (self.layout.slots as u64 / 2).max(1);
+        if self.next >= self.credit_at + step {
+            self.credit_at = self.next;
+            let word = self.next.to_ne_bytes();
+            let op = SendOp::Write {
+                remote: pmd::Remote {
+                    addr: self.credit_addr,
+                    rkey: self.credit_rkey,
+                },
+            };
+            s.conn
+                .post_send(&SendWr::inline(u64::MAX, op, &word).signaled())?;
+            s.conn.ring();
+        }
+        Ok(())
+    }
+}
+
+/// Runs the server side of a bandwidth tool until the client says it is done or goes away.
+pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timeline) -> BwOutcome {
+    let mut idle = Idle::new(o.flags.poll);
+    s.conn.set_waker(idle.unparker());
+    let mut out = BwOutcome::default();
+    let receives = o.tool == Tool::SendBw || (o.tool == Tool::WriteBw && o.flags.check);
+    let mut checker = (o.tool == Tool::WriteBw && o.flags.check).then(|| Checker {
+        layout,
+        next: 0,
+        scratch: Vec::new(),
+        json: CheckJson {
+            enabled: true,
+            ..CheckJson::default()
+        },
+        credit_at: 0,
+        credit_addr: s.peer.addr + (s.peer.len as usize - CONTROL) as u64,
+        credit_rkey: s.peer.rkey,
+    });
+    if o.tool == Tool::ReadBw && o.flags.check {
+        let mut slot = vec![0u8; layout.size];
+        for k in 0..layout.slots {
+            pattern::fill(&mut slot, k as u64);
+            s.mem.write(k * layout.size, &slot);
+        }
+    }
+    let recv_wr = |k: u64, s: &Session| {
+        let slot = (k % layout.slots as u64) as usize;
+        if o.tool == Tool::SendBw {
+            RecvWr::new(k, &[s.mem.sge(slot * layout.size, layout.size as u32)])
+        } else {
+            RecvWr::new(k, &[])
+        }
+    };
+    let mut recvs_posted = 0u64;
+    if receives {
+        while recvs_posted < u64::from(RECV_DEPTH) {
+            if let Err(e) = s.conn.post_recv(&recv_wr(recvs_posted, s)) {
+                out.error = Some(e.into());
+                return out;
+            }
+            recvs_posted += 1;
+        }
+    }
+    let mut watch = PeerWatch::new(Duration::from_millis(2));
+    let mut wcs = [WorkCompletion::EMPTY; 32];
+    let (mut bytes, mut received, mut errors) = (0u64, 0u64, 0u64);
+    let mut done_at: Option<(u64, Instant)> = None;
+    let mut failed = false;
+    loop {
+        let n = s.conn.poll(&mut wcs);
+        let now = Instant::now();
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                errors += 1;
+                failed = true;
+                if out.error.is_none() {
+                    out.error = Some(completion_error(&s.conn, wc, "the server's queue"));
+                }
+                continue;
+            }
+            match wc.opcode {
+                WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
+                    received += 1;
+                    bytes += u64::from(wc.byte_len);
+                    if let (Some(c), Some(imm)) = (checker.as_mut(), wc.imm) {
+                        if let Err(e) = c.notification(s, imm) {
+                            out.error.get_or_insert(e);
+                        }
+                        bytes += layout.size as u64;
+                    }
+                    if let Err(e) = s.conn.post_recv(&recv_wr(recvs_posted, s)) {
+                        out.error.get_or_insert(e.into());
+                    }
+                    recvs_posted += 1;
+                }
+                _ => {}
+            }
+        }
+        timeline.tick(now, bytes, received, errors, s.conn.state(failed));
+        if let Some((iters, since)) = done_at {
+            let caught_up = checker.as_ref().is_none_or(|c| c.next >= iters);
+            if caught_up || now.duration_since(since) > Duration::from_secs(2) {
+                break;
+            }
+        } else {
+            match watch.check(now, &mut s.chan) {
+                Ok(None) => {}
+                Ok(Some(Msg::Done { iterations })) => done_at = Some((iterations, now)),
+                Ok(Some(Msg::Abort { .. })) | Err(_) => break,
+                Ok(Some(_)) => {}
+            }
+        }
+        if n == 0 {
+            idle.idle();
+        } else {
+            idle.busy();
+        }
+    }
+    if done_at.is_some() {
+        let atomic_counter = (o.tool == Tool::AtomicBw).then(|| s.mem.read_u64(0));
+        let _ = s.chan.send(&Msg::Summary { atomic_counter });
+    }
+    let secs = timeline.start().elapsed().as_secs_f64().max(1e-9);
+    let avg = bytes as f64 * 8.0 / secs / 1e9;
+    out.rows.push(ResultRow {
+        size: layout.size,
+        iterations: received,
+        bw_peak_gbps: timeline.peak_gbps().unwrap_or(avg).max(avg),
+        bw_avg_gbps: avg,
+        msg_rate_mpps: received as f64 / secs / 1e6,
+        duration_s: secs,
+    });
+    out.check = checker.map(|c| c.json);
+    if o.tool == Tool::AtomicBw {
+        out.atomic = Some(AtomicJson {
+            remote_counter: Some(s.mem.read_u64(0)),
+            ..AtomicJson::default()
+        });
+    }
+    out
+}

@@ -1,0 +1,372 @@
+//! The command line every tool shares: perftest's flags where they mean the same, plus the
+//! failover, polling and report flags (`docs/apps.md` lists them all).
+
+use std::path::PathBuf;
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
+
+/// What a tool measures; decides defaults and the output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tool {
+    /// `shift_write_bw`
+    WriteBw,
+    /// `shift_write_lat`
+    WriteLat,
+    /// `shift_send_bw`
+    SendBw,
+    /// `shift_send_lat`
+    SendLat,
+    /// `shift_read_bw`
+    ReadBw,
+    /// `shift_read_lat`
+    ReadLat,
+    /// `shift_atomic_bw`
+    AtomicBw,
+    /// `shift_allreduce`
+    Allreduce,
+}
+
+impl Tool {
+    /// The binary's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tool::WriteBw => "shift_write_bw",
+            Tool::WriteLat => "shift_write_lat",
+            Tool::SendBw => "shift_send_bw",
+            Tool::SendLat => "shift_send_lat",
+            Tool::ReadBw => "shift_read_bw",
+            Tool::ReadLat => "shift_read_lat",
+            Tool::AtomicBw => "shift_atomic_bw",
+            Tool::Allreduce => "shift_allreduce",
+        }
+    }
+
+    /// The tool with binary name `name`.
+    pub fn from_name(name: &str) -> Option<Tool> {
+        [
+            Tool::WriteBw,
+            Tool::WriteLat,
+            Tool::SendBw,
+            Tool::SendLat,
+            Tool::ReadBw,
+            Tool::ReadLat,
+            Tool::AtomicBw,
+            Tool::Allreduce,
+        ]
+        .into_iter()
+        .find(|t| t.name() == name)
+    }
+
+    /// The `op` of the JSON report.
+    pub fn op(self) -> &'static str {
+        match self {
+            Tool::WriteBw | Tool::WriteLat => "write",
+            Tool::SendBw | Tool::SendLat => "send",
+            Tool::ReadBw | Tool::ReadLat => "read",
+            Tool::AtomicBw => "atomic",
+            Tool::Allreduce => "allreduce",
+        }
+    }
+
+    /// Whether the tool measures latency (ping-pong, HdrHistogram).
+    pub fn is_latency(self) -> bool {
+        matches!(self, Tool::WriteLat | Tool::SendLat | Tool::ReadLat)
+    }
+
+    /// perftest's title line.
+    pub fn title(self) -> &'static str {
+        match self {
+            Tool::WriteBw => "RDMA_Write BW Test",
+            Tool::WriteLat => "RDMA_Write Latency Test",
+            Tool::SendBw => "Send BW Test",
+            Tool::SendLat => "Send Latency Test",
+            Tool::ReadBw => "RDMA_Read BW Test",
+            Tool::ReadLat => "RDMA_Read Latency Test",
+            Tool::AtomicBw => "Atomic FETCH_AND_ADD BW Test",
+            Tool::Allreduce => "Ring Allreduce (NCCL Simple) Test",
+        }
+    }
+
+    fn default_size(self) -> usize {
+        match self {
+            Tool::WriteLat | Tool::SendLat | Tool::ReadLat => 2,
+            Tool::AtomicBw => 8,
+            Tool::Allreduce => 1 << 20,
+            _ => 65536,
+        }
+    }
+
+    fn default_iters(self) -> u64 {
+        match self {
+            Tool::WriteLat | Tool::SendLat | Tool::ReadLat => 1000,
+            Tool::Allreduce => 100,
+            _ => 5000,
+        }
+    }
+}
+
+/// How the polling lcore waits when there is nothing to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PollMode {
+    /// Spin without ever sleeping (a dedicated core; latency runs).
+    Busy,
+    /// Spin, then yield, then park for up to a millisecond once idle for 200 us.
+    Adaptive,
+}
+
+/// The flags of every tool (`shift_* --help`).
+#[derive(Debug, Clone, Args)]
+pub struct Flags {
+    /// Device: soft:<netdev>[@<addr>], fabric:<name>/<port> or mlx5:<ibdev>. Default:
+    /// soft:lo@127.0.0.1 for a server, soft:lo@127.0.0.2 for a client, so a pair runs on one
+    /// host without flags.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub ib_dev: Option<String>,
+    /// GID index.
+    #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
+    pub gid_index: u16,
+    /// Message size in bytes (allreduce: bytes of float32 per rank).
+    #[arg(short = 's', long = "size")]
+    pub size: Option<usize>,
+    /// Iterations (per size with -a).
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long = "duration", value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    /// Run every size from 2 bytes to 8 MiB (powers of two).
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Work requests in flight.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    pub tx_depth: u32,
+    /// Largest message sent inline (in the WQE).
+    #[arg(short = 'I', long = "inline_size")]
+    pub inline_size: Option<u32>,
+    /// Path MTU in bytes (256, 512, 1024, 2048, 4096); default: the port's active MTU.
+    #[arg(short = 'm', long = "mtu")]
+    pub mtu: Option<u32>,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    pub port: u16,
+    /// Number of QPs (only 1 in this version).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: u32,
+    /// Traffic in both directions (not supported in this version).
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
+    /// Report bandwidth in Gb/s instead of MiB/s.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// Local ACK timeout exponent (4.096 us * 2^N).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
+    pub qp_timeout: u8,
+    /// Repeat the measurement until interrupted (bandwidth tools; prints a row per period).
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
+    /// Backup device: run on a resilient QP that fails over to it.
+    #[arg(long = "backup-dev", value_name = "DEV")]
+    pub backup_dev: Option<String>,
+    /// Keep the backup device out of it: errors reach the application (the baseline).
+    #[arg(long = "no-failover")]
+    pub no_failover: bool,
+    /// Pin the polling lcore to this core.
+    #[arg(long = "cpu", value_name = "N")]
+    pub cpu: Option<usize>,
+    /// Polling: busy spins, adaptive parks when idle.
+    #[arg(long = "poll", value_enum, default_value_t = PollMode::Adaptive)]
+    pub poll: PollMode,
+    /// Timeline interval in milliseconds (0: no timeline).
+    #[arg(long = "timeline-ms", default_value_t = 100)]
+    pub timeline_ms: u64,
+    /// Write the JSON report here (`docs/apps-json.md`).
+    #[arg(long = "json", value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the latency histogram as an HdrHistogram `.hgrm` percentile file.
+    #[arg(long = "hdr-out", value_name = "FILE")]
+    pub hdr_out: Option<PathBuf>,
+    /// Verify every byte and notification (write/read tools; always on for allreduce).
+    #[arg(long = "check")]
+    pub check: bool,
+    /// Ranks of the allreduce ring (rank 0, the server, hands out the ring).
+    #[arg(long = "ranks", default_value_t = 2)]
+    pub ranks: u32,
+    /// Server's address: run as the client. Without it, run as the server.
+    #[arg(value_name = "HOST")]
+    pub host: Option<String>,
+}
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    flags: Flags,
+}
+
+/// A command line that could not be used, or a request for help.
+#[derive(Debug)]
+pub enum CliOutcome {
+    /// `--help` or `--version`: print this and exit 0.
+    Help(String),
+    /// A usage error: one line.
+    Error(String),
+}
+
+/// Parses `args` (without the program name) for `tool`.
+pub fn parse(tool: Tool, args: &[String]) -> Result<Options, CliOutcome> {
+    let command = Cli::command()
+        .name(tool.name())
+        .about(tool.title())
+        .version(env!("CARGO_PKG_VERSION"));
+    let argv = std::iter::once(tool.name().to_owned()).chain(args.iter().cloned());
+    let matches = command.try_get_matches_from(argv).map_err(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                CliOutcome::Help(e.render().to_string())
+            }
+            _ => CliOutcome::Error(first_line(&e.render().to_string())),
+        }
+    })?;
+    let cli = Cli::from_arg_matches(&matches)
+        .map_err(|e| CliOutcome::Error(first_line(&e.render().to_string())))?;
+    Options::resolve(tool, cli.flags).map_err(CliOutcome::Error)
+}
+
+fn first_line(rendered: &str) -> String {
+    let line = rendered.lines().next().unwrap_or("bad command line").trim();
+    line.strip_prefix("error: ").unwrap_or(line).to_owned()
+}
+
+/// The flags with the tool's defaults filled in and checked.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Which tool.
+    pub tool: Tool,
+    /// Everything as given.
+    pub flags: Flags,
+    /// The device to open.
+    pub device: String,
+    /// Sizes to run, in order.
+    pub sizes: Vec<usize>,
+    /// Iterations per size (ignored with a duration).
+    pub iters: u64,
+    /// Inline threshold.
+    pub inline_size: u32,
+}
+
+impl Options {
+    fn resolve(tool: Tool, flags: Flags) -> Result<Options, String> {
+        let server = flags.host.is_none();
+        let device = flags.ib_dev.clone().unwrap_or_else(|| {
+            if server {
+                "soft:lo@127.0.0.1".to_owned()
+            } else {
+                "soft:lo@127.0.0.2".to_owned()
+            }
+        });
+        if flags.all && flags.duration.is_some() {
+            return Err("-a/--all and -D/--duration do not go together".into());
+        }
+        if flags.all && flags.size.is_some() {
+            return Err("-a/--all and -s/--size do not go together".into());
+        }
+        if let Some(d) = flags.duration {
+            if !(d.is_finite() && d > 0.0) {
+                return Err(format!(
+                    "-D/--duration must be a positive number of seconds, not {d}"
+                ));
+            }
+        }
+        if flags.qps != 1 {
+            return Err(format!(
+                "-q/--qp {}: this version runs one QP per connection",
+                flags.qps
+            ));
+        }
+        if flags.bidirectional {
+            return Err("-b/--bidirectional is not supported in this version".into());
+        }
+        if flags.tx_depth == 0 || flags.tx_depth > 4096 {
+            return Err(format!(
+                "-t/--tx-depth {} is outside 1..=4096",
+                flags.tx_depth
+            ));
+        }
+        if let Some(m) = flags.mtu {
+            if ![256, 512, 1024, 2048, 4096].contains(&m) {
+                return Err(format!("-m/--mtu {m}: use 256, 512, 1024, 2048 or 4096"));
+            }
+        }
+        if flags.qp_timeout > 31 {
+            return Err(format!(
+                "-u/--qp-timeout {} is outside 0..=31",
+                flags.qp_timeout
+            ));
+        }
+        if flags.check && !matches!(tool, Tool::WriteBw | Tool::ReadBw | Tool::Allreduce) {
+            return Err(format!(
+                "--check is for shift_write_bw and shift_read_bw, not {}",
+                tool.name()
+            ));
+        }
+        if tool != Tool::Allreduce && flags.ranks != 2 {
+            return Err("--ranks is for shift_allreduce".into());
+        }
+        let iters = flags.iters.unwrap_or(tool.default_iters());
+        if iters == 0 {
+            return Err("-n/--iters must be at least 1".into());
+        }
+        let sizes = if flags.all {
+            let min = if tool == Tool::AtomicBw { 8 } else { 2 };
+            (1..=23)
+                .map(|b| 1usize << b)
+                .filter(|s| *s >= min)
+                .collect()
+        } else {
+            vec![flags.size.unwrap_or(tool.default_size())]
+        };
+        for &s in &sizes {
+            check_size(tool, s, flags.check)?;
+        }
+        let inline_size = flags
+            .inline_size
+            .unwrap_or(if tool.is_latency() { 64 } else { 0 });
+        Ok(Options {
+            tool,
+            device,
+            sizes,
+            iters,
+            inline_size,
+            flags,
+        })
+    }
+
+    /// Whether this process is the server (no host argument).
+    pub fn is_server(&self) -> bool {
+        self.flags.host.is_none()
+    }
+
+    /// Whether to run on a resilient QP with failover.
+    pub fn failover_enabled(&self) -> bool {
+        self.flags.backup_dev.is_some() && !self.flags.no_failover
+    }
+}
+
+fn check_size(tool: Tool, size: usize, check: bool) -> Result<(), String> {
+    const MAX: usize = 1 << 30;
+    match tool {
+        Tool::AtomicBw if size != 8 => Err(format!("-s/--size {size}: atomics are 8 bytes")),
+        Tool::Allreduce if size < 4 || size % 4 != 0 => Err(format!(
+            "-s/--size {size}: the allreduce buffer is float32, a multiple of 4 bytes"
+        )),
+        _ if tool.is_latency() && size < 2 => Err(format!(
+            "-s/--size {size}: latency tools need at least 2 bytes"
+        )),
+        Tool::WriteBw | Tool::ReadBw if check && size < 8 => {
+            Err(format!("-s/--size {size}: --check needs at least 8 bytes"))
+        }
+        _ if size == 0 || size > MAX => Err(format!("-s/--size {size} is outside 1..={MAX}")),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,404 @@
+//! One end of a connection, on a plain QP or (with `--backup-dev`) on a resilient QP, behind
+//! one small enum so every tool runs the same code on both.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pmd::provider::ProgressModel;
+use pmd::resilient::{
+    FailoverEvent, FailoverService, FailoverStats, ResilientBuffer, ResilientConfig,
+    ResilientContext, ResilientPd, ResilientQp, ServiceConfig,
+};
+use pmd::{
+    Access, AddressVector, Context, ContextConfig, Cq, Gid, Mtu, Pd, PostError, Qp, QpAttr, QpCaps,
+    QpState, RecvWr, RegisteredBuffer, SendWr, WorkCompletion,
+};
+
+use crate::error::AppError;
+use crate::exchange::{from_hex, to_hex, QpInfo};
+
+/// How to open the devices.
+#[derive(Debug, Clone)]
+pub struct DeviceOptions {
+    /// The default device.
+    pub device: String,
+    /// The backup device (resilient QPs), if any.
+    pub backup: Option<String>,
+    /// Fail over (off: `--no-failover`, the backup device is not used).
+    pub failover: bool,
+    /// How softnic devices progress.
+    pub progress: ProgressModel,
+    /// GID index.
+    pub gid_index: u16,
+}
+
+enum HostKind {
+    Plain {
+        pd: Arc<Pd>,
+        ctx: Arc<Context>,
+    },
+    // The service goes last: the context, PD and QPs made from it go first.
+    Resilient {
+        pd: ResilientPd,
+        ctx: ResilientContext,
+        _service: FailoverService,
+    },
+}
+
+/// The devices of this process and their PD.
+pub struct Host {
+    kind: HostKind,
+    gid: Gid,
+    active_mtu: Mtu,
+}
+
+impl Host {
+    /// Opens the device (and the backup device with failover) and allocates a PD.
+    pub fn open(o: &DeviceOptions) -> Result<Host, AppError> {
+        let config = ContextConfig {
+            progress: o.progress,
+            ..ContextConfig::default()
+        };
+        let open = |name: &str| {
+            Context::open(name, &config).map_err(|e| AppError::Device {
+                device: name.to_owned(),
+                reason: e.to_string(),
+            })
+        };
+        let default = open(&o.device)?;
+        let verbs = |e: pmd::provider::VerbsError| AppError::Verbs(e.to_string());
+        let gid = default
+            .query_gid(o.gid_index)
+            .map_err(|e| AppError::Device {
+                device: o.device.clone(),
+                reason: format!("GID index {}: {e}", o.gid_index),
+            })?;
+        let active_mtu = default.query_port().map_err(verbs)?.active_mtu;
+        let kind = match (&o.backup, o.failover) {
+            (Some(backup), true) => {
+                let backup_ctx = open(backup)?;
+                let service = FailoverService::start(ServiceConfig::default())
+                    .map_err(|e| AppError::Verbs(format!("failover service: {e}")))?;
+                let ctx = ResilientContext::new(
+                    default,
+                    Some(backup_ctx),
+                    &service,
+                    ResilientConfig::default(),
+                    None,
+                );
+                let pd = ctx.alloc_pd().map_err(verbs)?;
+                HostKind::Resilient {
+                    pd,
+                    ctx,
+                    _service: service,
+                }
+            }
+            _ => {
+                let pd = default.alloc_pd().map_err(verbs)?;
+                HostKind::Plain { pd, ctx: default }
+            }
+        };
+        Ok(Host {
+            kind,
+            gid,
+            active_mtu,
+        })
+    }
+
+    /// This end's GID.
+    pub fn gid(&self) -> Gid {
+        self.gid
+    }
+
+    /// The default port's active MTU.
+    pub fn active_mtu(&self) -> Mtu {
+        self.active_mtu
+    }
+
+    /// Whether QPs made here fail over.
+    pub fn is_resilient(&self) -> bool {
+        matches!(self.kind, HostKind::Resilient { .. })
+    }
+
+    /// The default device's context.
+    pub fn context(&self) -> &Arc<Context> {
+        match &self.kind {
+            HostKind::Plain { ctx, .. } => ctx,
+            HostKind::Resilient { ctx, .. } => ctx.default_context(),
+        }
+    }
+
+    /// The backup device's context, if failover is on.
+    pub fn backup_context(&self) -> Option<&Arc<Context>> {
+        match &self.kind {
+            HostKind::Plain { .. } => None,
+            HostKind::Resilient { ctx, .. } => ctx.backup_context(),
+        }
+    }
+
+    /// Allocates and registers `len` bytes (on both devices of a resilient host). Allocate
+    /// every buffer before creating QPs: the rendezvous carries the backup keys of the MRs
+    /// registered so far.
+    pub fn alloc(&self, len: usize) -> Result<Memory, AppError> {
+        let verbs = |e: pmd::provider::VerbsError| AppError::Verbs(e.to_string());
+        Ok(match &self.kind {
+            HostKind::Plain { pd, .. } => {
+                Memory::Plain(pd.alloc_buffer(len, Access::ALL).map_err(verbs)?)
+            }
+            HostKind::Resilient { pd, .. } => {
+                Memory::Resilient(pd.alloc_buffer(len, Access::ALL).map_err(verbs)?)
+            }
+        })
+    }
+
+    /// Creates a QP (in RESET) with its own CQ.
+    pub fn create_qp(&self, caps: QpCaps) -> Result<Conn, AppError> {
+        let verbs = |e: pmd::provider::VerbsError| AppError::Verbs(e.to_string());
+        match &self.kind {
+            HostKind::Plain { pd, ctx } => {
+                let entries = 2 * (caps.max_send_wr + caps.max_recv_wr).max(8);
+                let cq = ctx.create_cq(entries, false).map_err(verbs)?;
+                let qp = pd.create_qp(&cq, &cq, caps).map_err(verbs)?;
+                Ok(Conn::Plain { qp, cq })
+            }
+            HostKind::Resilient { pd, .. } => {
+                Ok(Conn::Resilient(pd.create_qp(caps).map_err(verbs)?))
+            }
+        }
+    }
+}
+
+/// A registered buffer on a plain or a resilient host.
+#[derive(Debug)]
+pub enum Memory {
+    /// Registered on one device.
+    Plain(RegisteredBuffer),
+    /// Registered on both devices.
+    Resilient(ResilientBuffer),
+}
+
+impl std::ops::Deref for Memory {
+    type Target = RegisteredBuffer;
+    fn deref(&self) -> &RegisteredBuffer {
+        match self {
+            Memory::Plain(b) => b,
+            Memory::Resilient(b) => b,
+        }
+    }
+}
+
+/// A connected QP: plain, or resilient (failover to the backup device).
+pub enum Conn {
+    /// A plain RC QP and its CQ.
+    Plain {
+        /// The QP.
+        qp: Qp,
+        /// Its CQ (both queues).
+        cq: Cq,
+    },
+    /// A resilient QP.
+    Resilient(ResilientQp),
+}
+
+impl Conn {
+    /// The QP number the peer connects to.
+    pub fn qpn(&self) -> u32 {
+        match self {
+            Conn::Plain { qp, .. } => qp.qpn(),
+            Conn::Resilient(qp) => qp.qpn(),
+        }
+    }
+
+    /// The granted capabilities.
+    pub fn caps(&self) -> QpCaps {
+        match self {
+            Conn::Plain { qp, .. } => qp.caps(),
+            Conn::Resilient(qp) => qp.caps(),
+        }
+    }
+
+    /// Writes a send WQE (published by [`Conn::ring`]).
+    #[inline]
+    pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        match self {
+            Conn::Plain { qp, .. } => qp.post_send(wr).map(|_| ()),
+            Conn::Resilient(qp) => qp.post_send(wr),
+        }
+    }
+
+    /// Rings the doorbell for everything posted.
+    #[inline]
+    pub fn ring(&mut self) {
+        match self {
+            Conn::Plain { qp, .. } => qp.ring_doorbell(),
+            Conn::Resilient(qp) => qp.ring_doorbell(),
+        }
+    }
+
+    /// Posts a receive.
+    #[inline]
+    pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
+        match self {
+            Conn::Plain { qp, .. } => qp.post_recv(wr),
+            Conn::Resilient(qp) => qp.post_recv(wr),
+        }
+    }
+
+    /// Polls completions; when none came and the device progresses manually, drives it once
+    /// and polls again (one thread per process polls). Also runs due failover work.
+    #[inline]
+    pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        match self {
+            Conn::Plain { cq, .. } => cq.poll_with_progress(wcs),
+            Conn::Resilient(qp) => qp.poll_with_progress(wcs),
+        }
+    }
+
+    /// The failover state as the JSON timeline names it (`default` for a plain QP that has
+    /// not failed, `failed` once it has).
+    pub fn state(&self, failed: bool) -> &'static str {
+        match self {
+            Conn::Plain { .. } if failed => "failed",
+            Conn::Plain { .. } => "default",
+            Conn::Resilient(qp) => qp.state().as_str(),
+        }
+    }
+
+    /// Failover counters (resilient QPs).
+    pub fn stats(&self) -> Option<FailoverStats> {
+        match self {
+            Conn::Plain { .. } => None,
+            Conn::Resilient(qp) => Some(qp.stats()),
+        }
+    }
+
+    /// The failover event log (resilient QPs).
+    pub fn events(&self) -> &[FailoverEvent] {
+        match self {
+            Conn::Plain { .. } => &[],
+            Conn::Resilient(qp) => qp.events(),
+        }
+    }
+
+    /// Lets the failover service wake a parked poller when it has work for this QP.
+    pub fn set_waker(&self, unparker: crossbeam_utils::sync::Unparker) {
+        if let Conn::Resilient(qp) = self {
+            qp.set_waker(Some(unparker));
+        }
+    }
+
+    /// This end's attributes for the peer (the backup blob for a resilient QP; it waits
+    /// until the service lcore has created the backup QP).
+    pub fn local_info(
+        &self,
+        gid: Gid,
+        psn: u32,
+        mem: &Memory,
+        mtu: Mtu,
+    ) -> Result<QpInfo, AppError> {
+        let backup = match self {
+            Conn::Plain { .. } => None,
+            Conn::Resilient(qp) => Some(to_hex(
+                &qp.rendezvous_blob(SETUP_TIMEOUT)
+                    .map_err(|e| AppError::Failover(e.to_string()))?,
+            )),
+        };
+        Ok(QpInfo {
+            qpn: self.qpn(),
+            psn,
+            gid: gid.to_string(),
+            rkey: mem.rkey(),
+            addr: mem.addr(),
+            len: mem.len() as u64,
+            mtu: mtu.bytes(),
+            backup,
+        })
+    }
+
+    /// Connects to the peer: backup attributes first (resilient), then INIT, RTR, RTS, then
+    /// (resilient) waits until the backup side is up.
+    pub fn connect(
+        &mut self,
+        ours: &QpInfo,
+        peer: &QpInfo,
+        mtu: Mtu,
+        timeout: u8,
+    ) -> Result<(), AppError> {
+        let peer_gid: std::net::IpAddr = peer.gid.parse().map_err(|_| {
+            AppError::Peer(format!("the peer's GID {:?} is not an address", peer.gid))
+        })?;
+        let gid = Gid::from_ip(peer_gid);
+        if let Conn::Resilient(qp) = self {
+            let blob = peer
+                .backup
+                .as_deref()
+                .ok_or_else(|| AppError::Peer("the peer sent no backup attributes".into()))?;
+            qp.connect_backup(&from_hex(blob)?)
+                .map_err(|e| AppError::Failover(e.to_string()))?;
+        }
+        let rtr = QpAttr::rtr(AddressVector::to_gid(gid), peer.qpn, peer.psn, mtu);
+        let mut rts = QpAttr::rts(ours.psn);
+        rts.timeout = Some(timeout);
+        let modify = |r: Result<(), pmd::ModifyError>, to: &str| {
+            r.map_err(|e| AppError::Verbs(format!("moving the QP to {to}: {e}")))
+        };
+        match self {
+            Conn::Plain { qp, .. } => {
+                modify(qp.modify(QpState::Init, &QpAttr::init(Access::ALL)), "INIT")?;
+                modify(qp.modify(QpState::Rtr, &rtr), "RTR")?;
+                modify(qp.modify(QpState::Rts, &rts), "RTS")?;
+            }
+            Conn::Resilient(qp) => {
+                modify(qp.modify(QpState::Init, &QpAttr::init(Access::ALL)), "INIT")?;
+                modify(qp.modify(QpState::Rtr, &rtr), "RTR")?;
+                modify(qp.modify(QpState::Rts, &rts), "RTS")?;
+                qp.wait_protected(SETUP_TIMEOUT)
+                    .map_err(|e| AppError::Failover(e.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How long setup steps (backup QP creation, protection) may take.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The path MTU both ends use: the smaller of ours (from `-m` or the port) and the peer's.
+pub fn agree_mtu(ours: Mtu, peer_bytes: u32) -> Mtu {
+    [
+        Mtu::Mtu4096,
+        Mtu::Mtu2048,
+        Mtu::Mtu1024,
+        Mtu::Mtu512,
+        Mtu::Mtu256,
+    ]
+    .into_iter()
+    .find(|m| m.bytes() <= ours.bytes().min(peer_bytes))
+    .unwrap_or(Mtu::Mtu256)
+}
+
+/// The MTU for `-m` bytes.
+pub fn mtu_of(bytes: u32) -> Option<Mtu> {
+    [
+        Mtu::Mtu256,
+        Mtu::Mtu512,
+        Mtu::Mtu1024,
+        Mtu::Mtu2048,
+        Mtu::Mtu4096,
+    ]
+    .into_iter()
+    .find(|m| m.bytes() == bytes)
+}
+
+/// A random 24-bit PSN (perftest draws one per QP too).
+pub fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    (h.finish() as u32) & 0xff_ffff
+}

@@ -1,0 +1,543 @@
+//! The out-of-band exchange over TCP on `-p`: each side sends a versioned [`Hello`] with its
+//! QP's connection attributes (QPN, PSN, GID, rkey, address, buffer size, MTU) and, for a
+//! resilient QP, its backup attributes inline (the pmd's rendezvous blob); then short
+//! control messages ([`Msg`]) synchronise the start and the end of the run.
+//!
+//! Frames are a 4-byte big-endian length and one JSON object. The first frame is always a
+//! `hello` carrying [`MAGIC`] and [`VERSION`]; both are checked before anything else is
+//! decoded, so a peer of another version (or not a railshift tool at all) is named as such.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// Identifies railshift's exchange.
+pub const MAGIC: &str = "railshift-apps";
+/// Version of the exchange format; a peer with another one is refused.
+pub const VERSION: u32 = 1;
+/// Largest frame accepted.
+const MAX_FRAME: usize = 1 << 20;
+
+/// Why the exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// The server could not be reached.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        /// `host:port`.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The port could not be listened on.
+    #[error("cannot listen on port {port}: {source}")]
+    Listen {
+        /// The port.
+        port: u16,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The connection broke.
+    #[error("out-of-band connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer closed the connection.
+    #[error("the peer closed the out-of-band connection{0}")]
+    Closed(String),
+    /// Nothing came in time.
+    #[error("the peer sent nothing for {0:?}")]
+    Timeout(Duration),
+    /// The peer does not speak this exchange.
+    #[error("the peer is not a railshift tool (first message: {0})")]
+    NotRailshift(String),
+    /// The peer speaks another version.
+    #[error("exchange version mismatch: we speak {ours}, the peer speaks {theirs}")]
+    Version {
+        /// Ours.
+        ours: u32,
+        /// Theirs.
+        theirs: u64,
+    },
+    /// A message did not decode.
+    #[error("malformed message from the peer: {0}")]
+    Malformed(String),
+    /// The peer runs with other parameters.
+    #[error("parameter mismatch: {what} is {ours} here but {theirs} at the peer")]
+    Mismatch {
+        /// Which parameter.
+        what: &'static str,
+        /// Ours.
+        ours: String,
+        /// Theirs.
+        theirs: String,
+    },
+    /// The peer sent something else than expected.
+    #[error("unexpected message from the peer: expected {expected}, got {got}")]
+    Unexpected {
+        /// What we waited for.
+        expected: &'static str,
+        /// What came.
+        got: String,
+    },
+    /// The peer stopped on an error.
+    #[error("the peer stopped: {0}")]
+    PeerAborted(String),
+}
+
+/// The parameters both sides must agree on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    /// Binary name.
+    pub tool: String,
+    /// Message sizes, in order.
+    pub sizes: Vec<usize>,
+    /// `--check`.
+    pub check: bool,
+    /// Whether this side runs a resilient QP with failover.
+    pub failover: bool,
+    /// Ranks of an allreduce.
+    pub ranks: u32,
+}
+
+impl Params {
+    /// Refuses a peer whose parameters differ from ours, naming the first difference.
+    pub fn check_peer(&self, peer: &Params) -> Result<(), ExchangeError> {
+        let mismatch = |what, ours: String, theirs: String| {
+            Err(ExchangeError::Mismatch { what, ours, theirs })
+        };
+        if self.tool != peer.tool {
+            return mismatch("the tool", self.tool.clone(), peer.tool.clone());
+        }
+        if self.sizes != peer.sizes {
+            return mismatch(
+                "-s/-a (sizes)",
+                fmt_sizes(&self.sizes),
+                fmt_sizes(&peer.sizes),
+            );
+        }
+        if self.check != peer.check {
+            return mismatch("--check", on_off(self.check), on_off(peer.check));
+        }
+        if self.failover != peer.failover {
+            return mismatch(
+                "failover (--backup-dev without --no-failover)",
+                on_off(self.failover),
+                on_off(peer.failover),
+            );
+        }
+        if self.ranks != peer.ranks {
+            return mismatch("--ranks", self.ranks.to_string(), peer.ranks.to_string());
+        }
+        Ok(())
+    }
+}
+
+fn on_off(b: bool) -> String {
+    if b { "on" } else { "off" }.to_owned()
+}
+
+fn fmt_sizes(s: &[usize]) -> String {
+    match s {
+        [one] => one.to_string(),
+        many => format!(
+            "{} sizes ({}..{})",
+            many.len(),
+            many[0],
+            many[many.len() - 1]
+        ),
+    }
+}
+
+/// One QP's connection attributes, as each side sends them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QpInfo {
+    /// QP number (of the default QP for a resilient one).
+    pub qpn: u32,
+    /// First PSN this side sends with.
+    pub psn: u32,
+    /// GID, as an IP address.
+    pub gid: String,
+    /// rkey of the buffer the peer may access.
+    pub rkey: u32,
+    /// Its address.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// The path MTU this side wants, bytes.
+    pub mtu: u32,
+    /// Backup attributes (the pmd's rendezvous blob, hex), for a resilient QP.
+    pub backup: Option<String>,
+}
+
+/// The first message of each side.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// [`MAGIC`].
+    pub magic: String,
+    /// [`VERSION`].
+    pub version: u32,
+    /// What the run is.
+    pub params: Params,
+    /// The QP(s): one for the point-to-point tools; an allreduce rank sends two (towards its
+    /// next rank, from its previous rank).
+    pub qps: Vec<QpInfo>,
+}
+
+impl Hello {
+    /// A hello of this version.
+    pub fn new(params: Params, qps: Vec<QpInfo>) -> Hello {
+        Hello {
+            magic: MAGIC.to_owned(),
+            version: VERSION,
+            params,
+            qps,
+        }
+    }
+}
+
+/// What an allreduce rank learns from the coordinator (rank 0).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RingPlace {
+    /// This rank.
+    pub rank: u32,
+    /// Ranks in the ring.
+    pub ranks: u32,
+    /// The next rank's receiving QP (this rank's sending QP connects to it).
+    pub next: QpInfo,
+    /// The previous rank's sending QP (this rank's receiving QP connects to it).
+    pub prev: QpInfo,
+}
+
+/// Messages after the hello.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Msg {
+    /// The first message (see [`Hello`]).
+    Hello(Hello),
+    /// This side's QP is up (RTS): the peer may send.
+    Ready,
+    /// The coordinator hands a rank its place in the ring.
+    Ring(RingPlace),
+    /// Start (the coordinator, once every rank is ready).
+    Go,
+    /// The client finished the run (or a rank finished its iterations).
+    Done {
+        /// Iterations completed.
+        iterations: u64,
+    },
+    /// The server's answer to `done`: what it saw.
+    Summary {
+        /// The value of the atomic counter (`shift_atomic_bw`).
+        atomic_counter: Option<u64>,
+    },
+    /// Everyone finished (the coordinator to each rank).
+    Bye,
+    /// This side stops on an error.
+    Abort {
+        /// The error.
+        error: String,
+    },
+}
+
+impl Msg {
+    fn name(&self) -> String {
+        match self {
+            Msg::Hello(_) => "hello",
+            Msg::Ready => "ready",
+            Msg::Ring(_) => "ring",
+            Msg::Go => "go",
+            Msg::Done { .. } => "done",
+            Msg::Summary { .. } => "summary",
+            Msg::Bye => "bye",
+            Msg::Abort { .. } => "abort",
+        }
+        .to_owned()
+    }
+}
+
+/// Listens on `port` on every address.
+pub fn listen(port: u16) -> Result<TcpListener, ExchangeError> {
+    TcpListener::bind(("0.0.0.0", port)).map_err(|source| ExchangeError::Listen { port, source })
+}
+
+/// Waits for the next client.
+pub fn accept(listener: &TcpListener) -> Result<Channel, ExchangeError> {
+    let (stream, _) = listener.accept()?;
+    Channel::new(stream)
+}
+
+/// Connects to the server at `host:port`.
+pub fn connect(host: &str, port: u16) -> Result<Channel, ExchangeError> {
+    let addr = format!("{host}:{port}");
+    let err = |source| ExchangeError::Connect {
+        addr: addr.clone(),
+        source,
+    };
+    let addrs: Vec<_> = (host, port).to_socket_addrs().map_err(err)?.collect();
+    let mut last = std::io::Error::new(ErrorKind::NotFound, "no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
+            Ok(stream) => return Channel::new(stream),
+            Err(e) => last = e,
+        }
+    }
+    Err(err(last))
+}
+
+/// One out-of-band TCP connection.
+#[derive(Debug)]
+pub struct Channel {
+    stream: TcpStream,
+    /// Bytes read but not yet a whole frame (non-blocking reads).
+    pending: Vec<u8>,
+}
+
+impl Channel {
+    fn new(stream: TcpStream) -> Result<Channel, ExchangeError> {
+        stream.set_nodelay(true)?;
+        Ok(Channel {
+            stream,
+            pending: Vec::new(),
+        })
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> String {
+        self.stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into())
+    }
+
+    /// Sends one message.
+    pub fn send(&mut self, msg: &Msg) -> Result<(), ExchangeError> {
+        let body = serde_json::to_vec(msg).map_err(|e| ExchangeError::Malformed(e.to_string()))?;
+        let mut frame = Vec::with_capacity(4 + body.len());
+        frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&body);
+        self.stream.set_nonblocking(false)?;
+        self.stream.write_all(&frame)?;
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the next message.
+    pub fn recv(&mut self, timeout: Duration) -> Result<Msg, ExchangeError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(msg) = self.take_frame()? {
+                return Ok(msg);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ExchangeError::Timeout(timeout));
+            }
+            self.stream.set_nonblocking(false)?;
+            self.stream.set_read_timeout(Some(left))?;
+            let mut buf = [0u8; 4096];
+            match self.stream.read(&mut buf) {
+                Ok(0) => return Err(ExchangeError::Closed(String::new())),
+                Ok(n) => self.pending.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// A message if one has arrived, without waiting. A closed connection is
+    /// [`ExchangeError::Closed`].
+    pub fn try_recv(&mut self) -> Result<Option<Msg>, ExchangeError> {
+        if let Some(msg) = self.take_frame()? {
+            return Ok(Some(msg));
+        }
+        self.stream.set_nonblocking(true)?;
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => return Err(ExchangeError::Closed(String::new())),
+                Ok(n) => {
+                    self.pending.extend_from_slice(&buf[..n]);
+                    if n < buf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.take_frame()
+    }
+
+    fn take_frame(&mut self) -> Result<Option<Msg>, ExchangeError> {
+        if self.pending.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes(self.pending[..4].try_into().expect("4 bytes")) as usize;
+        if len > MAX_FRAME {
+            return Err(ExchangeError::NotRailshift(format!(
+                "a frame of {len} bytes (bytes {:02x?})",
+                &self.pending[..4]
+            )));
+        }
+        if self.pending.len() < 4 + len {
+            return Ok(None);
+        }
+        let body: Vec<u8> = self.pending.drain(..4 + len).skip(4).collect();
+        decode(&body).map(Some)
+    }
+
+    /// Sends our hello and waits for the peer's, checking magic, version and parameters.
+    pub fn handshake(&mut self, ours: &Hello, timeout: Duration) -> Result<Hello, ExchangeError> {
+        self.send(&Msg::Hello(ours.clone()))?;
+        match self.recv(timeout)? {
+            Msg::Hello(theirs) => {
+                ours.params.check_peer(&theirs.params)?;
+                Ok(theirs)
+            }
+            Msg::Abort { error } => Err(ExchangeError::PeerAborted(error)),
+            other => Err(ExchangeError::Unexpected {
+                expected: "hello",
+                got: other.name(),
+            }),
+        }
+    }
+
+    /// Sends `ready` and waits for the peer's.
+    pub fn sync_ready(&mut self, timeout: Duration) -> Result<(), ExchangeError> {
+        self.send(&Msg::Ready)?;
+        self.expect_ready(timeout)
+    }
+
+    /// Waits for `ready` (an `abort` names the peer's error).
+    pub fn expect_ready(&mut self, timeout: Duration) -> Result<(), ExchangeError> {
+        match self.recv(timeout)? {
+            Msg::Ready => Ok(()),
+            Msg::Abort { error } => Err(ExchangeError::PeerAborted(error)),
+            other => Err(ExchangeError::Unexpected {
+                expected: "ready",
+                got: other.name(),
+            }),
+        }
+    }
+
+    /// Closes both directions (the peer sees the connection close).
+    pub fn close(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// Decodes one frame body; a hello's magic and version are checked first.
+fn decode(body: &[u8]) -> Result<Msg, ExchangeError> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| {
+        ExchangeError::NotRailshift(format!("{} bytes that are not JSON", body.len()))
+    })?;
+    if value.get("type").and_then(|t| t.as_str()) == Some("hello") {
+        let magic = value.get("magic").and_then(|m| m.as_str());
+        if magic != Some(MAGIC) {
+            return Err(ExchangeError::NotRailshift(format!(
+                "magic {}",
+                magic.unwrap_or("missing")
+            )));
+        }
+        let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+        if version != u64::from(VERSION) {
+            return Err(ExchangeError::Version {
+                ours: VERSION,
+                theirs: version,
+            });
+        }
+    }
+    serde_json::from_value(value).map_err(|e| ExchangeError::Malformed(e.to_string()))
+}
+
+/// Bytes as lowercase hex.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Lowercase or uppercase hex back to bytes.
+pub fn from_hex(s: &str) -> Result<Vec<u8>, ExchangeError> {
+    if s.len() % 2 != 0 {
+        return Err(ExchangeError::Malformed("odd-length hex".into()));
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&s[i..i + 2], 16)
+                .map_err(|_| ExchangeError::Malformed(format!("bad hex at {i}")))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> Params {
+        Params {
+            tool: "shift_write_bw".into(),
+            sizes: vec![65536],
+            check: false,
+            failover: false,
+            ranks: 2,
+        }
+    }
+
+    fn hello() -> Hello {
+        Hello::new(
+            params(),
+            vec![QpInfo {
+                qpn: 0x11,
+                psn: 0x123456,
+                gid: "127.0.0.1".into(),
+                rkey: 7,
+                addr: 0x1000,
+                len: 4096,
+                mtu: 1024,
+                backup: Some(to_hex(&[1, 2, 0xab])),
+            }],
+        )
+    }
+
+    #[test]
+    fn a_hello_survives_the_wire_format() {
+        let body = serde_json::to_vec(&Msg::Hello(hello())).unwrap();
+        assert_eq!(decode(&body).unwrap(), Msg::Hello(hello()));
+        assert_eq!(from_hex("0102ab").unwrap(), vec![1, 2, 0xab]);
+    }
+
+    #[test]
+    fn a_hello_of_another_version_is_refused_by_version() {
+        let mut h = serde_json::to_value(Msg::Hello(hello())).unwrap();
+        h["version"] = 2.into();
+        h["qps"] = "a layout version 1 does not know".into();
+        let err = decode(&serde_json::to_vec(&h).unwrap()).unwrap_err();
+        assert!(
+            matches!(err, ExchangeError::Version { ours: 1, theirs: 2 }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_peer_that_is_not_railshift_is_named_as_such() {
+        let err = decode(b"GET / HTTP/1.1").unwrap_err();
+        assert!(matches!(err, ExchangeError::NotRailshift(_)), "{err}");
+        let mut h = serde_json::to_value(Msg::Hello(hello())).unwrap();
+        h["magic"] = "perftest".into();
+        let err = decode(&serde_json::to_vec(&h).unwrap()).unwrap_err();
+        assert!(matches!(err, ExchangeError::NotRailshift(_)), "{err}");
+    }
+
+    #[test]
+    fn a_peer_with_another_size_is_a_parameter_mismatch() {
+        let mut theirs = params();
+        theirs.sizes = vec![8];
+        let err = params().check_peer(&theirs).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "parameter mismatch: -s/-a (sizes) is 65536 here but 8 at the peer"
+        );
+    }
+}

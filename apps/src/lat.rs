@@ -1,0 +1,413 @@
+//! The latency tools: a WRITE or SEND ping-pong (one-way latency is half the round trip, as
+//! perftest reports it) and READ round trips (reported whole, as perftest does). Every sample
+//! goes into an HdrHistogram.
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use pmd::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
+
+use crate::bw::completion_error;
+use crate::cli::{Options, Tool};
+use crate::error::AppError;
+use crate::exchange::Msg;
+use crate::report::{Latency, ResultRow, Timeline};
+use crate::session::{Idle, Length, PeerWatch, Session};
+
+/// Receives each side keeps posted (SEND ping-pong).
+const RECVS: u64 = 16;
+/// A ping that is not answered for this long means the peer or the path is gone.
+const STALL: Duration = Duration::from_secs(20);
+
+/// Buffer length for messages of `size`: the receive area, then the send area.
+pub fn buffer_len(size: usize) -> usize {
+    2 * size
+}
+
+/// The QP's queues.
+pub fn caps(o: &Options) -> QpCaps {
+    QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: o.inline_size.max(16),
+    }
+}
+
+/// A latency run's result.
+#[derive(Debug)]
+pub struct LatOutcome {
+    /// Samples, nanoseconds.
+    pub hist: Histogram<u64>,
+    /// The row (bandwidth figures of the ping-pong).
+    pub row: ResultRow,
+    /// The error that stopped the run.
+    pub error: Option<AppError>,
+}
+
+/// A histogram of nanoseconds from 1 ns to a minute, 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+}
+
+/// The latency figures of `h` (nanoseconds) in microseconds.
+pub fn latency_of(h: &Histogram<u64>) -> Latency {
+    let us = |ns: u64| ns as f64 / 1e3;
+    Latency {
+        lat_min_us: us(h.min()),
+        lat_max_us: us(h.max()),
+        lat_typical_us: us(h.value_at_quantile(0.5)),
+        lat_avg_us: h.mean() / 1e3,
+        lat_stdev_us: h.stdev() / 1e3,
+        lat_p50_us: us(h.value_at_quantile(0.5)),
+        lat_p99_us: us(h.value_at_quantile(0.99)),
+        lat_p999_us: us(h.value_at_quantile(0.999)),
+    }
+}
+
+fn post_recv(s: &mut Session, k: u64, size: usize) -> Result<(), AppError> {
+    let sge = s.mem.sge(0, size as u32);
+    s.conn.post_recv(&RecvWr::new(k, &[sge]))?;
+    Ok(())
+}
+
+/// Sends the ping (or pong) numbered `v` in the last byte.
+fn ping(
+    s: &mut Session,
+    tool: Tool,
+    size: usize,
+    v: u8,
+    inline: u32,
+    payload: &mut [u8],
+) -> Result<(), AppError> {
+    payload[size - 1] = v;
+    let op = match tool {
+        Tool::WriteLat => SendOp::Write {
+            remote: pmd::Remote {
+                addr: s.peer.addr,
+                rkey: s.peer.rkey,
+            },
+        },
+        Tool::SendLat => SendOp::Send,
+        Tool::ReadLat => SendOp::Read {
+            remote: pmd::Remote {
+                addr: s.peer.addr,
+                rkey: s.peer.rkey,
+            },
+        },
+        other => unreachable!("{} is not a latency tool", other.name()),
+    };
+    if tool != Tool::ReadLat && size as u32 <= inline {
+        s.conn
+            .post_send(&SendWr::inline(u64::from(v), op, &payload[..size]).signaled())?;
+    } else {
+        if tool != Tool::ReadLat {
+            s.mem.write(size, &payload[..size]);
+        }
+        let sge = if tool == Tool::ReadLat {
+            s.mem.sge(0, size as u32)
+        } else {
+            s.mem.sge(size, size as u32)
+        };
+        s.conn
+            .post_send(&SendWr::new(u64::from(v), op, &[sge]).signaled())?;
+    }
+    s.conn.ring();
+    Ok(())
+}
+
+/// What a wait for the peer's answer saw.
+enum Arrival {
+    Answer,
+    /// The peer said it is done or went away (server side).
+    PeerGone,
+}
+
+/// Polls until the answer numbered `v` is there.
+#[allow(clippy::too_many_arguments)]
+fn wait_answer(
+    s: &mut Session,
+    tool: Tool,
+    size: usize,
+    v: u8,
+    idle: &mut Idle,
+    wcs: &mut [WorkCompletion],
+    recvs_posted: &mut u64,
+    watch: Option<&mut PeerWatch>,
+) -> Result<Arrival, AppError> {
+    let since = Instant::now();
+    let mut spins = 0u32;
+    let mut watch = watch;
+    loop {
+        let n = s.conn.poll(wcs);
+        let mut answered = false;
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                return Err(completion_error(&s.conn, wc, tool.op()));
+            }
+            match (tool, wc.opcode) {
+                (Tool::SendLat, WcOpcode::Recv) => {
+                    answered = true;
+                    post_recv(s, *recvs_posted, size)?;
+                    *recvs_posted += 1;
+                }
+                (Tool::ReadLat, WcOpcode::RdmaRead) => answered = true,
+                _ => {}
+            }
+        }
+        if tool == Tool::WriteLat {
+            let mut last = [0u8; 1];
+            s.mem.read(size - 1, &mut last);
+            answered = last[0] == v;
+        }
+        if answered {
+            idle.busy();
+            return Ok(Arrival::Answer);
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 256 == 0 {
+            let now = Instant::now();
+            if let Some(w) = watch.as_deref_mut() {
+                match w.check(now, &mut s.chan) {
+                    Ok(None) | Ok(Some(Msg::Ready)) => {}
+                    Ok(Some(_)) | Err(_) => return Ok(Arrival::PeerGone),
+                }
+            } else if now.duration_since(since) > STALL {
+                return Err(AppError::Stalled(STALL));
+            }
+        }
+        if n == 0 {
+            idle.idle();
+        }
+    }
+}
+
+/// The client: `iters` pings (or `-D` seconds of them) per size.
+pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutcome {
+    let size = o.sizes[0];
+    let mut idle = Idle::new(o.flags.poll);
+    s.conn.set_waker(idle.unparker());
+    let mut hist = new_histogram();
+    let mut wcs = [WorkCompletion::EMPTY; 16];
+    let mut payload = vec![0u8; size];
+    let mut recvs_posted = 0u64;
+    let mut error = None;
+    if o.tool == Tool::SendLat {
+        while recvs_posted < RECVS {
+            if let Err(e) = post_recv(s, recvs_posted, size) {
+                error = Some(e);
+                break;
+            }
+            recvs_posted += 1;
+        }
+    }
+    let length = Length::of(o);
+    let start = Instant::now();
+    let mut now = start;
+    let mut i = 0u64;
+    while error.is_none() && length.wants(i, start, now) {
+        let v = (i + 1) as u8;
+        let t0 = Instant::now();
+        let r = ping(s, o.tool, size, v, o.inline_size, &mut payload).and_then(|_| {
+            wait_answer(
+                s,
+                o.tool,
+                size,
+                v,
+                &mut idle,
+                &mut wcs,
+                &mut recvs_posted,
+                None,
+            )
+        });
+        now = Instant::now();
+        match r {
+            Ok(_) => {
+                let ns = now.duration_since(t0).as_nanos() as u64;
+                // Ping-pongs report half the round trip; READs the whole operation.
+                let sample = if o.tool == Tool::ReadLat { ns } else { ns / 2 };
+                hist.saturating_record(sample.max(1));
+                i += 1;
+            }
+            Err(e) => error = Some(e),
+        }
+        timeline.tick(
+            now,
+            i * size as u64,
+            i,
+            u64::from(error.is_some()),
+            s.conn.state(error.is_some()),
+        );
+    }
+    let secs = now.duration_since(start).as_secs_f64().max(1e-9);
+    let avg = (i * size as u64) as f64 * 8.0 / secs / 1e9;
+    LatOutcome {
+        hist,
+        row: ResultRow {
+            size,
+            iterations: i,
+            bw_peak_gbps: avg,
+            bw_avg_gbps: avg,
+            msg_rate_mpps: i as f64 / secs / 1e6,
+            duration_s: secs,
+        },
+        error,
+    }
+}
+
+/// The server: answers pings until the client is done or gone (READ: just stays up).
+pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<AppError> {
+    let size = o.sizes[0];
+    let mut idle = Idle::new(o.flags.poll);
+    s.conn.set_waker(idle.unparker());
+    let mut wcs = [WorkCompletion::EMPTY; 16];
+    let mut payload = vec![0u8; size];
+    let mut recvs_posted = 0u64;
+    if o.tool == Tool::SendLat {
+        while recvs_posted < RECVS {
+            if let Err(e) = post_recv(s, recvs_posted, size) {
+                return Some(e);
+            }
+            recvs_posted += 1;
+        }
+    }
+    let mut watch = PeerWatch::new(Duration::from_millis(2));
+    let mut i = 0u64;
+    // READ latency: the server's CPU takes no part; it waits for the end.
+    let answer_tool = if o.tool == Tool::ReadLat {
+        None
+    } else {
+        Some(o.tool)
+    };
+    loop {
+        let Some(tool) = answer_tool else {
+            let n = s.conn.poll(&mut wcs);
+            if let Some(wc) = wcs[..n].iter().find(|wc| !wc.is_ok()) {
+                return Some(completion_error(&s.conn, wc, "the server's queue"));
+            }
+            match watch.check(Instant::now(), &mut s.chan) {
+                Ok(None) => {}
+                Ok(Some(Msg::Done { .. })) => {
+                    let _ = s.chan.send(&Msg::Summary {
+                        atomic_counter: None,
+                    });
+                    return None;
+                }
+                Ok(Some(_)) | Err(_) => return None,
+            }
+            if n == 0 {
+                idle.idle();
+            }
+            continue;
+        };
+        let v = (i + 1) as u8;
+        match wait_answer(
+            s,
+            tool,
+            size,
+            v,
+            &mut idle,
+            &mut wcs,
+            &mut recvs_posted,
+            Some(&mut watch),
+        ) {
+            Ok(Arrival::Answer) => {}
+            Ok(Arrival::PeerGone) => {
+                let _ = s.chan.send(&Msg::Summary {
+                    atomic_counter: None,
+                });
+                return None;
+            }
+            Err(e) => return Some(e),
+        }
+        if let Err(e) = ping(s, tool, size, v, o.inline_size, &mut payload) {
+            return Some(e);
+        }
+        i += 1;
+        timeline.tick(Instant::now(), i * size as u64, i, 0, s.conn.state(false));
+    }
+}
+
+/// Writes `h` (nanoseconds) as an HdrHistogram percentile distribution in microseconds, the
+/// `.hgrm` text that HdrHistogram's `outputPercentileDistribution` writes and its plotters
+/// read (5 ticks per half distance).
+pub fn write_hgrm(h: &Histogram<u64>, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    let scale = 1e3;
+    writeln!(
+        out,
+        "{:>12} {:>14} {:>10} {:>14}\n",
+        "Value", "Percentile", "TotalCount", "1/(1-Percentile)"
+    )?;
+    let mut total = 0u64;
+    for v in h.iter_quantiles(5) {
+        total += v.count_since_last_iteration();
+        let q = v.quantile_iterated_to();
+        let value = v.value_iterated_to() as f64 / scale;
+        if q < 1.0 {
+            writeln!(
+                out,
+                "{value:>12.3} {q:>2.12} {total:>10} {:>14.2}",
+                1.0 / (1.0 - q)
+            )?;
+        } else {
+            writeln!(out, "{value:>12.3} {q:>2.12} {total:>10}")?;
+        }
+    }
+    let sub_buckets = (2.0 * 10f64.powi(i32::from(h.sigfig())))
+        .log2()
+        .ceil()
+        .exp2() as u64;
+    writeln!(
+        out,
+        "#[Mean    = {:>12.3}, StdDeviation   = {:>12.3}]",
+        h.mean() / scale,
+        h.stdev() / scale
+    )?;
+    writeln!(
+        out,
+        "#[Max     = {:>12.3}, Total count    = {:>12}]",
+        h.max() as f64 / scale,
+        h.len()
+    )?;
+    writeln!(
+        out,
+        "#[Buckets = {:>12}, SubBuckets     = {:>12}]",
+        h.buckets(),
+        sub_buckets
+    )?;
+    Ok(())
+}
+
+/// Prints the percentile distribution to stdout (the `.hgrm` body).
+pub fn print_distribution(h: &Histogram<u64>) {
+    let mut text = Vec::new();
+    if write_hgrm(h, &mut text).is_ok() {
+        print!("{}", String::from_utf8_lossy(&text));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hgrm_file_ends_at_the_largest_sample_with_the_total_count() {
+        let mut h = new_histogram();
+        for ns in 1000..2000u64 {
+            h.record(ns).unwrap();
+        }
+        let mut out = Vec::new();
+        write_hgrm(&h, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("       Value     Percentile TotalCount 1/(1-Percentile)\n\n"));
+        let last_row = text
+            .lines()
+            .rfind(|l| !l.starts_with('#') && !l.is_empty())
+            .unwrap();
+        let cols: Vec<&str> = last_row.split_whitespace().collect();
+        assert_eq!(cols[1], "1.000000000000", "{last_row}");
+        assert_eq!(cols[2], "1000", "{last_row}");
+        assert!(text.contains("Total count    =         1000]"), "{text}");
+    }
+}

@@ -1,0 +1,244 @@
+//! What every binary's `main` calls: parse the flags, run the tool, print and write the
+//! report, and turn the outcome into an exit code (0 done, 1 stopped by an error, 2 bad
+//! command line). Errors are one line on stderr, never a panic.
+
+use crate::bw::{self, Layout};
+use crate::cli::{self, CliOutcome, Options, Tool};
+use crate::error::AppError;
+use crate::lat;
+use crate::report::{self, FailoverJson, Report, Timeline, RULE};
+use crate::session::{self, Session};
+use std::process::ExitCode;
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The report (also written with `--json`).
+    pub report: Report,
+    /// The error that stopped it, if any.
+    pub error: Option<AppError>,
+}
+
+/// Runs `tool` with `args` (without the program name) as a binary does, returning its exit
+/// code. Tests call this from threads to run a pair inside one process.
+pub fn main_with_args(tool: Tool, args: &[String]) -> ExitCode {
+    let o = match cli::parse(tool, args) {
+        Ok(o) => o,
+        Err(CliOutcome::Help(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Err(CliOutcome::Error(line)) => {
+            eprintln!("{}: error: {line}", tool.name());
+            return ExitCode::from(2);
+        }
+    };
+    match run(&o) {
+        Ok(out) => match out.error {
+            None => ExitCode::SUCCESS,
+            Some(e) => {
+                eprintln!("{}: error: {e}", tool.name());
+                ExitCode::from(1)
+            }
+        },
+        Err(e) => {
+            eprintln!("{}: error: {e}", tool.name());
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The binaries' `main`: logs to stderr (`RUST_LOG`, default warnings), then
+/// [`main_with_args`] with the process's arguments.
+pub fn main(tool: Tool) -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    main_with_args(tool, &args)
+}
+
+/// Runs a parsed command line. `Err` is an error before the run started (no report);
+/// an error during the run is in the outcome, with the report written.
+pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
+    if o.tool == Tool::Allreduce {
+        return Err(AppError::Verbs(
+            "shift_allreduce is not part of this build yet".into(),
+        ));
+    }
+    let mut report = base_report(o);
+    let (out, s) = if o.tool.is_latency() {
+        run_latency(o, &mut report)?
+    } else {
+        run_bandwidth(o, &mut report)?
+    };
+    report.failover = FailoverJson::new(s.conn.stats(), s.conn.events(), report_start(&report, &s));
+    report.failover.print(s.host.is_resilient());
+    report.mtu = s.mtu.bytes();
+    report.error = out.as_ref().map(|e| e.to_string());
+    if let Some(path) = &o.flags.json {
+        report.write(path)?;
+    }
+    drop(s);
+    Ok(RunOutcome { report, error: out })
+}
+
+/// Pins this thread, the polling lcore, once setup is done: the softnic engines and the
+/// failover service were started before and keep the process's whole CPU set.
+fn pin_lcore(o: &Options) -> Result<(), AppError> {
+    match o.flags.cpu {
+        Some(core) => session::pin(core),
+        None => Ok(()),
+    }
+}
+
+fn report_start(r: &Report, s: &Session) -> f64 {
+    r.timeline
+        .first()
+        .map(|f| f.unix_ms - f.t_ms)
+        .unwrap_or(s.start_unix_ms)
+}
+
+/// The report's fixed fields.
+pub fn base_report(o: &Options) -> Report {
+    Report {
+        tool: o.tool.name().to_owned(),
+        version: 1,
+        role: if o.is_server() { "server" } else { "client" }.to_owned(),
+        device: o.device.clone(),
+        backup_device: o.flags.backup_dev.clone(),
+        failover_enabled: o.failover_enabled(),
+        op: o.tool.op().to_owned(),
+        qps: o.flags.qps,
+        ..Report::default()
+    }
+}
+
+fn run_bandwidth(
+    o: &Options,
+    report: &mut Report,
+) -> Result<(Option<AppError>, Session), AppError> {
+    let layout = Layout::of(o);
+    let mut s = Session::establish(o, layout.buffer_len(), layout.caps(o))?;
+    pin_lcore(o)?;
+    let tx_depth = layout.in_flight as u32 * layout.wqes_per_iter;
+    s.print_header(o, tx_depth, layout.cq_mod as u32);
+    let gbits = o.flags.report_gbits;
+    let mut timeline = Timeline::new(o.flags.timeline_ms, true);
+    let mut out = if o.is_server() {
+        println!(" Waiting for the client's traffic (the server counts what it receives)");
+        bw::server(o, &mut s, layout, &mut timeline)
+    } else if o.flags.run_infinitely {
+        // perftest's --run_infinitely: a row per round until something stops it.
+        report::print_bw_header(gbits);
+        loop {
+            let out = bw::client(o, &mut s, layout, &mut timeline);
+            for r in &out.rows {
+                report::print_bw_row(r, gbits);
+            }
+            if out.error.is_some() {
+                break out;
+            }
+        }
+    } else {
+        bw::client(o, &mut s, layout, &mut timeline)
+    };
+    if !o.is_server() {
+        bw::finish_client(
+            &mut s,
+            out.rows.last().map_or(0, |r| r.iterations),
+            out.atomic.as_mut(),
+        );
+    }
+    println!("{RULE}");
+    report::print_bw_header(gbits);
+    for r in &out.rows {
+        report::print_bw_row(r, gbits);
+    }
+    println!("{RULE}");
+    if let Some(c) = &out.check {
+        println!(
+            " Data check: {} bytes and {} notifications checked, {} bad bytes, {} notification errors",
+            c.bytes_checked, c.notifications_checked, c.errors, c.notification_errors
+        );
+    }
+    if let Some(a) = &out.atomic {
+        println!(
+            " Atomic counters: {} posted, {} completed, server counter {}, fetched values in sequence: {}, double executions: {}",
+            a.posted,
+            a.completed,
+            a.remote_counter.map_or("?".into(), |c| c.to_string()),
+            a.fetched_in_sequence,
+            a.double_executions
+        );
+    }
+    report.set_results(out.rows);
+    report.timeline = timeline.samples;
+    report.check = out.check.or_else(|| {
+        o.flags.check.then(|| report::CheckJson {
+            enabled: true,
+            ..Default::default()
+        })
+    });
+    report.atomic = out.atomic;
+    Ok((out.error, s))
+}
+
+fn run_latency(o: &Options, report: &mut Report) -> Result<(Option<AppError>, Session), AppError> {
+    let size = o.sizes[0];
+    if o.flags.all {
+        return Err(AppError::Verbs(format!(
+            "{}: -a/--all is for the bandwidth tools in this version",
+            o.tool.name()
+        )));
+    }
+    let mut s = Session::establish(o, lat::buffer_len(size), lat::caps(o))?;
+    pin_lcore(o)?;
+    s.print_header(o, 1, 1);
+    let mut timeline = Timeline::new(o.flags.timeline_ms, true);
+    if o.is_server() {
+        println!(" Answering the client's pings");
+        let error = lat::server(o, &mut s, &mut timeline);
+        report.size = size;
+        report.timeline = timeline.samples;
+        return Ok((error, s));
+    }
+    let out = lat::client(o, &mut s, &mut timeline);
+    bw::finish_client(&mut s, out.row.iterations, None);
+    println!("{RULE}");
+    report::print_lat_header();
+    let l = lat::latency_of(&out.hist);
+    report::print_lat_row(size, out.row.iterations, &l);
+    println!("{RULE}");
+    println!(
+        " Latency percentile distribution (one-way{}, usec):",
+        if o.tool == Tool::ReadLat {
+            " READ round trip"
+        } else {
+            " = half the round trip"
+        }
+    );
+    lat::print_distribution(&out.hist);
+    println!("{RULE}");
+    if let Some(path) = &o.flags.hdr_out {
+        let mut f = std::fs::File::create(path).map_err(|e| AppError::Output {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        lat::write_hgrm(&out.hist, &mut f).map_err(|e| AppError::Output {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    }
+    if out.row.iterations > 0 {
+        report.latency = Some(l);
+    }
+    report.set_results(vec![out.row]);
+    report.timeline = timeline.samples;
+    Ok((out.error, s))
+}

@@ -1,0 +1,276 @@
+//! Setting up one connection the way every point-to-point tool does: open the devices,
+//! register the buffer, create the QP, exchange attributes over TCP, bring the QP up, and
+//! the idle policy of the polling loop. Also the header block perftest prints.
+
+use std::time::{Duration, Instant};
+
+use pmd::lcore::{IdlePolicy, Poller};
+use pmd::provider::ProgressModel;
+use pmd::{Mtu, QpCaps};
+
+use crate::cli::{Options, PollMode};
+use crate::endpoint::{agree_mtu, mtu_of, random_psn, Conn, DeviceOptions, Host, Memory};
+use crate::error::AppError;
+use crate::exchange::{self, Channel, Hello, Params, QpInfo};
+use crate::report::{unix_ms_now, RULE};
+
+/// How long the peer may take to answer during setup.
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How the polling loop waits when a round found nothing.
+#[derive(Debug)]
+pub struct Idle {
+    mode: PollMode,
+    poller: Poller,
+}
+
+impl Idle {
+    /// The policy for `mode`.
+    pub fn new(mode: PollMode) -> Idle {
+        Idle {
+            mode,
+            poller: Poller::new(IdlePolicy::default()),
+        }
+    }
+
+    /// The last round did work.
+    #[inline]
+    pub fn busy(&mut self) {
+        if self.mode == PollMode::Adaptive {
+            self.poller.busy();
+        }
+    }
+
+    /// The last round found nothing.
+    #[inline]
+    pub fn idle(&mut self) {
+        match self.mode {
+            PollMode::Busy => std::hint::spin_loop(),
+            PollMode::Adaptive => self.poller.idle(),
+        }
+    }
+
+    /// A handle the failover service uses to wake a parked poller.
+    pub fn unparker(&self) -> crossbeam_utils::sync::Unparker {
+        self.poller.unparker()
+    }
+}
+
+/// Pins the calling thread (the polling lcore) to `core`.
+pub fn pin(core: usize) -> Result<(), AppError> {
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    if !ids.iter().any(|c| c.id == core) {
+        return Err(AppError::Verbs(format!(
+            "--cpu {core}: no such core (this machine has {})",
+            ids.len()
+        )));
+    }
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        return Err(AppError::Verbs(format!("--cpu {core}: cannot pin to it")));
+    }
+    Ok(())
+}
+
+/// The device options the flags ask for; latency tools without a backup device drive the
+/// softnic from their polling loop (manual progress), everything else runs softnic engines.
+pub fn device_options(o: &Options) -> DeviceOptions {
+    let manual = o.tool.is_latency() && !o.failover_enabled();
+    DeviceOptions {
+        device: o.device.clone(),
+        backup: o.flags.backup_dev.clone(),
+        failover: o.failover_enabled(),
+        progress: if manual {
+            ProgressModel::Manual
+        } else {
+            ProgressModel::Auto
+        },
+        gid_index: o.flags.gid_index,
+    }
+}
+
+/// The parameters both sides must agree on.
+pub fn params(o: &Options) -> Params {
+    Params {
+        tool: o.tool.name().to_owned(),
+        sizes: o.sizes.clone(),
+        check: o.flags.check,
+        failover: o.failover_enabled(),
+        ranks: o.flags.ranks,
+    }
+}
+
+/// A connected point-to-point session. Fields drop in order: the QP before its memory,
+/// the memory before the devices.
+pub struct Session {
+    /// The QP.
+    pub conn: Conn,
+    /// The registered buffer.
+    pub mem: Memory,
+    /// The devices.
+    pub host: Host,
+    /// The out-of-band connection.
+    pub chan: Channel,
+    /// Our attributes.
+    pub ours: QpInfo,
+    /// The peer's.
+    pub peer: QpInfo,
+    /// The path MTU in use.
+    pub mtu: Mtu,
+    /// When setup finished, Unix ms.
+    pub start_unix_ms: f64,
+}
+
+impl Session {
+    /// Sets up a session whose buffer is `buffer_len` bytes and whose QP has `caps`.
+    pub fn establish(o: &Options, buffer_len: usize, caps: QpCaps) -> Result<Session, AppError> {
+        let host = Host::open(&device_options(o))?;
+        let mem = host.alloc(buffer_len)?;
+        let conn = host.create_qp(caps)?;
+        let wanted_mtu = match o.flags.mtu {
+            Some(m) => mtu_of(m).expect("checked by the flags"),
+            None => host.active_mtu(),
+        };
+        let psn = random_psn();
+        let ours = conn.local_info(host.gid(), psn, &mem, wanted_mtu)?;
+        let hello = Hello::new(params(o), vec![ours.clone()]);
+        let mut chan = match &o.flags.host {
+            None => {
+                let listener = exchange::listen(o.flags.port)?;
+                exchange::accept(&listener)?
+            }
+            Some(server) => exchange::connect(server, o.flags.port)?,
+        };
+        let theirs = chan.handshake(&hello, PEER_TIMEOUT)?;
+        let peer = theirs
+            .qps
+            .first()
+            .cloned()
+            .ok_or_else(|| AppError::Peer("the peer's hello names no QP".into()))?;
+        let mtu = agree_mtu(wanted_mtu, peer.mtu);
+        let mut s = Session {
+            conn,
+            mem,
+            host,
+            chan,
+            ours,
+            peer,
+            mtu,
+            start_unix_ms: 0.0,
+        };
+        let up = s.conn.connect(&s.ours, &s.peer, mtu, o.flags.qp_timeout);
+        if let Err(e) = up {
+            let _ = s.chan.send(&exchange::Msg::Abort {
+                error: e.to_string(),
+            });
+            return Err(e);
+        }
+        s.chan.sync_ready(PEER_TIMEOUT)?;
+        s.start_unix_ms = unix_ms_now();
+        Ok(s)
+    }
+
+    /// perftest's header block.
+    pub fn print_header(&self, o: &Options, tx_depth: u32, cq_mod: u32) {
+        println!("{RULE}");
+        println!("                    {}", o.tool.title());
+        println!(" Device          : {}", o.device);
+        println!(
+            " Backup device   : {}",
+            match (&o.flags.backup_dev, o.failover_enabled()) {
+                (Some(b), true) => format!("{b} (resilient QP, failover on)"),
+                (Some(b), false) => format!("{b} (unused: --no-failover)"),
+                (None, _) => "none (plain QP)".to_owned(),
+            }
+        );
+        println!(" Number of qps   : 1\t\tTransport type : IB");
+        println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+        println!(
+            " Role            : {}",
+            if o.is_server() { "server" } else { "client" }
+        );
+        println!(" TX depth        : {tx_depth}");
+        println!(" CQ Moderation   : {cq_mod}");
+        println!(" Mtu             : {}[B]", self.mtu.bytes());
+        println!(" Link type       : Ethernet (RoCEv2)");
+        println!(" GID index       : {}", o.flags.gid_index);
+        println!(" Max inline data : {}[B]", o.inline_size);
+        println!(" Data ex. method : Ethernet (TCP port {})", o.flags.port);
+        println!(
+            " Polling         : {:?}{}",
+            o.flags.poll,
+            match o.flags.cpu {
+                Some(c) => format!(", lcore pinned to core {c}"),
+                None => String::new(),
+            }
+        );
+        println!("{RULE}");
+        let line = |who: &str, q: &QpInfo| {
+            println!(
+                " {who} address: QPN {:#06x} PSN {:#08x} RKey {:#08x} VAddr {:#016x}",
+                q.qpn, q.psn, q.rkey, q.addr
+            );
+            println!(" GID: {}", q.gid);
+        };
+        line("local", &self.ours);
+        line("remote", &self.peer);
+        println!("{RULE}");
+    }
+}
+
+/// Watches the out-of-band connection during a run without blocking the polling loop.
+#[derive(Debug)]
+pub struct PeerWatch {
+    next: Instant,
+    every: Duration,
+}
+
+impl PeerWatch {
+    /// Checks at most every `every`.
+    pub fn new(every: Duration) -> PeerWatch {
+        PeerWatch {
+            next: Instant::now(),
+            every,
+        }
+    }
+
+    /// A message, or `Closed`, if one is there and a check is due.
+    pub fn check(
+        &mut self,
+        now: Instant,
+        chan: &mut Channel,
+    ) -> Result<Option<exchange::Msg>, exchange::ExchangeError> {
+        if now < self.next {
+            return Ok(None);
+        }
+        self.next = now + self.every;
+        chan.try_recv()
+    }
+}
+
+/// What a tool's options say about a run's length.
+#[derive(Debug, Clone, Copy)]
+pub enum Length {
+    /// A number of iterations.
+    Iters(u64),
+    /// A wall time.
+    Duration(Duration),
+}
+
+impl Length {
+    /// The length `o` asks for.
+    pub fn of(o: &Options) -> Length {
+        match o.flags.duration {
+            Some(d) => Length::Duration(Duration::from_secs_f64(d)),
+            None => Length::Iters(o.iters),
+        }
+    }
+
+    /// Whether iteration `i` (0-based) should still be started at `now`.
+    #[inline]
+    pub fn wants(&self, i: u64, start: Instant, now: Instant) -> bool {
+        match *self {
+            Length::Iters(n) => i < n,
+            Length::Duration(d) => now.duration_since(start) < d,
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The tools' failover logic under link failures on the in-memory fabric. A fabric exists
+//! only inside one process, so client and server run as threads of this test through the
+//! library (`apps::run::run`), each with a default and a backup port, exactly as the
+//! binaries run them; the out-of-band exchange still goes over TCP on loopback.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use apps::cli;
+use apps::run::{self, RunOutcome};
+use apps::Tool;
+use pmd::provider::soft::{register_fabric, unregister_fabric};
+
+struct Fabric {
+    name: String,
+    fabric: softnic::Fabric,
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        unregister_fabric(&self.name);
+    }
+}
+
+/// Ports 0 and 1: the client's default and backup NICs; 2 and 3: the server's.
+fn fabric() -> Fabric {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "apps{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let fabric = softnic::Fabric::new(1, Duration::from_micros(5));
+    for addr in ["198.18.0.1", "198.18.1.1", "198.18.0.2", "198.18.1.2"] {
+        fabric.add_port(addr.parse().unwrap());
+    }
+    register_fabric(&name, &fabric);
+    Fabric { name, fabric }
+}
+
+fn port(test: u16) -> u16 {
+    21000 + (std::process::id() % 400) as u16 * 10 + test
+}
+
+fn start(tool: Tool, args: Vec<String>) -> JoinHandle<RunOutcome> {
+    std::thread::spawn(move || {
+        let o = cli::parse(tool, &args).unwrap_or_else(|e| panic!("{e:?}"));
+        run::run(&o).unwrap_or_else(|e| panic!("{} failed to start: {e}", tool.name()))
+    })
+}
+
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| {
+            let c: Vec<&str> = l.split_whitespace().collect();
+            c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
+        })
+}
+
+/// Starts server and client of `tool` on the fabric with `args` on both sides; `during`
+/// runs on the test thread while they do.
+fn run_pair(
+    f: &Fabric,
+    tool: Tool,
+    test: u16,
+    args: &[&str],
+    during: impl FnOnce(),
+) -> (RunOutcome, RunOutcome) {
+    let p = port(test);
+    let side = |default: u32, backup: u32| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        v.extend([
+            "-d".into(),
+            format!("fabric:{}/{default}", f.name),
+            "--backup-dev".into(),
+            format!("fabric:{}/{backup}", f.name),
+            "-p".into(),
+            p.to_string(),
+            "--timeline-ms".into(),
+            "50".into(),
+        ]);
+        v
+    };
+    let server = start(tool, side(2, 3));
+    let t0 = Instant::now();
+    while !listening(p) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "server never listened"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut cargs = side(0, 1);
+    cargs.push("127.0.0.1".into());
+    let client = start(tool, cargs);
+    during();
+    let c = client.join().expect("client thread");
+    let s = server.join().expect("server thread");
+    (c, s)
+}
+
+#[test]
+fn write_bw_check_fails_over_and_back_with_every_byte_intact() {
+    let f = fabric();
+    let (c, s) = run_pair(
+        &f,
+        Tool::WriteBw,
+        1,
+        &["-s", "16384", "-D", "4", "--check"],
+        || {
+            std::thread::sleep(Duration::from_millis(700));
+            f.fabric.set_link(0, false);
+            std::thread::sleep(Duration::from_millis(800));
+            f.fabric.set_link(0, true);
+        },
+    );
+    assert!(c.error.is_none(), "client stopped: {:?}", c.error);
+    assert!(s.error.is_none(), "server stopped: {:?}", s.error);
+    let fo = &c.report.failover;
+    assert_eq!(fo.failovers, 1, "{fo:?}");
+    assert_eq!(fo.switch_backs, 1, "{fo:?}");
+    let first = &fo.events[0];
+    assert_eq!(first.kind, "failover");
+    assert!(
+        ["link-down", "flushed", "retry-exceeded"].contains(&first.cause.as_str()),
+        "{first:?}"
+    );
+    assert!(first.fallback_latency_us.is_some());
+    assert!(c.report.timeline.iter().any(|t| t.state == "fallback"));
+    assert!(c.report.timeline.iter().any(|t| t.state == "default"));
+    let check = s.report.check.as_ref().unwrap();
+    assert_eq!(check.errors, 0);
+    assert_eq!(check.notification_errors, 0);
+    assert_eq!(check.notifications_checked, c.report.iterations);
+    assert!(c.report.iterations > 0);
+}
+
+#[test]
+fn write_bw_without_failover_stops_with_the_error() {
+    let f = fabric();
+    let (c, s) = run_pair(
+        &f,
+        Tool::WriteBw,
+        2,
+        &[
+            "-s",
+            "16384",
+            "-D",
+            "4",
+            "--check",
+            "--no-failover",
+            "-u",
+            "10",
+        ],
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            f.fabric.set_link(0, false);
+        },
+    );
+    let e = c.error.expect("the client must stop on the failure");
+    assert!(e.to_string().contains("work completion error"), "{e}");
+    assert!(c.report.error.is_some());
+    assert!(!c.report.failover_enabled);
+    // The server's own credit WRITEs may fail on the dead path too; what it checked is
+    // still intact.
+    if let Some(e) = &s.error {
+        assert!(e.to_string().contains("work completion error"), "{e}");
+    }
+    let check = s.report.check.as_ref().unwrap();
+    assert_eq!(check.errors, 0);
+    assert_eq!(check.notification_errors, 0);
+}
+
+#[test]
+fn atomic_bw_refuses_to_fail_over_with_an_atomic_in_flight_and_executes_nothing_twice() {
+    let f = fabric();
+    let (c, s) = run_pair(&f, Tool::AtomicBw, 3, &["-D", "4", "-t", "32"], || {
+        std::thread::sleep(Duration::from_millis(500));
+        f.fabric.set_link(0, false);
+    });
+    let e = c.error.expect("the atomic stream must stop");
+    assert!(e.to_string().contains("atomic-in-flight"), "{e}");
+    let fo = &c.report.failover;
+    assert_eq!(fo.failovers, 0, "{fo:?}");
+    assert_eq!(fo.refusals, 1, "{fo:?}");
+    assert_eq!(fo.events[0].kind, "refused");
+    assert_eq!(fo.events[0].cause, "atomic-in-flight");
+    let a = c.report.atomic.as_ref().unwrap();
+    let counter = a.remote_counter.expect("the server reports its counter");
+    assert!(a.fetched_in_sequence, "{a:?}");
+    assert!(counter >= a.completed && counter <= a.posted, "{a:?}");
+    assert_eq!(a.double_executions, 0);
+    assert!(
+        s.error.is_none()
+            || s.report
+                .failover
+                .events
+                .iter()
+                .all(|e| e.kind != "failover")
+    );
+}

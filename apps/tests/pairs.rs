@@ -1,0 +1,232 @@
+//! Each tool as a real process pair over softnic on loopback UDP, checked through its JSON
+//! report (`docs/apps-json.md`), and the one-line errors of bad command lines and peers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{pair, slot, spawn, text, wait, TempDir};
+
+fn ok(r: &common::PairRun) {
+    assert!(r.client.status.success(), "client: {}", text(&r.client));
+    assert!(r.server.status.success(), "server: {}", text(&r.server));
+}
+
+#[test]
+fn write_bw_with_check_moves_every_byte_and_notification_intact() {
+    let r = pair(
+        "shift_write_bw",
+        1,
+        &["-s", "65536", "-n", "400", "--check", "--timeline-ms", "20"],
+    );
+    ok(&r);
+    let c = &r.client_json;
+    assert_eq!(c["tool"], "shift_write_bw");
+    assert_eq!(c["role"], "client");
+    assert_eq!(c["op"], "write");
+    assert_eq!(c["size"], 65536);
+    assert_eq!(c["iterations"], 400);
+    assert!(c["bw_avg_gbps"].as_f64().unwrap() > 0.0);
+    assert!(c["msg_rate_mpps"].as_f64().unwrap() > 0.0);
+    assert_eq!(c["failover_enabled"], false);
+    assert!(c["error"].is_null());
+    assert!(c["timeline"].as_array().is_some());
+    let s = &r.server_json;
+    assert_eq!(s["role"], "server");
+    assert_eq!(s["check"]["enabled"], true);
+    assert_eq!(s["check"]["notifications_checked"], 400);
+    assert_eq!(s["check"]["bytes_checked"], 400 * 65536);
+    assert_eq!(s["check"]["errors"], 0);
+    assert_eq!(s["check"]["notification_errors"], 0);
+}
+
+#[test]
+fn write_bw_for_a_duration_samples_a_timeline_with_unix_times() {
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1e3;
+    let r = pair(
+        "shift_write_bw",
+        2,
+        &["-s", "4096", "-D", "1", "--timeline-ms", "100"],
+    );
+    ok(&r);
+    let t = r.client_json["timeline"].as_array().unwrap();
+    assert!(t.len() >= 8, "{} samples", t.len());
+    for s in t {
+        assert!(s["unix_ms"].as_f64().unwrap() > before);
+        assert_eq!(s["state"], "default");
+        assert_eq!(s["errors"], 0);
+    }
+    let d = r.client_json["duration_s"].as_f64().unwrap();
+    assert!((0.9..3.0).contains(&d), "duration {d}");
+}
+
+#[test]
+fn write_lat_reports_percentiles_and_writes_an_hgrm_file() {
+    let dir = TempDir::new("hgrm");
+    let hgrm = dir.file("lat.hgrm");
+    let hgrm_arg = hgrm.display().to_string();
+    let r = pair(
+        "shift_write_lat",
+        3,
+        &["-s", "8", "-n", "2000", "--hdr-out", &hgrm_arg],
+    );
+    ok(&r);
+    let c = &r.client_json;
+    let p50 = c["lat_p50_us"].as_f64().unwrap();
+    let p99 = c["lat_p99_us"].as_f64().unwrap();
+    let p999 = c["lat_p999_us"].as_f64().unwrap();
+    assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999, "{p50} {p99} {p999}");
+    assert_eq!(c["iterations"], 2000);
+    let text = std::fs::read_to_string(&hgrm).unwrap();
+    assert!(text.contains("Percentile"), "{text}");
+    assert!(text.contains("Total count    =         2000]"), "{text}");
+}
+
+#[test]
+fn send_bw_lands_every_message_in_a_receive() {
+    let r = pair("shift_send_bw", 4, &["-s", "8192", "-n", "2000"]);
+    ok(&r);
+    assert_eq!(r.client_json["iterations"], 2000);
+    assert_eq!(r.server_json["iterations"], 2000);
+    assert_eq!(r.client_json["op"], "send");
+}
+
+#[test]
+fn read_bw_with_check_reads_the_servers_pattern() {
+    let r = pair(
+        "shift_read_bw",
+        5,
+        &["-s", "16384", "-n", "1000", "--check"],
+    );
+    ok(&r);
+    let c = &r.client_json;
+    assert_eq!(c["iterations"], 1000);
+    assert_eq!(c["check"]["bytes_checked"], 1000 * 16384);
+    assert_eq!(c["check"]["errors"], 0);
+}
+
+#[test]
+fn send_lat_and_read_lat_report_percentiles() {
+    for (tool, test) in [("shift_send_lat", 6), ("shift_read_lat", 7)] {
+        let r = pair(tool, test, &["-n", "500"]);
+        ok(&r);
+        assert!(
+            r.client_json["lat_p50_us"].as_f64().unwrap() > 0.0,
+            "{tool}"
+        );
+        assert_eq!(r.client_json["iterations"], 500, "{tool}");
+    }
+}
+
+#[test]
+fn atomic_bw_executes_each_fetch_add_once() {
+    let r = pair("shift_atomic_bw", 8, &["-n", "3000"]);
+    ok(&r);
+    let a = &r.client_json["atomic"];
+    assert_eq!(a["posted"], 3000);
+    assert_eq!(a["completed"], 3000);
+    assert_eq!(a["remote_counter"], 3000);
+    assert_eq!(a["fetched_in_sequence"], true);
+    assert_eq!(a["double_executions"], 0);
+}
+
+fn one_line_error(o: &std::process::Output, code: i32, needle: &str) {
+    assert_eq!(o.status.code(), Some(code), "{}", text(o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.contains("WARN")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains(needle), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_wrong_flag_is_one_line_and_exit_code_2() {
+    let o = wait(
+        spawn("shift_write_bw", &["--no-such-flag".into()]),
+        Duration::from_secs(10),
+    );
+    one_line_error(&o, 2, "--no-such-flag");
+    let o = wait(
+        spawn("shift_write_bw", &["-m".into(), "1000".into()]),
+        Duration::from_secs(10),
+    );
+    one_line_error(&o, 2, "-m/--mtu 1000");
+}
+
+#[test]
+fn an_unreachable_server_is_one_line() {
+    let (port, _, client) = slot(9);
+    let args: Vec<String> = vec![
+        "-d".into(),
+        format!("soft:lo@{client}"),
+        "-p".into(),
+        port.to_string(),
+        "127.0.0.1".into(),
+    ];
+    let o = wait(spawn("shift_write_bw", &args), Duration::from_secs(20));
+    one_line_error(&o, 1, "cannot connect to 127.0.0.1");
+}
+
+#[test]
+fn a_device_that_does_not_exist_is_one_line() {
+    let o = wait(
+        spawn(
+            "shift_write_lat",
+            &["-d".into(), "soft:nosuchnetdev0".into()],
+        ),
+        Duration::from_secs(10),
+    );
+    one_line_error(&o, 1, "cannot open device soft:nosuchnetdev0");
+}
+
+#[test]
+fn a_peer_with_another_size_is_refused_on_both_sides() {
+    let (port, a_server, a_client) = slot(10);
+    let server = spawn(
+        "shift_write_bw",
+        &[
+            "-d".into(),
+            format!("soft:lo@{a_server}"),
+            "-p".into(),
+            port.to_string(),
+            "-s".into(),
+            "4096".into(),
+        ],
+    );
+    let t0 = std::time::Instant::now();
+    while !common::listening(port) {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = spawn(
+        "shift_write_bw",
+        &[
+            "-d".into(),
+            format!("soft:lo@{a_client}"),
+            "-p".into(),
+            port.to_string(),
+            "-s".into(),
+            "8192".into(),
+            "127.0.0.1".into(),
+        ],
+    );
+    let c = wait(client, Duration::from_secs(20));
+    let s = wait(server, Duration::from_secs(20));
+    one_line_error(
+        &c,
+        1,
+        "parameter mismatch: -s/-a (sizes) is 8192 here but 4096 at the peer",
+    );
+    one_line_error(
+        &s,
+        1,
+        "parameter mismatch: -s/-a (sizes) is 4096 here but 8192 at the peer",
+    );
+}
