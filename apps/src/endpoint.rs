@@ -222,7 +222,10 @@ impl Conn {
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
         match self {
             Conn::Plain { qp, .. } => qp.post_send(wr).map(|_| ()),
-            Conn::Resilient(qp) => qp.post_send(wr),
+            Conn::Resilient(qp) => match qp.post_send(wr) {
+                Err(PostError::NotReadyToSend { .. }) => post_after_failover(qp, wr),
+                r => r,
+            },
         }
     }
 
@@ -315,9 +318,21 @@ impl Conn {
         })
     }
 
-    /// Connects to the peer: backup attributes first (resilient), then INIT, RTR, RTS, then
-    /// (resilient) waits until the backup side is up.
+    /// Connects to the peer: [`Conn::bring_up`], then [`Conn::wait_protected`].
     pub fn connect(
+        &mut self,
+        ours: &QpInfo,
+        peer: &QpInfo,
+        mtu: Mtu,
+        timeout: u8,
+    ) -> Result<(), AppError> {
+        self.bring_up(ours, peer, mtu, timeout)?;
+        self.wait_protected()
+    }
+
+    /// Hands a resilient QP the peer's backup attributes, then moves the QP through INIT,
+    /// RTR and RTS towards the peer.
+    pub fn bring_up(
         &mut self,
         ours: &QpInfo,
         peer: &QpInfo,
@@ -352,11 +367,40 @@ impl Conn {
                 modify(qp.modify(QpState::Init, &QpAttr::init(Access::ALL)), "INIT")?;
                 modify(qp.modify(QpState::Rtr, &rtr), "RTR")?;
                 modify(qp.modify(QpState::Rts, &rts), "RTS")?;
-                qp.wait_protected(SETUP_TIMEOUT)
-                    .map_err(|e| AppError::Failover(e.to_string()))?;
             }
         }
         Ok(())
+    }
+
+    /// Waits until a resilient QP's backup side is connected (at once for a plain QP). Bring
+    /// every QP of a process up before waiting on any: the peers' bring-ups may wait on ours.
+    pub fn wait_protected(&mut self) -> Result<(), AppError> {
+        if let Conn::Resilient(qp) = self {
+            qp.wait_protected(SETUP_TIMEOUT)
+                .map_err(|e| AppError::Failover(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// A resilient QP refused a post because its default QP is in ERR: the link watch moved it
+/// there from the service lcore and this thread has not taken the mail yet, so the route still
+/// names the default QP. Runs the failover work and posts again, until the route moves or the
+/// connection has failed (then the refusal stands, and the next poll brings the error).
+#[cold]
+fn post_after_failover(qp: &mut ResilientQp, wr: &SendWr<'_>) -> Result<(), PostError> {
+    let deadline = std::time::Instant::now() + SETUP_TIMEOUT;
+    loop {
+        qp.progress();
+        match qp.post_send(wr) {
+            Err(PostError::NotReadyToSend { .. })
+                if qp.state() != pmd::resilient::ResilientState::Failed
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::yield_now();
+            }
+            r => return r,
+        }
     }
 }
 

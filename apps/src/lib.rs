@@ -5,6 +5,7 @@
 //!
 //! | module | job |
 //! | --- | --- |
+//! | [`allreduce`] | `shift_allreduce`: the ring, NCCL-Simple-like steps, verification |
 //! | [`cli`] | the flags (perftest's names where they mean the same) and their defaults |
 //! | [`exchange`] | the versioned out-of-band TCP exchange and the run's control messages |
 //! | [`endpoint`] | devices, buffers and QPs: plain, or resilient with `--backup-dev` |
@@ -16,6 +17,7 @@
 //! | [`run`] | parse, run, report, exit code |
 //! | [`error`] | what stops a tool, as one line |
 
+pub mod allreduce;
 pub mod bw;
 pub mod cli;
 pub mod endpoint;

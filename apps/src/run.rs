@@ -67,9 +67,7 @@ pub fn main(tool: Tool) -> ExitCode {
 /// an error during the run is in the outcome, with the report written.
 pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
     if o.tool == Tool::Allreduce {
-        return Err(AppError::Verbs(
-            "shift_allreduce is not part of this build yet".into(),
-        ));
+        return crate::allreduce::run(o);
     }
     let mut report = base_report(o);
     let (out, s) = if o.tool.is_latency() {

@@ -203,3 +203,55 @@ fn atomic_bw_refuses_to_fail_over_with_an_atomic_in_flight_and_executes_nothing_
                 .all(|e| e.kind != "failover")
     );
 }
+
+#[test]
+fn allreduce_keeps_every_result_correct_through_a_failover() {
+    let f = fabric();
+    let (c, s) = run_pair(&f, Tool::Allreduce, 4, &["-s", "65536", "-D", "3"], || {
+        std::thread::sleep(Duration::from_millis(700));
+        f.fabric.set_link(0, false);
+        std::thread::sleep(Duration::from_millis(800));
+        f.fabric.set_link(0, true);
+    });
+    assert!(c.error.is_none(), "rank 1 stopped: {:?}", c.error);
+    assert!(s.error.is_none(), "rank 0 stopped: {:?}", s.error);
+    for r in [&c.report, &s.report] {
+        assert!(r.failover.failovers >= 1, "{:?}", r.failover);
+        let check = r.check.as_ref().unwrap();
+        assert_eq!(check.errors, 0);
+        assert_eq!(check.notification_errors, 0);
+        assert_eq!(check.bytes_checked, r.iterations * 65536);
+    }
+    assert_eq!(c.report.iterations, s.report.iterations);
+    assert!(c.report.timeline.iter().any(|t| t.state == "fallback"));
+}
+
+#[test]
+fn allreduce_without_failover_stops_with_the_error() {
+    let f = fabric();
+    let (c, s) = run_pair(
+        &f,
+        Tool::Allreduce,
+        5,
+        &["-s", "65536", "-D", "4", "--no-failover", "-u", "10"],
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            f.fabric.set_link(0, false);
+        },
+    );
+    // The client (rank 1) always stops with an error: its own completion error, or rank 0's
+    // passed on.
+    assert!(c.error.is_some(), "rank 1 must stop with an error");
+    assert!(c.report.error.is_some());
+    let stopped = [c.error.as_ref(), s.error.as_ref()];
+    assert!(
+        stopped
+            .iter()
+            .flatten()
+            .any(|e| e.to_string().contains("work completion error")),
+        "{stopped:?}"
+    );
+    for r in [&c.report, &s.report] {
+        assert_eq!(r.check.as_ref().unwrap().errors, 0);
+    }
+}

@@ -230,3 +230,80 @@ fn a_peer_with_another_size_is_refused_on_both_sides() {
         "parameter mismatch: -s/-a (sizes) is 4096 here but 8192 at the peer",
     );
 }
+
+#[test]
+fn allreduce_of_two_ranks_verifies_every_iteration() {
+    let r = pair(
+        "shift_allreduce",
+        11,
+        &["-s", "65536", "-n", "100", "--check"],
+    );
+    ok(&r);
+    for (j, rank) in [(&r.server_json, 0), (&r.client_json, 1)] {
+        assert_eq!(j["tool"], "shift_allreduce");
+        assert_eq!(j["op"], "allreduce");
+        assert_eq!(j["rank"], rank);
+        assert_eq!(j["ranks"], 2);
+        assert_eq!(j["iterations"], 100);
+        assert!(j["iterations_per_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(j["check"]["bytes_checked"], 100 * 65536);
+        assert_eq!(j["check"]["errors"], 0);
+        assert_eq!(j["check"]["notifications_checked"], 200);
+        assert_eq!(j["check"]["notification_errors"], 0);
+    }
+}
+
+#[test]
+fn allreduce_of_three_ranks_finds_its_ring_through_rank_0() {
+    let dir = TempDir::new("ring3");
+    let (port, _, _) = slot(12);
+    let args = |r: usize| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "--ranks",
+            "3",
+            "-s",
+            "12288",
+            "-n",
+            "50",
+            "--timeline-ms",
+            "0",
+            "-p",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.push(port.to_string());
+        v.extend(["-d".into(), format!("soft:lo@127.77.12.{}", r + 1)]);
+        v.extend([
+            "--json".into(),
+            dir.file(&format!("r{r}.json")).display().to_string(),
+        ]);
+        if r > 0 {
+            v.push("127.0.0.1".into());
+        }
+        v
+    };
+    let root = spawn("shift_allreduce", &args(0));
+    let t0 = std::time::Instant::now();
+    while !common::listening(port) {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let others: Vec<_> = (1..3).map(|r| spawn("shift_allreduce", &args(r))).collect();
+    let mut outs = vec![wait(root, Duration::from_secs(60))];
+    outs.extend(others.into_iter().map(|c| wait(c, Duration::from_secs(60))));
+    let mut ranks_seen = Vec::new();
+    for (r, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank process {r}: {}", text(o));
+        let j: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.file(&format!("r{r}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(j["iterations"], 50);
+        assert_eq!(j["check"]["errors"], 0);
+        assert_eq!(j["check"]["notifications_checked"], 50 * 4);
+        ranks_seen.push(j["rank"].as_u64().unwrap());
+    }
+    ranks_seen.sort();
+    assert_eq!(ranks_seen, vec![0, 1, 2]);
+}

@@ -47,6 +47,7 @@ pub fn bin(tool: &str) -> PathBuf {
         "shift_read_bw" => env!("CARGO_BIN_EXE_shift_read_bw").into(),
         "shift_read_lat" => env!("CARGO_BIN_EXE_shift_read_lat").into(),
         "shift_atomic_bw" => env!("CARGO_BIN_EXE_shift_atomic_bw").into(),
+        "shift_allreduce" => env!("CARGO_BIN_EXE_shift_allreduce").into(),
         other => panic!("unknown tool {other}"),
     }
 }
