@@ -619,6 +619,7 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
     if o.tool == Tool::AtomicBw {
         out.atomic = Some(AtomicJson {
             remote_counter: Some(s.mem.read_u64(0)),
+            fetched_in_sequence: true,
             ..AtomicJson::default()
         });
     }

@@ -335,7 +335,8 @@ pub struct AtomicJson {
     pub completed: u64,
     /// The server's counter at the end (every executed FETCH_ADD adds one), when known.
     pub remote_counter: Option<u64>,
-    /// Whether the fetched values were exactly 0, 1, 2, ... in completion order.
+    /// Whether the fetched values were exactly 0, 1, 2, ... in completion order (the
+    /// server writes `true`: it fetches nothing).
     pub fetched_in_sequence: bool,
     /// Executions beyond one per posted FETCH_ADD (`remote_counter - posted`, if positive).
     pub double_executions: u64,

@@ -160,20 +160,34 @@ fn run_bandwidth(
     }
     println!("{RULE}");
     if let Some(c) = &out.check {
-        println!(
-            " Data check: {} bytes and {} notifications checked, {} bad bytes, {} notification errors",
-            c.bytes_checked, c.notifications_checked, c.errors, c.notification_errors
-        );
+        if o.tool == Tool::ReadBw {
+            println!(
+                " Data check: {} bytes read and checked, {} bad bytes",
+                c.bytes_checked, c.errors
+            );
+        } else {
+            println!(
+                " Data check: {} bytes and {} notifications checked, {} bad bytes, {} notification errors",
+                c.bytes_checked, c.notifications_checked, c.errors, c.notification_errors
+            );
+        }
     }
     if let Some(a) = &out.atomic {
-        println!(
-            " Atomic counters: {} posted, {} completed, server counter {}, fetched values in sequence: {}, double executions: {}",
-            a.posted,
-            a.completed,
-            a.remote_counter.map_or("?".into(), |c| c.to_string()),
-            a.fetched_in_sequence,
-            a.double_executions
-        );
+        if o.is_server() {
+            println!(
+                " Atomic counter at the end: {} (every executed FETCH_ADD added one)",
+                a.remote_counter.map_or("?".into(), |c| c.to_string())
+            );
+        } else {
+            println!(
+                " Atomic counters: {} posted, {} completed, server counter {}, fetched values in sequence: {}, double executions: {}",
+                a.posted,
+                a.completed,
+                a.remote_counter.map_or("?".into(), |c| c.to_string()),
+                a.fetched_in_sequence,
+                a.double_executions
+            );
+        }
     }
     report.set_results(out.rows);
     report.timeline = timeline.samples;
