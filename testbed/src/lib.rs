@@ -3,6 +3,8 @@
 //! paper's evaluation with JSON results and plots.
 //!
 //! - [`topology`]: build and remove the namespaces, veths and bridges; the address plan.
+//! - [`scenario`]: the paper's scenarios: an app pair under a failure schedule.
+//! - [`apprun`]: running an app pair across the hosts.
 //! - [`baseline`]: the medium measured between the hosts, for ratios.
 //! - [`fail`]: failure schedules (once, flapping, random) and their execution, logged.
 //! - [`report`]: scenario figures from an app report and the failure log.
@@ -11,6 +13,7 @@
 //! - [`medium`]: raw UDP ping-pong and stream between namespaces, the baselines.
 //! - [`ip`]: the `ip` commands everything above is made of.
 
+pub mod apprun;
 pub mod baseline;
 pub mod fail;
 pub mod ip;
@@ -18,4 +21,5 @@ pub mod medium;
 pub mod netns;
 pub mod plot;
 pub mod report;
+pub mod scenario;
 pub mod topology;

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use testbed::fail::{self, FailKind, LogEntry, Schedule};
+use testbed::scenario::{self, Op, ScenarioName, ScenarioOptions, Variants};
 use testbed::topology::{self, Role, TestbedInfo, TopologySpec};
 
 #[derive(Parser)]
@@ -59,6 +60,71 @@ enum Command {
         /// Write the results as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+    },
+    /// Run one of the paper's scenarios: an app pair under a failure, with and without failover.
+    Scenario {
+        /// initiator-nic, responder-nic, switch-port, flap, soak or allreduce.
+        name: ScenarioName,
+        /// Traffic of the bandwidth scenarios: write, send or read.
+        #[arg(long, default_value = "write")]
+        op: Op,
+        /// Write the result (figures, timeline, both runs, ratios) as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Draw the bandwidth timeline with the failure windows to this PNG.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Message size in bytes.
+        #[arg(long, short = 's', default_value_t = 65536)]
+        size: usize,
+        /// Run length (at least the schedule plus two seconds).
+        #[arg(long, default_value = "6s", value_parser = fail::parse_duration)]
+        duration: std::time::Duration,
+        /// When the failure happens, from the client's start.
+        #[arg(long, default_value = "2s", value_parser = fail::parse_duration)]
+        fail_at: std::time::Duration,
+        /// How long the failure lasts.
+        #[arg(long, default_value = "2s", value_parser = fail::parse_duration)]
+        down_for: std::time::Duration,
+        /// Run only with failover (skip the --no-failover baseline run).
+        #[arg(long, conflicts_with = "no_failover")]
+        failover_only: bool,
+        /// Run only the --no-failover baseline.
+        #[arg(long)]
+        no_failover: bool,
+        /// Flaps in `flap`.
+        #[arg(long, default_value_t = 20)]
+        flaps: u32,
+        /// Failures in `soak`.
+        #[arg(long, default_value_t = 200)]
+        failures: u32,
+        /// Range of down times in `flap` and `soak`.
+        #[arg(long, default_value = "50ms..300ms", value_parser = fail::parse_range)]
+        down: (std::time::Duration, std::time::Duration),
+        /// Range of up times in `flap` and `soak`.
+        #[arg(long, default_value = "150ms..400ms", value_parser = fail::parse_range)]
+        up: (std::time::Duration, std::time::Duration),
+        /// Seed of the `flap` and `soak` schedules.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Timeline interval of the apps, in milliseconds.
+        #[arg(long, default_value_t = 100)]
+        timeline_ms: u64,
+        /// Skip measuring the medium and the 8-byte write latency.
+        #[arg(long)]
+        no_baseline: bool,
+        /// Where the apps' binaries are (default: beside this binary).
+        #[arg(long)]
+        apps_dir: Option<PathBuf>,
+        /// Where reports and logs of the runs go.
+        #[arg(long, default_value = "out")]
+        out_dir: PathBuf,
+        /// Out-of-band TCP port of the apps.
+        #[arg(long, default_value_t = 18515)]
+        port: u16,
+        /// Extra arguments passed to both apps, after `--`.
+        #[arg(last = true)]
+        extra: Vec<String>,
     },
     /// Cut and restore links: once, for a while, or on a flapping schedule.
     Fail {
@@ -164,6 +230,79 @@ fn run(cli: Cli) -> Result<(), String> {
                 let text = serde_json::to_string_pretty(&baseline).map_err(|e| e.to_string())?;
                 std::fs::write(&path, text)
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
+            Ok(())
+        }
+        Command::Scenario {
+            name,
+            op,
+            json,
+            plot,
+            size,
+            duration,
+            fail_at,
+            down_for,
+            failover_only,
+            no_failover,
+            flaps,
+            failures,
+            down,
+            up,
+            seed,
+            timeline_ms,
+            no_baseline,
+            apps_dir,
+            out_dir,
+            port,
+            extra,
+        } => {
+            let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
+            let mut o = ScenarioOptions::new(name);
+            o.op = op;
+            o.size = size;
+            o.duration = duration;
+            o.fail_at = fail_at;
+            o.down_for = down_for;
+            if failover_only {
+                o.variants = Variants::Failover;
+            } else if no_failover {
+                o.variants = Variants::NoFailover;
+            }
+            o.flaps = flaps;
+            o.soak_failures = failures;
+            o.down_range = down;
+            o.up_range = up;
+            o.seed = seed;
+            o.timeline_ms = timeline_ms;
+            if no_baseline {
+                o.with_baseline = false;
+            }
+            if let Some(dir) = apps_dir {
+                o.apps_dir = dir;
+            }
+            o.out_dir = out_dir;
+            o.port = port;
+            o.extra_args = extra;
+            let mut on_log = |e: &LogEntry| {
+                println!(
+                    "  [fail] t={:>8.1} ms {} {} {}",
+                    e.t_ms,
+                    e.target,
+                    e.action,
+                    e.error.as_deref().unwrap_or("ok")
+                );
+            };
+            let result = scenario::run(&info, &o, &mut on_log).map_err(|e| e.to_string())?;
+            scenario::print_summary(&result);
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
+                std::fs::write(&path, text)
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                println!("  result: {}", path.display());
+            }
+            if let Some(path) = plot {
+                scenario::plot(&result, &path).map_err(|e| e.to_string())?;
+                println!("  plot: {}", path.display());
             }
             Ok(())
         }

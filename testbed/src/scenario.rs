@@ -1,0 +1,669 @@
+//! The paper's scenarios on the testbed: a failure injected under traffic between the two
+//! hosts, with and without failover, measured against the medium in the same run.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::apprun::{self, AppRunError, PairOutcome, PairSpec};
+use crate::baseline::{self, Baseline};
+use crate::fail::{self, FailKind, FailTarget, LinkAction, LogEntry, Schedule};
+use crate::plot;
+use crate::report::{self, Figures};
+use crate::topology::{Role, TestbedInfo};
+
+/// The scenarios `shift-testbed scenario` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScenarioName {
+    /// The initiator's default NIC fails and recovers.
+    InitiatorNic,
+    /// The responder's default NIC fails and recovers.
+    ResponderNic,
+    /// The rail-0 switch port facing the initiator fails and recovers.
+    SwitchPort,
+    /// The initiator's default NIC flaps, with every byte checked.
+    Flap,
+    /// Random failures of all three kinds, with every byte and notification checked.
+    Soak,
+    /// The ring allreduce with a NIC failure mid-run, every result checked.
+    Allreduce,
+}
+
+impl FromStr for ScenarioName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "initiator-nic" => ScenarioName::InitiatorNic,
+            "responder-nic" => ScenarioName::ResponderNic,
+            "switch-port" => ScenarioName::SwitchPort,
+            "flap" => ScenarioName::Flap,
+            "soak" => ScenarioName::Soak,
+            "allreduce" => ScenarioName::Allreduce,
+            other => {
+                return Err(format!(
+                "unknown scenario {other:?}: use initiator-nic, responder-nic, switch-port, flap, soak or allreduce"
+            ))
+            }
+        })
+    }
+}
+
+/// Traffic of the bandwidth scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// `shift_write_bw`
+    Write,
+    /// `shift_send_bw`
+    Send,
+    /// `shift_read_bw`
+    Read,
+}
+
+impl FromStr for Op {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "write" => Ok(Op::Write),
+            "send" => Ok(Op::Send),
+            "read" => Ok(Op::Read),
+            other => Err(format!("unknown --op {other:?}: use write, send or read")),
+        }
+    }
+}
+
+impl Op {
+    fn tool(self) -> &'static str {
+        match self {
+            Op::Write => "shift_write_bw",
+            Op::Send => "shift_send_bw",
+            Op::Read => "shift_read_bw",
+        }
+    }
+}
+
+/// Which runs a scenario makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variants {
+    /// With failover and the `--no-failover` baseline.
+    Both,
+    /// With failover only.
+    Failover,
+    /// The `--no-failover` baseline only.
+    NoFailover,
+}
+
+/// Everything a scenario run is parameterised by.
+#[derive(Debug, Clone)]
+pub struct ScenarioOptions {
+    /// Which scenario.
+    pub name: ScenarioName,
+    /// Traffic for the bandwidth scenarios.
+    pub op: Op,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Run length of the bandwidth scenarios.
+    pub duration: Duration,
+    /// When the failure happens, from the client's start.
+    pub fail_at: Duration,
+    /// How long the failure lasts.
+    pub down_for: Duration,
+    /// Which runs.
+    pub variants: Variants,
+    /// Flaps in `flap`.
+    pub flaps: u32,
+    /// Failures in `soak`.
+    pub soak_failures: u32,
+    /// Range of down times for `flap` and `soak`.
+    pub down_range: (Duration, Duration),
+    /// Range of up times between failures for `flap` and `soak`.
+    pub up_range: (Duration, Duration),
+    /// Seed of the random schedules.
+    pub seed: u64,
+    /// Timeline interval of the apps.
+    pub timeline_ms: u64,
+    /// Measure the medium and the 8-byte write latency first, for ratios.
+    pub with_baseline: bool,
+    /// Where the apps' binaries are.
+    pub apps_dir: PathBuf,
+    /// Where reports, logs and the plot go.
+    pub out_dir: PathBuf,
+    /// Out-of-band TCP port.
+    pub port: u16,
+    /// Extra arguments for both apps.
+    pub extra_args: Vec<String>,
+}
+
+impl ScenarioOptions {
+    /// The defaults of `name`: the paper's figure-5 timing (failure at 2 s, recovery at 4 s,
+    /// 6 s run), 20 flaps of 50-300 ms, 200 soak failures.
+    pub fn new(name: ScenarioName) -> ScenarioOptions {
+        ScenarioOptions {
+            name,
+            op: Op::Write,
+            size: 65536,
+            duration: Duration::from_secs(6),
+            fail_at: Duration::from_secs(2),
+            down_for: Duration::from_secs(2),
+            variants: match name {
+                ScenarioName::InitiatorNic
+                | ScenarioName::ResponderNic
+                | ScenarioName::SwitchPort => Variants::Both,
+                _ => Variants::Failover,
+            },
+            flaps: 20,
+            soak_failures: 200,
+            down_range: (Duration::from_millis(50), Duration::from_millis(300)),
+            up_range: (Duration::from_millis(150), Duration::from_millis(400)),
+            seed: 1,
+            timeline_ms: 100,
+            with_baseline: matches!(
+                name,
+                ScenarioName::InitiatorNic | ScenarioName::ResponderNic | ScenarioName::SwitchPort
+            ),
+            apps_dir: apprun::default_apps_dir(),
+            out_dir: PathBuf::from("out"),
+            port: 18515,
+            extra_args: Vec::new(),
+        }
+    }
+
+    fn tool(&self) -> &'static str {
+        match self.name {
+            ScenarioName::Allreduce => "shift_allreduce",
+            // Soak and flap check every byte and notification: write data + write-with-imm.
+            ScenarioName::Soak | ScenarioName::Flap => "shift_write_bw",
+            _ => self.op.tool(),
+        }
+    }
+
+    fn checks_data(&self) -> bool {
+        matches!(
+            self.name,
+            ScenarioName::Flap | ScenarioName::Soak | ScenarioName::Allreduce
+        )
+    }
+
+    /// The failure schedule, relative to the client's start.
+    pub fn schedule(&self) -> Schedule {
+        let once = |kind: FailKind| Schedule::Once {
+            target: kind.on_rail(0),
+            at: self.fail_at,
+            duration: Some(self.down_for),
+        };
+        match self.name {
+            ScenarioName::InitiatorNic | ScenarioName::Allreduce => once(FailKind::InitiatorNic),
+            ScenarioName::ResponderNic => once(FailKind::ResponderNic),
+            ScenarioName::SwitchPort => once(FailKind::SwitchPort),
+            ScenarioName::Flap => Schedule::Flap {
+                target: FailTarget::InitiatorNic { rail: 0 },
+                start: self.fail_at,
+                count: self.flaps,
+                down: self.down_range,
+                up: self.up_range,
+                seed: self.seed,
+            },
+            ScenarioName::Soak => Schedule::Random {
+                kinds: vec![
+                    FailKind::InitiatorNic,
+                    FailKind::ResponderNic,
+                    FailKind::SwitchPort,
+                ],
+                rail: 0,
+                start: self.fail_at,
+                count: self.soak_failures,
+                down: self.down_range,
+                up: self.up_range,
+                seed: self.seed,
+            },
+        }
+    }
+
+    /// How long the traffic runs: the configured duration, or long enough to outlast the
+    /// schedule plus two seconds of recovery.
+    pub fn run_length(&self) -> Duration {
+        let last = self
+            .schedule()
+            .steps()
+            .last()
+            .map(|s| s.at)
+            .unwrap_or_default();
+        self.duration.max(last + Duration::from_secs(2))
+    }
+}
+
+/// Why a scenario failed to run (not: why the driver failed a check; that is in the result).
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The application pair could not be run.
+    #[error(transparent)]
+    App(#[from] AppRunError),
+    /// The baseline could not be measured.
+    #[error("baseline: {0}")]
+    Baseline(#[from] crate::medium::MediumError),
+    /// The output could not be written.
+    #[error("writing {path}: {detail}")]
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// One run (with or without failover) of a scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    /// Whether failover was on.
+    pub failover: bool,
+    /// The figures.
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// The error that stopped the client, if one did.
+    pub error: Option<String>,
+    /// Whether the client exited successfully.
+    pub client_ok: bool,
+    /// Every failure action taken.
+    pub failures: Vec<LogEntry>,
+    /// The client's whole report.
+    pub client_report: serde_json::Value,
+    /// The server's whole report, when it wrote one.
+    pub server_report: Option<serde_json::Value>,
+}
+
+/// Ratios against the medium, measured in the same run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratios {
+    /// The medium.
+    pub medium: Baseline,
+    /// 8-byte WRITE latency p50 (one way, as `shift_write_lat` reports it).
+    pub write_lat_p50_us: Option<f64>,
+    /// `write_lat_p50_us` / raw UDP one-way p50 (busy-polled). Goal: <= 1.5.
+    pub lat_ratio: Option<f64>,
+    /// Bandwidth before the failure / raw UDP stream goodput. Goal: >= 0.5.
+    pub bw_ratio: Option<f64>,
+}
+
+/// What `scenario --json` writes: the failover run's figures at the top level.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    /// The scenario.
+    pub scenario: ScenarioName,
+    /// Traffic.
+    pub op: Op,
+    /// Binary used.
+    pub tool: String,
+    /// Message size.
+    pub size: usize,
+    /// Seed of the schedule.
+    pub seed: u64,
+    /// The failover run's figures, flattened to the top level.
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// The failover run's timeline (client side).
+    pub timeline: serde_json::Value,
+    /// The failover run, whole.
+    pub with_failover: Option<RunResult>,
+    /// The `--no-failover` run, whole.
+    pub no_failover: Option<RunResult>,
+    /// Ratios to the medium.
+    pub baseline: Option<Ratios>,
+    /// Whether every goal that applies was met.
+    pub goals: Goals,
+}
+
+/// The goals for failover on this testbed, each `None` where it does not apply.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Goals {
+    /// Fallback latency p50 <= 1 ms.
+    pub fallback_p50_le_1ms: Option<bool>,
+    /// Fallback latency p99 <= 5 ms.
+    pub fallback_p99_le_5ms: Option<bool>,
+    /// Traffic on the backup <= 20 ms after link-down (p50 over failures).
+    pub backup_traffic_le_20ms: Option<bool>,
+    /// Zero data errors.
+    pub zero_data_errors: Option<bool>,
+    /// The failover run completed without an error reaching the application.
+    pub run_survived: Option<bool>,
+    /// The no-failover baseline stopped at the failure, as standard RDMA does.
+    pub baseline_stopped: Option<bool>,
+}
+
+fn common_args(o: &ScenarioOptions, failover: bool) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "-d".into(),
+        "soft:nic0".into(),
+        "--backup-dev".into(),
+        "soft:nic1".into(),
+        "-s".into(),
+        o.size.to_string(),
+        "-D".into(),
+        format!("{}", o.run_length().as_secs_f64().ceil() as u64),
+        "--timeline-ms".into(),
+        o.timeline_ms.to_string(),
+    ];
+    if o.checks_data() {
+        args.push("--check".into());
+    }
+    if !failover {
+        args.push("--no-failover".into());
+    }
+    args.extend(o.extra_args.iter().cloned());
+    args
+}
+
+/// Puts every link of the testbed back up, whatever a schedule left down.
+pub fn restore_all(info: &TestbedInfo) {
+    for rail in 0..info.hosts[0].nics.len() as u8 {
+        let targets = [
+            FailTarget::InitiatorNic { rail },
+            FailTarget::ResponderNic { rail },
+            FailTarget::SwitchPort {
+                rail,
+                host: Role::Initiator,
+            },
+            FailTarget::SwitchPort {
+                rail,
+                host: Role::Responder,
+            },
+        ];
+        for t in targets {
+            if let Err(e) = fail::apply(info, t, LinkAction::Up) {
+                tracing::warn!(target = %t, error = %e, "could not restore link");
+            }
+        }
+    }
+}
+
+/// Runs the pair once with the failure schedule alongside.
+fn run_once(
+    info: &TestbedInfo,
+    o: &ScenarioOptions,
+    failover: bool,
+    on_log: &mut (dyn FnMut(&LogEntry) + Send),
+) -> Result<RunResult, ScenarioError> {
+    let tag = if failover { "failover" } else { "no-failover" };
+    let spec = PairSpec {
+        tool: o.tool().to_owned(),
+        apps_dir: o.apps_dir.clone(),
+        common_args: common_args(o, failover),
+        port: o.port,
+        out_dir: o.out_dir.clone(),
+        tag: format!("{}-{tag}", scenario_slug(o.name)),
+        client_timeout: o.run_length() + Duration::from_secs(30),
+    };
+    let steps = o.schedule().steps();
+    let mut pair = apprun::start(info, &spec)?;
+    let start = Instant::now();
+    let stop = AtomicBool::new(false);
+    let log = std::thread::scope(|scope| {
+        let runner = scope.spawn(|| {
+            fail::run(
+                info,
+                &steps,
+                start,
+                |e| on_log(e),
+                || stop.load(Ordering::Relaxed),
+            )
+        });
+        // Without failover the client stops at the first failure; the schedule can stop too.
+        while !runner.is_finished() {
+            if pair.client_exited() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        runner.join().unwrap_or_default()
+    });
+    restore_all(info);
+    let PairOutcome {
+        client,
+        client_raw,
+        server,
+        server_raw,
+        client_exit,
+    } = pair.finish()?;
+    let figures = report::figures(&client, server.as_ref(), &log, o.timeline_ms as f64);
+    Ok(RunResult {
+        failover,
+        figures,
+        error: client.error.clone(),
+        client_ok: client_exit.is_some_and(|s| s.success()),
+        failures: log,
+        client_report: client_raw,
+        server_report: server_raw,
+    })
+}
+
+fn scenario_slug(name: ScenarioName) -> &'static str {
+    match name {
+        ScenarioName::InitiatorNic => "initiator-nic",
+        ScenarioName::ResponderNic => "responder-nic",
+        ScenarioName::SwitchPort => "switch-port",
+        ScenarioName::Flap => "flap",
+        ScenarioName::Soak => "soak",
+        ScenarioName::Allreduce => "allreduce",
+    }
+}
+
+fn measure_ratios(
+    info: &TestbedInfo,
+    o: &ScenarioOptions,
+) -> Result<(Baseline, Option<f64>), ScenarioError> {
+    let medium = baseline::measure(info, 0, 20_000, Duration::from_secs(2), None)?;
+    let spec = PairSpec {
+        tool: "shift_write_lat".to_owned(),
+        apps_dir: o.apps_dir.clone(),
+        common_args: vec![
+            "-d".into(),
+            "soft:nic0".into(),
+            "-s".into(),
+            "8".into(),
+            "-n".into(),
+            "20000".into(),
+            "--poll".into(),
+            "busy".into(),
+        ],
+        port: o.port,
+        out_dir: o.out_dir.clone(),
+        tag: "write-lat-8".into(),
+        client_timeout: Duration::from_secs(60),
+    };
+    let lat = apprun::start(info, &spec)?
+        .finish()
+        .map(|out| out.client.lat_p50_us)
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "8-byte write latency run failed");
+            None
+        });
+    Ok((medium, lat))
+}
+
+/// Runs scenario `o` on the testbed `info`; `on_log` sees every failure action as it happens.
+pub fn run(
+    info: &TestbedInfo,
+    o: &ScenarioOptions,
+    on_log: &mut (dyn FnMut(&LogEntry) + Send),
+) -> Result<ScenarioResult, ScenarioError> {
+    let ratios_input = if o.with_baseline {
+        Some(measure_ratios(info, o)?)
+    } else {
+        None
+    };
+    let with_failover = match o.variants {
+        Variants::Both | Variants::Failover => Some(run_once(info, o, true, on_log)?),
+        Variants::NoFailover => None,
+    };
+    let no_failover = match o.variants {
+        Variants::Both | Variants::NoFailover => Some(run_once(info, o, false, on_log)?),
+        Variants::Failover => None,
+    };
+    let main = with_failover.as_ref().or(no_failover.as_ref());
+    let figures = main.map(|r| r.figures.clone()).unwrap_or_default();
+    let timeline = main
+        .and_then(|r| r.client_report.get("timeline").cloned())
+        .unwrap_or(serde_json::Value::Null);
+    let baseline = ratios_input.map(|(medium, write_lat)| {
+        let lat_ratio = write_lat.map(|l| l / medium.ping_pong_busy.one_way_p50_us);
+        let bw_ratio = main
+            .filter(|_| medium.stream.goodput_gbps > 0.0)
+            .map(|r| r.figures.bw_before_gbps / medium.stream.goodput_gbps);
+        Ratios {
+            medium,
+            write_lat_p50_us: write_lat,
+            lat_ratio,
+            bw_ratio,
+        }
+    });
+    let goals = goals(with_failover.as_ref(), no_failover.as_ref());
+    Ok(ScenarioResult {
+        scenario: o.name,
+        op: o.op,
+        tool: o.tool().to_owned(),
+        size: o.size,
+        seed: o.seed,
+        figures,
+        timeline,
+        with_failover,
+        no_failover,
+        baseline,
+        goals,
+    })
+}
+
+fn goals(with: Option<&RunResult>, without: Option<&RunResult>) -> Goals {
+    let mut g = Goals::default();
+    if let Some(r) = with {
+        let f = &r.figures;
+        g.fallback_p50_le_1ms = f.fallback_latency_us.p50.map(|v| v <= 1000.0);
+        g.fallback_p99_le_5ms = f.fallback_latency_us.p99.map(|v| v <= 5000.0);
+        g.backup_traffic_le_20ms = f.backup_traffic_ms.p50.map(|v| v <= 20.0);
+        g.zero_data_errors = Some(f.data_errors == 0);
+        g.run_survived = Some(r.client_ok && r.error.is_none());
+    }
+    if let Some(r) = without {
+        g.baseline_stopped = Some(r.error.is_some());
+    }
+    g
+}
+
+/// Draws the failover run's timeline (or the baseline's, if that is all there is).
+pub fn plot(result: &ScenarioResult, path: &std::path::Path) -> Result<(), plot::PlotError> {
+    let run = result
+        .with_failover
+        .as_ref()
+        .or(result.no_failover.as_ref())
+        .ok_or(plot::PlotError::Empty)?;
+    let report: report::AppReport =
+        serde_json::from_value(run.client_report.clone()).unwrap_or_default();
+    let windows = report::windows(&run.failures);
+    let title = format!(
+        "{} ({} {} B, failover {})",
+        scenario_slug(result.scenario),
+        result.tool,
+        result.size,
+        if run.failover { "on" } else { "off" }
+    );
+    plot::timeline_png(&report, &windows, &title, path)
+}
+
+/// Prints the headline figures of a result.
+pub fn print_summary(r: &ScenarioResult) {
+    let f = &r.figures;
+    let opt = |v: Option<f64>, unit: &str| v.map_or("n/a".to_owned(), |v| format!("{v:.2} {unit}"));
+    println!(
+        "scenario {} ({} {} B)",
+        scenario_slug(r.scenario),
+        r.tool,
+        r.size
+    );
+    println!(
+        "  bandwidth: before {:.2} Gb/s, during {:.2} Gb/s, after {:.2} Gb/s",
+        f.bw_before_gbps, f.bw_during_gbps, f.bw_after_gbps
+    );
+    println!(
+        "  detection {}, traffic on backup p50 {}, fallback latency p50 {} p99 {} ({} events), switch-back p50 {}",
+        opt(f.detection_ms, "ms"),
+        opt(f.backup_traffic_ms.p50, "ms"),
+        opt(f.fallback_latency_us.p50, "us"),
+        opt(f.fallback_latency_us.p99, "us"),
+        f.fallback_latency_us.samples,
+        opt(f.switchback_ms.p50, "ms"),
+    );
+    println!(
+        "  failovers {}, switch-backs {}, data errors {}",
+        f.failovers, f.switch_backs, f.data_errors
+    );
+    if let Some(nf) = &r.no_failover {
+        println!(
+            "  --no-failover baseline: before {:.2} Gb/s, during {:.2} Gb/s, stopped with: {}",
+            nf.figures.bw_before_gbps,
+            nf.figures.bw_during_gbps,
+            nf.error.as_deref().unwrap_or("(no error)")
+        );
+    }
+    if let Some(b) = &r.baseline {
+        println!(
+            "  medium: UDP one-way p50 {:.2} us (busy), stream {:.2} Gb/s; write 8 B p50 {} (ratio {}), bandwidth ratio {}",
+            b.medium.ping_pong_busy.one_way_p50_us,
+            b.medium.stream.goodput_gbps,
+            opt(b.write_lat_p50_us, "us"),
+            b.lat_ratio.map_or("n/a".into(), |v| format!("{v:.2}")),
+            b.bw_ratio.map_or("n/a".into(), |v| format!("{v:.2}")),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figure_five_defaults_fail_at_two_and_recover_at_four() {
+        let o = ScenarioOptions::new(ScenarioName::InitiatorNic);
+        let steps = o.schedule().steps();
+        assert_eq!(steps.len(), 2);
+        assert_eq!(steps[0].at, Duration::from_secs(2));
+        assert_eq!(steps[1].at, Duration::from_secs(4));
+        assert_eq!(o.run_length(), Duration::from_secs(6));
+        assert_eq!(o.variants, Variants::Both);
+    }
+
+    #[test]
+    fn soak_runs_long_enough_for_all_its_failures_and_checks_data() {
+        let o = ScenarioOptions::new(ScenarioName::Soak);
+        let steps = o.schedule().steps();
+        assert_eq!(steps.len(), 400);
+        assert!(o.run_length() > steps.last().unwrap().at);
+        let args = common_args(&o, true);
+        assert!(args.contains(&"--check".to_owned()));
+        assert!(!args.contains(&"--no-failover".to_owned()));
+    }
+
+    #[test]
+    fn the_baseline_variant_asks_for_no_failover() {
+        let o = ScenarioOptions::new(ScenarioName::SwitchPort);
+        assert!(common_args(&o, false).contains(&"--no-failover".to_owned()));
+    }
+
+    #[test]
+    fn scenario_and_op_names_round_trip_and_unknown_ones_name_the_choices() {
+        for name in [
+            "initiator-nic",
+            "responder-nic",
+            "switch-port",
+            "flap",
+            "soak",
+            "allreduce",
+        ] {
+            let parsed: ScenarioName = name.parse().unwrap();
+            assert_eq!(scenario_slug(parsed), name);
+        }
+        assert!("nic".parse::<ScenarioName>().unwrap_err().contains("soak"));
+        assert!("atomic".parse::<Op>().unwrap_err().contains("write"));
+    }
+}
