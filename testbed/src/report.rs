@@ -163,6 +163,10 @@ pub struct Figures {
     pub switchback_ms: Percentiles,
     /// Corrupted bytes plus lost, duplicated or reordered notifications.
     pub data_errors: u64,
+    /// Bytes the data check verified (both sides).
+    pub bytes_checked: u64,
+    /// Notifications the data check verified (both sides).
+    pub notifications_checked: u64,
     /// Failovers the application completed.
     pub failovers: u64,
     /// Switch-backs the application completed.
@@ -303,12 +307,15 @@ pub fn figures(
             .filter_map(|u| switch_done_after(u).map(|t| t - u))
             .collect(),
     );
-    let data_errors = [Some(client), server]
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r.check.as_ref())
-        .map(|c| c.errors + c.notification_errors)
-        .sum();
+    let checks = || {
+        [Some(client), server]
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.check.as_ref())
+    };
+    let data_errors = checks().map(|c| c.errors + c.notification_errors).sum();
+    let bytes_checked = checks().map(|c| c.bytes_checked).sum();
+    let notifications_checked = checks().map(|c| c.notifications_checked).sum();
     Figures {
         bw_before_gbps: bw_before,
         bw_during_gbps: bw_during,
@@ -318,6 +325,8 @@ pub fn figures(
         fallback_latency_us,
         switchback_ms,
         data_errors,
+        bytes_checked,
+        notifications_checked,
         failovers: client.failover.failovers,
         switch_backs: client.failover.switch_backs,
     }

@@ -535,6 +535,43 @@ pub fn run(
     })
 }
 
+impl ScenarioResult {
+    /// The correctness verdict: `Err` naming what went wrong when a run that checks data
+    /// found an error, checked nothing, or stopped on an error although failover was on.
+    /// Timing goals are measurements and only reported (see `goals`); correctness is not
+    /// negotiable, so `shift-testbed scenario` exits non-zero on `Err` and prints the seed.
+    pub fn verdict(&self) -> Result<(), String> {
+        let mut wrong = Vec::new();
+        if let Some(r) = &self.with_failover {
+            if let Some(e) = &r.error {
+                wrong.push(format!("the failover run stopped on an error: {e}"));
+            } else if !r.client_ok {
+                wrong.push("the failover run's client did not exit successfully".to_owned());
+            }
+            if r.figures.data_errors > 0 {
+                wrong.push(format!("{} data errors", r.figures.data_errors));
+            }
+            let checks = matches!(
+                self.scenario,
+                ScenarioName::Flap | ScenarioName::Soak | ScenarioName::Allreduce
+            );
+            if checks && r.figures.notifications_checked == 0 {
+                wrong.push("the data check verified nothing".to_owned());
+            }
+        }
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "scenario {} (seed {}): {}",
+                scenario_slug(self.scenario),
+                self.seed,
+                wrong.join("; ")
+            ))
+        }
+    }
+}
+
 fn goals(with: Option<&RunResult>, without: Option<&RunResult>) -> Goals {
     let mut g = Goals::default();
     if let Some(r) = with {
@@ -571,6 +608,74 @@ pub fn plot(result: &ScenarioResult, path: &std::path::Path) -> Result<(), plot:
     plot::timeline_png(&report, &windows, &title, path)
 }
 
+/// Prints the failover run's timeline (one line per sample, with a bar for the bandwidth and
+/// the failure windows marked) and its failover events.
+pub fn print_timeline(result: &ScenarioResult) {
+    let Some(run) = result
+        .with_failover
+        .as_ref()
+        .or(result.no_failover.as_ref())
+    else {
+        return;
+    };
+    let report: report::AppReport =
+        serde_json::from_value(run.client_report.clone()).unwrap_or_default();
+    let windows = report::windows(&run.failures);
+    let peak = report
+        .timeline
+        .iter()
+        .map(|s| s.bw_gbps)
+        .fold(0.0_f64, f64::max);
+    println!(
+        "timeline of the {} run (client, {} ms per line; `!` = link down):",
+        if run.failover {
+            "failover"
+        } else {
+            "no-failover"
+        },
+        result_timeline_ms(&report)
+    );
+    for s in &report.timeline {
+        let down = windows
+            .iter()
+            .any(|w| s.unix_ms >= w.down && w.up.is_none_or(|u| s.unix_ms < u));
+        let width = if peak > 0.0 {
+            (s.bw_gbps / peak * 40.0).round() as usize
+        } else {
+            0
+        };
+        println!(
+            "  {:>7.0} ms {:>7.2} Gb/s {} {:<13} {}",
+            s.t_ms,
+            s.bw_gbps,
+            if down { '!' } else { ' ' },
+            s.state,
+            "#".repeat(width)
+        );
+    }
+    let f = &report.failover;
+    println!(
+        "failover summary: {} failovers, {} switch-backs, {} WQEs retransmitted, {} skipped as delivered",
+        f.failovers, f.switch_backs, f.wqes_retransmitted, f.wqes_skipped
+    );
+    for e in &f.events {
+        let lat = e
+            .fallback_latency_us
+            .map_or(String::new(), |l| format!(", fallback latency {l:.0} us"));
+        println!(
+            "  {} ({}) on {}: {} WQEs copied, {} retransmitted, {} skipped{lat}",
+            e.kind, e.cause, e.device, e.wqes_copied, e.wqes_retransmitted, e.wqes_skipped
+        );
+    }
+}
+
+fn result_timeline_ms(report: &report::AppReport) -> f64 {
+    match report.timeline.as_slice() {
+        [a, b, ..] => (b.t_ms - a.t_ms).round(),
+        _ => 0.0,
+    }
+}
+
 /// Prints the headline figures of a result.
 pub fn print_summary(r: &ScenarioResult) {
     let f = &r.figures;
@@ -595,8 +700,8 @@ pub fn print_summary(r: &ScenarioResult) {
         opt(f.switchback_ms.p50, "ms"),
     );
     println!(
-        "  failovers {}, switch-backs {}, data errors {}",
-        f.failovers, f.switch_backs, f.data_errors
+        "  failovers {}, switch-backs {}, data errors {} ({} bytes and {} notifications checked)",
+        f.failovers, f.switch_backs, f.data_errors, f.bytes_checked, f.notifications_checked
     );
     if let Some(nf) = &r.no_failover {
         println!(
@@ -665,5 +770,72 @@ mod tests {
         }
         assert!("nic".parse::<ScenarioName>().unwrap_err().contains("soak"));
         assert!("atomic".parse::<Op>().unwrap_err().contains("write"));
+    }
+
+    fn result_of(name: ScenarioName, run: RunResult) -> ScenarioResult {
+        ScenarioResult {
+            scenario: name,
+            op: Op::Write,
+            tool: "shift_write_bw".into(),
+            size: 65536,
+            seed: 7,
+            figures: run.figures.clone(),
+            timeline: serde_json::Value::Null,
+            with_failover: Some(run),
+            no_failover: None,
+            baseline: None,
+            goals: Goals::default(),
+        }
+    }
+
+    fn clean_run() -> RunResult {
+        RunResult {
+            failover: true,
+            figures: Figures {
+                bytes_checked: 1 << 20,
+                notifications_checked: 16,
+                ..Figures::default()
+            },
+            error: None,
+            client_ok: true,
+            failures: Vec::new(),
+            client_report: serde_json::Value::Null,
+            server_report: None,
+        }
+    }
+
+    #[test]
+    fn a_clean_checked_run_passes_the_verdict() {
+        assert_eq!(result_of(ScenarioName::Flap, clean_run()).verdict(), Ok(()));
+    }
+
+    #[test]
+    fn data_errors_fail_the_verdict_and_name_the_seed() {
+        let mut run = clean_run();
+        run.figures.data_errors = 3;
+        let err = result_of(ScenarioName::Soak, run).verdict().unwrap_err();
+        assert!(
+            err.contains("seed 7") && err.contains("3 data errors"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_check_that_verified_nothing_fails_the_verdict() {
+        let mut run = clean_run();
+        run.figures.notifications_checked = 0;
+        let err = result_of(ScenarioName::Flap, run).verdict().unwrap_err();
+        assert!(err.contains("verified nothing"), "{err}");
+    }
+
+    #[test]
+    fn an_error_under_failover_fails_the_verdict() {
+        let mut run = clean_run();
+        run.error = Some("RETRY_EXC_ERR on wr 12".into());
+        run.client_ok = false;
+        let err = result_of(ScenarioName::InitiatorNic, run)
+            .verdict()
+            .unwrap_err();
+        assert!(err.contains("RETRY_EXC_ERR"), "{err}");
     }
 }

@@ -122,6 +122,9 @@ enum Command {
         /// Out-of-band TCP port of the apps.
         #[arg(long, default_value_t = 18515)]
         port: u16,
+        /// Print the failover run's timeline and failover events after the summary.
+        #[arg(long)]
+        print_timeline: bool,
         /// Extra arguments passed to both apps, after `--`.
         #[arg(last = true)]
         extra: Vec<String>,
@@ -254,6 +257,7 @@ fn run(cli: Cli) -> Result<(), String> {
             apps_dir,
             out_dir,
             port,
+            print_timeline,
             extra,
         } => {
             let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
@@ -293,6 +297,9 @@ fn run(cli: Cli) -> Result<(), String> {
                 );
             };
             let result = scenario::run(&info, &o, &mut on_log).map_err(|e| e.to_string())?;
+            if print_timeline {
+                scenario::print_timeline(&result);
+            }
             scenario::print_summary(&result);
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
@@ -304,7 +311,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 scenario::plot(&result, &path).map_err(|e| e.to_string())?;
                 println!("  plot: {}", path.display());
             }
-            Ok(())
+            result.verdict()
         }
         Command::Fail {
             target,
