@@ -496,7 +496,9 @@ impl Rank {
                 return (k, Some(Stop::Error(e)));
             }
             k += 1;
-            let state = combined_state(&self.send, &self.recv);
+            let state = crate::endpoint::worst_state(
+                [self.send.state(false), self.recv.state(false)].into_iter(),
+            );
             timeline.tick(Instant::now(), k * bytes_per_iter, k, self.errors, state);
             if last {
                 return (k, None);
@@ -553,22 +555,6 @@ fn recv_chunk(r: usize, n: usize, s: usize) -> usize {
     } else {
         (r + n - (s - (n - 1)) % n) % n
     }
-}
-
-/// The worse of the two QPs' states, as the timeline names it.
-fn combined_state(a: &Conn, b: &Conn) -> &'static str {
-    let order = [
-        "failed",
-        "wait-drained",
-        "wait-signaled",
-        "fallback",
-        "default",
-    ];
-    let (sa, sb) = (a.state(false), b.state(false));
-    order
-        .into_iter()
-        .find(|s| *s == sa || *s == sb)
-        .unwrap_or("default")
 }
 
 /// Rank 0's side of setup: take N - 1 ranks, hand out the ring.

@@ -172,7 +172,15 @@ impl Traffic<'_> {
         checked + self.layout.slots as u64 > i
     }
 
-    fn post(&mut self, s: &mut Session, i: u64, size: usize, signal: bool) -> Result<(), AppError> {
+    /// Posts iteration `i` on QP `qp`.
+    fn post(
+        &mut self,
+        s: &mut Session,
+        qp: usize,
+        i: u64,
+        size: usize,
+        signal: bool,
+    ) -> Result<(), AppError> {
         let slot = (i % self.layout.slots as u64) as usize;
         let offset = slot * self.layout.size;
         let remote_slot = (i % self.remote_slots as u64) as usize * self.layout.size;
@@ -188,14 +196,14 @@ impl Traffic<'_> {
                         remote: self.remote(remote_slot + at),
                     };
                     let wr = SendWr::new(i, op, &[s.mem.sge(offset + at, len as u32)]);
-                    s.conn.post_send(&wr)?;
+                    s.conns[qp].post_send(&wr)?;
                     at += len;
                 }
                 let op = SendOp::WriteImm {
                     remote: self.remote(remote_slot),
                     imm: i as u32,
                 };
-                s.conn.post_send(&signed(SendWr::new(i, op, &[]), signal))?;
+                s.conns[qp].post_send(&signed(SendWr::new(i, op, &[]), signal))?;
             }
             Tool::WriteBw | Tool::SendBw => {
                 let op = if self.tool == Tool::WriteBw {
@@ -211,7 +219,7 @@ impl Traffic<'_> {
                 } else {
                     SendWr::new(i, op, &[s.mem.sge(offset, size as u32)])
                 };
-                s.conn.post_send(&signed(wr, signal))?;
+                s.conns[qp].post_send(&signed(wr, signal))?;
             }
             Tool::ReadBw => {
                 if self.check {
@@ -221,7 +229,7 @@ impl Traffic<'_> {
                     remote: self.remote(remote_slot),
                 };
                 let wr = SendWr::new(i, op, &[s.mem.sge(offset, size as u32)]);
-                s.conn.post_send(&signed(wr, signal))?;
+                s.conns[qp].post_send(&signed(wr, signal))?;
             }
             Tool::AtomicBw => {
                 let op = SendOp::FetchAdd {
@@ -229,7 +237,7 @@ impl Traffic<'_> {
                     add: 1,
                 };
                 let wr = SendWr::new(i, op, &[s.mem.sge(slot * 8, 8)]);
-                s.conn.post_send(&signed(wr, signal))?;
+                s.conns[qp].post_send(&signed(wr, signal))?;
                 self.atomic.posted += 1;
             }
             other => unreachable!("{} is not a bandwidth tool", other.name()),
@@ -275,7 +283,9 @@ impl Traffic<'_> {
 /// Runs the client side of a bandwidth tool over every size.
 pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timeline) -> BwOutcome {
     let mut idle = Idle::new(o.flags.poll);
-    s.conn.set_waker(idle.unparker());
+    for c in &s.conns {
+        c.set_waker(idle.unparker());
+    }
     let mut t = Traffic {
         tool: o.tool,
         check: o.flags.check,
@@ -339,19 +349,30 @@ fn run_size(
 ) -> (ResultRow, Option<AppError>) {
     let length = Length::of(o);
     let layout = t.layout;
+    // Iteration i goes to QP i % nq, as its (i / nq)-th; each QP signals every cq_mod of its
+    // own and has its own in-flight window, as perftest's QPs do.
+    let nq = s.conns.len() as u64;
     let start = Instant::now();
     let mut wcs = [WorkCompletion::EMPTY; 32];
-    let (mut posted, mut completed, mut errors) = (0u64, 0u64, 0u64);
+    let mut posted = 0u64;
+    let mut qp_posted = vec![0u64; nq as usize];
+    let mut qp_done = vec![0u64; nq as usize];
+    let (mut completed, mut errors) = (0u64, 0u64);
     let mut last_progress = start;
     let mut stopping = false;
     let mut error = None;
-    let mut failed = false;
     let mut now = start;
+    let mut rung = vec![false; nq as usize];
     loop {
-        // Post what the queue, the credits and the run's length allow.
-        let mut rung = false;
-        while !stopping && posted - completed < layout.in_flight {
-            let boundary = posted % layout.cq_mod == 0;
+        // Post what the queues, the credits and the run's length allow.
+        rung.fill(false);
+        while !stopping {
+            let q = (posted % nq) as usize;
+            if qp_posted[q] - qp_done[q] >= layout.in_flight {
+                break;
+            }
+            // Every QP is at a signaled boundary here, so a run may stop.
+            let boundary = posted % (nq * layout.cq_mod) == 0;
             if boundary && !length.wants(posted, start, now) {
                 stopping = true;
                 break;
@@ -360,62 +381,70 @@ fn run_size(
                 break;
             }
             let last = match length {
-                Length::Iters(n) => posted + 1 == n,
+                Length::Iters(n) => posted + nq >= n,
                 Length::Duration(_) => false,
             };
-            let signal = (posted + 1) % layout.cq_mod == 0 || last;
-            if let Err(e) = t.post(s, posted, size, signal) {
+            let signal = (qp_posted[q] + 1) % layout.cq_mod == 0 || last;
+            if let Err(e) = t.post(s, q, posted, size, signal) {
                 error = Some(e);
                 break;
             }
             posted += 1;
-            rung = true;
-            if last {
+            qp_posted[q] += 1;
+            rung[q] = true;
+            if matches!(length, Length::Iters(n) if posted == n) {
                 stopping = true;
             }
         }
-        if rung {
-            s.conn.ring();
+        for (q, r) in rung.iter().enumerate() {
+            if *r {
+                s.conns[q].ring();
+            }
         }
         if error.is_some() {
             break;
         }
-        let n = s.conn.poll(&mut wcs);
+        let mut polled = 0;
+        for (q, qp_done) in qp_done.iter_mut().enumerate() {
+            let n = s.conns[q].poll(&mut wcs);
+            polled += n;
+            for wc in &wcs[..n] {
+                if !wc.is_ok() {
+                    errors += 1;
+                    if error.is_none() {
+                        error = Some(completion_error(&s.conns[q], wc, o.tool.op()));
+                    }
+                    continue;
+                }
+                if wc.opcode == WcOpcode::Recv || wc.opcode == WcOpcode::RecvRdmaWithImm {
+                    continue;
+                }
+                let done = wc.wr_id / nq + 1;
+                if done > *qp_done {
+                    if nq == 1 {
+                        if let Err(e) = t.completed(s, size, *qp_done, done) {
+                            error.get_or_insert(e);
+                        }
+                    }
+                    completed += done - *qp_done;
+                    *qp_done = done;
+                    last_progress = now;
+                }
+            }
+        }
         now = Instant::now();
-        for wc in &wcs[..n] {
-            if !wc.is_ok() {
-                errors += 1;
-                if error.is_none() {
-                    error = Some(completion_error(&s.conn, wc, o.tool.op()));
-                }
-                continue;
-            }
-            if wc.opcode == WcOpcode::Recv || wc.opcode == WcOpcode::RecvRdmaWithImm {
-                continue;
-            }
-            let done = wc.wr_id + 1;
-            if done > completed {
-                if let Err(e) = t.completed(s, size, completed, done) {
-                    error.get_or_insert(e);
-                }
-                completed = done;
-                last_progress = now;
-            }
-        }
-        if error.is_some() {
-            failed = true;
-        }
+        let failed = error.is_some();
         timeline.tick(
             now,
             bytes_before + completed * size as u64,
             iters_before + completed,
             errors,
-            s.conn.state(failed),
+            s.state(failed),
         );
-        if error.is_some() || (stopping && completed == posted) {
+        if failed || (stopping && completed == posted) {
             break;
         }
-        if n == 0 && !rung {
+        if polled == 0 && !rung.contains(&true) {
             if now.duration_since(last_progress) > STALL {
                 error = Some(AppError::Stalled(STALL));
                 break;
@@ -495,9 +524,8 @@ impl Checker {
                     rkey: self.credit_rkey,
                 },
             };
-            s.conn
-                .post_send(&SendWr::inline(u64::MAX, op, &word).signaled())?;
-            s.conn.ring();
+            s.conns[0].post_send(&SendWr::inline(u64::MAX, op, &word).signaled())?;
+            s.conns[0].ring();
         }
         Ok(())
     }
@@ -506,7 +534,9 @@ impl Checker {
 /// Runs the server side of a bandwidth tool until the client says it is done or goes away.
 pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timeline) -> BwOutcome {
     let mut idle = Idle::new(o.flags.poll);
-    s.conn.set_waker(idle.unparker());
+    for c in &s.conns {
+        c.set_waker(idle.unparker());
+    }
     let mut out = BwOutcome::default();
     let receives = o.tool == Tool::SendBw || (o.tool == Tool::WriteBw && o.flags.check);
     let mut checker = (o.tool == Tool::WriteBw && o.flags.check).then(|| Checker {
@@ -536,14 +566,18 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             RecvWr::new(k, &[])
         }
     };
-    let mut recvs_posted = 0u64;
+    let nq = s.conns.len();
+    let mut recvs_posted = vec![0u64; nq];
     if receives {
-        while recvs_posted < u64::from(RECV_DEPTH) {
-            if let Err(e) = s.conn.post_recv(&recv_wr(recvs_posted, s)) {
-                out.error = Some(e.into());
-                return out;
+        for (q, posted) in recvs_posted.iter_mut().enumerate() {
+            while *posted < u64::from(RECV_DEPTH) {
+                let wr = recv_wr(*posted, s);
+                if let Err(e) = s.conns[q].post_recv(&wr) {
+                    out.error = Some(e.into());
+                    return out;
+                }
+                *posted += 1;
             }
-            recvs_posted += 1;
         }
     }
     let mut watch = PeerWatch::new(Duration::from_millis(2));
@@ -552,36 +586,41 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
     let mut done_at: Option<(u64, Instant)> = None;
     let mut failed = false;
     loop {
-        let n = s.conn.poll(&mut wcs);
-        let now = Instant::now();
-        for wc in &wcs[..n] {
-            if !wc.is_ok() {
-                errors += 1;
-                failed = true;
-                if out.error.is_none() {
-                    out.error = Some(completion_error(&s.conn, wc, "the server's queue"));
+        let mut polled = 0;
+        for (q, posted) in recvs_posted.iter_mut().enumerate() {
+            let n = s.conns[q].poll(&mut wcs);
+            polled += n;
+            for wc in &wcs[..n] {
+                if !wc.is_ok() {
+                    errors += 1;
+                    failed = true;
+                    if out.error.is_none() {
+                        out.error = Some(completion_error(&s.conns[q], wc, "the server's queue"));
+                    }
+                    continue;
                 }
-                continue;
-            }
-            match wc.opcode {
-                WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
-                    received += 1;
-                    bytes += u64::from(wc.byte_len);
-                    if let (Some(c), Some(imm)) = (checker.as_mut(), wc.imm) {
-                        if let Err(e) = c.notification(s, imm) {
-                            out.error.get_or_insert(e);
+                match wc.opcode {
+                    WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
+                        received += 1;
+                        bytes += u64::from(wc.byte_len);
+                        if let (Some(c), Some(imm)) = (checker.as_mut(), wc.imm) {
+                            if let Err(e) = c.notification(s, imm) {
+                                out.error.get_or_insert(e);
+                            }
+                            bytes += layout.size as u64;
                         }
-                        bytes += layout.size as u64;
+                        let wr = recv_wr(*posted, s);
+                        if let Err(e) = s.conns[q].post_recv(&wr) {
+                            out.error.get_or_insert(e.into());
+                        }
+                        *posted += 1;
                     }
-                    if let Err(e) = s.conn.post_recv(&recv_wr(recvs_posted, s)) {
-                        out.error.get_or_insert(e.into());
-                    }
-                    recvs_posted += 1;
+                    _ => {}
                 }
-                _ => {}
             }
         }
-        timeline.tick(now, bytes, received, errors, s.conn.state(failed));
+        let now = Instant::now();
+        timeline.tick(now, bytes, received, errors, s.state(failed));
         if let Some((iters, since)) = done_at {
             let caught_up = checker.as_ref().is_none_or(|c| c.next >= iters);
             if caught_up || now.duration_since(since) > Duration::from_secs(2) {
@@ -595,7 +634,7 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
                 Ok(Some(_)) => {}
             }
         }
-        if n == 0 {
+        if polled == 0 {
             idle.idle();
         } else {
             idle.busy();

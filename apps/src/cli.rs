@@ -150,7 +150,7 @@ pub struct Flags {
     /// TCP port of the out-of-band exchange.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
-    /// Number of QPs (only 1 in this version).
+    /// Number of QPs (bandwidth tools without --check; iterations go round-robin).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
     /// Traffic in both directions (not supported in this version).
@@ -279,10 +279,15 @@ impl Options {
             }
         }
         if flags.qps != 1 {
-            return Err(format!(
-                "-q/--qp {}: this version runs one QP per connection",
-                flags.qps
-            ));
+            if !matches!(tool, Tool::WriteBw | Tool::SendBw | Tool::ReadBw) || flags.check {
+                return Err(format!(
+                    "-q/--qp {}: several QPs are for shift_write_bw, shift_send_bw and shift_read_bw without --check",
+                    flags.qps
+                ));
+            }
+            if !(1..=16).contains(&flags.qps) {
+                return Err(format!("-q/--qp {} is outside 1..=16", flags.qps));
+            }
         }
         if flags.bidirectional {
             return Err("-b/--bidirectional is not supported in this version".into());

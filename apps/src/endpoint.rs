@@ -383,6 +383,21 @@ impl Conn {
     }
 }
 
+/// The worst of several failover states (timeline names), for a run on several QPs.
+pub fn worst_state<'a>(states: impl Iterator<Item = &'a str>) -> &'static str {
+    const ORDER: [&str; 5] = [
+        "default",
+        "wait-drained",
+        "wait-signaled",
+        "fallback",
+        "failed",
+    ];
+    states
+        .map(|s| ORDER.iter().position(|o| *o == s).unwrap_or(0))
+        .max()
+        .map_or("default", |i| ORDER[i])
+}
+
 /// A resilient QP refused a post because its default QP is in ERR: the link watch moved it
 /// there from the service lcore and this thread has not taken the mail yet, so the route still
 /// names the default QP. Runs the failover work and posts again, until the route moves or the

@@ -98,6 +98,13 @@ pub struct Params {
     pub failover: bool,
     /// Ranks of an allreduce.
     pub ranks: u32,
+    /// QPs per connection (`-q`).
+    #[serde(default = "one")]
+    pub qps: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Params {
@@ -125,6 +132,9 @@ impl Params {
                 on_off(self.failover),
                 on_off(peer.failover),
             );
+        }
+        if self.qps != peer.qps {
+            return mismatch("-q/--qp", self.qps.to_string(), peer.qps.to_string());
         }
         if self.ranks != peer.ranks {
             return mismatch("--ranks", self.ranks.to_string(), peer.ranks.to_string());
@@ -482,6 +492,7 @@ mod tests {
             check: false,
             failover: false,
             ranks: 2,
+            qps: 1,
         }
     }
 

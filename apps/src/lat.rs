@@ -68,7 +68,7 @@ pub fn latency_of(h: &Histogram<u64>) -> Latency {
 
 fn post_recv(s: &mut Session, k: u64, size: usize) -> Result<(), AppError> {
     let sge = s.mem.sge(0, size as u32);
-    s.conn.post_recv(&RecvWr::new(k, &[sge]))?;
+    s.conns[0].post_recv(&RecvWr::new(k, &[sge]))?;
     Ok(())
 }
 
@@ -99,8 +99,7 @@ fn ping(
         other => unreachable!("{} is not a latency tool", other.name()),
     };
     if tool != Tool::ReadLat && size as u32 <= inline {
-        s.conn
-            .post_send(&SendWr::inline(u64::from(v), op, &payload[..size]).signaled())?;
+        s.conns[0].post_send(&SendWr::inline(u64::from(v), op, &payload[..size]).signaled())?;
     } else {
         if tool != Tool::ReadLat {
             s.mem.write(size, &payload[..size]);
@@ -110,10 +109,9 @@ fn ping(
         } else {
             s.mem.sge(size, size as u32)
         };
-        s.conn
-            .post_send(&SendWr::new(u64::from(v), op, &[sge]).signaled())?;
+        s.conns[0].post_send(&SendWr::new(u64::from(v), op, &[sge]).signaled())?;
     }
-    s.conn.ring();
+    s.conns[0].ring();
     Ok(())
 }
 
@@ -140,11 +138,11 @@ fn wait_answer(
     let mut spins = 0u32;
     let mut watch = watch;
     loop {
-        let n = s.conn.poll(wcs);
+        let n = s.conns[0].poll(wcs);
         let mut answered = false;
         for wc in &wcs[..n] {
             if !wc.is_ok() {
-                return Err(completion_error(&s.conn, wc, tool.op()));
+                return Err(completion_error(&s.conns[0], wc, tool.op()));
             }
             match (tool, wc.opcode) {
                 (Tool::SendLat, WcOpcode::Recv) => {
@@ -187,7 +185,7 @@ fn wait_answer(
 pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutcome {
     let size = o.sizes[0];
     let mut idle = Idle::new(o.flags.poll);
-    s.conn.set_waker(idle.unparker());
+    s.conns[0].set_waker(idle.unparker());
     let mut hist = new_histogram();
     let mut wcs = [WorkCompletion::EMPTY; 16];
     let mut payload = vec![0u8; size];
@@ -237,7 +235,7 @@ pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutco
             i * size as u64,
             i,
             u64::from(error.is_some()),
-            s.conn.state(error.is_some()),
+            s.conns[0].state(error.is_some()),
         );
     }
     let secs = now.duration_since(start).as_secs_f64().max(1e-9);
@@ -260,7 +258,7 @@ pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutco
 pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<AppError> {
     let size = o.sizes[0];
     let mut idle = Idle::new(o.flags.poll);
-    s.conn.set_waker(idle.unparker());
+    s.conns[0].set_waker(idle.unparker());
     let mut wcs = [WorkCompletion::EMPTY; 16];
     let mut payload = vec![0u8; size];
     let mut recvs_posted = 0u64;
@@ -282,9 +280,9 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
     };
     loop {
         let Some(tool) = answer_tool else {
-            let n = s.conn.poll(&mut wcs);
+            let n = s.conns[0].poll(&mut wcs);
             if let Some(wc) = wcs[..n].iter().find(|wc| !wc.is_ok()) {
-                return Some(completion_error(&s.conn, wc, "the server's queue"));
+                return Some(completion_error(&s.conns[0], wc, "the server's queue"));
             }
             match watch.check(Instant::now(), &mut s.chan) {
                 Ok(None) => {}
@@ -325,7 +323,13 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             return Some(e);
         }
         i += 1;
-        timeline.tick(Instant::now(), i * size as u64, i, 0, s.conn.state(false));
+        timeline.tick(
+            Instant::now(),
+            i * size as u64,
+            i,
+            0,
+            s.conns[0].state(false),
+        );
     }
 }
 

@@ -6,7 +6,7 @@ use crate::bw::{self, Layout};
 use crate::cli::{self, CliOutcome, Options, Tool};
 use crate::error::AppError;
 use crate::lat;
-use crate::report::{self, FailoverJson, Report, Timeline, RULE};
+use crate::report::{self, Report, Timeline, RULE};
 use crate::session::{self, Session};
 use std::process::ExitCode;
 
@@ -75,7 +75,7 @@ pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
     } else {
         run_bandwidth(o, &mut report)?
     };
-    report.failover = FailoverJson::new(s.conn.stats(), s.conn.events(), report_start(&report, &s));
+    report.failover = s.failover_json(report_start(&report, &s));
     report.failover.print(s.host.is_resilient());
     report.mtu = s.mtu.bytes();
     report.error = out.as_ref().map(|e| e.to_string());

@@ -96,23 +96,26 @@ pub fn params(o: &Options) -> Params {
         check: o.flags.check,
         failover: o.failover_enabled(),
         ranks: o.flags.ranks,
+        qps: o.flags.qps,
     }
 }
 
-/// A connected point-to-point session. Fields drop in order: the QP before its memory,
-/// the memory before the devices.
+/// A connected point-to-point session: `-q` QPs sharing one buffer. Fields drop in order:
+/// the QPs before their memory, the memory before the devices.
 pub struct Session {
-    /// The QP.
-    pub conn: Conn,
+    /// The QPs (`-q`; one for the latency tools).
+    pub conns: Vec<Conn>,
     /// The registered buffer.
     pub mem: Memory,
     /// The devices.
     pub host: Host,
     /// The out-of-band connection.
     pub chan: Channel,
-    /// Our attributes.
-    pub ours: QpInfo,
-    /// The peer's.
+    /// Our attributes, per QP.
+    pub ours: Vec<QpInfo>,
+    /// The peer's, per QP.
+    pub peers: Vec<QpInfo>,
+    /// The peer's first QP (its buffer is the same for all).
     pub peer: QpInfo,
     /// The path MTU in use.
     pub mtu: Mtu,
@@ -121,18 +124,22 @@ pub struct Session {
 }
 
 impl Session {
-    /// Sets up a session whose buffer is `buffer_len` bytes and whose QP has `caps`.
+    /// Sets up a session whose buffer is `buffer_len` bytes and whose QPs have `caps`.
     pub fn establish(o: &Options, buffer_len: usize, caps: QpCaps) -> Result<Session, AppError> {
         let host = Host::open(&device_options(o))?;
         let mem = host.alloc(buffer_len)?;
-        let conn = host.create_qp(caps)?;
         let wanted_mtu = match o.flags.mtu {
             Some(m) => mtu_of(m).expect("checked by the flags"),
             None => host.active_mtu(),
         };
-        let psn = random_psn();
-        let ours = conn.local_info(host.gid(), psn, &mem, wanted_mtu)?;
-        let hello = Hello::new(params(o), vec![ours.clone()]);
+        let mut conns = Vec::new();
+        let mut ours = Vec::new();
+        for _ in 0..o.flags.qps {
+            let conn = host.create_qp(caps)?;
+            ours.push(conn.local_info(host.gid(), random_psn(), &mem, wanted_mtu)?);
+            conns.push(conn);
+        }
+        let hello = Hello::new(params(o), ours.clone());
         let mut chan = match &o.flags.host {
             None => {
                 let listener = exchange::listen(o.flags.port)?;
@@ -141,24 +148,30 @@ impl Session {
             Some(server) => exchange::connect(server, o.flags.port)?,
         };
         let theirs = chan.handshake(&hello, PEER_TIMEOUT)?;
-        let peer = theirs
-            .qps
-            .first()
-            .cloned()
-            .ok_or_else(|| AppError::Peer("the peer's hello names no QP".into()))?;
-        let mtu = agree_mtu(wanted_mtu, peer.mtu);
+        if theirs.qps.len() != conns.len() {
+            return Err(AppError::Peer(format!(
+                "the peer sent {} QPs for -q {}",
+                theirs.qps.len(),
+                conns.len()
+            )));
+        }
+        let peers = theirs.qps;
+        let mtu = agree_mtu(
+            wanted_mtu,
+            peers.iter().map(|p| p.mtu).min().unwrap_or(4096),
+        );
         let mut s = Session {
-            conn,
+            conns,
             mem,
             host,
             chan,
+            peer: peers[0].clone(),
+            peers,
             ours,
-            peer,
             mtu,
             start_unix_ms: 0.0,
         };
-        let up = s.conn.connect(&s.ours, &s.peer, mtu, o.flags.qp_timeout);
-        if let Err(e) = up {
+        if let Err(e) = s.bring_up(o.flags.qp_timeout) {
             let _ = s.chan.send(&exchange::Msg::Abort {
                 error: e.to_string(),
             });
@@ -167,6 +180,36 @@ impl Session {
         s.chan.sync_ready(PEER_TIMEOUT)?;
         s.start_unix_ms = unix_ms_now();
         Ok(s)
+    }
+
+    /// Every QP up first, then every resilient QP protected (the peer's bring-ups may wait
+    /// on ours).
+    fn bring_up(&mut self, timeout: u8) -> Result<(), AppError> {
+        for ((conn, ours), peer) in self.conns.iter_mut().zip(&self.ours).zip(&self.peers) {
+            conn.bring_up(ours, peer, self.mtu, timeout)?;
+        }
+        for conn in &mut self.conns {
+            conn.wait_protected()?;
+        }
+        Ok(())
+    }
+
+    /// The worst failover state of the QPs, as the timeline names it.
+    pub fn state(&self, failed: bool) -> &'static str {
+        crate::endpoint::worst_state(self.conns.iter().map(|c| c.state(failed)))
+    }
+
+    /// The failover section: every QP's counters and events together.
+    pub fn failover_json(&self, start_unix_ms: f64) -> crate::report::FailoverJson {
+        let mut fo = crate::report::FailoverJson::default();
+        for c in &self.conns {
+            fo.merge(crate::report::FailoverJson::new(
+                c.stats(),
+                c.events(),
+                start_unix_ms,
+            ));
+        }
+        fo
     }
 
     /// perftest's header block.
@@ -182,7 +225,10 @@ impl Session {
                 (None, _) => "none (plain QP)".to_owned(),
             }
         );
-        println!(" Number of qps   : 1\t\tTransport type : IB");
+        println!(
+            " Number of qps   : {}\t\tTransport type : IB",
+            self.conns.len()
+        );
         println!(" Connection type : RC\t\tUsing SRQ      : OFF");
         println!(
             " Role            : {}",
@@ -211,8 +257,12 @@ impl Session {
             );
             println!(" GID: {}", q.gid);
         };
-        line("local", &self.ours);
-        line("remote", &self.peer);
+        for q in &self.ours {
+            line("local", q);
+        }
+        for q in &self.peers {
+            line("remote", q);
+        }
         println!("{RULE}");
     }
 }

@@ -255,3 +255,22 @@ fn allreduce_without_failover_stops_with_the_error() {
         assert_eq!(r.check.as_ref().unwrap().errors, 0);
     }
 }
+
+#[test]
+fn write_bw_on_two_resilient_qps_fails_both_over() {
+    let f = fabric();
+    let (c, s) = run_pair(
+        &f,
+        Tool::WriteBw,
+        6,
+        &["-s", "16384", "-D", "2", "-q", "2"],
+        || {
+            std::thread::sleep(Duration::from_millis(600));
+            f.fabric.set_link(0, false);
+        },
+    );
+    assert!(c.error.is_none(), "client stopped: {:?}", c.error);
+    assert!(s.error.is_none(), "server stopped: {:?}", s.error);
+    assert_eq!(c.report.failover.failovers, 2, "{:?}", c.report.failover);
+    assert!(c.report.iterations > 0);
+}

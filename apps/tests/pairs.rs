@@ -96,6 +96,19 @@ fn send_bw_lands_every_message_in_a_receive() {
 }
 
 #[test]
+fn send_bw_on_three_qps_spreads_iterations_round_robin() {
+    let r = pair(
+        "shift_send_bw",
+        13,
+        &["-s", "4096", "-n", "3001", "-q", "3"],
+    );
+    ok(&r);
+    assert_eq!(r.client_json["qps"], 3);
+    assert_eq!(r.client_json["iterations"], 3001);
+    assert_eq!(r.server_json["iterations"], 3001);
+}
+
+#[test]
 fn read_bw_with_check_reads_the_servers_pattern() {
     let r = pair(
         "shift_read_bw",
