@@ -590,23 +590,6 @@ fn coordinate(
 
 /// Runs `shift_allreduce`.
 pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
-    if o.flags.ranks < 2 {
-        return Err(AppError::Verbs(format!(
-            "--ranks {}: a ring needs at least 2 ranks",
-            o.flags.ranks
-        )));
-    }
-    if o.flags.ranks > 2 && o.flags.ib_dev.is_none() {
-        return Err(AppError::Verbs(
-            "with --ranks above 2, give each rank its own device (-d soft:lo@127.0.0.x on one host)"
-                .into(),
-        ));
-    }
-    if o.sizes.len() != 1 {
-        return Err(AppError::Verbs(
-            "-a/--all is not for shift_allreduce".into(),
-        ));
-    }
     let mut rank = Rank::establish(o)?;
     if let Some(core) = o.flags.cpu {
         crate::session::pin(core)?;

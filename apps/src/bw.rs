@@ -136,10 +136,53 @@ fn signed(wr: SendWr<'_>, signal: bool) -> SendWr<'_> {
     }
 }
 
+/// The receives a side keeps posted on every QP: into the slots for SENDs, zero-length for
+/// `--check` notifications (WRITE_WITH_IMM).
+struct Receiver {
+    layout: Layout,
+    into_slots: bool,
+    posted: Vec<u64>,
+}
+
+impl Receiver {
+    fn new(layout: Layout, into_slots: bool, qps: usize) -> Receiver {
+        Receiver {
+            layout,
+            into_slots,
+            posted: vec![0; qps],
+        }
+    }
+
+    /// Posts one more receive on QP `q`.
+    fn post(&mut self, s: &mut Session, q: usize) -> Result<(), AppError> {
+        let k = self.posted[q];
+        let slot = (k % self.layout.slots as u64) as usize;
+        let wr = if self.into_slots {
+            let len = self.layout.size as u32;
+            RecvWr::new(k, &[s.mem.sge(slot * self.layout.size, len)])
+        } else {
+            RecvWr::new(k, &[])
+        };
+        s.conns[q].post_recv(&wr)?;
+        self.posted[q] += 1;
+        Ok(())
+    }
+
+    /// Fills every QP's receive queue.
+    fn fill(&mut self, s: &mut Session) -> Result<(), AppError> {
+        for q in 0..self.posted.len() {
+            while self.posted[q] < u64::from(RECV_DEPTH) {
+                self.post(s, q)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 // ---- client -----------------------------------------------------------------------------
 
 /// Per-tool behaviour of the client loop.
-struct Traffic<'a> {
+struct Traffic {
     tool: Tool,
     check: bool,
     layout: Layout,
@@ -151,10 +194,11 @@ struct Traffic<'a> {
     scratch: Vec<u8>,
     atomic: AtomicJson,
     check_json: CheckJson,
-    _s: std::marker::PhantomData<&'a ()>,
+    /// `-b` with SENDs: this side receives the peer's too.
+    receiver: Option<Receiver>,
 }
 
-impl Traffic<'_> {
+impl Traffic {
     fn remote(&self, offset: usize) -> pmd::Remote {
         pmd::Remote {
             addr: self.remote_addr + offset as u64,
@@ -303,9 +347,16 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             enabled: o.flags.check,
             ..CheckJson::default()
         },
-        _s: std::marker::PhantomData,
+        receiver: (o.flags.bidirectional && o.tool == Tool::SendBw)
+            .then(|| Receiver::new(layout, true, s.conns.len())),
     };
     let mut out = BwOutcome::default();
+    if let Some(r) = t.receiver.as_mut() {
+        if let Err(e) = r.fill(s) {
+            out.error = Some(e);
+            return out;
+        }
+    }
     // Bytes and iterations before the current size, for the timeline's running totals.
     let (mut bytes_before, mut iters_before) = (0u64, 0u64);
     for &size in &o.sizes {
@@ -327,6 +378,16 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             break;
         }
     }
+    if o.flags.bidirectional {
+        if let Err(e) = serve_until_peer_done(
+            s,
+            &mut t,
+            &mut idle,
+            out.rows.iter().map(|r| r.iterations).sum(),
+        ) {
+            out.error.get_or_insert(e);
+        }
+    }
     if o.tool == Tool::ReadBw {
         out.check = Some(t.check_json);
     }
@@ -340,7 +401,7 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
 fn run_size(
     o: &Options,
     s: &mut Session,
-    t: &mut Traffic<'_>,
+    t: &mut Traffic,
     size: usize,
     timeline: &mut Timeline,
     idle: &mut Idle,
@@ -417,6 +478,11 @@ fn run_size(
                     continue;
                 }
                 if wc.opcode == WcOpcode::Recv || wc.opcode == WcOpcode::RecvRdmaWithImm {
+                    if let Some(r) = t.receiver.as_mut() {
+                        if let Err(e) = r.post(s, q) {
+                            error.get_or_insert(e);
+                        }
+                    }
                     continue;
                 }
                 let done = wc.wr_id / nq + 1;
@@ -470,6 +536,53 @@ fn run_size(
         duration_s: secs,
     };
     (row, error)
+}
+
+/// `-b`: this side's traffic is done; tell the peer, and keep serving (reposting receives,
+/// failover work) until the peer's traffic is done too, so neither side tears its QPs down
+/// under the other's.
+fn serve_until_peer_done(
+    s: &mut Session,
+    t: &mut Traffic,
+    idle: &mut Idle,
+    iterations: u64,
+) -> Result<(), AppError> {
+    s.chan.send(&Msg::Done { iterations })?;
+    let mut watch = PeerWatch::new(Duration::from_millis(2));
+    let mut wcs = [WorkCompletion::EMPTY; 32];
+    let since = Instant::now();
+    loop {
+        let mut polled = 0;
+        for q in 0..s.conns.len() {
+            let n = s.conns[q].poll(&mut wcs);
+            polled += n;
+            for wc in &wcs[..n] {
+                if !wc.is_ok() {
+                    return Err(completion_error(&s.conns[q], wc, "serving the peer"));
+                }
+                if wc.opcode == WcOpcode::Recv {
+                    if let Some(r) = t.receiver.as_mut() {
+                        r.post(s, q)?;
+                    }
+                }
+            }
+        }
+        match watch.check(Instant::now(), &mut s.chan) {
+            Ok(Some(Msg::Done { .. })) | Err(_) => return Ok(()),
+            Ok(Some(Msg::Abort { error })) => {
+                return Err(crate::exchange::ExchangeError::PeerAborted(error).into())
+            }
+            Ok(_) => {}
+        }
+        if since.elapsed() > STALL {
+            return Err(AppError::Stalled(STALL));
+        }
+        if polled == 0 {
+            idle.idle();
+        } else {
+            idle.busy();
+        }
+    }
 }
 
 /// The client's end of the run: tell the server, hear what it saw (the atomic counter).
@@ -558,26 +671,11 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             s.mem.write(k * layout.size, &slot);
         }
     }
-    let recv_wr = |k: u64, s: &Session| {
-        let slot = (k % layout.slots as u64) as usize;
-        if o.tool == Tool::SendBw {
-            RecvWr::new(k, &[s.mem.sge(slot * layout.size, layout.size as u32)])
-        } else {
-            RecvWr::new(k, &[])
-        }
-    };
-    let nq = s.conns.len();
-    let mut recvs_posted = vec![0u64; nq];
+    let mut receiver = Receiver::new(layout, o.tool == Tool::SendBw, s.conns.len());
     if receives {
-        for (q, posted) in recvs_posted.iter_mut().enumerate() {
-            while *posted < u64::from(RECV_DEPTH) {
-                let wr = recv_wr(*posted, s);
-                if let Err(e) = s.conns[q].post_recv(&wr) {
-                    out.error = Some(e.into());
-                    return out;
-                }
-                *posted += 1;
-            }
+        if let Err(e) = receiver.fill(s) {
+            out.error = Some(e);
+            return out;
         }
     }
     let mut watch = PeerWatch::new(Duration::from_millis(2));
@@ -587,7 +685,7 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
     let mut failed = false;
     loop {
         let mut polled = 0;
-        for (q, posted) in recvs_posted.iter_mut().enumerate() {
+        for q in 0..s.conns.len() {
             let n = s.conns[q].poll(&mut wcs);
             polled += n;
             for wc in &wcs[..n] {
@@ -609,11 +707,9 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
                             }
                             bytes += layout.size as u64;
                         }
-                        let wr = recv_wr(*posted, s);
-                        if let Err(e) = s.conns[q].post_recv(&wr) {
-                            out.error.get_or_insert(e.into());
+                        if let Err(e) = receiver.post(s, q) {
+                            out.error.get_or_insert(e);
                         }
-                        *posted += 1;
                     }
                     _ => {}
                 }

@@ -153,7 +153,7 @@ pub struct Flags {
     /// Number of QPs (bandwidth tools without --check; iterations go round-robin).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
-    /// Traffic in both directions (not supported in this version).
+    /// Traffic in both directions: the server sends too (bandwidth tools without --check).
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
     /// Report bandwidth in Gb/s instead of MiB/s.
@@ -289,8 +289,15 @@ impl Options {
                 return Err(format!("-q/--qp {} is outside 1..=16", flags.qps));
             }
         }
-        if flags.bidirectional {
-            return Err("-b/--bidirectional is not supported in this version".into());
+        if flags.bidirectional
+            && (!matches!(tool, Tool::WriteBw | Tool::SendBw | Tool::ReadBw)
+                || flags.check
+                || flags.run_infinitely)
+        {
+            return Err(
+                "-b/--bidirectional is for shift_write_bw, shift_send_bw and shift_read_bw, without --check and --run_infinitely"
+                    .into(),
+            );
         }
         if flags.tx_depth == 0 || flags.tx_depth > 4096 {
             return Err(format!(
@@ -317,6 +324,26 @@ impl Options {
         }
         if tool != Tool::Allreduce && flags.ranks != 2 {
             return Err("--ranks is for shift_allreduce".into());
+        }
+        if tool == Tool::Allreduce {
+            if flags.ranks < 2 || flags.ranks > 64 {
+                return Err(format!("--ranks {}: a ring has 2..=64 ranks", flags.ranks));
+            }
+            if flags.ranks > 2 && flags.ib_dev.is_none() {
+                return Err(
+                    "with --ranks above 2, give each rank its own -d (on one host soft:lo@127.0.0.x)"
+                        .into(),
+                );
+            }
+        }
+        if flags.all && (tool.is_latency() || tool == Tool::Allreduce) {
+            return Err(format!(
+                "-a/--all is for the bandwidth tools, not {}",
+                tool.name()
+            ));
+        }
+        if flags.all && flags.check {
+            return Err("--check runs one size: drop -a/--all".into());
         }
         let iters = flags.iters.unwrap_or(tool.default_iters());
         if iters == 0 {
@@ -373,5 +400,44 @@ fn check_size(tool: Tool, size: usize, check: bool) -> Result<(), String> {
         }
         _ if size == 0 || size > MAX => Err(format!("-s/--size {size} is outside 1..={MAX}")),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(tool: Tool, args: &[&str]) -> String {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        match parse(tool, &args) {
+            Err(CliOutcome::Error(line)) => line,
+            other => panic!("{args:?} accepted: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn flags_that_do_not_go_together_are_refused_by_name() {
+        assert!(refused(Tool::WriteLat, &["-a"]).contains("-a/--all"));
+        assert!(refused(Tool::SendBw, &["--check"]).contains("--check"));
+        assert!(refused(Tool::WriteBw, &["--check", "-q", "2"]).contains("-q/--qp 2"));
+        assert!(refused(Tool::AtomicBw, &["-b"]).contains("-b/--bidirectional"));
+        assert!(refused(Tool::Allreduce, &["--ranks", "3"]).contains("its own -d"));
+        assert!(refused(Tool::WriteBw, &["-D", "1", "-a"]).contains("-D/--duration"));
+    }
+
+    #[test]
+    fn each_tool_gets_perftests_defaults() {
+        let o = parse(Tool::WriteBw, &[]).unwrap();
+        assert_eq!(
+            (o.sizes.clone(), o.iters, o.flags.port),
+            (vec![65536], 5000, 18515)
+        );
+        assert!(o.is_server());
+        assert_eq!(o.device, "soft:lo@127.0.0.1");
+        let o = parse(Tool::WriteLat, &["127.0.0.1".into()]).unwrap();
+        assert_eq!((o.sizes.clone(), o.iters), (vec![2], 1000));
+        assert_eq!(o.device, "soft:lo@127.0.0.2");
+        let o = parse(Tool::WriteBw, &["-a".into()]).unwrap();
+        assert_eq!(o.sizes.len(), 23);
     }
 }

@@ -101,6 +101,9 @@ pub struct Params {
     /// QPs per connection (`-q`).
     #[serde(default = "one")]
     pub qps: u32,
+    /// `-b`.
+    #[serde(default)]
+    pub bidirectional: bool,
 }
 
 fn one() -> u32 {
@@ -131,6 +134,13 @@ impl Params {
                 "failover (--backup-dev without --no-failover)",
                 on_off(self.failover),
                 on_off(peer.failover),
+            );
+        }
+        if self.bidirectional != peer.bidirectional {
+            return mismatch(
+                "-b/--bidirectional",
+                on_off(self.bidirectional),
+                on_off(peer.bidirectional),
             );
         }
         if self.qps != peer.qps {
@@ -493,6 +503,7 @@ mod tests {
             failover: false,
             ranks: 2,
             qps: 1,
+            bidirectional: false,
         }
     }
 

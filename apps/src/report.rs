@@ -369,6 +369,8 @@ pub struct Report {
     pub mtu: u32,
     /// QPs.
     pub qps: u32,
+    /// `-b`: both sides sent (each report counts its own direction).
+    pub bidirectional: bool,
     /// Peak bandwidth.
     pub bw_peak_gbps: f64,
     /// Average bandwidth.

@@ -113,6 +113,7 @@ pub fn base_report(o: &Options) -> Report {
         failover_enabled: o.failover_enabled(),
         op: o.tool.op().to_owned(),
         qps: o.flags.qps,
+        bidirectional: o.flags.bidirectional,
         ..Report::default()
     }
 }
@@ -128,7 +129,10 @@ fn run_bandwidth(
     s.print_header(o, tx_depth, layout.cq_mod as u32);
     let gbits = o.flags.report_gbits;
     let mut timeline = Timeline::new(o.flags.timeline_ms, true);
-    let mut out = if o.is_server() {
+    let mut out = if o.flags.bidirectional {
+        // Both sides send (and serve the other's traffic until it is done too).
+        bw::client(o, &mut s, layout, &mut timeline)
+    } else if o.is_server() {
         println!(" Waiting for the client's traffic (the server counts what it receives)");
         bw::server(o, &mut s, layout, &mut timeline)
     } else if o.flags.run_infinitely {
@@ -146,7 +150,7 @@ fn run_bandwidth(
     } else {
         bw::client(o, &mut s, layout, &mut timeline)
     };
-    if !o.is_server() {
+    if !o.is_server() && !o.flags.bidirectional {
         bw::finish_client(
             &mut s,
             out.rows.last().map_or(0, |r| r.iterations),
@@ -203,12 +207,6 @@ fn run_bandwidth(
 
 fn run_latency(o: &Options, report: &mut Report) -> Result<(Option<AppError>, Session), AppError> {
     let size = o.sizes[0];
-    if o.flags.all {
-        return Err(AppError::Verbs(format!(
-            "{}: -a/--all is for the bandwidth tools in this version",
-            o.tool.name()
-        )));
-    }
     let mut s = Session::establish(o, lat::buffer_len(size), lat::caps(o))?;
     pin_lcore(o)?;
     s.print_header(o, 1, 1);

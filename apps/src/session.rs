@@ -97,6 +97,7 @@ pub fn params(o: &Options) -> Params {
         failover: o.failover_enabled(),
         ranks: o.flags.ranks,
         qps: o.flags.qps,
+        bidirectional: o.flags.bidirectional,
     }
 }
 

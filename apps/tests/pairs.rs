@@ -109,6 +109,17 @@ fn send_bw_on_three_qps_spreads_iterations_round_robin() {
 }
 
 #[test]
+fn send_bw_bidirectional_sends_both_ways_and_both_sides_finish() {
+    let r = pair("shift_send_bw", 14, &["-s", "8192", "-n", "2000", "-b"]);
+    ok(&r);
+    for j in [&r.client_json, &r.server_json] {
+        assert_eq!(j["bidirectional"], true);
+        assert_eq!(j["iterations"], 2000);
+        assert!(j["bw_avg_gbps"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
 fn read_bw_with_check_reads_the_servers_pattern() {
     let r = pair(
         "shift_read_bw",
