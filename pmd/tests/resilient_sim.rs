@@ -8,152 +8,54 @@ use std::time::Duration;
 
 use pmd::resilient::{Cause, EventKind, ResilientState};
 use pmd::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use sim::traffic::{Dir, Traffic};
 use sim::*;
 
-const SLOT: usize = 256;
-
-fn pattern(iteration: u64) -> Vec<u8> {
-    (0..SLOT)
-        .map(|j| (iteration as usize * 31 + j * 7) as u8)
-        .collect()
+/// NCCL-Simple-like traffic from A to B (`sim::traffic`), checked by B.
+fn nccl(sim: &Sim, total: u64) -> Traffic {
+    Traffic::new(vec![Dir::new(true, total)], sim.now())
 }
 
-/// NCCL-Simple-like traffic from A to B: per iteration two data WRITEs into B's slot for it,
-/// then a zero-length WRITE_WITH_IMM carrying the iteration number (signaled). B checks each
-/// notification against the next expected number and its slot against the pattern.
-struct Nccl {
-    total: u64,
-    window: u64,
-    posted: u64,
-    completed: u64,
-    notified: u64,
-    recvs_posted: u64,
-    errors: Vec<String>,
+/// One step of the traffic; true when it finished or went wrong.
+fn step(t: &mut Traffic, s: &mut Sim) -> bool {
+    t.step(s);
+    !t.violations.is_empty() || t.finished()
 }
 
-impl Nccl {
-    fn new(total: u64) -> Nccl {
-        Nccl {
-            total,
-            window: 8,
-            posted: 0,
-            completed: 0,
-            notified: 0,
-            recvs_posted: 0,
-            errors: Vec::new(),
-        }
-    }
-
-    /// Posts what the window allows, polls both ends, checks; true when all is done.
-    fn step(&mut self, s: &mut Sim) -> bool {
-        while self.recvs_posted < self.total && self.recvs_posted < self.notified + 32 {
-            s.b.qp
-                .post_recv(&RecvWr::new(self.recvs_posted, &[]))
-                .unwrap();
-            self.recvs_posted += 1;
-        }
-        while self.posted < self.total && self.posted < self.completed + self.window {
-            let i = self.posted;
-            let local = (i as usize % 64) * SLOT;
-            s.a.buf.write(local, &pattern(i));
-            let half = SLOT as u32 / 2;
-            for k in 0..2u32 {
-                let wr = SendWr::new(
-                    i * 10 + u64::from(k),
-                    SendOp::Write {
-                        remote: s.b.buf.remote(i as usize * SLOT + (k * half) as usize),
-                    },
-                    &[s.a.buf.sge(local + (k * half) as usize, half)],
-                );
-                s.a.qp.post_send(&wr).unwrap();
-            }
-            let note = SendWr::new(
-                i * 10 + 9,
-                SendOp::WriteImm {
-                    remote: s.b.buf.remote(0),
-                    imm: i as u32,
-                },
-                &[],
-            )
-            .signaled();
-            s.a.qp.post_send(&note).unwrap();
-            s.a.qp.ring_doorbell();
-            self.posted += 1;
-        }
-        s.poll(true);
-        for wc in s.a.wcs.drain(..) {
-            if wc.status != WcStatus::Success {
-                self.errors.push(format!("sender completion {wc:?}"));
-                continue;
-            }
-            if wc.wr_id != self.completed * 10 + 9 {
-                self.errors.push(format!(
-                    "sender completion {} out of order, expected {}",
-                    wc.wr_id,
-                    self.completed * 10 + 9
-                ));
-            }
-            self.completed += 1;
-        }
-        s.poll(false);
-        let wcs: Vec<_> = s.b.wcs.drain(..).collect();
-        for wc in wcs {
-            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::RecvRdmaWithImm {
-                self.errors.push(format!("receiver completion {wc:?}"));
-                continue;
-            }
-            let i = u64::from(wc.imm.unwrap_or(u32::MAX));
-            if i != self.notified {
-                self.errors.push(format!(
-                    "notification {i} arrived, {} expected",
-                    self.notified
-                ));
-            }
-            let mut got = vec![0u8; SLOT];
-            s.b.buf.read(i as usize * SLOT, &mut got);
-            if got != pattern(i) {
-                self.errors
-                    .push(format!("notification {i} observed before its data"));
-            }
-            self.notified += 1;
-        }
-        !self.errors.is_empty() || (self.completed == self.total && self.notified == self.total)
-    }
-
-    fn assert_clean(&self) {
-        assert!(self.errors.is_empty(), "{:#?}", self.errors);
-        assert_eq!((self.completed, self.notified), (self.total, self.total));
-    }
+fn assert_clean(t: &mut Traffic, s: &mut Sim) {
+    t.check_markers(s);
+    assert!(t.violations.is_empty(), "{:#?}", t.violations);
+    assert!(t.finished(), "{:?}", t.dirs);
 }
 
 #[test]
 fn a_connected_pair_is_protected_and_carries_traffic_on_the_default_path() {
     let mut sim = Sim::new(1, config());
     assert_eq!(sim.a.qp.state(), ResilientState::Default);
-    let mut t = Nccl::new(20);
-    assert!(sim.run_until(Duration::from_secs(1), |s| t.step(s)));
-    t.assert_clean();
+    let mut t = nccl(&sim, 20);
+    assert!(sim.run_until(Duration::from_secs(1), |s| step(&mut t, s)));
+    assert_clean(&mut t, &mut sim);
     assert_eq!(sim.a.qp.stats().failovers, 0);
 }
 
 #[test]
 fn link_down_of_the_default_nic_moves_traffic_to_the_backup_in_order() {
     let mut sim = Sim::new(2, config());
-    let mut t = Nccl::new(60);
+    let mut t = nccl(&sim, 60);
     let mut down = false;
     let done = sim.run_until(Duration::from_secs(5), |s| {
-        if !down && t.completed >= 10 {
+        if !down && t.dirs[0].completed >= 10 {
             s.link_down(A_DEFAULT, None);
             down = true;
         }
-        t.step(s)
+        step(&mut t, s)
     });
     assert!(
         done,
         "traffic stalled: {} of 60 completed, {} notified",
-        t.completed, t.notified
+        t.dirs[0].completed, t.dirs[0].notified
     );
-    t.assert_clean();
+    assert_clean(&mut t, &mut sim);
     assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
     let stats = sim.a.qp.stats();
     assert_eq!(stats.failovers, 1);
@@ -168,26 +70,26 @@ fn link_down_of_the_default_nic_moves_traffic_to_the_backup_in_order() {
 #[test]
 fn the_default_path_comes_back_and_sends_switch_back_in_order() {
     let mut sim = Sim::new(3, config());
-    let mut t = Nccl::new(400);
+    let mut t = nccl(&sim, 400);
     let mut down = false;
     let done = sim.run_until(Duration::from_secs(20), |s| {
-        if !down && t.completed >= 10 {
+        if !down && t.dirs[0].completed >= 10 {
             s.link_down(A_DEFAULT, Some(Duration::from_millis(30)));
             down = true;
         }
-        t.step(s)
+        step(&mut t, s)
             && s.a.qp.state() == ResilientState::Default
             && s.b.qp.state() == ResilientState::Default
     });
     assert!(
         done,
         "stalled: {} completed, {} notified, states {:?} {:?}",
-        t.completed,
-        t.notified,
+        t.dirs[0].completed,
+        t.dirs[0].notified,
         sim.a.qp.state(),
         sim.b.qp.state()
     );
-    t.assert_clean();
+    assert_clean(&mut t, &mut sim);
     for h in [&sim.a, &sim.b] {
         let stats = h.qp.stats();
         assert_eq!((stats.failovers, stats.switch_backs), (1, 1), "{stats:?}");
@@ -202,10 +104,10 @@ fn the_default_path_comes_back_and_sends_switch_back_in_order() {
 #[test]
 fn retry_exhaustion_without_a_link_event_fails_over_too() {
     let mut sim = Sim::new(4, config());
-    let mut t = Nccl::new(60);
+    let mut t = nccl(&sim, 60);
     let mut cut = false;
     let done = sim.run_until(Duration::from_secs(5), |s| {
-        if !cut && t.completed >= 10 {
+        if !cut && t.dirs[0].completed >= 10 {
             // A switch port between the default NICs: packets vanish, no link goes down.
             let now = s.now();
             for rule in softnic::FaultRule::partition(A_DEFAULT, B_DEFAULT, now, None) {
@@ -213,10 +115,10 @@ fn retry_exhaustion_without_a_link_event_fails_over_too() {
             }
             cut = true;
         }
-        t.step(s)
+        step(&mut t, s)
     });
-    assert!(done, "stalled at {} of 60", t.completed);
-    t.assert_clean();
+    assert!(done, "stalled at {} of 60", t.dirs[0].completed);
+    assert_clean(&mut t, &mut sim);
     let event = &sim.a.qp.events()[0];
     assert_eq!(
         (event.kind, event.cause),
@@ -228,17 +130,17 @@ fn retry_exhaustion_without_a_link_event_fails_over_too() {
 #[test]
 fn the_receivers_link_going_down_fails_both_ends_over() {
     let mut sim = Sim::new(5, config());
-    let mut t = Nccl::new(60);
+    let mut t = nccl(&sim, 60);
     let mut down = false;
     let done = sim.run_until(Duration::from_secs(5), |s| {
-        if !down && t.notified >= 10 {
+        if !down && t.dirs[0].notified >= 10 {
             s.link_down(B_DEFAULT, None);
             down = true;
         }
-        t.step(s)
+        step(&mut t, s)
     });
-    assert!(done, "stalled at {} of 60", t.completed);
-    t.assert_clean();
+    assert!(done, "stalled at {} of 60", t.dirs[0].completed);
+    assert_clean(&mut t, &mut sim);
     assert_eq!(sim.b.qp.events()[0].cause, Cause::LinkDown);
     assert_eq!(sim.a.qp.stats().failovers, 1);
 }
@@ -355,11 +257,11 @@ fn a_remote_access_error_goes_to_the_application_and_is_never_failed_over() {
 #[test]
 fn with_both_paths_down_every_posted_work_request_fails_promptly() {
     let mut sim = Sim::new(8, config());
-    let mut t = Nccl::new(1000);
+    let mut t = nccl(&sim, 1000);
     let mut down_at = None;
     let mut errors = 0;
     sim.run_until(Duration::from_secs(10), |s| {
-        if down_at.is_none() && t.completed >= 10 {
+        if down_at.is_none() && t.dirs[0].completed >= 10 {
             s.link_down(A_DEFAULT, None);
             s.link_down(A_BACKUP, None);
             down_at = Some(s.now());
@@ -368,9 +270,9 @@ fn with_both_paths_down_every_posted_work_request_fails_promptly() {
             s.poll(true);
             errors += s.a.wcs.iter().filter(|w| !w.is_ok()).count();
             s.a.wcs.clear();
-            return t.posted > 0;
+            return t.dirs[0].posted > 0;
         }
-        t.step(s);
+        step(&mut t, s);
         false
     });
     let down_at = down_at.expect("the links went down");
@@ -388,7 +290,7 @@ fn with_both_paths_down_every_posted_work_request_fails_promptly() {
         failed_at - down_at
     );
     // Every WR outstanding when it failed completed, in error: three per iteration.
-    let outstanding = t.posted - t.completed;
+    let outstanding = t.dirs[0].posted - t.dirs[0].completed;
     assert!(outstanding > 0);
     assert_eq!(errors as u64, 3 * outstanding);
 }

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod traffic;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +52,9 @@ pub struct Sim {
     pub name: String,
     pub a: Host,
     pub b: Host,
+    /// A moment the test's own logic wants to run at (a traffic schedule); `run_until`
+    /// jumps no further than this when idle.
+    pub wake_at: Option<Duration>,
 }
 
 /// A timeout of 4 ms (code 10) and 3 retries: retry exhaustion after about 16 ms.
@@ -161,6 +166,7 @@ impl Sim {
             name,
             a,
             b,
+            wake_at: None,
         };
         sim.connect();
         sim
@@ -210,7 +216,11 @@ impl Sim {
     /// anything happened (and so whether the clock must wait).
     pub fn round(&mut self) -> (bool, Option<Duration>) {
         let mut busy = false;
-        let mut next: Option<Duration> = self.fabric.next_event(self.clock.now());
+        let now = self.clock.now();
+        let mut next: Option<Duration> = self.fabric.next_event(now);
+        if let Some(t) = self.wake_at.filter(|t| *t > now) {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
         let soon = |t: Duration, next: &mut Option<Duration>| {
             *next = Some(next.map_or(t, |n| n.min(t)));
         };
