@@ -8,7 +8,17 @@
 //! - `post_batch32_ns`: 32 WRITEs posted, then one doorbell, per WQE;
 //! - `poll_ns`: CQEs already written by the device, polled 32 at a time, per CQE;
 //! - `floor_copy64_ns`: copying a 64-byte WQE into the next slot of a ring, per copy: what
-//!   writing one WQE costs at the very least, measured in the same run.
+//!   writing one WQE costs at the very least, measured in the same run;
+//! - `resilient_post_batch32_ns`, `resilient_poll_ns`: the same two loops through a
+//!   `pmd::resilient::ResilientQp` (default and backup QP on four devices of the same fabric,
+//!   protected, nothing failing); `resilient_bypass_post_batch32_ns`,
+//!   `resilient_bypass_poll_ns`: the same loops on that QP's own default QP and CQ used
+//!   directly, in alternating rounds (the same rings, so memory placement cannot tell the two
+//!   apart); `overhead_post_ratio`, `overhead_poll_ratio`: the median over back-to-back round
+//!   pairs of resilient over direct (`*_best_ratio`: best round over best round). The plain
+//!   QP pair above is no baseline for this: the same posting code on the resilient QP's own
+//!   default QP measured 5-20% away from it (either way) on this machine, from where the
+//!   rings and bookkeeping land in memory alone.
 //!
 //! Each figure is the median over rounds (the report's main keys) and the best round (the
 //! `*_best_ns` keys beside them: the cost when no other process disturbs the core). Usage:
@@ -23,9 +33,12 @@ use std::time::{Duration, Instant};
 use benches::report::Report;
 use pmd::provider::soft::register_fabric;
 use pmd::provider::ProgressModel;
+use pmd::resilient::{
+    Clock, FailoverService, ResilientBuffer, ResilientConfig, ResilientContext, ResilientQp,
+};
 use pmd::{
-    Access, AddressVector, Context, ContextConfig, Cq, Mtu, Qp, QpAttr, QpCaps, QpState,
-    RegisteredBuffer, SendOp, SendWr, WorkCompletion,
+    Access, AddressVector, Context, ContextConfig, Cq, Mtu, Qp, QpAttr, QpCaps, QpState, Remote,
+    SendOp, SendWr, Sge, WorkCompletion,
 };
 
 /// WQEs per timed round.
@@ -33,11 +46,14 @@ const ROUND: usize = 512;
 /// CQEs per timed poll round.
 const POLL_ROUND: usize = 512;
 
-struct Side {
-    ctx: Arc<Context>,
-    cq: Cq,
-    qp: Qp,
-    buf: RegisteredBuffer,
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 512,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    }
 }
 
 fn open(name: &str) -> Arc<Context> {
@@ -48,76 +64,260 @@ fn open(name: &str) -> Arc<Context> {
     Context::open(name, &config).unwrap_or_else(|e| panic!("open {name}: {e}"))
 }
 
-fn side(ctx: &Arc<Context>) -> Side {
-    let pd = ctx.alloc_pd().expect("alloc_pd");
-    let cq = ctx
-        .create_cq(4 * POLL_ROUND as u32, false)
-        .expect("create_cq");
-    let caps = QpCaps {
-        max_send_wr: 512,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let qp = pd.create_qp(&cq, &cq, caps).expect("create_qp");
-    let buf = pd.alloc_buffer(1 << 20, Access::ALL).expect("alloc_buffer");
-    Side {
-        ctx: ctx.clone(),
-        cq,
-        qp,
-        buf,
-    }
-}
-
-fn connect(qp: &mut Qp, gid: pmd::Gid, qpn: u32) {
-    qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
-        .expect("INIT");
-    qp.modify(
-        QpState::Rtr,
-        &QpAttr::rtr(AddressVector::to_gid(gid), qpn, 0, Mtu::Mtu4096),
-    )
-    .expect("RTR");
-    qp.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
-}
-
-struct Bench {
-    a: Side,
-    b: Side,
-    wcs: Vec<WorkCompletion>,
-}
-
-impl Bench {
-    fn new() -> Bench {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!("bench{}", N.fetch_add(1, Ordering::Relaxed));
-        let fabric = softnic::Fabric::new(1, Duration::ZERO);
-        fabric.add_port("198.18.0.1".parse().expect("address"));
-        fabric.add_port("198.18.0.2".parse().expect("address"));
-        register_fabric(&name, &fabric);
-        let mut a = side(&open(&format!("fabric:{name}/0")));
-        let mut b = side(&open(&format!("fabric:{name}/1")));
-        let (ga, gb) = (
-            a.ctx.query_gid(0).expect("gid"),
-            b.ctx.query_gid(0).expect("gid"),
+fn fabric(ports: usize) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!("bench{}", N.fetch_add(1, Ordering::Relaxed));
+    let fabric = softnic::Fabric::new(1, Duration::ZERO);
+    for p in 0..ports {
+        fabric.add_port(
+            format!("198.18.{}.{}", p % 2, 1 + p / 2)
+                .parse()
+                .expect("address"),
         );
-        let (qa, qb) = (a.qp.qpn(), b.qp.qpn());
-        connect(&mut a.qp, gb, qb);
-        connect(&mut b.qp, ga, qa);
-        Bench {
-            a,
-            b,
-            wcs: vec![WorkCompletion::EMPTY; 64],
-        }
     }
+    register_fabric(&name, &fabric);
+    name
+}
 
-    /// WRITEs of 8 bytes each to distinct remote slots; only the last one signaled when
-    /// `signal_last`, all of them when `signal_all`.
+fn attrs(gid: pmd::Gid, qpn: u32) -> [(QpState, QpAttr); 3] {
+    [
+        (QpState::Init, QpAttr::init(Access::ALL)),
+        (
+            QpState::Rtr,
+            QpAttr::rtr(AddressVector::to_gid(gid), qpn, 0, Mtu::Mtu4096),
+        ),
+        (QpState::Rts, QpAttr::rts(0)),
+    ]
+}
+
+/// What the timed loops drive: a plain QP with its CQ, or a resilient QP.
+trait Endpoint {
+    fn post(&mut self, wr: &SendWr<'_>);
+    fn ring(&mut self);
+    fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize;
+    /// Completions written by the device and not polled yet.
+    fn ready(&mut self) -> u32;
+}
+
+/// A plain QP and its CQ.
+struct Plain {
+    qp: Qp,
+    cq: Cq,
+}
+
+impl Endpoint for Plain {
+    #[inline(always)]
+    fn post(&mut self, wr: &SendWr<'_>) {
+        self.qp.post_send(wr).expect("post");
+    }
+    #[inline(always)]
+    fn ring(&mut self) {
+        self.qp.ring_doorbell();
+    }
+    #[inline(always)]
+    fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        self.cq.poll(wcs)
+    }
+    fn ready(&mut self) -> u32 {
+        self.cq.poller().ready()
+    }
+}
+
+impl Endpoint for ResilientQp {
+    #[inline(always)]
+    fn post(&mut self, wr: &SendWr<'_>) {
+        self.post_send(wr).expect("post");
+    }
+    #[inline(always)]
+    fn ring(&mut self) {
+        self.ring_doorbell();
+    }
+    #[inline(always)]
+    fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        ResilientQp::poll(self, wcs)
+    }
+    fn ready(&mut self) -> u32 {
+        self.completions_waiting()
+    }
+}
+
+/// The resilient QP's own default QP and CQ, used directly: the same rings without the
+/// resilient layer, the baseline its overhead is measured against.
+struct Bypass<'a> {
+    qp: &'a mut Qp,
+    cq: &'a mut Cq,
+}
+
+impl Endpoint for Bypass<'_> {
+    #[inline(always)]
+    fn post(&mut self, wr: &SendWr<'_>) {
+        self.qp.post_send(wr).expect("post");
+    }
+    #[inline(always)]
+    fn ring(&mut self) {
+        self.qp.ring_doorbell();
+    }
+    #[inline(always)]
+    fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        self.cq.poll(wcs)
+    }
+    fn ready(&mut self) -> u32 {
+        self.cq.poller().ready()
+    }
+}
+
+/// One measured endpoint and what keeps it working: the devices to run between timed
+/// regions, its local buffer and the peer's, and whatever must stay alive (the peer side).
+struct Bench<E> {
+    a: E,
+    devices: Vec<Arc<Context>>,
+    local: Sge,
+    remote: Remote,
+    wcs: Vec<WorkCompletion>,
+    _keep: Box<dyn std::any::Any>,
+}
+
+/// A plain QP pair on two devices.
+fn plain() -> Bench<Plain> {
+    let name = fabric(2);
+    let side = |port| {
+        let ctx = open(&format!("fabric:{name}/{port}"));
+        let pd = ctx.alloc_pd().expect("alloc_pd");
+        let cq = ctx
+            .create_cq(4 * POLL_ROUND as u32, false)
+            .expect("create_cq");
+        let qp = pd.create_qp(&cq, &cq, caps()).expect("create_qp");
+        let buf = pd.alloc_buffer(1 << 20, Access::ALL).expect("alloc_buffer");
+        (ctx, Plain { qp, cq }, buf)
+    };
+    let (ca, mut a, buf_a) = side(0);
+    let (cb, mut b, buf_b) = side(1);
+    let (ga, gb) = (ca.query_gid(0).expect("gid"), cb.query_gid(0).expect("gid"));
+    let (qa, qb) = (a.qp.qpn(), b.qp.qpn());
+    for (to, attr) in attrs(gb, qb) {
+        a.qp.modify(to, &attr).expect("bring-up");
+    }
+    for (to, attr) in attrs(ga, qa) {
+        b.qp.modify(to, &attr).expect("bring-up");
+    }
+    Bench {
+        a,
+        devices: vec![ca, cb],
+        local: buf_a.sge(0, 8),
+        remote: buf_b.remote(0),
+        wcs: vec![WorkCompletion::EMPTY; 64],
+        _keep: Box::new((b, buf_a, buf_b)),
+    }
+}
+
+/// A resilient QP pair: default and backup devices on each side, manual failover services
+/// (stepped during setup only, so nothing runs beside the timed loops), protected.
+fn resilient() -> Bench<ResilientQp> {
+    let name = fabric(4);
+    let host = |ports: [usize; 2]| {
+        let clock = Clock::real();
+        let service = FailoverService::manual(clock).expect("service");
+        let d = open(&format!("fabric:{name}/{}", ports[0]));
+        let b = open(&format!("fabric:{name}/{}", ports[1]));
+        let ctx = ResilientContext::new(
+            d.clone(),
+            Some(b.clone()),
+            &service,
+            ResilientConfig::default(),
+            None,
+        );
+        let pd = ctx.alloc_pd().expect("alloc_pd");
+        let buf: ResilientBuffer = pd.alloc_buffer(1 << 20, Access::ALL).expect("alloc_buffer");
+        let mut caps = caps();
+        caps.max_recv_wr = (4 * POLL_ROUND as u32).saturating_sub(caps.max_send_wr) / 2;
+        let qp = pd.create_qp(caps).expect("create_qp");
+        (service, ctx, pd, buf, qp, [d, b])
+    };
+    let (sa, xa, pa, buf_a, mut a, da) = host([0, 1]);
+    let (sb, xb, pb, buf_b, mut b, db) = host([2, 3]);
+    let devices: Vec<Arc<Context>> = da.iter().chain(db.iter()).cloned().collect();
+    let step = |devices: &[Arc<Context>]| {
+        for d in devices {
+            d.progress();
+        }
+        sa.run_once();
+        sb.run_once();
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let blob = |qp: &ResilientQp| loop {
+        if let Some(b) = qp.try_rendezvous_blob().expect("backup side") {
+            return b;
+        }
+        step(&devices);
+        assert!(Instant::now() < deadline, "no backup QP");
+    };
+    let (blob_a, blob_b) = (blob(&a), blob(&b));
+    a.connect_backup(&blob_b).expect("rendezvous");
+    b.connect_backup(&blob_a).expect("rendezvous");
+    let (ga, gb) = (
+        da[0].query_gid(0).expect("gid"),
+        db[0].query_gid(0).expect("gid"),
+    );
+    let (qa, qb) = (a.qpn(), b.qpn());
+    for (to, attr) in attrs(gb, qb) {
+        a.modify(to, &attr).expect("bring-up");
+    }
+    for (to, attr) in attrs(ga, qa) {
+        b.modify(to, &attr).expect("bring-up");
+    }
+    while !(a.is_protected() && b.is_protected()) {
+        step(&devices);
+        a.progress();
+        b.progress();
+        assert!(Instant::now() < deadline, "not protected after 10 s");
+    }
+    Bench {
+        local: buf_a.sge(0, 8),
+        remote: buf_b.remote(0),
+        a,
+        devices,
+        wcs: vec![WorkCompletion::EMPTY; 64],
+        _keep: Box::new((b, buf_a, buf_b, pa, pb, xa, xb, sa, sb)),
+    }
+}
+
+impl Bench<ResilientQp> {
+    /// Runs `round` on the same bench with the resilient QP's default QP and CQ used directly.
+    fn bypass_round(&mut self, round: impl FnOnce(&mut Bench<Bypass<'_>>) -> f64) -> f64 {
+        let (qp, cq) = self.a.bypass();
+        let mut direct = Bench {
+            a: Bypass { qp, cq },
+            devices: self.devices.clone(),
+            local: self.local,
+            remote: self.remote,
+            wcs: vec![WorkCompletion::EMPTY; 64],
+            _keep: Box::new(()),
+        };
+        round(&mut direct)
+    }
+}
+
+impl Bench<Plain> {
+    fn local_page_size(&self) -> pmd::memory::PageSize {
+        let keep = self
+            ._keep
+            .downcast_ref::<(Plain, pmd::RegisteredBuffer, pmd::RegisteredBuffer)>()
+            .expect("a plain bench keeps its buffers");
+        keep.1.page_size()
+    }
+}
+
+impl<E: Endpoint> Bench<E> {
+    /// WRITEs of 8 bytes each to distinct remote slots; only the last one signaled unless
+    /// `signal_all`.
     fn writes(&self, n: usize, signal_all: bool) -> Vec<SendWr<'static>> {
         (0..n)
             .map(|i| {
-                let remote = self.b.buf.remote((i % 4096) * 8);
-                let wr = SendWr::new(i as u64, SendOp::Write { remote }, &[self.a.buf.sge(0, 8)]);
+                let remote = Remote {
+                    addr: self.remote.addr + ((i % 4096) * 8) as u64,
+                    rkey: self.remote.rkey,
+                };
+                let wr = SendWr::new(i as u64, SendOp::Write { remote }, &[self.local]);
                 if signal_all || i == n - 1 {
                     wr.signaled()
                 } else {
@@ -127,12 +327,17 @@ impl Bench {
             .collect()
     }
 
-    /// Runs both devices until `n` CQEs wait in the CQ (untimed).
+    fn run_devices(&self) {
+        for d in &self.devices {
+            d.progress();
+        }
+    }
+
+    /// Runs the devices until `n` CQEs wait in the CQ (untimed).
     fn settle(&mut self, n: u32) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.a.cq.poller().ready() < n {
-            self.a.ctx.progress();
-            self.b.ctx.progress();
+        while self.a.ready() < n {
+            self.run_devices();
             assert!(
                 Instant::now() < deadline,
                 "devices did not write {n} CQEs in 10 s"
@@ -145,9 +350,8 @@ impl Bench {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut got = 0;
         while got < n {
-            self.a.ctx.progress();
-            self.b.ctx.progress();
-            let k = self.a.cq.poll(&mut self.wcs);
+            self.run_devices();
+            let k = self.a.poll(&mut self.wcs);
             for wc in &self.wcs[..k] {
                 assert!(wc.is_ok(), "benchmark WRITE failed: {wc:?}");
             }
@@ -157,6 +361,37 @@ impl Bench {
                 "only {got} of {n} completions in 10 s"
             );
         }
+    }
+
+    /// ns per WQE of one posting round of `ROUND` WRITEs, one doorbell per `batch`.
+    fn post_round(&mut self, wrs: &[SendWr<'static>], batch: usize) -> f64 {
+        let start = Instant::now();
+        timed_posts(&mut self.a, wrs, batch);
+        let ns = start.elapsed().as_nanos() as f64 / ROUND as f64;
+        self.drain(1);
+        ns
+    }
+
+    /// ns per CQE of one polling round of `POLL_ROUND` CQEs already written.
+    fn poll_round(&mut self, wrs: &[SendWr<'static>], wcs: &mut [WorkCompletion]) -> f64 {
+        for batch in wrs.chunks(32) {
+            for wr in batch {
+                self.a.post(wr);
+            }
+            self.a.ring();
+            // Keep the device's work out of the timed region below.
+            let written = self.a.ready() + batch.len() as u32;
+            self.settle(written);
+        }
+        let start = Instant::now();
+        let got = timed_polls(&mut self.a, wcs);
+        let elapsed = start.elapsed().as_nanos() as f64;
+        assert_eq!(
+            got, POLL_ROUND,
+            "the device had not written every CQE before polling"
+        );
+        black_box(&wcs);
+        elapsed / got as f64
     }
 }
 
@@ -179,23 +414,23 @@ impl Figure {
 }
 
 /// The timed posting loop, kept out of line so an instruction counter (callgrind's
-/// `--toggle-collect=datapath::timed_posts`) can measure exactly it.
+/// `--toggle-collect='datapath::timed_posts*'`) can measure exactly it.
 #[inline(never)]
-fn timed_posts(qp: &mut Qp, wrs: &[SendWr<'static>], batch: usize) {
+fn timed_posts<E: Endpoint>(qp: &mut E, wrs: &[SendWr<'static>], batch: usize) {
     for group in wrs.chunks(batch) {
         for wr in group {
-            qp.post_send(black_box(wr)).expect("post");
+            qp.post(black_box(wr));
         }
-        qp.ring_doorbell();
+        qp.ring();
     }
 }
 
 /// The timed polling loop: polls until the CQ is empty; returns the completions polled.
 #[inline(never)]
-fn timed_polls(cq: &mut Cq, wcs: &mut [WorkCompletion]) -> usize {
+fn timed_polls<E: Endpoint>(qp: &mut E, wcs: &mut [WorkCompletion]) -> usize {
     let mut got = 0;
     loop {
-        let k = cq.poll(black_box(&mut *wcs));
+        let k = qp.poll(black_box(&mut *wcs));
         if k == 0 {
             return got;
         }
@@ -204,46 +439,65 @@ fn timed_polls(cq: &mut Cq, wcs: &mut [WorkCompletion]) -> usize {
 }
 
 /// ns per WQE of posting rounds of `ROUND` WRITEs with one doorbell per `batch` of them.
-fn post(bench: &mut Bench, rounds: usize, batch: usize) -> Figure {
+fn post<E: Endpoint>(bench: &mut Bench<E>, rounds: usize, batch: usize) -> Figure {
     let wrs = bench.writes(ROUND, false);
-    let samples = (0..rounds)
-        .map(|_| {
-            let start = Instant::now();
-            timed_posts(&mut bench.a.qp, &wrs, batch);
-            let ns = start.elapsed().as_nanos() as f64 / ROUND as f64;
-            bench.drain(1);
-            ns
-        })
-        .collect();
-    Figure::of(samples)
+    Figure::of((0..rounds).map(|_| bench.post_round(&wrs, batch)).collect())
 }
 
-fn poll(bench: &mut Bench, rounds: usize) -> Figure {
+fn poll<E: Endpoint>(bench: &mut Bench<E>, rounds: usize) -> Figure {
     let wrs = bench.writes(POLL_ROUND, true);
     let mut wcs = [WorkCompletion::EMPTY; 32];
-    let samples = (0..rounds)
-        .map(|_| {
-            for batch in wrs.chunks(32) {
-                for wr in batch {
-                    bench.a.qp.post_send(wr).expect("post");
-                }
-                bench.a.qp.ring_doorbell();
-                // Keep the device's work out of the timed region below.
-                let written = bench.a.cq.poller().ready() + batch.len() as u32;
-                bench.settle(written);
-            }
-            let start = Instant::now();
-            let got = timed_polls(&mut bench.a.cq, &mut wcs);
-            let elapsed = start.elapsed().as_nanos() as f64;
-            assert_eq!(
-                got, POLL_ROUND,
-                "the device had not written every CQE before polling"
-            );
-            black_box(&wcs);
-            elapsed / got as f64
-        })
-        .collect();
-    Figure::of(samples)
+    Figure::of(
+        (0..rounds)
+            .map(|_| bench.poll_round(&wrs, &mut wcs))
+            .collect(),
+    )
+}
+
+/// A figure of the default QP used directly and the same figure through the resilient QP,
+/// from rounds taken in alternation.
+struct Compared {
+    plain: Figure,
+    resilient: Figure,
+    /// The median over round pairs of resilient over direct: each pair ran back to back, so
+    /// whatever else the machine did hit both of it alike.
+    paired: f64,
+}
+
+impl Compared {
+    fn of(plain: Vec<f64>, resilient: Vec<f64>) -> Compared {
+        let ratios: Vec<f64> = plain.iter().zip(&resilient).map(|(p, r)| r / p).collect();
+        Compared {
+            paired: Figure::of(ratios).median,
+            plain: Figure::of(plain),
+            resilient: Figure::of(resilient),
+        }
+    }
+
+    fn best_ratio(&self) -> f64 {
+        self.resilient.best / self.plain.best
+    }
+}
+
+/// Posting (batches of 32) and polling through the resilient QP and, in alternating rounds,
+/// directly on its default QP and CQ: the same rings, so the ratio is what the resilient
+/// layer itself costs.
+fn compare(resilient: &mut Bench<ResilientQp>, rounds: usize) -> (Compared, Compared) {
+    let wr = resilient.writes(ROUND, false);
+    let (mut p, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        p.push(resilient.bypass_round(|b| b.post_round(&wr, 32)));
+        r.push(resilient.post_round(&wr, 32));
+    }
+    let post = Compared::of(std::mem::take(&mut p), std::mem::take(&mut r));
+    let wr = resilient.writes(POLL_ROUND, true);
+    let mut wcs = [WorkCompletion::EMPTY; 32];
+    for _ in 0..rounds / 4 + 1 {
+        p.push(resilient.bypass_round(|b| b.poll_round(&wr, &mut wcs)));
+        r.push(resilient.poll_round(&wr, &mut wcs));
+    }
+    let poll = Compared::of(p, r);
+    (post, poll)
 }
 
 fn floor_copy64(ctx: &Arc<Context>, rounds: usize) -> Figure {
@@ -317,21 +571,25 @@ fn main() {
     let core = pmd::lcore::cores().last().copied();
     let rounds = args.rounds;
     let lcore = pmd::lcore::launch("bench-datapath", core, move || {
-        let mut bench = Bench::new();
+        let mut bench = plain();
         // Warm caches, rings and the branch predictor once before measuring.
         post(&mut bench, 5, 32);
-        let floor = floor_copy64(&bench.a.ctx, rounds);
+        let floor = floor_copy64(&bench.devices[0], rounds);
         let single = post(&mut bench, rounds, 1);
         let batch = post(&mut bench, rounds, 32);
         let poll = poll(&mut bench, rounds / 4 + 1);
-        let pages = match bench.a.buf.page_size() {
+        let mut protected = resilient();
+        post(&mut protected, 5, 32);
+        let compared = compare(&mut protected, rounds);
+        let pages = match bench.local_page_size() {
             pmd::memory::PageSize::Huge => "2 MiB hugepages",
             pmd::memory::PageSize::Base => "4 KiB pages",
         };
-        (floor, single, batch, poll, pages)
+        (floor, single, batch, poll, compared, pages)
     })
     .expect("launch the benchmark lcore");
-    let (floor, single, batch, poll, pages) = lcore.join().expect("benchmark lcore");
+    let (floor, single, batch, poll, (cpost, cpoll), pages) =
+        lcore.join().expect("benchmark lcore");
 
     let mut report = Report::new();
     let figures = [
@@ -359,6 +617,17 @@ fn main() {
         report.number(key, figure.median);
         report.number(&key.replace("_ns", "_best_ns"), figure.best);
     }
+    // The resilient QP and its own default QP used directly, in alternating rounds.
+    for (key, c) in [("post_batch32", &cpost), ("poll", &cpoll)] {
+        let short = key.trim_end_matches("_batch32");
+        report
+            .number(&format!("resilient_{key}_ns"), c.resilient.median)
+            .number(&format!("resilient_{key}_best_ns"), c.resilient.best)
+            .number(&format!("resilient_bypass_{key}_ns"), c.plain.median)
+            .number(&format!("resilient_bypass_{key}_best_ns"), c.plain.best)
+            .number(&format!("overhead_{short}_ratio"), c.paired)
+            .number(&format!("overhead_{short}_best_ratio"), c.best_ratio());
+    }
     report
         .text("provider", "soft (fabric, manual progress)")
         .text("pages", pages);
@@ -382,6 +651,23 @@ fn main() {
             f.median / floor.median,
             f.best,
             f.best / floor.best
+        );
+    }
+    println!("resilient QP over its own default QP used directly, alternating rounds (goal: ratios <= 1.05):");
+    println!(
+        "{:<34} {:>10} {:>10} {:>9} {:>10}",
+        "figure", "direct ns", "resil. ns", "ratio", "best/best"
+    );
+    for (name, c) in [
+        ("post, batches of 32 + doorbell", &cpost),
+        ("poll, per CQE", &cpoll),
+    ] {
+        println!(
+            "{name:<34} {:>10.2} {:>10.2} {:>9.3} {:>10.3}",
+            c.plain.median,
+            c.resilient.median,
+            c.paired,
+            c.best_ratio()
         );
     }
     if let Some(path) = args.json {

@@ -103,6 +103,19 @@ pub struct PollStats {
     pub cleaned: u64,
 }
 
+/// Where a QP's queues stood when the first error completions since the mark was last taken
+/// retired their WQEs: the consumer counters just before. A flush retires WQEs from the
+/// bookkeeping while their bytes stay in the ring, so the failover layer, which moves the
+/// unfinished WQEs to another QP, needs to know where they began. Recorded on the (cold)
+/// error path only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ErrorMark {
+    /// The send queue's consumer counter before its first error completion.
+    pub send: Option<u32>,
+    /// The receive queue's consumer counter before its first error completion.
+    pub recv: Option<u32>,
+}
+
 /// Where a CQ's entries are and how to tell which are software's. The poller reads CQEs
 /// through it; the control path reads only owner bytes and the consumer-index record, to find
 /// how far the device has written ([`CqRing::produced`]).
@@ -234,6 +247,7 @@ pub struct CompletionQueue {
     /// Index into `local` of the QP of the last CQE: the usual case is one QP per CQ.
     hit: usize,
     stats: PollStats,
+    mark: ErrorMark,
 }
 
 // SAFETY: ring and record are owned by the CQ's provider object (kept alive by the Cq that
@@ -252,6 +266,7 @@ impl CompletionQueue {
             local: Vec::new(),
             hit: 0,
             stats: PollStats::default(),
+            mark: ErrorMark::default(),
         }
     }
 
@@ -335,42 +350,15 @@ impl CompletionQueue {
     /// Polls up to `wcs.len()` completions into `wcs`; returns how many were written.
     #[inline]
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
-        self.poll_inner::<false>(wcs).0
-    }
-
-    /// Polls like [`CompletionQueue::poll`] but stops in front of the first error CQE without
-    /// consuming it; the flag says whether one is waiting. The failover layer uses this to
-    /// read the queues' counters just before an error retires its WQE: the WQEs from there on
-    /// are the ones it moves to the other QP.
-    #[inline]
-    pub fn poll_until_error(&mut self, wcs: &mut [WorkCompletion]) -> (usize, bool) {
-        self.poll_inner::<true>(wcs)
-    }
-
-    #[inline(always)]
-    fn poll_inner<const STOP_AT_ERROR: bool>(
-        &mut self,
-        wcs: &mut [WorkCompletion],
-    ) -> (usize, bool) {
         self.refresh();
         let mut n = 0;
         let mut ci = self.ci;
-        let mut error_next = false;
         while n < wcs.len() {
             let Some(ptr) = self.owned(ci) else { break };
             // SAFETY: ptr is a whole 64-byte CQE inside the ring, owned by software (checked
             // above, with the barrier); the device does not write it until the consumer index
             // moves past it.
             let bytes = unsafe { &*(ptr as *const [u8; cqe::SIZE]) };
-            if STOP_AT_ERROR
-                && matches!(
-                    Cqe64::new_unchecked(&bytes[..]).op_own() >> 4,
-                    raw::REQ_ERR | raw::RESP_ERR
-                )
-            {
-                error_next = true;
-                break;
-            }
             ci = ci.wrapping_add(1);
             if self.decode(bytes, &mut wcs[n]) {
                 n += 1;
@@ -380,7 +368,20 @@ impl CompletionQueue {
             self.ci = ci;
             self.ring.publish(ci);
         }
-        (n, error_next)
+        n
+    }
+
+    /// Whether an error completion was polled since the last [`CompletionQueue::take_error_mark`]:
+    /// one compare, for a caller that checks after each poll.
+    #[inline(always)]
+    pub fn error_marked(&self) -> bool {
+        self.mark.send.is_some() || self.mark.recv.is_some()
+    }
+
+    /// Where the queues stood when the first error completions since the last call retired
+    /// their WQEs, and clears it.
+    pub fn take_error_mark(&mut self) -> ErrorMark {
+        std::mem::take(&mut self.mark)
     }
 
     /// Turns one CQE into a completion; false if it names nothing outstanding.
@@ -463,8 +464,12 @@ impl CompletionQueue {
                 self.stats.unknown_qpn += 1;
                 return false;
             };
+            let before = send.ci();
             match send.retire(err.wqe_counter()) {
-                Some(done) => (done.wr_id, send_wc_opcode(done.opcode)),
+                Some(done) => {
+                    self.mark.send.get_or_insert(before);
+                    (done.wr_id, send_wc_opcode(done.opcode))
+                }
                 None => {
                     self.stats.stale += 1;
                     return false;
@@ -475,8 +480,12 @@ impl CompletionQueue {
                 self.stats.unknown_qpn += 1;
                 return false;
             };
+            let before = recv.ci();
             match recv.retire() {
-                Some(wr_id) => (wr_id, WcOpcode::Recv),
+                Some(wr_id) => {
+                    self.mark.recv.get_or_insert(before);
+                    (wr_id, WcOpcode::Recv)
+                }
                 None => {
                     self.stats.stale += 1;
                     return false;

@@ -7,7 +7,7 @@
 
 use hw_defs::mlx5::{DataSeg, SendOpcode};
 
-use crate::datapath::cq::send_wc_opcode;
+use crate::datapath::cq::{send_wc_opcode, ErrorMark};
 use crate::datapath::sq::rewrite_keys;
 use crate::datapath::wr::{Remote, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::failover::{
@@ -19,7 +19,7 @@ use crate::verbs::QpAttr;
 
 use super::mailbox::Mail;
 use super::qp::{
-    batch, internal_wr_id, is_recv, two_sided_opcode, Backup, Errored, ResilientQp, RoundRecord,
+    internal_wr_id, is_recv, two_sided_opcode, Backup, Errored, ResilientQp, RoundRecord,
 };
 use super::stats::{Cause, EventKind, FailoverEvent, EVENT_LOG_CAPACITY};
 
@@ -39,7 +39,6 @@ impl ResilientQp {
     /// the WC buffer), a drain in progress, a fence. Then publishes what the service lcore
     /// needs to know.
     pub(super) fn run(&mut self) {
-        self.sync_recv_count();
         for _ in 0..MAX_ROUNDS {
             let mut moved = self.take_mail();
             moved |= self.tick();
@@ -50,7 +49,6 @@ impl ResilientQp {
                 break;
             }
         }
-        self.slow.default_rq_mark = self.default.recv_queue().completed();
         self.publish();
     }
 
@@ -74,16 +72,15 @@ impl ResilientQp {
         self.shared.publish(deadline, armed, busy);
     }
 
-    /// Adds the application receives the fast path completed since the last slow run.
-    fn sync_recv_count(&mut self) {
-        let done = self.default.recv_queue().completed();
-        self.slow.recvs_counted += u64::from(done.wrapping_sub(self.slow.default_rq_mark));
-        self.slow.default_rq_mark = done;
+    /// Application receives completed successfully, on either QP, since the connection began.
+    fn recvs_completed(&mut self) -> u64 {
+        let rq = self.default.recv_queue().completed();
+        let on_default = self.slow.errored[0].recv_start.unwrap_or(rq);
+        self.slow.recvs_before_reset + u64::from(on_default) + self.slow.recvs_on_backup
     }
 
     /// The counters the machine reads.
     fn progress_now(&mut self) -> Progress {
-        self.sync_recv_count();
         let mut outstanding = 0u64;
         let start = self.slow.errored[0]
             .send_start
@@ -109,7 +106,7 @@ impl ResilientQp {
             sends_posted: self.sends_posted,
             sends_completed: self.sends_posted.saturating_sub(outstanding),
             recvs_posted: self.recvs_posted,
-            recvs_completed: self.slow.recvs_counted,
+            recvs_completed: self.recvs_completed(),
         }
     }
 
@@ -124,7 +121,10 @@ impl ResilientQp {
         let any = !mail.is_empty();
         while let Some(m) = mail.pop_front() {
             match m {
-                Mail::Event(e) if self.slow.machine.is_some() => self.feed(e),
+                Mail::Event(e) if self.slow.machine.is_some() => {
+                    tracing::debug!(qp = %self.shared.name, event = ?e, "failover: mail");
+                    self.feed(e)
+                }
                 Mail::Event(e) => self.slow.early.push(e),
                 Mail::Protected(parts) => self.install(*parts),
                 Mail::SetupFailed(e) => self.slow.setup_error = Some(e),
@@ -191,6 +191,11 @@ impl ResilientQp {
     /// cause bring, until the machine is quiet.
     pub(super) fn feed(&mut self, event: Event) {
         self.slow.events.push_back(event);
+        self.process_events();
+    }
+
+    /// Hands every queued event to the machine, in order, performing the actions.
+    fn process_events(&mut self) {
         while let Some(event) = self.slow.events.pop_front() {
             let Some(machine) = self.slow.machine.as_mut() else {
                 return;
@@ -293,41 +298,64 @@ impl ResilientQp {
         }
         let mut any = false;
         loop {
-            // One at a time while a fence is out: its completion is the one that retires it.
-            let max = if path == Path::Backup && self.slow.fence.is_some() {
-                1
-            } else {
-                batch()
-            };
             let mut scratch = self.slow.scratch;
-            let (n, error_next) = match path {
-                Path::Default => self
-                    .default_cq
-                    .poller()
-                    .poll_until_error(&mut scratch[..max]),
+            let n = match path {
+                Path::Default => self.default_cq.poll(&mut scratch),
                 Path::Backup => {
                     let b = self.slow.backup.as_mut().expect("checked above");
-                    b.cq.poller().poll_until_error(&mut scratch[..max])
+                    b.cq.poll(&mut scratch)
                 }
             };
-            for wc in &scratch[..n] {
-                self.on_success(path, *wc);
-            }
-            if error_next {
-                self.on_error_cqe(path);
-            }
-            if n == 0 && !error_next {
+            if n == 0 {
                 break;
             }
             any = true;
+            self.take_batch(path, &scratch[..n]);
             if self.slow.failed.is_some() {
                 break;
             }
         }
-        if path == Path::Default {
-            self.slow.default_rq_mark = self.default.recv_queue().completed();
-        }
         any
+    }
+
+    /// Handles one batch of completions polled from `path`'s CQ, in order.
+    pub(super) fn take_batch(&mut self, path: Path, wcs: &[WorkCompletion]) {
+        let mark = match path {
+            Path::Default => self.default_cq.poller().take_error_mark(),
+            Path::Backup => match self.slow.backup.as_mut() {
+                Some(b) => b.cq.poller().take_error_mark(),
+                None => return,
+            },
+        };
+        // The fence is the last WQE on the backup SQ: if this batch retired it, its completion
+        // is the batch's last send completion, and it is the failover's, not the application's.
+        let fence_at = match (path, self.slow.fence) {
+            (Path::Backup, Some(end)) if self.backup_sq_completed() == end => wcs
+                .iter()
+                .rposition(|w| !is_recv(w) && w.wr_id == internal_wr_id()),
+            _ => None,
+        };
+        for (k, wc) in wcs.iter().enumerate() {
+            // A successful fence is the failover's own; a failed one is the backup QP's error
+            // like any other (it may be the first: the fence can be alone on the backup SQ).
+            if Some(k) == fence_at && wc.is_ok() {
+                continue;
+            }
+            if wc.is_ok() {
+                self.on_success(path, *wc);
+            } else {
+                self.on_error_wc(path, *wc, mark);
+            }
+        }
+        if let Some(k) = fence_at {
+            self.slow.fence = None;
+            self.prune_burns();
+            if wcs[k].is_ok() {
+                self.slow.events.push_back(Event::FenceCompleted);
+            }
+        }
+        // Only now: an action may poll this CQ again, and must find this batch handled.
+        self.process_events();
     }
 
     fn on_success(&mut self, path: Path, mut wc: WorkCompletion) {
@@ -336,11 +364,10 @@ impl ResilientQp {
             Path::Default => {
                 if !recv && self.slow.probe.is_some() {
                     self.slow.probe = None;
-                    self.feed(Event::ProbeCompleted { ok: true });
+                    self.slow
+                        .events
+                        .push_back(Event::ProbeCompleted { ok: true });
                     return;
-                }
-                if recv {
-                    self.slow.recvs_counted += 1;
                 }
             }
             Path::Backup => {
@@ -348,37 +375,14 @@ impl ResilientQp {
                     self.slow.backup_stale -= 1;
                     return;
                 }
-                if !recv && self.fence_retired() {
-                    return;
-                }
                 if recv {
-                    self.slow.recvs_counted += 1;
+                    self.slow.recvs_on_backup += 1;
                 }
                 self.first_success();
             }
         }
         wc.qp_num = self.slow.default_qpn;
         self.slow.wcs.push_back(wc);
-    }
-
-    /// Whether the send completion just polled from the backup CQ retired the fence (the
-    /// fence is the last WQE on the backup SQ, so only its completion reaches its end).
-    fn fence_retired(&mut self) -> bool {
-        let Some(end) = self.slow.fence else {
-            return false;
-        };
-        let b = self
-            .slow
-            .backup
-            .as_mut()
-            .expect("a fence is on the backup QP");
-        if b.qp.send_queue().completed() != end {
-            return false;
-        }
-        self.slow.fence = None;
-        self.prune_burns();
-        self.feed(Event::FenceCompleted);
-        true
     }
 
     /// Forgets burn ranges the backup SQ has completed past.
@@ -417,36 +421,17 @@ impl ResilientQp {
         }
     }
 
-    /// An error CQE is next in `path`'s CQ: note where the queues stood, consume it, and tell
+    /// An error completion from `path`'s CQ: note where its queue's unfinished WQEs begin
+    /// (`mark`, the consumer counter before the batch's first error of that queue), and tell
     /// the machine if it is the QP's first.
-    fn on_error_cqe(&mut self, path: Path) {
-        let i = path_index(path);
-        let (sq_at, rq_at, wc) = {
-            let mut one = [WorkCompletion::EMPTY];
-            let (qp, cq) = match path {
-                Path::Default => (&mut self.default, &mut self.default_cq),
-                Path::Backup => {
-                    let b = self.slow.backup.as_mut().expect("polled");
-                    (&mut b.qp, &mut b.cq)
-                }
-            };
-            let sq_at = qp.send_queue().completed();
-            let rq_at = qp.recv_queue().completed();
-            if cq.poll(&mut one) == 0 {
-                return; // a stale CQE, counted by the poller
-            }
-            (sq_at, rq_at, one[0])
-        };
+    fn on_error_wc(&mut self, path: Path, wc: WorkCompletion, mark: ErrorMark) {
         let recv = is_recv(&wc);
         if path == Path::Default && !recv && self.slow.probe.is_some() {
             self.slow.probe = None;
-            self.feed(Event::ProbeCompleted { ok: false });
+            self.slow
+                .events
+                .push_back(Event::ProbeCompleted { ok: false });
             return;
-        }
-        let backup_done = self.backup_sq_completed();
-        if path == Path::Backup && !recv && self.slow.fence == Some(backup_done) {
-            // The fence failed: the backup QP is in ERR; its first error is what counts.
-            self.slow.fence = None;
         }
         if self.slow.machine.is_none() {
             // Unprotected: a plain QP's error, as it is.
@@ -455,11 +440,15 @@ impl ResilientQp {
             self.slow.wcs.push_back(wc);
             return;
         }
-        let e = &mut self.slow.errored[i];
-        if recv {
-            e.recv_start.get_or_insert(rq_at);
-        } else {
-            e.send_start.get_or_insert(sq_at);
+        let e = &mut self.slow.errored[path_index(path)];
+        match (recv, mark.recv, mark.send) {
+            (true, Some(at), _) => {
+                e.recv_start.get_or_insert(at);
+            }
+            (false, _, Some(at)) => {
+                e.send_start.get_or_insert(at);
+            }
+            _ => {}
         }
         if wc.status != WcStatus::WrFlushErr && e.first_error.is_none() {
             e.first_error = Some(wc.status);
@@ -468,7 +457,7 @@ impl ResilientQp {
         if !e.reported {
             e.reported = true;
             tracing::debug!(qp = %self.shared.name, ?path, status = ?wc.status, wr_id = wc.wr_id, "failover: first error completion");
-            self.feed(Event::ErrorCompletion {
+            self.slow.events.push_back(Event::ErrorCompletion {
                 path,
                 status: wc.status,
             });
@@ -507,6 +496,7 @@ impl ResilientQp {
                 && Some(w.counter) != probe
         });
         let progress = self.progress_now();
+        tracing::debug!(qp = %self.shared.name, ?progress, send_start, recv_start, "failover: default QP drained");
         self.feed(Event::DefaultDrained {
             progress,
             first_error: e.first_error,
@@ -803,7 +793,9 @@ impl ResilientQp {
     }
 
     fn reset_default(&mut self) {
-        self.sync_recv_count();
+        let rq = self.default.recv_queue().completed();
+        let done = self.slow.errored[0].recv_start.unwrap_or(rq);
+        self.slow.recvs_before_reset += u64::from(done);
         if let Err(e) = self.default.modify(QpState::Reset, &QpAttr::default()) {
             tracing::warn!(qp = %self.shared.name, error = %e, "failover: default QP not reset");
         }
@@ -812,7 +804,6 @@ impl ResilientQp {
         self.slow.probe = None;
         self.slow.moving = None;
         self.slow.draining = false;
-        self.slow.default_rq_mark = 0;
     }
 
     /// RESET -> INIT -> RTR -> RTS with the application's attributes and the PSNs of `epoch`.
@@ -880,7 +871,7 @@ impl ResilientQp {
     /// Receiver side of a switch-back: the backup RQ's application receives (behind any
     /// stale ones) to the default RQ, lkeys rewritten; they become stale on the backup RQ.
     fn move_recvs_to_default(&mut self, consumed_through: u64) {
-        debug_assert_eq!(self.slow.recvs_counted, consumed_through);
+        debug_assert_eq!(self.recvs_completed(), consumed_through);
         let stale = self.slow.backup_stale;
         let mut list = std::mem::take(&mut self.slow.recv_list);
         list.clear();

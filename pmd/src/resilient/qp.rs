@@ -4,8 +4,11 @@
 //!
 //! The hot half is the default QP, its CQ, two counters and two flags. While both queues run
 //! on the default QP and nothing is pending, a post is the default QP's post plus one
-//! predictable branch and an add; a poll is the default CQ's poll (stopping in front of an
-//! error CQE instead of consuming it) plus one relaxed load of the mailbox flag. The failover
+//! predictable branch (and an add for a two-sided send); a poll is the default CQ's poll plus
+//! one relaxed load of the mailbox flag and one compare of the poller's error mark (set on
+//! the poller's cold error path: where the queues stood before the first error completion).
+//! Receives are not counted per completion: the default receive queue's consumer counter is
+//! read when an event needs the count. The failover
 //! machine is consulted only on events: an error completion, mail from the service lcore (a
 //! control message, a link change), a timer. Everything else lives behind `slow`.
 
@@ -145,10 +148,12 @@ pub(super) struct Slow {
     pub draining: bool,
     /// Where the default queues' WQEs to move start (set when the drain ends).
     pub moving: Option<(u32, u32)>,
-    /// Application receives completed, as counted by the slow path, plus the default RQ's
-    /// completions up to `default_rq_mark` (the fast path's are added lazily).
-    pub recvs_counted: u64,
-    pub default_rq_mark: u32,
+    /// Application receives that completed successfully on the default QP before its last
+    /// reset. (Since then: the default receive queue's consumer counter, up to its first
+    /// error; nothing is counted per completion on the fast path.)
+    pub recvs_before_reset: u64,
+    /// Application receives that completed successfully on the backup QP.
+    pub recvs_on_backup: u64,
     /// Receive completions of the backup QP to swallow: stale WQEs at the head of its RQ.
     pub backup_stale: u64,
     /// Backup SQ counter ranges `[start, end)` of zero-length SENDs that burn stale receives.
@@ -183,6 +188,7 @@ pub(super) struct Slow {
 /// default QP's again after a switch-back), all naming the default QP's number. The
 /// failover's own WQEs (probes, fences, zero-length SENDs that burn stale receives, control
 /// messages) never reach the application.
+#[repr(C)] // the hot fields first, in declaration order
 pub struct ResilientQp {
     // ---- hot: the default path ----
     pub(super) fast_send: bool,
@@ -247,8 +253,8 @@ impl ResilientQp {
             errored: [Errored::default(); 2],
             draining: false,
             moving: None,
-            recvs_counted: 0,
-            default_rq_mark: 0,
+            recvs_before_reset: 0,
+            recvs_on_backup: 0,
             backup_stale: 0,
             burns: VecDeque::new(),
             probe: None,
@@ -284,18 +290,20 @@ impl ResilientQp {
 
     /// Validates `wr` and writes its WQE on the QP its route names (the default QP while
     /// nothing has failed). Nothing reaches a device until [`ResilientQp::ring_doorbell`].
-    #[inline]
+    #[inline(always)]
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
         if self.fast_send {
             self.default.post_send(wr)?;
-            self.sends_posted += u64::from(two_sided(&wr.op));
+            if two_sided(&wr.op) {
+                self.count_two_sided();
+            }
             return Ok(());
         }
         self.post_send_slow(wr)
     }
 
     /// Publishes every WQE posted so far whose doorbell is not withheld by the failover.
-    #[inline]
+    #[inline(always)]
     pub fn ring_doorbell(&mut self) {
         if self.fast_send {
             self.default.ring_doorbell();
@@ -305,7 +313,7 @@ impl ResilientQp {
     }
 
     /// Writes and publishes a receive on the QP its route names.
-    #[inline]
+    #[inline(always)]
     pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
         if self.fast_recv {
             self.default.post_recv(wr)?;
@@ -317,14 +325,14 @@ impl ResilientQp {
 
     /// Polls up to `wcs.len()` completions of both QPs into `wcs`; returns how many. Also
     /// runs whatever failover work is due (mail, timers, a drain in progress).
-    #[inline]
+    #[inline(always)]
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
         if self.fast_poll && !self.shared.pending() {
-            let (n, error_next) = self.default_cq.poller().poll_until_error(wcs);
-            if !error_next {
+            let n = self.default_cq.poll(wcs);
+            if !self.default_cq.poller().error_marked() {
                 return n;
             }
-            return n + self.poll_slow(&mut wcs[n..]);
+            return self.poll_after_error(wcs, n);
         }
         self.poll_slow(wcs)
     }
@@ -360,6 +368,15 @@ impl ResilientQp {
     /// The default QP's number: what the peer connects to and every completion names.
     pub fn qpn(&self) -> u32 {
         self.slow.default_qpn
+    }
+
+    /// The default QP and its CQ themselves, bypassing the failover layer: for a benchmark
+    /// that measures what the resilient layer costs by posting to and polling the same rings
+    /// with and without it. Work posted here is invisible to failover; nothing else should
+    /// use this.
+    #[doc(hidden)]
+    pub fn bypass(&mut self) -> (&mut Qp, &mut Cq) {
+        (&mut self.default, &mut self.default_cq)
     }
 
     /// The capabilities the default device granted.
@@ -515,6 +532,13 @@ impl ResilientQp {
         self.shared.deadline()
     }
 
+    /// Completions waiting to be polled: buffered ones plus CQEs the default device has written
+    /// and nobody polled yet. Consumes nothing (for a benchmark that keeps the device's work
+    /// out of a timed poll).
+    pub fn completions_waiting(&mut self) -> u32 {
+        self.slow.wcs.len() as u32 + self.default_cq.poller().ready()
+    }
+
     /// Whether the QP has failover work in progress that needs polling (a drain, a
     /// switch-back) or completions waiting to be returned.
     pub fn is_busy(&self) -> bool {
@@ -544,6 +568,7 @@ impl ResilientQp {
     }
 
     #[cold]
+    #[inline(never)]
     fn post_send_slow(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
         match self.send_route() {
             Route::Default => {
@@ -568,7 +593,17 @@ impl ResilientQp {
         Ok(())
     }
 
+    /// Counts a two-sided send. Kept behind a real branch (the fence stops the compiler from
+    /// turning it into a branchless add): a WRITE, the common post, then skips the
+    /// read-modify-write of the counter, which a loop of posts would otherwise chain.
+    #[inline(always)]
+    fn count_two_sided(&mut self) {
+        self.sends_posted += 1;
+        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+    }
+
     #[cold]
+    #[inline(never)]
     fn ring_slow(&mut self) {
         if self.send_route() == Route::Default {
             self.default.ring_doorbell();
@@ -579,6 +614,7 @@ impl ResilientQp {
     }
 
     #[cold]
+    #[inline(never)]
     fn post_recv_slow(&mut self, wr: &RecvWr) -> Result<(), PostError> {
         match self.recv_route() {
             Route::Default => self.default.post_recv(wr)?,
@@ -684,6 +720,17 @@ impl ResilientQp {
         })
     }
 
+    /// The fast poll brought an error: the successes before it are the application's as they
+    /// are; the error and what follows go through the failover driver.
+    #[cold]
+    #[inline(never)]
+    fn poll_after_error(&mut self, wcs: &mut [WorkCompletion], n: usize) -> usize {
+        let first_bad = wcs[..n].iter().position(|w| !w.is_ok()).unwrap_or(n);
+        // The caller's slice, not a copy: it may be longer than any buffer of ours.
+        self.take_batch(crate::failover::Path::Default, &wcs[first_bad..n]);
+        first_bad + self.poll_slow(&mut wcs[first_bad..])
+    }
+
     #[cold]
     #[inline(never)]
     fn poll_slow(&mut self, wcs: &mut [WorkCompletion]) -> usize {
@@ -733,11 +780,6 @@ impl Drop for ResilientQp {
 /// The internal wr_id, for the driver.
 pub(super) const fn internal_wr_id() -> u64 {
     INTERNAL_WR_ID
-}
-
-/// The batch size of slow polls, for the driver.
-pub(super) const fn batch() -> usize {
-    BATCH
 }
 
 /// Whether a send WQE's opcode consumes a receive at the peer.
