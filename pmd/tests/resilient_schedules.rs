@@ -143,6 +143,10 @@ struct Schedule {
     iterations: u64,
     interval: Duration,
     window: u64,
+    /// Failover work runs only in the application's polls (no `progress()` calls).
+    app_driven: bool,
+    /// Completion slots per application poll.
+    poll_slots: usize,
 }
 
 fn ms(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> Duration {
@@ -221,6 +225,8 @@ impl Schedule {
             iterations: rng.random_range(20..=60),
             interval: Duration::from_micros(rng.random_range(500..=4000)),
             window: rng.random_range(1..=8),
+            app_driven: rng.random_bool(0.5),
+            poll_slots: [1, 4, 32, 128][rng.random_range(0..4)],
         }
     }
 
@@ -246,6 +252,8 @@ struct Outcome {
 /// Runs one schedule; returns what it showed, or what went wrong.
 fn run(schedule: &Schedule) -> Result<Outcome, String> {
     let mut sim = Sim::new(schedule.seed, config());
+    sim.qp_progress = !schedule.app_driven;
+    sim.poll_slots = schedule.poll_slots;
     let start = sim.now();
     for hurt in &schedule.hurts {
         for rule in hurt.rules(start) {
@@ -307,6 +315,8 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
         // The faults end; both ends must come back to the default path.
         let quiet = start + schedule.end();
         let back = sim.run_until(Duration::from_secs(10), |s| {
+            // The application keeps polling (its failover work may run only there).
+            t.step(s);
             s.now() >= quiet
                 && s.a.qp.state() == ResilientState::Default
                 && s.b.qp.state() == ResilientState::Default
@@ -317,6 +327,9 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
                 sim.a.qp.state(),
                 sim.b.qp.state()
             ));
+        }
+        if !t.violations.is_empty() {
+            return Err(t.violations.join("; "));
         }
     }
     for h in [&sim.a, &sim.b] {

@@ -357,3 +357,89 @@ fn sends_both_ways_land_in_their_own_receives_across_a_failover() {
     assert_eq!((done, got), ([N, N], [N, N]));
     assert_eq!(sim.a.qp.stats().failovers, 1);
 }
+
+#[test]
+fn a_poll_array_longer_than_a_batch_takes_a_whole_failovers_flushes_in_one_call() {
+    // More outstanding WRs than the driver's internal batch (32): the retry-exhaustion error
+    // and all the flushes behind it arrive in one application poll of 128 slots, the QPs'
+    // failover work running only in the application's polls.
+    let mut sim = Sim::new(11, config());
+    sim.qp_progress = false;
+    sim.poll_slots = 128;
+    const N: u64 = 48;
+    for i in 0..N {
+        let wr = SendWr::new(
+            i,
+            SendOp::Write {
+                remote: sim.b.buf.remote(64 * i as usize),
+            },
+            &[sim.a.buf.sge(64 * i as usize, 64)],
+        )
+        .signaled();
+        sim.a.qp.post_send(&wr).unwrap();
+    }
+    // A switch port between the default NICs: nothing arrives, no link goes down, so the
+    // first error is the device's retry exhaustion, then one flush per WR behind it.
+    let now = sim.now();
+    for rule in softnic::FaultRule::partition(A_DEFAULT, B_DEFAULT, now, None) {
+        sim.fabric.add_rule(rule);
+    }
+    sim.a.qp.ring_doorbell();
+    let mut got = Vec::new();
+    sim.run_until(Duration::from_secs(2), |s| {
+        s.poll(true);
+        s.poll(false);
+        got.append(&mut s.a.wcs);
+        got.len() as u64 >= N
+    });
+    let ids: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    let want: Vec<_> = (0..N).map(|i| (i, WcStatus::Success)).collect();
+    assert_eq!(ids, want);
+    assert_eq!(sim.a.qp.stats().failovers, 1);
+    assert_eq!(sim.a.qp.events()[0].cause, Cause::RetryExceeded);
+}
+
+#[test]
+fn losing_the_backup_path_during_a_switch_back_fails_the_connection_promptly() {
+    let mut sim = Sim::new(12, config());
+    let mut t = nccl(&sim, 10);
+    assert!(sim.run_until(Duration::from_secs(1), |s| step(&mut t, s)));
+    assert_clean(&mut t, &mut sim);
+    // A's default link flaps: A fails over, then rearms and probes once the hold-down passed.
+    sim.link_down(A_DEFAULT, Some(Duration::from_millis(5)));
+    let switching = sim.run_until(Duration::from_secs(2), |s| {
+        matches!(
+            s.a.qp.state(),
+            ResilientState::WaitSignaled | ResilientState::WaitDrained
+        )
+    });
+    assert!(
+        switching,
+        "A never started to switch back: {:?} {:?}",
+        sim.a.qp.state(),
+        sim.a.qp.events()
+    );
+    // The switch-back fence is on A's backup SQ, rung and not yet sent: the backup path
+    // vanishes under it (no link event). The default is back but not yet switched to, so
+    // the connection fails (failing over from the backup to the default is not built).
+    let now = sim.now();
+    for rule in softnic::FaultRule::partition(A_BACKUP, B_BACKUP, now, None) {
+        sim.fabric.add_rule(rule);
+    }
+    let failed = sim.run_until(Duration::from_secs(2), |s| {
+        s.a.qp.state() == ResilientState::Failed
+    });
+    assert!(failed, "A hangs in {:?}", sim.a.qp.state());
+    // Within the backup QP's retry exhaustion (about 16 ms), not the handshake timeout.
+    assert!(
+        sim.now() - now < Duration::from_millis(100),
+        "{:?}",
+        sim.now() - now
+    );
+    assert_eq!(sim.a.qp.stats().errors, 1, "{:?}", sim.a.qp.events());
+    assert!(sim
+        .a
+        .qp
+        .post_send(&SendWr::new(1, SendOp::Send, &[]))
+        .is_err());
+}
