@@ -11,6 +11,7 @@ RAILSHIFT_PACKAGES=(
   "librdmacm-dev:/usr/include/rdma/rdma_cma.h"
   "libclang-dev:/usr/share/doc/libclang-dev/copyright"
   "tshark:/usr/bin/tshark"
+  "redis-server:/usr/bin/redis-server"
 )
 
 step() {
@@ -39,4 +40,34 @@ ensure_packages() {
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# Starts a private redis-server on 127.0.0.1 (a free port, no persistence, no files written),
+# exports its URL as RAILSHIFT_REDIS_URL for the tests, and stops it when the shell exits.
+# Overwrites any EXIT trap of the caller.
+start_private_redis() {
+  local port pid tries
+  for tries in 1 2 3 4 5 6 7 8; do
+    port=$((20000 + RANDOM % 40000))
+    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
+      --dir /tmp --logfile "" --loglevel warning >/dev/null 2>&1 &
+    pid=$!
+    for _ in $(seq 50); do
+      if redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; then
+        RAILSHIFT_REDIS_PID=$pid
+        trap 'kill "$RAILSHIFT_REDIS_PID" 2>/dev/null || true' EXIT
+        export RAILSHIFT_REDIS_URL="redis://127.0.0.1:$port/"
+        echo "redis-server (pid $pid) at $RAILSHIFT_REDIS_URL"
+        return 0
+      fi
+      if ! kill -0 "$pid" 2>/dev/null; then
+        break # the port was taken: try another
+      fi
+      sleep 0.1
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  echo "could not start a private redis-server" >&2
+  return 1
 }

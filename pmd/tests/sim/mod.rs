@@ -18,8 +18,8 @@ use pmd::failover::Timestamp;
 use pmd::provider::soft::{register_fabric, unregister_fabric, SoftOptions, SoftProvider};
 use pmd::provider::ProgressModel;
 use pmd::resilient::{
-    Clock, FailoverService, ResilientBuffer, ResilientConfig, ResilientContext, ResilientPd,
-    ResilientQp,
+    Clock, FailoverService, Rendezvous, ResilientBuffer, ResilientConfig, ResilientContext,
+    ResilientPd, ResilientQp,
 };
 use pmd::{
     Access, AddressVector, Context, ContextConfig, Mtu, QpAttr, QpCaps, QpState, WorkCompletion,
@@ -120,7 +120,13 @@ fn open(fabric: &str, port: usize, clock: &softnic::Clock) -> Arc<Context> {
     Context::with_provider(Box::new(provider), pool, &config)
 }
 
-fn host(fabric: &str, ports: [usize; 2], clock: &softnic::Clock, config: &ResilientConfig) -> Host {
+fn host(
+    fabric: &str,
+    ports: [usize; 2],
+    clock: &softnic::Clock,
+    config: &ResilientConfig,
+    store: Option<Arc<dyn Rendezvous>>,
+) -> Host {
     let service = FailoverService::manual(Clock::from_softnic(clock)).unwrap();
     let devices = [open(fabric, ports[0], clock), open(fabric, ports[1], clock)];
     let ctx = ResilientContext::new(
@@ -128,7 +134,7 @@ fn host(fabric: &str, ports: [usize; 2], clock: &softnic::Clock, config: &Resili
         Some(devices[1].clone()),
         &service,
         config.clone(),
-        None,
+        store,
     );
     let pd = ctx.alloc_pd().unwrap();
     let buf = pd.alloc_buffer(BUF, Access::ALL).unwrap();
@@ -151,6 +157,27 @@ impl Sim {
     }
 
     pub fn with_latency(seed: u64, config: ResilientConfig, latency: Duration) -> Sim {
+        Sim::build(seed, config, latency, [None, None])
+    }
+
+    /// Two hosts whose backup attributes go through the given stores (one per host) instead
+    /// of the inline rendezvous: no blob is exchanged.
+    pub fn with_stores(
+        seed: u64,
+        config: ResilientConfig,
+        stores: [Option<Arc<dyn Rendezvous>>; 2],
+    ) -> Sim {
+        Sim::build(seed, config, Duration::from_micros(2), stores)
+    }
+
+    fn build(
+        seed: u64,
+        config: ResilientConfig,
+        latency: Duration,
+        stores: [Option<Arc<dyn Rendezvous>>; 2],
+    ) -> Sim {
+        let inline = stores.iter().all(Option::is_none);
+        let [store_a, store_b] = stores;
         static N: AtomicU32 = AtomicU32::new(0);
         let name = format!(
             "sim{}-{}",
@@ -163,8 +190,8 @@ impl Sim {
             fabric.add_port(addr.parse().unwrap());
         }
         register_fabric(&name, &fabric);
-        let a = host(&name, [A_DEFAULT, A_BACKUP], &clock, &config);
-        let b = host(&name, [B_DEFAULT, B_BACKUP], &clock, &config);
+        let a = host(&name, [A_DEFAULT, A_BACKUP], &clock, &config, store_a);
+        let b = host(&name, [B_DEFAULT, B_BACKUP], &clock, &config, store_b);
         let mut sim = Sim {
             clock,
             fabric,
@@ -175,16 +202,19 @@ impl Sim {
             qp_progress: true,
             poll_slots: 32,
         };
-        sim.connect();
+        sim.connect(inline);
         sim
     }
 
-    /// The inline rendezvous and the application's bring-up, then waits for protection.
-    fn connect(&mut self) {
-        let blob_a = self.until_blob(true);
-        let blob_b = self.until_blob(false);
-        self.a.qp.connect_backup(&blob_b).unwrap();
-        self.b.qp.connect_backup(&blob_a).unwrap();
+    /// The inline rendezvous (unless the hosts use a store) and the application's bring-up,
+    /// then waits for protection.
+    fn connect(&mut self, inline: bool) {
+        if inline {
+            let blob_a = self.until_blob(true);
+            let blob_b = self.until_blob(false);
+            self.a.qp.connect_backup(&blob_b).unwrap();
+            self.b.qp.connect_backup(&blob_a).unwrap();
+        }
         let gid = |h: &Host| h.devices[0].query_gid(0).unwrap();
         let (ga, gb) = (gid(&self.a), gid(&self.b));
         let (qa, qb) = (self.a.qp.qpn(), self.b.qp.qpn());
