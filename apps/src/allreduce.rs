@@ -628,6 +628,7 @@ pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
         bw_avg_gbps: avg,
         msg_rate_mpps: iterations as f64 / secs / 1e6,
         duration_s: secs,
+        latency: None,
     };
     println!("{RULE}");
     report::print_bw_header(o.flags.report_gbits);

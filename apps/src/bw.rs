@@ -534,6 +534,7 @@ fn run_size(
         bw_avg_gbps: avg,
         msg_rate_mpps: completed as f64 / secs / 1e6,
         duration_s: secs,
+        latency: None,
     };
     (row, error)
 }
@@ -749,6 +750,7 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         bw_avg_gbps: avg,
         msg_rate_mpps: received as f64 / secs / 1e6,
         duration_s: secs,
+        latency: None,
     });
     out.check = checker.map(|c| c.json);
     if o.tool == Tool::AtomicBw {

@@ -241,6 +241,11 @@ pub enum Msg {
     Ring(RingPlace),
     /// Start (the coordinator, once every rank is ready).
     Go,
+    /// The latency client moves on to the next size (`-a`); the server answers `ready`.
+    NextSize {
+        /// The new message size.
+        size: usize,
+    },
     /// The client finished the run (or a rank finished its iterations).
     Done {
         /// Iterations completed.
@@ -267,6 +272,7 @@ impl Msg {
             Msg::Ready => "ready",
             Msg::Ring(_) => "ring",
             Msg::Go => "go",
+            Msg::NextSize { .. } => "next-size",
             Msg::Done { .. } => "done",
             Msg::Summary { .. } => "summary",
             Msg::Bye => "bye",

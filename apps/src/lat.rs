@@ -12,14 +12,14 @@ use crate::cli::{Options, Tool};
 use crate::error::AppError;
 use crate::exchange::Msg;
 use crate::report::{Latency, ResultRow, Timeline};
-use crate::session::{Idle, Length, PeerWatch, Session};
+use crate::session::{Idle, Length, PeerWatch, Session, PEER_TIMEOUT};
 
 /// Receives each side keeps posted (SEND ping-pong).
 const RECVS: u64 = 16;
 /// A ping that is not answered for this long means the peer or the path is gone.
 const STALL: Duration = Duration::from_secs(20);
 
-/// Buffer length for messages of `size`: the receive area, then the send area.
+/// Buffer length for messages up to `size`: the receive area, then the send area.
 pub fn buffer_len(size: usize) -> usize {
     2 * size
 }
@@ -35,15 +35,28 @@ pub fn caps(o: &Options) -> QpCaps {
     }
 }
 
-/// A latency run's result.
+/// One size's result.
 #[derive(Debug)]
-pub struct LatOutcome {
+pub struct LatSize {
     /// Samples, nanoseconds.
     pub hist: Histogram<u64>,
     /// The row (bandwidth figures of the ping-pong).
     pub row: ResultRow,
+}
+
+/// A latency run's result: one entry per size (several with `-a`).
+#[derive(Debug)]
+pub struct LatOutcome {
+    /// Per size, in order.
+    pub sizes: Vec<LatSize>,
     /// The error that stopped the run.
     pub error: Option<AppError>,
+}
+
+/// The byte that marks ping `i` (never 0, the value of memory nothing has written yet).
+#[inline]
+fn mark(i: u64) -> u8 {
+    (i % 255 + 1) as u8
 }
 
 /// A histogram of nanoseconds from 1 ns to a minute, 3 significant digits.
@@ -66,8 +79,14 @@ pub fn latency_of(h: &Histogram<u64>) -> Latency {
     }
 }
 
-fn post_recv(s: &mut Session, k: u64, size: usize) -> Result<(), AppError> {
-    let sge = s.mem.sge(0, size as u32);
+/// The buffer is the receive area, then the send area, each as long as the largest size.
+fn area(s: &Session) -> usize {
+    s.mem.len() / 2
+}
+
+/// Posts a receive for the largest message (with `-a`, SENDs of every size land in it).
+fn post_recv(s: &mut Session, k: u64) -> Result<(), AppError> {
+    let sge = s.mem.sge(0, area(s) as u32);
     s.conns[0].post_recv(&RecvWr::new(k, &[sge]))?;
     Ok(())
 }
@@ -101,13 +120,14 @@ fn ping(
     if tool != Tool::ReadLat && size as u32 <= inline {
         s.conns[0].post_send(&SendWr::inline(u64::from(v), op, &payload[..size]).signaled())?;
     } else {
+        let send_area = area(s);
         if tool != Tool::ReadLat {
-            s.mem.write(size, &payload[..size]);
+            s.mem.write(send_area, &payload[..size]);
         }
         let sge = if tool == Tool::ReadLat {
             s.mem.sge(0, size as u32)
         } else {
-            s.mem.sge(size, size as u32)
+            s.mem.sge(send_area, size as u32)
         };
         s.conns[0].post_send(&SendWr::new(u64::from(v), op, &[sge]).signaled())?;
     }
@@ -118,6 +138,8 @@ fn ping(
 /// What a wait for the peer's answer saw.
 enum Arrival {
     Answer,
+    /// The client moves on to the next size (`-a`; server side).
+    NextSize(usize),
     /// The peer said it is done or went away (server side).
     PeerGone,
 }
@@ -147,7 +169,7 @@ fn wait_answer(
             match (tool, wc.opcode) {
                 (Tool::SendLat, WcOpcode::Recv) => {
                     answered = true;
-                    post_recv(s, *recvs_posted, size)?;
+                    post_recv(s, *recvs_posted)?;
                     *recvs_posted += 1;
                 }
                 (Tool::ReadLat, WcOpcode::RdmaRead) => answered = true,
@@ -169,6 +191,7 @@ fn wait_answer(
             if let Some(w) = watch.as_deref_mut() {
                 match w.check(now, &mut s.chan) {
                     Ok(None) | Ok(Some(Msg::Ready)) => {}
+                    Ok(Some(Msg::NextSize { size })) => return Ok(Arrival::NextSize(size)),
                     Ok(Some(_)) | Err(_) => return Ok(Arrival::PeerGone),
                 }
             } else if now.duration_since(since) > STALL {
@@ -181,90 +204,117 @@ fn wait_answer(
     }
 }
 
-/// The client: `iters` pings (or `-D` seconds of them) per size.
+/// The client: `iters` pings (or `-D` seconds of them) per size; with `-a` it tells the
+/// server each new size and waits for its `ready` first.
 pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutcome {
-    let size = o.sizes[0];
+    let max = *o.sizes.iter().max().expect("a size");
     let mut idle = Idle::new(o.flags.poll);
     s.conns[0].set_waker(idle.unparker());
-    let mut hist = new_histogram();
     let mut wcs = [WorkCompletion::EMPTY; 16];
-    let mut payload = vec![0u8; size];
+    let mut payload = vec![0u8; max];
     let mut recvs_posted = 0u64;
-    let mut error = None;
+    let mut out = LatOutcome {
+        sizes: Vec::new(),
+        error: None,
+    };
     if o.tool == Tool::SendLat {
         while recvs_posted < RECVS {
-            if let Err(e) = post_recv(s, recvs_posted, size) {
-                error = Some(e);
-                break;
+            if let Err(e) = post_recv(s, recvs_posted) {
+                out.error = Some(e);
+                return out;
             }
             recvs_posted += 1;
         }
     }
     let length = Length::of(o);
-    let start = Instant::now();
-    let mut now = start;
+    // Ping marks run on across sizes, so the server's count stays in step.
     let mut i = 0u64;
-    while error.is_none() && length.wants(i, start, now) {
-        let v = (i + 1) as u8;
-        let t0 = Instant::now();
-        let r = ping(s, o.tool, size, v, o.inline_size, &mut payload).and_then(|_| {
-            wait_answer(
-                s,
-                o.tool,
-                size,
-                v,
-                &mut idle,
-                &mut wcs,
-                &mut recvs_posted,
-                None,
-            )
-        });
-        now = Instant::now();
-        match r {
-            Ok(_) => {
-                let ns = now.duration_since(t0).as_nanos() as u64;
-                // Ping-pongs report half the round trip; READs the whole operation.
-                let sample = if o.tool == Tool::ReadLat { ns } else { ns / 2 };
-                hist.saturating_record(sample.max(1));
-                i += 1;
+    let (mut bytes_before, mut iters_before) = (0u64, 0u64);
+    for (k, &size) in o.sizes.iter().enumerate() {
+        if k > 0 {
+            let sync = s
+                .chan
+                .send(&Msg::NextSize { size })
+                .and_then(|_| s.chan.expect_ready(PEER_TIMEOUT));
+            if let Err(e) = sync {
+                out.error = Some(e.into());
+                break;
             }
-            Err(e) => error = Some(e),
         }
-        timeline.tick(
-            now,
-            i * size as u64,
-            i,
-            u64::from(error.is_some()),
-            s.conns[0].state(error.is_some()),
-        );
+        let mut hist = new_histogram();
+        let start = Instant::now();
+        let mut now = start;
+        let mut done = 0u64;
+        while out.error.is_none() && length.wants(done, start, now) {
+            let v = mark(i);
+            let t0 = Instant::now();
+            let r = ping(s, o.tool, size, v, o.inline_size, &mut payload).and_then(|_| {
+                wait_answer(
+                    s,
+                    o.tool,
+                    size,
+                    v,
+                    &mut idle,
+                    &mut wcs,
+                    &mut recvs_posted,
+                    None,
+                )
+            });
+            now = Instant::now();
+            match r {
+                Ok(_) => {
+                    let ns = now.duration_since(t0).as_nanos() as u64;
+                    // Ping-pongs report half the round trip; READs the whole operation.
+                    let sample = if o.tool == Tool::ReadLat { ns } else { ns / 2 };
+                    hist.saturating_record(sample.max(1));
+                    i += 1;
+                    done += 1;
+                }
+                Err(e) => out.error = Some(e),
+            }
+            timeline.tick(
+                now,
+                bytes_before + done * size as u64,
+                iters_before + done,
+                u64::from(out.error.is_some()),
+                s.conns[0].state(out.error.is_some()),
+            );
+        }
+        let secs = now.duration_since(start).as_secs_f64().max(1e-9);
+        let avg = (done * size as u64) as f64 * 8.0 / secs / 1e9;
+        bytes_before += done * size as u64;
+        iters_before += done;
+        out.sizes.push(LatSize {
+            hist,
+            row: ResultRow {
+                size,
+                iterations: done,
+                bw_peak_gbps: avg,
+                bw_avg_gbps: avg,
+                msg_rate_mpps: done as f64 / secs / 1e6,
+                duration_s: secs,
+                latency: None,
+            },
+        });
+        if out.error.is_some() {
+            break;
+        }
     }
-    let secs = now.duration_since(start).as_secs_f64().max(1e-9);
-    let avg = (i * size as u64) as f64 * 8.0 / secs / 1e9;
-    LatOutcome {
-        hist,
-        row: ResultRow {
-            size,
-            iterations: i,
-            bw_peak_gbps: avg,
-            bw_avg_gbps: avg,
-            msg_rate_mpps: i as f64 / secs / 1e6,
-            duration_s: secs,
-        },
-        error,
-    }
+    out
 }
 
 /// The server: answers pings until the client is done or gone (READ: just stays up).
 pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<AppError> {
-    let size = o.sizes[0];
+    let max = *o.sizes.iter().max().expect("a size");
+    let mut size = o.sizes[0];
     let mut idle = Idle::new(o.flags.poll);
     s.conns[0].set_waker(idle.unparker());
     let mut wcs = [WorkCompletion::EMPTY; 16];
-    let mut payload = vec![0u8; size];
+    let mut payload = vec![0u8; max];
     let mut recvs_posted = 0u64;
     if o.tool == Tool::SendLat {
         while recvs_posted < RECVS {
-            if let Err(e) = post_recv(s, recvs_posted, size) {
+            if let Err(e) = post_recv(s, recvs_posted) {
                 return Some(e);
             }
             recvs_posted += 1;
@@ -292,6 +342,11 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
                     });
                     return None;
                 }
+                Ok(Some(Msg::NextSize { .. })) => {
+                    if let Err(e) = s.chan.send(&Msg::Ready) {
+                        return Some(e.into());
+                    }
+                }
                 Ok(Some(_)) | Err(_) => return None,
             }
             if n == 0 {
@@ -299,7 +354,7 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             }
             continue;
         };
-        let v = (i + 1) as u8;
+        let v = mark(i);
         match wait_answer(
             s,
             tool,
@@ -311,6 +366,18 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             Some(&mut watch),
         ) {
             Ok(Arrival::Answer) => {}
+            Ok(Arrival::NextSize(next)) => {
+                if next > max {
+                    return Some(AppError::Peer(format!(
+                        "the client asked for size {next}, above this side's {max}"
+                    )));
+                }
+                size = next;
+                if let Err(e) = s.chan.send(&Msg::Ready) {
+                    return Some(e.into());
+                }
+                continue;
+            }
             Ok(Arrival::PeerGone) => {
                 let _ = s.chan.send(&Msg::Summary {
                     atomic_counter: None,

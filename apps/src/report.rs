@@ -29,6 +29,9 @@ pub struct ResultRow {
     pub msg_rate_mpps: f64,
     /// Measured wall time, seconds.
     pub duration_s: f64,
+    /// Latency tools: this size's latency figures.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<Latency>,
 }
 
 /// One timeline sample.

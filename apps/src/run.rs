@@ -206,49 +206,71 @@ fn run_bandwidth(
 }
 
 fn run_latency(o: &Options, report: &mut Report) -> Result<(Option<AppError>, Session), AppError> {
-    let size = o.sizes[0];
-    let mut s = Session::establish(o, lat::buffer_len(size), lat::caps(o))?;
+    let max = *o.sizes.iter().max().expect("a size");
+    let mut s = Session::establish(o, lat::buffer_len(max), lat::caps(o))?;
     pin_lcore(o)?;
     s.print_header(o, 1, 1);
     let mut timeline = Timeline::new(o.flags.timeline_ms, true);
     if o.is_server() {
         println!(" Answering the client's pings");
         let error = lat::server(o, &mut s, &mut timeline);
-        report.size = size;
+        report.size = max;
         report.timeline = timeline.samples;
         return Ok((error, s));
     }
     let out = lat::client(o, &mut s, &mut timeline);
-    bw::finish_client(&mut s, out.row.iterations, None);
+    let total = out.sizes.iter().map(|l| l.row.iterations).sum();
+    bw::finish_client(&mut s, total, None);
     println!("{RULE}");
     report::print_lat_header();
-    let l = lat::latency_of(&out.hist);
-    report::print_lat_row(size, out.row.iterations, &l);
-    println!("{RULE}");
-    println!(
-        " Latency percentile distribution (one-way{}, usec):",
-        if o.tool == Tool::ReadLat {
-            " READ round trip"
-        } else {
-            " = half the round trip"
+    let mut rows = Vec::new();
+    for l in &out.sizes {
+        let mut row = l.row.clone();
+        if row.iterations > 0 {
+            let lat = lat::latency_of(&l.hist);
+            report::print_lat_row(row.size, row.iterations, &lat);
+            row.latency = Some(lat);
         }
-    );
-    lat::print_distribution(&out.hist);
+        rows.push(row);
+    }
     println!("{RULE}");
+    let what = if o.tool == Tool::ReadLat {
+        "READ round trip"
+    } else {
+        "one-way = half the round trip"
+    };
+    if let [only] = out.sizes.as_slice() {
+        println!(" Latency percentile distribution ({what}, usec):");
+        lat::print_distribution(&only.hist);
+        println!("{RULE}");
+    }
     if let Some(path) = &o.flags.hdr_out {
-        let mut f = std::fs::File::create(path).map_err(|e| AppError::Output {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        lat::write_hgrm(&out.hist, &mut f).map_err(|e| AppError::Output {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        for l in &out.sizes {
+            // With -a, one file per size: FILE.<size>.
+            let file = if out.sizes.len() == 1 {
+                path.clone()
+            } else {
+                let mut name = path.as_os_str().to_owned();
+                name.push(format!(".{}", l.row.size));
+                name.into()
+            };
+            write_hgrm_file(&file, &l.hist)?;
+        }
     }
-    if out.row.iterations > 0 {
-        report.latency = Some(l);
-    }
-    report.set_results(vec![out.row]);
+    report.latency = rows.last().and_then(|r| r.latency.clone());
+    report.set_results(rows);
     report.timeline = timeline.samples;
     Ok((out.error, s))
+}
+
+fn write_hgrm_file(
+    path: &std::path::Path,
+    h: &hdrhistogram::Histogram<u64>,
+) -> Result<(), AppError> {
+    let err = |e: std::io::Error| AppError::Output {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
+    let mut f = std::fs::File::create(path).map_err(err)?;
+    lat::write_hgrm(h, &mut f).map_err(err)
 }

@@ -8,7 +8,7 @@ use pmd::lcore::{IdlePolicy, Poller};
 use pmd::provider::ProgressModel;
 use pmd::{Mtu, QpCaps};
 
-use crate::cli::{Options, PollMode};
+use crate::cli::{Options, PollMode, Tool};
 use crate::endpoint::{agree_mtu, mtu_of, random_psn, Conn, DeviceOptions, Host, Memory};
 use crate::error::AppError;
 use crate::exchange::{self, Channel, Hello, Params, QpInfo};
@@ -72,9 +72,12 @@ pub fn pin(core: usize) -> Result<(), AppError> {
 }
 
 /// The device options the flags ask for; latency tools without a backup device drive the
-/// softnic from their polling loop (manual progress), everything else runs softnic engines.
+/// softnic from their polling loop (manual progress), everything else runs softnic engines,
+/// and so does the server of `shift_read_lat`, whose CPU takes no part in a READ (its engine
+/// answers at once and sleeps in between).
 pub fn device_options(o: &Options) -> DeviceOptions {
-    let manual = o.tool.is_latency() && !o.failover_enabled();
+    let passive = o.tool == Tool::ReadLat && o.is_server();
+    let manual = o.tool.is_latency() && !o.failover_enabled() && !passive;
     DeviceOptions {
         device: o.device.clone(),
         backup: o.flags.backup_dev.clone(),

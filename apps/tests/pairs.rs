@@ -87,6 +87,24 @@ fn write_lat_reports_percentiles_and_writes_an_hgrm_file() {
 }
 
 #[test]
+fn send_lat_with_all_sizes_reports_a_row_per_size() {
+    let r = pair(
+        "shift_send_lat",
+        15,
+        &["-a", "-n", "10", "--timeline-ms", "0"],
+    );
+    ok(&r);
+    let rows = r.client_json["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 23);
+    for (k, row) in rows.iter().enumerate() {
+        assert_eq!(row["size"], 2u64 << k);
+        assert_eq!(row["iterations"], 10);
+        assert!(row["lat_p50_us"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(r.client_json["size"], 8 << 20);
+}
+
+#[test]
 fn send_bw_lands_every_message_in_a_receive() {
     let r = pair("shift_send_bw", 4, &["-s", "8192", "-n", "2000"]);
     ok(&r);
