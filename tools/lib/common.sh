@@ -42,9 +42,22 @@ ensure_packages() {
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+# Commands run when the shell exits, in the order they were added: `on_exit 'cmd'`. One EXIT
+# trap runs them all, so helpers that clean up do not overwrite each other's traps.
+RAILSHIFT_ON_EXIT=()
+run_on_exit() {
+  local cmd
+  for cmd in "${RAILSHIFT_ON_EXIT[@]}"; do
+    eval "$cmd" || true
+  done
+}
+on_exit() {
+  RAILSHIFT_ON_EXIT+=("$1")
+  trap run_on_exit EXIT
+}
+
 # Starts a private redis-server on 127.0.0.1 (a free port, no persistence, no files written),
 # exports its URL as RAILSHIFT_REDIS_URL for the tests, and stops it when the shell exits.
-# Overwrites any EXIT trap of the caller.
 start_private_redis() {
   local port pid tries
   for tries in 1 2 3 4 5 6 7 8; do
@@ -55,7 +68,7 @@ start_private_redis() {
     for _ in $(seq 50); do
       if redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; then
         RAILSHIFT_REDIS_PID=$pid
-        trap 'kill "$RAILSHIFT_REDIS_PID" 2>/dev/null || true' EXIT
+        on_exit 'kill "$RAILSHIFT_REDIS_PID" 2>/dev/null'
         export RAILSHIFT_REDIS_URL="redis://127.0.0.1:$port/"
         echo "redis-server (pid $pid) at $RAILSHIFT_REDIS_URL"
         return 0
