@@ -686,17 +686,7 @@ pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
 }
 
 fn print_header(o: &Options, rank: &Rank) {
-    println!("{RULE}");
-    println!("                    {}", o.tool.title());
-    println!(" Device          : {}", o.device);
-    println!(
-        " Backup device   : {}",
-        match (&o.flags.backup_dev, o.failover_enabled()) {
-            (Some(b), true) => format!("{b} (resilient QPs, failover on)"),
-            (Some(b), false) => format!("{b} (unused: --no-failover)"),
-            (None, _) => "none (plain QPs)".to_owned(),
-        }
-    );
+    crate::session::print_title_and_devices(o);
     println!(
         " Rank            : {} of {}",
         rank.place.rank, rank.place.ranks

@@ -318,18 +318,6 @@ impl Conn {
         })
     }
 
-    /// Connects to the peer: [`Conn::bring_up`], then [`Conn::wait_protected`].
-    pub fn connect(
-        &mut self,
-        ours: &QpInfo,
-        peer: &QpInfo,
-        mtu: Mtu,
-        timeout: u8,
-    ) -> Result<(), AppError> {
-        self.bring_up(ours, peer, mtu, timeout)?;
-        self.wait_protected()
-    }
-
     /// Hands a resilient QP the peer's backup attributes, then moves the QP through INIT,
     /// RTR and RTS towards the peer.
     pub fn bring_up(

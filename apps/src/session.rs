@@ -218,17 +218,7 @@ impl Session {
 
     /// perftest's header block.
     pub fn print_header(&self, o: &Options, tx_depth: u32, cq_mod: u32) {
-        println!("{RULE}");
-        println!("                    {}", o.tool.title());
-        println!(" Device          : {}", o.device);
-        println!(
-            " Backup device   : {}",
-            match (&o.flags.backup_dev, o.failover_enabled()) {
-                (Some(b), true) => format!("{b} (resilient QP, failover on)"),
-                (Some(b), false) => format!("{b} (unused: --no-failover)"),
-                (None, _) => "none (plain QP)".to_owned(),
-            }
-        );
+        print_title_and_devices(o);
         println!(
             " Number of qps   : {}\t\tTransport type : IB",
             self.conns.len()
@@ -269,6 +259,21 @@ impl Session {
         }
         println!("{RULE}");
     }
+}
+
+/// The first lines of every tool's header: the rule, the title, the devices.
+pub fn print_title_and_devices(o: &Options) {
+    println!("{RULE}");
+    println!("                    {}", o.tool.title());
+    println!(" Device          : {}", o.device);
+    println!(
+        " Backup device   : {}",
+        match (&o.flags.backup_dev, o.failover_enabled()) {
+            (Some(b), true) => format!("{b} (resilient QPs, failover on)"),
+            (Some(b), false) => format!("{b} (unused: --no-failover)"),
+            (None, _) => "none (plain QPs)".to_owned(),
+        }
+    );
 }
 
 /// Watches the out-of-band connection during a run without blocking the polling loop.
