@@ -349,3 +349,50 @@ fn allreduce_of_three_ranks_finds_its_ring_through_rank_0() {
     ranks_seen.sort();
     assert_eq!(ranks_seen, vec![0, 1, 2]);
 }
+
+#[test]
+fn a_client_whose_server_dies_writes_its_error_and_exits_1() {
+    let dir = TempDir::new("dies");
+    let (port, a_server, a_client) = slot(16);
+    let mut server = spawn(
+        "shift_write_bw",
+        &[
+            "-d".into(),
+            format!("soft:lo@{a_server}"),
+            "-p".into(),
+            port.to_string(),
+        ],
+    );
+    let t0 = std::time::Instant::now();
+    while !common::listening(port) {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let json = dir.file("client.json");
+    let client = spawn(
+        "shift_write_bw",
+        &[
+            "-d".into(),
+            format!("soft:lo@{a_client}"),
+            "-p".into(),
+            port.to_string(),
+            "-D".into(),
+            "10".into(),
+            "-u".into(),
+            "8".into(),
+            "--json".into(),
+            json.display().to_string(),
+            "127.0.0.1".into(),
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    server.kill().unwrap();
+    let _ = server.wait();
+    let c = wait(client, Duration::from_secs(20));
+    assert_eq!(c.status.code(), Some(1), "{}", text(&c));
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let e = j["error"].as_str().expect("error set");
+    assert!(e.contains("RetryExcErr"), "{e}");
+    assert!(j["iterations"].as_u64().unwrap() > 0);
+}
