@@ -20,7 +20,7 @@ mod sim;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use pmd::resilient::{EventKind, ResilientState};
+use pmd::resilient::{Cause, EventKind, ResilientState};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sim::traffic::{Dir, Traffic};
@@ -245,8 +245,9 @@ struct Outcome {
     failovers: u64,
     switch_backs: u64,
     failed: bool,
-    /// Fallback latencies of the failovers, microseconds of virtual time.
-    latencies_us: Vec<f64>,
+    /// Fallback latencies of the failovers, microseconds of virtual time, with how each was
+    /// detected and whether work was outstanding then (WQEs retransmitted).
+    latencies_us: Vec<(Detected, bool, f64)>,
 }
 
 /// Runs one schedule; returns what it showed, or what went wrong.
@@ -340,10 +341,48 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
             h.qp.events()
                 .iter()
                 .filter(|e| e.kind == EventKind::Failover)
-                .filter_map(|e| e.fallback_latency_us),
+                .filter_map(|e| {
+                    let latency = e.fallback_latency_us?;
+                    Some((Detected::of(e.cause), e.wqes_retransmitted > 0, latency))
+                }),
         );
     }
     Ok(outcome)
+}
+
+/// How a failover round was detected at the end that reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Detected {
+    /// An error completion polled from the default CQ (retry exhaustion, a flush, ...).
+    ErrorCqe,
+    /// The link watch saw the default link go down.
+    LinkDown,
+    /// The peer's `Failover` message came first.
+    Peer,
+}
+
+impl Detected {
+    fn of(cause: Cause) -> Detected {
+        match cause {
+            Cause::LinkDown => Detected::LinkDown,
+            Cause::PeerFailover => Detected::Peer,
+            _ => Detected::ErrorCqe,
+        }
+    }
+}
+
+/// One line of fallback latency percentiles.
+fn latency_line(label: &str, samples: impl Iterator<Item = f64>) {
+    let mut v: Vec<f64> = samples.collect();
+    v.sort_by(f64::total_cmp);
+    eprintln!(
+        "  {label:<52} n {:>5}  p50 {:>7.0}  p90 {:>7.0}  p99 {:>7.0}  max {:>7.0}",
+        v.len(),
+        percentile(&v, 0.5),
+        percentile(&v, 0.9),
+        percentile(&v, 0.99),
+        percentile(&v, 1.0),
+    );
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -393,7 +432,6 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
             }
         }
     }
-    latencies.sort_by(f64::total_cmp);
     eprintln!(
         "{} schedules in {:.1} s ({} hurt the backup path too): {failovers} failovers, {switch_backs} switch-backs, {failed} connections failed",
         seeds.len(),
@@ -401,13 +439,38 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
         backup_hurt,
     );
     eprintln!(
-        "fallback latency (virtual time, first error or link-down to first success on the backup), us: min {:.0} p50 {:.0} p90 {:.0} p99 {:.0} max {:.0} over {} failovers",
-        percentile(&latencies, 0.0),
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.9),
-        percentile(&latencies, 0.99),
-        percentile(&latencies, 1.0),
-        latencies.len()
+        "fallback latency, virtual us: detection to the first successful application completion on the backup QP"
+    );
+    let all = |d: Option<Detected>, busy: bool| {
+        latencies
+            .iter()
+            .filter(move |(k, b, _)| d.is_none_or(|d| d == *k) && (!busy || *b))
+            .map(|(_, _, l)| *l)
+    };
+    latency_line("every failover", all(None, false));
+    latency_line(
+        "  detected by an error CQE",
+        all(Some(Detected::ErrorCqe), false),
+    );
+    latency_line(
+        "  detected by the link watch",
+        all(Some(Detected::LinkDown), false),
+    );
+    latency_line(
+        "  started by the peer's Failover",
+        all(Some(Detected::Peer), false),
+    );
+    latency_line(
+        "with work outstanding (WQEs retransmitted)",
+        all(None, true),
+    );
+    latency_line(
+        "  detected by an error CQE",
+        all(Some(Detected::ErrorCqe), true),
+    );
+    latency_line(
+        "  detected by the link watch",
+        all(Some(Detected::LinkDown), true),
     );
     assert!(
         failures.is_empty(),

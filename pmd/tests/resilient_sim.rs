@@ -443,3 +443,108 @@ fn losing_the_backup_path_during_a_switch_back_fails_the_connection_promptly() {
         .post_send(&SendWr::new(1, SendOp::Send, &[]))
         .is_err());
 }
+
+#[test]
+fn with_the_link_watch_off_a_dead_link_is_found_by_retry_exhaustion() {
+    let mut config = config();
+    config.link_watch = false;
+    let mut sim = Sim::new(13, config);
+    let mut t = nccl(&sim, 60);
+    let mut down = false;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if !down && t.dirs[0].completed >= 10 {
+            s.link_down(A_DEFAULT, None);
+            down = true;
+        }
+        step(&mut t, s)
+    });
+    assert!(done, "stalled at {} of 60", t.dirs[0].completed);
+    assert_clean(&mut t, &mut sim);
+    // The same schedule with the watch on fails over on the link event itself
+    // (`link_down_of_the_default_nic_moves_traffic_to_the_backup_in_order`).
+    let event = &sim.a.qp.events()[0];
+    assert_eq!(
+        (event.kind, event.cause),
+        (EventKind::Failover, Cause::RetryExceeded)
+    );
+}
+
+/// One `tracing` event's fields (the message among them), as text.
+type Fields = Vec<(String, String)>;
+
+/// Every `tracing` event seen.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<Fields>>>);
+
+struct FieldText<'a>(&'a mut Fields);
+
+impl tracing::field::Visit for FieldText<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0
+            .push((field.name().to_string(), format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.push((field.name().to_string(), value.to_string()));
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Captured {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = Vec::new();
+        event.record(&mut FieldText(&mut fields));
+        self.0.lock().unwrap().push(fields);
+    }
+}
+
+#[test]
+fn a_failover_is_traced_with_its_qp_device_cause_wqes_copied_and_time_taken() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::registry().with(captured.clone());
+    let mut sim = Sim::new(14, config());
+    let mut t = nccl(&sim, 30);
+    let mut down = false;
+    tracing::subscriber::with_default(subscriber, || {
+        assert!(sim.run_until(Duration::from_secs(2), |s| {
+            if !down && t.dirs[0].completed >= 10 {
+                s.link_down(A_DEFAULT, None);
+                down = true;
+            }
+            step(&mut t, s)
+        }));
+    });
+    assert_clean(&mut t, &mut sim);
+    let events = captured.0.lock().unwrap();
+    let moved: Vec<_> = events
+        .iter()
+        .filter(|f| {
+            f.iter()
+                .any(|(k, v)| k == "message" && v == "failover: traffic moved to the backup QP")
+        })
+        .collect();
+    // One per end: A saw its link go down, B heard it from A.
+    assert_eq!(moved.len(), 2, "{events:#?}");
+    let a = moved
+        .iter()
+        .find(|f| f.iter().any(|(k, v)| k == "cause" && v == "link-down"))
+        .expect("A's event names the link going down");
+    let value = |key: &str| {
+        a.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no field {key} in {a:?}"))
+    };
+    assert_eq!(value("device"), sim.a.devices[0].name());
+    assert!(
+        value("qp").contains(&format!("{:#x}", sim.a.qp.qpn())),
+        "{}",
+        value("qp")
+    );
+    let stats = sim.a.qp.stats();
+    assert_eq!(
+        value("wqes_retransmitted"),
+        stats.wqes_retransmitted.to_string()
+    );
+    assert_eq!(value("wqes_copied"), stats.wqes_copied.to_string());
+    assert!(value("elapsed_us").parse::<f64>().unwrap() >= 0.0);
+}
