@@ -15,7 +15,9 @@
 //!   `resilient_bypass_poll_ns`: the same loops on that QP's own default QP and CQ used
 //!   directly, in alternating rounds (the same rings, so memory placement cannot tell the two
 //!   apart); `overhead_post_ratio`, `overhead_poll_ratio`: the median over back-to-back round
-//!   pairs of resilient over direct (`*_best_ratio`: best round over best round). The plain
+//!   pairs of resilient over direct, the pair's order alternating (`*_best_ratio`: best round
+//!   over best round); `resilient_vs_plain_*_ratio`: the resilient medians over the plain
+//!   QP's, for reference. The plain
 //!   QP pair above is no baseline for this: the same posting code on the resilient QP's own
 //!   default QP measured 5-20% away from it (either way) on this machine, from where the
 //!   rings and bookkeeping land in memory alone.
@@ -485,16 +487,28 @@ impl Compared {
 fn compare(resilient: &mut Bench<ResilientQp>, rounds: usize) -> (Compared, Compared) {
     let wr = resilient.writes(ROUND, false);
     let (mut p, mut r) = (Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        p.push(resilient.bypass_round(|b| b.post_round(&wr, 32)));
-        r.push(resilient.post_round(&wr, 32));
+    // Which of a pair runs first alternates: whatever the first round of a pair pays (or
+    // leaves warm for the second) falls on both sides alike.
+    for i in 0..rounds {
+        if i % 2 == 0 {
+            p.push(resilient.bypass_round(|b| b.post_round(&wr, 32)));
+            r.push(resilient.post_round(&wr, 32));
+        } else {
+            r.push(resilient.post_round(&wr, 32));
+            p.push(resilient.bypass_round(|b| b.post_round(&wr, 32)));
+        }
     }
     let post = Compared::of(std::mem::take(&mut p), std::mem::take(&mut r));
     let wr = resilient.writes(POLL_ROUND, true);
     let mut wcs = [WorkCompletion::EMPTY; 32];
-    for _ in 0..rounds / 4 + 1 {
-        p.push(resilient.bypass_round(|b| b.poll_round(&wr, &mut wcs)));
-        r.push(resilient.poll_round(&wr, &mut wcs));
+    for i in 0..rounds / 2 + 1 {
+        if i % 2 == 0 {
+            p.push(resilient.bypass_round(|b| b.poll_round(&wr, &mut wcs)));
+            r.push(resilient.poll_round(&wr, &mut wcs));
+        } else {
+            r.push(resilient.poll_round(&wr, &mut wcs));
+            p.push(resilient.bypass_round(|b| b.poll_round(&wr, &mut wcs)));
+        }
     }
     let poll = Compared::of(p, r);
     (post, poll)
@@ -628,6 +642,17 @@ fn main() {
             .number(&format!("overhead_{short}_ratio"), c.paired)
             .number(&format!("overhead_{short}_best_ratio"), c.best_ratio());
     }
+    // Against the plain QP pair measured earlier in the run (other rings, other devices):
+    // what the resilient QP costs over a plain one, memory placement included.
+    report
+        .number(
+            "resilient_vs_plain_post_ratio",
+            cpost.resilient.median / batch.median,
+        )
+        .number(
+            "resilient_vs_plain_poll_ratio",
+            cpoll.resilient.median / poll.median,
+        );
     report
         .text("provider", "soft (fabric, manual progress)")
         .text("pages", pages);
