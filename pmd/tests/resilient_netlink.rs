@@ -1,113 +1,19 @@
-//! The link watch on a real netdev, through rtnetlink (root only: the test makes a network
-//! namespace with a veth pair in it, and removes it when done, also on failure). The
-//! resilient QPs run on the in-memory fabric as in `resilient_sim`; what changes is where
-//! their services learn about the default devices' links: `LinkSource::Netdev` names the veth,
-//! so taking its peer down is, to the failover service, the default link going down (the
-//! fabric itself stays healthy, which is exactly what shows the failover came from netlink).
+//! The link watch on a real netdev, through rtnetlink (root only: the test makes two network
+//! namespaces with a veth between them, softnic's test harness, removed on drop, also on
+//! failure). The resilient QPs run on the in-memory fabric as in `resilient_sim`; what changes
+//! is where their services learn about the default devices' links: `LinkSource::Netdev` names
+//! side a's veth end, so taking side b's end down is, to the failover service, the default
+//! link going down (the fabric itself stays healthy, which is exactly what shows the failover
+//! came from netlink).
 
 mod sim;
 
-use std::io;
-use std::os::fd::AsRawFd;
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use pmd::resilient::{Cause, LinkSource, ResilientState};
 use sim::traffic::{Dir, Traffic};
 use sim::*;
-
-/// The watched veth end, and its peer (both inside the namespace).
-const WATCHED: &str = "rsva";
-const PEER: &str = "rsvb";
-
-/// A network namespace of this test's own with a veth pair, deleted on drop.
-struct Netns {
-    name: String,
-}
-
-fn ip(args: &[&str]) -> io::Result<()> {
-    let out = Command::new("ip").args(args).output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
-    }
-}
-
-impl Netns {
-    fn create() -> io::Result<Netns> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "rslw{}n{}",
-            std::process::id() % 100_000,
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        ip(&["netns", "add", &name])?;
-        let ns = Netns { name };
-        ip(&[
-            "-n", &ns.name, "link", "add", WATCHED, "type", "veth", "peer", "name", PEER,
-        ])?;
-        for dev in [WATCHED, PEER] {
-            ip(&["-n", &ns.name, "link", "set", "dev", dev, "up"])?;
-        }
-        ns.wait_running(true)?;
-        Ok(ns)
-    }
-
-    /// Waits until the watched end's carrier is `up` (or not), as `ip` reports it.
-    fn wait_running(&self, up: bool) -> io::Result<()> {
-        let end = Instant::now() + Duration::from_secs(5);
-        loop {
-            let out = Command::new("ip")
-                .args(["-n", &self.name, "-o", "link", "show", "dev", WATCHED])
-                .output()?;
-            if String::from_utf8_lossy(&out.stdout).contains("state UP") == up {
-                return Ok(());
-            }
-            if Instant::now() > end {
-                return Err(io::Error::other(format!("{WATCHED} never went up={up}")));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Takes the peer end down or up, and with it the watched end's carrier.
-    fn set_peer(&self, up: bool) -> io::Result<()> {
-        let state = if up { "up" } else { "down" };
-        ip(&["-n", &self.name, "link", "set", "dev", PEER, state])?;
-        self.wait_running(up)
-    }
-
-    /// Runs `f` on a thread inside the namespace (the netlink sockets it opens watch there).
-    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> io::Result<T> {
-        let file = std::fs::File::open(format!("/var/run/netns/{}", self.name))?;
-        let joined = std::thread::scope(|s| {
-            s.spawn(|| {
-                // SAFETY: setns on a namespace descriptor we hold open; it moves only this
-                // thread, which the scope joins before the descriptor closes.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(f())
-            })
-            .join()
-        });
-        joined.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if let Err(e) = ip(&["netns", "del", &self.name]) {
-            eprintln!("cleanup: {e}");
-        }
-    }
-}
+use softnic::harness::netns::{run_in, NetnsPair};
 
 fn skip_unless_root(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -141,14 +47,15 @@ fn root_only_a_watched_netdev_going_down_fails_over_at_once_and_its_return_switc
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let ns = Netns::create().expect("a namespace with a veth pair");
-    ns.run(|| {
+    let pair = NetnsPair::create(1500).expect("two namespaces and a veth");
+    let watched = pair.a.netdev.clone();
+    run_in(&pair.a.netns, || {
         let mut config = config();
-        config.link_sources = [LinkSource::Netdev(WATCHED.into()), LinkSource::Off];
+        config.link_sources = [LinkSource::Netdev(watched), LinkSource::Off];
         let mut sim = Sim::new(31, config);
         assert_eq!(sim.a.qp.state(), ResilientState::Default);
 
-        ns.set_peer(false).unwrap();
+        pair.set_b_link(false).unwrap();
         let moved = until_real(&mut sim, Duration::from_secs(5), |s| {
             s.a.qp.stats().failovers == 1 && s.b.qp.stats().failovers == 1
         });
@@ -166,7 +73,8 @@ fn root_only_a_watched_netdev_going_down_fails_over_at_once_and_its_return_switc
         assert!(t.violations.is_empty(), "{:#?}", t.violations);
         assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
 
-        ns.set_peer(true).unwrap();
+        pair.set_b_link(true).unwrap();
+        pair.a.wait_running(Duration::from_secs(5)).unwrap();
         // Link-up (real time) starts the hold-down (virtual time): let both pass.
         let back = until_real(&mut sim, Duration::from_secs(5), |s| {
             s.a.qp.state() == ResilientState::Default && s.b.qp.state() == ResilientState::Default
