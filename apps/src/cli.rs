@@ -171,6 +171,10 @@ pub struct Flags {
     /// Keep the backup device out of it: errors reach the application (the baseline).
     #[arg(long = "no-failover")]
     pub no_failover: bool,
+    /// Failover: how long a recovered default path must stay up before the QP probes it and
+    /// switches back, in milliseconds (default: the pmd's 1000).
+    #[arg(long = "holddown-ms", value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub holddown_ms: Option<u64>,
     /// Pin the polling lcore to this core.
     #[arg(long = "cpu", value_name = "N")]
     pub cpu: Option<usize>,
@@ -420,6 +424,15 @@ mod tests {
         assert!(refused(Tool::AtomicBw, &["-b"]).contains("-b/--bidirectional"));
         assert!(refused(Tool::Allreduce, &["--ranks", "3"]).contains("its own -d"));
         assert!(refused(Tool::WriteBw, &["-D", "1", "-a"]).contains("-D/--duration"));
+    }
+
+    #[test]
+    fn holddown_is_the_pmds_unless_given_and_refused_when_absurd() {
+        assert_eq!(parse(Tool::WriteBw, &[]).unwrap().flags.holddown_ms, None);
+        let args = ["--holddown-ms".to_owned(), "100".to_owned()];
+        let o = parse(Tool::WriteBw, &args).unwrap();
+        assert_eq!(o.flags.holddown_ms, Some(100));
+        assert!(refused(Tool::WriteBw, &["--holddown-ms", "soon"]).contains("--holddown-ms"));
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct DeviceOptions {
     pub progress: ProgressModel,
     /// GID index.
     pub gid_index: u16,
+    /// Hold-down before switching back (`--holddown-ms`); `None`: the pmd's default.
+    pub holddown: Option<std::time::Duration>,
 }
 
 enum HostKind {
@@ -79,13 +81,11 @@ impl Host {
                 let backup_ctx = open(backup)?;
                 let service = FailoverService::start(ServiceConfig::default())
                     .map_err(|e| AppError::Verbs(format!("failover service: {e}")))?;
-                let ctx = ResilientContext::new(
-                    default,
-                    Some(backup_ctx),
-                    &service,
-                    ResilientConfig::default(),
-                    None,
-                );
+                let mut config = ResilientConfig::default();
+                if let Some(holddown) = o.holddown {
+                    config.holddown = holddown;
+                }
+                let ctx = ResilientContext::new(default, Some(backup_ctx), &service, config, None);
                 let pd = ctx.alloc_pd().map_err(verbs)?;
                 HostKind::Resilient {
                     pd,

@@ -88,6 +88,7 @@ pub fn device_options(o: &Options) -> DeviceOptions {
             ProgressModel::Auto
         },
         gid_index: o.flags.gid_index,
+        holddown: o.flags.holddown_ms.map(std::time::Duration::from_millis),
     }
 }
 

@@ -134,13 +134,19 @@ pub struct ScenarioOptions {
     pub out_dir: PathBuf,
     /// Out-of-band TCP port.
     pub port: u16,
+    /// Hold-down of the apps' resilient QPs before a switch-back (`--holddown-ms`); `None`
+    /// leaves the pmd's default (1 s).
+    pub holddown: Option<Duration>,
     /// Extra arguments for both apps.
     pub extra_args: Vec<String>,
 }
 
 impl ScenarioOptions {
     /// The defaults of `name`: the paper's figure-5 timing (failure at 2 s, recovery at 4 s,
-    /// 6 s run), 20 flaps of 50-300 ms, 200 soak failures.
+    /// 6 s run), 20 flaps of 50-300 ms, 200 soak failures, with up times of 1.2-1.6 s between
+    /// them: longer than the pmd's 1 s hold-down, so every recovery ends in a switch-back and
+    /// the next failure starts a new failover (with shorter up times the QP would stay on the
+    /// backup through the whole schedule and test one failover only).
     pub fn new(name: ScenarioName) -> ScenarioOptions {
         ScenarioOptions {
             name,
@@ -158,7 +164,7 @@ impl ScenarioOptions {
             flaps: 20,
             soak_failures: 200,
             down_range: (Duration::from_millis(50), Duration::from_millis(300)),
-            up_range: (Duration::from_millis(150), Duration::from_millis(400)),
+            up_range: (Duration::from_millis(1200), Duration::from_millis(1600)),
             seed: 1,
             timeline_ms: 100,
             with_baseline: matches!(
@@ -168,6 +174,7 @@ impl ScenarioOptions {
             apps_dir: apprun::default_apps_dir(),
             out_dir: PathBuf::from("out"),
             port: 18515,
+            holddown: None,
             extra_args: Vec::new(),
         }
     }
@@ -351,6 +358,10 @@ fn common_args(o: &ScenarioOptions, failover: bool) -> Vec<String> {
     }
     if !failover {
         args.push("--no-failover".into());
+    }
+    if let Some(h) = o.holddown {
+        args.push("--holddown-ms".into());
+        args.push(h.as_millis().to_string());
     }
     args.extend(o.extra_args.iter().cloned());
     args
@@ -746,6 +757,11 @@ mod tests {
         assert!(o.run_length() > steps.last().unwrap().at);
         let args = common_args(&o, true);
         assert!(args.contains(&"--check".to_owned()));
+        let h = args
+            .iter()
+            .position(|a| a == "--holddown-ms")
+            .expect("hold-down");
+        assert_eq!(args[h + 1], "100");
         assert!(!args.contains(&"--no-failover".to_owned()));
     }
 

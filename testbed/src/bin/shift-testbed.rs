@@ -102,7 +102,7 @@ enum Command {
         #[arg(long, default_value = "50ms..300ms", value_parser = fail::parse_range)]
         down: (std::time::Duration, std::time::Duration),
         /// Range of up times in `flap` and `soak`.
-        #[arg(long, default_value = "150ms..400ms", value_parser = fail::parse_range)]
+        #[arg(long, default_value = "1200ms..1600ms", value_parser = fail::parse_range)]
         up: (std::time::Duration, std::time::Duration),
         /// Seed of the `flap` and `soak` schedules.
         #[arg(long, default_value_t = 1)]
@@ -122,6 +122,9 @@ enum Command {
         /// Out-of-band TCP port of the apps.
         #[arg(long, default_value_t = 18515)]
         port: u16,
+        /// Hold-down of the apps' QPs before a switch-back (default: the pmd's 1s).
+        #[arg(long, value_parser = fail::parse_duration)]
+        holddown: Option<std::time::Duration>,
         /// Print the failover run's timeline and failover events after the summary.
         #[arg(long)]
         print_timeline: bool,
@@ -257,6 +260,7 @@ fn run(cli: Cli) -> Result<(), String> {
             apps_dir,
             out_dir,
             port,
+            holddown,
             print_timeline,
             extra,
         } => {
@@ -287,6 +291,9 @@ fn run(cli: Cli) -> Result<(), String> {
             o.out_dir = out_dir;
             o.port = port;
             o.extra_args = extra;
+            if holddown.is_some() {
+                o.holddown = holddown;
+            }
             let mut on_log = |e: &LogEntry| {
                 println!(
                     "  [fail] t={:>8.1} ms {} {} {}",
