@@ -328,6 +328,11 @@ pub struct LogEntry {
     pub dev: String,
     /// The `ip` error, when the command failed.
     pub error: Option<String>,
+    /// When the command was issued, in Unix milliseconds. The link changes somewhere between
+    /// this and `unix_ms` (spawning `ip netns exec` takes a few milliseconds, and an
+    /// application's link watch can see the change before the command returns), so failure
+    /// windows and detection times are measured from here.
+    pub issued_unix_ms: f64,
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -369,6 +374,7 @@ pub fn run(
             }
             std::thread::sleep((step.at - now).min(Duration::from_millis(20)));
         }
+        let issued_unix_ms = unix_ms_now();
         let result = apply(info, step.target, step.action);
         let (netns, dev) = step.target.interface(info);
         let entry = LogEntry {
@@ -381,6 +387,7 @@ pub fn run(
             netns,
             dev,
             error: result.err(),
+            issued_unix_ms,
         };
         log(&entry);
         entries.push(entry);

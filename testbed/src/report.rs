@@ -189,13 +189,13 @@ pub fn windows(log: &[LogEntry]) -> Vec<Window> {
     let mut out = Vec::new();
     for e in log.iter().filter(|e| e.error.is_none()) {
         match e.action {
-            LinkAction::Down => open.push((e.target.clone(), e.unix_ms)),
+            LinkAction::Down => open.push((e.target.clone(), e.issued_unix_ms)),
             LinkAction::Up => {
                 if let Some(i) = open.iter().position(|(t, _)| *t == e.target) {
                     let (_, down) = open.remove(i);
                     out.push(Window {
                         down,
-                        up: Some(e.unix_ms),
+                        up: Some(e.issued_unix_ms),
                     });
                 }
             }
@@ -347,6 +347,7 @@ mod tests {
             netns: "rs-a".to_owned(),
             dev: "nic0".to_owned(),
             error: None,
+            issued_unix_ms: unix_ms,
         }
     }
 
@@ -426,6 +427,15 @@ mod tests {
         assert_eq!(f.backup_traffic_ms.p50, Some(3.0));
         assert_eq!(f.fallback_latency_us.p50, Some(1500.0));
         assert_eq!(f.switchback_ms.p50, Some(50.0));
+    }
+
+    #[test]
+    fn a_link_watch_faster_than_the_ip_command_still_counts_as_detection() {
+        let (app, mut log) = story();
+        // `ip` returned 3 ms after it was issued; the app saw the link go at 2001.5.
+        log[0].unix_ms = 2003.0;
+        let f = figures(&app, None, &log, 100.0);
+        assert_eq!(f.detection_ms, Some(1.5));
     }
 
     #[test]
