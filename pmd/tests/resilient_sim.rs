@@ -548,3 +548,48 @@ fn a_failover_is_traced_with_its_qp_device_cause_wqes_copied_and_time_taken() {
     assert_eq!(value("wqes_copied"), stats.wqes_copied.to_string());
     assert!(value("elapsed_us").parse::<f64>().unwrap() >= 0.0);
 }
+
+#[test]
+fn a_connection_fails_over_again_after_switching_back_with_both_ends_sending_inline() {
+    // As `shift_write_bw --check`: A writes and notifies, B keeps its whole receive ring
+    // posted and answers every notification with an 8-byte INLINE WRITE (a credit), so both
+    // ends post sends. A's default link fails, comes back (switch-back), and fails again: the
+    // second round moves B's receives to a backup RQ that still holds the stale receives the
+    // switch-back left there, and A burns them before anything else on its backup SQ.
+    let mut sim = Sim::new(15, config());
+    let mut dir = Dir::new(true, 600);
+    dir.recv_window = u64::from(caps().max_recv_wr);
+    dir.window = 16;
+    dir.interval = Duration::from_micros(500);
+    dir.credits = true;
+    let mut t = Traffic::new(vec![dir], sim.now());
+    let mut downs = 0;
+    let done = sim.run_until(Duration::from_secs(20), |s| {
+        let switched_back = |s: &Sim, n: u64| {
+            [&s.a, &s.b]
+                .iter()
+                .all(|h| h.qp.stats().switch_backs >= n && h.qp.state() == ResilientState::Default)
+        };
+        if downs < 2 && t.dirs[0].completed >= 20 + 100 * downs && switched_back(s, downs) {
+            s.link_down(A_DEFAULT, Some(Duration::from_millis(20)));
+            downs += 1;
+        }
+        let over = step(&mut t, s);
+        !t.violations.is_empty() || (over && downs == 2 && switched_back(s, 2))
+    });
+    assert!(
+        done,
+        "stalled: {:?}, states {:?} {:?}, events {:#?} {:#?}",
+        t.dirs[0],
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.events(),
+        sim.b.qp.events()
+    );
+    assert_clean(&mut t, &mut sim);
+    for h in [&sim.a, &sim.b] {
+        let stats = h.qp.stats();
+        assert_eq!((stats.failovers, stats.switch_backs), (2, 2), "{stats:?}");
+        assert_eq!((stats.refusals, stats.errors), (0, 0), "{stats:?}");
+    }
+}

@@ -170,9 +170,9 @@ impl ResilientPd {
     /// CQ and QP and the control QP follow on the service lcore.
     pub fn create_qp(&self, caps: QpCaps) -> Result<ResilientQp, VerbsError> {
         let ctx = &self.shadow.ctx;
-        // Room for a completion of every WQE both queues can hold, flushes included.
-        let entries = 2 * (caps.max_send_wr + caps.max_recv_wr).max(8);
-        let cq = ctx.default.create_cq(entries, false)?;
+        let cq = ctx
+            .default
+            .create_cq(super::shadow::cq_entries(caps), false)?;
         let qp = self.shadow.default.create_qp(&cq, &cq, caps)?;
         let name = format!("qp {:#x} on {}", qp.qpn(), ctx.default.name());
         let shared = Arc::new(QpShared::new(qp.handle(), name));
@@ -181,7 +181,7 @@ impl ResilientPd {
             let shadow = Arc::new(QpShadow::new(
                 self.shadow.clone(),
                 caps,
-                entries,
+                super::shadow::cq_entries(super::shadow::backup_caps(caps)),
                 qp.qpn(),
                 gid,
                 shared.clone(),

@@ -621,7 +621,23 @@ impl ResilientQp {
             Route::DefaultWithheld => self.default.recv_queue().write(wr)?,
             Route::Backup => {
                 let translated = self.translate_recv(wr)?;
+                // The backup RQ is deeper than the default one (it also holds stale receives,
+                // `shadow::backup_caps`), but the application's receives on it must fit the
+                // default RQ, where a switch-back moves them.
+                let capacity = self.default.recv_queue().capacity();
+                let stale = self.slow.backup_stale;
                 let backup = self.slow.backup.as_mut().expect("routed to backup");
+                let rq = backup.qp.recv_queue();
+                let in_ring = u64::from(rq.written().wrapping_sub(rq.completed()));
+                let outstanding = in_ring.saturating_sub(stale);
+                if outstanding >= u64::from(capacity) {
+                    return Err(PostError::QueueFull {
+                        queue: "receive",
+                        outstanding: outstanding as u32,
+                        capacity,
+                        needed: 1,
+                    });
+                }
                 backup.qp.post_recv(&translated)?;
             }
             Route::Closed => {

@@ -307,6 +307,26 @@ struct Setup {
     local: Option<PeerAttrs>,
 }
 
+/// The backup QP's depths for an application QP of `caps` (`docs/failover.md`, 3.5). A
+/// switch-back leaves the receives it moves back posted on the backup RQ (stale, at most a
+/// default RQ's worth) until the next round's burns consume them, and that round copies the
+/// default RQ's receives in behind them: the backup RQ holds two default RQs. The peer's
+/// burns (one basic block each, at most its default RQ's worth; the peer is taken to have the
+/// same depths) go on the backup SQ in front of a whole default SQ.
+pub(crate) fn backup_caps(caps: QpCaps) -> QpCaps {
+    QpCaps {
+        max_send_wr: caps.max_send_wr + caps.max_recv_wr,
+        max_recv_wr: 2 * caps.max_recv_wr,
+        ..caps
+    }
+}
+
+/// Entries of a CQ shared by both queues of a QP of `caps`: a completion of every WQE both
+/// queues can hold, flushes included.
+pub(crate) fn cq_entries(caps: QpCaps) -> u32 {
+    2 * (caps.max_send_wr + caps.max_recv_wr).max(8)
+}
+
 /// A QP and its backup side: the backup CQ and QP and the control channel, brought up after
 /// the application's default QP.
 pub(crate) struct QpShadow {
@@ -429,7 +449,7 @@ impl QpShadow {
                         Ok(cq) => cq,
                         Err(e) => return self.fail(&mut setup, "backup CQ", e),
                     };
-                    let qp = match pd.create_qp(&cq, &cq, self.caps) {
+                    let qp = match pd.create_qp(&cq, &cq, backup_caps(self.caps)) {
                         Ok(qp) => qp,
                         Err(e) => return self.fail(&mut setup, "backup QP", e),
                     };

@@ -8,6 +8,12 @@
 //! with a marker (as an application that consumed the data reuses the buffer): a data WRITE
 //! that executed again after its notification was observed would destroy the marker, and the
 //! final check finds it.
+//!
+//! Optionally (`Dir::credits`) the receiver also answers every notification with a signaled
+//! 8-byte INLINE RDMA WRITE of its count into a credit word of the sender's buffer, as
+//! `shift_write_bw --check` and NCCL's receiver hand slots back: both ends then post sends.
+//! `Dir::recv_window` receives are kept posted (a whole ring, as an application that fills
+//! its receive queue does, makes a switch-back leave that many stale receives behind).
 
 use std::time::Duration;
 
@@ -20,6 +26,12 @@ pub const SLOT: usize = 256;
 /// Iterations a direction may run (its slots fill a quarter of the buffer).
 pub const MAX_ITERATIONS: u64 = (super::BUF / 4 / SLOT) as u64;
 const MARKER: u8 = 0xc5;
+/// wr_ids of credit WRITEs carry this bit (and the credit's number).
+const CREDIT: u64 = 1 << 63;
+/// Offset of a direction's credit word in the sender's buffer (past every slot).
+fn credit_word(dir: usize) -> usize {
+    super::BUF - 64 + dir * 8
+}
 
 fn pattern(dir: usize, iteration: u64) -> Vec<u8> {
     (0..SLOT)
@@ -46,6 +58,12 @@ pub struct Dir {
     pub send_errors: u64,
     /// Posts the sender's QP refused (it had failed).
     pub refused: u64,
+    /// Receives kept posted ahead of the notifications seen.
+    pub recv_window: u64,
+    /// The receiver returns a credit (an 8-byte INLINE WRITE) per notification.
+    pub credits: bool,
+    pub credits_posted: u64,
+    pub credits_done: u64,
     start: Duration,
 }
 
@@ -63,6 +81,10 @@ impl Dir {
             recvs_posted: 0,
             send_errors: 0,
             refused: 0,
+            recv_window: 32,
+            credits: false,
+            credits_posted: 0,
+            credits_done: 0,
             start: Duration::ZERO,
         }
     }
@@ -88,7 +110,9 @@ impl Dir {
 
     /// Whether all iterations completed and were observed.
     pub fn finished(&self) -> bool {
-        self.completed == self.total && self.notified == self.total
+        self.completed == self.total
+            && self.notified == self.total
+            && (!self.credits || self.credits_done == self.total)
     }
 }
 
@@ -118,7 +142,7 @@ impl Traffic {
         let mut wake: Option<Duration> = None;
         for d in &mut self.dirs {
             let receiver = s.host(!d.from_a);
-            while d.recvs_posted < d.total && d.recvs_posted < d.notified + 32 {
+            while d.recvs_posted < d.total && d.recvs_posted < d.notified + d.recv_window {
                 if receiver
                     .qp
                     .post_recv(&RecvWr::new(d.recvs_posted, &[]))
@@ -191,6 +215,25 @@ impl Traffic {
 
     fn completion(&mut self, s: &mut Sim, a: bool, wc: WorkCompletion) {
         let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        if !recv && wc.wr_id & CREDIT != 0 {
+            let Some(d) = self.dirs.iter_mut().find(|d| d.credits && d.from_a != a) else {
+                self.violations
+                    .push(format!("a credit completion nobody expects: {wc:?}"));
+                return;
+            };
+            if wc.status != WcStatus::Success {
+                return; // the receiver's QP failed
+            }
+            if wc.wr_id != CREDIT | (d.credits_done + 1) {
+                self.violations.push(format!(
+                    "credit completion {} out of order ({} expected)",
+                    wc.wr_id & !CREDIT,
+                    d.credits_done + 1
+                ));
+            }
+            d.credits_done += 1;
+            return;
+        }
         let Some(d) = self
             .dirs
             .iter_mut()
@@ -239,6 +282,24 @@ impl Traffic {
         }
         buf.write(dst, &[MARKER; SLOT]);
         d.notified += 1;
+        if d.credits {
+            // Hand the slot back: the count, inline, into the sender's credit word.
+            let word = d.notified.to_le_bytes();
+            let remote = s.host(d.from_a).buf.remote(credit_word(dir));
+            let wr =
+                SendWr::inline(d.notified | CREDIT, SendOp::Write { remote }, &word).signaled();
+            let receiver = s.host(!d.from_a);
+            match receiver.qp.post_send(&wr) {
+                Ok(()) => {
+                    receiver.qp.ring_doorbell();
+                    d.credits_posted += 1;
+                }
+                Err(e) if receiver.qp.state() != pmd::resilient::ResilientState::Failed => self
+                    .violations
+                    .push(format!("credit {} not posted: {e}", d.notified)),
+                Err(_) => {}
+            }
+        }
     }
 
     /// Every slot whose notification was observed still holds the marker: no data WRITE
@@ -252,6 +313,18 @@ impl Traffic {
                 if got != [MARKER; SLOT] {
                     self.violations.push(format!(
                         "a data WRITE of iteration {i} executed again after its notification"
+                    ));
+                }
+            }
+            if d.credits && d.finished() {
+                // The last credit landed last (a re-sent older one comes before it, in order).
+                let mut word = [0u8; 8];
+                s.host(d.from_a).buf.read(credit_word(d.index()), &mut word);
+                let credit = u64::from_le_bytes(word);
+                if credit != d.total {
+                    self.violations.push(format!(
+                        "the credit word holds {credit}, {} notifications were seen",
+                        d.total
                     ));
                 }
             }
