@@ -593,3 +593,84 @@ fn a_connection_fails_over_again_after_switching_back_with_both_ends_sending_inl
         assert_eq!((stats.refusals, stats.errors), (0, 0), "{stats:?}");
     }
 }
+
+#[test]
+fn repeated_failovers_of_every_kind_flush_no_phantom_receives_into_the_default_cq() {
+    // The testbed's soak as a story: `shift_write_bw --check` traffic (B keeps its whole
+    // receive ring posted and returns an INLINE credit per notification), and round after
+    // round the responder's default link, the initiator's default link, or the switch between
+    // the default NICs (no link event: retry exhaustion, and rearm attempts whose probes fail
+    // while it lasts) fails and recovers. The switch fails after a long stretch on the default
+    // path: B's default RQ has taken hundreds of receives since its last reset, and the
+    // failed rearm attempts move B's freshly reset default QP to ERR before any receive is
+    // posted there. Every round must fail over and switch back, and B's default CQ must see
+    // only CQEs of WQEs that were posted: a doorbell record left at the last incarnation's
+    // counter makes the device flush that many phantom receives into it (in the soak, more
+    // than the CQ holds: an overrun).
+    enum Fault {
+        LinkDown(usize),
+        Switch,
+    }
+    let schedule = [
+        (20, Fault::LinkDown(B_DEFAULT)),
+        (120, Fault::LinkDown(A_DEFAULT)),
+        (800, Fault::Switch),
+        (900, Fault::LinkDown(B_DEFAULT)),
+    ];
+    let rounds = schedule.len() as u64;
+    let mut sim = Sim::new(16, config());
+    let mut dir = Dir::new(true, 1000);
+    dir.recv_window = u64::from(caps().max_recv_wr);
+    dir.window = 16;
+    dir.interval = Duration::from_micros(500);
+    dir.credits = true;
+    let mut t = Traffic::new(vec![dir], sim.now());
+    let mut downs = 0;
+    let done = sim.run_until(Duration::from_secs(30), |s| {
+        let switched_back = |s: &Sim, n: u64| {
+            [&s.a, &s.b]
+                .iter()
+                .all(|h| h.qp.stats().switch_backs >= n && h.qp.state() == ResilientState::Default)
+        };
+        if let Some((at, fault)) = schedule.get(downs as usize) {
+            if t.dirs[0].completed >= *at && switched_back(s, downs) {
+                match fault {
+                    Fault::LinkDown(port) => s.link_down(*port, Some(Duration::from_millis(20))),
+                    Fault::Switch => {
+                        let now = s.now();
+                        let end = Some(now + Duration::from_millis(80));
+                        for rule in softnic::FaultRule::partition(A_DEFAULT, B_DEFAULT, now, end) {
+                            s.fabric.add_rule(rule);
+                        }
+                    }
+                }
+                downs += 1;
+            }
+        }
+        let over = step(&mut t, s);
+        !t.violations.is_empty() || (over && downs == rounds && switched_back(s, rounds))
+    });
+    assert!(
+        done,
+        "stalled after {downs} faults: {:?}, states {:?} {:?}, events {:#?} {:#?}",
+        t.dirs[0],
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.events(),
+        sim.b.qp.events()
+    );
+    assert_clean(&mut t, &mut sim);
+    // Every CQE of B's default CQ named a WQE that was posted: no phantom receives after a
+    // reset were flushed into it (they come out stale, or cleaned when a reset follows).
+    let polled = sim.b.qp.bypass().1.poller().stats();
+    assert_eq!((polled.stale, polled.cleaned), (0, 0), "{polled:?}");
+    for h in [&sim.a, &sim.b] {
+        let stats = h.qp.stats();
+        assert_eq!(
+            (stats.failovers, stats.switch_backs),
+            (rounds, rounds),
+            "{stats:?}"
+        );
+        assert_eq!((stats.refusals, stats.errors), (0, 0), "{stats:?}");
+    }
+}

@@ -245,10 +245,18 @@ impl RecvQueue {
         Ok(())
     }
 
+    /// Back to index 0 (the QP went to RESET). The doorbell record goes back to 0 too, as
+    /// libmlx5 clears it on a reset: the device restarts its receive counter at 0 and reads
+    /// the record whenever it needs a receive, so a record left at the last incarnation's
+    /// counter announces that many phantom receives, which a move to ERR before the next
+    /// publish flushes (one CQE each: enough of them overrun the CQ, `docs/failover.md` 9.8).
     pub(crate) fn reset(&mut self) {
         self.pi = 0;
         self.published = 0;
         self.ci_cache = 0;
         self.track.reset();
+        // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP; the
+        // QP is in RESET, where the device does not read it.
+        unsafe { self.dbrec.as_ref() }.store(0, Ordering::Release);
     }
 }

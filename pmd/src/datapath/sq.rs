@@ -781,6 +781,10 @@ impl SendQueue {
         self.ci_cache = 0;
         self.key_cache = KeyCache::EMPTY;
         self.track.reset();
+        // As the receive queue's: the record restarts at 0 with the device's counter.
+        // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP; the
+        // QP is in RESET, where the device does not read it.
+        unsafe { self.dbrec.as_ref() }.store(0, Ordering::Release);
     }
 
     /// The key table this queue validates against.
