@@ -246,13 +246,12 @@ impl Schedule {
                 32
             },
         };
-        // One schedule in four that leaves the backup path alone fails the default path again
+        // One schedule in four fails the default path again
         // once the ends have had time to switch back (hold-down 50 ms), under traffic long
         // enough to span it: the second round meets the stale receives and burns the first
-        // switch-back left. (Combined with a hurt backup path, this long traffic finds a
-        // failed connection that does not complete all its WRs in error: a separate bug, not
-        // fixed yet, so that combination is not drawn.)
-        if !backup_too && rng.random_bool(0.25) {
+        // switch-back left. With a hurt backup path too, the connection may fail in the
+        // second round, with hundreds of WRs to complete in error.
+        if rng.random_bool(0.25) {
             let port = if rng.random_bool(0.5) {
                 A_DEFAULT
             } else {
@@ -261,6 +260,20 @@ impl Schedule {
             let at = schedule.end() + ms(&mut rng, 80, 200);
             let for_ = ms(&mut rng, 1, 30);
             schedule.hurts.push(Hurt::LinkDown { port, at, for_ });
+            if backup_too && rng.random_bool(0.5) {
+                // The backup fails in the second round as well: the connection fails with
+                // the first round's stale receives and burns still on the backup QP.
+                let port = if rng.random_bool(0.5) {
+                    A_BACKUP
+                } else {
+                    B_BACKUP
+                };
+                schedule.hurts.push(Hurt::LinkDown {
+                    port,
+                    at: at + ms(&mut rng, 0, 10),
+                    for_: ms(&mut rng, 1, 60),
+                });
+            }
             schedule.iterations = rng.random_range(300..=500);
             schedule.window = rng.random_range(4..=16);
             let span = at + for_ + ms(&mut rng, 20, 100);

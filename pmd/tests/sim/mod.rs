@@ -60,6 +60,11 @@ pub struct Sim {
     pub qp_progress: bool,
     /// Completion slots of one application poll ([`Sim::poll`]).
     pub poll_slots: usize,
+    /// Set by [`Sim::poll`] when it returned completions: the application made progress
+    /// this round even if no device did, so [`Sim::run_until`] must not move the clock yet
+    /// (the driver may hold many buffered completions, e.g. a failed connection's flushes,
+    /// and a one-slot poll takes one per round).
+    pub app_polled: bool,
 }
 
 /// A timeout of 4 ms (code 10) and 3 retries: retry exhaustion after about 16 ms.
@@ -201,6 +206,7 @@ impl Sim {
             wake_at: None,
             qp_progress: true,
             poll_slots: 32,
+            app_polled: false,
         };
         sim.connect(inline);
         sim
@@ -292,8 +298,9 @@ impl Sim {
             if done(self) {
                 return true;
             }
+            let app_polled = std::mem::take(&mut self.app_polled);
             let (busy, next) = self.round();
-            if busy {
+            if busy || app_polled {
                 idle_rounds = 0;
                 continue;
             }
@@ -339,6 +346,7 @@ impl Sim {
         let h = self.host(a);
         let n = h.qp.poll(&mut wcs);
         h.wcs.extend_from_slice(&wcs[..n]);
+        self.app_polled |= n > 0;
         n
     }
 
