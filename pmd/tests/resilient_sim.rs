@@ -102,6 +102,49 @@ fn the_default_path_comes_back_and_sends_switch_back_in_order() {
 }
 
 #[test]
+fn a_recovery_at_the_follower_switches_back_after_its_holddown_not_the_leaders_backoff() {
+    // A leads (its default GID sorts lower). B's default link is down for 400 ms: the
+    // leader's rearm attempts are refused and back off (10, 20, 40, ... ms); B tells it when
+    // its hold-down (50 ms) is over, so the switch-back does not wait for the next attempt
+    // (without that message it came 141 ms after link-up).
+    let mut sim = Sim::new(7, config());
+    let mut dir = Dir::new(true, 1000);
+    dir.interval = Duration::from_millis(1);
+    let mut t = Traffic::new(vec![dir], sim.now());
+    let outage = Duration::from_millis(400);
+    let mut up_at = None;
+    let mut back_at = None;
+    let done = sim.run_until(Duration::from_secs(10), |s| {
+        if up_at.is_none() && t.dirs[0].completed >= 10 {
+            s.link_down(B_DEFAULT, Some(outage));
+            up_at = Some(s.now() + outage);
+        }
+        let both_default =
+            s.a.qp.state() == ResilientState::Default && s.b.qp.state() == ResilientState::Default;
+        if back_at.is_none() && up_at.is_some_and(|up| s.now() > up) && both_default {
+            back_at = Some(s.now());
+        }
+        step(&mut t, s) && back_at.is_some()
+    });
+    assert!(
+        done,
+        "stalled: {} completed, states {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state()
+    );
+    assert_clean(&mut t, &mut sim);
+    let after_up = back_at.unwrap() - up_at.unwrap();
+    let holddown = config().holddown;
+    assert!(
+        after_up >= holddown && after_up <= holddown + Duration::from_millis(10),
+        "switched back {after_up:?} after link-up (hold-down {holddown:?})"
+    );
+    let stats = sim.b.qp.stats();
+    assert_eq!((stats.failovers, stats.switch_backs), (1, 1), "{stats:?}");
+}
+
+#[test]
 fn retry_exhaustion_without_a_link_event_fails_over_too() {
     let mut sim = Sim::new(4, config());
     let mut t = nccl(&sim, 60);

@@ -30,6 +30,9 @@ pub struct Failover {
     last_round: Option<Epoch>,
     /// Consecutive failed rearm attempts (leader).
     rearm_failures: u32,
+    /// Follower: it refused the leader's last rearm attempt and owes it a `RearmReady` once
+    /// its default link has been up for the hold-down.
+    owes_rearm_ready: bool,
     default_link: Link,
     backup_link: Link,
     /// False once a backup QP or the control QP went to ERR: the backup pair cannot be
@@ -187,6 +190,7 @@ impl Failover {
             epoch: Epoch(0),
             last_round: None,
             rearm_failures: 0,
+            owes_rearm_ready: false,
             default_link: Link {
                 up: true,
                 since: now,
@@ -267,6 +271,7 @@ impl Failover {
             Event::Control(Msg::Rearm { epoch }) => self.rearm_requested(epoch, now, out),
             Event::DefaultQpUp { epoch, ok } => self.default_qp_up(epoch, ok, now, out),
             Event::Control(Msg::RearmDone { epoch, ok }) => self.rearm_done(epoch, ok, now, out),
+            Event::Control(Msg::RearmReady { epoch }) => self.follower_ready(epoch, now, out),
             Event::ProbeCompleted { ok } => self.probe_completed(ok, now, out),
             Event::Control(Msg::PathUp { epoch }) => self.path_up(epoch, out),
             // States 2 -> 3 -> 4 -> 1: switch back behind a fence, one direction at a time.
@@ -330,7 +335,7 @@ impl Failover {
         };
         let rearm = match self.default_qp {
             DefaultQp::Rearming { deadline, .. } => Some(deadline),
-            DefaultQp::Dead { .. } => self.next_rearm(),
+            DefaultQp::Dead { .. } => self.next_rearm().or(self.rearm_ready_at()),
             _ => None,
         };
         [send, recv, rearm].into_iter().flatten().min()
@@ -599,7 +604,43 @@ impl Failover {
             DefaultQp::Dead { .. } if self.next_rearm().is_some_and(|due| now >= due) => {
                 self.start_rearm(now, out)
             }
+            DefaultQp::Dead { .. } if self.rearm_ready_at().is_some_and(|due| now >= due) => {
+                self.owes_rearm_ready = false;
+                out.push(Action::SendControl(ControlMessage::RearmReady {
+                    epoch: self.epoch,
+                }));
+            }
             _ => {}
+        }
+    }
+
+    /// Follower that refused a rearm attempt: when it may tell the leader to try again (its
+    /// default link up for the hold-down, no failover round running), if it owes that at all.
+    fn rearm_ready_at(&self) -> Option<Timestamp> {
+        let allowed = self.owes_rearm_ready
+            && matches!(self.default_qp, DefaultQp::Dead { .. })
+            && self.default_link.up
+            && self.backup_link.up
+            && self.backup_usable
+            && !matches!(self.send, SendState::FailingOver(_));
+        allowed.then(|| self.default_link.since + self.config.holddown)
+    }
+
+    /// Leader: the follower refused `epoch` and is ready now; try again without waiting out
+    /// the backoff (the hold-down at this end still applies).
+    fn follower_ready(&mut self, epoch: Epoch, now: Timestamp, out: &mut Vec<Action>) {
+        if self.config.role == Role::Follower {
+            return self.protocol_violation("RearmReady to a follower", out);
+        }
+        if epoch != self.epoch {
+            // About an attempt this end has since replaced: the newer one decides.
+            return;
+        }
+        if let DefaultQp::Dead { backoff_until } = self.default_qp {
+            self.rearm_failures = 0;
+            self.default_qp = DefaultQp::Dead {
+                backoff_until: backoff_until.min(now),
+            };
         }
     }
 
@@ -644,6 +685,7 @@ impl Failover {
             return self.protocol_violation("Rearm to a leader or for an old epoch", out);
         }
         self.epoch = epoch;
+        self.owes_rearm_ready = false;
         let ready = self.default_link.up
             && now >= self.default_link.since + self.config.holddown
             && !matches!(self.send, SendState::FailingOver(_));
@@ -651,7 +693,12 @@ impl Failover {
             DefaultQp::Live { confirmed: true } | DefaultQp::Rearming { .. } => {
                 self.protocol_violation("Rearm while the default pair is confirmed", out)
             }
-            _ if !ready => self.refuse_epoch(epoch, now, out),
+            _ if !ready => {
+                // Not yet: the leader hears when (a failed bring-up, below, waits out the
+                // leader's backoff instead).
+                self.refuse_epoch(epoch, now, out);
+                self.owes_rearm_ready = true;
+            }
             DefaultQp::Live { confirmed: false }
             | DefaultQp::Dead { .. }
             | DefaultQp::BringingUp => {

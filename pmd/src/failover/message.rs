@@ -48,6 +48,13 @@ pub enum ControlMessage {
         /// Whether the follower's QP reached RTS.
         ok: bool,
     },
+    /// Follower to leader: "I refused `epoch`; my default link has now been up for the
+    /// hold-down, try again." Without it the leader would find a recovery on the follower's
+    /// side only at its next backoff, up to `backoff_max` after the hold-down.
+    RearmReady {
+        /// The epoch the follower refused last.
+        epoch: Epoch,
+    },
     /// Leader to follower: "a probe went through the default path in `epoch`."
     PathUp {
         /// The confirmed incarnation.
@@ -128,6 +135,7 @@ mod kind {
     pub const SWITCH_BACK: u8 = 5;
     pub const SWITCH_BACK_READY: u8 = 6;
     pub const ABORT: u8 = 7;
+    pub const REARM_READY: u8 = 8;
 }
 
 /// A control message as bytes: a view over a buffer of at least [`CONTROL_MESSAGE_LEN`].
@@ -305,6 +313,11 @@ impl ControlRepr {
                 unused(b, "b")?;
                 ControlMessage::SwitchBackReady { epoch }
             }
+            kind::REARM_READY => {
+                unused(a, "a")?;
+                unused(b, "b")?;
+                ControlMessage::RearmReady { epoch }
+            }
             kind::ABORT => {
                 let status = u8::try_from(a).map_err(|_| bad("status"))?;
                 let reason =
@@ -329,6 +342,7 @@ impl ControlRepr {
             } => (kind::FAILOVER, epoch, recvs_completed, stale_recvs),
             ControlMessage::Rearm { epoch } => (kind::REARM, epoch, 0, 0),
             ControlMessage::RearmDone { epoch, ok } => (kind::REARM_DONE, epoch, 0, u64::from(ok)),
+            ControlMessage::RearmReady { epoch } => (kind::REARM_READY, epoch, 0, 0),
             ControlMessage::PathUp { epoch } => (kind::PATH_UP, epoch, 0, 0),
             ControlMessage::SwitchBack {
                 epoch,
@@ -418,6 +432,7 @@ mod tests {
             },
             ControlMessage::Rearm { epoch },
             ControlMessage::RearmDone { epoch, ok: true },
+            ControlMessage::RearmReady { epoch },
             ControlMessage::RearmDone { epoch, ok: false },
             ControlMessage::PathUp { epoch },
             ControlMessage::SwitchBack {

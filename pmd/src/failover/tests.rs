@@ -816,6 +816,98 @@ fn follower_refuses_rearm_within_its_holddown() {
     );
 }
 
+fn rearm_ready(epoch: u32) -> Event {
+    Event::Control(ControlMessage::RearmReady {
+        epoch: Epoch(epoch),
+    })
+}
+
+#[test]
+fn a_follower_that_refused_tells_the_leader_when_its_holddown_ends() {
+    let mut machine = failed_over(Role::Follower);
+    let link = |up: bool| {
+        if up {
+            Event::LinkUp {
+                path: Path::Default,
+            }
+        } else {
+            Event::LinkDown {
+                path: Path::Default,
+            }
+        }
+    };
+    step(&mut machine, link(false), at(4_000));
+    step(&mut machine, rearm(1), at(4_100));
+    // Nothing owed while the link is down.
+    assert_eq!(machine.poll_timeout(), None);
+    step(&mut machine, link(true), at(6_000));
+    let due = machine.poll_timeout();
+    assert_eq!(due, Some(at(7_000)), "link-up plus the 1 s hold-down");
+    assert_eq!(step(&mut machine, Event::Tick, at(6_999)), []);
+    assert_eq!(
+        step(&mut machine, Event::Tick, at(7_000)),
+        [Action::SendControl(ControlMessage::RearmReady {
+            epoch: Epoch(1)
+        })]
+    );
+    // Said once.
+    assert_eq!(machine.poll_timeout(), None);
+    assert_eq!(step(&mut machine, Event::Tick, at(7_500)), []);
+}
+
+#[test]
+fn a_follower_whose_qp_failed_to_come_up_waits_for_the_leaders_backoff() {
+    let mut machine = failed_over(Role::Follower);
+    step(&mut machine, rearm(1), at(5_000));
+    step(&mut machine, qp_up(1, false), at(5_000));
+    // The NIC refused RTR: announcing readiness at once would retry in a tight loop.
+    assert_eq!(machine.poll_timeout(), None);
+}
+
+#[test]
+fn rearm_ready_lets_the_leader_try_again_without_its_backoff() {
+    let mut machine = failed_over(Role::Leader);
+    // Three refused attempts: the next one would wait 800 ms.
+    let mut now = 1_000;
+    for epoch in 1..=3 {
+        step(&mut machine, Event::Tick, at(now));
+        step(&mut machine, rearm_done(epoch, false), at(now + 1));
+        now = machine.poll_timeout().unwrap().as_nanos() / 1_000_000;
+    }
+    assert_eq!(machine.poll_timeout(), Some(at(2_403)));
+    assert_eq!(step(&mut machine, rearm_ready(3), at(1_900)), []);
+    assert_eq!(machine.poll_timeout(), Some(at(1_900)));
+    assert_eq!(
+        step(&mut machine, Event::Tick, at(1_900)),
+        [
+            Action::ResetDefaultQp,
+            Action::SendControl(ControlMessage::Rearm { epoch: Epoch(4) })
+        ]
+    );
+    // A later refusal backs off from the start again.
+    step(&mut machine, rearm_done(4, false), at(1_901));
+    assert_eq!(machine.poll_timeout(), Some(at(2_101)));
+}
+
+#[test]
+fn a_stale_rearm_ready_is_ignored() {
+    let mut machine = failed_over(Role::Leader);
+    step(&mut machine, Event::Tick, at(1_000));
+    step(&mut machine, rearm_done(1, false), at(1_001));
+    step(&mut machine, Event::Tick, at(1_201));
+    step(&mut machine, rearm_done(2, false), at(1_202));
+    let due = machine.poll_timeout();
+    assert_eq!(step(&mut machine, rearm_ready(1), at(1_300)), []);
+    assert_eq!(machine.poll_timeout(), due);
+}
+
+#[test]
+fn rearm_ready_sent_to_a_follower_is_a_protocol_violation() {
+    let mut machine = failed_over(Role::Follower);
+    let actions = step(&mut machine, rearm_ready(1), at(5_000));
+    assert!(surfaced(&actions).is_some(), "{actions:?}");
+}
+
 #[test]
 fn a_follower_qp_that_fails_to_come_up_is_reported() {
     let mut machine = failed_over(Role::Follower);
