@@ -61,12 +61,15 @@ impl Layout {
         let want = (2 * in_flight as usize).max(8);
         let slots = (MAX_BUFFER / size).clamp(2, want.max(2));
         let in_flight = in_flight.min(slots as u64);
-        // Every iteration is signaled under --check (its notification); otherwise perftest's
-        // 100, or less for a shallow queue.
+        // Every iteration is signaled under --check (its notification); otherwise -Q, or
+        // perftest's 100, or less for a shallow queue. More than in flight would never signal.
         let cq_mod = if o.flags.check {
             1
         } else {
-            (in_flight / 2).clamp(1, 100)
+            o.flags
+                .cq_mod
+                .map_or((in_flight / 2).clamp(1, 100), u64::from)
+                .min(in_flight)
         };
         Layout {
             size,
@@ -766,4 +769,26 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{parse, Tool};
+
+    fn layout(tool: Tool, args: &[&str]) -> Layout {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        Layout::of(&parse(tool, &args).unwrap())
+    }
+
+    #[test]
+    fn cq_moderation_is_perftests_unless_given_and_never_above_what_is_in_flight() {
+        assert_eq!(layout(Tool::WriteBw, &[]).cq_mod, 64, "min(100, 128 / 2)");
+        assert_eq!(layout(Tool::WriteBw, &["-t", "512"]).cq_mod, 100);
+        assert_eq!(layout(Tool::WriteBw, &["-Q", "1"]).cq_mod, 1);
+        assert_eq!(layout(Tool::SendBw, &["-Q", "16"]).cq_mod, 16);
+        let deep = layout(Tool::WriteBw, &["-Q", "1000"]);
+        assert_eq!(deep.cq_mod, deep.in_flight);
+        assert_eq!(layout(Tool::WriteBw, &["--check"]).cq_mod, 1);
+    }
 }

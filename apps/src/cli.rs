@@ -73,6 +73,14 @@ impl Tool {
         matches!(self, Tool::WriteLat | Tool::SendLat | Tool::ReadLat)
     }
 
+    /// Whether the tool streams work requests (`-t` in flight, one in `-Q` signaled).
+    pub fn is_bandwidth(self) -> bool {
+        matches!(
+            self,
+            Tool::WriteBw | Tool::SendBw | Tool::ReadBw | Tool::AtomicBw
+        )
+    }
+
     /// perftest's title line.
     pub fn title(self) -> &'static str {
         match self {
@@ -141,6 +149,10 @@ pub struct Flags {
     /// Work requests in flight.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
+    /// Signal one work request in N (bandwidth tools; default min(100, in flight / 2), as
+    /// perftest; above the requests in flight it is lowered to that).
+    #[arg(short = 'Q', long = "cq-mod", value_name = "N")]
+    pub cq_mod: Option<u32>,
     /// Largest message sent inline (in the WQE).
     #[arg(short = 'I', long = "inline_size")]
     pub inline_size: Option<u32>,
@@ -309,6 +321,23 @@ impl Options {
                 flags.tx_depth
             ));
         }
+        if let Some(q) = flags.cq_mod {
+            if !tool.is_bandwidth() {
+                return Err(format!(
+                    "-Q/--cq-mod is for the bandwidth tools, not {}",
+                    tool.name()
+                ));
+            }
+            if flags.check {
+                return Err(
+                    "-Q/--cq-mod: --check signals every iteration (its notification); drop one"
+                        .into(),
+                );
+            }
+            if !(1..=4096).contains(&q) {
+                return Err(format!("-Q/--cq-mod {q} is outside 1..=4096"));
+            }
+        }
         if let Some(m) = flags.mtu {
             if ![256, 512, 1024, 2048, 4096].contains(&m) {
                 return Err(format!("-m/--mtu {m}: use 256, 512, 1024, 2048 or 4096"));
@@ -424,6 +453,9 @@ mod tests {
         assert!(refused(Tool::AtomicBw, &["-b"]).contains("-b/--bidirectional"));
         assert!(refused(Tool::Allreduce, &["--ranks", "3"]).contains("its own -d"));
         assert!(refused(Tool::WriteBw, &["-D", "1", "-a"]).contains("-D/--duration"));
+        assert!(refused(Tool::WriteLat, &["-Q", "4"]).contains("-Q/--cq-mod"));
+        assert!(refused(Tool::WriteBw, &["-Q", "4", "--check"]).contains("-Q/--cq-mod"));
+        assert!(refused(Tool::SendBw, &["-Q", "0"]).contains("-Q/--cq-mod 0"));
     }
 
     #[test]
