@@ -53,10 +53,36 @@ fn ensure_font() -> Result<(), PlotError> {
     .map_err(PlotError::NoFont)
 }
 
+/// A second run drawn beside the main one: the `--no-failover` baseline of the same scenario.
+#[derive(Debug, Clone, Copy)]
+pub struct Baseline<'a> {
+    /// The baseline client's report.
+    pub report: &'a AppReport,
+    /// Why it stopped, if it did: its line then drops to zero after its last sample and stays
+    /// there (the application is gone), so the picture shows what standard RDMA does.
+    pub stopped: Option<&'a str>,
+}
+
+/// A run's timeline as (seconds since its own start, Gb/s): runs started at different times
+/// line up, their failures being scheduled relative to their start.
+fn points(report: &AppReport) -> Vec<(f64, f64)> {
+    let Some(first) = report.timeline.first() else {
+        return Vec::new();
+    };
+    let zero = first.unix_ms - first.t_ms;
+    report
+        .timeline
+        .iter()
+        .map(|s| ((s.unix_ms - zero) / 1e3, s.bw_gbps))
+        .collect()
+}
+
 /// Draws `report`'s bandwidth timeline to `path` (PNG), shading `windows` (failure times, in
-/// Unix ms) and marking failover events. `title` goes on top.
+/// Unix ms) and marking failover events, with `baseline`'s timeline beside it if given.
+/// `title` goes on top.
 pub fn timeline_png(
     report: &AppReport,
+    baseline: Option<Baseline<'_>>,
     windows: &[Window],
     title: &str,
     path: &Path,
@@ -67,11 +93,11 @@ pub fn timeline_png(
     // Time zero is the start of the first interval.
     let zero = first.unix_ms - first.t_ms;
     let secs = |unix_ms: f64| (unix_ms - zero) / 1e3;
-    let x_max = samples
-        .iter()
-        .map(|s| secs(s.unix_ms))
-        .fold(1.0f64, f64::max);
-    let y_max = samples.iter().map(|s| s.bw_gbps).fold(0.1f64, f64::max) * 1.15;
+    let main = points(report);
+    let base = baseline.map(|b| points(b.report)).unwrap_or_default();
+    let x_max = main.iter().chain(&base).map(|p| p.0).fold(1.0f64, f64::max);
+    // Head room above the data for the legend.
+    let y_max = main.iter().chain(&base).map(|p| p.1).fold(0.1f64, f64::max) * 1.4;
     let draw_err = |e: &dyn std::fmt::Display| PlotError::Draw {
         path: path.display().to_string(),
         detail: e.to_string(),
@@ -106,13 +132,30 @@ pub fn timeline_png(
             .map_err(|e| draw_err(&e))?;
     }
     chart
-        .draw_series(LineSeries::new(
-            samples.iter().map(|s| (secs(s.unix_ms), s.bw_gbps)),
-            BLUE.stroke_width(2),
-        ))
+        .draw_series(LineSeries::new(main, BLUE.stroke_width(2)))
         .map_err(|e| draw_err(&e))?
-        .label(format!("{} {} B", report.tool, report.size))
+        .label(format!("{} {} B, failover on", report.tool, report.size))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+    if let Some(b) = baseline {
+        let mut line = base;
+        let label = match (b.stopped, line.last().copied()) {
+            (Some(why), Some((t, _))) => {
+                // Stopped: nothing moves from its last sample on.
+                line.push((t, 0.0));
+                line.push((x_max, 0.0));
+                format!("--no-failover (standard RDMA): stopped, {why}")
+            }
+            _ => "--no-failover (standard RDMA)".to_owned(),
+        };
+        let orange = RGBColor(230, 120, 0);
+        chart
+            .draw_series(LineSeries::new(line, orange.stroke_width(2)))
+            .map_err(|e| draw_err(&e))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], orange.stroke_width(2))
+            });
+    }
     for event in &report.failover.events {
         let color = match event.kind.as_str() {
             "failover" => RGBColor(200, 0, 0),
@@ -131,6 +174,7 @@ pub fn timeline_png(
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))
@@ -176,7 +220,15 @@ mod tests {
             down: 1_001_000.0,
             up: Some(1_002_000.0),
         }];
-        match timeline_png(&report, &windows, "initiator-nic", &path) {
+        let stopped = AppReport {
+            timeline: report.timeline[..10].to_vec(),
+            ..report.clone()
+        };
+        let baseline = Baseline {
+            report: &stopped,
+            stopped: Some("RetryExcErr"),
+        };
+        match timeline_png(&report, Some(baseline), &windows, "initiator-nic", &path) {
             Err(PlotError::NoFont(where_)) => {
                 eprintln!("skipped: no font on this machine ({where_})");
                 return;
@@ -198,7 +250,7 @@ mod tests {
     #[test]
     fn an_empty_timeline_is_an_error_not_a_blank_picture() {
         let path = std::env::temp_dir().join("railshift-empty.png");
-        let err = timeline_png(&AppReport::default(), &[], "x", &path).unwrap_err();
+        let err = timeline_png(&AppReport::default(), None, &[], "x", &path).unwrap_err();
         assert!(
             matches!(err, PlotError::Empty | PlotError::NoFont(_)),
             "{err}"

@@ -599,24 +599,51 @@ fn goals(with: Option<&RunResult>, without: Option<&RunResult>) -> Goals {
     g
 }
 
-/// Draws the failover run's timeline (or the baseline's, if that is all there is).
+/// Draws the failover run's timeline beside the `--no-failover` baseline's (or the one run
+/// there is).
 pub fn plot(result: &ScenarioResult, path: &std::path::Path) -> Result<(), plot::PlotError> {
     let run = result
         .with_failover
         .as_ref()
         .or(result.no_failover.as_ref())
         .ok_or(plot::PlotError::Empty)?;
-    let report: report::AppReport =
-        serde_json::from_value(run.client_report.clone()).unwrap_or_default();
+    let client = |run: &RunResult| -> report::AppReport {
+        serde_json::from_value(run.client_report.clone()).unwrap_or_default()
+    };
+    let report = client(run);
     let windows = report::windows(&run.failures);
-    let title = format!(
-        "{} ({} {} B, failover {})",
-        scenario_slug(result.scenario),
-        result.tool,
-        result.size,
-        if run.failover { "on" } else { "off" }
-    );
-    plot::timeline_png(&report, &windows, &title, path)
+    let baseline_run = result.no_failover.as_ref().filter(|_| run.failover);
+    let baseline_report = baseline_run.map(client);
+    let baseline = baseline_run
+        .zip(baseline_report.as_ref())
+        .map(|(b, report)| plot::Baseline {
+            report,
+            stopped: b.error.as_deref().map(stop_reason),
+        });
+    let title = match (run.failover, &baseline) {
+        (true, Some(_)) => format!(
+            "{} ({} {} B): failover vs standard RDMA",
+            scenario_slug(result.scenario),
+            result.tool,
+            result.size
+        ),
+        (on, _) => format!(
+            "{} ({} {} B, failover {})",
+            scenario_slug(result.scenario),
+            result.tool,
+            result.size,
+            if on { "on" } else { "off" }
+        ),
+    };
+    plot::timeline_png(&report, baseline, &windows, &title, path)
+}
+
+/// The short form of a run's error for a legend: its work-completion status if it names one.
+fn stop_reason(error: &str) -> &str {
+    error
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .find(|w| w.ends_with("Err"))
+        .unwrap_or(error)
 }
 
 /// Prints the failover run's timeline (one line per sample, with a bar for the bandwidth and
@@ -736,6 +763,14 @@ pub fn print_summary(r: &ScenarioResult) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_stopped_runs_legend_names_its_completion_status() {
+        let error = "work completion error: RetryExcErr (vendor syndrome 0x0) on write";
+        assert_eq!(stop_reason(error), "RetryExcErr");
+        assert_eq!(stop_reason("the server went away"), "the server went away");
+    }
+
     use super::*;
 
     #[test]
