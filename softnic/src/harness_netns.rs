@@ -3,7 +3,7 @@
 //! (which deletes the veths), also when a test fails.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -69,21 +69,36 @@ impl Side {
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 impl NetnsPair {
-    /// Creates the pair with link MTU `mtu`. Names are unique per process and call.
+    /// Creates the pair with link MTU `mtu`, IPv4 addresses from 198.18.0.0/15. Names are
+    /// unique per process and call.
     pub fn create(mtu: u32) -> io::Result<NetnsPair> {
+        let subnet = 100 + (std::process::id() % 100) as u8;
+        let host = |h| IpAddr::V4(Ipv4Addr::new(198, 18, subnet, h));
+        NetnsPair::create_with(mtu, [host(1), host(2)], 24)
+    }
+
+    /// Creates the pair with IPv6 addresses from the benchmarking prefix 2001:2::/48
+    /// (RFC 5180), the IPv6 counterpart of 198.18.0.0/15; the veth MTU must be at least
+    /// 1280 (IPv6's minimum).
+    pub fn create_ipv6(mtu: u32) -> io::Result<NetnsPair> {
+        let subnet = 100 + (std::process::id() % 100) as u16;
+        let host = |h| IpAddr::V6(Ipv6Addr::new(0x2001, 2, subnet, 0, 0, 0, 0, h));
+        NetnsPair::create_with(mtu, [host(1), host(2)], 64)
+    }
+
+    fn create_with(mtu: u32, addrs: [IpAddr; 2], prefix: u8) -> io::Result<NetnsPair> {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let tag = format!("{}x{}", std::process::id() % 100_000, n);
-        let subnet = 100 + (std::process::id() % 100) as u8;
         let pair = NetnsPair {
             a: Side {
                 netns: format!("sn{tag}a"),
                 netdev: format!("sn{tag}a"),
-                addr: IpAddr::V4(Ipv4Addr::new(198, 18, subnet, 1)),
+                addr: addrs[0],
             },
             b: Side {
                 netns: format!("sn{tag}b"),
                 netdev: format!("sn{tag}b"),
-                addr: IpAddr::V4(Ipv4Addr::new(198, 18, subnet, 2)),
+                addr: addrs[1],
             },
         };
         // From here on, Drop cleans up whatever was made.
@@ -107,15 +122,14 @@ impl NetnsPair {
             let ns = side.netns.as_str();
             let mtu = mtu.to_string();
             ip(&["-n", ns, "link", "set", "dev", &side.netdev, "mtu", &mtu])?;
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{}/24", side.addr),
-                "dev",
-                &side.netdev,
-            ])?;
+            let addr = format!("{}/{prefix}", side.addr);
+            let mut args = vec!["-n", ns, "addr", "add", &addr, "dev", &side.netdev];
+            if side.addr.is_ipv6() {
+                // No duplicate address detection: the address is usable at once instead of
+                // "tentative" (unbindable) for a second or two.
+                args.push("nodad");
+            }
+            ip(&args)?;
             ip(&["-n", ns, "link", "set", "dev", &side.netdev, "up"])?;
             ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
         }

@@ -1,15 +1,16 @@
-//! RoCEv2 over UDP sockets bound to one netdev.
+//! RoCEv2 over UDP sockets bound to one netdev, IPv4 or IPv6.
 //!
 //! One nonblocking receive socket on `addr:4791` with SO_BINDTODEVICE, read with `recvmmsg`.
 //! Sends leave from one socket per UDP source port (the port rxe would choose for the QPN),
-//! bound with SO_REUSEPORT, with IP_PMTUDISC_DO so Linux sets DF and IP ID 0 as rxe does, which
-//! makes the IPv4 header reconstructible for the ICRC check on the far side. Sends are batched
-//! with `sendmmsg`, one call per run of packets sharing a source port, with UDP checksum 0 as
-//! rxe sends them (`SO_NO_CHECK`).
+//! bound with SO_REUSEPORT, with path-MTU discovery "do" so Linux never fragments and, for
+//! IPv4, sets DF and IP ID 0 as rxe does: that makes the IP header reconstructible for the ICRC
+//! check on the far side (IPv6 masks every field a router may change). Sends are batched with
+//! `sendmmsg`, one call per run of packets sharing a source port; over IPv4 with UDP checksum 0
+//! as rxe sends them (`SO_NO_CHECK`), over IPv6 with the checksum IPv6 requires (RFC 8200).
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -34,13 +35,48 @@ fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-fn sockaddr_v4(addr: Ipv4Addr, port: u16) -> libc::sockaddr_in {
-    // SAFETY: sockaddr_in is plain data.
-    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    sa.sin_family = libc::AF_INET as libc::sa_family_t;
-    sa.sin_port = port.to_be();
-    sa.sin_addr.s_addr = u32::from(addr).to_be();
-    sa
+/// A socket address of either family, as the kernel takes it, and its length.
+fn sockaddr(addr: IpAddr, port: u16) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        IpAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            let sa = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in) };
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_port = port.to_be();
+            sa.sin_addr.s_addr = u32::from(a).to_be();
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        IpAddr::V6(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            let sa = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in6) };
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_port = port.to_be();
+            sa.sin6_addr.s6_addr = a.octets();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+/// The address and port in a socket address the kernel filled in, if it is IPv4 or IPv6.
+fn from_sockaddr(storage: &libc::sockaddr_storage) -> Option<(IpAddr, u16)> {
+    match libc::c_int::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sa = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr));
+            Some((IpAddr::V4(ip), u16::from_be(sa.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sa = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(sa.sin6_addr.s6_addr);
+            Some((IpAddr::V6(ip), u16::from_be(sa.sin6_port)))
+        }
+        _ => None,
+    }
 }
 
 fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
@@ -77,12 +113,16 @@ fn same_netns(ns: &OwnedFd) -> bool {
     here.ino() == there.st_ino && here.dev() == there.st_dev
 }
 
-/// A nonblocking IPv4 UDP socket bound to `netdev` and `addr:port`.
-fn bound_socket(netdev: &str, addr: Ipv4Addr, port: u16, reuse_port: bool) -> io::Result<OwnedFd> {
+/// A nonblocking UDP socket of `addr`'s family bound to `netdev` and `addr:port`.
+fn bound_socket(netdev: &str, addr: IpAddr, port: u16, reuse_port: bool) -> io::Result<OwnedFd> {
+    let domain = match addr {
+        IpAddr::V4(_) => libc::AF_INET,
+        IpAddr::V6(_) => libc::AF_INET6,
+    };
     // SAFETY: plain syscall; checked and owned below.
     let fd = check(unsafe {
         libc::socket(
-            libc::AF_INET,
+            domain,
             libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
             0,
         )
@@ -103,15 +143,31 @@ fn bound_socket(netdev: &str, addr: Ipv4Addr, port: u16, reuse_port: bool) -> io
     if reuse_port {
         set_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
     }
-    // UDP checksum 0, as rxe sends over IPv4: the ICRC protects the packet, and a partial
-    // (offloaded) checksum would show as bad in captures taken on the sending side.
-    set_int(raw, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)?;
-    set_int(
-        raw,
-        libc::IPPROTO_IP,
-        libc::IP_MTU_DISCOVER,
-        libc::IP_PMTUDISC_DO,
-    )?;
+    match addr {
+        IpAddr::V4(_) => {
+            // UDP checksum 0, as rxe sends over IPv4: the ICRC protects the packet, and a
+            // partial (offloaded) checksum would show as bad in captures taken on the sending
+            // side.
+            set_int(raw, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)?;
+            set_int(
+                raw,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            )?;
+        }
+        IpAddr::V6(_) => {
+            // This socket speaks IPv6 only (no IPv4-mapped peers), never fragments, and keeps
+            // the UDP checksum, which IPv6 receivers require.
+            set_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+            set_int(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            )?;
+        }
+    }
     // Large buffers: a burst of MTU segments must not overflow them. FORCE needs CAP_NET_ADMIN;
     // without it the plain option is capped by rmem_max/wmem_max, which is still better.
     for (force, plain) in [
@@ -122,22 +178,16 @@ fn bound_socket(netdev: &str, addr: Ipv4Addr, port: u16, reuse_port: bool) -> io
             let _ = set_int(raw, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
         }
     }
-    let sa = sockaddr_v4(addr, port);
-    // SAFETY: a valid sockaddr_in of the size passed.
-    check(unsafe {
-        libc::bind(
-            raw,
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as u32,
-        )
-    })?;
+    let (sa, len) = sockaddr(addr, port);
+    // SAFETY: a valid socket address of the length passed.
+    check(unsafe { libc::bind(raw, (&sa as *const libc::sockaddr_storage).cast(), len) })?;
     Ok(fd)
 }
 
 /// The UDP wire of a device.
 pub(crate) struct UdpWire {
     netdev: String,
-    addr: Ipv4Addr,
+    addr: IpAddr,
     /// The network namespace the device was opened in.
     netns: OwnedFd,
     rx: OwnedFd,
@@ -149,7 +199,7 @@ pub(crate) struct UdpWire {
     // are refilled on every call.
     hdrs: Vec<libc::mmsghdr>,
     iovs: Vec<libc::iovec>,
-    names: Vec<libc::sockaddr_in>,
+    names: Vec<libc::sockaddr_storage>,
 }
 
 // SAFETY: the raw pointers in the scratch arrays are rewritten before every use and never
@@ -163,14 +213,8 @@ impl std::fmt::Debug for UdpWire {
 }
 
 impl UdpWire {
-    /// Opens the receive socket and the link monitor. IPv4 only.
+    /// Opens the receive socket and the link monitor.
     pub(crate) fn open(netdev: &str, addr: IpAddr) -> io::Result<UdpWire> {
-        let IpAddr::V4(addr) = addr else {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "the UDP wire supports IPv4 addresses only",
-            ));
-        };
         let netns = current_netns()?;
         let ifindex = netlink::ifindex(netdev)?;
         let monitor = LinkMonitor::new(ifindex)?;
@@ -192,7 +236,7 @@ impl UdpWire {
     }
 
     pub(crate) fn local_addr(&self) -> IpAddr {
-        IpAddr::V4(self.addr)
+        self.addr
     }
 
     pub(crate) fn poll_fds(&self) -> Vec<RawFd> {
@@ -220,8 +264,8 @@ impl UdpWire {
                     iov_len: 0,
                 },
             );
-            self.names
-                .resize_with(n, || sockaddr_v4(Ipv4Addr::UNSPECIFIED, 0));
+            // SAFETY: as above.
+            self.names.resize_with(n, || unsafe { std::mem::zeroed() });
         }
     }
 
@@ -275,14 +319,14 @@ impl UdpWire {
             }
             let fd = self.tx_socket(port);
             for (i, pkt) in pkts.iter().enumerate().take(end).skip(start) {
-                // Only IPv4 peers can be reached from this socket; anything else gets no
-                // address and fails alone (EDESTADDRREQ), to be retransmitted or errored.
-                let (name, namelen) = match pkt.peer {
-                    IpAddr::V4(dst) => (
-                        sockaddr_v4(dst, ROCE_PORT),
-                        std::mem::size_of::<libc::sockaddr_in>() as u32,
-                    ),
-                    IpAddr::V6(_) => (sockaddr_v4(Ipv4Addr::UNSPECIFIED, 0), 0),
+                // Only peers of the socket's family can be reached; another family's peer
+                // gets no address and fails alone (EDESTADDRREQ), to be retransmitted or
+                // errored like any lost packet.
+                let (name, namelen) = sockaddr(pkt.peer, ROCE_PORT);
+                let namelen = if pkt.peer.is_ipv4() == self.addr.is_ipv4() {
+                    namelen
+                } else {
+                    0
                 };
                 self.names[i] = name;
                 self.iovs[i] = libc::iovec {
@@ -290,7 +334,7 @@ impl UdpWire {
                     iov_len: pkt.len,
                 };
                 let h = &mut self.hdrs[i].msg_hdr;
-                h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_in).cast();
+                h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
                 h.msg_namelen = namelen;
                 h.msg_iov = &mut self.iovs[i];
                 h.msg_iovlen = 1;
@@ -345,8 +389,8 @@ impl UdpWire {
                 iov_len: slot.data.len(),
             };
             let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_in).cast();
-            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
             h.msg_iov = &mut self.iovs[i];
             h.msg_iovlen = 1;
             h.msg_control = std::ptr::null_mut();
@@ -375,9 +419,14 @@ impl UdpWire {
             } else {
                 self.hdrs[i].msg_len as usize
             };
-            let sa = &self.names[i];
-            slot.peer = IpAddr::V4(Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)));
-            slot.src_port = u16::from_be(sa.sin_port);
+            match from_sockaddr(&self.names[i]) {
+                Some((peer, port)) => {
+                    slot.peer = peer;
+                    slot.src_port = port;
+                }
+                // Not from an IP peer (cannot happen on these sockets): parsing drops it.
+                None => slot.len = 0,
+            }
         }
         batch.count = n;
         n
@@ -399,6 +448,26 @@ mod tests {
             rxe_source_port(17),
             0xC000 + ((17u32.wrapping_mul(0x61C8_8647)) >> 18) as u16
         );
+    }
+
+    #[test]
+    fn socket_addresses_of_both_families_round_trip() {
+        for addr in [
+            IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
+            IpAddr::V6("2001:2::1".parse().unwrap()),
+        ] {
+            let (sa, len) = sockaddr(addr, 4791);
+            let expected = if addr.is_ipv4() {
+                std::mem::size_of::<libc::sockaddr_in>()
+            } else {
+                std::mem::size_of::<libc::sockaddr_in6>()
+            };
+            assert_eq!(len as usize, expected);
+            assert_eq!(from_sockaddr(&sa), Some((addr, 4791)));
+        }
+        // SAFETY: all-zero is a valid sockaddr_storage (family AF_UNSPEC).
+        let unspec: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        assert_eq!(from_sockaddr(&unspec), None);
     }
 
     #[test]
