@@ -1,6 +1,7 @@
-//! The pmd over two softnic devices speaking RoCEv2 over UDP on the loopback netdev
-//! (`soft:lo@127.0.0.x`), every opcode in one exchange. Binding to a netdev needs root (as CI
-//! runs); elsewhere the test says why it skipped.
+//! The pmd over two softnic devices speaking RoCEv2 over UDP, every opcode in one exchange:
+//! on the loopback netdev (`soft:lo@127.0.0.x`), and over IPv6 between two network namespaces
+//! (`soft:<veth>`, the veth holding only IPv6 addresses). Binding to a netdev needs root (as
+//! CI runs); elsewhere the tests say why they skipped.
 
 mod common;
 
@@ -8,12 +9,15 @@ use common::*;
 use pmd::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
 fn open_udp(addr: &str) -> Option<std::sync::Arc<pmd::Context>> {
-    let name = format!("soft:lo@{addr}");
+    open_named(&format!("soft:lo@{addr}"))
+}
+
+fn open_named(name: &str) -> Option<std::sync::Arc<pmd::Context>> {
     let config = pmd::ContextConfig {
         progress: pmd::provider::ProgressModel::Manual,
         ..pmd::ContextConfig::default()
     };
-    match pmd::Context::open(&name, &config) {
+    match pmd::Context::open(name, &config) {
         Ok(ctx) => Some(ctx),
         // SAFETY: geteuid has no preconditions.
         Err(e) if unsafe { libc::geteuid() } != 0 => {
@@ -30,10 +34,35 @@ fn every_opcode_crosses_udp_on_loopback_needs_root() {
     let (Some(ca), Some(cb)) = (open_udp("127.0.0.41"), open_udp("127.0.0.42")) else {
         return;
     };
-    let mut a = side(&ca);
-    let mut b = side(&cb);
+    every_opcode(&ca, &cb);
+}
+
+#[test]
+fn every_opcode_crosses_udp_over_ipv6_between_namespaces_needs_root() {
+    use softnic::harness::netns::{is_root, run_in, NetnsPair};
+    if !is_root() {
+        eprintln!("skipping: network namespaces need root");
+        return;
+    }
+    let pair = NetnsPair::create_ipv6(1500).expect("namespaces");
+    // `soft:<netdev>` without an address: the veth has no IPv4 address, so its global IPv6
+    // address is GID 0.
+    let open = |side: &softnic::harness::netns::Side| {
+        run_in(&side.netns, || open_named(&format!("soft:{}", side.netdev)))
+            .expect("enter the namespace")
+            .expect("root opens the device")
+    };
+    let (ca, cb) = (open(&pair.a), open(&pair.b));
+    let gid = ca.query_gid(0).unwrap();
+    assert_eq!(gid.to_ip(), pair.a.addr, "GID 0 is the veth's IPv6 address");
+    every_opcode(&ca, &cb);
+}
+
+fn every_opcode(ca: &std::sync::Arc<pmd::Context>, cb: &std::sync::Arc<pmd::Context>) {
+    let mut a = side(ca);
+    let mut b = side(cb);
     pair(&mut a, &mut b);
-    let ctxs = [&ca, &cb];
+    let ctxs = [ca, cb];
 
     b.qp.post_recv(&RecvWr::new(100, &[b.buf.sge(1024, 64)]))
         .unwrap();
