@@ -1,7 +1,8 @@
 //! Control messages between the two ends of a resilient connection, and their wire format.
 //!
-//! Control messages travel as 32-byte SENDs on a dedicated control QP pair on the backup
-//! devices (see `docs/failover.md` for why not as immediates on the data QPs). The layout,
+//! Control messages travel as 32-byte RDMA WRITE_WITH_IMMs into the peer's control ring, on
+//! a dedicated control QP pair on the backup devices (see `docs/failover.md` section 4 for why
+//! not on the data QPs, and `crate::resilient` for the ring). The layout,
 //! all fields big-endian:
 //!
 //! ```text

@@ -1,17 +1,29 @@
 //! The control QP: the dedicated RC QP pair on the backup devices that carries the failover
 //! protocol's own messages (`docs/failover.md` section 4), never the application's.
 //!
-//! Messages are 32-byte inline SENDs ([`ControlRepr`]). A ring of receives is kept posted and
-//! each consumed one is posted again. The service lcore polls the channel (its CQ has
-//! completion events, so an idle service sleeps until a message comes) and hands messages to
-//! the resilient QP's mailbox; the QP's own lcore sends. Both take the channel's lock: control
-//! messages are rare, and the lock never sits on the application's datapath.
+//! Messages are 32-byte inline RDMA WRITE_WITH_IMMs ([`ControlRepr`]), as the SHIFT paper
+//! synchronizes its two ends: each end has a **control ring** of `2 x depth` 32-byte slots on
+//! its backup device, registered for remote writes, whose address and rkey the peer learns at
+//! the rendezvous. Message number `k` (counted per direction from 0) is written into slot
+//! `k mod 2 x depth` of the peer's ring, with `k` as the immediate. The immediate consumes one
+//! of `depth` zero-length receive WQEs kept posted; the receiver reads the slot the immediate
+//! names, checks the number is the next it expects, then posts the receive again.
+//!
+//! Why `2 x depth` slots: message `k + 2 x depth` can only be accepted once message
+//! `k + depth` was, which took a receive WQE that was posted again only after slot `k` had been
+//! read; so no message overwrites a slot before it is read, even on a NIC that places a
+//! WRITE_WITH_IMM's data before it finds the receive WQE missing (softnic checks first).
+//!
+//! The service lcore polls the channel (its CQ has completion events, so an idle service
+//! sleeps until a message comes) and hands messages to the resilient QP's mailbox; the QP's
+//! own lcore sends. Both take the channel's lock: control messages are rare, and the lock
+//! never sits on the application's datapath.
 
 use std::sync::{Arc, Mutex};
 
 use crate::control::ModifyError;
 use crate::control::{Cq, Pd, Qp, RegisteredBuffer};
-use crate::datapath::wr::{RecvWr, SendOp, SendWr, WorkCompletion};
+use crate::datapath::wr::{RecvWr, Remote, SendOp, SendWr, WcOpcode, WorkCompletion};
 use crate::failover::{ControlMessage, ControlPacket, ControlRepr, Event, CONTROL_MESSAGE_LEN};
 use crate::provider::VerbsError;
 use crate::qp_state::QpState;
@@ -33,8 +45,16 @@ pub enum ControlError {
 struct Inner {
     qp: Qp,
     cq: Cq,
-    buf: RegisteredBuffer,
+    /// This end's control ring: where the peer writes its messages.
+    ring: RegisteredBuffer,
+    /// Receive WQEs kept posted; the ring has twice as many slots.
     depth: u32,
+    /// The peer's control ring (address, rkey), once connected.
+    peer_ring: Option<(u64, u32)>,
+    /// The number of the next message this end sends...
+    next_send: u32,
+    /// ... and of the next it expects.
+    next_recv: u32,
     /// The peer's default QPN: the destination every message names.
     peer_default_qpn: u32,
     /// Our default QPN: what messages for us name.
@@ -58,8 +78,10 @@ impl std::fmt::Debug for ControlChannel {
     }
 }
 
-/// wr_id of control sends (receives carry their slot number).
+/// wr_id of control sends.
 const SEND_WR_ID: u64 = u64::MAX;
+/// wr_id of control receives (zero-length: the data goes to the ring).
+const RECV_WR_ID: u64 = 0;
 
 impl ControlChannel {
     /// Creates the control QP, its CQ (with completion events) and its receive buffers on the
@@ -83,15 +105,21 @@ impl ControlChannel {
                 max_inline_data: CONTROL_MESSAGE_LEN as u32,
             },
         )?;
-        let buf = pd.alloc_buffer(depth as usize * CONTROL_MESSAGE_LEN, Access::LOCAL_WRITE)?;
-        // Receives may be posted from INIT on: `init` posts the ring.
+        let ring = pd.alloc_buffer(
+            2 * depth as usize * CONTROL_MESSAGE_LEN,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
+        // Receives may be posted from INIT on: `init` posts them.
         let qpn = qp.qpn();
         Ok(ControlChannel {
             inner: Mutex::new(Inner {
                 qp,
                 cq,
-                buf,
+                ring,
                 depth,
+                peer_ring: None,
+                next_send: 0,
+                next_recv: 0,
                 peer_default_qpn: 0,
                 local_default_qpn,
                 broken: false,
@@ -110,23 +138,26 @@ impl ControlChannel {
         self.qpn
     }
 
-    /// RESET -> INIT, then posts the receive ring.
+    /// This end's control ring as the peer must address it: (address, rkey).
+    pub fn ring(&self) -> (u64, u32) {
+        let c = self.lock();
+        let remote = c.ring.remote(0);
+        (remote.addr, remote.rkey)
+    }
+
+    /// RESET -> INIT (remote writes allowed: the peer writes into the ring), then posts the
+    /// receives.
     pub fn init(&self) -> Result<(), ModifyError> {
         let mut c = self.lock();
-        c.qp.modify(QpState::Init, &QpAttr::init(Access::NONE))?;
-        for slot in 0..c.depth {
-            let sge = c.buf.sge(
-                slot as usize * CONTROL_MESSAGE_LEN,
-                CONTROL_MESSAGE_LEN as u32,
-            );
-            c.qp.post_recv(&RecvWr::new(u64::from(slot), &[sge]))
-                .map_err(|e| {
-                    ModifyError::Verbs(VerbsError::Failed {
-                        device: c.qp.pd().context().name().to_string(),
-                        verb: "post_recv (control ring)",
-                        reason: e.to_string(),
-                    })
-                })?;
+        c.qp.modify(QpState::Init, &QpAttr::init(Access::REMOTE_WRITE))?;
+        for _ in 0..c.depth {
+            c.qp.post_recv(&RecvWr::new(RECV_WR_ID, &[])).map_err(|e| {
+                ModifyError::Verbs(VerbsError::Failed {
+                    device: c.qp.pd().context().name().to_string(),
+                    verb: "post_recv (control ring)",
+                    reason: e.to_string(),
+                })
+            })?;
         }
         Ok(())
     }
@@ -139,11 +170,13 @@ impl ControlChannel {
         peer_gid: Gid,
         peer_qpn: u32,
         peer_default_qpn: u32,
+        peer_ring: (u64, u32),
         template_rtr: &QpAttr,
         template_rts: &QpAttr,
     ) -> Result<(), ModifyError> {
         let mut c = self.lock();
         c.peer_default_qpn = peer_default_qpn;
+        c.peer_ring = Some(peer_ring);
         let mut rtr = QpAttr::rtr(
             AddressVector::to_gid(peer_gid),
             peer_qpn,
@@ -180,11 +213,27 @@ impl ControlChannel {
             }
             .emit(&mut packet);
         }
-        let wr = SendWr::inline(SEND_WR_ID, SendOp::Send, &bytes).signaled();
+        let Some((addr, rkey)) = c.peer_ring else {
+            return Err(ControlError::Broken {
+                qpn,
+                reason: "not connected to the peer's control ring".into(),
+            });
+        };
+        let number = c.next_send;
+        let slot = u64::from(number % (2 * c.depth));
+        let op = SendOp::WriteImm {
+            remote: Remote {
+                addr: addr + slot * CONTROL_MESSAGE_LEN as u64,
+                rkey,
+            },
+            imm: number,
+        };
+        let wr = SendWr::inline(SEND_WR_ID, op, &bytes).signaled();
         c.qp.post_send(&wr).map_err(|e| ControlError::Broken {
             qpn,
             reason: e.to_string(),
         })?;
+        c.next_send = number.wrapping_add(1);
         c.qp.ring_doorbell();
         Ok(())
     }
@@ -215,9 +264,25 @@ impl ControlChannel {
                 if wc.wr_id == SEND_WR_ID {
                     continue;
                 }
-                let slot = wc.wr_id as usize;
+                let (Some(number), WcOpcode::RecvRdmaWithImm) = (wc.imm, wc.opcode) else {
+                    // A SEND from a peer that does not write: nothing to read.
+                    tracing::warn!(control_qpn = self.qpn, opcode = ?wc.opcode, "failover: control message without a ring slot dropped");
+                    Self::repost(c, self.qpn);
+                    continue;
+                };
+                if number != c.next_recv {
+                    // RC delivers in order: a gap means a peer that does not follow the format.
+                    tracing::warn!(
+                        control_qpn = self.qpn,
+                        number,
+                        expected = c.next_recv,
+                        "failover: control message out of sequence"
+                    );
+                }
+                c.next_recv = number.wrapping_add(1);
+                let slot = (number % (2 * c.depth)) as usize;
                 let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
-                c.buf.read(slot * CONTROL_MESSAGE_LEN, &mut bytes);
+                c.ring.read(slot * CONTROL_MESSAGE_LEN, &mut bytes);
                 let len = (wc.byte_len as usize).min(CONTROL_MESSAGE_LEN);
                 match ControlPacket::new_checked(&bytes[..len]).and_then(|p| ControlRepr::parse(&p))
                 {
@@ -233,15 +298,17 @@ impl ControlChannel {
                         tracing::warn!(control_qpn = self.qpn, error = %e, "failover: malformed control message dropped")
                     }
                 }
-                let sge = c
-                    .buf
-                    .sge(slot * CONTROL_MESSAGE_LEN, CONTROL_MESSAGE_LEN as u32);
-                if let Err(e) = c.qp.post_recv(&RecvWr::new(wc.wr_id, &[sge])) {
-                    tracing::warn!(control_qpn = self.qpn, error = %e, "failover: control receive not reposted");
-                }
+                // Only now may the peer's message `number + 2 x depth` reuse the slot.
+                Self::repost(c, self.qpn);
             }
         }
         any
+    }
+
+    fn repost(c: &mut Inner, qpn: u32) {
+        if let Err(e) = c.qp.post_recv(&RecvWr::new(RECV_WR_ID, &[])) {
+            tracing::warn!(control_qpn = qpn, error = %e, "failover: control receive not reposted");
+        }
     }
 
     /// Arms the CQ's completion event: the next completion makes [`ControlChannel::event_fd`]
@@ -260,5 +327,127 @@ impl ControlChannel {
     /// The descriptor that becomes readable on a completion event.
     pub fn event_fd(&self) -> Option<std::os::fd::RawFd> {
         self.lock().cq.event_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failover::Epoch;
+    use crate::provider::soft::{register_fabric, unregister_fabric};
+    use crate::provider::ProgressModel;
+    use crate::{Context, ContextConfig};
+
+    struct End {
+        ctx: Arc<Context>,
+        channel: ControlChannel,
+    }
+
+    /// Two control channels on two softnic devices of one fabric, connected; default QPNs
+    /// 0x11 (a) and 0x22 (b).
+    fn pair(fabric: &str) -> (End, End) {
+        let f = softnic::Fabric::new(7, std::time::Duration::ZERO);
+        f.add_port("198.18.1.1".parse().unwrap());
+        f.add_port("198.18.1.2".parse().unwrap());
+        register_fabric(fabric, &f);
+        let config = ContextConfig {
+            progress: ProgressModel::Manual,
+            ..ContextConfig::default()
+        };
+        let end = |port: u32, default_qpn: u32| {
+            let ctx = Context::open(&format!("fabric:{fabric}/{port}"), &config).unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let channel = ControlChannel::create(&pd, 4, default_qpn).unwrap();
+            channel.init().unwrap();
+            End { ctx, channel }
+        };
+        let (a, b) = (end(0, 0x11), end(1, 0x22));
+        let rtr = QpAttr::rtr(
+            AddressVector::to_gid(Gid::default()),
+            0,
+            0,
+            crate::verbs::Mtu::Mtu1024,
+        );
+        let rts = QpAttr::rts(0);
+        for (me, peer, peer_default) in [(&a, &b, 0x22), (&b, &a, 0x11)] {
+            me.channel
+                .connect(
+                    peer.ctx.query_gid(0).unwrap(),
+                    peer.channel.qpn(),
+                    peer_default,
+                    peer.channel.ring(),
+                    &rtr,
+                    &rts,
+                )
+                .unwrap();
+        }
+        (a, b)
+    }
+
+    /// Runs both devices and polls both channels (as the service does: the sender's
+    /// completions free its send queue) until `receiver` got `n` messages, then a little more
+    /// for the acknowledgments; returns what it got. Real time must pass for the fabric's
+    /// ports, so each round sleeps briefly.
+    fn deliver(a: &End, b: &End, receiver: &End, n: usize) -> Vec<Event> {
+        let mut events = [Vec::new(), Vec::new()];
+        let got = |events: &[Vec<Event>; 2]| events[usize::from(!std::ptr::eq(receiver, a))].len();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut after = 0;
+        while after < 20 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            a.ctx.progress();
+            b.ctx.progress();
+            a.channel.poll(&mut events[0]);
+            b.channel.poll(&mut events[1]);
+            if got(&events) >= n {
+                after += 1;
+            }
+        }
+        let [to_a, to_b] = events;
+        if std::ptr::eq(receiver, a) {
+            assert_eq!(to_b, []);
+            to_a
+        } else {
+            assert_eq!(to_a, []);
+            to_b
+        }
+    }
+
+    #[test]
+    fn messages_are_written_into_the_peers_ring_and_arrive_in_order_across_its_wrap() {
+        let name = format!("control-{}", std::process::id());
+        let (a, b) = pair(&name);
+        // Depth 4: eight slots; twenty messages wrap the ring twice.
+        let sent: Vec<ControlMessage> = (0..20)
+            .map(|e| ControlMessage::Rearm { epoch: Epoch(e) })
+            .collect();
+        let mut got = Vec::new();
+        for chunk in sent.chunks(3) {
+            for m in chunk {
+                a.channel.send(*m).unwrap();
+            }
+            got.extend(deliver(&a, &b, &b, chunk.len()));
+        }
+        let want: Vec<Event> = sent.iter().map(|m| Event::Control(*m)).collect();
+        assert_eq!(got, want);
+        // The last message (number 19) sits in slot 19 mod 8 of b's ring, as the peer wrote it.
+        let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
+        b.channel
+            .lock()
+            .ring
+            .read(3 * CONTROL_MESSAGE_LEN, &mut bytes);
+        let repr = ControlRepr::parse(&ControlPacket::new_checked(&bytes[..]).unwrap()).unwrap();
+        assert_eq!(repr.dest_qpn, 0x22);
+        assert_eq!(repr.message, ControlMessage::Rearm { epoch: Epoch(19) });
+        // And the other way.
+        b.channel
+            .send(ControlMessage::PathUp { epoch: Epoch(1) })
+            .unwrap();
+        assert_eq!(
+            deliver(&a, &b, &a, 1),
+            [Event::Control(ControlMessage::PathUp { epoch: Epoch(1) })]
+        );
+        drop((a, b));
+        unregister_fabric(&name);
     }
 }

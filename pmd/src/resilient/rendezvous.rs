@@ -1,15 +1,19 @@
 //! Backup attributes and how the two ends of a resilient connection learn each other's.
 //!
 //! To fail over, each end needs the peer's backup QP (its GID and QPN), the peer's control
-//! QP, and for every rkey the application uses towards the peer, the rkey of the same memory
-//! on the peer's backup device. [`PeerAttrs`] is all of that for one end, with a byte format
-//! (big-endian):
+//! QP and the ring its control messages are written into, and for every rkey the application
+//! uses towards the peer, the rkey of the same memory on the peer's backup device.
+//! [`PeerAttrs`] is all of that for one end, with a byte format (big-endian, version 2):
 //!
 //! ```text
-//!  0       4     5          8                 24      28                44      48      52     56
-//!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+------+----
-//!  | "RSBK"| ver | reserved |   default GID   | d QPN |   backup GID    | b QPN | c QPN |  n   | n x (default rkey, backup rkey)
-//!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+------+----
+//!  0       4     5          8                 24      28                44      48      52
+//!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+
+//!  | "RSBK"| ver | reserved |   default GID   | d QPN |   backup GID    | b QPN | c QPN |
+//!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+
+//!  52                  60            64      68
+//!  +-------------------+-------------+-------+----
+//!  | control ring addr | c ring rkey |   n   | n x (default rkey, backup rkey)
+//!  +-------------------+-------------+-------+----
 //! ```
 //!
 //! Two ways to exchange it:
@@ -43,7 +47,7 @@ pub enum RendezvousError {
     #[error("not railshift backup attributes (magic {0:#010x})")]
     BadMagic(u32),
     /// A version this build does not read.
-    #[error("backup attributes version {0} is not supported (this build reads 1)")]
+    #[error("backup attributes version {0} is not supported (this build reads 2)")]
     UnsupportedVersion(u8),
     /// A field holds a value the format does not allow.
     #[error("backup attributes: bad {0}")]
@@ -71,13 +75,18 @@ pub struct PeerAttrs {
     pub backup_qpn: u32,
     /// The control QP number (on the backup device).
     pub control_qpn: u32,
+    /// Where the peer writes its control messages to this end: the address of the control
+    /// ring on the backup device...
+    pub control_ring_addr: u64,
+    /// ... and its rkey there.
+    pub control_ring_rkey: u32,
     /// For each MR of the end's PD: (default rkey, backup rkey).
     pub rkeys: Vec<(u32, u32)>,
 }
 
 const MAGIC: u32 = 0x5253_424b; // "RSBK"
-const VERSION: u8 = 1;
-const HEADER: usize = 56;
+const VERSION: u8 = 2;
+const HEADER: usize = 68;
 
 mod field {
     use core::ops::Range;
@@ -89,7 +98,9 @@ mod field {
     pub const BACKUP_GID: Range<usize> = 28..44;
     pub const BACKUP_QPN: Range<usize> = 44..48;
     pub const CONTROL_QPN: Range<usize> = 48..52;
-    pub const COUNT: Range<usize> = 52..56;
+    pub const CONTROL_RING_ADDR: Range<usize> = 52..60;
+    pub const CONTROL_RING_RKEY: Range<usize> = 60..64;
+    pub const COUNT: Range<usize> = 64..68;
 }
 
 fn be32(b: &[u8]) -> u32 {
@@ -113,6 +124,8 @@ impl PeerAttrs {
         out[field::BACKUP_GID].copy_from_slice(&self.backup_gid.0);
         out[field::BACKUP_QPN].copy_from_slice(&self.backup_qpn.to_be_bytes());
         out[field::CONTROL_QPN].copy_from_slice(&self.control_qpn.to_be_bytes());
+        out[field::CONTROL_RING_ADDR].copy_from_slice(&self.control_ring_addr.to_be_bytes());
+        out[field::CONTROL_RING_RKEY].copy_from_slice(&self.control_ring_rkey.to_be_bytes());
         out[field::COUNT].copy_from_slice(&(self.rkeys.len() as u32).to_be_bytes());
         for (i, (default, backup)) in self.rkeys.iter().enumerate() {
             let at = HEADER + 8 * i;
@@ -178,6 +191,12 @@ impl PeerAttrs {
             backup_gid: gid(&bytes[field::BACKUP_GID]),
             backup_qpn,
             control_qpn,
+            control_ring_addr: u64::from_be_bytes(
+                bytes[field::CONTROL_RING_ADDR]
+                    .try_into()
+                    .expect("an 8-byte field"),
+            ),
+            control_ring_rkey: be32(&bytes[field::CONTROL_RING_RKEY]),
             rkeys,
         })
     }
@@ -330,6 +349,8 @@ mod tests {
             backup_gid: Gid::from(Ipv4Addr::new(198, 18, 1, 1)),
             backup_qpn: 0x12,
             control_qpn: 0x13,
+            control_ring_addr: 0x7f00_1234_5000,
+            control_ring_rkey: 0x77,
             rkeys: vec![(0x100, 0x200), (0x101, 0x2ff)],
         }
     }
@@ -337,15 +358,17 @@ mod tests {
     #[test]
     fn attributes_are_written_as_the_format_says() {
         let bytes = sample().to_bytes();
-        assert_eq!(bytes.len(), 56 + 16);
-        assert_eq!(&bytes[0..8], b"RSBK\x01\x00\x00\x00");
+        assert_eq!(bytes.len(), 68 + 16);
+        assert_eq!(&bytes[0..8], b"RSBK\x02\x00\x00\x00");
         assert_eq!(
             &bytes[8..24],
             &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1]
         );
         assert_eq!(&bytes[24..28], &[0, 0, 0, 0x11]);
-        assert_eq!(&bytes[44..56], &[0, 0, 0, 0x12, 0, 0, 0, 0x13, 0, 0, 0, 2]);
-        assert_eq!(&bytes[56..64], &[0, 0, 1, 0, 0, 0, 2, 0]);
+        assert_eq!(&bytes[44..52], &[0, 0, 0, 0x12, 0, 0, 0, 0x13]);
+        assert_eq!(&bytes[52..60], &[0, 0, 0x7f, 0, 0x12, 0x34, 0x50, 0]);
+        assert_eq!(&bytes[60..68], &[0, 0, 0, 0x77, 0, 0, 0, 2]);
+        assert_eq!(&bytes[68..76], &[0, 0, 1, 0, 0, 0, 2, 0]);
     }
 
     #[test]
@@ -361,8 +384,8 @@ mod tests {
             Err(RendezvousError::Truncated { len: 40, .. })
         ));
         assert!(matches!(
-            PeerAttrs::parse(&good[..60]),
-            Err(RendezvousError::Truncated { needed: 72, .. })
+            PeerAttrs::parse(&good[..72]),
+            Err(RendezvousError::Truncated { needed: 84, .. })
         ));
         let mut bad = good.clone();
         bad[0] = b'X';
@@ -371,10 +394,10 @@ mod tests {
             Err(RendezvousError::BadMagic(_))
         ));
         let mut bad = good.clone();
-        bad[4] = 2;
+        bad[4] = 1;
         assert_eq!(
             PeerAttrs::parse(&bad),
-            Err(RendezvousError::UnsupportedVersion(2))
+            Err(RendezvousError::UnsupportedVersion(1))
         );
         let mut bad = good.clone();
         bad[44] = 1;
@@ -389,7 +412,7 @@ mod tests {
             Err(RendezvousError::BadField(_))
         ));
         let mut bad = good;
-        bad[52..56].copy_from_slice(&u32::MAX.to_be_bytes());
+        bad[64..68].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(PeerAttrs::parse(&bad).is_err());
     }
 }

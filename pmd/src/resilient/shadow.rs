@@ -468,6 +468,8 @@ impl QpShadow {
                         backup_gid,
                         backup_qpn: qp.qpn(),
                         control_qpn: control.qpn(),
+                        control_ring_addr: control.ring().0,
+                        control_ring_rkey: control.ring().1,
                         rkeys: Vec::new(),
                     };
                     if let Some(store) = &self.pd.ctx.store {
@@ -543,6 +545,7 @@ impl QpShadow {
                         peer.backup_gid,
                         peer.control_qpn,
                         peer.default_qpn,
+                        (peer.control_ring_addr, peer.control_ring_rkey),
                         &rtr,
                         &rts,
                     ) {
