@@ -17,9 +17,10 @@ pub enum Path {
 ///
 /// Two-sided sends are SEND, SEND_WITH_IMM and WRITE_WITH_IMM: the WRs that consume a receive
 /// WQE at the peer. Receives are the application's receive WRs. The failover layer's own
-/// messages (control SENDs, zero-length SENDs that consume stale receive WQEs, probes) are
-/// never counted. The driver keeps these on the datapath (an increment per completion) and
-/// hands a snapshot in with the events that need one; the machine is not called per WQE.
+/// messages (control WRITE_WITH_IMMs on their own QP, zero-length SENDs that consume stale
+/// receive WQEs, probes) are never counted. The driver keeps these on the datapath (an
+/// increment per completion) and hands a snapshot in with the events that need one; the
+/// machine is not called per WQE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Progress {
     /// Two-sided application sends posted.
