@@ -91,7 +91,9 @@ impl ControlChannel {
         depth: u32,
         local_default_qpn: u32,
     ) -> Result<ControlChannel, VerbsError> {
-        let depth = depth.max(4);
+        // A power of two, so the slot of a message number stays consistent when the 32-bit
+        // numbers wrap.
+        let depth = depth.max(4).next_power_of_two();
         let ctx = pd.context();
         let cq = ctx.create_cq(2 * depth, true)?;
         let qp = pd.create_qp(
@@ -281,11 +283,11 @@ impl ControlChannel {
                 }
                 c.next_recv = number.wrapping_add(1);
                 let slot = (number % (2 * c.depth)) as usize;
+                // The whole slot: the peer always writes 32 bytes (the completion's byte count
+                // is not relied on; devices differ in what they report for WRITE_WITH_IMM).
                 let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
                 c.ring.read(slot * CONTROL_MESSAGE_LEN, &mut bytes);
-                let len = (wc.byte_len as usize).min(CONTROL_MESSAGE_LEN);
-                match ControlPacket::new_checked(&bytes[..len]).and_then(|p| ControlRepr::parse(&p))
-                {
+                match ControlPacket::new_checked(&bytes[..]).and_then(|p| ControlRepr::parse(&p)) {
                     Ok(repr) if repr.dest_qpn == c.local_default_qpn => {
                         out.push(Event::Control(repr.message))
                     }
