@@ -620,21 +620,17 @@ pub fn plot(result: &ScenarioResult, path: &std::path::Path) -> Result<(), plot:
             report,
             stopped: b.error.as_deref().map(stop_reason),
         });
-    let title = match (run.failover, &baseline) {
-        (true, Some(_)) => format!(
-            "{} ({} {} B): failover vs standard RDMA",
-            scenario_slug(result.scenario),
-            result.tool,
-            result.size
-        ),
-        (on, _) => format!(
-            "{} ({} {} B, failover {})",
-            scenario_slug(result.scenario),
-            result.tool,
-            result.size,
-            if on { "on" } else { "off" }
-        ),
+    let what = match (run.failover, &baseline) {
+        (true, Some(_)) => "): failover vs standard RDMA",
+        (true, None) => ", failover on)",
+        (false, _) => ", failover off)",
     };
+    let title = format!(
+        "{} ({} {} B{what}",
+        scenario_slug(result.scenario),
+        result.tool,
+        result.size
+    );
     plot::timeline_png(&report, baseline, &windows, &title, path)
 }
 
@@ -763,6 +759,7 @@ pub fn print_summary(r: &ScenarioResult) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_stopped_runs_legend_names_its_completion_status() {
@@ -770,8 +767,6 @@ mod tests {
         assert_eq!(stop_reason(error), "RetryExcErr");
         assert_eq!(stop_reason("the server went away"), "the server went away");
     }
-
-    use super::*;
 
     #[test]
     fn figure_five_defaults_fail_at_two_and_recover_at_four() {

@@ -619,11 +619,17 @@ impl Failover {
     fn rearm_ready_at(&self) -> Option<Timestamp> {
         let allowed = self.owes_rearm_ready
             && matches!(self.default_qp, DefaultQp::Dead { .. })
-            && self.default_link.up
+            && self.paths_allow_rearm();
+        allowed.then(|| self.default_link.since + self.config.holddown)
+    }
+
+    /// What a rearm needs of this end, whichever role: the default link up, the backup path
+    /// (which carries the control messages) up and usable, and no failover round running.
+    fn paths_allow_rearm(&self) -> bool {
+        self.default_link.up
             && self.backup_link.up
             && self.backup_usable
-            && !matches!(self.send, SendState::FailingOver(_));
-        allowed.then(|| self.default_link.since + self.config.holddown)
+            && !matches!(self.send, SendState::FailingOver(_))
     }
 
     /// Leader: the follower refused `epoch` and is ready now; try again without waiting out
@@ -650,11 +656,7 @@ impl Failover {
         let DefaultQp::Dead { backoff_until } = self.default_qp else {
             return None;
         };
-        let allowed = self.config.role == Role::Leader
-            && self.default_link.up
-            && self.backup_link.up
-            && self.backup_usable
-            && !matches!(self.send, SendState::FailingOver(_));
+        let allowed = self.config.role == Role::Leader && self.paths_allow_rearm();
         allowed.then(|| backoff_until.max(self.default_link.since + self.config.holddown))
     }
 

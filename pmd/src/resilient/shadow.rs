@@ -462,14 +462,15 @@ impl QpShadow {
                         Ok(g) => g,
                         Err(e) => return self.fail(&mut setup, "backup GID", e),
                     };
+                    let (control_ring_addr, control_ring_rkey) = control.ring();
                     let local = PeerAttrs {
                         default_gid: self.default_gid,
                         default_qpn: self.default_qpn,
                         backup_gid,
                         backup_qpn: qp.qpn(),
                         control_qpn: control.qpn(),
-                        control_ring_addr: control.ring().0,
-                        control_ring_rkey: control.ring().1,
+                        control_ring_addr,
+                        control_ring_rkey,
                         rkeys: Vec::new(),
                     };
                     if let Some(store) = &self.pd.ctx.store {
