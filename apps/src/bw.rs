@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use pmd::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
 
 use crate::cli::{Options, Tool};
-use crate::endpoint::Conn;
+use crate::endpoint::{Conn, Memory};
 use crate::error::AppError;
 use crate::exchange::Msg;
 use crate::pattern;
@@ -648,6 +648,19 @@ impl Checker {
     }
 }
 
+/// Fills the buffer before the peer can reach it: a `shift_read_bw --check` server's slots
+/// hold the patterns the client's READs verify. (Filled after the exchange, a fast client
+/// read slots the server had not written yet.)
+pub fn prepare_buffer(o: &Options, mem: &Memory, layout: Layout) {
+    if o.is_server() && o.tool == Tool::ReadBw && o.flags.check {
+        let mut slot = vec![0u8; layout.size];
+        for k in 0..layout.slots {
+            pattern::fill(&mut slot, k as u64);
+            mem.write(k * layout.size, &slot);
+        }
+    }
+}
+
 /// Runs the server side of a bandwidth tool until the client says it is done or goes away.
 pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timeline) -> BwOutcome {
     let mut idle = Idle::new(o.flags.poll);
@@ -668,13 +681,6 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         credit_addr: s.peer.addr + (s.peer.len as usize - CONTROL) as u64,
         credit_rkey: s.peer.rkey,
     });
-    if o.tool == Tool::ReadBw && o.flags.check {
-        let mut slot = vec![0u8; layout.size];
-        for k in 0..layout.slots {
-            pattern::fill(&mut slot, k as u64);
-            s.mem.write(k * layout.size, &slot);
-        }
-    }
     let mut receiver = Receiver::new(layout, o.tool == Tool::SendBw, s.conns.len());
     if receives {
         if let Err(e) = receiver.fill(s) {

@@ -123,7 +123,9 @@ fn run_bandwidth(
     report: &mut Report,
 ) -> Result<(Option<AppError>, Session), AppError> {
     let layout = Layout::of(o);
-    let mut s = Session::establish(o, layout.buffer_len(), layout.caps(o))?;
+    let mut s = Session::establish(o, layout.buffer_len(), layout.caps(o), |mem| {
+        bw::prepare_buffer(o, mem, layout)
+    })?;
     pin_lcore(o)?;
     let tx_depth = layout.in_flight as u32 * layout.wqes_per_iter;
     s.print_header(o, tx_depth, layout.cq_mod as u32);
@@ -207,7 +209,7 @@ fn run_bandwidth(
 
 fn run_latency(o: &Options, report: &mut Report) -> Result<(Option<AppError>, Session), AppError> {
     let max = *o.sizes.iter().max().expect("a size");
-    let mut s = Session::establish(o, lat::buffer_len(max), lat::caps(o))?;
+    let mut s = Session::establish(o, lat::buffer_len(max), lat::caps(o), |_| {})?;
     pin_lcore(o)?;
     s.print_header(o, 1, 1);
     let mut timeline = Timeline::new(o.flags.timeline_ms, true);

@@ -130,9 +130,17 @@ pub struct Session {
 
 impl Session {
     /// Sets up a session whose buffer is `buffer_len` bytes and whose QPs have `caps`.
-    pub fn establish(o: &Options, buffer_len: usize, caps: QpCaps) -> Result<Session, AppError> {
+    /// `prepare` fills the buffer before the peer learns its address, so nothing the peer
+    /// does (a READ, say) can see it half-written.
+    pub fn establish(
+        o: &Options,
+        buffer_len: usize,
+        caps: QpCaps,
+        prepare: impl FnOnce(&Memory),
+    ) -> Result<Session, AppError> {
         let host = Host::open(&device_options(o))?;
         let mem = host.alloc(buffer_len)?;
+        prepare(&mem);
         let wanted_mtu = match o.flags.mtu {
             Some(m) => mtu_of(m).expect("checked by the flags"),
             None => host.active_mtu(),
