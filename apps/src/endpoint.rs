@@ -222,10 +222,7 @@ impl Conn {
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
         match self {
             Conn::Plain { qp, .. } => qp.post_send(wr).map(|_| ()),
-            Conn::Resilient(qp) => match qp.post_send(wr) {
-                Err(PostError::NotReadyToSend { .. }) => post_after_failover(qp, wr),
-                r => r,
-            },
+            Conn::Resilient(qp) => qp.post_send(wr),
         }
     }
 
@@ -384,27 +381,6 @@ pub fn worst_state<'a>(states: impl Iterator<Item = &'a str>) -> &'static str {
         .map(|s| ORDER.iter().position(|o| *o == s).unwrap_or(0))
         .max()
         .map_or("default", |i| ORDER[i])
-}
-
-/// A resilient QP refused a post because its default QP is in ERR: the link watch moved it
-/// there from the service lcore and this thread has not taken the mail yet, so the route still
-/// names the default QP. Runs the failover work and posts again, until the route moves or the
-/// connection has failed (then the refusal stands, and the next poll brings the error).
-#[cold]
-fn post_after_failover(qp: &mut ResilientQp, wr: &SendWr<'_>) -> Result<(), PostError> {
-    let deadline = std::time::Instant::now() + SETUP_TIMEOUT;
-    loop {
-        qp.progress();
-        match qp.post_send(wr) {
-            Err(PostError::NotReadyToSend { .. })
-                if qp.state() != pmd::resilient::ResilientState::Failed
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::yield_now();
-            }
-            r => return r,
-        }
-    }
 }
 
 /// How long setup steps (backup QP creation, protection) may take.

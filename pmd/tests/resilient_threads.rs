@@ -13,7 +13,9 @@ use pmd::resilient::{
     FailoverService, ResilientBuffer, ResilientConfig, ResilientContext, ResilientPd, ResilientQp,
     ResilientState, ServiceConfig, ShadowOrder,
 };
-use pmd::{Access, Context, ContextConfig, QpAttr, QpCaps, SendOp, SendWr, WorkCompletion};
+use pmd::{
+    Access, Context, ContextConfig, QpAttr, QpCaps, QpState, SendOp, SendWr, WorkCompletion,
+};
 
 struct Host {
     // Dropped last: the QPs and buffers go first.
@@ -230,6 +232,60 @@ fn a_write_only_responder_run_by_its_service_follows_failover_and_switch_back() 
     assert_eq!(b_qp.stats().failovers, 1);
 }
 
+#[test]
+fn a_post_after_the_link_watch_moved_the_default_qp_to_err_is_taken_not_refused() {
+    let f = fabric();
+    let (mut a, b) = pair(&f, config());
+    let Host {
+        qp: b_qp,
+        buf: b_buf,
+        pd: _b_pd,
+        ctx: _b_ctx,
+        service: b_service,
+    } = b;
+    let _b_adopted = b_service.adopt(b_qp);
+    f.fabric.set_link(0, false);
+    // The service's link watch moves A's default QP to ERR and mails A's owner, which has
+    // not polled since: the window in which a post used to be refused with NotReadyToSend.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.qp.bypass().0.state() != QpState::Err {
+        assert!(
+            Instant::now() < deadline,
+            "the link watch never moved the QP"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    a.buf.write(0, b"taken, not refused");
+    let wr = SendWr::new(
+        9,
+        SendOp::Write {
+            remote: b_buf.remote(128),
+        },
+        &[a.buf.sge(0, 18)],
+    );
+    a.qp.post_send(&wr.signaled())
+        .expect("posted during the failover");
+    a.qp.ring_doorbell();
+    let mut wcs = [WorkCompletion::EMPTY; 4];
+    let wc = loop {
+        let n = a.qp.poll(&mut wcs);
+        if n > 0 {
+            break wcs[0];
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no completion; state {:?}",
+            a.qp.state()
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    };
+    assert!(wc.is_ok() && wc.wr_id == 9, "{wc:?}");
+    assert_eq!(a.qp.state(), ResilientState::Fallback);
+    let mut got = [0u8; 18];
+    b_buf.read(128, &mut got);
+    assert_eq!(&got, b"taken, not refused");
+}
+
 /// What is left of a host whose QP its service runs.
 struct ResponderOnly {
     buf: ResilientBuffer,
@@ -252,9 +308,11 @@ fn a_responder_that_neither_polls_nor_is_adopted_leaves_the_handshake_to_time_ou
         },
         &[a.buf.sge(0, 64)],
     );
+    // Link down first: rung before it, the WRITE and its ACK could cross the fabric before
+    // the test thread ran again, and nothing would fail.
+    f.fabric.set_link(0, false);
     a.qp.post_send(&wr.clone().signaled()).unwrap();
     a.qp.ring_doorbell();
-    f.fabric.set_link(0, false);
     let mut got = Vec::new();
     while got.is_empty() {
         let n = a.qp.poll(&mut wcs);
