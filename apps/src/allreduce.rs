@@ -118,6 +118,8 @@ struct Rank {
     host: Host,
     /// Rank 0: one per other rank, in rank order; others: the one to rank 0.
     chans: Vec<Channel>,
+    /// Rank 0: which ranks already said `Done` (read while watching them, not lost).
+    done_from: Vec<bool>,
     place: RingPlace,
     layout: Layout,
     mtu: pmd::Mtu,
@@ -190,6 +192,7 @@ impl Rank {
             },
             mem,
             host,
+            done_from: vec![false; chans.len()],
             chans,
             place,
             layout,
@@ -294,7 +297,9 @@ impl Rank {
                 "rank 0".to_owned()
             };
             match ch.try_recv() {
-                Ok(None) | Ok(Some(Msg::Done { .. })) => {}
+                Ok(None) => {}
+                // A rank that finished before us: `finish` must not wait for it again.
+                Ok(Some(Msg::Done { .. })) => self.done_from[i] = true,
                 Ok(Some(Msg::Abort { error })) => {
                     return Err(Stop::PeerGone(format!("{who} stopped: {error}")))
                 }
@@ -510,7 +515,12 @@ impl Rank {
     /// its QPs down while a neighbour still uses them.
     fn finish(&mut self, iterations: u64) {
         if self.place.rank == 0 {
-            for ch in &mut self.chans {
+            for (ch, _) in self
+                .chans
+                .iter_mut()
+                .zip(&self.done_from)
+                .filter(|(_, d)| !**d)
+            {
                 loop {
                     match ch.recv(Duration::from_secs(10)) {
                         Ok(Msg::Done { .. }) | Err(_) => break,
