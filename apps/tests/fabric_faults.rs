@@ -61,6 +61,9 @@ fn listening(port: u16) -> bool {
         })
 }
 
+/// Packets on the fabric that mean the pair's traffic is flowing (setup sends far fewer).
+const TRAFFIC_FLOWS: u64 = 2000;
+
 /// Starts server and client of `tool` on the fabric with `args` on both sides; `during`
 /// runs on the test thread while they do.
 fn run_pair(
@@ -97,6 +100,12 @@ fn run_pair(
     let mut cargs = side(0, 1);
     cargs.push("127.0.0.1".into());
     let client = start(tool, cargs);
+    // `during` counts from the first traffic, not from the spawn: `-D` starts after setup,
+    // and on a slow machine setup could swallow a failure meant for mid-run.
+    let t0 = Instant::now();
+    while f.fabric.stats().delivered < TRAFFIC_FLOWS && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     during();
     let c = client.join().expect("client thread");
     let s = server.join().expect("server thread");
@@ -110,7 +119,7 @@ fn write_bw_check_fails_over_and_back_with_every_byte_intact() {
         &f,
         Tool::WriteBw,
         1,
-        &["-s", "16384", "-D", "4", "--check"],
+        &["-s", "16384", "-D", "4", "--check", "--holddown-ms", "200"],
         || {
             std::thread::sleep(Duration::from_millis(700));
             f.fabric.set_link(0, false);

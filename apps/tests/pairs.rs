@@ -54,7 +54,9 @@ fn write_bw_for_a_duration_samples_a_timeline_with_unix_times() {
     );
     ok(&r);
     let t = r.client_json["timeline"].as_array().unwrap();
-    assert!(t.len() >= 8, "{} samples", t.len());
+    // About ten at 100 ms in 1 s; a loaded machine may stall through a few (missed
+    // intervals are skipped, not made up).
+    assert!(t.len() >= 5, "{} samples", t.len());
     for s in t {
         assert!(s["unix_ms"].as_f64().unwrap() > before);
         assert_eq!(s["state"], "default");
@@ -369,7 +371,7 @@ fn a_client_whose_server_dies_writes_its_error_and_exits_1() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let json = dir.file("client.json");
-    let client = spawn(
+    let mut client = spawn(
         "shift_write_bw",
         &[
             "-d".into(),
@@ -380,12 +382,20 @@ fn a_client_whose_server_dies_writes_its_error_and_exits_1() {
             "10".into(),
             "-u".into(),
             "8".into(),
+            "--timeline-ms".into(),
+            "50".into(),
             "--json".into(),
             json.display().to_string(),
             "127.0.0.1".into(),
         ],
     );
-    std::thread::sleep(Duration::from_millis(700));
+    // The server dies once traffic flows (a fixed delay could kill it during setup on a
+    // slow machine, and the client would fail before its first WRITE).
+    let lines = common::wait_for_line(&mut client, "[timeline]", Duration::from_secs(20));
+    assert!(
+        lines.iter().any(|l| l.contains("[timeline]")),
+        "no timeline line from the client: {lines:?}"
+    );
     server.kill().unwrap();
     let _ = server.wait();
     let c = wait(client, Duration::from_secs(20));

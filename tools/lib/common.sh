@@ -61,7 +61,8 @@ on_exit() {
 start_private_redis() {
   local port pid tries
   for tries in 1 2 3 4 5 6 7 8; do
-    port=$((20000 + RANDOM % 40000))
+    # 30000-32699: above the ports the apps tests use (20000-29999), below the ephemeral range.
+    port=$((30000 + RANDOM % 2700))
     redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
       --dir /tmp --logfile "" --loglevel warning >/dev/null 2>&1 &
     pid=$!

@@ -87,6 +87,36 @@ pub fn wait(mut child: Child, limit: Duration) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Takes `child`'s stdout and returns once a line containing `needle` was printed (or the
+/// output ended, or `limit` passed: the caller's assertions say what was missing). A thread
+/// keeps draining the pipe so the child never blocks on it; the lines read so far come back.
+pub fn wait_for_line(child: &mut Child, needle: &str, limit: Duration) -> Vec<String> {
+    use std::io::BufRead;
+    let out = child.stdout.take().expect("stdout piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    while let Some(left) = limit.checked_sub(t0.elapsed()) {
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let found = line.contains(needle);
+                seen.push(line);
+                if found {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    seen
+}
+
 /// The outcome of a pair.
 pub struct PairRun {
     pub server: Output,
