@@ -112,6 +112,10 @@ pub struct SendQueue {
     keys: Arc<KeyTable>,
     state: Arc<AtomicU8>,
     device: Arc<str>,
+    /// Whether a post in ERR is written (to be flushed, or moved by a failover) rather than
+    /// refused: set by the failover layer on its default QPs, see
+    /// [`SendQueue::take_work_in_error`].
+    takes_work_in_error: bool,
 }
 
 // SAFETY: the ring, the doorbell record and the register are owned by the QP's provider object
@@ -278,7 +282,19 @@ impl SendQueue {
             keys: p.keys,
             state: p.state,
             device: p.device,
+            takes_work_in_error: false,
         }
+    }
+
+    /// From now on a post while the QP is in ERR is validated and written, as the IB spec has
+    /// a QP in ERR take work requests (they complete with `WR_FLUSH_ERR` once rung), instead of
+    /// refused with [`PostError::NotReadyToSend`]. For a resilient QP's default QP: the
+    /// service lcore's link watch moves it to ERR from its own thread, and the owner may post
+    /// before it has taken that news; the failover round then moves such WQEs to the backup
+    /// with every WQE the watch caught in flight. Lives in the general path, so the fast path
+    /// (RTS only) is unchanged.
+    pub(crate) fn take_work_in_error(&mut self) {
+        self.takes_work_in_error = true;
     }
 
     /// Basic blocks in the ring.
@@ -423,7 +439,8 @@ impl SendQueue {
     /// Every work request, with every check and every error.
     fn post_general(&mut self, wr: &SendWr<'_>, check_state: bool) -> Result<u16, PostError> {
         let state = self.state.load(Ordering::Relaxed);
-        if check_state && state != QpState::Rts as u8 {
+        let taken_in_error = self.takes_work_in_error && state == QpState::Err as u8;
+        if check_state && state != QpState::Rts as u8 && !taken_in_error {
             return Err(not_ready(self.qpn, state));
         }
         let opcode = wr.op.opcode();

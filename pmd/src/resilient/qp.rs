@@ -273,6 +273,10 @@ impl ResilientQp {
             wqe_list: Vec::new(),
             recv_list: Vec::new(),
         });
+        let mut default = default;
+        // The link watch may move this QP to ERR before the owner hears of it: its posts are
+        // then taken, not refused (docs/failover.md §9.5).
+        default.send_queue().take_work_in_error();
         ResilientQp {
             fast_send: true,
             fast_recv: true,
@@ -293,14 +297,7 @@ impl ResilientQp {
     #[inline(always)]
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
         if self.fast_send {
-            match self.default.post_send(wr) {
-                Ok(_) => {}
-                Err(PostError::NotReadyToSend {
-                    state: QpState::Err,
-                    ..
-                }) => return self.post_send_after_link_watch(wr),
-                Err(e) => return Err(e),
-            }
+            self.default.post_send(wr)?;
             if two_sided(&wr.op) {
                 self.count_two_sided();
             }
@@ -572,25 +569,6 @@ impl ResilientQp {
             .machine
             .as_ref()
             .map_or(Route::Default, |m| m.recv_route())
-    }
-
-    /// The default QP refused a post on the fast path: the service lcore's link watch moved it
-    /// to ERR and this thread has not taken that mail yet. Take it (the failover round it
-    /// starts moves the route), then post where the route says. If the mail is still on its
-    /// way (the watch moves the QP first, then posts the mail), write the WQE into the default
-    /// ring as a QP in ERR accepts work: the round that mail starts copies it to the backup
-    /// with every WQE the watch caught in flight. An unprotected or failed QP keeps refusing.
-    #[cold]
-    #[inline(never)]
-    fn post_send_after_link_watch(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
-        self.progress();
-        let protected = self.slow.machine.is_some() && self.slow.failed.is_none();
-        if !protected || !self.fast_send {
-            return self.post_send_slow(wr);
-        }
-        self.default.send_queue().post_withheld(wr)?;
-        self.sends_posted += u64::from(two_sided(&wr.op));
-        Ok(())
     }
 
     #[cold]
