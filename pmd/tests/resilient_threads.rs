@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use pmd::provider::soft::{register_fabric, unregister_fabric};
 use pmd::resilient::{
-    FailoverService, ResilientBuffer, ResilientConfig, ResilientContext, ResilientPd, ResilientQp,
-    ResilientState, ServiceConfig, ShadowOrder,
+    AdoptedQp, FailoverService, ResilientBuffer, ResilientConfig, ResilientContext, ResilientPd,
+    ResilientQp, ResilientState, ServiceConfig, ShadowOrder,
 };
 use pmd::{
     Access, Context, ContextConfig, QpAttr, QpCaps, QpState, SendOp, SendWr, WorkCompletion,
@@ -194,16 +194,7 @@ fn write_batches(
 fn a_write_only_responder_run_by_its_service_follows_failover_and_switch_back() {
     let f = fabric();
     let (mut a, b) = pair(&f, config());
-    // B's application only receives WRITEs and never polls: its service runs its QP.
-    let Host {
-        qp: b_qp,
-        buf: b_buf,
-        pd: _b_pd,
-        ctx: _b_ctx,
-        service: b_service,
-    } = b;
-    let b_adopted = b_service.adopt(b_qp);
-    let b = ResponderOnly { buf: b_buf };
+    let b = b.adopted_by_its_service();
     let mut down_at = None;
     write_batches(&mut a, &b.buf, 400, Duration::from_secs(20), |done, qp| {
         if done == 50 {
@@ -228,7 +219,7 @@ fn a_write_only_responder_run_by_its_service_follows_failover_and_switch_back() 
     let stats = a.qp.stats();
     assert_eq!((stats.failovers, stats.switch_backs), (1, 1), "{stats:?}");
     assert!(down_at.is_some());
-    let b_qp = b_adopted.give_back().expect("the service still runs");
+    let b_qp = b.adopted.give_back().expect("the service still runs");
     assert_eq!(b_qp.stats().failovers, 1);
 }
 
@@ -236,14 +227,7 @@ fn a_write_only_responder_run_by_its_service_follows_failover_and_switch_back() 
 fn a_post_after_the_link_watch_moved_the_default_qp_to_err_is_taken_not_refused() {
     let f = fabric();
     let (mut a, b) = pair(&f, config());
-    let Host {
-        qp: b_qp,
-        buf: b_buf,
-        pd: _b_pd,
-        ctx: _b_ctx,
-        service: b_service,
-    } = b;
-    let _b_adopted = b_service.adopt(b_qp);
+    let b = b.adopted_by_its_service();
     f.fabric.set_link(0, false);
     // The service's link watch moves A's default QP to ERR and mails A's owner, which has
     // not polled since: the window in which a post used to be refused with NotReadyToSend.
@@ -259,7 +243,7 @@ fn a_post_after_the_link_watch_moved_the_default_qp_to_err_is_taken_not_refused(
     let wr = SendWr::new(
         9,
         SendOp::Write {
-            remote: b_buf.remote(128),
+            remote: b.buf.remote(128),
         },
         &[a.buf.sge(0, 18)],
     );
@@ -282,13 +266,31 @@ fn a_post_after_the_link_watch_moved_the_default_qp_to_err_is_taken_not_refused(
     assert!(wc.is_ok() && wc.wr_id == 9, "{wc:?}");
     assert_eq!(a.qp.state(), ResilientState::Fallback);
     let mut got = [0u8; 18];
-    b_buf.read(128, &mut got);
+    b.buf.read(128, &mut got);
     assert_eq!(&got, b"taken, not refused");
 }
 
-/// What is left of a host whose QP its service runs.
+/// A host whose application only receives WRITEs and never polls: its service runs its QP.
+/// Fields drop in the order of [`Host`]'s: the QP first, the service last.
 struct ResponderOnly {
+    adopted: AdoptedQp,
     buf: ResilientBuffer,
+    _pd: ResilientPd,
+    _ctx: ResilientContext,
+    _service: FailoverService,
+}
+
+impl Host {
+    /// Hands the QP to the host's own service.
+    fn adopted_by_its_service(self) -> ResponderOnly {
+        ResponderOnly {
+            adopted: self.service.adopt(self.qp),
+            buf: self.buf,
+            _pd: self.pd,
+            _ctx: self.ctx,
+            _service: self.service,
+        }
+    }
 }
 
 #[test]
