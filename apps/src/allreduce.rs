@@ -515,12 +515,10 @@ impl Rank {
     /// its QPs down while a neighbour still uses them.
     fn finish(&mut self, iterations: u64) {
         if self.place.rank == 0 {
-            for (ch, _) in self
-                .chans
-                .iter_mut()
-                .zip(&self.done_from)
-                .filter(|(_, d)| !**d)
-            {
+            for (ch, &done) in self.chans.iter_mut().zip(&self.done_from) {
+                if done {
+                    continue;
+                }
                 loop {
                     match ch.recv(Duration::from_secs(10)) {
                         Ok(Msg::Done { .. }) | Err(_) => break,

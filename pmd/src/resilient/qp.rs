@@ -225,7 +225,7 @@ fn two_sided(op: &SendOp) -> bool {
 impl ResilientQp {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
-        default: Qp,
+        mut default: Qp,
         default_cq: Cq,
         shared: Arc<QpShared>,
         shadow: Option<Arc<QpShadow>>,
@@ -273,7 +273,6 @@ impl ResilientQp {
             wqe_list: Vec::new(),
             recv_list: Vec::new(),
         });
-        let mut default = default;
         // The link watch may move this QP to ERR before the owner hears of it: its posts are
         // then taken, not refused (docs/failover.md §9.5).
         default.send_queue().take_work_in_error();
