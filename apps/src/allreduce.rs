@@ -180,6 +180,9 @@ impl Rank {
                 (vec![ch], place)
             }
         };
+        // Offsets into both neighbours' buffers come from the lengths they sent.
+        place.next.check_buffer(layout.len)?;
+        place.prev.check_buffer(layout.len)?;
         let mtu = agree_mtu(wanted, place.next.mtu.min(place.prev.mtu));
         let mut rank = Rank {
             send: {

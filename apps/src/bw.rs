@@ -329,6 +329,12 @@ impl Traffic {
 
 /// Runs the client side of a bandwidth tool over every size.
 pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timeline) -> BwOutcome {
+    let mut out = BwOutcome::default();
+    // The peer's slots and its credit word are addressed from the length it sent.
+    if let Err(e) = s.peer.check_buffer(CONTROL + layout.size) {
+        out.error = Some(e.into());
+        return out;
+    }
     let mut idle = Idle::new(o.flags.poll);
     for c in &s.conns {
         c.set_waker(idle.unparker());
@@ -353,7 +359,6 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         receiver: (o.flags.bidirectional && o.tool == Tool::SendBw)
             .then(|| Receiver::new(layout, true, s.conns.len())),
     };
-    let mut out = BwOutcome::default();
     if let Some(r) = t.receiver.as_mut() {
         if let Err(e) = r.fill(s) {
             out.error = Some(e);
@@ -663,11 +668,16 @@ pub fn prepare_buffer(o: &Options, mem: &Memory, layout: Layout) {
 
 /// Runs the server side of a bandwidth tool until the client says it is done or goes away.
 pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timeline) -> BwOutcome {
+    let mut out = BwOutcome::default();
+    // The credit word sits CONTROL bytes before the end of the buffer the peer described.
+    if let Err(e) = s.peer.check_buffer(CONTROL + layout.size) {
+        out.error = Some(e.into());
+        return out;
+    }
     let mut idle = Idle::new(o.flags.poll);
     for c in &s.conns {
         c.set_waker(idle.unparker());
     }
-    let mut out = BwOutcome::default();
     let receives = o.tool == Tool::SendBw || (o.tool == Tool::WriteBw && o.flags.check);
     let mut checker = (o.tool == Tool::WriteBw && o.flags.check).then(|| Checker {
         layout,
@@ -678,7 +688,8 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             ..CheckJson::default()
         },
         credit_at: 0,
-        credit_addr: s.peer.addr + (s.peer.len as usize - CONTROL) as u64,
+        // Checked above: CONTROL <= len and addr + len does not wrap.
+        credit_addr: s.peer.addr + (s.peer.len - CONTROL as u64),
         credit_rkey: s.peer.rkey,
     });
     let mut receiver = Receiver::new(layout, o.tool == Tool::SendBw, s.conns.len());

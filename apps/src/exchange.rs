@@ -83,6 +83,19 @@ pub enum ExchangeError {
     /// The peer stopped on an error.
     #[error("the peer stopped: {0}")]
     PeerAborted(String),
+    /// The peer's buffer cannot hold what the run writes into it, or its range wraps.
+    #[error(
+        "the peer's buffer {addr:#x}+{len} is unusable: this run needs {needed} bytes there, \
+         below the end of the address space"
+    )]
+    PeerBuffer {
+        /// The address the peer sent.
+        addr: u64,
+        /// The length the peer sent.
+        len: u64,
+        /// What this side will address.
+        needed: u64,
+    },
 }
 
 /// The parameters both sides must agree on.
@@ -188,6 +201,23 @@ pub struct QpInfo {
     pub mtu: u32,
     /// Backup attributes (the pmd's rendezvous blob, hex), for a resilient QP.
     pub backup: Option<String>,
+}
+
+impl QpInfo {
+    /// Checks that the buffer the peer described holds `needed` bytes and does not wrap the
+    /// address space, so offsets computed into it cannot overflow. The peer's word is not
+    /// trusted: its device still checks every access against the real MR.
+    pub fn check_buffer(&self, needed: usize) -> Result<(), ExchangeError> {
+        let needed = needed as u64;
+        if self.len < needed || self.addr.checked_add(self.len).is_none() {
+            return Err(ExchangeError::PeerBuffer {
+                addr: self.addr,
+                len: self.len,
+                needed,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The first message of each side.
@@ -483,17 +513,25 @@ pub fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Lowercase or uppercase hex back to bytes.
+/// Lowercase or uppercase hex back to bytes. The text comes from the peer: anything but
+/// pairs of ASCII hex digits (a sign, a multi-byte character) is an error naming where.
 pub fn from_hex(s: &str) -> Result<Vec<u8>, ExchangeError> {
-    if s.len() % 2 != 0 {
-        return Err(ExchangeError::Malformed("odd-length hex".into()));
+    let digits = s.as_bytes();
+    if digits.len() % 2 != 0 {
+        return Err(ExchangeError::Malformed(format!(
+            "hex of odd length {}",
+            digits.len()
+        )));
     }
-    (0..s.len())
+    let nibble = |at: usize| {
+        (digits[at] as char)
+            .to_digit(16)
+            .map(|d| d as u8)
+            .ok_or_else(|| ExchangeError::Malformed(format!("not a hex digit at byte {at}")))
+    };
+    (0..digits.len())
         .step_by(2)
-        .map(|i| {
-            u8::from_str_radix(&s[i..i + 2], 16)
-                .map_err(|_| ExchangeError::Malformed(format!("bad hex at {i}")))
-        })
+        .map(|i| Ok(nibble(i)? << 4 | nibble(i + 1)?))
         .collect()
 }
 
@@ -556,6 +594,146 @@ mod tests {
         h["magic"] = "perftest".into();
         let err = decode(&serde_json::to_vec(&h).unwrap()).unwrap_err();
         assert!(matches!(err, ExchangeError::NotRailshift(_)), "{err}");
+    }
+
+    #[test]
+    fn hex_that_is_not_ascii_digit_pairs_is_an_error_not_a_panic() {
+        // A multi-byte character straddling a pair once sliced a str off its char boundary.
+        for bad in [
+            "\u{e9}0",
+            "0\u{e9}",
+            "\u{1F980}\u{1F980}",
+            "+f",
+            "-1",
+            " 1",
+            "0x",
+        ] {
+            let err = from_hex(bad).unwrap_err();
+            assert!(matches!(err, ExchangeError::Malformed(_)), "{bad:?}: {err}");
+        }
+        assert!(from_hex("abc")
+            .unwrap_err()
+            .to_string()
+            .contains("odd length 3"));
+        assert_eq!(from_hex("0AfF").unwrap(), vec![0x0a, 0xff]);
+    }
+
+    #[test]
+    fn a_peer_buffer_too_short_or_wrapping_is_named() {
+        let mut info = hello().qps.remove(0);
+        assert!(info.check_buffer(4096).is_ok());
+        let err = info.check_buffer(4097).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ExchangeError::PeerBuffer {
+                    len: 4096,
+                    needed: 4097,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        info.addr = u64::MAX - 100;
+        let err = info.check_buffer(64).unwrap_err();
+        assert!(err.to_string().contains("0xffffffffffffff9b+4096"), "{err}");
+    }
+
+    /// A seeded proptest configuration: `PROPTEST_RNG_SEED` replays a failure.
+    fn seeded() -> proptest::test_runner::Config {
+        use proptest::test_runner::{Config, RngSeed};
+        let mut config = Config {
+            failure_persistence: None,
+            ..Config::default()
+        };
+        if config.rng_seed == RngSeed::Random {
+            let seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            config.rng_seed = RngSeed::Fixed(seed);
+        }
+        eprintln!(
+            "proptest seed {:?} (replay with PROPTEST_RNG_SEED)",
+            config.rng_seed
+        );
+        config
+    }
+
+    mod never_panics {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A valid hello frame with one byte replaced, bytes cut off or bytes appended.
+        fn mutated_hello() -> impl Strategy<Value = Vec<u8>> {
+            let body = serde_json::to_vec(&Msg::Hello(hello())).unwrap();
+            let n = body.len();
+            (
+                0..n,
+                any::<u8>(),
+                0..n,
+                proptest::collection::vec(any::<u8>(), 0..8),
+            )
+                .prop_map(move |(at, byte, cut, tail)| {
+                    let mut b = body.clone();
+                    b[at] = byte;
+                    b.truncate(n - cut % 4);
+                    b.extend_from_slice(&tail);
+                    b
+                })
+        }
+
+        proptest! {
+            #![proptest_config(seeded())]
+
+            #[test]
+            fn from_hex_survives_any_text(s in any::<String>()) {
+                let _ = from_hex(&s);
+            }
+
+            #[test]
+            fn from_hex_reads_what_to_hex_wrote(b in proptest::collection::vec(any::<u8>(), 0..64)) {
+                prop_assert_eq!(from_hex(&to_hex(&b)).unwrap(), b);
+            }
+
+            #[test]
+            fn the_decoder_survives_arbitrary_bytes(b in proptest::collection::vec(any::<u8>(), 0..256)) {
+                let _ = decode(&b);
+            }
+
+            #[test]
+            fn the_decoder_survives_mutated_hellos(b in mutated_hello()) {
+                if let Ok(Msg::Hello(h)) = decode(&b) {
+                    for q in &h.qps {
+                        let _ = q.check_buffer(4096);
+                        if let Some(blob) = &q.backup {
+                            let _ = from_hex(blob);
+                        }
+                    }
+                    let _ = params().check_peer(&h.params);
+                }
+            }
+
+            #[test]
+            fn the_frame_reader_survives_arbitrary_streams(
+                chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
+            ) {
+                let (mut ours, theirs) = socket_pair();
+                let mut theirs = theirs;
+                for c in &chunks {
+                    theirs.write_all(c).unwrap();
+                }
+                drop(theirs);
+                // Read until the stream ends or a frame is refused; neither may panic.
+                while let Ok(Some(_)) = ours.try_recv() {}
+            }
+        }
+
+        fn socket_pair() -> (Channel, TcpStream) {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            (Channel::new(server).unwrap(), client)
+        }
     }
 
     #[test]
