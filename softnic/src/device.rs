@@ -16,7 +16,7 @@ use crate::cq::{Cq, CqConfig, CqHandle, CqId};
 use crate::engine::{Activity, Core, QPN_BASE};
 use crate::events::EventQueue;
 use crate::fabric::Fabric;
-use crate::mr::{Access, PdId};
+use crate::mr::{Access, MrTable, PdId, RegError};
 use crate::qp::{Bell, DoorbellRegister, ErrorCtx, Qp, QpConfig};
 use crate::qp_attr::{check_transition, ModifyError, QpAttrs, QpState};
 use crate::trace::Trace;
@@ -69,6 +69,9 @@ pub struct DeviceConfig {
     pub clock: Clock,
     /// Write every packet sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
+    /// Draw memory-key variants from this seed (a replayable simulation) instead of from the
+    /// OS's entropy (the default: a peer cannot predict the next rkey).
+    pub key_seed: Option<u64>,
 }
 
 impl DeviceConfig {
@@ -80,6 +83,7 @@ impl DeviceConfig {
             progress: ProgressMode::Auto,
             clock: Clock::real(),
             pcap: None,
+            key_seed: None,
         }
     }
 }
@@ -129,6 +133,9 @@ pub enum DeviceError {
     /// The object is still used by others.
     #[error("{0} is still in use")]
     Busy(&'static str),
+    /// A memory registration was refused.
+    #[error(transparent)]
+    Register(#[from] RegError),
     /// A QP transition was refused.
     #[error(transparent)]
     Modify(#[from] ModifyError),
@@ -194,7 +201,7 @@ impl Device {
             wire,
             local_addr,
             port,
-            mrs: Default::default(),
+            mrs: MrTable::new(cfg.key_seed),
             pds: Vec::new(),
             cqs: Vec::new(),
             qps: Vec::new(),
@@ -321,7 +328,7 @@ impl Device {
     ) -> Result<MrKeys, DeviceError> {
         let mut core = self.shared.lock_core();
         check_pd(&core, pd)?;
-        let key = core.mrs.insert(pd, addr as u64, len as u64, access);
+        let key = core.mrs.insert(pd, addr as u64, len as u64, access)?;
         Ok(MrKeys {
             lkey: key,
             rkey: key,

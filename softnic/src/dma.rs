@@ -147,10 +147,14 @@ mod tests {
             *b = i as u8;
         }
         let mut dst = vec![0u8; 10];
-        let mut mrs = MrTable::default();
+        let mut mrs = MrTable::new(Some(1));
         let pd = PdId(1);
-        let ks = mrs.insert(pd, src.as_ptr() as u64, 10, Access::NONE);
-        let kd = mrs.insert(pd, dst.as_mut_ptr() as u64, 10, Access::LOCAL_WRITE);
+        let ks = mrs
+            .insert(pd, src.as_ptr() as u64, 10, Access::NONE)
+            .unwrap();
+        let kd = mrs
+            .insert(pd, dst.as_mut_ptr() as u64, 10, Access::LOCAL_WRITE)
+            .unwrap();
         let sges = [
             Sge {
                 addr: src.as_ptr() as u64,
@@ -186,8 +190,10 @@ mod tests {
     #[test]
     fn a_scatter_without_local_write_is_refused() {
         let mut dst = vec![0u8; 8];
-        let mut mrs = MrTable::default();
-        let k = mrs.insert(PdId(1), dst.as_mut_ptr() as u64, 8, Access::NONE);
+        let mut mrs = MrTable::new(Some(1));
+        let k = mrs
+            .insert(PdId(1), dst.as_mut_ptr() as u64, 8, Access::NONE)
+            .unwrap();
         let sges = [Sge {
             addr: dst.as_ptr() as u64,
             len: 8,

@@ -632,14 +632,17 @@ pub struct Sim {
     pub clock: Clock,
     /// The fabric.
     pub fabric: Fabric,
+    /// The devices' memory keys come from it too, so a run replays byte for byte.
+    seed: u64,
 }
 
 impl Sim {
-    /// A simulation whose faults come from `seed`.
+    /// A simulation whose faults (and memory keys) come from `seed`.
     pub fn new(seed: u64, latency: Duration) -> Sim {
         Sim {
             clock: Clock::new_virtual(),
             fabric: Fabric::new(seed, latency),
+            seed,
         }
     }
 
@@ -667,6 +670,7 @@ impl Sim {
             progress: ProgressMode::Manual,
             clock: self.clock.clone(),
             pcap,
+            key_seed: Some(self.seed ^ u64::from(n)),
         })
     }
 

@@ -54,7 +54,7 @@ pub use engine::Activity;
 pub use events::{AsyncEvent, EventQueue};
 pub use fabric::{Fabric, FabricStats, Fault, FaultRule};
 pub use memory::QueueMemory;
-pub use mr::{Access, PdId};
+pub use mr::{Access, PdId, RegError};
 pub use qp::{DoorbellRegister, QpConfig};
 pub use qp_attr::{ModifyError, PathMtu, QpAttrs, QpState};
 pub use udp::rxe_source_port;

@@ -128,6 +128,18 @@ fn verbs(device: &DeviceName, verb: &'static str, e: DeviceError) -> VerbsError 
             verb,
             what: what.to_string(),
         },
+        DeviceError::Register(e @ softnic::RegError::Wraps { .. }) => VerbsError::InvalidArgument {
+            device,
+            verb,
+            what: e.to_string(),
+        },
+        DeviceError::Register(e @ softnic::RegError::OutOfKeys { .. }) => {
+            VerbsError::OutOfResources {
+                device,
+                verb,
+                what: e.to_string(),
+            }
+        }
         other => VerbsError::Failed {
             device,
             verb,
