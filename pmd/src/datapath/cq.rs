@@ -121,9 +121,12 @@ pub struct ErrorMark {
 /// how far the device has written ([`CqRing::produced`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CqRing {
+    /// First byte of the CQE ring.
     ring: NonNull<u8>,
-    /// Entries in the ring (a power of two).
-    count: u32,
+    /// log2 of the entries in the ring: a counter's lap parity is its bit `cqe_n`.
+    cqe_n: u32,
+    /// Mask of the ring (entries - 1): a counter's entry is `counter & cqe_m`.
+    cqe_m: u32,
     /// Offset of the 64-byte CQE inside an entry (64 for 128-byte CQEs, else 0).
     cqe_offset: usize,
     /// log2 of the entry size.
@@ -149,17 +152,24 @@ impl CqRing {
     ) -> CqRing {
         CqRing {
             ring,
-            count,
+            cqe_n: count.trailing_zeros(),
+            cqe_m: count - 1,
             cqe_offset: (entry_size as usize).saturating_sub(cqe::SIZE),
             entry_shift: entry_size.trailing_zeros(),
             dbrec,
         }
     }
 
+    /// Entries in the ring.
+    #[inline(always)]
+    fn count(&self) -> u32 {
+        1 << self.cqe_n
+    }
+
     #[inline(always)]
     fn entry(&self, ci: u32) -> *mut u8 {
-        let index = (ci & (self.count - 1)) as usize;
-        // SAFETY: index < count: the entry lies inside the ring.
+        let index = (ci & self.cqe_m) as usize;
+        // SAFETY: index <= cqe_m: the entry lies inside the ring.
         unsafe {
             self.ring
                 .as_ptr()
@@ -179,7 +189,7 @@ impl CqRing {
     fn owned(&self, ci: u32) -> Option<*mut u8> {
         let cqe = self.entry(ci);
         let op_own = self.op_own(cqe).load(Ordering::Relaxed);
-        if !cqe::is_sw_owned(op_own, ci, self.count) {
+        if !cqe::is_sw_owned(op_own, ci, self.count()) {
             return None;
         }
         // The owner byte said the CQE is ours: read its body only now. Without this the CPU (or
@@ -215,11 +225,11 @@ impl CqRing {
         let mut ci = self.published();
         let mut end = ci;
         loop {
-            while end.wrapping_sub(ci) & CI_MASK < self.count && self.owned(end).is_some() {
+            while end.wrapping_sub(ci) & CI_MASK < self.count() && self.owned(end).is_some() {
                 end = end.wrapping_add(1) & CI_MASK;
             }
             let now = self.published();
-            if end.wrapping_sub(now) & CI_MASK <= self.count {
+            if end.wrapping_sub(now) & CI_MASK <= self.count() {
                 return end;
             }
             ci = now;
@@ -234,19 +244,26 @@ const CI_MASK: u32 = 0x00ff_ffff;
 /// The hot half of a CQ: ring, consumer index, and the attached QPs' bookkeeping.
 #[derive(Debug)]
 pub struct CompletionQueue {
+    /// The ring, its geometry and its doorbell record.
     ring: CqRing,
-    /// Entries in the ring (a power of two).
+    /// Entries in the ring (a power of two): `cqe_m + 1`.
     count: u32,
-    /// Consumer index: CQEs consumed so far (a counter; the lap parity is its `count` bit).
-    ci: u32,
+    /// Consumer counter: CQEs before it are consumed (free-running; its lap parity is the
+    /// owner bit software expects). Published mod 2^24 in the doorbell record.
+    cqe_ci: u32,
+    /// The QPs attached, as the control path last changed them.
     attachments: Arc<Attachments>,
     /// Clean requests taken from `attachments`, kept to reuse the allocation.
     cleaning: Vec<PendingClean>,
+    /// The attachments' generation `local` was copied at.
     generation: u64,
+    /// The poller's private copy of the attachments.
     local: Vec<Attachment>,
     /// Index into `local` of the QP of the last CQE: the usual case is one QP per CQ.
     hit: usize,
+    /// CQEs dropped, by reason.
     stats: PollStats,
+    /// Where the queues stood at the first error completion since the last look.
     mark: ErrorMark,
 }
 
@@ -258,8 +275,8 @@ impl CompletionQueue {
     pub(crate) fn new(ring: CqRing, attachments: Arc<Attachments>) -> CompletionQueue {
         CompletionQueue {
             ring,
-            count: ring.count,
-            ci: 0,
+            count: ring.count(),
+            cqe_ci: 0,
             attachments,
             cleaning: Vec::new(),
             generation: u64::MAX,
@@ -275,9 +292,9 @@ impl CompletionQueue {
         self.count
     }
 
-    /// The consumer index.
+    /// The consumer counter (`cqe_ci`).
     pub fn consumer_index(&self) -> u32 {
-        self.ci
+        self.cqe_ci
     }
 
     /// CQEs the poller dropped, by reason.
@@ -300,7 +317,7 @@ impl CompletionQueue {
     /// How many CQEs the device has written that are not polled yet (without consuming any).
     pub fn ready(&self) -> u32 {
         let mut n = 0;
-        while n < self.count && self.owned(self.ci.wrapping_add(n)).is_some() {
+        while n < self.count && self.owned(self.cqe_ci.wrapping_add(n)).is_some() {
             n += 1;
         }
         n
@@ -326,9 +343,9 @@ impl CompletionQueue {
             // device writes a reset QP's CQEs again only after it is brought up). `until`
             // behind our consumer index (a poll on another thread got there first) means
             // nothing is left.
-            let ahead = c.until.wrapping_sub(self.ci) & CI_MASK;
+            let ahead = c.until.wrapping_sub(self.cqe_ci) & CI_MASK;
             if ahead <= self.count {
-                let end = self.ci.wrapping_add(ahead.min(self.ready()));
+                let end = self.cqe_ci.wrapping_add(ahead.min(self.ready()));
                 self.discard_before(c.qpn, end);
             }
         }
@@ -352,7 +369,7 @@ impl CompletionQueue {
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
         self.refresh();
         let mut n = 0;
-        let mut ci = self.ci;
+        let mut ci = self.cqe_ci;
         while n < wcs.len() {
             let Some(ptr) = self.owned(ci) else { break };
             // SAFETY: ptr is a whole 64-byte CQE inside the ring, owned by software (checked
@@ -364,8 +381,8 @@ impl CompletionQueue {
                 n += 1;
             }
         }
-        if ci != self.ci {
-            self.ci = ci;
+        if ci != self.cqe_ci {
+            self.cqe_ci = ci;
             self.ring.publish(ci);
         }
         n
@@ -464,7 +481,7 @@ impl CompletionQueue {
                 self.stats.unknown_qpn += 1;
                 return false;
             };
-            let before = send.ci();
+            let before = send.wqe_ci();
             match send.retire(err.wqe_counter()) {
                 Some(done) => {
                     self.mark.send.get_or_insert(before);
@@ -480,7 +497,7 @@ impl CompletionQueue {
                 self.stats.unknown_qpn += 1;
                 return false;
             };
-            let before = recv.ci();
+            let before = recv.rwqe_ci();
             match recv.retire() {
                 Some(wr_id) => {
                     self.mark.recv.get_or_insert(before);
@@ -509,7 +526,7 @@ impl CompletionQueue {
     /// reset or destroyed (at the next poll); this is for doing it now. Returns how many
     /// were dropped.
     pub fn discard_qp(&mut self, qpn: u32) -> u32 {
-        let end = self.ci.wrapping_add(self.ready());
+        let end = self.cqe_ci.wrapping_add(self.ready());
         self.discard_before(qpn, end)
     }
 
@@ -518,7 +535,7 @@ impl CompletionQueue {
     fn discard_before(&mut self, qpn: u32, end: u32) -> u32 {
         let mut dropped = 0u32;
         let mut i = end;
-        while i != self.ci {
+        while i != self.cqe_ci {
             i = i.wrapping_sub(1);
             let src = self.entry(i);
             // SAFETY: the entry is software-owned (the caller's range) and inside the ring.
@@ -542,8 +559,8 @@ impl CompletionQueue {
             }
         }
         if dropped > 0 {
-            self.ci = self.ci.wrapping_add(dropped);
-            self.ring.publish(self.ci);
+            self.cqe_ci = self.cqe_ci.wrapping_add(dropped);
+            self.ring.publish(self.cqe_ci);
             self.stats.cleaned += u64::from(dropped);
         }
         dropped

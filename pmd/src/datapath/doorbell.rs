@@ -118,9 +118,9 @@ pub enum Doorbell {
 pub(crate) struct LastWqe {
     /// The SQ ring.
     pub ring: NonNull<u8>,
-    /// Basic blocks in the ring, minus one.
-    pub mask: u32,
-    /// Basic-block index of the WQE's control segment.
+    /// Mask of the ring in basic blocks (entries - 1).
+    pub wqe_m: u32,
+    /// Producer counter (basic blocks) where the WQE's control segment is.
     pub start: u32,
     /// Basic blocks the WQE takes.
     pub bbs: u32,
@@ -133,8 +133,8 @@ pub(crate) struct LastWqe {
 impl LastWqe {
     #[inline(always)]
     fn bb(&self, i: u32) -> *const u8 {
-        let index = (self.start.wrapping_add(i) & self.mask) as usize;
-        // SAFETY: index <= mask, and the ring holds mask + 1 basic blocks.
+        let index = (self.start.wrapping_add(i) & self.wqe_m) as usize;
+        // SAFETY: index <= wqe_m, and the ring holds wqe_m + 1 basic blocks.
         unsafe {
             self.ring
                 .as_ptr()
@@ -179,7 +179,7 @@ mod tests {
             Doorbell::Mmio(unsafe { MmioDoorbell::new(NonNull::from(&mut reg).cast(), 0) });
         let last = LastWqe {
             ring: NonNull::from(ring.as_mut_slice()).cast(),
-            mask: 3,
+            wqe_m: 3,
             start: 2,
             bbs: 1,
             blueflame_ok: true,
@@ -198,7 +198,7 @@ mod tests {
         // A two-block WQE that wraps: blocks 3 and 0.
         let last = LastWqe {
             ring: NonNull::from(ring.as_mut_slice()).cast(),
-            mask: 3,
+            wqe_m: 3,
             start: 3,
             bbs: 2,
             blueflame_ok: true,
@@ -223,7 +223,7 @@ mod tests {
             Doorbell::Mmio(unsafe { MmioDoorbell::new(NonNull::from(&mut reg).cast(), 8) });
         let last = LastWqe {
             ring: NonNull::from(ring.as_mut_slice()).cast(),
-            mask: 3,
+            wqe_m: 3,
             start: 0,
             bbs: 1,
             blueflame_ok: true,

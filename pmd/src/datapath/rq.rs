@@ -20,26 +20,36 @@ const SEG: usize = hw_defs::mlx5::data_seg::SIZE;
 /// The hot half of a QP's receive side. Owned by one lcore.
 #[derive(Debug)]
 pub struct RecvQueue {
+    /// First byte of the receive ring.
     ring: NonNull<u8>,
-    /// Slots in the ring, minus one.
-    mask: u32,
+    /// Mask of the ring in receive WQEs (entries - 1): a counter's slot is `counter & rwqe_m`.
+    rwqe_m: u32,
     /// log2 of the slot size in bytes.
     stride_shift: u32,
     /// Data segments a slot holds.
     slot_segs: u32,
+    /// Largest scatter list a receive may carry.
     max_sge: u32,
-    /// Producer counter: receives written.
-    pi: u32,
-    /// Receives the device has been told about.
-    published: u32,
-    ci_cache: u32,
+    /// Producer counter: receives before it are written.
+    rwqe_pi: u32,
+    /// Producer counter published in the doorbell record: receives the device may use.
+    rwqe_db_pi: u32,
+    /// Consumer counter as last read from the track (the CQ advances it); re-read only when
+    /// the ring looks full.
+    rwqe_ci: u32,
+    /// The QP's number, for errors.
     qpn: u32,
+    /// The QP's protection domain: every entry's MR must be in it.
     pd: u32,
-    /// The receive counter of the doorbell record (big-endian).
+    /// The receive counter of the doorbell record (big-endian `rwqe_db_pi` mod 2^16).
     dbrec: NonNull<AtomicU32>,
+    /// Per-receive bookkeeping shared with the CQ (`wr_id`; `rwqe_ci`).
     track: Arc<RecvTrack>,
+    /// The device's registered MRs, read lock-free.
     keys: Arc<KeyTable>,
+    /// The QP's state as the control half last set it (an `ibv_qp_state` number).
     state: Arc<AtomicU8>,
+    /// The device's name, for errors.
     device: Arc<str>,
 }
 
@@ -66,13 +76,13 @@ impl RecvQueue {
         let slot_segs = p.stride / SEG as u32;
         RecvQueue {
             ring: p.ring,
-            mask: p.slots - 1,
+            rwqe_m: p.slots - 1,
             stride_shift: p.stride.trailing_zeros(),
             slot_segs,
             max_sge: p.max_sge.min(slot_segs),
-            pi: 0,
-            published: 0,
-            ci_cache: 0,
+            rwqe_pi: 0,
+            rwqe_db_pi: 0,
+            rwqe_ci: 0,
             qpn: p.qpn,
             pd: p.pd,
             dbrec: p.dbrec,
@@ -85,27 +95,27 @@ impl RecvQueue {
 
     /// Slots in the ring.
     pub fn capacity(&self) -> u32 {
-        self.mask + 1
+        self.rwqe_m + 1
     }
 
-    /// Receives written so far (a counter).
+    /// Receives written so far (`rwqe_pi`).
     pub fn written(&self) -> u32 {
-        self.pi
+        self.rwqe_pi
     }
 
-    /// Receives completed so far (a counter).
+    /// Receives completed so far (`rwqe_ci`).
     pub fn completed(&self) -> u32 {
-        self.track.ci()
+        self.track.rwqe_ci()
     }
 
-    /// Receives the device has been told about (a counter).
+    /// Receives the device has been told about (`rwqe_db_pi`).
     pub fn published(&self) -> u32 {
-        self.published
+        self.rwqe_db_pi
     }
 
     fn slot(&mut self, at: u32) -> &mut [u8] {
-        let offset = ((at & self.mask) as usize) << self.stride_shift;
-        // SAFETY: the slot lies inside the ring (index <= mask, stride = 1 << stride_shift);
+        let offset = ((at & self.rwqe_m) as usize) << self.stride_shift;
+        // SAFETY: the slot lies inside the ring (index <= rwqe_m, stride = 1 << stride_shift);
         // it is free (between producer and consumer counters), and `&mut self` keeps other
         // writers out.
         unsafe {
@@ -114,10 +124,10 @@ impl RecvQueue {
     }
 
     fn reserve(&mut self) -> Result<(), PostError> {
-        let capacity = self.mask + 1;
-        if self.pi.wrapping_sub(self.ci_cache) >= capacity {
-            self.ci_cache = self.track.ci();
-            let outstanding = self.pi.wrapping_sub(self.ci_cache);
+        let capacity = self.rwqe_m + 1;
+        if self.rwqe_pi.wrapping_sub(self.rwqe_ci) >= capacity {
+            self.rwqe_ci = self.track.rwqe_ci();
+            let outstanding = self.rwqe_pi.wrapping_sub(self.rwqe_ci);
             if outstanding >= capacity {
                 return Err(PostError::QueueFull {
                     queue: "receive",
@@ -147,7 +157,7 @@ impl RecvQueue {
             check_sge(&self.keys, self.pd, &self.device, sge, Access::LOCAL_WRITE)?;
         }
         self.reserve()?;
-        let at = self.pi;
+        let at = self.rwqe_pi;
         let slot_segs = self.slot_segs as usize;
         let slot = self.slot(at);
         let mut n = 0;
@@ -169,23 +179,23 @@ impl RecvQueue {
             ));
         }
         self.track.record(at, wr.wr_id);
-        self.pi = at.wrapping_add(1);
-        self.track.set_pi(self.pi);
+        self.rwqe_pi = at.wrapping_add(1);
+        self.track.set_rwqe_pi(self.rwqe_pi);
         Ok(())
     }
 
     /// Tells the device about every receive written so far.
     #[inline]
     pub fn publish(&mut self) {
-        if self.published == self.pi {
+        if self.rwqe_db_pi == self.rwqe_pi {
             return;
         }
         // Release: the receive WQEs' bytes are visible before the device can see the new
         // counter (libmlx5: udma_to_device_barrier, then the store to the record).
         // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP.
         let dbrec = unsafe { self.dbrec.as_ref() };
-        dbrec.store(u32::from(self.pi as u16).to_be(), Ordering::Release);
-        self.published = self.pi;
+        dbrec.store(u32::from(self.rwqe_pi as u16).to_be(), Ordering::Release);
+        self.rwqe_db_pi = self.rwqe_pi;
     }
 
     /// Writes and publishes one receive.
@@ -206,7 +216,7 @@ impl RecvQueue {
     /// wr_id). As for the send queue, the failover layer passes the counter it read before
     /// flushes retired the receives it is about to copy.
     pub fn written_from(&self, start: u32) -> impl Iterator<Item = (u32, u64)> + '_ {
-        (0..self.pi.wrapping_sub(start)).map(move |i| {
+        (0..self.rwqe_pi.wrapping_sub(start)).map(move |i| {
             let at = start.wrapping_add(i);
             (at, self.track.wr_id(at))
         })
@@ -221,7 +231,7 @@ impl RecvQueue {
     /// returns the slot size.
     pub fn copy_wqe(&self, at: u32, out: &mut [u8]) -> usize {
         let stride = 1usize << self.stride_shift;
-        let offset = ((at & self.mask) as usize) << self.stride_shift;
+        let offset = ((at & self.rwqe_m) as usize) << self.stride_shift;
         // SAFETY: the slot lies inside the ring; the device only reads posted receives.
         let src = unsafe { std::slice::from_raw_parts(self.ring.as_ptr().add(offset), stride) };
         out[..stride].copy_from_slice(src);
@@ -232,7 +242,7 @@ impl RecvQueue {
     /// without publishing it. Only the first slot's worth of bytes is used.
     pub fn write_raw(&mut self, bytes: &[u8], wr_id: u64) -> Result<(), PostError> {
         self.reserve()?;
-        let at = self.pi;
+        let at = self.rwqe_pi;
         let slot = self.slot(at);
         let n = slot.len().min(bytes.len());
         slot[..n].copy_from_slice(&bytes[..n]);
@@ -240,8 +250,8 @@ impl RecvQueue {
             DataSegRepr::TERMINATOR.emit(&mut DataSeg::new_unchecked(&mut slot[n..n + SEG]));
         }
         self.track.record(at, wr_id);
-        self.pi = at.wrapping_add(1);
-        self.track.set_pi(self.pi);
+        self.rwqe_pi = at.wrapping_add(1);
+        self.track.set_rwqe_pi(self.rwqe_pi);
         Ok(())
     }
 
@@ -251,9 +261,9 @@ impl RecvQueue {
     /// counter announces that many phantom receives, which a move to ERR before the next
     /// publish flushes (one CQE each: enough of them overrun the CQ, `docs/failover.md` 9.8).
     pub(crate) fn reset(&mut self) {
-        self.pi = 0;
-        self.published = 0;
-        self.ci_cache = 0;
+        self.rwqe_pi = 0;
+        self.rwqe_db_pi = 0;
+        self.rwqe_ci = 0;
         self.track.reset();
         // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP; the
         // QP is in RESET, where the device does not read it.

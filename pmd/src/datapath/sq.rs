@@ -12,7 +12,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use hw_defs::mlx5::{ctrl_seg, wqe, CtrlSeg, DataSeg, FenceMode, InlineSeg, RaddrSeg, SendOpcode};
+use hw_defs::mlx5::{
+    ctrl_seg, data_seg, raddr_seg, wqe, CtrlSeg, DataSeg, FenceMode, InlineSeg, RaddrSeg,
+    SendOpcode,
+};
 
 use super::doorbell::{Doorbell, LastWqe};
 use super::track::{SendTrack, WqeInfo};
@@ -23,6 +26,12 @@ use crate::verbs::Access;
 
 const BB: usize = wqe::SEND_WQE_BB;
 const UNIT: usize = wqe::SEND_WQE_DS;
+const DS_PER_BB: u32 = wqe::DS_PER_BB as u32;
+/// `ds` of a one-entry WRITE (control, remote address, data), as hw-defs sizes the segments.
+const WRITE_ONE_SGE_DS: u8 =
+    wqe::ds_for_bytes(ctrl_seg::SIZE + raddr_seg::SIZE + data_seg::SIZE) as u8;
+/// `ds` of a one-entry SEND (control, data).
+const SEND_ONE_SGE_DS: u8 = wqe::ds_for_bytes(ctrl_seg::SIZE + data_seg::SIZE) as u8;
 /// RC messages are at most 2^31 bytes.
 const MAX_MESSAGE: u64 = 1 << 31;
 
@@ -84,33 +93,49 @@ impl OutstandingWqe {
 }
 
 /// The hot half of a QP's send side: ring pointer, counters, masks, and the pointers it needs
-/// to validate and to ring. Owned by one lcore; `&mut self` everywhere.
+/// to validate and to ring. Owned by one lcore; `&mut self` everywhere. Counters follow the
+/// project's ring vocabulary (`docs/datapath.md`): `wqe_pi`/`wqe_ci` free-running producer
+/// and consumer counters in basic blocks, `wqe_db_pi` the one in the doorbell record,
+/// `wqe_m` the mask.
 #[derive(Debug)]
 pub struct SendQueue {
+    /// First byte of the send ring (64-byte basic blocks).
     ring: NonNull<u8>,
-    /// Basic blocks in the ring, minus one.
-    mask: u32,
-    /// 16-byte units in the ring, minus one.
-    unit_mask: u32,
-    /// Producer counter (basic blocks) of written WQEs.
-    pi: u32,
-    /// Producer counter the device has been told about.
-    db_pi: u32,
-    /// Where the last written WQE starts.
-    last_start: u32,
-    /// Last consumer counter read from the track; refreshed only when the ring looks full.
-    ci_cache: u32,
+    /// Mask of the ring in basic blocks (entries - 1): a counter's block is `counter & wqe_m`.
+    wqe_m: u32,
+    /// Mask of the ring in 16-byte units (`ds`): a unit's slot is `unit counter & wqe_ds_m`.
+    wqe_ds_m: u32,
+    /// Producer counter (basic blocks): everything before it is written.
+    wqe_pi: u32,
+    /// Producer counter published in the doorbell record: everything before it the device
+    /// may fetch.
+    wqe_db_pi: u32,
+    /// Producer counter where the last written WQE starts (its control segment rings).
+    wqe_last_pi: u32,
+    /// Consumer counter as last read from the track (the CQ advances it); re-read only when
+    /// the ring looks full.
+    wqe_ci: u32,
+    /// The MR the last entry validated against, trusted while the key table is unchanged.
     key_cache: KeyCache,
+    /// The QP number written into every control segment.
     qpn: u32,
+    /// The QP's protection domain: every entry's MR must be in it.
     pd: u32,
+    /// Largest inline payload the QP was granted.
     max_inline: u32,
+    /// Largest gather list the QP was granted.
     max_sge: u32,
-    /// The send counter of the doorbell record (big-endian).
+    /// The send counter of the doorbell record (big-endian `wqe_db_pi` mod 2^16).
     dbrec: NonNull<AtomicU32>,
+    /// The doorbell register (UAR/BlueFlame or the softnic's).
     doorbell: Doorbell,
+    /// Per-WQE bookkeeping shared with the CQ (`wr_id`, size, opcode; `wqe_ci`).
     track: Arc<SendTrack>,
+    /// The device's registered MRs, read lock-free.
     keys: Arc<KeyTable>,
+    /// The QP's state as the control half last set it (an `ibv_qp_state` number).
     state: Arc<AtomicU8>,
+    /// The device's name, for errors.
     device: Arc<str>,
     /// Whether a post in ERR is written (to be flushed, or moved by a failover) rather than
     /// refused: set by the failover layer on its default QPs, see
@@ -265,12 +290,12 @@ impl SendQueue {
     pub(crate) fn new(p: SendQueueParts) -> SendQueue {
         SendQueue {
             ring: p.ring,
-            mask: p.bbs - 1,
-            unit_mask: p.bbs * (BB / UNIT) as u32 - 1,
-            pi: 0,
-            db_pi: 0,
-            last_start: 0,
-            ci_cache: 0,
+            wqe_m: p.bbs - 1,
+            wqe_ds_m: p.bbs * DS_PER_BB - 1,
+            wqe_pi: 0,
+            wqe_db_pi: 0,
+            wqe_last_pi: 0,
+            wqe_ci: 0,
             key_cache: KeyCache::EMPTY,
             qpn: p.qpn,
             pd: p.pd,
@@ -299,22 +324,22 @@ impl SendQueue {
 
     /// Basic blocks in the ring.
     pub fn capacity(&self) -> u32 {
-        self.mask + 1
+        self.wqe_m + 1
     }
 
-    /// The producer counter of written WQEs (basic blocks).
+    /// The producer counter of written WQEs (`wqe_pi`, basic blocks).
     pub fn written(&self) -> u32 {
-        self.pi
+        self.wqe_pi
     }
 
-    /// The producer counter the device has been told about.
+    /// The producer counter the device has been told about (`wqe_db_pi`).
     pub fn published(&self) -> u32 {
-        self.db_pi
+        self.wqe_db_pi
     }
 
-    /// The consumer counter: everything before it has completed.
+    /// The consumer counter (`wqe_ci`): everything before it has completed.
     pub fn completed(&self) -> u32 {
-        self.track.ci()
+        self.track.wqe_ci()
     }
 
     /// The QP number written into every control segment.
@@ -325,8 +350,8 @@ impl SendQueue {
     /// The 16 bytes of unit `u` of the WQE starting at counter `start`, wrapping.
     #[inline(always)]
     fn unit(&mut self, start: u32, u: u32) -> &mut [u8; UNIT] {
-        let index = (start.wrapping_mul(4).wrapping_add(u) & self.unit_mask) as usize;
-        // SAFETY: index <= unit_mask, so the 16 bytes lie inside the ring; they belong to a
+        let index = (start.wrapping_mul(DS_PER_BB).wrapping_add(u) & self.wqe_ds_m) as usize;
+        // SAFETY: index <= wqe_ds_m, so the 16 bytes lie inside the ring; they belong to a
         // slot between the producer and consumer counters, which the device does not read
         // (it reads only what a doorbell published and has not completed), and `&mut self`
         // keeps other writers out.
@@ -336,10 +361,10 @@ impl SendQueue {
     /// Makes room for `bbs` basic blocks or says the queue is full.
     #[inline]
     fn reserve(&mut self, bbs: u32) -> Result<(), PostError> {
-        let capacity = self.mask + 1;
-        if self.pi.wrapping_sub(self.ci_cache) + bbs > capacity {
-            self.ci_cache = self.track.ci();
-            let outstanding = self.pi.wrapping_sub(self.ci_cache);
+        let capacity = self.wqe_m + 1;
+        if self.wqe_pi.wrapping_sub(self.wqe_ci) + bbs > capacity {
+            self.wqe_ci = self.track.wqe_ci();
+            let outstanding = self.wqe_pi.wrapping_sub(self.wqe_ci);
             if outstanding + bbs > capacity {
                 return Err(PostError::QueueFull {
                     queue: "send",
@@ -390,30 +415,30 @@ impl SendQueue {
             && sge.addr >= c.start
             && end <= c.end
             && end >= sge.addr
-            && self.pi.wrapping_sub(self.ci_cache) < self.mask + 1
+            && self.wqe_pi.wrapping_sub(self.wqe_ci) < self.wqe_m + 1
             && self.keys.generation() == c.generation;
         if !ok {
             return None;
         }
-        let start = self.pi;
+        let start = self.wqe_pi;
         let flags = wr.flags.bits() & 7;
         let signaled = flags & SendFlags::SIGNALED.bits() != 0;
         let fm_ce_se = FM_CE_SE[usize::from(flags)];
         let qpn = self.qpn;
         // A one-block WQE never wraps: address its block once.
-        let index = (start & self.mask) as usize;
-        // SAFETY: index <= mask, so the 64-byte block lies inside the ring; it is free (the
+        let index = (start & self.wqe_m) as usize;
+        // SAFETY: index <= wqe_m, so the 64-byte block lies inside the ring; it is free (the
         // space check above) and unpublished, and `&mut self` keeps other writers out.
         let bb = unsafe { &mut *(self.ring.as_ptr().add(index * BB) as *mut [[u8; UNIT]; 4]) };
         let ds = match remote {
             Some(r) => {
                 emit::raddr(&mut bb[1], r.addr, r.rkey);
                 emit::data(&mut bb[2], sge.len, sge.lkey, sge.addr);
-                3
+                WRITE_ONE_SGE_DS
             }
             None => {
                 emit::data(&mut bb[1], sge.len, sge.lkey, sge.addr);
-                2
+                SEND_ONE_SGE_DS
             }
         };
         emit::ctrl(
@@ -444,11 +469,7 @@ impl SendQueue {
             return Err(not_ready(self.qpn, state));
         }
         let opcode = wr.op.opcode();
-        let header_units = match wr.op {
-            SendOp::Send | SendOp::SendImm { .. } => 1,
-            SendOp::Write { .. } | SendOp::WriteImm { .. } | SendOp::Read { .. } => 2,
-            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 3,
-        };
+        let header_units = wqe::header_ds(opcode) as u32;
         let data_units = match &wr.payload {
             Payload::Gather(sges) => self.check_gather(&wr.op, sges)?,
             Payload::Inline(data) => {
@@ -471,10 +492,10 @@ impl SendQueue {
             }
         };
         let ds = header_units + data_units;
-        let bbs = ds.div_ceil(4);
+        let bbs = ds.div_ceil(DS_PER_BB);
         self.reserve(bbs)?;
 
-        let start = self.pi;
+        let start = self.wqe_pi;
         let signaled = wr.flags.contains(SendFlags::SIGNALED);
         let imm = match wr.op {
             SendOp::WriteImm { imm, .. } | SendOp::SendImm { imm } => imm,
@@ -496,13 +517,11 @@ impl SendQueue {
             fm_ce_se,
             imm,
         );
-        let mut u = 1;
         match wr.op {
             SendOp::Write { remote }
             | SendOp::WriteImm { remote, .. }
             | SendOp::Read { remote } => {
                 emit::raddr(self.unit(start, 1), remote.addr, remote.rkey);
-                u = 2;
             }
             SendOp::CompareSwap {
                 remote,
@@ -510,14 +529,14 @@ impl SendQueue {
                 swap,
             } => {
                 self.write_atomic(start, remote.addr, remote.rkey, swap, compare);
-                u = 3;
             }
             SendOp::FetchAdd { remote, add } => {
                 self.write_atomic(start, remote.addr, remote.rkey, add, 0);
-                u = 3;
             }
             SendOp::Send | SendOp::SendImm { .. } => {}
         }
+        // The data follows the header segments.
+        let mut u = header_units;
         match &wr.payload {
             Payload::Gather(sges) => {
                 for sge in sges.iter().filter(|s| s.len != 0) {
@@ -550,8 +569,8 @@ impl SendQueue {
                 signaled,
             },
         );
-        self.last_start = start;
-        self.pi = start.wrapping_add(bbs);
+        self.wqe_last_pi = start;
+        self.wqe_pi = start.wrapping_add(bbs);
         start as u16
     }
 
@@ -642,8 +661,8 @@ impl SendQueue {
     /// at the ring's start when it reaches the end.
     fn write_inline(&mut self, start: u32, u: u32, data: &[u8]) {
         InlineSeg::new_unchecked(&mut self.unit(start, u)[..]).set_payload_len(data.len() as u32);
-        let ring_len = (self.unit_mask as usize + 1) * UNIT;
-        let first = (start.wrapping_mul(4).wrapping_add(u) & self.unit_mask) as usize * UNIT;
+        let ring_len = (self.wqe_ds_m as usize + 1) * UNIT;
+        let first = (start.wrapping_mul(DS_PER_BB).wrapping_add(u) & self.wqe_ds_m) as usize * UNIT;
         let mut at = first + hw_defs::mlx5::inline_seg::HEADER_SIZE;
         let mut rest = data;
         while !rest.is_empty() {
@@ -665,34 +684,33 @@ impl SendQueue {
     /// Does nothing when nothing is pending.
     #[inline]
     pub fn ring_doorbell(&mut self) {
-        if self.pi == self.db_pi {
+        if self.wqe_pi == self.wqe_db_pi {
             return;
         }
-        let pi = self.pi;
-        let last = self.last_start;
-        self.publish(pi, last);
+        let (wqe_pi, last_pi) = (self.wqe_pi, self.wqe_last_pi);
+        self.publish(wqe_pi, last_pi);
     }
 
     /// Publishes the written WQEs up to and including the one at WQE index `index`, which
     /// must start a written WQE that has not been published; later WQEs stay withheld.
     pub fn ring_doorbell_through(&mut self, index: u16) -> Result<(), DoorbellError> {
-        let pending = self.pi.wrapping_sub(self.db_pi);
-        let distance = u32::from(index.wrapping_sub(self.db_pi as u16));
+        let pending = self.wqe_pi.wrapping_sub(self.wqe_db_pi);
+        let distance = u32::from(index.wrapping_sub(self.wqe_db_pi as u16));
         let refuse = || DoorbellError::NotPending {
             index,
-            published: self.db_pi as u16,
-            written: self.pi as u16,
+            published: self.wqe_db_pi as u16,
+            written: self.wqe_pi as u16,
         };
         if distance >= pending {
             return Err(refuse());
         }
         // Walk the WQEs from the published counter so an index inside a WQE is refused.
-        let target = self.db_pi.wrapping_add(distance);
-        let mut at = self.db_pi;
+        let target = self.wqe_db_pi.wrapping_add(distance);
+        let mut at = self.wqe_db_pi;
         while at != target {
             let (_, info) = self.track.get(at);
             at = at.wrapping_add(u32::from(info.bbs.max(1)));
-            if at.wrapping_sub(self.db_pi) > distance {
+            if at.wrapping_sub(self.wqe_db_pi) > distance {
                 return Err(refuse());
             }
         }
@@ -701,32 +719,33 @@ impl SendQueue {
         Ok(())
     }
 
+    /// Publishes the WQEs before `wqe_db_pi`, the last of which starts at `last_pi`.
     #[inline]
-    fn publish(&mut self, upto: u32, last_start: u32) {
+    fn publish(&mut self, wqe_db_pi: u32, last_pi: u32) {
         // Release: every WQE byte written before this store is visible to the device before it
         // can see the new counter (libmlx5's udma_to_device_barrier in post_send_db). The
         // record holds the counter mod 2^16, big-endian.
         // The CQ checks completions against the published counter (a CQE can only name a
         // published WQE); the release store below carries this store to the poller too.
-        self.track.set_pi(upto);
+        self.track.set_wqe_db_pi(wqe_db_pi);
         // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP.
         let dbrec = unsafe { self.dbrec.as_ref() };
-        dbrec.store(u32::from(upto as u16).to_be(), Ordering::Release);
-        let (_, info) = self.track.get(last_start);
-        let single = last_start == self.db_pi;
+        dbrec.store(u32::from(wqe_db_pi as u16).to_be(), Ordering::Release);
+        let (_, info) = self.track.get(last_pi);
+        let single = last_pi == self.wqe_db_pi;
         self.doorbell.ring(LastWqe {
             ring: self.ring,
-            mask: self.mask,
-            start: last_start,
+            wqe_m: self.wqe_m,
+            start: last_pi,
             bbs: u32::from(info.bbs),
             blueflame_ok: single,
         });
-        self.db_pi = upto;
+        self.wqe_db_pi = wqe_db_pi;
     }
 
     /// The WQEs written and not yet completed, oldest first.
     pub fn outstanding(&self) -> impl Iterator<Item = OutstandingWqe> + '_ {
-        self.written_from(self.track.ci())
+        self.written_from(self.track.wqe_ci())
     }
 
     /// The WQEs written from producer counter `start` on, oldest first, whether completed or
@@ -734,8 +753,8 @@ impl SendQueue {
     /// (the failover layer passes the consumer counter it read just before a flush retired
     /// WQEs that it is about to copy: their bytes and bookkeeping are still in the ring).
     pub fn written_from(&self, start: u32) -> impl Iterator<Item = OutstandingWqe> + '_ {
-        let end = self.pi;
-        let db = self.db_pi;
+        let end = self.wqe_pi;
+        let db = self.wqe_db_pi;
         let mut at = start;
         std::iter::from_fn(move || {
             if at == end {
@@ -759,8 +778,8 @@ impl SendQueue {
         let (_, info) = self.track.get(at);
         let len = usize::from(info.bbs) * BB;
         for b in 0..usize::from(info.bbs) {
-            let index = (at.wrapping_add(b as u32) & self.mask) as usize;
-            // SAFETY: index <= mask: a whole basic block inside the ring. The WQE is written
+            let index = (at.wrapping_add(b as u32) & self.wqe_m) as usize;
+            // SAFETY: index <= wqe_m: a whole basic block inside the ring. The WQE is written
             // and the device only reads it, so copying out races with nothing.
             let src = unsafe { std::slice::from_raw_parts(self.ring.as_ptr().add(index * BB), BB) };
             out[b * BB..(b + 1) * BB].copy_from_slice(src);
@@ -776,9 +795,9 @@ impl SendQueue {
         let ds = u32::from(ctrl.ds()).max(1);
         let opcode = ctrl.opcode();
         let signaled = ctrl.cq_update();
-        let bbs = ds.div_ceil(4);
+        let bbs = ds.div_ceil(DS_PER_BB);
         self.reserve(bbs)?;
-        let start = self.pi;
+        let start = self.wqe_pi;
         for u in 0..ds {
             let src = &bytes[u as usize * UNIT..(u as usize + 1) * UNIT];
             self.unit(start, u).copy_from_slice(src);
@@ -792,10 +811,10 @@ impl SendQueue {
 
     /// Back to index 0 (the QP went to RESET).
     pub(crate) fn reset(&mut self) {
-        self.pi = 0;
-        self.db_pi = 0;
-        self.last_start = 0;
-        self.ci_cache = 0;
+        self.wqe_pi = 0;
+        self.wqe_db_pi = 0;
+        self.wqe_last_pi = 0;
+        self.wqe_ci = 0;
         self.key_cache = KeyCache::EMPTY;
         self.track.reset();
         // As the receive queue's: the record restarts at 0 with the device's counter.

@@ -56,13 +56,17 @@ pub(crate) struct SendRetired {
 /// The send queue's per-WQE table and counters.
 #[derive(Debug)]
 pub(crate) struct SendTrack {
+    /// The `wr_id` of the WQE starting at each basic block.
     wr_id: Box<[AtomicU64]>,
+    /// The packed [`WqeInfo`] of the WQE starting at each basic block.
     info: Box<[AtomicU32]>,
-    mask: u32,
-    /// Consumer counter in basic blocks: everything before it has completed.
-    ci: AtomicU32,
-    /// Producer counter in basic blocks: everything before it has been written.
-    pi: AtomicU32,
+    /// Mask of the ring in basic blocks (entries - 1).
+    wqe_m: u32,
+    /// Consumer counter (basic blocks): everything before it has completed (the CQ writes it).
+    wqe_ci: AtomicU32,
+    /// Producer counter published in the doorbell record (the send queue writes it): a CQE
+    /// can only name a WQE before it.
+    wqe_db_pi: AtomicU32,
 }
 
 impl SendTrack {
@@ -70,38 +74,39 @@ impl SendTrack {
         SendTrack {
             wr_id: (0..bbs).map(|_| AtomicU64::new(0)).collect(),
             info: (0..bbs).map(|_| AtomicU32::new(0)).collect(),
-            mask: bbs - 1,
-            ci: AtomicU32::new(0),
-            pi: AtomicU32::new(0),
+            wqe_m: bbs - 1,
+            wqe_ci: AtomicU32::new(0),
+            wqe_db_pi: AtomicU32::new(0),
         }
     }
 
     /// Records a WQE written at producer counter `at`.
     #[inline]
     pub fn record(&self, at: u32, wr_id: u64, info: WqeInfo) {
-        let slot = (at & self.mask) as usize;
+        let slot = (at & self.wqe_m) as usize;
         self.wr_id[slot].store(wr_id, Ordering::Relaxed);
         self.info[slot].store(info.pack(), Ordering::Relaxed);
     }
 
-    /// Publishes the producer counter (for the CQ's sanity check of WQE indices).
+    /// Publishes the doorbell record's producer counter (for the CQ's sanity check of WQE
+    /// indices).
     #[inline]
-    pub fn set_pi(&self, pi: u32) {
-        self.pi.store(pi, Ordering::Relaxed);
+    pub fn set_wqe_db_pi(&self, wqe_db_pi: u32) {
+        self.wqe_db_pi.store(wqe_db_pi, Ordering::Relaxed);
     }
 
     /// The consumer counter, for the poster's queue-full check.
     #[inline]
-    pub fn ci(&self) -> u32 {
+    pub fn wqe_ci(&self) -> u32 {
         // Acquire: the poller's reads of the slots before this counter are done; they may be
         // overwritten.
-        self.ci.load(Ordering::Acquire)
+        self.wqe_ci.load(Ordering::Acquire)
     }
 
     /// The bookkeeping of the WQE at producer counter `at`.
     #[inline]
     pub fn get(&self, at: u32) -> (u64, WqeInfo) {
-        let slot = (at & self.mask) as usize;
+        let slot = (at & self.wqe_m) as usize;
         (
             self.wr_id[slot].load(Ordering::Relaxed),
             WqeInfo::unpack(self.info[slot].load(Ordering::Relaxed)),
@@ -112,20 +117,20 @@ impl SendTrack {
     /// is not an outstanding WQE (a stale or bogus CQE), in which case nothing changes.
     #[inline]
     pub fn retire(&self, wqe_index: u16) -> Option<SendRetired> {
-        let ci = self.ci.load(Ordering::Relaxed);
-        let pi = self.pi.load(Ordering::Relaxed);
-        let distance = u32::from(wqe_index.wrapping_sub(ci as u16));
-        if distance >= pi.wrapping_sub(ci) {
+        let wqe_ci = self.wqe_ci.load(Ordering::Relaxed);
+        let wqe_db_pi = self.wqe_db_pi.load(Ordering::Relaxed);
+        let distance = u32::from(wqe_index.wrapping_sub(wqe_ci as u16));
+        if distance >= wqe_db_pi.wrapping_sub(wqe_ci) {
             return None;
         }
-        let at = ci.wrapping_add(distance);
-        let slot = (at & self.mask) as usize;
+        let at = wqe_ci.wrapping_add(distance);
+        let slot = (at & self.wqe_m) as usize;
         let wr_id = self.wr_id[slot].load(Ordering::Relaxed);
         // The packed info, unpacked by hand: the enum conversion is a chain of compares.
         let info = self.info[slot].load(Ordering::Relaxed);
         let next = at.wrapping_add(u32::from((info as u8).max(1)));
         // Release: the slot reads above happen before the poster may reuse the slots.
-        self.ci.store(next, Ordering::Release);
+        self.wqe_ci.store(next, Ordering::Release);
         Some(SendRetired {
             wr_id,
             opcode: (info >> 8) as u8,
@@ -134,16 +139,16 @@ impl SendTrack {
 
     /// Both counters back to zero (the QP went to RESET).
     pub fn reset(&self) {
-        self.ci.store(0, Ordering::Release);
-        self.pi.store(0, Ordering::Relaxed);
+        self.wqe_ci.store(0, Ordering::Release);
+        self.wqe_db_pi.store(0, Ordering::Relaxed);
     }
 
-    /// Consumer and producer counters.
+    /// Consumer and published producer counters.
     #[cfg(test)]
     pub fn counters(&self) -> (u32, u32) {
         (
-            self.ci.load(Ordering::Acquire),
-            self.pi.load(Ordering::Relaxed),
+            self.wqe_ci.load(Ordering::Acquire),
+            self.wqe_db_pi.load(Ordering::Relaxed),
         )
     }
 }
@@ -151,64 +156,70 @@ impl SendTrack {
 /// The receive queue's wr_ids and counters. Receives complete in order.
 #[derive(Debug)]
 pub(crate) struct RecvTrack {
+    /// The `wr_id` of each receive slot.
     wr_id: Box<[AtomicU64]>,
-    mask: u32,
-    ci: AtomicU32,
-    pi: AtomicU32,
+    /// Mask of the ring in receive WQEs (entries - 1).
+    rwqe_m: u32,
+    /// Consumer counter: receives before it have completed (the CQ writes it).
+    rwqe_ci: AtomicU32,
+    /// Producer counter: receives before it are written (the receive queue writes it).
+    rwqe_pi: AtomicU32,
 }
 
 impl RecvTrack {
     pub fn new(slots: u32) -> RecvTrack {
         RecvTrack {
             wr_id: (0..slots).map(|_| AtomicU64::new(0)).collect(),
-            mask: slots - 1,
-            ci: AtomicU32::new(0),
-            pi: AtomicU32::new(0),
+            rwqe_m: slots - 1,
+            rwqe_ci: AtomicU32::new(0),
+            rwqe_pi: AtomicU32::new(0),
         }
     }
 
     #[inline]
     pub fn record(&self, at: u32, wr_id: u64) {
-        self.wr_id[(at & self.mask) as usize].store(wr_id, Ordering::Relaxed);
+        self.wr_id[(at & self.rwqe_m) as usize].store(wr_id, Ordering::Relaxed);
     }
 
     #[inline]
-    pub fn set_pi(&self, pi: u32) {
-        self.pi.store(pi, Ordering::Relaxed);
+    pub fn set_rwqe_pi(&self, rwqe_pi: u32) {
+        self.rwqe_pi.store(rwqe_pi, Ordering::Relaxed);
     }
 
     #[inline]
-    pub fn ci(&self) -> u32 {
-        self.ci.load(Ordering::Acquire)
+    pub fn rwqe_ci(&self) -> u32 {
+        self.rwqe_ci.load(Ordering::Acquire)
     }
 
     #[inline]
     pub fn wr_id(&self, at: u32) -> u64 {
-        self.wr_id[(at & self.mask) as usize].load(Ordering::Relaxed)
+        self.wr_id[(at & self.rwqe_m) as usize].load(Ordering::Relaxed)
     }
 
     /// Retires the oldest receive; `None` if none is outstanding.
     #[inline]
     pub fn retire(&self) -> Option<u64> {
-        let ci = self.ci.load(Ordering::Relaxed);
-        if ci == self.pi.load(Ordering::Relaxed) {
+        let rwqe_ci = self.rwqe_ci.load(Ordering::Relaxed);
+        if rwqe_ci == self.rwqe_pi.load(Ordering::Relaxed) {
             return None;
         }
-        let wr_id = self.wr_id(ci);
+        let wr_id = self.wr_id(rwqe_ci);
         // Release: as for the send track.
-        self.ci.store(ci.wrapping_add(1), Ordering::Release);
+        self.rwqe_ci
+            .store(rwqe_ci.wrapping_add(1), Ordering::Release);
         Some(wr_id)
     }
 
     pub fn reset(&self) {
-        self.ci.store(0, Ordering::Release);
-        self.pi.store(0, Ordering::Relaxed);
+        self.rwqe_ci.store(0, Ordering::Release);
+        self.rwqe_pi.store(0, Ordering::Relaxed);
     }
 
+    /// Consumer and producer counters.
     pub fn counters(&self) -> (u32, u32) {
         (
-            self.ci.load(Ordering::Acquire),
-            self.pi.load(Ordering::Relaxed),
+            self.rwqe_ci.load(Ordering::Acquire),
+            self.rwqe_pi.load(Ordering::Relaxed),
         )
     }
 }
@@ -231,7 +242,7 @@ mod tests {
         t.record(0, 100, info(1, false));
         t.record(1, 101, info(2, false));
         t.record(3, 102, info(1, true));
-        t.set_pi(4);
+        t.set_wqe_db_pi(4);
         let r = t.retire(3).unwrap();
         assert_eq!(r.wr_id, 102);
         assert_eq!(r.opcode, u8::from(SendOpcode::RdmaWrite));
@@ -242,7 +253,7 @@ mod tests {
     fn indices_outside_the_outstanding_window_are_refused() {
         let t = SendTrack::new(16);
         t.record(0, 1, info(1, true));
-        t.set_pi(1);
+        t.set_wqe_db_pi(1);
         assert_eq!(t.retire(1), None);
         assert_eq!(t.retire(0xffff), None);
         assert_eq!(t.counters(), (0, 1));
@@ -255,11 +266,11 @@ mod tests {
         let t = SendTrack::new(16);
         // Start just below the 16-bit wrap.
         let base = 0xfffe_u32;
-        t.ci.store(base, Ordering::Relaxed);
+        t.wqe_ci.store(base, Ordering::Relaxed);
         t.record(base, 1, info(1, false));
         t.record(base + 1, 2, info(1, false));
         t.record(base + 2, 3, info(1, true));
-        t.set_pi(base + 3);
+        t.set_wqe_db_pi(base + 3);
         assert_eq!(t.retire(0).unwrap().wr_id, 3);
         assert_eq!(t.counters().0, base + 3);
     }
@@ -269,7 +280,7 @@ mod tests {
         let t = RecvTrack::new(4);
         t.record(0, 10);
         t.record(1, 11);
-        t.set_pi(2);
+        t.set_rwqe_pi(2);
         assert_eq!(t.retire(), Some(10));
         assert_eq!(t.retire(), Some(11));
         assert_eq!(t.retire(), None);
