@@ -5,7 +5,7 @@
 //! by the failover anyway, and doing them in place keeps their order with the ring work
 //! around them (`docs/failover.md`, the pmd side).
 
-use hw_defs::mlx5::{DataSeg, SendOpcode};
+use hw_defs::mlx5::{DataSeg, SendOpcode, SEND_WQE_BB};
 
 use crate::datapath::cq::{send_wc_opcode, ErrorMark};
 use crate::datapath::sq::rewrite_keys;
@@ -651,7 +651,7 @@ impl ResilientQp {
                 break;
             }
             let w = list[i];
-            bytes.resize(usize::from(w.info.bbs.max(1)) * 64, 0);
+            bytes.resize(usize::from(w.info.bbs.max(1)) * SEND_WQE_BB, 0);
             let len = self.default.send_queue().copy_wqe(w.counter, &mut bytes);
             // The peer's rkey, mapped first (a lookup may ask the store); a WRITE without data
             // names no memory and needs no mapping.
@@ -1082,13 +1082,15 @@ fn rewrite_recv_keys(bytes: &mut [u8], map: impl Fn(u32) -> Option<u32>) -> Resu
 /// The rkey of a raw send WQE that has a remote-address segment, and whether the WQE names
 /// remote memory (it carries data, or is an atomic): a zero-length WRITE does not.
 fn wqe_rkey(wqe: &[u8]) -> Option<(u32, bool)> {
-    use hw_defs::mlx5::{wqe, CtrlSeg, RaddrSeg};
+    use hw_defs::mlx5::{ctrl_seg, raddr_seg, wqe, CtrlSeg, RaddrSeg};
     let ctrl = CtrlSeg::new_checked(wqe).ok()?;
     let opcode = ctrl.opcode();
     if !opcode.has_raddr_seg() {
         return None;
     }
-    let raddr = RaddrSeg::new_checked(wqe.get(16..32)?).ok()?;
+    // The remote-address segment follows the control segment.
+    let raddr = wqe.get(ctrl_seg::SIZE..ctrl_seg::SIZE + raddr_seg::SIZE)?;
+    let raddr = RaddrSeg::new_checked(raddr).ok()?;
     let names_memory = opcode.has_atomic_seg() || usize::from(ctrl.ds()) > wqe::header_ds(opcode);
     Some((raddr.rkey(), names_memory))
 }
