@@ -434,15 +434,16 @@ impl World {
     /// resulting events cause, until the machine is quiet.
     fn feed(&mut self, model: &FailoverModel, host: usize, event: Event) {
         let mut events = VecDeque::from([event]);
-        let mut actions = Vec::with_capacity(MAX_ACTIONS_PER_EVENT);
         while let Some(event) = events.pop_front() {
-            actions.clear();
             let now = Timestamp::from_nanos(self.now);
-            self.hosts[host].machine.handle(event, now, &mut actions);
+            let actions = self.hosts[host].machine.handle(event, now);
+            // What the machine observed is for the driver's log: the model has none, and
+            // leaving it queued would split equal states.
+            while self.hosts[host].machine.poll_observation().is_some() {}
             if actions.len() > MAX_ACTIONS_PER_EVENT {
                 self.violate(TOO_MANY_ACTIONS);
             }
-            for action in actions.drain(..) {
+            for action in actions {
                 self.perform(model, host, action, &mut events);
             }
         }

@@ -4,14 +4,16 @@ use super::action::{Action, FailReason, Route};
 use super::config::{Config, Epoch, Role};
 use super::event::{Event, Path, Progress};
 use super::message::ControlMessage;
+use super::observation::{Observation, Observations, RoundTrigger};
 use super::status::{ErrorClass, WcStatus};
 use super::time::Timestamp;
 
 /// The SHIFT failover machine of one end of a resilient connection.
 ///
-/// Sans-IO: [`Failover::handle`] takes an event and the time and appends the actions the
-/// driver must perform; it reads no clock, makes no system call and allocates nothing (the
-/// caller's action buffer never needs more than [`MAX_ACTIONS_PER_EVENT`] slots). The driver
+/// Sans-IO: [`Failover::handle`] takes an event and the time and returns the actions the
+/// driver must perform, in an inline [`Actions`] of [`MAX_ACTIONS_PER_EVENT`] slots; it reads
+/// no clock, makes no system call and allocates nothing. What it observed on the way (a round
+/// started, a switch-back started) waits for [`Failover::poll_observation`]. The driver
 /// calls it only on events (an error completion, a link change, a control message, a timer);
 /// while both directions run on the default QP it is never called per WQE, and the routes
 /// ([`Failover::send_route`], [`Failover::recv_route`]) do not change.
@@ -41,10 +43,17 @@ pub struct Failover {
     /// Stale receive WQEs left at the head of the backup RQ by the last receive switch-back.
     stale_backup_recvs: u64,
     failed: Option<FailReason>,
+    /// What happened that the driver has not taken yet ([`Failover::poll_observation`]).
+    observations: Observations,
 }
 
-/// The most actions one call of [`Failover::handle`] appends.
+/// The most actions one call of [`Failover::handle`] returns.
 pub const MAX_ACTIONS_PER_EVENT: usize = 4;
+
+/// The actions of one event, in order: inline, never more than [`MAX_ACTIONS_PER_EVENT`]
+/// (the failover tests and the model checker check it), so handling an event allocates
+/// nothing.
+pub type Actions = smallvec::SmallVec<[Action; MAX_ACTIONS_PER_EVENT]>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum SendState {
@@ -202,16 +211,31 @@ impl Failover {
             backup_usable: true,
             stale_backup_recvs: 0,
             failed: None,
+            observations: Observations::new(),
         }
     }
 
-    /// Handles one event at time `now`, appending at most [`MAX_ACTIONS_PER_EVENT`] actions
-    /// to `out`. A failed end ignores every event.
-    pub fn handle(&mut self, event: Event, now: Timestamp, out: &mut Vec<Action>) {
-        use ControlMessage as Msg;
-        if self.failed.is_some() {
-            return;
+    /// Handles one event at time `now` and returns the actions the driver must perform, in
+    /// order (at most [`MAX_ACTIONS_PER_EVENT`]). A failed end ignores every event.
+    pub fn handle(&mut self, event: Event, now: Timestamp) -> Actions {
+        let mut out = Actions::new();
+        if self.failed.is_none() {
+            self.dispatch(event, now, &mut out);
         }
+        out
+    }
+
+    /// What the machine observed since the last call, oldest first; `None` when there is
+    /// nothing more. The driver takes them after every [`Failover::handle`].
+    pub fn poll_observation(&mut self) -> Option<Observation> {
+        if self.observations.is_empty() {
+            return None;
+        }
+        Some(self.observations.remove(0))
+    }
+
+    fn dispatch(&mut self, event: Event, now: Timestamp, out: &mut Actions) {
+        use ControlMessage as Msg;
         match event {
             // State 1 -> 2: the default path failed, here or at the peer.
             Event::ErrorCompletion {
@@ -389,26 +413,30 @@ impl Failover {
 
     // ---- State 1 -> 2: failing over -------------------------------------------------------
 
-    fn default_failed(&mut self, status: WcStatus, now: Timestamp, out: &mut Vec<Action>) {
+    fn default_failed(&mut self, status: WcStatus, now: Timestamp, out: &mut Actions) {
         match ErrorClass::of(status) {
             ErrorClass::Refusal => self.fail(FailReason::Refused { status }, out),
             // Probe failures arrive as ProbeCompleted; anything else on a dead QP is a
             // leftover flush.
-            ErrorClass::Path | ErrorClass::Flush if self.default_is_live() => {
-                self.start_round(self.epoch, None, now, out)
-            }
+            ErrorClass::Path | ErrorClass::Flush if self.default_is_live() => self.start_round(
+                self.epoch,
+                None,
+                RoundTrigger::ErrorCompletion(status),
+                now,
+                out,
+            ),
             ErrorClass::Path | ErrorClass::Flush => {}
         }
     }
 
-    fn default_link_down(&mut self, now: Timestamp, out: &mut Vec<Action>) {
+    fn default_link_down(&mut self, now: Timestamp, out: &mut Actions) {
         self.default_link = Link {
             up: false,
             since: now,
         };
         match self.default_qp {
             DefaultQp::Live { .. } if self.config.link_watch => {
-                self.start_round(self.epoch, None, now, out)
+                self.start_round(self.epoch, None, RoundTrigger::LinkDown, now, out)
             }
             DefaultQp::Rearming { .. } => {
                 out.push(Action::MoveQpToErr {
@@ -427,7 +455,7 @@ impl Failover {
         epoch: Epoch,
         peer: PeerFailover,
         now: Timestamp,
-        out: &mut Vec<Action>,
+        out: &mut Actions,
     ) {
         match self.send {
             SendState::FailingOver(round) if round.epoch == epoch && round.peer.is_none() => {
@@ -450,7 +478,7 @@ impl Failover {
             _ if epoch > self.epoch || (self.default_is_live() && epoch != self.epoch) => {
                 self.protocol_violation("Failover for an epoch this end is not in", out)
             }
-            _ => self.start_round(epoch, Some(peer), now, out),
+            _ => self.start_round(epoch, Some(peer), RoundTrigger::Peer, now, out),
         }
     }
 
@@ -458,13 +486,18 @@ impl Failover {
         &mut self,
         epoch: Epoch,
         peer: Option<PeerFailover>,
+        trigger: RoundTrigger,
         now: Timestamp,
-        out: &mut Vec<Action>,
+        out: &mut Actions,
     ) {
         if !self.backup_link.up || !self.backup_usable {
             tracing::warn!(%epoch, "failover: default path failed and the backup path is down");
             return self.fail(FailReason::BackupUnavailable, out);
         }
+        self.observations.push(Observation::RoundStarted {
+            epoch: self.epoch,
+            trigger,
+        });
         tracing::info!(%epoch, started_by_peer = peer.is_some(), "failover: default path failed, failing over");
         let deadline = now + self.config.handshake_timeout;
         self.send = SendState::FailingOver(Round {
@@ -492,7 +525,7 @@ impl Failover {
         progress: Progress,
         first_error: Option<WcStatus>,
         atomic: bool,
-        out: &mut Vec<Action>,
+        out: &mut Actions,
     ) {
         let SendState::FailingOver(round) = self.send else {
             return;
@@ -529,7 +562,7 @@ impl Failover {
         }
     }
 
-    fn finish_round(&mut self, peer: PeerFailover, drained: Progress, out: &mut Vec<Action>) {
+    fn finish_round(&mut self, peer: PeerFailover, drained: Progress, out: &mut Actions) {
         if peer.recvs_completed > drained.sends_posted {
             return self.protocol_violation("peer consumed more sends than were posted", out);
         }
@@ -551,7 +584,7 @@ impl Failover {
 
     /// The backup path failed; `qp_in_error`: a backup or control QP is in ERR for good (a
     /// link that went down may come back, a QP in ERR cannot without the peer).
-    fn backup_failed(&mut self, status: WcStatus, qp_in_error: bool, out: &mut Vec<Action>) {
+    fn backup_failed(&mut self, status: WcStatus, qp_in_error: bool, out: &mut Actions) {
         if qp_in_error {
             self.backup_usable = false;
         }
@@ -575,7 +608,7 @@ impl Failover {
 
     // ---- State 2: rearm the default pair and probe it ------------------------------------
 
-    fn tick(&mut self, now: Timestamp, out: &mut Vec<Action>) {
+    fn tick(&mut self, now: Timestamp, out: &mut Actions) {
         match self.send {
             SendState::FailingOver(round) if now >= round.deadline => {
                 return self.fail(FailReason::HandshakeTimeout, out)
@@ -634,7 +667,7 @@ impl Failover {
 
     /// Leader: the follower refused `epoch` and is ready now; try again without waiting out
     /// the backoff (the hold-down at this end still applies).
-    fn follower_ready(&mut self, epoch: Epoch, now: Timestamp, out: &mut Vec<Action>) {
+    fn follower_ready(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
         if self.config.role == Role::Follower {
             return self.protocol_violation("RearmReady to a follower", out);
         }
@@ -660,7 +693,7 @@ impl Failover {
         allowed.then(|| backoff_until.max(self.default_link.since + self.config.holddown))
     }
 
-    fn start_rearm(&mut self, now: Timestamp, out: &mut Vec<Action>) {
+    fn start_rearm(&mut self, now: Timestamp, out: &mut Actions) {
         // Our QP leaves the old epoch (RESET) before the follower hears of the new one.
         self.epoch = self.epoch.next();
         tracing::debug!(epoch = %self.epoch, "failover: rearm attempt");
@@ -682,7 +715,7 @@ impl Failover {
     }
 
     /// Follower: the leader's QP has left every epoch before `epoch`.
-    fn rearm_requested(&mut self, epoch: Epoch, now: Timestamp, out: &mut Vec<Action>) {
+    fn rearm_requested(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
         if self.config.role == Role::Leader || epoch <= self.epoch {
             return self.protocol_violation("Rearm to a leader or for an old epoch", out);
         }
@@ -718,7 +751,7 @@ impl Failover {
     }
 
     /// Follower: cannot take part in `epoch` now. Its QP leaves whatever epoch it was in.
-    fn refuse_epoch(&mut self, epoch: Epoch, now: Timestamp, out: &mut Vec<Action>) {
+    fn refuse_epoch(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
         if matches!(
             self.default_qp,
             DefaultQp::Live { .. } | DefaultQp::BringingUp
@@ -734,7 +767,7 @@ impl Failover {
         }));
     }
 
-    fn default_qp_up(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Vec<Action>) {
+    fn default_qp_up(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Actions) {
         if epoch != self.epoch {
             return;
         }
@@ -773,7 +806,7 @@ impl Failover {
     }
 
     /// Leader: the follower's QP is in RTS in `epoch` (it has left every earlier epoch).
-    fn rearm_done(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Vec<Action>) {
+    fn rearm_done(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Actions) {
         if self.config.role == Role::Follower {
             return self.protocol_violation("RearmDone to a follower", out);
         }
@@ -797,7 +830,7 @@ impl Failover {
         }
     }
 
-    fn probe_completed(&mut self, ok: bool, now: Timestamp, out: &mut Vec<Action>) {
+    fn probe_completed(&mut self, ok: bool, now: Timestamp, out: &mut Actions) {
         let DefaultQp::Rearming {
             step: RearmStep::Probing,
             ..
@@ -818,7 +851,7 @@ impl Failover {
     }
 
     /// Follower: the leader's probe went through in `epoch`.
-    fn path_up(&mut self, epoch: Epoch, out: &mut Vec<Action>) {
+    fn path_up(&mut self, epoch: Epoch, out: &mut Actions) {
         if self.config.role == Role::Leader {
             return self.protocol_violation("PathUp to a leader", out);
         }
@@ -832,6 +865,8 @@ impl Failover {
     fn default_path_confirmed(&mut self) {
         if self.send == SendState::Fallback {
             self.send = SendState::WaitSignaled;
+            self.observations
+                .push(Observation::SwitchBackStarted { epoch: self.epoch });
         }
     }
 
@@ -849,7 +884,7 @@ impl Failover {
 
     /// Everything posted on the backup QP has executed at the peer: tell it how many
     /// two-sided sends to expect there, and wait for its receive queue to follow.
-    fn fence_completed(&mut self, now: Timestamp, out: &mut Vec<Action>) {
+    fn fence_completed(&mut self, now: Timestamp, out: &mut Actions) {
         if let SendState::WaitDrained {
             sends_before,
             notified: None,
@@ -873,7 +908,7 @@ impl Failover {
         epoch: Epoch,
         sends_before: u64,
         now: Timestamp,
-        out: &mut Vec<Action>,
+        out: &mut Actions,
     ) {
         let current = epoch == self.epoch
             && self.default_qp == (DefaultQp::Live { confirmed: true })
@@ -894,7 +929,7 @@ impl Failover {
         }
     }
 
-    fn backup_drained(&mut self, progress: Progress, now: Timestamp, out: &mut Vec<Action>) {
+    fn backup_drained(&mut self, progress: Progress, now: Timestamp, out: &mut Actions) {
         let RecvState::SwitchingBack { sends_before, .. } = self.recv else {
             return;
         };
@@ -924,7 +959,7 @@ impl Failover {
     }
 
     /// State 4 -> 1: the peer's receive WQEs are on its default QP; ring what was withheld.
-    fn peer_recvs_ready(&mut self, epoch: Epoch, out: &mut Vec<Action>) {
+    fn peer_recvs_ready(&mut self, epoch: Epoch, out: &mut Actions) {
         if let SendState::WaitDrained {
             notified: Some(_), ..
         } = self.send
@@ -939,12 +974,12 @@ impl Failover {
 
     // ---- Giving up ------------------------------------------------------------------------
 
-    fn protocol_violation(&mut self, what: &'static str, out: &mut Vec<Action>) {
+    fn protocol_violation(&mut self, what: &'static str, out: &mut Actions) {
         tracing::error!(what, epoch = %self.epoch, "failover: protocol violation");
         self.fail(FailReason::ProtocolViolation, out)
     }
 
-    fn fail(&mut self, reason: FailReason, out: &mut Vec<Action>) {
+    fn fail(&mut self, reason: FailReason, out: &mut Actions) {
         tracing::error!(%reason, epoch = %self.epoch, "failover: connection failed");
         self.failed = Some(reason);
         out.push(Action::SurfaceError {

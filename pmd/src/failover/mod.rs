@@ -20,6 +20,7 @@ mod config;
 mod event;
 mod machine;
 mod message;
+mod observation;
 mod status;
 mod time;
 
@@ -29,7 +30,8 @@ mod tests;
 pub use action::{Action, FailReason, Lane, Route};
 pub use config::{Config, Epoch, Role, EPOCH_PSN_STRIDE};
 pub use event::{Event, Path, Progress};
-pub use machine::{DefaultQpPhase, Failover, RecvPhase, SendPhase, MAX_ACTIONS_PER_EVENT};
+pub use machine::{Actions, DefaultQpPhase, Failover, RecvPhase, SendPhase, MAX_ACTIONS_PER_EVENT};
 pub use message::{ControlMessage, ControlPacket, ControlRepr, MessageError, CONTROL_MESSAGE_LEN};
+pub use observation::{Observation, RoundTrigger};
 pub use status::{ErrorClass, WcStatus};
 pub use time::Timestamp;

@@ -13,13 +13,12 @@ fn end(role: Role) -> Failover {
 }
 
 fn step(machine: &mut Failover, event: Event, now: Timestamp) -> Vec<Action> {
-    let mut out = Vec::new();
-    machine.handle(event, now, &mut out);
+    let out = machine.handle(event, now);
     assert!(
         out.len() <= MAX_ACTIONS_PER_EVENT,
         "{event:?} produced {out:?}"
     );
-    out
+    out.to_vec()
 }
 
 fn progress(sends_posted: u64, recvs_posted: u64, recvs_completed: u64) -> Progress {
@@ -1308,5 +1307,77 @@ fn datapath_actions_and_control_actions_are_told_apart() {
     assert_eq!(
         Action::BringUpDefaultQp { epoch: Epoch(1) }.lane(),
         Lane::Control
+    );
+}
+
+// ---- What the machine observed --------------------------------------------------------------
+
+fn observed(machine: &mut Failover) -> Vec<Observation> {
+    std::iter::from_fn(|| machine.poll_observation()).collect()
+}
+
+#[test]
+fn a_round_started_by_an_error_completion_is_observed_with_its_status() {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, retry_exhausted(), at(10));
+    assert_eq!(
+        observed(&mut machine),
+        [Observation::RoundStarted {
+            epoch: Epoch(0),
+            trigger: RoundTrigger::ErrorCompletion(WcStatus::RetryExcErr),
+        }]
+    );
+    // Taken once: the drain that follows starts nothing new.
+    step(&mut machine, drained(progress(4, 4, 2)), at(10));
+    assert_eq!(observed(&mut machine), []);
+}
+
+#[test]
+fn rounds_started_by_link_down_and_by_the_peer_are_observed_as_such() {
+    let mut machine = end(Role::Follower);
+    let link_down = Event::LinkDown {
+        path: Path::Default,
+    };
+    step(&mut machine, link_down, at(10));
+    assert!(matches!(
+        observed(&mut machine)[..],
+        [Observation::RoundStarted {
+            trigger: RoundTrigger::LinkDown,
+            ..
+        }]
+    ));
+    let mut machine = end(Role::Follower);
+    step(&mut machine, peer_failover(0, 0, 0), at(10));
+    assert!(matches!(
+        observed(&mut machine)[..],
+        [Observation::RoundStarted {
+            trigger: RoundTrigger::Peer,
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_round_that_cannot_start_is_not_observed() {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    let actions = step(&mut machine, retry_exhausted(), at(10));
+    assert!(surfaced(&actions).is_some());
+    assert_eq!(observed(&mut machine), []);
+}
+
+#[test]
+fn the_switch_back_is_observed_when_the_probe_confirms_the_path() {
+    let mut machine = failed_over(Role::Leader);
+    observed(&mut machine);
+    let due = machine.poll_timeout().unwrap();
+    step(&mut machine, Event::Tick, due);
+    step(&mut machine, rearm_done(1, true), due);
+    step(&mut machine, qp_up(1, true), due);
+    assert_eq!(observed(&mut machine), []);
+    step(&mut machine, Event::ProbeCompleted { ok: true }, due);
+    assert_eq!(
+        observed(&mut machine),
+        [Observation::SwitchBackStarted { epoch: Epoch(1) }]
     );
 }

@@ -4,6 +4,12 @@
 //! including the control verbs (moving a QP to ERR, bringing it up): the datapath is stalled
 //! by the failover anyway, and doing them in place keeps their order with the ring work
 //! around them (`docs/failover.md`, the pmd side).
+//!
+//! One event loop: `run` gathers events from their sources (mail, timers, the two CQs, the
+//! end of a drain) into one queue, and `process_events` is the only place that hands them to
+//! the machine. Everything that produces an event, a source or an action, only queues it
+//! (`enqueue`): an action never calls the machine, so no call of the machine is nested in
+//! another, and handling an event allocates nothing.
 
 use hw_defs::mlx5::{DataSeg, SendOpcode, SEND_WQE_BB};
 
@@ -11,8 +17,8 @@ use crate::datapath::cq::{send_wc_opcode, ErrorMark};
 use crate::datapath::sq::rewrite_keys;
 use crate::datapath::wr::{Remote, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::failover::{
-    Action, ControlMessage, Epoch, Event, FailReason, Failover, Path, Progress, Role, SendPhase,
-    Timestamp,
+    Action, Epoch, Event, FailReason, Failover, Observation, Path, Progress, Role, RoundTrigger,
+    SendPhase, Timestamp,
 };
 use crate::qp_state::QpState;
 use crate::verbs::QpAttr;
@@ -27,6 +33,31 @@ use super::stats::{Cause, EventKind, FailoverEvent, EVENT_LOG_CAPACITY};
 /// that finds nothing ends it sooner).
 const MAX_ROUNDS: usize = 64;
 
+/// Where [`ResilientQp::run`] gathers events from, in the order one round visits them.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    /// The service lcore's mail: control messages, link changes, protection.
+    Mail,
+    /// The machine's timer.
+    Timer,
+    /// The backup CQ.
+    BackupCq,
+    /// The default CQ.
+    DefaultCq,
+    /// The end of a drain of the default QP.
+    Drain,
+}
+
+impl Source {
+    const ROUND: [Source; 5] = [
+        Source::Mail,
+        Source::Timer,
+        Source::BackupCq,
+        Source::DefaultCq,
+        Source::Drain,
+    ];
+}
+
 fn path_index(path: Path) -> usize {
     match path {
         Path::Default => 0,
@@ -37,19 +68,34 @@ fn path_index(path: Path) -> usize {
 impl ResilientQp {
     /// Everything failover-related that is due: mail, timers, completions of both QPs (into
     /// the WC buffer), a drain in progress, a fence. Then publishes what the service lcore
-    /// needs to know.
+    /// needs to know. The event loop: each source's events are handled, with every event
+    /// their actions cause, before the next source is looked at.
     pub(super) fn run(&mut self) {
+        // Events a poll queued before calling here (an error completion it found) come first.
+        self.process_events();
         for _ in 0..MAX_ROUNDS {
-            let mut moved = self.take_mail();
-            moved |= self.tick();
-            moved |= self.collect(Path::Backup);
-            moved |= self.collect(Path::Default);
-            moved |= self.check_drain();
+            let mut moved = false;
+            for source in Source::ROUND {
+                moved |= self.gather(source);
+                self.process_events();
+            }
             if !moved {
                 break;
             }
         }
         self.publish();
+    }
+
+    /// Queues what `source` has for the machine; returns whether it had anything (completions
+    /// for the application count).
+    fn gather(&mut self, source: Source) -> bool {
+        match source {
+            Source::Mail => self.take_mail(),
+            Source::Timer => self.tick(),
+            Source::BackupCq => self.collect(Path::Backup),
+            Source::DefaultCq => self.collect(Path::Default),
+            Source::Drain => self.check_drain(),
+        }
     }
 
     fn publish(&self) {
@@ -121,11 +167,10 @@ impl ResilientQp {
         let any = !mail.is_empty();
         while let Some(m) = mail.pop_front() {
             match m {
-                Mail::Event(e) if self.slow.machine.is_some() => {
+                Mail::Event(e) => {
                     tracing::debug!(qp = %self.shared.name, event = ?e, "failover: mail");
-                    self.feed(e)
+                    self.enqueue(e)
                 }
-                Mail::Event(e) => self.slow.early.push(e),
                 Mail::Protected(parts) => self.install(*parts),
                 Mail::SetupFailed(e) => self.slow.setup_error = Some(e),
             }
@@ -167,7 +212,7 @@ impl ResilientQp {
         tracing::info!(qp = %self.shared.name, ?role, "failover: armed");
         let early = std::mem::take(&mut self.slow.early);
         for e in early {
-            self.feed(e);
+            self.enqueue(e);
         }
     }
 
@@ -178,7 +223,7 @@ impl ResilientQp {
         let now = self.slow.clock.now();
         match machine.poll_timeout() {
             Some(due) if now >= due && self.slow.failed.is_none() => {
-                self.feed(Event::Tick);
+                self.enqueue(Event::Tick);
                 true
             }
             _ => false,
@@ -187,46 +232,54 @@ impl ResilientQp {
 
     // ---- the machine ----------------------------------------------------------------------
 
-    /// Hands `event` to the machine and performs the actions, and the actions the events they
-    /// cause bring, until the machine is quiet.
-    pub(super) fn feed(&mut self, event: Event) {
-        self.slow.events.push_back(event);
-        self.process_events();
+    /// The one way events enter: queued for `process_events` (kept aside
+    /// until the QP is protected, and replayed then).
+    pub(super) fn enqueue(&mut self, event: Event) {
+        if self.slow.machine.is_some() {
+            self.slow.events.push_back(event);
+        } else {
+            self.slow.early.push(event);
+        }
     }
 
-    /// Hands every queued event to the machine, in order, performing the actions.
+    /// Hands every queued event to the machine, in order, and performs its actions (which may
+    /// queue more events, handled here too), until the queue is empty. Called only from the
+    /// top of `run`: never from an action.
     fn process_events(&mut self) {
         while let Some(event) = self.slow.events.pop_front() {
             let Some(machine) = self.slow.machine.as_mut() else {
                 return;
             };
             let now = self.slow.clock.now();
-            let before = machine.send_phase();
-            let mut actions = std::mem::take(&mut self.slow.actions);
-            actions.clear();
-            machine.handle(event, now, &mut actions);
-            let after = machine.send_phase();
-            let epoch = machine.epoch();
-            if after == SendPhase::FailingOver && before != SendPhase::FailingOver {
-                self.round_started(event, now, epoch);
+            let actions = machine.handle(event, now);
+            while let Some(observed) = self
+                .slow
+                .machine
+                .as_mut()
+                .and_then(|m| m.poll_observation())
+            {
+                self.observe(observed, now);
             }
-            if after == SendPhase::WaitSignaled && before != SendPhase::WaitSignaled {
-                self.slow.switch_started = Some(now);
-            }
-            for action in actions.drain(..) {
+            for action in actions {
                 self.perform(action, now);
             }
-            self.slow.actions = actions;
             self.maybe_fence();
         }
     }
 
-    fn round_started(&mut self, event: Event, now: Timestamp, epoch: Epoch) {
-        let cause = match event {
-            Event::ErrorCompletion { status, .. } => Cause::of_status(status),
-            Event::LinkDown { .. } => Cause::LinkDown,
-            Event::Control(ControlMessage::Failover { .. }) => Cause::PeerFailover,
-            _ => Cause::Flushed,
+    /// What the machine observed, into the log.
+    fn observe(&mut self, observed: Observation, now: Timestamp) {
+        match observed {
+            Observation::RoundStarted { epoch, trigger } => self.round_started(trigger, now, epoch),
+            Observation::SwitchBackStarted { .. } => self.slow.switch_started = Some(now),
+        }
+    }
+
+    fn round_started(&mut self, trigger: RoundTrigger, now: Timestamp, epoch: Epoch) {
+        let cause = match trigger {
+            RoundTrigger::ErrorCompletion(status) => Cause::of_status(status),
+            RoundTrigger::LinkDown => Cause::LinkDown,
+            RoundTrigger::Peer => Cause::PeerFailover,
         };
         tracing::info!(qp = %self.shared.name, device = %self.slow.default_device, cause = cause.as_str(), epoch = epoch.0, "failover: round started");
         self.slow.round = Some(RoundRecord {
@@ -257,22 +310,20 @@ impl ResilientQp {
                         false
                     }
                 };
-                self.slow.events.push_back(Event::DefaultQpUp { epoch, ok });
+                self.enqueue(Event::DefaultQpUp { epoch, ok });
             }
             Action::PostProbe => self.post_probe(),
             Action::SendControl(message) => {
                 let Some(b) = &self.slow.backup else { return };
                 if let Err(e) = b.control.send(message) {
                     tracing::warn!(qp = %self.shared.name, error = %e, ?message, "failover: control message not sent");
-                    self.slow.events.push_back(Event::ControlSendFailed);
+                    self.enqueue(Event::ControlSendFailed);
                 }
             }
             Action::DrainBackup => {
                 self.collect(Path::Backup);
                 let progress = self.progress_now();
-                self.slow
-                    .events
-                    .push_back(Event::BackupDrained { progress });
+                self.enqueue(Event::BackupDrained { progress });
             }
             Action::MoveRecvsToDefault { consumed_through } => {
                 self.move_recvs_to_default(consumed_through)
@@ -287,7 +338,7 @@ impl ResilientQp {
 
     // ---- collecting completions --------------------------------------------------------------
 
-    /// Polls `path`'s CQ into the WC buffer, feeding the machine what it needs to know.
+    /// Polls `path`'s CQ into the WC buffer, queuing the events the machine needs to know.
     /// Returns whether anything was polled.
     fn collect(&mut self, path: Path) -> bool {
         if self.slow.failed.is_some() {
@@ -311,14 +362,12 @@ impl ResilientQp {
             }
             any = true;
             self.take_batch(path, &scratch[..n]);
-            if self.slow.failed.is_some() {
-                break;
-            }
         }
         any
     }
 
-    /// Handles one batch of completions polled from `path`'s CQ, in order.
+    /// Takes one batch of completions polled from `path`'s CQ, in order: the application's
+    /// into the WC buffer, the failover's own swallowed, events queued.
     pub(super) fn take_batch(&mut self, path: Path, wcs: &[WorkCompletion]) {
         let mark = match path {
             Path::Default => self.default_cq.poller().take_error_mark(),
@@ -351,11 +400,9 @@ impl ResilientQp {
             self.slow.fence = None;
             self.prune_burns();
             if wcs[k].is_ok() {
-                self.slow.events.push_back(Event::FenceCompleted);
+                self.enqueue(Event::FenceCompleted);
             }
         }
-        // Only now: an action may poll this CQ again, and must find this batch handled.
-        self.process_events();
     }
 
     fn on_success(&mut self, path: Path, mut wc: WorkCompletion) {
@@ -364,9 +411,7 @@ impl ResilientQp {
             Path::Default => {
                 if !recv && self.slow.probe.is_some() {
                     self.slow.probe = None;
-                    self.slow
-                        .events
-                        .push_back(Event::ProbeCompleted { ok: true });
+                    self.enqueue(Event::ProbeCompleted { ok: true });
                     return;
                 }
             }
@@ -428,9 +473,7 @@ impl ResilientQp {
         let recv = is_recv(&wc);
         if path == Path::Default && !recv && self.slow.probe.is_some() {
             self.slow.probe = None;
-            self.slow
-                .events
-                .push_back(Event::ProbeCompleted { ok: false });
+            self.enqueue(Event::ProbeCompleted { ok: false });
             return;
         }
         if self.slow.machine.is_none() {
@@ -457,7 +500,7 @@ impl ResilientQp {
         if !e.reported {
             e.reported = true;
             tracing::debug!(qp = %self.shared.name, ?path, status = ?wc.status, wr_id = wc.wr_id, "failover: first error completion");
-            self.slow.events.push_back(Event::ErrorCompletion {
+            self.enqueue(Event::ErrorCompletion {
                 path,
                 status: wc.status,
             });
@@ -497,7 +540,7 @@ impl ResilientQp {
         });
         let progress = self.progress_now();
         tracing::debug!(qp = %self.shared.name, ?progress, send_start, recv_start, "failover: default QP drained");
-        self.feed(Event::DefaultDrained {
+        self.enqueue(Event::DefaultDrained {
             progress,
             first_error: e.first_error,
             atomic_in_flight,
@@ -567,7 +610,7 @@ impl ResilientQp {
     fn cannot_copy(&mut self, status: WcStatus, why: &str) {
         tracing::error!(qp = %self.shared.name, why, "failover: a WQE cannot be moved to the backup QP");
         self.slow.errored[1].reported = true;
-        self.slow.events.push_back(Event::ErrorCompletion {
+        self.enqueue(Event::ErrorCompletion {
             path: Path::Backup,
             status,
         });
@@ -834,9 +877,7 @@ impl ResilientQp {
             }
             Err(e) => {
                 tracing::debug!(qp = %self.shared.name, error = %e, "failover: probe not posted");
-                self.slow
-                    .events
-                    .push_back(Event::ProbeCompleted { ok: false });
+                self.enqueue(Event::ProbeCompleted { ok: false });
             }
         }
     }
@@ -858,9 +899,7 @@ impl ResilientQp {
                 b.qp.ring_doorbell();
                 self.slow.fence = Some(b.qp.send_queue().written());
                 let progress = self.progress_now();
-                self.slow
-                    .events
-                    .push_back(Event::SignaledPosted { progress });
+                self.enqueue(Event::SignaledPosted { progress });
             }
             Err(e) => {
                 tracing::warn!(qp = %self.shared.name, error = %e, "failover: switch-back fence not posted; retrying later");
@@ -908,7 +947,7 @@ impl ResilientQp {
             // The default QP is live: a receive that cannot go back fails the connection
             // the way a local error of the default QP would.
             tracing::error!(qp = %self.shared.name, why, "failover: a receive cannot be moved back");
-            self.slow.events.push_back(Event::ErrorCompletion {
+            self.enqueue(Event::ErrorCompletion {
                 path: Path::Default,
                 status: WcStatus::LocQpOpErr,
             });

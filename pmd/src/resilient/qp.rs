@@ -22,7 +22,7 @@ use crate::datapath::sq::OutstandingWqe;
 use crate::datapath::wr::{
     Payload, PostError, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
 };
-use crate::failover::{Action, Event, FailReason, Failover, Route, SendPhase, Timestamp};
+use crate::failover::{Event, FailReason, Failover, Route, SendPhase, Timestamp};
 use crate::qp_state::QpState;
 use crate::verbs::QpCaps;
 
@@ -135,7 +135,6 @@ pub(super) struct Slow {
     pub default_device: String,
     pub backup: Option<Backup>,
     pub machine: Option<Failover>,
-    pub actions: Vec<Action>,
     pub events: VecDeque<Event>,
     pub mail: VecDeque<Mail>,
     /// Events that came before protection, replayed after it.
@@ -244,7 +243,6 @@ impl ResilientQp {
             default_qpn: default.qpn(),
             backup: None,
             machine: None,
-            actions: Vec::with_capacity(crate::failover::MAX_ACTIONS_PER_EVENT),
             events: VecDeque::new(),
             mail: VecDeque::new(),
             early: Vec::new(),
