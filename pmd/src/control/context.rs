@@ -1,10 +1,10 @@
 //! The device context: one opened NIC, its provider, its key table and its memory pool.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::keys::KeyTable;
-use crate::memory::{HugepagePolicy, MemoryPool};
+use crate::memory::{Block, HugepagePolicy, MemoryPool};
 use crate::name::{DeviceName, NameError};
 use crate::provider::{CqRequest, DeviceStep, PortEvent, ProgressModel, Provider, VerbsError};
 use crate::verbs::{DeviceAttr, Gid, PortAttr};
@@ -47,6 +47,8 @@ pub enum OpenError {
 #[derive(Debug, Default)]
 pub struct ControlStats {
     destroy_failures: AtomicU64,
+    quarantined_blocks: AtomicU64,
+    quarantined_bytes: AtomicU64,
 }
 
 impl ControlStats {
@@ -54,11 +56,27 @@ impl ControlStats {
     pub fn destroy_failures(&self) -> u64 {
         self.destroy_failures.load(Ordering::Relaxed)
     }
+
+    /// Registered buffers whose deregistration the device refused: their memory is held
+    /// until the device closes, never handed out again.
+    pub fn quarantined_blocks(&self) -> u64 {
+        self.quarantined_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of those buffers.
+    pub fn quarantined_bytes(&self) -> u64 {
+        self.quarantined_bytes.load(Ordering::Relaxed)
+    }
 }
 
 /// One opened device. Everything created from it holds it by `Arc`.
 pub struct Context {
+    // Field order matters: the device closes (and can reach no memory) before the quarantined
+    // blocks go back to the pool.
     provider: Box<dyn Provider>,
+    /// Memory a failed deregistration left registered: the device may still read or write
+    /// it, so it is not reused while the device is open (fail closed).
+    quarantine: Mutex<Vec<Block>>,
     device: Arc<str>,
     keys: Arc<KeyTable>,
     memory: MemoryPool,
@@ -93,6 +111,7 @@ impl Context {
         tracing::info!(device = %device, "device opened");
         Arc::new(Context {
             provider,
+            quarantine: Mutex::new(Vec::new()),
             device,
             keys: Arc::new(KeyTable::new(config.key_table_slots)),
             memory,
@@ -185,6 +204,27 @@ impl Context {
     /// Creates a CQ of at least `entries` CQEs, with completion events if `events`.
     pub fn create_cq(self: &Arc<Self>, entries: u32, events: bool) -> Result<Cq, VerbsError> {
         Cq::create(self, &CqRequest { entries, events })
+    }
+
+    /// Keeps `block` out of the pool until the device closes: a deregistration of the memory
+    /// failed, so the device may still reach it.
+    pub(crate) fn quarantine(&self, block: Block) {
+        self.stats
+            .quarantined_blocks
+            .fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .quarantined_bytes
+            .fetch_add(block.len() as u64, Ordering::Relaxed);
+        tracing::error!(
+            device = %self.device,
+            addr = block.as_ptr() as usize,
+            len = block.len(),
+            "memory quarantined until the device closes: its deregistration failed"
+        );
+        self.quarantine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(block);
     }
 
     /// Logs and counts a failed release; used by every Drop of the control objects.

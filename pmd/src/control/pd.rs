@@ -1,5 +1,6 @@
 //! Protection domains, memory regions and registered buffers.
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::datapath::wr::{Remote, Sge};
@@ -45,9 +46,12 @@ impl Pd {
     /// Registers `len` bytes at `addr`.
     ///
     /// # Safety
-    /// The range must stay mapped until the returned [`Mr`] is dropped, and the caller must
-    /// not rely on exclusive access to it while work requests that name it are outstanding:
-    /// the device reads and writes it as those requests say, as with `ibv_reg_mr`.
+    /// The range must stay mapped until the returned [`Mr`] is deregistered, and the caller
+    /// must not rely on exclusive access to it while work requests that name it are
+    /// outstanding: the device reads and writes it as those requests say, as with
+    /// `ibv_reg_mr`. A deregistration the device refuses ([`Mr::deregister`] returns the
+    /// error; a drop logs and counts it) leaves the range registered: it must then stay
+    /// mapped as long as the device is open.
     pub unsafe fn register(
         self: &Arc<Self>,
         addr: *mut u8,
@@ -55,7 +59,28 @@ impl Pd {
         access: Access,
     ) -> Result<Mr, VerbsError> {
         // SAFETY: forwarded from this function's contract.
-        let raw = unsafe { self.ctx.provider().reg_mr(self.handle, addr, len, access)? };
+        unsafe { self.register_or_say_if_still_registered(addr, len, access) }
+            .map_err(|failure| failure.error)
+    }
+
+    /// [`Pd::register`], and on failure whether the device still holds the range (a key
+    /// table without room, then a deregistration the device refused).
+    ///
+    /// # Safety
+    /// As [`Pd::register`].
+    unsafe fn register_or_say_if_still_registered(
+        self: &Arc<Self>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, RegisterFailure> {
+        // SAFETY: forwarded from this function's contract.
+        let raw = unsafe { self.ctx.provider().reg_mr(self.handle, addr, len, access) }.map_err(
+            |error| RegisterFailure {
+                error,
+                still_registered: false,
+            },
+        )?;
         let entry = MrEntry {
             lkey: raw.lkey,
             rkey: raw.rkey,
@@ -65,18 +90,23 @@ impl Pd {
             pd: self.id,
         };
         if let Err(e) = self.ctx.keys().insert(entry) {
-            self.ctx
-                .released("dereg_mr", self.ctx.provider().dereg_mr(raw.handle));
-            return Err(VerbsError::OutOfResources {
-                device: self.ctx.name().to_string(),
-                verb: "reg_mr",
-                what: e.to_string(),
+            let dereg = self.ctx.provider().dereg_mr(raw.handle);
+            let still_registered = dereg.is_err();
+            self.ctx.released("dereg_mr", dereg);
+            return Err(RegisterFailure {
+                error: VerbsError::OutOfResources {
+                    device: self.ctx.name().to_string(),
+                    verb: "reg_mr",
+                    what: e.to_string(),
+                },
+                still_registered,
             });
         }
         Ok(Mr {
             pd: self.clone(),
             raw,
             entry,
+            registered: true,
         })
     }
 
@@ -96,11 +126,30 @@ impl Pd {
                     verb: "alloc_buffer",
                     what: e.to_string(),
                 })?;
-        // SAFETY: the block is ours, stays mapped until the RegisteredBuffer (which owns it)
-        // drops, and the buffer drops its MR before its block.
-        let mr = unsafe { self.register(block.as_ptr(), len.max(1), access)? };
-        Ok(RegisteredBuffer { mr, block })
+        // SAFETY: the block is ours and stays mapped until the RegisteredBuffer (which owns
+        // it) drops; the buffer deregisters its MR first, and quarantines the block if that
+        // fails. A failure here quarantines it too.
+        match unsafe {
+            self.register_or_say_if_still_registered(block.as_ptr(), len.max(1), access)
+        } {
+            Ok(mr) => Ok(RegisteredBuffer {
+                mr,
+                block: ManuallyDrop::new(block),
+            }),
+            Err(failure) => {
+                if failure.still_registered {
+                    self.ctx.quarantine(block);
+                }
+                Err(failure.error)
+            }
+        }
     }
+}
+
+/// A registration that failed, and whether the device may still reach the memory.
+struct RegisterFailure {
+    error: VerbsError,
+    still_registered: bool,
 }
 
 impl Drop for Pd {
@@ -110,13 +159,16 @@ impl Drop for Pd {
     }
 }
 
-/// A registered memory region. Deregistered on drop: its key leaves the key table first, so
-/// posts naming it fail at once, then the device forgets it.
+/// A registered memory region. Deregistered on drop (or by [`Mr::deregister`], which says
+/// whether the device agreed): its key leaves the key table first, so posts naming it fail
+/// at once, then the device forgets it.
 #[derive(Debug)]
 pub struct Mr {
     pd: Arc<Pd>,
     raw: RawMr,
     entry: MrEntry,
+    /// Until the first deregistration attempt (one attempt only: a refused one is final).
+    registered: bool,
 }
 
 impl Mr {
@@ -169,20 +221,53 @@ impl Mr {
     }
 }
 
-impl Drop for Mr {
-    fn drop(&mut self) {
+impl Mr {
+    /// Deregisters the region now. An error means the device refused: it may still read
+    /// and write the memory, which must then stay mapped while the device is open (the
+    /// refusal is also logged and counted in [`super::ControlStats::destroy_failures`]).
+    pub fn deregister(mut self) -> Result<(), VerbsError> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), VerbsError> {
+        if !std::mem::replace(&mut self.registered, false) {
+            return Ok(());
+        }
         let ctx = self.pd.context();
         ctx.keys().remove(self.raw.lkey);
-        ctx.released("dereg_mr", ctx.provider().dereg_mr(self.raw.handle));
+        let result = ctx.provider().dereg_mr(self.raw.handle);
+        ctx.released("dereg_mr", result.clone());
+        result
     }
 }
 
-/// Pool memory registered as one MR: what applications post from and into.
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // Logged and counted by `release`; a drop has no one to tell.
+        let _ = self.release();
+    }
+}
+
+/// Pool memory registered as one MR: what applications post from and into. Dropping it
+/// deregisters the MR, then returns the memory to the pool, or, if the device refused the
+/// deregistration, quarantines it until the device closes (fail closed: memory the device
+/// may still reach is never handed out again).
 #[derive(Debug)]
 pub struct RegisteredBuffer {
-    // Field order matters: the MR is deregistered before the block returns to the pool.
     mr: Mr,
-    block: Block,
+    /// Taken only in `drop`, after the MR's deregistration.
+    block: ManuallyDrop<Block>,
+}
+
+impl Drop for RegisteredBuffer {
+    fn drop(&mut self) {
+        let refused = self.mr.release().is_err();
+        // SAFETY: the block is taken once, here, and `self` is not used after.
+        let block = unsafe { ManuallyDrop::take(&mut self.block) };
+        if refused {
+            self.mr.pd.context().quarantine(block);
+        }
+    }
 }
 
 impl RegisteredBuffer {

@@ -125,6 +125,66 @@ fn a_device_that_refuses_to_destroy_is_logged_and_counted_not_a_panic() {
 }
 
 #[test]
+fn a_buffer_whose_dereg_the_device_refuses_is_never_handed_out_again() {
+    let r = rig();
+    let addr = r.buf.addr();
+    let again = r.pd.alloc_buffer(8192, Access::ALL).unwrap();
+    let next = again.addr();
+    // The pool hands freed memory out again (first fit): that is what must not happen to
+    // memory the device may still write.
+    drop(again);
+    assert_eq!(r.pd.alloc_buffer(8192, Access::ALL).unwrap().addr(), next);
+    r.fake
+        .fail_destroy
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let Rig {
+        ctx, pd, fake, buf, ..
+    } = r;
+    drop(buf);
+    fake.fail_destroy
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    let bufs: Vec<_> = (0..4)
+        .map(|_| pd.alloc_buffer(8192, Access::ALL).unwrap())
+        .collect();
+    for b in &bufs {
+        let (start, end) = (b.addr(), b.addr() + b.len() as u64);
+        assert!(
+            end <= addr || start >= addr + 8192,
+            "{start:#x}..{end:#x} reuses the quarantined {addr:#x}"
+        );
+    }
+    assert_eq!(ctx.stats().quarantined_blocks(), 1);
+    assert_eq!(ctx.stats().quarantined_bytes(), 8192);
+}
+
+#[test]
+fn an_explicit_deregister_says_whether_the_device_agreed() {
+    let r = rig();
+    // SAFETY: the buffer outlives both MRs (the refused one stays registered with the fake
+    // device, which never touches memory).
+    let (ok, refused) = unsafe {
+        (
+            r.pd.register(r.buf.as_ptr(), 64, Access::LOCAL_WRITE)
+                .unwrap(),
+            r.pd.register(r.buf.as_ptr(), 64, Access::LOCAL_WRITE)
+                .unwrap(),
+        )
+    };
+    let refused_lkey = refused.lkey();
+    assert!(ok.deregister().is_ok());
+    r.fake
+        .fail_destroy
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(refused.deregister().is_err());
+    r.fake
+        .fail_destroy
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(r.ctx.stats().destroy_failures(), 1);
+    // Its key is gone from the table all the same: nothing posts with it.
+    assert!(r.ctx.keys().get(refused_lkey).is_none());
+}
+
+#[test]
 fn qp_brings_up_through_the_table_and_saves_its_attributes() {
     let r = rig();
     assert_eq!(r.qp.state(), QpState::Rts);
