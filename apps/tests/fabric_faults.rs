@@ -17,6 +17,22 @@ struct Fabric {
     fabric: softnic::Fabric,
 }
 
+impl Fabric {
+    /// Waits until the fabric has delivered `packets` in all, or a minute has passed (a pair
+    /// that stopped early stops the traffic; its own assertions then say why). Returns
+    /// whether the count was reached.
+    fn wait_for_packets(&self, packets: u64) -> bool {
+        let t0 = Instant::now();
+        while self.fabric.stats().delivered < packets {
+            if t0.elapsed() > Duration::from_secs(60) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+}
+
 impl Drop for Fabric {
     fn drop(&mut self) {
         unregister_fabric(&self.name);
@@ -102,10 +118,7 @@ fn run_pair(
     let client = start(tool, cargs);
     // `during` counts from the first traffic, not from the spawn: `-D` starts after setup,
     // and on a slow machine setup could swallow a failure meant for mid-run.
-    let t0 = Instant::now();
-    while f.fabric.stats().delivered < TRAFFIC_FLOWS && t0.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let _ = f.wait_for_packets(TRAFFIC_FLOWS);
     during();
     let c = client.join().expect("client thread");
     let s = server.join().expect("server thread");
@@ -213,15 +226,33 @@ fn atomic_bw_refuses_to_fail_over_with_an_atomic_in_flight_and_executes_nothing_
     );
 }
 
+/// Fabric packets one 64 KiB allreduce iteration of two ranks moves at least: each rank
+/// sends two 32 KiB chunks (8 packets each at the fabric's 4096-byte MTU) and two
+/// notifications and two credit WRITEs per iteration, not counting ACKs.
+const ALLREDUCE_PACKETS_PER_ITER: u64 = 2 * (2 * 8 + 2 + 2);
+
 #[test]
 fn allreduce_keeps_every_result_correct_through_a_failover() {
+    // The run is counted in iterations and the failure follows the traffic (packets
+    // delivered), not the clock: a loaded machine that runs the ring slowly still sees the
+    // link fail mid-run, and a fast one cannot finish before it does.
+    const ITERS: u64 = 300;
     let f = fabric();
-    let (c, s) = run_pair(&f, Tool::Allreduce, 4, &["-s", "65536", "-D", "3"], || {
-        std::thread::sleep(Duration::from_millis(700));
-        f.fabric.set_link(0, false);
-        std::thread::sleep(Duration::from_millis(800));
-        f.fabric.set_link(0, true);
-    });
+    let flows =
+        |iters: u64| -> u64 { f.fabric.stats().delivered + iters * ALLREDUCE_PACKETS_PER_ITER };
+    let (c, s) = run_pair(
+        &f,
+        Tool::Allreduce,
+        4,
+        &["-s", "65536", "-n", &ITERS.to_string()],
+        || {
+            let _ = f.wait_for_packets(flows(ITERS / 6));
+            f.fabric.set_link(0, false);
+            // Traffic flows again (on the backup ports) before the default comes back.
+            let _ = f.wait_for_packets(flows(ITERS / 6));
+            f.fabric.set_link(0, true);
+        },
+    );
     assert!(c.error.is_none(), "rank 1 stopped: {:?}", c.error);
     assert!(s.error.is_none(), "rank 0 stopped: {:?}", s.error);
     for r in [&c.report, &s.report] {
@@ -231,7 +262,8 @@ fn allreduce_keeps_every_result_correct_through_a_failover() {
         assert_eq!(check.notification_errors, 0);
         assert_eq!(check.bytes_checked, r.iterations * 65536);
     }
-    assert_eq!(c.report.iterations, s.report.iterations);
+    assert_eq!(c.report.iterations, ITERS);
+    assert_eq!(s.report.iterations, ITERS);
     assert!(c.report.timeline.iter().any(|t| t.state == "fallback"));
 }
 

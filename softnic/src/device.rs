@@ -65,7 +65,8 @@ pub struct DeviceConfig {
     pub wire: Wire,
     /// Who drives it.
     pub progress: ProgressMode,
-    /// Where time comes from.
+    /// Where time comes from. A real clock on a fabric wire is replaced by the fabric's
+    /// ([`crate::Fabric::clock`]): its devices share one time base.
     pub clock: Clock,
     /// Write every packet sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
@@ -181,7 +182,11 @@ impl std::fmt::Debug for Device {
 
 impl Device {
     /// Opens a device on its wire; in auto mode starts its engine thread.
-    pub fn open(cfg: DeviceConfig) -> Result<Device, DeviceError> {
+    pub fn open(mut cfg: DeviceConfig) -> Result<Device, DeviceError> {
+        if let (Wire::Fabric { fabric, .. }, Clock::Real(_)) = (&cfg.wire, &cfg.clock) {
+            // Arrival times on a fabric are compared across its devices: one time base.
+            cfg.clock = fabric.clock();
+        }
         let waker = Arc::new(Waker::new(cfg.progress != ProgressMode::Manual)?);
         let mut wire = match &cfg.wire {
             Wire::Udp { netdev, addr } => WireImpl::Udp(UdpWire::open(netdev, *addr)?),

@@ -8,11 +8,12 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::clock::Clock;
 use crate::waker::Waker;
 use crate::wire::{Batch, PortState};
 
@@ -162,6 +163,11 @@ struct FabricInner {
 #[derive(Clone)]
 pub struct Fabric {
     inner: Arc<Mutex<FabricInner>>,
+    /// The epoch of the fabric's real time base: packets are queued for "now + latency" on
+    /// the sender's clock and taken when due on the receiver's, so every device on one fabric
+    /// must count from the same instant (a device opened 30 ms after its peer would otherwise
+    /// see each packet due 30 ms late).
+    epoch: Instant,
 }
 
 impl std::fmt::Debug for Fabric {
@@ -185,7 +191,14 @@ impl Fabric {
                 seq: 0,
                 stats: FabricStats::default(),
             })),
+            epoch: Instant::now(),
         }
+    }
+
+    /// The fabric's real time base (its epoch is the fabric's creation): the clock every
+    /// device on this fabric reads unless a simulation gives them a virtual one.
+    pub fn clock(&self) -> Clock {
+        Clock::Real(self.epoch)
     }
 
     fn lock(&self) -> MutexGuard<'_, FabricInner> {
