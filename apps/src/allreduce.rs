@@ -29,8 +29,8 @@ use crate::cli::Options;
 use crate::endpoint::{agree_mtu, mtu_of, random_psn, Conn, Host, Memory};
 use crate::error::AppError;
 use crate::exchange::{self, Channel, ExchangeError, Hello, Msg, QpInfo, RingPlace};
+use crate::outcome::{base_report, RunOutcome};
 use crate::report::{self, CheckJson, FailoverJson, Report, ResultRow, Timeline, RULE};
-use crate::run::{base_report, RunOutcome};
 use crate::session::{device_options, params, Idle, Length, PEER_TIMEOUT};
 
 /// Staging slots per ring edge.

@@ -14,6 +14,7 @@
 //! | [`lat`] | latency tools, HdrHistogram, the `.hgrm` file |
 //! | [`pattern`] | the data patterns `--check` writes and verifies |
 //! | [`report`] | the JSON report (`docs/apps-json.md`), timeline, failover summary, tables |
+//! | [`outcome`] | what a run hands back; the report fields every tool fills |
 //! | [`run`] | parse, run, report, exit code |
 //! | [`error`] | what stops a tool, as one line |
 
@@ -24,6 +25,7 @@ pub mod endpoint;
 pub mod error;
 pub mod exchange;
 pub mod lat;
+pub mod outcome;
 pub mod pattern;
 pub mod report;
 pub mod run;

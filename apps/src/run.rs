@@ -10,14 +10,7 @@ use crate::report::{self, Report, Timeline, RULE};
 use crate::session::{self, Session};
 use std::process::ExitCode;
 
-/// How a run ended.
-#[derive(Debug)]
-pub struct RunOutcome {
-    /// The report (also written with `--json`).
-    pub report: Report,
-    /// The error that stopped it, if any.
-    pub error: Option<AppError>,
-}
+pub use crate::outcome::{base_report, RunOutcome};
 
 /// Runs `tool` with `args` (without the program name) as a binary does, returning its exit
 /// code. Tests call this from threads to run a pair inside one process.
@@ -100,22 +93,6 @@ fn report_start(r: &Report, s: &Session) -> f64 {
         .first()
         .map(|f| f.unix_ms - f.t_ms)
         .unwrap_or(s.start_unix_ms)
-}
-
-/// The report's fixed fields.
-pub fn base_report(o: &Options) -> Report {
-    Report {
-        tool: o.tool.name().to_owned(),
-        version: 1,
-        role: if o.is_server() { "server" } else { "client" }.to_owned(),
-        device: o.device.clone(),
-        backup_device: o.flags.backup_dev.clone(),
-        failover_enabled: o.failover_enabled(),
-        op: o.tool.op().to_owned(),
-        qps: o.flags.qps,
-        bidirectional: o.flags.bidirectional,
-        ..Report::default()
-    }
 }
 
 fn run_bandwidth(
