@@ -365,21 +365,15 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             return out;
         }
     }
-    // Bytes and iterations before the current size, for the timeline's running totals.
-    let (mut bytes_before, mut iters_before) = (0u64, 0u64);
+    let mut pace = Pace {
+        timeline,
+        idle: &mut idle,
+        before: Totals::default(),
+    };
     for &size in &o.sizes {
-        let (row, err) = run_size(
-            o,
-            s,
-            &mut t,
-            size,
-            timeline,
-            &mut idle,
-            bytes_before,
-            iters_before,
-        );
-        bytes_before += row.iterations * size as u64;
-        iters_before += row.iterations;
+        let (row, err) = run_size(o, s, &mut t, &mut pace, size);
+        pace.before.bytes += row.iterations * size as u64;
+        pace.before.iterations += row.iterations;
         out.rows.push(row);
         if let Some(e) = err {
             out.error = Some(e);
@@ -405,146 +399,216 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_size(
-    o: &Options,
-    s: &mut Session,
-    t: &mut Traffic,
+/// Bytes and iterations of the sizes already run, for the timeline's running totals.
+#[derive(Debug, Default, Clone, Copy)]
+struct Totals {
+    bytes: u64,
+    iterations: u64,
+}
+
+/// What the client loop keeps across sizes: the timeline, the idle policy, the totals so far.
+struct Pace<'a> {
+    timeline: &'a mut Timeline,
+    idle: &'a mut Idle,
+    before: Totals,
+}
+
+/// One size's window: iteration i goes to QP i % nq, as its (i / nq)-th; each QP signals
+/// every cq_mod of its own and has its own in-flight window, as perftest's QPs do.
+struct Window {
     size: usize,
-    timeline: &mut Timeline,
-    idle: &mut Idle,
-    bytes_before: u64,
-    iters_before: u64,
-) -> (ResultRow, Option<AppError>) {
-    let length = Length::of(o);
-    let layout = t.layout;
-    // Iteration i goes to QP i % nq, as its (i / nq)-th; each QP signals every cq_mod of its
-    // own and has its own in-flight window, as perftest's QPs do.
-    let nq = s.conns.len() as u64;
-    let start = Instant::now();
-    let mut wcs = [WorkCompletion::EMPTY; 32];
-    let mut posted = 0u64;
-    let mut qp_posted = vec![0u64; nq as usize];
-    let mut qp_done = vec![0u64; nq as usize];
-    let (mut completed, mut errors) = (0u64, 0u64);
-    let mut last_progress = start;
-    let mut stopping = false;
-    let mut error = None;
-    let mut now = start;
-    let mut rung = vec![false; nq as usize];
-    loop {
-        // Post what the queues, the credits and the run's length allow.
-        rung.fill(false);
-        while !stopping {
-            let q = (posted % nq) as usize;
-            if qp_posted[q] - qp_done[q] >= layout.in_flight {
+    length: Length,
+    nq: u64,
+    start: Instant,
+    now: Instant,
+    /// Iterations posted, over all QPs.
+    posted: u64,
+    /// Per QP: iterations posted and completed.
+    qp_posted: Vec<u64>,
+    qp_done: Vec<u64>,
+    /// Per QP: posted this round, so its doorbell is due.
+    rung: Vec<bool>,
+    completed: u64,
+    errors: u64,
+    last_progress: Instant,
+    /// The run's length is reached: post nothing more, wait for what is in flight.
+    stopping: bool,
+    error: Option<AppError>,
+}
+
+impl Window {
+    fn new(o: &Options, size: usize, nq: usize) -> Window {
+        let start = Instant::now();
+        Window {
+            size,
+            length: Length::of(o),
+            nq: nq as u64,
+            start,
+            now: start,
+            posted: 0,
+            qp_posted: vec![0; nq],
+            qp_done: vec![0; nq],
+            rung: vec![false; nq],
+            completed: 0,
+            errors: 0,
+            last_progress: start,
+            stopping: false,
+            error: None,
+        }
+    }
+
+    /// Posts what the queues, the credits and the run's length allow.
+    fn post(&mut self, s: &mut Session, t: &mut Traffic) {
+        let layout = t.layout;
+        self.rung.fill(false);
+        while !self.stopping {
+            let q = (self.posted % self.nq) as usize;
+            if self.qp_posted[q] - self.qp_done[q] >= layout.in_flight {
                 break;
             }
             // Every QP is at a signaled boundary here, so a run may stop.
-            let boundary = posted % (nq * layout.cq_mod) == 0;
-            if boundary && !length.wants(posted, start, now) {
-                stopping = true;
+            let boundary = self.posted % (self.nq * layout.cq_mod) == 0;
+            if boundary && !self.length.wants(self.posted, self.start, self.now) {
+                self.stopping = true;
                 break;
             }
-            if !t.may_post(s, posted) {
+            if !t.may_post(s, self.posted) {
                 break;
             }
-            let last = match length {
-                Length::Iters(n) => posted + nq >= n,
+            let last = match self.length {
+                Length::Iters(n) => self.posted + self.nq >= n,
                 Length::Duration(_) => false,
             };
-            let signal = (qp_posted[q] + 1) % layout.cq_mod == 0 || last;
-            if let Err(e) = t.post(s, q, posted, size, signal) {
-                error = Some(e);
+            let signal = (self.qp_posted[q] + 1) % layout.cq_mod == 0 || last;
+            if let Err(e) = t.post(s, q, self.posted, self.size, signal) {
+                self.error = Some(e);
                 break;
             }
-            posted += 1;
-            qp_posted[q] += 1;
-            rung[q] = true;
-            if matches!(length, Length::Iters(n) if posted == n) {
-                stopping = true;
+            self.posted += 1;
+            self.qp_posted[q] += 1;
+            self.rung[q] = true;
+            if matches!(self.length, Length::Iters(n) if self.posted == n) {
+                self.stopping = true;
             }
         }
-        for (q, r) in rung.iter().enumerate() {
+    }
+
+    /// Rings the doorbell of every QP posted to this round.
+    fn ring(&self, s: &mut Session) {
+        for (q, r) in self.rung.iter().enumerate() {
             if *r {
                 s.conns[q].ring();
             }
         }
-        if error.is_some() {
-            break;
-        }
+    }
+
+    /// Polls every QP once; returns how many completions came.
+    fn poll(
+        &mut self,
+        o: &Options,
+        s: &mut Session,
+        t: &mut Traffic,
+        wcs: &mut [WorkCompletion],
+    ) -> usize {
+        let nq = self.nq;
         let mut polled = 0;
-        for (q, qp_done) in qp_done.iter_mut().enumerate() {
-            let n = s.conns[q].poll(&mut wcs);
+        for q in 0..nq as usize {
+            let n = s.conns[q].poll(wcs);
             polled += n;
             for wc in &wcs[..n] {
                 if !wc.is_ok() {
-                    errors += 1;
-                    if error.is_none() {
-                        error = Some(completion_error(&s.conns[q], wc, o.tool.op()));
+                    self.errors += 1;
+                    if self.error.is_none() {
+                        self.error = Some(completion_error(&s.conns[q], wc, o.tool.op()));
                     }
                     continue;
                 }
                 if wc.opcode == WcOpcode::Recv || wc.opcode == WcOpcode::RecvRdmaWithImm {
                     if let Some(r) = t.receiver.as_mut() {
                         if let Err(e) = r.post(s, q) {
-                            error.get_or_insert(e);
+                            self.error.get_or_insert(e);
                         }
                     }
                     continue;
                 }
                 let done = wc.wr_id / nq + 1;
-                if done > *qp_done {
+                if done > self.qp_done[q] {
                     if nq == 1 {
-                        if let Err(e) = t.completed(s, size, *qp_done, done) {
-                            error.get_or_insert(e);
+                        if let Err(e) = t.completed(s, self.size, self.qp_done[q], done) {
+                            self.error.get_or_insert(e);
                         }
                     }
-                    completed += done - *qp_done;
-                    *qp_done = done;
-                    last_progress = now;
+                    self.completed += done - self.qp_done[q];
+                    self.qp_done[q] = done;
+                    self.last_progress = self.now;
                 }
             }
         }
-        now = Instant::now();
-        let failed = error.is_some();
-        timeline.tick(
-            now,
-            bytes_before + completed * size as u64,
-            iters_before + completed,
-            errors,
-            s.state(failed),
-        );
-        if failed || (stopping && completed == posted) {
-            break;
-        }
-        if polled == 0 && !rung.contains(&true) {
-            if now.duration_since(last_progress) > STALL {
-                error = Some(AppError::Stalled(STALL));
-                break;
-            }
-            idle.idle();
-        } else {
-            idle.busy();
+        polled
+    }
+
+    /// The size's result row.
+    fn row(&self, o: &Options, timeline: &Timeline) -> ResultRow {
+        let secs = self.now.duration_since(self.start).as_secs_f64().max(1e-9);
+        let bytes = self.completed * self.size as u64;
+        let avg = bytes as f64 * 8.0 / secs / 1e9;
+        ResultRow {
+            size: self.size,
+            iterations: self.completed,
+            bw_peak_gbps: timeline
+                .peak_gbps()
+                .filter(|_| o.sizes.len() == 1)
+                .unwrap_or(avg)
+                .max(avg),
+            bw_avg_gbps: avg,
+            msg_rate_mpps: self.completed as f64 / secs / 1e6,
+            duration_s: secs,
+            latency: None,
         }
     }
-    let secs = now.duration_since(start).as_secs_f64().max(1e-9);
-    let bytes = completed * size as u64;
-    let avg = bytes as f64 * 8.0 / secs / 1e9;
-    let row = ResultRow {
-        size,
-        iterations: completed,
-        bw_peak_gbps: timeline
-            .peak_gbps()
-            .filter(|_| o.sizes.len() == 1)
-            .unwrap_or(avg)
-            .max(avg),
-        bw_avg_gbps: avg,
-        msg_rate_mpps: completed as f64 / secs / 1e6,
-        duration_s: secs,
-        latency: None,
-    };
-    (row, error)
+}
+
+/// Runs one size: post, ring, poll, tick the timeline, until the length is reached and
+/// everything posted completed, or an error or a stall stops it.
+fn run_size(
+    o: &Options,
+    s: &mut Session,
+    t: &mut Traffic,
+    pace: &mut Pace<'_>,
+    size: usize,
+) -> (ResultRow, Option<AppError>) {
+    let mut w = Window::new(o, size, s.conns.len());
+    let mut wcs = [WorkCompletion::EMPTY; 32];
+    loop {
+        w.post(s, t);
+        w.ring(s);
+        if w.error.is_some() {
+            break;
+        }
+        let polled = w.poll(o, s, t, &mut wcs);
+        w.now = Instant::now();
+        let failed = w.error.is_some();
+        pace.timeline.tick(
+            w.now,
+            pace.before.bytes + w.completed * size as u64,
+            pace.before.iterations + w.completed,
+            w.errors,
+            s.state(failed),
+        );
+        if failed || (w.stopping && w.completed == w.posted) {
+            break;
+        }
+        if polled == 0 && !w.rung.contains(&true) {
+            if w.now.duration_since(w.last_progress) > STALL {
+                w.error = Some(AppError::Stalled(STALL));
+                break;
+            }
+            pace.idle.idle();
+        } else {
+            pace.idle.busy();
+        }
+    }
+    (w.row(o, pace.timeline), w.error)
 }
 
 /// `-b`: this side's traffic is done; tell the peer, and keep serving (reposting receives,
