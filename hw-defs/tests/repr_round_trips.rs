@@ -173,7 +173,8 @@ proptest! {
     #[test]
     fn cqes_round_trip(
         opcode in prop::sample::select(vec![
-            CqeOpcode::Req, CqeOpcode::RespWrImm, CqeOpcode::RespSend, CqeOpcode::RespSendImm]),
+            CqeOpcode::Req, CqeOpcode::RespWrImm, CqeOpcode::RespSend, CqeOpcode::RespSendImm,
+            CqeOpcode::RespSendInv]),
         wqe_counter: u16, byte_count: u32, imm: u32, qpn in 0u32..1 << 24, solicited: bool,
         timestamp: u64, owner: bool,
     ) {

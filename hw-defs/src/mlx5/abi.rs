@@ -156,6 +156,7 @@ pub fn constants() -> Vec<(&'static str, u64)> {
         ("MLX5_CQE_RESP_WR_IMM", cqe_opcode(C::RespWrImm)),
         ("MLX5_CQE_RESP_SEND", cqe_opcode(C::RespSend)),
         ("MLX5_CQE_RESP_SEND_IMM", cqe_opcode(C::RespSendImm)),
+        ("MLX5_CQE_RESP_SEND_INV", cqe_opcode(C::RespSendInv)),
         ("MLX5_CQE_REQ_ERR", cqe_opcode(C::ReqErr)),
         ("MLX5_CQE_RESP_ERR", cqe_opcode(C::RespErr)),
         ("MLX5_CQE_INVALID", cqe_opcode(C::Invalid)),

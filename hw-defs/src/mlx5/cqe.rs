@@ -57,6 +57,9 @@ enum_with_unknown! {
         RespSend = 2,
         /// `MLX5_CQE_RESP_SEND_IMM`: a SEND with immediate consumed a receive WQE.
         RespSendImm = 3,
+        /// `MLX5_CQE_RESP_SEND_INV`: a SEND with invalidate consumed a receive WQE (the
+        /// invalidated rkey is where an immediate would be).
+        RespSendInv = 4,
         /// `MLX5_CQE_REQ_ERR`: a send WQE completed in error (see [`super::err_cqe`]).
         ReqErr = 13,
         /// `MLX5_CQE_RESP_ERR`: a receive WQE completed in error.
@@ -79,6 +82,7 @@ impl CqeOpcode {
             CqeOpcode::RespWrImm
                 | CqeOpcode::RespSend
                 | CqeOpcode::RespSendImm
+                | CqeOpcode::RespSendInv
                 | CqeOpcode::RespErr
         )
     }
@@ -248,7 +252,11 @@ impl CqeRepr {
         let opcode = cqe.opcode();
         if !matches!(
             opcode,
-            CqeOpcode::Req | CqeOpcode::RespWrImm | CqeOpcode::RespSend | CqeOpcode::RespSendImm
+            CqeOpcode::Req
+                | CqeOpcode::RespWrImm
+                | CqeOpcode::RespSend
+                | CqeOpcode::RespSendImm
+                | CqeOpcode::RespSendInv
         ) {
             return Err(Error::BadField {
                 layout: "mlx5 CQE64",
