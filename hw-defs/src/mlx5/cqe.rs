@@ -41,10 +41,16 @@ pub(crate) mod field {
 pub const SIZE: usize = 64;
 /// Offset of the `op_own` byte, the one a device writes last.
 pub const OP_OWN_OFFSET: usize = field::OP_OWN;
+/// Offset of `sop_drop_qpn` (the completed WQE's opcode in a requester CQE, then the QPN),
+/// for a poller that reads the word whole.
+pub const SOP_DROP_QPN_OFFSET: usize = field::SOP_DROP_QPN.start;
+/// Offset of `wqe_counter` (big-endian), for a poller that reads it whole.
+pub const WQE_COUNTER_OFFSET: usize = field::WQE_COUNTER.start;
 /// `MLX5_CQE_OWNER_MASK`.
 pub const OWNER_MASK: u8 = 1;
 
-const QPN_MASK: u32 = 0x00ff_ffff;
+/// The QP number's 24 bits in `sop_drop_qpn`.
+pub const QPN_MASK: u32 = 0x00ff_ffff;
 
 enum_with_unknown! {
     /// A CQE opcode, the top nibble of `op_own` (`MLX5_CQE_*`).
