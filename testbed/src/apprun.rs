@@ -53,6 +53,10 @@ pub struct PairSpec {
     pub apps_dir: PathBuf,
     /// Arguments for both sides (size, duration, devices, ...).
     pub common_args: Vec<String>,
+    /// Arguments for the client only (after the common ones).
+    pub client_args: Vec<String>,
+    /// Arguments for the server only (after the common ones).
+    pub server_args: Vec<String>,
     /// Out-of-band TCP port.
     pub port: u16,
     /// Where the two JSON reports go.
@@ -68,6 +72,7 @@ pub struct RunningPair {
     server: Child,
     client: Child,
     started: Instant,
+    client_log: PathBuf,
     /// Path of the client's JSON report.
     pub client_json: PathBuf,
     /// Path of the server's JSON report.
@@ -151,6 +156,7 @@ pub fn start(info: &TestbedInfo, spec: &PairSpec) -> Result<RunningPair, AppRunE
     }
     let (a, b) = (info.host(Role::Initiator), info.host(Role::Responder));
     let mut server_args = spec.common_args.clone();
+    server_args.extend(spec.server_args.iter().cloned());
     server_args.extend([
         "-p".to_owned(),
         spec.port.to_string(),
@@ -166,7 +172,11 @@ pub fn start(info: &TestbedInfo, spec: &PairSpec) -> Result<RunningPair, AppRunE
             return Err(AppRunError::ServerNotListening {
                 port: spec.port,
                 waited: t0.elapsed(),
-                exit: format!(" (it exited with {status}; see {})", server_log.display()),
+                exit: format!(
+                    " (it exited with {status}{}; see {})",
+                    last_words(&server_log),
+                    server_log.display()
+                ),
             });
         }
         if t0.elapsed() > waited {
@@ -181,6 +191,7 @@ pub fn start(info: &TestbedInfo, spec: &PairSpec) -> Result<RunningPair, AppRunE
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut client_args = spec.common_args.clone();
+    client_args.extend(spec.client_args.iter().cloned());
     client_args.extend([
         "-p".to_owned(),
         spec.port.to_string(),
@@ -201,6 +212,7 @@ pub fn start(info: &TestbedInfo, spec: &PairSpec) -> Result<RunningPair, AppRunE
         server,
         client,
         started: Instant::now(),
+        client_log,
         client_json,
         server_json,
         client_timeout: spec.client_timeout,
@@ -213,12 +225,58 @@ impl RunningPair {
         matches!(self.client.try_wait(), Ok(Some(_)))
     }
 
+    /// Waits until the client's traffic has started, and returns when it started: the
+    /// client prints its first timeline sample (` [timeline]   100.0 ms ...`, `t_ms` since
+    /// its traffic started) once it is connected, so the start is that line's arrival
+    /// minus its `t_ms`. Setting up many QPs takes seconds; a schedule timed from the
+    /// process start would fail links before the traffic runs. Returns now when the
+    /// client exits first, or after `timeout` (with a warning: a client that prints no
+    /// timeline, `--timeline-ms 0`, is timed from then).
+    pub fn wait_for_traffic(&mut self, timeout: Duration) -> Instant {
+        let t0 = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&self.client_log).unwrap_or_default();
+            if let Some(t_ms) = first_timeline_ms(&text) {
+                let now = Instant::now();
+                return now
+                    .checked_sub(Duration::from_secs_f64(t_ms / 1e3))
+                    .unwrap_or(now);
+            }
+            if self.client_exited() {
+                return Instant::now();
+            }
+            if t0.elapsed() >= timeout {
+                tracing::warn!(
+                    log = %self.client_log.display(),
+                    waited = ?timeout,
+                    "the client printed no timeline sample; timing the schedule from now"
+                );
+                return Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Waits for both processes (killing what overstays) and reads their reports.
     pub fn finish(mut self) -> Result<PairOutcome, AppRunError> {
         let client_exit = wait_or_kill(&mut self.client, self.client_timeout, self.started);
         // The server exits when the client's connection closes; give it a moment.
         let _ = wait_or_kill(&mut self.server, Duration::from_secs(5), Instant::now());
-        let (client, client_raw) = read_report(&self.client_json)?;
+        let (client, client_raw) = read_report(&self.client_json).map_err(|e| match e {
+            // No report: say how the client ended and what it said last.
+            AppRunError::Report { path, detail } => AppRunError::Report {
+                path,
+                detail: format!(
+                    "{detail}; the client {}{} (see {})",
+                    client_exit.map_or("was killed after its timeout".to_owned(), |s| format!(
+                        "exited with {s}"
+                    )),
+                    last_words(&self.client_log),
+                    self.client_log.display()
+                ),
+            },
+            other => other,
+        })?;
         let (server, server_raw) = match read_report(&self.server_json) {
             Ok((r, raw)) => (Some(r), Some(raw)),
             Err(e) => {
@@ -234,6 +292,27 @@ impl RunningPair {
             client_exit,
         })
     }
+}
+
+/// `t_ms` of the first timeline line in an application's output.
+fn first_timeline_ms(output: &str) -> Option<f64> {
+    output.lines().find_map(|line| {
+        let rest = line.trim_start().strip_prefix("[timeline]")?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// The last line an application printed, as `: <line>`, for an error message.
+fn last_words(log: &Path) -> String {
+    std::fs::read_to_string(log)
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(|l| format!(": {}", l.trim()))
+        })
+        .unwrap_or_default()
 }
 
 fn wait_or_kill(child: &mut Child, timeout: Duration, since: Instant) -> Option<ExitStatus> {
@@ -260,4 +339,33 @@ pub fn read_report(path: &Path) -> Result<(AppReport, serde_json::Value), AppRun
     let raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
     let report: AppReport = serde_json::from_value(raw.clone()).map_err(|e| err(e.to_string()))?;
     Ok((report, raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_timeline_line_gives_the_traffic_start() {
+        let out = " Number of qps   : 1\n [timeline]     100.3 ms      2.100 Gb/s  0.004 Mpps  completions 40  errors   0  state default\n [timeline]     200.1 ms ...\n";
+        assert_eq!(first_timeline_ms(out), Some(100.3));
+        assert_eq!(first_timeline_ms(" Waiting for the client\n"), None);
+    }
+
+    #[test]
+    fn the_last_words_of_an_app_name_why_it_stopped() {
+        let path =
+            std::env::temp_dir().join(format!("railshift-lastwords-{}.log", std::process::id()));
+        std::fs::write(
+            &path,
+            "usage ...\nshift_write_bw: -q/--qp 256 is outside 1..=16\n\n",
+        )
+        .unwrap();
+        assert_eq!(
+            last_words(&path),
+            ": shift_write_bw: -q/--qp 256 is outside 1..=16"
+        );
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(last_words(&path), "");
+    }
 }

@@ -1,308 +1,42 @@
-//! Failure injection: `ip link set dev X down/up` on a host NIC or a switch port, at a given
-//! time, for a given duration, or on a flapping schedule, with every action logged.
-//!
-//! A plan is computed first (pure, seeded, printable) and then executed against the clock, so
-//! the same flags and seed always give the same schedule.
+//! Failure injection: runs a schedule's steps against the clock, each one an `ip link set
+//! dev X down/up` on a host NIC or a switch port (both hosts' NICs at once for `both-nic*`),
+//! or a command on an application's fault channel for a device that dies silently; every
+//! action is logged with the time it was issued.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use crate::faults::{self, FaultCommand};
 use crate::ip::ip_in;
+use crate::schedule::{LinkAction, Step};
+use crate::target::FailTarget;
 use crate::topology::{Role, TestbedInfo};
 
-/// What can be cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum FailTarget {
-    /// The initiator's (host A's) NIC on `rail`.
-    InitiatorNic {
-        /// The rail (0 is the default NIC).
-        rail: u8,
-    },
-    /// The responder's (host B's) NIC on `rail`.
-    ResponderNic {
-        /// The rail.
-        rail: u8,
-    },
-    /// The port of rail switch `rail` that faces `host`.
-    SwitchPort {
-        /// The rail.
-        rail: u8,
-        /// The host whose cable ends at that port.
-        host: Role,
-    },
-}
-
-impl FailTarget {
-    /// The three kinds the paper injects, on `rail`; the switch port is the initiator's.
-    pub fn all_kinds(rail: u8) -> [FailTarget; 3] {
-        [
-            FailTarget::InitiatorNic { rail },
-            FailTarget::ResponderNic { rail },
-            FailTarget::SwitchPort {
-                rail,
-                host: Role::Initiator,
-            },
-        ]
-    }
-
-    /// The namespace and interface that `ip link set` acts on.
-    pub fn interface(&self, info: &TestbedInfo) -> (String, String) {
-        match *self {
-            FailTarget::InitiatorNic { rail } | FailTarget::ResponderNic { rail } => {
-                let role = if matches!(self, FailTarget::InitiatorNic { .. }) {
-                    Role::Initiator
-                } else {
-                    Role::Responder
-                };
-                let host = info.host(role);
-                let nic = &host.nics[usize::from(rail)];
-                (host.netns.clone(), nic.name.clone())
-            }
-            FailTarget::SwitchPort { rail, host } => {
-                let nic = &info.host(host).nics[usize::from(rail)];
-                (nic.switch_netns.clone(), nic.switch_port.clone())
-            }
+/// The namespaces and interfaces `ip link set` acts on for `target`; for a dead device, the
+/// host's namespace and the device's name (the fault goes through the fault channel).
+pub fn interfaces(target: &FailTarget, info: &TestbedInfo) -> Vec<(String, String)> {
+    let nic = |role: Role, rail: u8| {
+        let host = info.host(role);
+        (
+            host.netns.clone(),
+            host.nics[usize::from(rail)].name.clone(),
+        )
+    };
+    match *target {
+        FailTarget::InitiatorNic { rail } => vec![nic(Role::Initiator, rail)],
+        FailTarget::ResponderNic { rail } => vec![nic(Role::Responder, rail)],
+        FailTarget::SwitchPort { rail, host } => {
+            let n = &info.host(host).nics[usize::from(rail)];
+            vec![(n.switch_netns.clone(), n.switch_port.clone())]
         }
-    }
-
-    fn rail(&self) -> u8 {
-        match *self {
-            FailTarget::InitiatorNic { rail }
-            | FailTarget::ResponderNic { rail }
-            | FailTarget::SwitchPort { rail, .. } => rail,
+        FailTarget::BothNics { rail } => {
+            vec![nic(Role::Initiator, rail), nic(Role::Responder, rail)]
         }
-    }
-}
-
-impl fmt::Display for FailTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FailTarget::InitiatorNic { rail } => write!(f, "initiator-nic{rail}"),
-            FailTarget::ResponderNic { rail } => write!(f, "responder-nic{rail}"),
-            FailTarget::SwitchPort { rail, host } => write!(f, "switch{rail}-port-{host}"),
+        FailTarget::DeviceDead { host, rail } => {
+            let h = info.host(host);
+            vec![(h.netns.clone(), h.nics[usize::from(rail)].device.clone())]
         }
-    }
-}
-
-/// The failure kinds as named on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailKind {
-    /// `initiator-nic`
-    InitiatorNic,
-    /// `responder-nic`
-    ResponderNic,
-    /// `switch-port`
-    SwitchPort,
-}
-
-impl FailKind {
-    /// The target of this kind on `rail` (switch ports: the initiator's port).
-    pub fn on_rail(self, rail: u8) -> FailTarget {
-        match self {
-            FailKind::InitiatorNic => FailTarget::InitiatorNic { rail },
-            FailKind::ResponderNic => FailTarget::ResponderNic { rail },
-            FailKind::SwitchPort => FailTarget::SwitchPort {
-                rail,
-                host: Role::Initiator,
-            },
-        }
-    }
-}
-
-impl FromStr for FailKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "initiator-nic" => Ok(FailKind::InitiatorNic),
-            "responder-nic" => Ok(FailKind::ResponderNic),
-            "switch-port" => Ok(FailKind::SwitchPort),
-            other => Err(format!(
-                "unknown failure target {other:?}: use initiator-nic, responder-nic or switch-port"
-            )),
-        }
-    }
-}
-
-/// Link direction of one step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LinkAction {
-    /// `ip link set dev X down`
-    Down,
-    /// `ip link set dev X up`
-    Up,
-}
-
-impl fmt::Display for LinkAction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            LinkAction::Down => "down",
-            LinkAction::Up => "up",
-        })
-    }
-}
-
-/// One planned step: at `at` after the start, set `target` `action`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Step {
-    /// Offset from the start of the plan.
-    #[serde(serialize_with = "ser_ms")]
-    pub at: Duration,
-    /// What to cut or restore.
-    pub target: FailTarget,
-    /// Down or up.
-    pub action: LinkAction,
-}
-
-fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64() * 1e3)
-}
-
-/// A failure schedule, before it is turned into steps.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Schedule {
-    /// Down at `at`; up again `duration` later, or never when `duration` is `None`.
-    Once {
-        /// The target.
-        target: FailTarget,
-        /// When it goes down.
-        at: Duration,
-        /// How long it stays down.
-        duration: Option<Duration>,
-    },
-    /// `count` down/up cycles starting at `start`, each down for a time drawn from `down`
-    /// and then up for a time drawn from `up` (inclusive ranges), from `seed`.
-    Flap {
-        /// The target.
-        target: FailTarget,
-        /// When the first down happens.
-        start: Duration,
-        /// Number of down/up cycles.
-        count: u32,
-        /// Range of down times.
-        down: (Duration, Duration),
-        /// Range of up times between cycles.
-        up: (Duration, Duration),
-        /// Seed of the draws.
-        seed: u64,
-    },
-    /// `count` failures, each of a random kind among `kinds` on `rail`, down for a time from
-    /// `down`, then up for a time from `up`; the soak test's schedule.
-    Random {
-        /// The kinds to draw from.
-        kinds: Vec<FailKind>,
-        /// The rail to fail.
-        rail: u8,
-        /// When the first failure happens.
-        start: Duration,
-        /// Number of failures.
-        count: u32,
-        /// Range of down times.
-        down: (Duration, Duration),
-        /// Range of up times between failures.
-        up: (Duration, Duration),
-        /// Seed of the draws.
-        seed: u64,
-    },
-}
-
-fn draw(rng: &mut ChaCha8Rng, (lo, hi): (Duration, Duration)) -> Duration {
-    if hi <= lo {
-        return lo;
-    }
-    let lo_us = lo.as_micros() as u64;
-    let hi_us = hi.as_micros() as u64;
-    Duration::from_micros(rng.random_range(lo_us..=hi_us))
-}
-
-impl Schedule {
-    /// The steps of this schedule, in time order.
-    pub fn steps(&self) -> Vec<Step> {
-        let mut steps = Vec::new();
-        match self {
-            Schedule::Once {
-                target,
-                at,
-                duration,
-            } => {
-                steps.push(Step {
-                    at: *at,
-                    target: *target,
-                    action: LinkAction::Down,
-                });
-                if let Some(d) = duration {
-                    steps.push(Step {
-                        at: *at + *d,
-                        target: *target,
-                        action: LinkAction::Up,
-                    });
-                }
-            }
-            Schedule::Flap {
-                target,
-                start,
-                count,
-                down,
-                up,
-                seed,
-            } => {
-                let mut rng = ChaCha8Rng::seed_from_u64(*seed);
-                let mut t = *start;
-                for _ in 0..*count {
-                    steps.push(Step {
-                        at: t,
-                        target: *target,
-                        action: LinkAction::Down,
-                    });
-                    t += draw(&mut rng, *down);
-                    steps.push(Step {
-                        at: t,
-                        target: *target,
-                        action: LinkAction::Up,
-                    });
-                    t += draw(&mut rng, *up);
-                }
-            }
-            Schedule::Random {
-                kinds,
-                rail,
-                start,
-                count,
-                down,
-                up,
-                seed,
-            } => {
-                let mut rng = ChaCha8Rng::seed_from_u64(*seed);
-                let mut t = *start;
-                for _ in 0..*count {
-                    if kinds.is_empty() {
-                        break;
-                    }
-                    let kind = kinds[rng.random_range(0..kinds.len())];
-                    let target = kind.on_rail(*rail);
-                    steps.push(Step {
-                        at: t,
-                        target,
-                        action: LinkAction::Down,
-                    });
-                    t += draw(&mut rng, *down);
-                    steps.push(Step {
-                        at: t,
-                        target,
-                        action: LinkAction::Up,
-                    });
-                    t += draw(&mut rng, *up);
-                }
-            }
-        }
-        steps.sort_by_key(|s| s.at);
-        steps
     }
 }
 
@@ -322,9 +56,9 @@ pub struct LogEntry {
     pub rail: u8,
     /// Down or up.
     pub action: LinkAction,
-    /// Namespace of the interface.
+    /// Namespace of the interface (several, comma-separated, for `both-nic*`).
     pub netns: String,
-    /// The interface.
+    /// The interface (for a dead device, the device's name).
     pub dev: String,
     /// The `ip` error, when the command failed.
     pub error: Option<String>,
@@ -335,6 +69,43 @@ pub struct LogEntry {
     pub issued_unix_ms: f64,
 }
 
+impl LogEntry {
+    /// The entry of `step` issued at `issued_unix_ms`, as if it ran then and succeeded.
+    pub fn planned(info: &TestbedInfo, step: &Step, issued_unix_ms: f64) -> LogEntry {
+        let links = interfaces(&step.target, info);
+        let join = |pick: fn(&(String, String)) -> &String| {
+            links
+                .iter()
+                .map(pick)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let planned_ms = step.at.as_secs_f64() * 1e3;
+        LogEntry {
+            t_ms: planned_ms,
+            unix_ms: issued_unix_ms,
+            planned_ms,
+            target: step.target.to_string(),
+            rail: step.target.rail(),
+            action: step.action,
+            netns: join(|l| &l.0),
+            dev: join(|l| &l.1),
+            error: None,
+            issued_unix_ms,
+        }
+    }
+}
+
+/// The steps a run did not get to (it stopped early), at their planned times: `start_unix_ms`
+/// is the Unix time of the schedule's start.
+pub fn not_reached(info: &TestbedInfo, steps: &[Step], start_unix_ms: f64) -> Vec<LogEntry> {
+    steps
+        .iter()
+        .map(|s| LogEntry::planned(info, s, start_unix_ms + s.at.as_secs_f64() * 1e3))
+        .collect()
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub fn unix_ms_now() -> f64 {
     SystemTime::now()
@@ -343,13 +114,125 @@ pub fn unix_ms_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Runs one step now.
+/// Runs one step now. The links of a target with several (`both-nic*`) change together:
+/// one `ip` process each, started at once.
 pub fn apply(info: &TestbedInfo, target: FailTarget, action: LinkAction) -> Result<(), String> {
-    let (ns, dev) = target.interface(info);
+    if let FailTarget::DeviceDead { host, .. } = target {
+        return match action {
+            LinkAction::Down => {
+                let device = interfaces(&target, info).remove(0).1;
+                let path = faults::channel_path(info, host);
+                faults::send(&path, &FaultCommand::DeviceDead { device }).map_err(|e| e.to_string())
+            }
+            LinkAction::Up => Err(format!(
+                "{target} does not come back: a dead device stays dead"
+            )),
+        };
+    }
     let verb = action.to_string();
-    ip_in(&ns, &["link", "set", "dev", &dev, &verb])
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    let set = |(ns, dev): &(String, String)| -> Result<(), String> {
+        ip_in(ns, &["link", "set", "dev", dev, &verb])
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let links = interfaces(&target, info);
+    let results: Vec<Result<(), String>> = match links.as_slice() {
+        [one] => vec![set(one)],
+        many => std::thread::scope(|scope| {
+            let handles: Vec<_> = many.iter().map(|l| scope.spawn(move || set(l))).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("the ip thread panicked".to_owned()))
+                })
+                .collect()
+        }),
+    };
+    let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// Puts every link of the testbed back up, whatever a schedule left down (dead devices die
+/// with their process).
+pub fn restore_all(info: &TestbedInfo) {
+    for rail in 0..info.hosts[0].nics.len() as u8 {
+        let targets = [
+            FailTarget::BothNics { rail },
+            FailTarget::SwitchPort {
+                rail,
+                host: Role::Initiator,
+            },
+            FailTarget::SwitchPort {
+                rail,
+                host: Role::Responder,
+            },
+        ];
+        for t in targets {
+            if let Err(e) = apply(info, t, LinkAction::Up) {
+                tracing::warn!(target = %t, error = %e, "could not restore link");
+            }
+        }
+    }
+}
+
+/// Forgets every neighbour (ARP) entry of the hosts, and with them the packets queued behind
+/// an unresolved one. A packet a dead process sent while a link was down waits there until
+/// the link returns; delivered then to the next run's QP of the same number, it is a stale
+/// request the new QP rightly refuses (seen: the next run's control QP in error with
+/// `QpAccessError`, its connection unprotected).
+pub fn forget_neighbours(info: &TestbedInfo) -> Result<(), String> {
+    for host in &info.hosts {
+        ip_in(&host.netns, &["neigh", "flush", "all"]).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Every rail link of the testbed (host NICs and switch ports), as (namespace, interface).
+fn rail_links(info: &TestbedInfo) -> Vec<(String, String)> {
+    let mut links = Vec::new();
+    for host in &info.hosts {
+        for nic in &host.nics {
+            links.push((host.netns.clone(), nic.name.clone()));
+            links.push((nic.switch_netns.clone(), nic.switch_port.clone()));
+        }
+    }
+    links
+}
+
+/// Whether `ip -o link` output says the link is operationally up.
+fn says_up(ip_output: &str) -> bool {
+    ip_output.contains(" state UP ")
+}
+
+/// Waits until every rail link reports its operational state up, at most `timeout`. After
+/// `ip link set up` a veth reports it up to a second later (the kernel's link watch batches
+/// carrier changes), and a softnic device opened meanwhile starts with its port down.
+pub fn wait_all_up(info: &TestbedInfo, timeout: Duration) -> Result<(), String> {
+    let t0 = Instant::now();
+    loop {
+        let down: Vec<String> = rail_links(info)
+            .into_iter()
+            .filter(|(ns, dev)| {
+                !ip_in(ns, &["-o", "link", "show", "dev", dev]).is_ok_and(|out| says_up(&out))
+            })
+            .map(|(ns, dev)| format!("{ns}/{dev}"))
+            .collect();
+        if down.is_empty() {
+            return Ok(());
+        }
+        if t0.elapsed() >= timeout {
+            return Err(format!(
+                "{} not operationally up after {timeout:?}",
+                down.join(", ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Executes `steps` against the clock from `start`, calling `log` after each; returns the log.
@@ -376,64 +259,14 @@ pub fn run(
         }
         let issued_unix_ms = unix_ms_now();
         let result = apply(info, step.target, step.action);
-        let (netns, dev) = step.target.interface(info);
-        let entry = LogEntry {
-            t_ms: start.elapsed().as_secs_f64() * 1e3,
-            unix_ms: unix_ms_now(),
-            planned_ms: step.at.as_secs_f64() * 1e3,
-            target: step.target.to_string(),
-            rail: step.target.rail(),
-            action: step.action,
-            netns,
-            dev,
-            error: result.err(),
-            issued_unix_ms,
-        };
+        let mut entry = LogEntry::planned(info, step, issued_unix_ms);
+        entry.t_ms = start.elapsed().as_secs_f64() * 1e3;
+        entry.unix_ms = unix_ms_now();
+        entry.error = result.err();
         log(&entry);
         entries.push(entry);
     }
     entries
-}
-
-/// Parses `2s`, `150ms`, `2.5s`, `300us`; a bare number is seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix("us") {
-        (n, 1e-6)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        (t, 1.0)
-    };
-    let value: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("bad duration {text:?}: use e.g. 2s, 150ms, 2.5s"))?;
-    if !value.is_finite() || value < 0.0 {
-        return Err(format!(
-            "bad duration {text:?}: must be a non-negative time"
-        ));
-    }
-    Ok(Duration::from_secs_f64(value * scale))
-}
-
-/// Parses a range `50ms..300ms` (or a single duration, meaning exactly that).
-pub fn parse_range(text: &str) -> Result<(Duration, Duration), String> {
-    match text.split_once("..") {
-        Some((lo, hi)) => {
-            let (lo, hi) = (parse_duration(lo)?, parse_duration(hi)?);
-            if hi < lo {
-                return Err(format!("bad range {text:?}: the end is before the start"));
-            }
-            Ok((lo, hi))
-        }
-        None => {
-            let d = parse_duration(text)?;
-            Ok((d, d))
-        }
-    }
 }
 
 #[cfg(test)]
@@ -441,128 +274,67 @@ mod tests {
     use super::*;
     use crate::topology::TopologySpec;
 
-    fn ms(v: u64) -> Duration {
-        Duration::from_millis(v)
-    }
-
-    #[test]
-    fn once_with_duration_goes_down_then_up() {
-        let target = FailTarget::InitiatorNic { rail: 0 };
-        let steps = Schedule::Once {
-            target,
-            at: ms(2000),
-            duration: Some(ms(2000)),
-        }
-        .steps();
-        assert_eq!(steps.len(), 2);
-        assert_eq!((steps[0].at, steps[0].action), (ms(2000), LinkAction::Down));
-        assert_eq!((steps[1].at, steps[1].action), (ms(4000), LinkAction::Up));
-    }
-
-    #[test]
-    fn flap_alternates_and_stays_within_its_ranges() {
-        let steps = Schedule::Flap {
-            target: FailTarget::ResponderNic { rail: 0 },
-            start: ms(100),
-            count: 20,
-            down: (ms(50), ms(300)),
-            up: (ms(100), ms(200)),
-            seed: 7,
-        }
-        .steps();
-        assert_eq!(steps.len(), 40);
-        for pair in steps.chunks(2) {
-            assert_eq!(pair[0].action, LinkAction::Down);
-            assert_eq!(pair[1].action, LinkAction::Up);
-            let down_for = pair[1].at - pair[0].at;
-            assert!((ms(50)..=ms(300)).contains(&down_for), "{down_for:?}");
-        }
-        for w in steps.windows(2) {
-            assert!(w[0].at <= w[1].at);
-        }
-    }
-
-    #[test]
-    fn the_same_seed_gives_the_same_schedule_and_another_seed_does_not() {
-        let make = |seed| {
-            Schedule::Random {
-                kinds: vec![
-                    FailKind::InitiatorNic,
-                    FailKind::ResponderNic,
-                    FailKind::SwitchPort,
-                ],
-                rail: 0,
-                start: ms(0),
-                count: 50,
-                down: (ms(10), ms(100)),
-                up: (ms(10), ms(100)),
-                seed,
-            }
-            .steps()
-        };
-        assert_eq!(make(1), make(1));
-        assert_ne!(make(1), make(2));
-    }
-
-    #[test]
-    fn random_schedule_uses_every_kind_it_is_given() {
-        let steps = Schedule::Random {
-            kinds: vec![
-                FailKind::InitiatorNic,
-                FailKind::ResponderNic,
-                FailKind::SwitchPort,
-            ],
-            rail: 0,
-            start: ms(0),
-            count: 60,
-            down: (ms(1), ms(2)),
-            up: (ms(1), ms(2)),
-            seed: 3,
-        }
-        .steps();
-        for kind in FailTarget::all_kinds(0) {
-            assert!(steps.iter().any(|s| s.target == kind), "{kind} never drawn");
-        }
-    }
-
     #[test]
     fn targets_map_to_the_right_namespace_and_interface() {
         let info = TestbedInfo::plan(&TopologySpec::default());
+        let one = |t: FailTarget| interfaces(&t, &info);
+        let pair = |ns: &str, dev: &str| (ns.to_owned(), dev.to_owned());
         assert_eq!(
-            FailTarget::InitiatorNic { rail: 0 }.interface(&info),
-            ("rs-a".to_owned(), "nic0".to_owned())
+            one(FailTarget::InitiatorNic { rail: 0 }),
+            vec![pair("rs-a", "nic0")]
         );
         assert_eq!(
-            FailTarget::ResponderNic { rail: 1 }.interface(&info),
-            ("rs-b".to_owned(), "nic1".to_owned())
+            one(FailTarget::ResponderNic { rail: 1 }),
+            vec![pair("rs-b", "nic1")]
         );
         assert_eq!(
-            FailTarget::SwitchPort {
-                rail: 0,
+            one(FailTarget::SwitchPort {
+                rail: 1,
                 host: Role::Initiator
-            }
-            .interface(&info),
-            ("rs-sw0".to_owned(), "pa".to_owned())
+            }),
+            vec![pair("rs-sw1", "pa")]
+        );
+        assert_eq!(
+            one(FailTarget::BothNics { rail: 0 }),
+            vec![pair("rs-a", "nic0"), pair("rs-b", "nic0")]
+        );
+        assert_eq!(
+            one(FailTarget::DeviceDead {
+                host: Role::Initiator,
+                rail: 0
+            }),
+            vec![pair("rs-a", "soft:nic0")]
         );
     }
 
     #[test]
-    fn durations_parse_with_units_and_reject_nonsense() {
-        assert_eq!(parse_duration("2s").unwrap(), ms(2000));
-        assert_eq!(parse_duration("150ms").unwrap(), ms(150));
-        assert_eq!(parse_duration("2.5").unwrap(), ms(2500));
-        assert_eq!(parse_duration("300us").unwrap(), Duration::from_micros(300));
-        assert!(parse_duration("fast").unwrap_err().contains("bad duration"));
-        assert!(parse_duration("-1s").is_err());
-        assert_eq!(parse_range("50ms..300ms").unwrap(), (ms(50), ms(300)));
-        assert!(parse_range("300ms..50ms")
-            .unwrap_err()
-            .contains("before the start"));
+    fn the_operational_state_is_read_from_ip_link() {
+        let up = "3: nic1@if3: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 qdisc noqueue state UP mode DEFAULT";
+        let lower_down = "3: nic1@if3: <NO-CARRIER,BROADCAST,MULTICAST,UP> mtu 9000 qdisc noqueue state LOWERLAYERDOWN mode DEFAULT";
+        let down =
+            "3: nic1@if3: <BROADCAST,MULTICAST> mtu 9000 qdisc noqueue state DOWN mode DEFAULT";
+        assert!(says_up(up));
+        assert!(!says_up(lower_down));
+        assert!(!says_up(down));
     }
 
     #[test]
-    fn unknown_kind_names_the_choices() {
-        let err = "nic".parse::<FailKind>().unwrap_err();
-        assert!(err.contains("initiator-nic"));
+    fn every_rail_link_is_waited_for() {
+        let info = TestbedInfo::plan(&TopologySpec::default());
+        let links = rail_links(&info);
+        assert_eq!(links.len(), 8);
+        assert!(links.contains(&("rs-sw1".to_owned(), "pb".to_owned())));
+        assert!(links.contains(&("rs-b".to_owned(), "nic1".to_owned())));
+    }
+
+    #[test]
+    fn a_dead_device_refuses_to_come_back() {
+        let info = TestbedInfo::plan(&TopologySpec::default());
+        let dead = FailTarget::DeviceDead {
+            host: Role::Responder,
+            rail: 0,
+        };
+        let err = apply(&info, dead, LinkAction::Up).unwrap_err();
+        assert!(err.contains("stays dead"), "{err}");
     }
 }

@@ -4,9 +4,15 @@
 //!
 //! - [`topology`]: build and remove the namespaces, veths and bridges; the address plan.
 //! - [`scenario`]: the paper's scenarios: an app pair under a failure schedule.
+//! - [`sweep`]: one scenario at several QP counts, `all_on_backup_ms` against QPs.
 //! - [`apprun`]: running an app pair across the hosts.
 //! - [`baseline`]: the medium measured between the hosts, for ratios.
-//! - [`fail`]: failure schedules (once, flapping, random) and their execution, logged.
+//! - [`target`]: what can fail (NICs and switch ports of either rail, both default NICs at
+//!   once, a device that dies silently), by name, and the sets schedules draw from.
+//! - [`schedule`]: failure schedules (once, flapping, random with overlap), seeded.
+//! - [`fail`]: executing a schedule against the clock, every action logged.
+//! - [`faults`]: the fault channel through which an application injects a device fault.
+//! - [`paths`]: which rails had a path between the hosts when, from the failure log.
 //! - [`report`]: scenario figures from an app report and the failure log.
 //! - [`plot`]: the bandwidth timeline as a PNG with failure windows.
 //! - [`netns`]: run code of this process inside one of the namespaces.
@@ -16,10 +22,15 @@
 pub mod apprun;
 pub mod baseline;
 pub mod fail;
+pub mod faults;
 pub mod ip;
 pub mod medium;
 pub mod netns;
+pub mod paths;
 pub mod plot;
 pub mod report;
 pub mod scenario;
+pub mod schedule;
+pub mod sweep;
+pub mod target;
 pub mod topology;

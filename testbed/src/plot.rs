@@ -1,5 +1,6 @@
 //! The bandwidth timeline of a scenario as a PNG, with the failure windows shaded and
-//! failovers and switch-backs marked: the testbed's version of the paper's figure 5.
+//! failovers and switch-backs marked: the testbed's version of the paper's figure 5; and
+//! times against the number of QPs, for the QP sweep.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -184,6 +185,76 @@ pub fn timeline_png(
     Ok(())
 }
 
+/// One line of a plot against the number of QPs: (QPs, milliseconds) points.
+#[derive(Debug, Clone)]
+pub struct QpSeries {
+    /// The legend's text.
+    pub label: String,
+    /// The points, in QP order.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Draws `series` (milliseconds) against the number of QPs on a log scale, to `path` (PNG).
+pub fn against_qps_png(series: &[QpSeries], title: &str, path: &Path) -> Result<(), PlotError> {
+    ensure_font()?;
+    let all = || series.iter().flat_map(|s| s.points.iter().copied());
+    if all().next().is_none() {
+        return Err(PlotError::Empty);
+    }
+    let x_max = all().map(|p| p.0).fold(1.0f64, f64::max) * 1.5;
+    // Head room above the data for the legend.
+    let y_max = all().map(|p| p.1).fold(0.1f64, f64::max) * 1.5;
+    let draw_err = |e: &dyn std::fmt::Display| PlotError::Draw {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    };
+    let root = BitMapBackend::new(path, (1000, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| draw_err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((0.7f64..x_max).log_scale(), 0f64..y_max)
+        .map_err(|e| draw_err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("QPs (log scale)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_desc("milliseconds after the failure")
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| draw_err(&e))?;
+    let colors = [
+        BLUE,
+        RGBColor(200, 0, 0),
+        RGBColor(230, 120, 0),
+        RGBColor(0, 140, 0),
+    ];
+    for (s, &color) in series.iter().zip(colors.iter().cycle()) {
+        chart
+            .draw_series(LineSeries::new(s.points.clone(), color.stroke_width(2)))
+            .map_err(|e| draw_err(&e))?
+            .label(s.label.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(|e| draw_err(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(|e| draw_err(&e))?;
+    root.present().map_err(|e| draw_err(&e))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +290,7 @@ mod tests {
         let windows = [Window {
             down: 1_001_000.0,
             up: Some(1_002_000.0),
+            rail: 0,
         }];
         let stopped = AppReport {
             timeline: report.timeline[..10].to_vec(),

@@ -2,9 +2,13 @@
 //! bandwidth before, during and after the failure, detection time, fallback latency,
 //! switch-back time and data errors (see `docs/apps-json.md` for the input format).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
-use crate::fail::{LinkAction, LogEntry};
+use crate::fail::LogEntry;
+use crate::paths::Availability;
+use crate::schedule::LinkAction;
 
 /// One timeline sample of an application (`docs/apps-json.md`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -50,6 +54,10 @@ pub struct FailoverEvent {
     pub wqes_retransmitted: u64,
     /// WQEs not sent again because the peer had consumed them.
     pub wqes_skipped: u64,
+    /// Which of the application's QPs (0-based, in the order it made them) the event
+    /// concerns. Not written by the apps yet (PROPOSED in `docs/apps-json.md`); without it,
+    /// `all_on_backup_ms` counts events instead of QPs.
+    pub qp: Option<u32>,
 }
 
 /// The failover section of an application report.
@@ -60,6 +68,11 @@ pub struct FailoverSummary {
     pub failovers: u64,
     /// Switch-backs completed.
     pub switch_backs: u64,
+    /// Backup paths brought back after they failed (issue 15). Optional: the apps report it
+    /// once the pmd counts it; `None` until then.
+    pub backup_rearms: Option<u64>,
+    /// Connection failures.
+    pub errors: u64,
     /// WQEs sent again across all events.
     pub wqes_retransmitted: u64,
     /// WQEs skipped across all events.
@@ -84,6 +97,21 @@ pub struct Check {
     pub notification_errors: u64,
 }
 
+/// What an application did with one command of the fault channel (`faults[]`, PROPOSED in
+/// `docs/apps-json.md`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FaultAck {
+    /// The command line as read, without the newline: `device-dead soft:nic0`.
+    pub command: String,
+    /// When the application read it.
+    pub received_unix_ms: Option<f64>,
+    /// When the fault took effect on the device; `None` when it was not applied.
+    pub applied_unix_ms: Option<f64>,
+    /// Why it was not applied (unknown command or device, a provider without the fault).
+    pub error: Option<String>,
+}
+
 /// The parts of an application's JSON report the testbed reads.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -96,6 +124,8 @@ pub struct AppReport {
     pub failover_enabled: bool,
     /// Message size.
     pub size: u64,
+    /// QPs the tool ran (`-q`); `None` in reports written before the key existed.
+    pub qps: Option<u64>,
     /// Average bandwidth.
     pub bw_avg_gbps: f64,
     /// Median latency (latency tools).
@@ -108,6 +138,8 @@ pub struct AppReport {
     pub check: Option<Check>,
     /// The error that stopped the run, if one did.
     pub error: Option<String>,
+    /// Commands the application read from its fault channel.
+    pub faults: Vec<FaultAck>,
 }
 
 /// Percentiles of a set of samples.
@@ -169,39 +201,79 @@ pub struct Figures {
     pub notifications_checked: u64,
     /// Failovers the application completed.
     pub failovers: u64,
-    /// Switch-backs the application completed.
+    /// Switch-backs (failbacks to the default path) the application completed.
     pub switch_backs: u64,
+    /// Backup paths brought back after they failed; `null` until the apps report it.
+    pub backup_rearms: Option<u64>,
+    /// QPs the client ran.
+    pub qps: u64,
+    /// Per failure that moved traffic, link-down to the moment every QP had a successful
+    /// completion on the backup.
+    pub all_on_backup_ms: Percentiles,
+    /// How `all_on_backup_ms` told QPs apart: `qp` (the events' QP index) or `event-count`
+    /// (every failover event counted as another QP: the apps do not write `qp` yet).
+    pub all_on_backup_basis: Option<String>,
+    /// Connections the client lost (its `error` events, or its run's error).
+    pub connections_lost: u64,
+    /// Of those, the ones lost although some rail's path was up within the RC retry budget
+    /// of the failure that ended them: the driver's fault.
+    pub connections_lost_with_path_up: u64,
+    /// Each lost connection.
+    pub losses: Vec<Loss>,
 }
 
-/// A failure window: link down at `down`, back up at `up` (unix ms).
+/// A connection the client lost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Loss {
+    /// When the error reached the application.
+    pub unix_ms: f64,
+    /// When the failure that ended it was detected.
+    pub detected_unix_ms: f64,
+    /// Why (the event's cause, or the run's error).
+    pub cause: String,
+    /// Rails whose path was up at some instant from the detection to the later of the loss
+    /// and the detection plus the RC retry budget.
+    pub rails_up_within_budget: Vec<u8>,
+    /// Whether any was.
+    pub path_up_within_budget: bool,
+}
+
+/// A failure window: link down at `down`, back up at `up` (unix ms), on `rail`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Window {
     /// When the link went down.
     pub down: f64,
     /// When it came back, if it did.
     pub up: Option<f64>,
+    /// The rail of what failed (0: the default path).
+    pub rail: u8,
 }
 
 /// The down/up windows in a failure log (several targets may overlap; each down opens a
 /// window closed by the next up of the same target).
 pub fn windows(log: &[LogEntry]) -> Vec<Window> {
-    let mut open: Vec<(String, f64)> = Vec::new();
+    let mut open: Vec<(String, f64, u8)> = Vec::new();
     let mut out = Vec::new();
     for e in log.iter().filter(|e| e.error.is_none()) {
         match e.action {
-            LinkAction::Down => open.push((e.target.clone(), e.issued_unix_ms)),
+            LinkAction::Down => open.push((e.target.clone(), e.issued_unix_ms, e.rail)),
             LinkAction::Up => {
-                if let Some(i) = open.iter().position(|(t, _)| *t == e.target) {
-                    let (_, down) = open.remove(i);
+                if let Some(i) = open.iter().position(|(t, _, _)| *t == e.target) {
+                    let (_, down, rail) = open.remove(i);
                     out.push(Window {
                         down,
                         up: Some(e.issued_unix_ms),
+                        rail,
                     });
                 }
             }
         }
     }
-    out.extend(open.into_iter().map(|(_, down)| Window { down, up: None }));
+    out.extend(open.into_iter().map(|(_, down, rail)| Window {
+        down,
+        up: None,
+        rail,
+    }));
     out.sort_by(|a, b| a.down.total_cmp(&b.down));
     out
 }
@@ -217,16 +289,25 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 
 /// Computes the figures of a run: `client` is the report of the side that posts the work,
 /// `server` the other side's (its data check counts), `log` the failure actions.
-/// `interval_ms` is the timeline interval; `settle_ms` how long after a recovery the
-/// "after" bandwidth starts to count when the application reported no switch-back.
+/// `not_reached` the steps the schedule did not get to because the client had exited, at
+/// their planned times: lost connections are judged against the whole schedule.
+/// `interval_ms` is the timeline interval; `rc_budget_ms` the RC retry budget of the apps'
+/// QPs ([`crate::paths::rc_retry_budget`]), against which lost connections are judged.
+///
+/// Detection, traffic on the backup, all QPs on the backup and switch-back are measured
+/// around failures of the default path (rail 0): a backup-rail failure moves no traffic.
 pub fn figures(
     client: &AppReport,
     server: Option<&AppReport>,
     log: &[LogEntry],
+    not_reached: &[LogEntry],
     interval_ms: f64,
+    rc_budget_ms: f64,
 ) -> Figures {
     let wins = windows(log);
+    let default_wins: Vec<Window> = wins.iter().filter(|w| w.rail == 0).copied().collect();
     let first_down = wins.first().map(|w| w.down);
+    let first_default_down = default_wins.first().map(|w| w.down);
     let last_up = wins
         .iter()
         .filter_map(|w| w.up)
@@ -275,7 +356,7 @@ pub fn figures(
         ),
         None => 0.0,
     };
-    let detection_ms = first_down.and_then(|down| {
+    let detection_ms = first_default_down.and_then(|down| {
         events
             .iter()
             .filter_map(|e| e.detected_unix_ms)
@@ -283,7 +364,8 @@ pub fn figures(
             .map(|d| d - down)
     });
     let backup_traffic_ms = Percentiles::of(
-        wins.iter()
+        default_wins
+            .iter()
             .filter_map(|w| {
                 events
                     .iter()
@@ -302,7 +384,8 @@ pub fn figures(
             .collect(),
     );
     let switchback_ms = Percentiles::of(
-        wins.iter()
+        default_wins
+            .iter()
             .filter_map(|w| w.up)
             .filter_map(|u| switch_done_after(u).map(|t| t - u))
             .collect(),
@@ -316,6 +399,10 @@ pub fn figures(
     let data_errors = checks().map(|c| c.errors + c.notification_errors).sum();
     let bytes_checked = checks().map(|c| c.bytes_checked).sum();
     let notifications_checked = checks().map(|c| c.notifications_checked).sum();
+    let qps = client.qps.unwrap_or(1).max(1);
+    let (all_on_backup_ms, all_on_backup_basis) = all_on_backup(events, &default_wins, qps);
+    let whole_schedule: Vec<LogEntry> = log.iter().chain(not_reached).cloned().collect();
+    let losses = losses(client, &whole_schedule, rc_budget_ms);
     Figures {
         bw_before_gbps: bw_before,
         bw_during_gbps: bw_during,
@@ -329,7 +416,97 @@ pub fn figures(
         notifications_checked,
         failovers: client.failover.failovers,
         switch_backs: client.failover.switch_backs,
+        backup_rearms: client.failover.backup_rearms,
+        qps,
+        all_on_backup_ms,
+        all_on_backup_basis,
+        connections_lost: losses.len() as u64,
+        connections_lost_with_path_up: losses.iter().filter(|l| l.path_up_within_budget).count()
+            as u64,
+        losses,
     }
+}
+
+/// Per failure window, link-down to the moment each of `qps` QPs had its first successful
+/// completion on the backup (failover events whose first success falls in the window).
+/// With the events' `qp` index, each QP's earliest; without it, the `qps`-th earliest event
+/// (exact while each QP fails over once per window). Windows where fewer QPs got there
+/// give no sample.
+fn all_on_backup(
+    events: &[FailoverEvent],
+    wins: &[Window],
+    qps: u64,
+) -> (Percentiles, Option<String>) {
+    let failovers: Vec<&FailoverEvent> = events.iter().filter(|e| e.kind == "failover").collect();
+    if failovers.is_empty() {
+        return (Percentiles::default(), None);
+    }
+    let by_qp = failovers.iter().all(|e| e.qp.is_some());
+    let samples = wins
+        .iter()
+        .filter_map(|w| {
+            let within = |t: f64| t >= w.down && w.up.is_none_or(|u| t <= u);
+            let mut firsts: Vec<f64> = if by_qp {
+                let mut earliest: BTreeMap<u32, f64> = BTreeMap::new();
+                for e in &failovers {
+                    if let (Some(qp), Some(t)) = (e.qp, e.first_success_unix_ms) {
+                        if within(t) {
+                            let slot = earliest.entry(qp).or_insert(t);
+                            *slot = slot.min(t);
+                        }
+                    }
+                }
+                earliest.into_values().collect()
+            } else {
+                failovers
+                    .iter()
+                    .filter_map(|e| e.first_success_unix_ms)
+                    .filter(|&t| within(t))
+                    .collect()
+            };
+            firsts.sort_by(f64::total_cmp);
+            let last = *firsts.get(usize::try_from(qps).ok()? - 1)?;
+            Some(last - w.down)
+        })
+        .collect();
+    let basis = if by_qp { "qp" } else { "event-count" };
+    (Percentiles::of(samples), Some(basis.to_owned()))
+}
+
+/// The client's lost connections, each judged against the paths up around it.
+fn losses(client: &AppReport, log: &[LogEntry], rc_budget_ms: f64) -> Vec<Loss> {
+    let mut lost: Vec<(f64, f64, String)> = client
+        .failover
+        .events
+        .iter()
+        .filter(|e| e.kind == "error")
+        .map(|e| {
+            let detected = e.detected_unix_ms.unwrap_or(e.unix_ms);
+            (e.unix_ms, detected, e.cause.clone())
+        })
+        .collect();
+    if lost.is_empty() {
+        // A run stopped by an error the failover layer did not log (a plain QP, or a
+        // failure outside it): the loss is when the timeline ends.
+        if let Some(err) = &client.error {
+            let end = client.timeline.last().map_or(0.0, |s| s.unix_ms);
+            lost.push((end, end, err.clone()));
+        }
+    }
+    let paths = Availability::from_log(log);
+    lost.into_iter()
+        .map(|(at, detected, cause)| {
+            let until = at.max(detected + rc_budget_ms);
+            let rails = paths.rails_up_during(detected, until);
+            Loss {
+                unix_ms: at,
+                detected_unix_ms: detected,
+                cause,
+                path_up_within_budget: !rails.is_empty(),
+                rails_up_within_budget: rails,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -413,7 +590,7 @@ mod tests {
     #[test]
     fn bandwidth_is_split_around_the_failure_window() {
         let (app, log) = story();
-        let f = figures(&app, None, &log, 100.0);
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
         assert_eq!(f.bw_before_gbps, 4.0);
         assert_eq!(f.bw_during_gbps, 2.0);
         assert_eq!(f.bw_after_gbps, 4.0);
@@ -422,7 +599,7 @@ mod tests {
     #[test]
     fn detection_fallback_and_switchback_are_measured_from_the_log() {
         let (app, log) = story();
-        let f = figures(&app, None, &log, 100.0);
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
         assert_eq!(f.detection_ms, Some(1.5));
         assert_eq!(f.backup_traffic_ms.p50, Some(3.0));
         assert_eq!(f.fallback_latency_us.p50, Some(1500.0));
@@ -434,7 +611,7 @@ mod tests {
         let (app, mut log) = story();
         // `ip` returned 3 ms after it was issued; the app saw the link go at 2001.5.
         log[0].unix_ms = 2003.0;
-        let f = figures(&app, None, &log, 100.0);
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
         assert_eq!(f.detection_ms, Some(1.5));
     }
 
@@ -450,7 +627,10 @@ mod tests {
             }),
             ..AppReport::default()
         };
-        assert_eq!(figures(&app, Some(&server), &log, 100.0).data_errors, 4);
+        assert_eq!(
+            figures(&app, Some(&server), &log, &[], 100.0, 537.0).data_errors,
+            4
+        );
     }
 
     #[test]
@@ -458,7 +638,7 @@ mod tests {
         let (mut app, log) = story();
         app.timeline.retain(|s| s.unix_ms <= 2000.0);
         app.failover = FailoverSummary::default();
-        let f = figures(&app, None, &log, 100.0);
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
         assert_eq!(f.bw_before_gbps, 4.0);
         assert_eq!(f.bw_during_gbps, 0.0);
         assert_eq!(f.bw_after_gbps, 0.0);
@@ -497,5 +677,175 @@ mod tests {
         assert_eq!(r.size, 65536);
         assert_eq!(r.timeline[0].bw_gbps, 1.5);
         assert!(r.check.is_none());
+    }
+
+    fn failover_at(first_success: f64, qp: Option<u32>) -> FailoverEvent {
+        FailoverEvent {
+            kind: "failover".into(),
+            unix_ms: first_success,
+            detected_unix_ms: Some(2001.0),
+            first_success_unix_ms: Some(first_success),
+            qp,
+            ..FailoverEvent::default()
+        }
+    }
+
+    #[test]
+    fn all_on_backup_waits_for_the_last_qp_by_its_index() {
+        let (mut app, log) = story();
+        app.qps = Some(3);
+        // QP 1 succeeds twice; QP 2 last, 40 ms after the link went down at 2000.
+        app.failover.events = vec![
+            failover_at(2010.0, Some(0)),
+            failover_at(2012.0, Some(1)),
+            failover_at(2015.0, Some(1)),
+            failover_at(2040.0, Some(2)),
+        ];
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        assert_eq!(f.qps, 3);
+        assert_eq!(f.all_on_backup_ms.p50, Some(40.0));
+        assert_eq!(f.all_on_backup_basis.as_deref(), Some("qp"));
+    }
+
+    #[test]
+    fn all_on_backup_counts_events_when_the_apps_give_no_qp_index() {
+        let (mut app, log) = story();
+        app.qps = Some(2);
+        app.failover.events = vec![failover_at(2030.0, None), failover_at(2010.0, None)];
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        assert_eq!(f.all_on_backup_ms.p50, Some(30.0));
+        assert_eq!(f.all_on_backup_basis.as_deref(), Some("event-count"));
+    }
+
+    #[test]
+    fn all_on_backup_has_no_sample_when_a_qp_never_got_there() {
+        let (mut app, log) = story();
+        app.qps = Some(3);
+        app.failover.events = vec![failover_at(2010.0, Some(0)), failover_at(2012.0, Some(1))];
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        assert_eq!(f.all_on_backup_ms.samples, 0);
+        // One QP, the single failover of the story: the same as traffic on the backup.
+        let (app, log) = story();
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        assert_eq!(f.all_on_backup_ms.p50, f.backup_traffic_ms.p50);
+    }
+
+    fn lost_at(detected: f64, at: f64) -> FailoverEvent {
+        FailoverEvent {
+            kind: "error".into(),
+            cause: "backup-unavailable".into(),
+            unix_ms: at,
+            detected_unix_ms: Some(detected),
+            ..FailoverEvent::default()
+        }
+    }
+
+    #[test]
+    fn a_loss_while_the_other_rail_was_up_is_the_drivers_fault() {
+        let (mut app, _) = story();
+        // Issue 15's first run: both default NICs down and back, then the initiator's
+        // backup NIC down (for longer than the budget) while traffic is on the backup; the
+        // default rail is up.
+        let log = vec![
+            entry("both-nic0", LinkAction::Down, 1000.0),
+            entry("both-nic0", LinkAction::Up, 1350.0),
+            entry("initiator-nic1", LinkAction::Down, 1780.0),
+            entry("initiator-nic1", LinkAction::Up, 2400.0),
+        ];
+        app.failover.events = vec![lost_at(1781.0, 1781.5)];
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        assert_eq!(
+            (f.connections_lost, f.connections_lost_with_path_up),
+            (1, 1)
+        );
+        assert_eq!(f.losses[0].rails_up_within_budget, vec![0]);
+        assert_eq!(f.losses[0].cause, "backup-unavailable");
+    }
+
+    #[test]
+    fn a_loss_with_every_rail_down_beyond_the_budget_is_not() {
+        let (mut app, _) = story();
+        let log = vec![
+            entry("initiator-nic0", LinkAction::Down, 1000.0),
+            entry("initiator-nic1", LinkAction::Down, 1010.0),
+            entry("initiator-nic0", LinkAction::Up, 3000.0),
+            entry("initiator-nic1", LinkAction::Up, 3000.0),
+        ];
+        app.failover.events = vec![lost_at(1010.0, 1560.0)];
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        assert_eq!(
+            (f.connections_lost, f.connections_lost_with_path_up),
+            (1, 0)
+        );
+        // The same loss, but rail 0 is back 500 ms after the detection: within the budget.
+        let mut log = log;
+        log[2].issued_unix_ms = 1510.0;
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        assert_eq!(f.connections_lost_with_path_up, 1);
+    }
+
+    #[test]
+    fn a_run_error_without_an_error_event_is_one_loss_at_the_end_of_the_timeline() {
+        let (mut app, log) = story();
+        app.failover = FailoverSummary::default();
+        app.error = Some("RetryExcErr on wr 7".into());
+        app.timeline.retain(|s| s.unix_ms <= 2600.0);
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        assert_eq!(f.connections_lost, 1);
+        assert_eq!(f.losses[0].unix_ms, 2600.0);
+        // Rail 1 never failed in the story.
+        assert!(f.losses[0].path_up_within_budget);
+    }
+
+    #[test]
+    fn backup_rearms_and_fault_acks_are_read_when_present() {
+        let text = r#"{"failover":{"failovers":2,"backup_rearms":3,"events":[
+            {"kind":"failover","qp":5}]},
+            "faults":[{"command":"device-dead soft:nic0","applied_unix_ms":12.5}]}"#;
+        let r: AppReport = serde_json::from_str(text).unwrap();
+        assert_eq!(r.failover.backup_rearms, Some(3));
+        assert_eq!(r.failover.events[0].qp, Some(5));
+        assert_eq!(r.faults[0].applied_unix_ms, Some(12.5));
+        let f = figures(&r, None, &[], &[], 100.0, 537.0);
+        assert_eq!(f.backup_rearms, Some(3));
+        let old: AppReport = serde_json::from_str(r#"{"failover":{"failovers":1}}"#).unwrap();
+        assert_eq!(
+            figures(&old, None, &[], &[], 100.0, 537.0).backup_rearms,
+            None
+        );
+    }
+
+    #[test]
+    fn detection_and_backup_traffic_count_from_default_path_failures_only() {
+        let (app, mut log) = story();
+        // The backup NIC failed first, a second before the default one: no failover for it.
+        let mut backup_down = entry("initiator-nic1", LinkAction::Down, 1000.0);
+        backup_down.rail = 1;
+        let mut backup_up = entry("initiator-nic1", LinkAction::Up, 1500.0);
+        backup_up.rail = 1;
+        log.splice(0..0, [backup_down, backup_up]);
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        assert_eq!(f.detection_ms, Some(1.5));
+        assert_eq!(f.backup_traffic_ms.samples, 1);
+        assert_eq!(f.switchback_ms.samples, 1);
+    }
+
+    #[test]
+    fn a_loss_is_judged_against_the_steps_the_run_did_not_reach() {
+        let (mut app, _) = story();
+        let log = vec![
+            entry("initiator-nic1", LinkAction::Down, 1000.0),
+            entry("both-nic0", LinkAction::Down, 1100.0),
+        ];
+        app.failover.events = vec![lost_at(1100.0, 1101.0)];
+        // The client exited at once; the plan had the default NICs back 300 ms later.
+        let planned = vec![entry("both-nic0", LinkAction::Up, 1400.0)];
+        assert_eq!(
+            figures(&app, None, &log, &[], 100.0, 537.0).connections_lost_with_path_up,
+            0
+        );
+        let f = figures(&app, None, &log, &planned, 100.0, 537.0);
+        assert_eq!(f.connections_lost_with_path_up, 1);
+        assert_eq!(f.losses[0].rails_up_within_budget, vec![0]);
     }
 }

@@ -4,15 +4,19 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::apprun::{self, AppRunError, PairOutcome, PairSpec};
 use crate::baseline::{self, Baseline};
-use crate::fail::{self, FailKind, FailTarget, LinkAction, LogEntry, Schedule};
+use crate::fail::{self, LogEntry};
+use crate::faults;
+use crate::paths;
 use crate::plot;
 use crate::report::{self, Figures};
+use crate::schedule::{LinkAction, Schedule, TimeRange};
+use crate::target::{FailTarget, TargetSet};
 use crate::topology::{Role, TestbedInfo};
 
 /// The scenarios `shift-testbed scenario` knows.
@@ -31,6 +35,9 @@ pub enum ScenarioName {
     Soak,
     /// The ring allreduce with a NIC failure mid-run, every result checked.
     Allreduce,
+    /// The initiator's default device dies silently (no CQEs, no packets, the netdev stays
+    /// up) through the client's fault channel, with every byte checked (issue 14).
+    InitiatorDevDead,
 }
 
 impl FromStr for ScenarioName {
@@ -43,9 +50,10 @@ impl FromStr for ScenarioName {
             "flap" => ScenarioName::Flap,
             "soak" => ScenarioName::Soak,
             "allreduce" => ScenarioName::Allreduce,
+            "initiator-dev-dead" => ScenarioName::InitiatorDevDead,
             other => {
                 return Err(format!(
-                "unknown scenario {other:?}: use initiator-nic, responder-nic, switch-port, flap, soak or allreduce"
+                "unknown scenario {other:?}: use initiator-nic, responder-nic, switch-port, flap, soak, allreduce or initiator-dev-dead"
             ))
             }
         })
@@ -97,6 +105,15 @@ pub enum Variants {
     NoFailover,
 }
 
+/// How often a `soak` failure overlaps the previous one when the targets are not the
+/// default set and `--overlap` is not given.
+pub const DEFAULT_OVERLAP: f64 = 0.25;
+
+/// The apps' `retry_cnt` (`QpAttr::rts`'s default; no flag changes it).
+const APPS_RETRY_CNT: u8 = 7;
+/// The apps' default `-u/--qp-timeout` (4.096 us x 2^14 = 67 ms).
+const APPS_QP_TIMEOUT: u8 = 14;
+
 /// Everything a scenario run is parameterised by.
 #[derive(Debug, Clone)]
 pub struct ScenarioOptions {
@@ -119,9 +136,17 @@ pub struct ScenarioOptions {
     /// Failures in `soak`.
     pub soak_failures: u32,
     /// Range of down times for `flap` and `soak`.
-    pub down_range: (Duration, Duration),
-    /// Range of up times between failures for `flap` and `soak`.
-    pub up_range: (Duration, Duration),
+    pub down_range: TimeRange,
+    /// Ranges of up times between failures for `flap` and `soak`: each failure draws one,
+    /// then a time in it.
+    pub up_ranges: Vec<TimeRange>,
+    /// What `flap` and `soak` fail.
+    pub targets: TargetSet,
+    /// Probability that a `soak` failure starts while the previous one is still down;
+    /// `None`: 0 with the default targets, [`DEFAULT_OVERLAP`] with any other set.
+    pub overlap: Option<f64>,
+    /// QPs per app (`-q`); `None` leaves the apps' default (1).
+    pub qps: Option<u32>,
     /// Seed of the random schedules.
     pub seed: u64,
     /// Timeline interval of the apps.
@@ -159,12 +184,17 @@ impl ScenarioOptions {
                 ScenarioName::InitiatorNic
                 | ScenarioName::ResponderNic
                 | ScenarioName::SwitchPort => Variants::Both,
+                // Without failover a silently dead device leaves the client waiting for
+                // completions that never come, until the testbed kills it.
                 _ => Variants::Failover,
             },
             flaps: 20,
             soak_failures: 200,
             down_range: (Duration::from_millis(50), Duration::from_millis(300)),
-            up_range: (Duration::from_millis(1200), Duration::from_millis(1600)),
+            up_ranges: vec![(Duration::from_millis(1200), Duration::from_millis(1600))],
+            targets: TargetSet::Default,
+            overlap: None,
+            qps: None,
             seed: 1,
             timeline_ms: 100,
             with_baseline: matches!(
@@ -191,43 +221,144 @@ impl ScenarioOptions {
     fn checks_data(&self) -> bool {
         matches!(
             self.name,
-            ScenarioName::Flap | ScenarioName::Soak | ScenarioName::Allreduce
+            ScenarioName::Flap
+                | ScenarioName::Soak
+                | ScenarioName::Allreduce
+                | ScenarioName::InitiatorDevDead
         )
     }
 
-    /// The failure schedule, relative to the client's start.
+    /// The targets `flap` and `soak` draw from when `--targets` is `default`: what they drew
+    /// from before the backup rail could fail (the lead flips the default to `all` once the
+    /// pmd survives the rest, issue 15).
+    fn default_targets(&self) -> Vec<FailTarget> {
+        match self.name {
+            ScenarioName::Soak => vec![
+                FailTarget::InitiatorNic { rail: 0 },
+                FailTarget::ResponderNic { rail: 0 },
+                FailTarget::SwitchPort {
+                    rail: 0,
+                    host: Role::Initiator,
+                },
+            ],
+            _ => vec![FailTarget::InitiatorNic { rail: 0 }],
+        }
+    }
+
+    /// The overlap probability of `soak` (see [`ScenarioOptions::overlap`]).
+    pub fn overlap(&self) -> f64 {
+        self.overlap.unwrap_or(match self.targets {
+            TargetSet::Default => 0.0,
+            _ => DEFAULT_OVERLAP,
+        })
+    }
+
+    /// The failure schedule, relative to the start of the client's traffic.
     pub fn schedule(&self) -> Schedule {
-        let once = |kind: FailKind| Schedule::Once {
-            target: kind.on_rail(0),
+        let once = |target: FailTarget| Schedule::Once {
+            target,
             at: self.fail_at,
             duration: Some(self.down_for),
         };
+        let targets = self.targets.resolve(&self.default_targets());
         match self.name {
-            ScenarioName::InitiatorNic | ScenarioName::Allreduce => once(FailKind::InitiatorNic),
-            ScenarioName::ResponderNic => once(FailKind::ResponderNic),
-            ScenarioName::SwitchPort => once(FailKind::SwitchPort),
-            ScenarioName::Flap => Schedule::Flap {
-                target: FailTarget::InitiatorNic { rail: 0 },
+            ScenarioName::InitiatorNic | ScenarioName::Allreduce => {
+                once(FailTarget::InitiatorNic { rail: 0 })
+            }
+            ScenarioName::ResponderNic => once(FailTarget::ResponderNic { rail: 0 }),
+            ScenarioName::SwitchPort => once(FailTarget::SwitchPort {
+                rail: 0,
+                host: Role::Initiator,
+            }),
+            ScenarioName::InitiatorDevDead => Schedule::Once {
+                target: FailTarget::DeviceDead {
+                    host: Role::Initiator,
+                    rail: 0,
+                },
+                at: self.fail_at,
+                duration: None,
+            },
+            // One target flaps as it always did; several are drawn from, in sequence.
+            ScenarioName::Flap if targets.len() == 1 => Schedule::Flap {
+                target: targets[0],
                 start: self.fail_at,
                 count: self.flaps,
                 down: self.down_range,
-                up: self.up_range,
+                up: self.up_ranges.clone(),
+                seed: self.seed,
+            },
+            ScenarioName::Flap => Schedule::Random {
+                targets,
+                start: self.fail_at,
+                count: self.flaps,
+                down: self.down_range,
+                up: self.up_ranges.clone(),
+                overlap: 0.0,
                 seed: self.seed,
             },
             ScenarioName::Soak => Schedule::Random {
-                kinds: vec![
-                    FailKind::InitiatorNic,
-                    FailKind::ResponderNic,
-                    FailKind::SwitchPort,
-                ],
-                rail: 0,
+                targets,
                 start: self.fail_at,
                 count: self.soak_failures,
                 down: self.down_range,
-                up: self.up_range,
+                up: self.up_ranges.clone(),
+                overlap: self.overlap(),
                 seed: self.seed,
             },
         }
+    }
+
+    /// The last value the extra arguments give an app flag (`-u 12`, `--qp-timeout 12`,
+    /// `--qp-timeout=12`).
+    fn extra_arg<T: FromStr>(&self, short: &str, long: &str) -> Option<T> {
+        let mut found = None;
+        let mut args = self.extra_args.iter();
+        while let Some(a) = args.next() {
+            let value = if a == short || a == long {
+                args.next().map(String::as_str)
+            } else {
+                a.strip_prefix(long).and_then(|rest| rest.strip_prefix('='))
+            };
+            if let Some(v) = value.and_then(|v| v.parse().ok()) {
+                found = Some(v);
+            }
+        }
+        found
+    }
+
+    /// The RC retry budget of the apps' QPs: their `-u/--qp-timeout` (from the extra
+    /// arguments, else the apps' default 14) and their fixed `retry_cnt` of 7.
+    pub fn rc_budget(&self) -> Duration {
+        let timeout = self
+            .extra_arg("-u", "--qp-timeout")
+            .unwrap_or(APPS_QP_TIMEOUT);
+        paths::rc_retry_budget(timeout, APPS_RETRY_CNT)
+    }
+
+    /// QPs per app: [`ScenarioOptions::qps`], or `-q` among the extra arguments.
+    fn qps_asked(&self) -> u32 {
+        self.qps
+            .or_else(|| self.extra_arg("-q", "--qp"))
+            .unwrap_or(1)
+    }
+
+    /// Hosts whose application must read a fault channel: those with a device that dies.
+    fn fault_hosts(&self) -> Vec<Role> {
+        let mut hosts = Vec::new();
+        for step in self.schedule().steps() {
+            if let FailTarget::DeviceDead { host, .. } = step.target {
+                if !hosts.contains(&host) {
+                    hosts.push(host);
+                }
+            }
+        }
+        hosts
+    }
+
+    /// How long the pair may take to set up before its traffic starts: many QPs take a
+    /// while (rendezvous and shadow verbs for each).
+    fn setup_allowance(&self) -> Duration {
+        Duration::from_secs(20) + Duration::from_millis(50) * self.qps_asked()
     }
 
     /// How long the traffic runs: the configured duration, or long enough to outlast the
@@ -252,6 +383,12 @@ pub enum ScenarioError {
     /// The baseline could not be measured.
     #[error("baseline: {0}")]
     Baseline(#[from] crate::medium::MediumError),
+    /// The testbed's links did not all come up.
+    #[error("the testbed is not ready: {detail}")]
+    Links {
+        /// Which links stayed down.
+        detail: String,
+    },
     /// The output could not be written.
     #[error("writing {path}: {detail}")]
     Output {
@@ -276,6 +413,9 @@ pub struct RunResult {
     pub client_ok: bool,
     /// Every failure action taken.
     pub failures: Vec<LogEntry>,
+    /// The schedule's steps not taken because the client had exited, at their planned
+    /// times (lost connections are judged against the whole schedule).
+    pub not_reached: Vec<LogEntry>,
     /// The client's whole report.
     pub client_report: serde_json::Value,
     /// The server's whole report, when it wrote one.
@@ -363,34 +503,51 @@ fn common_args(o: &ScenarioOptions, failover: bool) -> Vec<String> {
         args.push("--holddown-ms".into());
         args.push(h.as_millis().to_string());
     }
+    if let Some(q) = o.qps {
+        args.push("-q".into());
+        args.push(q.to_string());
+    }
     args.extend(o.extra_args.iter().cloned());
     args
 }
 
-/// Puts every link of the testbed back up, whatever a schedule left down.
-pub fn restore_all(info: &TestbedInfo) {
-    for rail in 0..info.hosts[0].nics.len() as u8 {
-        let targets = [
-            FailTarget::InitiatorNic { rail },
-            FailTarget::ResponderNic { rail },
-            FailTarget::SwitchPort {
-                rail,
-                host: Role::Initiator,
-            },
-            FailTarget::SwitchPort {
-                rail,
-                host: Role::Responder,
-            },
-        ];
-        for t in targets {
-            if let Err(e) = fail::apply(info, t, LinkAction::Up) {
-                tracing::warn!(target = %t, error = %e, "could not restore link");
-            }
+/// The fault channels of a run: created before the apps start, removed when it ends.
+struct FaultChannels(Vec<(Role, PathBuf)>);
+
+impl FaultChannels {
+    fn create(info: &TestbedInfo, hosts: &[Role]) -> Result<FaultChannels, ScenarioError> {
+        let mut made = FaultChannels(Vec::new());
+        for &host in hosts {
+            let path = faults::channel_path(info, host);
+            faults::create(&path).map_err(|e| ScenarioError::Output {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
+            made.0.push((host, path));
+        }
+        Ok(made)
+    }
+
+    /// `--fault-fifo PATH` for the application on `host`, if it has a channel.
+    fn args_for(&self, host: Role) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(h, _)| *h == host)
+            .flat_map(|(_, p)| ["--fault-fifo".to_owned(), p.display().to_string()])
+            .collect()
+    }
+}
+
+impl Drop for FaultChannels {
+    fn drop(&mut self) {
+        for (_, path) in &self.0 {
+            faults::remove(path);
         }
     }
 }
 
-/// Runs the pair once with the failure schedule alongside.
+/// Runs the pair once with the failure schedule alongside, timed from the client's first
+/// traffic.
 fn run_once(
     info: &TestbedInfo,
     o: &ScenarioOptions,
@@ -398,18 +555,28 @@ fn run_once(
     on_log: &mut (dyn FnMut(&LogEntry) + Send),
 ) -> Result<RunResult, ScenarioError> {
     let tag = if failover { "failover" } else { "no-failover" };
+    // Each run starts on a settled testbed: nothing a previous run's processes queued, and
+    // every link operationally up (a link brought up reports it up to a second later, the
+    // kernel's link watch, and a device opened before then starts with its port down).
+    fail::forget_neighbours(info).map_err(|detail| ScenarioError::Links { detail })?;
+    fail::wait_all_up(info, Duration::from_secs(5))
+        .map_err(|detail| ScenarioError::Links { detail })?;
+    let channels = FaultChannels::create(info, &o.fault_hosts())?;
     let spec = PairSpec {
         tool: o.tool().to_owned(),
         apps_dir: o.apps_dir.clone(),
         common_args: common_args(o, failover),
+        client_args: channels.args_for(Role::Initiator),
+        server_args: channels.args_for(Role::Responder),
         port: o.port,
         out_dir: o.out_dir.clone(),
         tag: format!("{}-{tag}", scenario_slug(o.name)),
-        client_timeout: o.run_length() + Duration::from_secs(30),
+        client_timeout: o.run_length() + o.setup_allowance() + Duration::from_secs(30),
     };
     let steps = o.schedule().steps();
     let mut pair = apprun::start(info, &spec)?;
-    let start = Instant::now();
+    let start = pair.wait_for_traffic(o.setup_allowance());
+    let start_unix_ms = fail::unix_ms_now() - start.elapsed().as_secs_f64() * 1e3;
     let stop = AtomicBool::new(false);
     let log = std::thread::scope(|scope| {
         let runner = scope.spawn(|| {
@@ -430,7 +597,7 @@ fn run_once(
         }
         runner.join().unwrap_or_default()
     });
-    restore_all(info);
+    fail::restore_all(info);
     let PairOutcome {
         client,
         client_raw,
@@ -438,19 +605,30 @@ fn run_once(
         server_raw,
         client_exit,
     } = pair.finish()?;
-    let figures = report::figures(&client, server.as_ref(), &log, o.timeline_ms as f64);
+    drop(channels);
+    let not_reached = fail::not_reached(info, &steps[log.len().min(steps.len())..], start_unix_ms);
+    let figures = report::figures(
+        &client,
+        server.as_ref(),
+        &log,
+        &not_reached,
+        o.timeline_ms as f64,
+        o.rc_budget().as_secs_f64() * 1e3,
+    );
     Ok(RunResult {
         failover,
         figures,
         error: client.error.clone(),
         client_ok: client_exit.is_some_and(|s| s.success()),
         failures: log,
+        not_reached,
         client_report: client_raw,
         server_report: server_raw,
     })
 }
 
-fn scenario_slug(name: ScenarioName) -> &'static str {
+/// The scenario's name as the command line spells it.
+pub fn scenario_slug(name: ScenarioName) -> &'static str {
     match name {
         ScenarioName::InitiatorNic => "initiator-nic",
         ScenarioName::ResponderNic => "responder-nic",
@@ -458,6 +636,7 @@ fn scenario_slug(name: ScenarioName) -> &'static str {
         ScenarioName::Flap => "flap",
         ScenarioName::Soak => "soak",
         ScenarioName::Allreduce => "allreduce",
+        ScenarioName::InitiatorDevDead => "initiator-dev-dead",
     }
 }
 
@@ -481,6 +660,8 @@ fn measure_ratios(
         ],
         port: o.port,
         out_dir: o.out_dir.clone(),
+        client_args: Vec::new(),
+        server_args: Vec::new(),
         tag: "write-lat-8".into(),
         client_timeout: Duration::from_secs(60),
     };
@@ -564,11 +745,30 @@ impl ScenarioResult {
             }
             let checks = matches!(
                 self.scenario,
-                ScenarioName::Flap | ScenarioName::Soak | ScenarioName::Allreduce
+                ScenarioName::Flap
+                    | ScenarioName::Soak
+                    | ScenarioName::Allreduce
+                    | ScenarioName::InitiatorDevDead
             );
-            if checks && r.figures.notifications_checked == 0 {
+            // READs have no notifications: what the client read is what it checked.
+            let verified = match self.op {
+                Op::Read if self.scenario == ScenarioName::InitiatorDevDead => {
+                    r.figures.bytes_checked
+                }
+                _ => r.figures.notifications_checked,
+            };
+            if checks && verified == 0 {
                 wrong.push("the data check verified nothing".to_owned());
             }
+            for e in r.failures.iter().filter(|e| e.error.is_some()) {
+                wrong.push(format!(
+                    "failure action {} {} failed: {}",
+                    e.target,
+                    e.action,
+                    e.error.as_deref().unwrap_or_default()
+                ));
+            }
+            wrong.extend(unapplied_faults(r));
         }
         if wrong.is_empty() {
             Ok(())
@@ -581,6 +781,40 @@ impl ScenarioResult {
             ))
         }
     }
+}
+
+/// The device faults the testbed sent that the application did not report applying: a
+/// fault that never happened tests nothing.
+fn unapplied_faults(r: &RunResult) -> Vec<String> {
+    let reports = [Some(&r.client_report), r.server_report.as_ref()];
+    r.failures
+        .iter()
+        .filter(|e| e.error.is_none() && e.action == LinkAction::Down)
+        .filter(|e| e.target.ends_with("-dead"))
+        .filter_map(|e| {
+            let command = format!("device-dead {}", e.dev);
+            let role = if e.target.starts_with("initiator") {
+                0
+            } else {
+                1
+            };
+            let acks: Vec<report::FaultAck> = reports[role]
+                .and_then(|v| v.get("faults").cloned())
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default();
+            match acks.iter().find(|a| a.command == command) {
+                Some(a) if a.applied_unix_ms.is_some() => None,
+                Some(a) => Some(format!(
+                    "the application did not apply `{command}`: {}",
+                    a.error.as_deref().unwrap_or("no reason given")
+                )),
+                None => Some(format!(
+                    "the application did not report applying `{command}` (its JSON has no \
+                     `faults` entry for it; docs/apps-json.md, fault channel)"
+                )),
+            }
+        })
+        .collect()
 }
 
 fn goals(with: Option<&RunResult>, without: Option<&RunResult>) -> Goals {
@@ -734,8 +968,22 @@ pub fn print_summary(r: &ScenarioResult) {
         opt(f.switchback_ms.p50, "ms"),
     );
     println!(
-        "  failovers {}, switch-backs {}, data errors {} ({} bytes and {} notifications checked)",
-        f.failovers, f.switch_backs, f.data_errors, f.bytes_checked, f.notifications_checked
+        "  failovers {}, switch-backs {}, backup re-arms {}, data errors {} ({} bytes and {} notifications checked)",
+        f.failovers,
+        f.switch_backs,
+        f.backup_rearms
+            .map_or("n/a (not reported by the apps)".to_owned(), |n| n.to_string()),
+        f.data_errors,
+        f.bytes_checked,
+        f.notifications_checked
+    );
+    println!(
+        "  {} QP(s): all on the backup p50 {} ({} failures); connections lost {}, of which {} while a path was up within the RC retry budget",
+        f.qps,
+        opt(f.all_on_backup_ms.p50, "ms"),
+        f.all_on_backup_ms.samples,
+        f.connections_lost,
+        f.connections_lost_with_path_up
     );
     if let Some(nf) = &r.no_failover {
         println!(
@@ -788,7 +1036,7 @@ mod tests {
         let args = common_args(&o, true);
         assert!(args.contains(&"--check".to_owned()));
         // Up times outlast the pmd's 1 s hold-down: every recovery switches back.
-        assert!(o.holddown.is_none() && o.up_range.0 > Duration::from_secs(1));
+        assert!(o.holddown.is_none() && o.up_ranges.iter().all(|r| r.0 > Duration::from_secs(1)));
         assert!(!args.contains(&"--no-failover".to_owned()));
     }
 
@@ -842,6 +1090,7 @@ mod tests {
             error: None,
             client_ok: true,
             failures: Vec::new(),
+            not_reached: Vec::new(),
             client_report: serde_json::Value::Null,
             server_report: None,
         }

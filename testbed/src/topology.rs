@@ -89,7 +89,7 @@ pub enum TopologyError {
 }
 
 /// Which end of a connection a host plays in the scenarios.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Host A: runs the client, which posts the work.

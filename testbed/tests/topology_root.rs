@@ -4,8 +4,10 @@
 use std::net::UdpSocket;
 use std::time::Duration;
 
-use testbed::fail::{self, FailTarget, LinkAction};
+use testbed::fail;
 use testbed::netns;
+use testbed::schedule::LinkAction;
+use testbed::target::FailTarget;
 use testbed::topology::{self, Role, TestbedInfo, TopologySpec};
 
 /// Tears the testbed down even when an assertion fails.
@@ -148,6 +150,54 @@ fn root_cutting_a_switch_port_stops_that_rail_only_until_it_is_restored() {
         }
     }
     assert!(back, "rail 0 did not come back after the port was restored");
+}
+
+/// Whether each rail carries a datagram from host A to host B now (ports from `port`).
+fn rails_reach(info: &TestbedInfo, port: u16) -> [bool; 2] {
+    let (a, b) = (info.host(Role::Initiator), info.host(Role::Responder));
+    [0, 1].map(|rail| {
+        udp_reaches(
+            &a.netns,
+            &a.nics[rail].addr,
+            &b.netns,
+            &b.nics[rail].addr,
+            port + rail as u16,
+        )
+    })
+}
+
+#[test]
+fn root_both_default_nics_and_the_backup_rails_targets_cut_what_they_name() {
+    if skip_unless_root() {
+        return;
+    }
+    let prefix = unique_prefix('g');
+    let info = topology::up(&TopologySpec {
+        prefix: prefix.clone(),
+        mtu: 1500,
+        hugepages: 0,
+    })
+    .expect("testbed up");
+    let _guard = Guard(prefix.clone());
+    let cases = [
+        ("both-nic0", [false, true]),
+        ("initiator-nic1", [true, false]),
+        ("responder-nic1", [true, false]),
+        ("switch1-port", [true, false]),
+    ];
+    for (i, (name, expect)) in cases.into_iter().enumerate() {
+        let target = FailTarget::parse(name, None).expect("a target name");
+        let port = 4300 + 30 * i as u16;
+        fail::apply(&info, target, LinkAction::Down).expect("down");
+        assert_eq!(rails_reach(&info, port), expect, "{name} down");
+        fail::apply(&info, target, LinkAction::Up).expect("up");
+        // Carrier comes back at once on veth; give ARP a few tries anyway.
+        let back = (0..10).any(|t| rails_reach(&info, port + 2 + 2 * t) == [true, true]);
+        assert!(
+            back,
+            "both rails did not come back after {name} was restored"
+        );
+    }
 }
 
 #[test]

@@ -7,9 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::{Parser, Subcommand};
-use testbed::fail::{self, FailKind, LogEntry, Schedule};
+use clap::{Args, Parser, Subcommand};
+use testbed::fail::{self, LogEntry};
+use testbed::faults;
 use testbed::scenario::{self, Op, ScenarioName, ScenarioOptions, Variants};
+use testbed::schedule::{self, Schedule};
+use testbed::sweep;
+use testbed::target::{FailTarget, TargetSet};
 use testbed::topology::{self, Role, TestbedInfo, TopologySpec};
 
 #[derive(Parser)]
@@ -52,7 +56,7 @@ enum Command {
         #[arg(long, default_value_t = 20000)]
         iters: usize,
         /// Stream duration.
-        #[arg(long, default_value = "2s", value_parser = fail::parse_duration)]
+        #[arg(long, default_value = "2s", value_parser = schedule::parse_duration)]
         duration: std::time::Duration,
         /// UDP payload per stream datagram (default: what a full RoCE packet at the rail MTU needs).
         #[arg(long)]
@@ -63,101 +67,66 @@ enum Command {
     },
     /// Run one of the paper's scenarios: an app pair under a failure, with and without failover.
     Scenario {
-        /// initiator-nic, responder-nic, switch-port, flap, soak or allreduce.
+        /// initiator-nic, responder-nic, switch-port, flap, soak, allreduce or initiator-dev-dead.
         name: ScenarioName,
-        /// Traffic of the bandwidth scenarios: write, send or read.
-        #[arg(long, default_value = "write")]
-        op: Op,
         /// Write the result (figures, timeline, both runs, ratios) as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
         /// Draw the bandwidth timeline with the failure windows to this PNG.
         #[arg(long)]
         plot: Option<PathBuf>,
-        /// Message size in bytes.
-        #[arg(long, short = 's', default_value_t = 65536)]
-        size: usize,
-        /// Run length (at least the schedule plus two seconds).
-        #[arg(long, default_value = "6s", value_parser = fail::parse_duration)]
-        duration: std::time::Duration,
-        /// When the failure happens, from the client's start.
-        #[arg(long, default_value = "2s", value_parser = fail::parse_duration)]
-        fail_at: std::time::Duration,
-        /// How long the failure lasts.
-        #[arg(long, default_value = "2s", value_parser = fail::parse_duration)]
-        down_for: std::time::Duration,
-        /// Run only with failover (skip the --no-failover baseline run).
-        #[arg(long, conflicts_with = "no_failover")]
-        failover_only: bool,
-        /// Run only the --no-failover baseline.
-        #[arg(long)]
-        no_failover: bool,
-        /// Flaps in `flap`.
-        #[arg(long, default_value_t = 20)]
-        flaps: u32,
-        /// Failures in `soak`.
-        #[arg(long, default_value_t = 200)]
-        failures: u32,
-        /// Range of down times in `flap` and `soak`.
-        #[arg(long, default_value = "50ms..300ms", value_parser = fail::parse_range)]
-        down: (std::time::Duration, std::time::Duration),
-        /// Range of up times in `flap` and `soak`.
-        #[arg(long, default_value = "1200ms..1600ms", value_parser = fail::parse_range)]
-        up: (std::time::Duration, std::time::Duration),
-        /// Seed of the `flap` and `soak` schedules.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Timeline interval of the apps, in milliseconds.
-        #[arg(long, default_value_t = 100)]
-        timeline_ms: u64,
-        /// Skip measuring the medium and the 8-byte write latency.
-        #[arg(long)]
-        no_baseline: bool,
-        /// Where the apps' binaries are (default: beside this binary).
-        #[arg(long)]
-        apps_dir: Option<PathBuf>,
-        /// Where reports and logs of the runs go.
-        #[arg(long, default_value = "out")]
-        out_dir: PathBuf,
-        /// Out-of-band TCP port of the apps.
-        #[arg(long, default_value_t = 18515)]
-        port: u16,
-        /// Hold-down of the apps' QPs before a switch-back (default: the pmd's 1s).
-        #[arg(long, value_parser = fail::parse_duration)]
-        holddown: Option<std::time::Duration>,
         /// Print the failover run's timeline and failover events after the summary.
         #[arg(long)]
         print_timeline: bool,
-        /// Extra arguments passed to both apps, after `--`.
-        #[arg(last = true)]
-        extra: Vec<String>,
+        #[command(flatten)]
+        args: ScenarioArgs,
+    },
+    /// Run a scenario with failover at several QP counts (`-q`) and plot the time until every
+    /// QP has traffic on the backup against the number of QPs.
+    QpSweep {
+        /// The scenario to run at each count (initiator-nic, responder-nic, switch-port, ...).
+        #[arg(default_value = "initiator-nic")]
+        name: ScenarioName,
+        /// The QP counts, in order.
+        #[arg(long, default_value = "1,16,256,1000", value_parser = sweep::parse_qps)]
+        qps: QpCounts,
+        /// Write the sweep's figures as JSON here (each count's whole result goes to --out-dir).
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Draw all_on_backup_ms and the fallback latencies against the QPs to this PNG.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[command(flatten)]
+        args: ScenarioArgs,
     },
     /// Cut and restore links: once, for a while, or on a flapping schedule.
     Fail {
-        /// initiator-nic, responder-nic or switch-port.
+        /// What fails: initiator-nic0|1, responder-nic0|1, switch0|1-port[-b], both-nic0|1,
+        /// initiator-dev-dead, responder-dev-dead (or initiator-nic, responder-nic,
+        /// switch-port with --rail and --port).
         #[arg(long)]
-        target: FailKind,
-        /// The rail (0 is every host's default NIC).
-        #[arg(long, default_value_t = 0)]
-        rail: u8,
+        target: String,
+        /// The rail of a target named without one (0 is every host's default NIC).
+        #[arg(long)]
+        rail: Option<u8>,
         /// For switch-port: which host's port (a or b).
-        #[arg(long, default_value = "a")]
-        port: String,
+        #[arg(long)]
+        port: Option<String>,
         /// When the (first) failure happens, from now.
-        #[arg(long, default_value = "0s", value_parser = fail::parse_duration)]
+        #[arg(long, default_value = "0s", value_parser = schedule::parse_duration)]
         at: std::time::Duration,
         /// How long the link stays down; without it (and without --flap) it stays down.
-        #[arg(long, value_parser = fail::parse_duration)]
+        #[arg(long, value_parser = schedule::parse_duration)]
         duration: Option<std::time::Duration>,
         /// Flap this many times instead of failing once.
         #[arg(long)]
         flap: Option<u32>,
         /// Range of down times when flapping.
-        #[arg(long, default_value = "50ms..300ms", value_parser = fail::parse_range)]
+        #[arg(long, default_value = "50ms..300ms", value_parser = schedule::parse_range)]
         down: (std::time::Duration, std::time::Duration),
-        /// Range of up times between flaps.
-        #[arg(long, default_value = "200ms..500ms", value_parser = fail::parse_range)]
-        up: (std::time::Duration, std::time::Duration),
+        /// Ranges of up times between flaps, comma-separated: each flap draws one.
+        #[arg(long, default_value = "200ms..500ms", value_parser = schedule::parse_ranges)]
+        up: TimeRanges,
         /// Seed of the flapping schedule.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -165,6 +134,130 @@ enum Command {
         #[arg(long)]
         log: Option<PathBuf>,
     },
+}
+
+/// Up-time ranges as one clap value (clap would otherwise read a `Vec` as repeated flags).
+type TimeRanges = Vec<(std::time::Duration, std::time::Duration)>;
+/// QP counts as one clap value, for the same reason.
+type QpCounts = Vec<u32>;
+
+/// The flags every scenario run takes (`scenario` and `qp-sweep`).
+#[derive(Args)]
+struct ScenarioArgs {
+    /// Traffic of the bandwidth scenarios: write, send or read.
+    #[arg(long, default_value = "write")]
+    op: Op,
+    /// Message size in bytes.
+    #[arg(long, short = 's', default_value_t = 65536)]
+    size: usize,
+    /// Run length (at least the schedule plus two seconds).
+    #[arg(long, default_value = "6s", value_parser = schedule::parse_duration)]
+    duration: std::time::Duration,
+    /// When the failure happens, from the start of the client's traffic.
+    #[arg(long, default_value = "2s", value_parser = schedule::parse_duration)]
+    fail_at: std::time::Duration,
+    /// How long the failure lasts.
+    #[arg(long, default_value = "2s", value_parser = schedule::parse_duration)]
+    down_for: std::time::Duration,
+    /// Run only with failover (skip the --no-failover baseline run).
+    #[arg(long, conflicts_with = "no_failover")]
+    failover_only: bool,
+    /// Run only the --no-failover baseline.
+    #[arg(long)]
+    no_failover: bool,
+    /// Flaps in `flap`.
+    #[arg(long, default_value_t = 20)]
+    flaps: u32,
+    /// Failures in `soak`.
+    #[arg(long, default_value_t = 200)]
+    failures: u32,
+    /// Range of down times in `flap` and `soak`.
+    #[arg(long, default_value = "50ms..300ms", value_parser = schedule::parse_range)]
+    down: (std::time::Duration, std::time::Duration),
+    /// Ranges of up times in `flap` and `soak`, comma-separated (`300ms..600ms,1.2s..1.6s`):
+    /// each failure draws one of them, then a time in it.
+    #[arg(long, default_value = "1200ms..1600ms", value_parser = schedule::parse_ranges)]
+    up: TimeRanges,
+    /// What `flap` and `soak` fail: `default` (soak: the three kinds on rail 0; flap:
+    /// initiator-nic0), `all` (both rails and both default NICs at once) or a list of names.
+    #[arg(long, default_value = "default", value_parser = TargetSet::parse)]
+    targets: TargetSet,
+    /// Probability that a `soak` failure starts while the previous one is still down
+    /// (default: 0 with --targets default, 0.25 otherwise).
+    #[arg(long, value_parser = schedule::parse_probability)]
+    overlap: Option<f64>,
+    /// Seed of the `flap` and `soak` schedules.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Timeline interval of the apps, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    timeline_ms: u64,
+    /// Skip measuring the medium and the 8-byte write latency.
+    #[arg(long)]
+    no_baseline: bool,
+    /// Where the apps' binaries are (default: beside this binary).
+    #[arg(long)]
+    apps_dir: Option<PathBuf>,
+    /// Where reports and logs of the runs go.
+    #[arg(long, default_value = "out")]
+    out_dir: PathBuf,
+    /// Out-of-band TCP port of the apps.
+    #[arg(long, default_value_t = 18515)]
+    port: u16,
+    /// Hold-down of the apps' QPs before a switch-back (default: the pmd's 1s).
+    #[arg(long, value_parser = schedule::parse_duration)]
+    holddown: Option<std::time::Duration>,
+    /// Extra arguments passed to both apps, after `--`.
+    #[arg(last = true)]
+    extra: Vec<String>,
+}
+
+impl ScenarioArgs {
+    fn options(self, name: ScenarioName) -> ScenarioOptions {
+        let mut o = ScenarioOptions::new(name);
+        o.op = self.op;
+        o.size = self.size;
+        o.duration = self.duration;
+        o.fail_at = self.fail_at;
+        o.down_for = self.down_for;
+        if self.failover_only {
+            o.variants = Variants::Failover;
+        } else if self.no_failover {
+            o.variants = Variants::NoFailover;
+        }
+        o.flaps = self.flaps;
+        o.soak_failures = self.failures;
+        o.down_range = self.down;
+        o.up_ranges = self.up;
+        o.targets = self.targets;
+        o.overlap = self.overlap;
+        o.seed = self.seed;
+        o.timeline_ms = self.timeline_ms;
+        if self.no_baseline {
+            o.with_baseline = false;
+        }
+        if let Some(dir) = self.apps_dir {
+            o.apps_dir = dir;
+        }
+        o.out_dir = self.out_dir;
+        o.port = self.port;
+        o.extra_args = self.extra;
+        if self.holddown.is_some() {
+            o.holddown = self.holddown;
+        }
+        o
+    }
+}
+
+/// Prints each failure action of a scenario as it happens.
+fn print_action(e: &LogEntry) {
+    println!(
+        "  [fail] t={:>8.1} ms {} {} {}",
+        e.t_ms,
+        e.target,
+        e.action,
+        e.error.as_deref().unwrap_or("ok")
+    );
 }
 
 fn main() -> ExitCode {
@@ -241,77 +334,21 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Scenario {
             name,
-            op,
             json,
             plot,
-            size,
-            duration,
-            fail_at,
-            down_for,
-            failover_only,
-            no_failover,
-            flaps,
-            failures,
-            down,
-            up,
-            seed,
-            timeline_ms,
-            no_baseline,
-            apps_dir,
-            out_dir,
-            port,
-            holddown,
             print_timeline,
-            extra,
+            args,
         } => {
             let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
-            let mut o = ScenarioOptions::new(name);
-            o.op = op;
-            o.size = size;
-            o.duration = duration;
-            o.fail_at = fail_at;
-            o.down_for = down_for;
-            if failover_only {
-                o.variants = Variants::Failover;
-            } else if no_failover {
-                o.variants = Variants::NoFailover;
-            }
-            o.flaps = flaps;
-            o.soak_failures = failures;
-            o.down_range = down;
-            o.up_range = up;
-            o.seed = seed;
-            o.timeline_ms = timeline_ms;
-            if no_baseline {
-                o.with_baseline = false;
-            }
-            if let Some(dir) = apps_dir {
-                o.apps_dir = dir;
-            }
-            o.out_dir = out_dir;
-            o.port = port;
-            o.extra_args = extra;
-            if holddown.is_some() {
-                o.holddown = holddown;
-            }
-            let mut on_log = |e: &LogEntry| {
-                println!(
-                    "  [fail] t={:>8.1} ms {} {} {}",
-                    e.t_ms,
-                    e.target,
-                    e.action,
-                    e.error.as_deref().unwrap_or("ok")
-                );
-            };
+            let o = args.options(name);
+            let mut on_log = print_action;
             let result = scenario::run(&info, &o, &mut on_log).map_err(|e| e.to_string())?;
             if print_timeline {
                 scenario::print_timeline(&result);
             }
             scenario::print_summary(&result);
             if let Some(path) = json {
-                let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
-                std::fs::write(&path, text)
-                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                write_json(&path, &result)?;
                 println!("  result: {}", path.display());
             }
             if let Some(path) = plot {
@@ -319,6 +356,28 @@ fn run(cli: Cli) -> Result<(), String> {
                 println!("  plot: {}", path.display());
             }
             result.verdict()
+        }
+        Command::QpSweep {
+            name,
+            qps,
+            json,
+            plot,
+            args,
+        } => {
+            let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
+            let o = args.options(name);
+            let mut on_log = print_action;
+            let result = sweep::run(&info, &o, &qps, &mut on_log).map_err(|e| e.to_string())?;
+            sweep::print(&result);
+            if let Some(path) = json {
+                write_json(&path, &result)?;
+                println!("  result: {}", path.display());
+            }
+            if let Some(path) = plot {
+                sweep::plot(&result, &path).map_err(|e| e.to_string())?;
+                println!("  plot: {}", path.display());
+            }
+            Ok(())
         }
         Command::Fail {
             target,
@@ -333,19 +392,21 @@ fn run(cli: Cli) -> Result<(), String> {
             log,
         } => {
             let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
-            if usize::from(rail) >= info.hosts[0].nics.len() {
-                return Err(format!(
-                    "no rail {rail}: this testbed has rails 0..{}",
-                    info.hosts[0].nics.len()
-                ));
-            }
-            let mut target = target.on_rail(rail);
-            if let fail::FailTarget::SwitchPort { host, .. } = &mut target {
+            let mut target = FailTarget::parse(&target, rail)?;
+            if let Some(port) = port {
+                let FailTarget::SwitchPort { host, .. } = &mut target else {
+                    return Err(format!("--port is for switch ports, not {target}"));
+                };
                 *host = match port.as_str() {
                     "a" => Role::Initiator,
                     "b" => Role::Responder,
                     other => return Err(format!("bad --port {other:?}: use a or b")),
                 };
+            }
+            if !target.recovers() && (duration.is_some() || flap.is_some()) {
+                return Err(format!(
+                    "{target} does not come back: --duration and --flap do not apply"
+                ));
             }
             let schedule = match flap {
                 Some(count) => Schedule::Flap {
@@ -446,13 +507,89 @@ fn print_topology(info: &TestbedInfo) {
         info.mgmt.netns, info.mgmt.bridge, info.mgmt.addr
     );
     println!("  hugepages reserved: {}", info.hugepages_total);
+    for h in &info.hosts {
+        println!(
+            "  fault channel of host {} (an app started with --fault-fifo reads it): {}",
+            h.name,
+            faults::channel_path(info, h.role).display()
+        );
+    }
     println!(
         "  state: {}",
         TestbedInfo::state_path(&info.prefix).display()
     );
 }
 
-fn write_json(path: &PathBuf, info: &TestbedInfo) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(info).map_err(|e| e.to_string())?;
+fn write_json(path: &PathBuf, value: &impl serde::Serialize) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("shift-testbed").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn soak_takes_target_sets_several_up_ranges_and_overlap() {
+        let cli = parse(&[
+            "scenario",
+            "soak",
+            "--targets",
+            "all",
+            "--up",
+            "300ms..600ms,1.2s..1.6s",
+            "--overlap",
+            "0.3",
+            "--",
+            "-u",
+            "12",
+        ])
+        .unwrap();
+        let Command::Scenario { args, .. } = cli.command else {
+            panic!("not a scenario");
+        };
+        let o = args.options(ScenarioName::Soak);
+        assert_eq!(o.targets, TargetSet::All);
+        assert_eq!(o.up_ranges.len(), 2);
+        assert_eq!(o.overlap(), 0.3);
+        assert_eq!(o.rc_budget(), testbed::paths::rc_retry_budget(12, 7));
+        assert!(parse(&["scenario", "soak", "--targets", "nic9"]).is_err());
+        assert!(parse(&["scenario", "soak", "--overlap", "2"]).is_err());
+    }
+
+    #[test]
+    fn qp_sweep_takes_a_list_of_counts() {
+        let cli = parse(&["qp-sweep", "--qps", "1,16"]).unwrap();
+        let Command::QpSweep { qps, name, .. } = cli.command else {
+            panic!("not a sweep");
+        };
+        assert_eq!((qps, name), (vec![1, 16], ScenarioName::InitiatorNic));
+        let cli = parse(&["qp-sweep"]).unwrap();
+        let Command::QpSweep { qps, .. } = cli.command else {
+            panic!("not a sweep");
+        };
+        assert_eq!(qps, sweep::DEFAULT_QPS.to_vec());
+    }
+
+    #[test]
+    fn fail_takes_the_new_target_names() {
+        let cli = parse(&["fail", "--target", "both-nic0", "--duration", "300ms"]).unwrap();
+        let Command::Fail { target, .. } = cli.command else {
+            panic!("not fail");
+        };
+        assert_eq!(
+            FailTarget::parse(&target, None),
+            Ok(FailTarget::BothNics { rail: 0 })
+        );
+    }
 }

@@ -1,0 +1,179 @@
+//! Whether a path between the hosts existed, from the failure log: a rail's path is up when
+//! both hosts' devices and NICs on that rail and both of its switch ports are up. A lost
+//! connection is the driver's fault when some rail's path was up, or came back, within the
+//! RC retry budget of the failure that ended it (issue 15).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::fail::LogEntry;
+use crate::schedule::LinkAction;
+use crate::target::{FailTarget, Link};
+use crate::topology::RAILS;
+
+/// How long a plain RC QP keeps trying before it gives up with `RETRY_EXC_ERR`: the first
+/// transmission and `retry_cnt` retries, each waiting the local ACK timeout of
+/// 4.096 us x 2^`qp_timeout`.
+pub fn rc_retry_budget(qp_timeout: u8, retry_cnt: u8) -> Duration {
+    let ack_timeout_ns = 4096u64 << qp_timeout.min(31);
+    Duration::from_nanos(ack_timeout_ns * (u64::from(retry_cnt) + 1))
+}
+
+/// The down intervals of each rail's path, in Unix milliseconds.
+#[derive(Debug, Clone, Default)]
+pub struct Availability {
+    /// Per rail: merged, sorted `[down, up)` intervals (`up` infinite when it never came back).
+    down: BTreeMap<u8, Vec<(f64, f64)>>,
+}
+
+impl Availability {
+    /// Reads the log's successful actions (from when each was issued); entries whose target
+    /// the testbed does not know are skipped with a warning.
+    pub fn from_log(log: &[LogEntry]) -> Availability {
+        let mut open: BTreeMap<Link, f64> = BTreeMap::new();
+        let mut intervals: BTreeMap<u8, Vec<(f64, f64)>> = BTreeMap::new();
+        for e in log.iter().filter(|e| e.error.is_none()) {
+            let target = match FailTarget::parse(&e.target, None) {
+                Ok(t) => t,
+                Err(err) => {
+                    tracing::warn!(target = %e.target, error = %err, "failure log entry skipped");
+                    continue;
+                }
+            };
+            for link in target.links() {
+                match e.action {
+                    LinkAction::Down => {
+                        open.entry(link).or_insert(e.issued_unix_ms);
+                    }
+                    LinkAction::Up => {
+                        if let Some(from) = open.remove(&link) {
+                            intervals
+                                .entry(link.rail())
+                                .or_default()
+                                .push((from, e.issued_unix_ms));
+                        }
+                    }
+                }
+            }
+        }
+        for (link, from) in open {
+            intervals
+                .entry(link.rail())
+                .or_default()
+                .push((from, f64::INFINITY));
+        }
+        let down = intervals
+            .into_iter()
+            .map(|(rail, mut v)| {
+                v.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let mut merged: Vec<(f64, f64)> = Vec::with_capacity(v.len());
+                for (d, u) in v {
+                    match merged.last_mut() {
+                        Some(last) if d <= last.1 => last.1 = last.1.max(u),
+                        _ => merged.push((d, u)),
+                    }
+                }
+                (rail, merged)
+            })
+            .collect();
+        Availability { down }
+    }
+
+    /// Whether `rail`'s path was up at some instant of `[from, to]`.
+    pub fn rail_up_during(&self, rail: u8, from: f64, to: f64) -> bool {
+        let Some(intervals) = self.down.get(&rail) else {
+            return true;
+        };
+        // Walk the down intervals from `from`: the first gap before `to` is an up instant.
+        let mut cursor = from;
+        for &(d, u) in intervals {
+            if u <= cursor {
+                continue;
+            }
+            if d > cursor {
+                break;
+            }
+            cursor = u;
+            if cursor > to {
+                return false;
+            }
+        }
+        cursor <= to
+    }
+
+    /// The rails whose path was up at some instant of `[from, to]`.
+    pub fn rails_up_during(&self, from: f64, to: f64) -> Vec<u8> {
+        (0..RAILS)
+            .filter(|&r| self.rail_up_during(r, from, to))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(target: &str, action: LinkAction, at: f64) -> LogEntry {
+        LogEntry {
+            t_ms: 0.0,
+            unix_ms: at,
+            planned_ms: 0.0,
+            target: target.to_owned(),
+            rail: 0,
+            action,
+            netns: String::new(),
+            dev: String::new(),
+            error: None,
+            issued_unix_ms: at,
+        }
+    }
+
+    #[test]
+    fn the_apps_default_budget_is_eight_ack_timeouts_of_67_ms() {
+        // -u 14 (the apps' default) and retry_cnt 7: 8 x 67.1 ms.
+        let b = rc_retry_budget(14, 7);
+        assert_eq!(b, Duration::from_nanos(8 * 4096 * (1 << 14)));
+        assert!((b.as_secs_f64() - 0.537).abs() < 0.001, "{b:?}");
+    }
+
+    #[test]
+    fn a_rail_is_down_while_any_of_its_links_is() {
+        let log = vec![
+            entry("initiator-nic0", LinkAction::Down, 100.0),
+            entry("switch0-port", LinkAction::Down, 150.0),
+            entry("initiator-nic0", LinkAction::Up, 200.0),
+            entry("switch0-port", LinkAction::Up, 300.0),
+        ];
+        let a = Availability::from_log(&log);
+        assert!(!a.rail_up_during(0, 120.0, 250.0));
+        assert!(a.rail_up_during(0, 120.0, 300.0), "up again at 300");
+        assert!(a.rail_up_during(0, 50.0, 110.0), "up before 100");
+        assert!(a.rail_up_during(1, 120.0, 250.0), "rail 1 never failed");
+        assert_eq!(a.rails_up_during(120.0, 250.0), vec![1]);
+    }
+
+    #[test]
+    fn both_nics_and_a_dead_device_take_their_rail_down() {
+        let log = vec![
+            entry("both-nic0", LinkAction::Down, 100.0),
+            entry("initiator-dev1-dead", LinkAction::Down, 120.0),
+            entry("both-nic0", LinkAction::Up, 400.0),
+        ];
+        let a = Availability::from_log(&log);
+        assert_eq!(a.rails_up_during(130.0, 399.0), Vec::<u8>::new());
+        assert_eq!(a.rails_up_during(130.0, 400.0), vec![0]);
+        assert!(
+            !a.rail_up_during(1, 130.0, 1e12),
+            "a dead device never comes back"
+        );
+    }
+
+    #[test]
+    fn failed_actions_and_unknown_targets_change_nothing() {
+        let mut failed = entry("initiator-nic0", LinkAction::Down, 100.0);
+        failed.error = Some("ip failed".into());
+        let log = vec![failed, entry("warp-core", LinkAction::Down, 100.0)];
+        let a = Availability::from_log(&log);
+        assert_eq!(a.rails_up_during(0.0, 1e12), vec![0, 1]);
+    }
+}
