@@ -13,7 +13,7 @@
 use std::ffi::c_void;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
@@ -415,6 +415,40 @@ impl MemoryPool {
 impl Default for MemoryPool {
     fn default() -> MemoryPool {
         MemoryPool::new(HugepagePolicy::default())
+    }
+}
+
+/// Copies `out.len()` bytes from memory a device shares with this process (a registered
+/// buffer) at `src`, one relaxed atomic load per byte.
+///
+/// Why atomic: a peer decides when the device writes registered memory, so its WRITE may land
+/// while the application reads the same bytes (an ordering bug, or a hostile peer). A plain or
+/// volatile copy racing that write is a data race, undefined behaviour in Rust's memory model;
+/// byte-wise atomics racing the device's byte-wise atomic copies (softnic's `dma` module) are
+/// not. Why bytes: racing atomics of different sizes that partially overlap are undefined as
+/// well, and a byte is the size every copy can agree on at any alignment. (A ConnectX writes
+/// by DMA, outside the language's model; the same discipline costs nothing in correctness.)
+///
+/// # Safety
+/// `src..src + out.len()` must be mapped and readable for the whole call.
+pub(crate) unsafe fn load_shared(src: *const u8, out: &mut [u8]) {
+    for (i, byte) in out.iter_mut().enumerate() {
+        // SAFETY: inside the range the caller vouched for; AtomicU8 has alignment 1. A relaxed
+        // one-byte load is allowed even on read-only memory (`core::sync::atomic`, "Atomic
+        // accesses to read-only memory"); nothing is written through the reference.
+        *byte = unsafe { &*src.add(i).cast::<AtomicU8>() }.load(Ordering::Relaxed);
+    }
+}
+
+/// Copies `data` into shared memory at `dst`, one relaxed atomic store per byte (see
+/// [`load_shared`] for why).
+///
+/// # Safety
+/// `dst..dst + data.len()` must be mapped and writable for the whole call.
+pub(crate) unsafe fn store_shared(data: &[u8], dst: *mut u8) {
+    for (i, byte) in data.iter().enumerate() {
+        // SAFETY: inside the writable range the caller vouched for; AtomicU8 has alignment 1.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(*byte, Ordering::Relaxed);
     }
 }
 

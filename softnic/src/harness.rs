@@ -56,26 +56,19 @@ impl Buffer {
         }
     }
 
-    /// Copies bytes out (racy with the device only if the test lets it be).
+    /// Copies bytes out, byte-wise atomically: the device may be writing them (see
+    /// `crate::dma`).
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         assert!(offset + out.len() <= self.mem.len());
         // SAFETY: in bounds of our allocation.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.mem.as_ptr().add(offset),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        }
+        unsafe { crate::dma::load_shared(self.mem.as_ptr().add(offset), out) }
     }
 
-    /// Copies bytes in.
+    /// Copies bytes in, byte-wise atomically.
     pub fn write(&self, offset: usize, data: &[u8]) {
         assert!(offset + data.len() <= self.mem.len());
         // SAFETY: in bounds of our allocation.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(offset), data.len())
-        }
+        unsafe { crate::dma::store_shared(data, self.mem.as_ptr().add(offset)) }
     }
 
     /// Reads a native-endian u64 (atomic targets).

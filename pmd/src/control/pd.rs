@@ -1,11 +1,12 @@
 //! Protection domains, memory regions and registered buffers.
 
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::datapath::wr::{Remote, Sge};
 use crate::keys::MrEntry;
-use crate::memory::{Block, PageSize};
+use crate::memory::{load_shared, store_shared, Block, PageSize};
 use crate::provider::{Handle, RawMr, VerbsError};
 use crate::verbs::Access;
 
@@ -331,30 +332,50 @@ impl RegisteredBuffer {
 
     /// Copies `data` into the buffer at `offset`. Panics if the range is outside the buffer
     /// (a programming error, like slice indexing).
+    ///
+    /// Byte-wise atomic, as the device's own copies are: a peer may write these bytes at the
+    /// same time (the application's ordering bug, or a hostile peer), and a plain copy racing
+    /// it would be undefined behaviour (see [`crate::memory::load_shared`]).
     pub fn write(&self, offset: usize, data: &[u8]) {
         self.check_range(offset, data.len());
-        // SAFETY: the range is inside the block (checked). The device may be accessing other
-        // parts (or, if the application got its ordering wrong, this part); a byte copy
-        // through raw pointers never creates a Rust reference to the shared bytes.
-        unsafe { std::ptr::copy(data.as_ptr(), self.as_ptr().add(offset), data.len()) }
+        // SAFETY: the range is inside the block (checked), which is mapped read-write.
+        unsafe { store_shared(data, self.as_ptr().add(offset)) }
     }
 
     /// Copies bytes at `offset` out of the buffer. Panics if the range is outside the buffer.
+    /// Byte-wise atomic, as `write`.
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         self.check_range(offset, out.len());
         // SAFETY: as in `write`.
-        unsafe { std::ptr::copy(self.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
+        unsafe { load_shared(self.as_ptr().add(offset), out) }
     }
 
-    /// Reads a native-endian u64 at `offset` (an atomic's result lands as one).
+    /// Reads a native-endian u64 at `offset` (an atomic's target, or where its result lands):
+    /// one 8-byte atomic load at an 8-byte aligned address, so it races with the device's
+    /// atomics on the word at the same size; bytes otherwise.
     pub fn read_u64(&self, offset: usize) -> u64 {
+        self.check_range(offset, 8);
+        // SAFETY: in the block (checked); the pointer is used only if 8-byte aligned.
+        let p = unsafe { self.as_ptr().add(offset) };
+        if p.align_offset(8) == 0 {
+            // SAFETY: aligned, inside the read-write block, which outlives the reference.
+            return unsafe { AtomicU64::from_ptr(p.cast()) }.load(Ordering::Relaxed);
+        }
         let mut b = [0u8; 8];
         self.read(offset, &mut b);
         u64::from_ne_bytes(b)
     }
 
-    /// Writes a native-endian u64 at `offset` (an atomic's target).
+    /// Writes a native-endian u64 at `offset` (an atomic's target), as `read_u64` reads it.
     pub fn write_u64(&self, offset: usize, value: u64) {
+        self.check_range(offset, 8);
+        // SAFETY: as in `read_u64`.
+        let p = unsafe { self.as_ptr().add(offset) };
+        if p.align_offset(8) == 0 {
+            // SAFETY: as in `read_u64`.
+            unsafe { AtomicU64::from_ptr(p.cast()) }.store(value, Ordering::Relaxed);
+            return;
+        }
         self.write(offset, &value.to_ne_bytes());
     }
 
