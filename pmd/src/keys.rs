@@ -16,8 +16,9 @@
 //! of MRs makes practically impossible.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 
+use crate::datapath::gate::QpGate;
 use crate::verbs::Access;
 
 /// How many slots after the home slot a key may live in.
@@ -93,6 +94,9 @@ pub struct KeyTable {
     /// Moves on every removal, so a queue may cache an entry it looked up and trust it while
     /// the generation it read before the lookup is still current.
     generation: AtomicU64,
+    /// The gates of the device's QPs, whose key epochs move with the generation (their send
+    /// queues' fast paths read the gate instead of the generation).
+    gates: Mutex<Vec<Weak<QpGate>>>,
 }
 
 impl std::fmt::Debug for KeyTable {
@@ -120,7 +124,15 @@ impl KeyTable {
             mask: n - 1,
             writers: Mutex::new(()),
             generation: AtomicU64::new(0),
+            gates: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Has `gate`'s key epoch move with every removal from now on (until the gate is dropped).
+    pub fn register_gate(&self, gate: &Arc<QpGate>) {
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        gates.retain(|g| g.strong_count() > 0);
+        gates.push(Arc::downgrade(gate));
     }
 
     /// The removal generation: unchanged since a lookup means the entry found is still valid.
@@ -226,8 +238,18 @@ impl KeyTable {
             let idx = (h + i) & self.mask;
             if self.slots[idx].key.load(Ordering::Relaxed) == OCCUPIED | lkey as u64 {
                 // Invalidate cached copies first: a post racing this removal either sees the
-                // new generation and looks up again, or completes as if it came just before.
+                // new generation (or key epoch) and looks up again, or completes as if it came
+                // just before.
                 self.generation.fetch_add(1, Ordering::AcqRel);
+                for gate in self
+                    .gates
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                {
+                    gate.bump_epoch();
+                }
                 self.write(idx, |slot| slot.key.store(0, Ordering::Relaxed));
                 return true;
             }

@@ -37,8 +37,8 @@ pub use control::{
     Context, ContextConfig, Cq, ModifyError, Mr, OpenError, Pd, Qp, QpHandle, RegisteredBuffer,
 };
 pub use datapath::wr::{
-    Payload, PostError, RecvWr, Remote, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
-    WorkCompletion,
+    BatchPostError, Payload, PostError, RecvWr, Remote, SendFlags, SendOp, SendWr, SgList, Sge,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 pub use name::DeviceName;
 pub use qp_state::QpState;

@@ -303,7 +303,10 @@ fn post_time_errors_over_softnic_are_typed_and_write_nothing() {
         matches!(err, PostError::QueueFull { queue: "send", .. }),
         "{err}"
     );
-    assert_eq!(posted as u32, a.qp.send_queue().capacity());
+    // Work requests count against the granted max_send_wr (here 85: the ring's 256 blocks
+    // hold 85 WQEs of the largest size the caps allow), not the ring's blocks.
+    assert_eq!(posted as u32, a.qp.caps().max_send_wr);
+    assert!(a.qp.caps().max_send_wr < a.qp.send_queue().capacity());
 }
 
 #[test]

@@ -2,14 +2,15 @@
 //! and the datapath entry points.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 
 use crate::datapath::cq::Attachment;
+use crate::datapath::gate::QpGate;
 use crate::datapath::rq::{RecvQueue, RecvQueueParts};
 use crate::datapath::sq::{DoorbellError, SendQueue, SendQueueParts};
 use crate::datapath::track::{RecvTrack, SendTrack};
-use crate::datapath::wr::{PostError, RecvWr, SendWr};
+use crate::datapath::wr::{BatchPostError, PostError, RecvWr, SendWr};
 use crate::provider::{Handle, QpRequest, RawQp, VerbsError};
 use crate::qp_state::{check_transition, QpState, TransitionError};
 use crate::verbs::{QpAttr, QpCaps};
@@ -92,13 +93,14 @@ pub(crate) struct QpControl {
     handle: Handle,
     qpn: u32,
     caps: QpCaps,
-    state: Arc<AtomicU8>,
+    /// The QP's state, in the gate its queues' posts read.
+    gate: Arc<QpGate>,
     saved: Mutex<SavedAttrs>,
 }
 
 impl QpControl {
     fn state(&self) -> QpState {
-        QpState::from_ibv(self.state.load(Ordering::Acquire)).unwrap_or(QpState::Err)
+        QpState::from_ibv(self.gate.state()).unwrap_or(QpState::Err)
     }
 
     /// Checks, applies and records one transition. Serialised by the `saved` lock, so two
@@ -111,7 +113,7 @@ impl QpControl {
             .context()
             .provider()
             .modify_qp(self.handle, to, attr)?;
-        self.state.store(to as u8, Ordering::Release);
+        self.gate.set_state(to);
         match (from, to) {
             (QpState::Reset, QpState::Init) => saved.init = Some(attr.clone()),
             (QpState::Init, QpState::Init) => merge(&mut saved.init, attr),
@@ -271,7 +273,8 @@ impl Qp {
             doorbell,
             caps: granted,
         } = raw;
-        let state = Arc::new(AtomicU8::new(QpState::Reset as u8));
+        let gate = Arc::new(QpGate::new(QpState::Reset));
+        ctx.keys().register_gate(&gate);
         let ctl = Arc::new(QpControl {
             pd: pd.clone(),
             send_cq: send_cq.shared().clone(),
@@ -279,7 +282,7 @@ impl Qp {
             handle,
             qpn,
             caps: granted,
-            state: state.clone(),
+            gate: gate.clone(),
             saved: Mutex::new(SavedAttrs::default()),
         });
         // From here on `ctl`'s drop destroys the QP if anything below refuses the rings.
@@ -318,6 +321,7 @@ impl Qp {
         let sq = SendQueue::new(SendQueueParts {
             ring: sq.buf,
             bbs: sq.wqe_cnt,
+            max_wr: granted.max_send_wr,
             qpn,
             pd: pd.id(),
             max_inline: granted
@@ -328,7 +332,7 @@ impl Qp {
             doorbell,
             track: send_track,
             keys: ctx.keys().clone(),
-            state: state.clone(),
+            gate: gate.clone(),
             device: device.clone(),
         });
         let rq = RecvQueue::new(RecvQueueParts {
@@ -341,7 +345,7 @@ impl Qp {
             dbrec: recv_dbrec,
             track: recv_track,
             keys: ctx.keys().clone(),
-            state,
+            gate,
             device,
         });
         Ok(Qp { sq, rq, ctl })
@@ -429,6 +433,14 @@ impl Qp {
     #[inline]
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
         self.sq.post(wr)
+    }
+
+    /// Posts `wrs` in order as one batch (`ibv_post_send` with a list): runs of one-entry
+    /// RDMA WRITEs take the burst path, which checks the QP once per run. Stops at the first
+    /// refused work request; nothing is published until a doorbell.
+    #[inline]
+    pub fn post_send_batch(&mut self, wrs: &[SendWr<'_>]) -> Result<(), BatchPostError> {
+        self.sq.post_batch(wrs)
     }
 
     /// Publishes every WQE written so far with one doorbell.

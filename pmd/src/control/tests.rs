@@ -423,10 +423,16 @@ fn every_opcode_is_encoded_with_its_segments() {
         }
         // Publish and complete it so the next one has room.
         r.qp.ring_doorbell();
-        r.fake.cq(0).req(r.qp.qpn(), idx, 8);
+        r.fake.cq(0).req_op(r.qp.qpn(), idx, opcode, 8);
         let mut wcs = [WorkCompletion::EMPTY; 1];
         assert_eq!(r.cq.poll(&mut wcs), 1);
         assert_eq!(wcs[0].opcode, op.wc_opcode());
+        // A byte count only for what brought data back (libmlx5's handle_good_req).
+        let byte_len = match op {
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
+            _ => 0,
+        };
+        assert_eq!(wcs[0].byte_len, byte_len, "{op:?}");
     }
 }
 
@@ -576,6 +582,196 @@ fn ringing_through_the_middle_of_a_wqe_is_refused() {
     assert!(err.to_string().contains("not the start"), "{err}");
 }
 
+/// Block `i` of the send ring with the WQE index (bytes 1..3) cleared, for comparing WQEs
+/// written at different places.
+fn without_index(r: &Rig, i: u16) -> Vec<u8> {
+    let mut bb = r.fake.qp(r.qp.qpn()).sq_bb(u32::from(i));
+    bb[1] = 0;
+    bb[2] = 0;
+    bb.to_vec()
+}
+
+#[test]
+fn the_fast_path_writes_the_bytes_the_general_path_writes() {
+    let ops = [
+        SendOp::Write { remote: remote() },
+        SendOp::WriteImm {
+            remote: remote(),
+            imm: 0x0102_0304,
+        },
+        SendOp::Send,
+        SendOp::SendImm { imm: 0xa0b0_c0d0 },
+    ];
+    let mut r = rig();
+    let sge = r.buf.sge(24, 40);
+    let mut wcs = [WorkCompletion::EMPTY; 4];
+    for op in ops {
+        for f in 0..8u8 {
+            let mut wr = SendWr::new(u64::from(f), op, &[sge]);
+            for (bit, flag) in [SendFlags::SIGNALED, SendFlags::FENCE, SendFlags::SOLICITED]
+                .into_iter()
+                .enumerate()
+            {
+                if f & (1 << bit) != 0 {
+                    wr.flags = wr.flags | flag;
+                }
+            }
+            // The general path (any state, every check), then the fast path, which must take
+            // this one (the key cache is warm).
+            let general = r.qp.send_queue().post_withheld(&wr).unwrap();
+            let fast = r.qp.send_queue().post_fast(&wr);
+            let fast = fast.unwrap_or_else(|| panic!("{op:?} flags {f:#b} left the fast path"));
+            assert_eq!(fast, general.wrapping_add(1));
+            assert_eq!(
+                without_index(&r, fast),
+                without_index(&r, general),
+                "{op:?} flags {f:#b}"
+            );
+            assert_eq!(
+                ctrl_of(&r.fake.qp(r.qp.qpn()).sq_bb(u32::from(fast))).wqe_index,
+                fast
+            );
+            // Complete both so the ring never fills.
+            r.qp.ring_doorbell();
+            r.fake.cq(0).req_op(r.qp.qpn(), fast, op.opcode(), 0);
+            r.cq.poll(&mut wcs);
+        }
+    }
+}
+
+#[test]
+fn a_batch_posts_in_order_and_stops_at_the_refused_work_request() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let bad = Sge {
+        lkey: 0xdead,
+        ..sge
+    };
+    let write = |id| SendWr::new(id, SendOp::Write { remote: remote() }, &[sge]);
+    let wrs = [
+        write(1),
+        write(2),
+        SendWr::inline(3, SendOp::Send, b"abc"),
+        write(4),
+        SendWr::new(5, SendOp::Write { remote: remote() }, &[bad]),
+        write(6),
+    ];
+    let e = r.qp.post_send_batch(&wrs).unwrap_err();
+    assert_eq!(e.posted, 4);
+    assert!(
+        matches!(e.error, PostError::UnknownLkey { lkey: 0xdead, .. }),
+        "{e}"
+    );
+    assert_eq!(
+        r.qp.send_queue().written(),
+        4,
+        "nothing after the refused one"
+    );
+    let ids: Vec<u64> = r.qp.send_queue().outstanding().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1, 2, 3, 4]);
+    let ops: Vec<SendOpcode> = (0..4)
+        .map(|i| ctrl_of(&r.fake.qp(r.qp.qpn()).sq_bb(i)).opcode)
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            SendOpcode::RdmaWrite,
+            SendOpcode::RdmaWrite,
+            SendOpcode::Send,
+            SendOpcode::RdmaWrite
+        ]
+    );
+    // The batch's WRITEs are the bytes a single post writes.
+    r.qp.post_send_batch(&[write(7)]).unwrap();
+    r.qp.send_queue().post_withheld(&write(7)).unwrap();
+    assert_eq!(without_index(&r, 4), without_index(&r, 5));
+}
+
+#[test]
+fn a_held_gate_sends_every_post_down_the_general_path() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let wr = SendWr::new(1, SendOp::Write { remote: remote() }, &[sge]);
+    r.qp.post_send(&wr).unwrap(); // warms the key cache
+    assert!(r.qp.send_queue().post_fast(&wr).is_some());
+    r.qp.send_queue().hold_fast_path(true);
+    assert_eq!(r.qp.send_queue().post_fast(&wr), None);
+    assert_eq!(
+        r.qp.send_queue().post_write_run(std::slice::from_ref(&wr)),
+        0
+    );
+    // The general path still posts: the hold only routes.
+    r.qp.post_send(&wr).unwrap();
+    r.qp.post_send_batch(&[wr.clone(), wr.clone()]).unwrap();
+    assert_eq!(r.qp.send_queue().written(), 5);
+    r.qp.send_queue().hold_fast_path(false);
+    assert!(r.qp.send_queue().post_fast(&wr).is_some());
+}
+
+#[test]
+fn a_state_change_from_another_thread_closes_the_fast_path_at_once() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let wr = SendWr::new(1, SendOp::Write { remote: remote() }, &[sge]);
+    r.qp.post_send(&wr).unwrap();
+    assert!(r.qp.send_queue().post_fast(&wr).is_some());
+    let handle = r.qp.handle();
+    std::thread::spawn(move || handle.set_error().unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(r.qp.send_queue().post_fast(&wr), None);
+    let e = post_err(&mut r, wr);
+    assert!(
+        matches!(
+            e,
+            PostError::NotReadyToSend {
+                state: QpState::Err,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_deregistration_closes_the_fast_path_of_every_qp_of_the_device() {
+    let mut r = rig();
+    let mut other = r.pd.create_qp(&r.cq, &r.cq, caps()).unwrap();
+    connect(&mut other);
+    let tmp = r.pd.alloc_buffer(64, Access::ALL).unwrap();
+    let sge = tmp.sge(0, 8);
+    let wr = SendWr::new(1, SendOp::Write { remote: remote() }, &[sge]);
+    for qp in [&mut r.qp, &mut other] {
+        qp.post_send(&wr).unwrap();
+        assert!(qp.send_queue().post_fast(&wr).is_some(), "cache warm");
+    }
+    drop(tmp);
+    for qp in [&mut r.qp, &mut other] {
+        assert_eq!(qp.send_queue().post_fast(&wr), None);
+        let e = qp.post_send(&wr).unwrap_err();
+        assert!(matches!(e, PostError::UnknownLkey { .. }), "{e}");
+    }
+}
+
+#[test]
+fn the_doorbell_names_the_last_wqe_whichever_path_wrote_it() {
+    let mut r = rig();
+    let sge = r.buf.sge(0, 8);
+    let write = SendWr::new(1, SendOp::Write { remote: remote() }, &[sge]);
+    let big = SendWr::inline(2, SendOp::Send, &[7u8; 60]); // two blocks, general path
+    let q = r.fake.qp(r.qp.qpn());
+    // General, then fast: the fast one is last.
+    r.qp.post_send(&big).unwrap();
+    let last = r.qp.post_send(&write).unwrap();
+    r.qp.ring_doorbell();
+    assert_eq!(q.doorbell_bytes(), q.sq_bb(u32::from(last))[..8]);
+    // Fast, then general: the two-block one is last.
+    r.qp.post_send(&write).unwrap();
+    let last = r.qp.post_send(&big).unwrap();
+    r.qp.ring_doorbell();
+    assert_eq!(q.doorbell_bytes(), q.sq_bb(u32::from(last))[..8]);
+}
+
 // ---- post-time validation ----
 
 fn post_err(r: &mut Rig, wr: SendWr<'_>) -> PostError {
@@ -635,7 +831,10 @@ fn too_many_sges_are_refused() {
 fn a_full_send_queue_is_an_error_not_a_wrap() {
     let mut r = rig();
     let sge = r.buf.sge(0, 8);
-    let capacity = r.qp.send_queue().capacity();
+    // Work requests count against the granted max_send_wr, not the ring's basic blocks
+    // (this fake rings twice as many blocks as work requests).
+    let capacity = r.qp.caps().max_send_wr;
+    assert!(r.qp.send_queue().capacity() > capacity);
     for i in 0..capacity {
         r.qp.post_send(&SendWr::new(u64::from(i), SendOp::Send, &[sge]))
             .unwrap();

@@ -9,6 +9,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use hw_defs::mlx5::cqe::QPN_MASK;
 use hw_defs::mlx5::{cqe, Cqe64, CqeOpcode, ErrCqe};
 
 use super::barrier;
@@ -241,11 +242,36 @@ impl CqRing {
 /// The consumer index travels mod 2^24.
 const CI_MASK: u32 = 0x00ff_ffff;
 
+// The fast loop takes send opcodes RDMA_WRITE..RDMA_WRITE + 4 as one range.
+const _: () = assert!(
+    raw::RDMA_WRITE_IMM == raw::RDMA_WRITE + 1
+        && raw::SEND == raw::RDMA_WRITE + 2
+        && raw::SEND_IMM == raw::RDMA_WRITE + 3
+);
+
+/// Why the fast loop stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// The next CQE is not written yet: nothing more to poll.
+    Empty,
+    /// Full, end of the lap, or a CQE for the general decoder.
+    Other,
+}
+
 /// The hot half of a CQ: ring, consumer index, and the attached QPs' bookkeeping.
 #[derive(Debug)]
 pub struct CompletionQueue {
+    // ---- hot: what the fast loop reads ----
     /// The ring, its geometry and its doorbell record.
     ring: CqRing,
+    /// The send track of the QP of the last CQE (`local[hit]`), or `None`: the fast loop
+    /// retires through it. Points into an `Arc` that `local` holds.
+    hot_send: Option<NonNull<SendTrack>>,
+    /// That QP's number, as the little-endian word of CQE bytes 56..60 has it with the
+    /// opcode byte cleared: the fast loop's QP check is one compare.
+    hot_qpn_word: u32,
+    /// That QP's number.
+    hot_qpn: u32,
     /// Entries in the ring (a power of two): `cqe_m + 1`.
     count: u32,
     /// Consumer counter: CQEs before it are consumed (free-running; its lap parity is the
@@ -275,6 +301,9 @@ impl CompletionQueue {
     pub(crate) fn new(ring: CqRing, attachments: Arc<Attachments>) -> CompletionQueue {
         CompletionQueue {
             ring,
+            hot_send: None,
+            hot_qpn_word: u32::MAX,
+            hot_qpn: 0,
             count: ring.count(),
             cqe_ci: 0,
             attachments,
@@ -335,7 +364,7 @@ impl CompletionQueue {
     #[cold]
     fn changed(&mut self) {
         self.generation = self.attachments.snapshot(&mut self.local);
-        self.hit = 0;
+        self.set_hit(0);
         self.attachments.take_cleans(&mut self.cleaning);
         let mut cleaning = std::mem::take(&mut self.cleaning);
         for c in cleaning.drain(..) {
@@ -360,32 +389,143 @@ impl CompletionQueue {
             }
         }
         let i = self.local.iter().position(|a| a.qpn == qpn)?;
-        self.hit = i;
+        self.set_hit(i);
         Some(i)
     }
 
+    /// Makes `local[i]` (if there is one) the QP the fast loop expects.
+    fn set_hit(&mut self, i: usize) {
+        self.hit = i;
+        match self.local.get(i) {
+            Some(a) => {
+                self.hot_send = a.send.as_deref().map(NonNull::from);
+                self.hot_qpn = a.qpn;
+                self.hot_qpn_word = (a.qpn & QPN_MASK).to_be();
+            }
+            None => {
+                self.hot_send = None;
+                self.hot_qpn_word = u32::MAX;
+            }
+        }
+    }
+
     /// Polls up to `wcs.len()` completions into `wcs`; returns how many were written.
+    ///
+    /// Successful requester CQEs of WRITEs and SENDs of the QP of the last CQE go through a
+    /// tight loop ([`CompletionQueue::poll_fast`]); everything else, one CQE at a time,
+    /// through the general decoder, after which the tight loop takes over again.
     #[inline]
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
         self.refresh();
+        let first = self.cqe_ci;
         let mut n = 0;
-        let mut ci = self.cqe_ci;
-        while n < wcs.len() {
-            let Some(ptr) = self.owned(ci) else { break };
+        loop {
+            let (k, stop) = self.poll_fast(&mut wcs[n..]);
+            n += k;
+            if stop == Stop::Empty || n == wcs.len() {
+                break;
+            }
+            let Some(ptr) = self.owned(self.cqe_ci) else {
+                break;
+            };
             // SAFETY: ptr is a whole 64-byte CQE inside the ring, owned by software (checked
             // above, with the barrier); the device does not write it until the consumer index
             // moves past it.
             let bytes = unsafe { &*(ptr as *const [u8; cqe::SIZE]) };
-            ci = ci.wrapping_add(1);
+            self.cqe_ci = self.cqe_ci.wrapping_add(1);
             if self.decode(bytes, &mut wcs[n]) {
                 n += 1;
             }
         }
-        if ci != self.cqe_ci {
-            self.cqe_ci = ci;
-            self.ring.publish(ci);
+        if self.cqe_ci != first {
+            self.ring.publish(self.cqe_ci);
         }
         n
+    }
+
+    /// The tight loop: successful requester CQEs of RDMA WRITEs and SENDs of the hot QP, up
+    /// to the end of the ring's current lap; stops (leaving the CQE where it is) at anything
+    /// else. What makes it short: the owner bit expected is the same for the whole lap; the
+    /// QP check and the opcode check are one XOR against the hot QP's number and one range
+    /// compare (bytes 56..60 hold the send opcode, then the QPN); the CQE and completion
+    /// pointers advance by strides; the send track's consumer counter stays in a register and
+    /// is published once ([`SendTrack::retirer`]).
+    #[inline(always)]
+    fn poll_fast(&mut self, wcs: &mut [WorkCompletion]) -> (usize, Stop) {
+        let Some(track) = self.hot_send else {
+            return (0, Stop::Other);
+        };
+        // SAFETY: `hot_send` points into an Arc<SendTrack> held by `local`, which changes only
+        // through `&mut self` (and resets `hot_send` when it does).
+        let track = unsafe { track.as_ref() };
+        let ci = self.cqe_ci;
+        let ring = self.ring;
+        let lap_left = (ring.cqe_m - (ci & ring.cqe_m) + 1) as usize;
+        let max = wcs.len().min(lap_left);
+        // Format 0, REQ (opcode 0), this lap's owner bit; the solicited bit (1) is ignored.
+        let want = ((ci >> ring.cqe_n) & 1) as u8;
+        let (qpn_word, qpn) = (self.hot_qpn_word, self.hot_qpn);
+        let stride = 1usize << ring.entry_shift;
+        let mut cqe = ring.entry(ci);
+        let mut retirer = track.retirer();
+        // What every completion of the loop carries but its id and opcode.
+        let template = WorkCompletion {
+            qp_num: qpn,
+            ..WorkCompletion::EMPTY
+        };
+        let first = cqe;
+        for wc in &mut wcs[..max] {
+            let op_own = ring.op_own(cqe).load(Ordering::Relaxed);
+            if op_own & !0x02 != want {
+                break;
+            }
+            // The owner byte said the CQE is ours: read its body only now (libmlx5's
+            // udma_from_device_barrier in mlx5_get_next_cqe).
+            barrier::from_device();
+            // SAFETY: the CQE is 64 bytes inside the ring, software's (checked above); bytes
+            // 56..60 and 60..62 are aligned words of it.
+            let (word, counter) = unsafe {
+                (
+                    cqe.add(cqe::SOP_DROP_QPN_OFFSET).cast::<u32>().read(),
+                    cqe.add(cqe::WQE_COUNTER_OFFSET).cast::<u16>().read(),
+                )
+            };
+            // The hot QP's CQE leaves the send opcode alone in the low byte; WRITE,
+            // WRITE_IMM, SEND and SEND_IMM are 8..12 (anything else, another QP included,
+            // falls outside).
+            let op = (word ^ qpn_word).wrapping_sub(u32::from(raw::RDMA_WRITE));
+            if op > u32::from(raw::SEND_IMM - raw::RDMA_WRITE) {
+                break;
+            }
+            let Some(wr_id) = retirer.retire(u16::from_be(counter)) else {
+                break;
+            };
+            // The template whole (two 16-byte stores), then the two fields that differ.
+            *wc = template;
+            wc.wr_id = wr_id;
+            wc.opcode = if op < u32::from(raw::SEND - raw::RDMA_WRITE) {
+                WcOpcode::RdmaWrite
+            } else {
+                WcOpcode::Send
+            };
+            cqe = cqe.wrapping_add(stride);
+        }
+        // How many it took, from how far the CQE pointer moved (one counter less in the loop).
+        let n = (cqe as usize - first as usize) >> ring.entry_shift;
+        // Why it stopped, looked at once: an unwritten CQE ends the poll.
+        let stop = if n < max
+            && !cqe::is_sw_owned(
+                ring.op_own(cqe).load(Ordering::Relaxed),
+                ci.wrapping_add(n as u32),
+                ring.count(),
+            ) {
+            Stop::Empty
+        } else {
+            Stop::Other
+        };
+        retirer.finish();
+        self.cqe_ci = ci.wrapping_add(n as u32);
+        (n, stop)
     }
 
     /// Whether an error completion was polled since the last [`CompletionQueue::take_error_mark`]:
@@ -422,18 +562,27 @@ impl CompletionQueue {
                     self.stats.stale += 1;
                     return false;
                 };
+                // The completed WQE's opcode, byte 56 (`sop_drop_qpn >> 24`), as libmlx5 reads
+                // it; a byte count only for what brought data back, as libmlx5 reports it:
+                // READ its bytes, atomics their 8.
+                let send_opcode = bytes[cqe::SOP_DROP_QPN_OFFSET];
+                let byte_len = match send_opcode {
+                    raw::RDMA_READ => view.byte_cnt(),
+                    raw::ATOMIC_CS | raw::ATOMIC_FA => 8,
+                    _ => 0,
+                };
                 *wc = WorkCompletion {
                     wr_id: done.wr_id,
                     status: WcStatus::Success,
-                    opcode: send_wc_opcode(done.opcode),
-                    byte_len: view.byte_cnt(),
+                    opcode: send_wc_opcode(send_opcode),
+                    byte_len,
                     imm: None,
                     qp_num: qpn,
                     vendor_err: 0,
                 };
                 true
             }
-            raw::RESP_SEND | raw::RESP_SEND_IMM | raw::RESP_WR_IMM => {
+            raw::RESP_SEND | raw::RESP_SEND_IMM | raw::RESP_SEND_INV | raw::RESP_WR_IMM => {
                 let Some(recv) = &self.local[at].recv else {
                     self.stats.unknown_qpn += 1;
                     return false;
@@ -451,7 +600,9 @@ impl CompletionQueue {
                         WcOpcode::Recv
                     },
                     byte_len: view.byte_cnt(),
-                    imm: (opcode != raw::RESP_SEND).then(|| view.imm()),
+                    // SEND_INV carries the invalidated rkey there, not an immediate.
+                    imm: matches!(opcode, raw::RESP_SEND_IMM | raw::RESP_WR_IMM)
+                        .then(|| view.imm()),
                     qp_num: qpn,
                     vendor_err: 0,
                 };
@@ -485,7 +636,7 @@ impl CompletionQueue {
             match send.retire(err.wqe_counter()) {
                 Some(done) => {
                     self.mark.send.get_or_insert(before);
-                    (done.wr_id, send_wc_opcode(done.opcode))
+                    (done.wr_id, send_wc_opcode(err.wqe_opcode()))
                 }
                 None => {
                     self.stats.stale += 1;
@@ -574,10 +725,13 @@ mod raw {
     pub const RESP_WR_IMM: u8 = 1;
     pub const RESP_SEND: u8 = 2;
     pub const RESP_SEND_IMM: u8 = 3;
+    pub const RESP_SEND_INV: u8 = 4;
     pub const REQ_ERR: u8 = 13;
     pub const RESP_ERR: u8 = 14;
     pub const RDMA_WRITE: u8 = 0x08;
     pub const RDMA_WRITE_IMM: u8 = 0x09;
+    pub const SEND: u8 = 0x0a;
+    pub const SEND_IMM: u8 = 0x0b;
     pub const RDMA_READ: u8 = 0x10;
     pub const ATOMIC_CS: u8 = 0x11;
     pub const ATOMIC_FA: u8 = 0x12;
@@ -606,6 +760,7 @@ mod tests {
             (raw::RESP_WR_IMM, CqeOpcode::RespWrImm),
             (raw::RESP_SEND, CqeOpcode::RespSend),
             (raw::RESP_SEND_IMM, CqeOpcode::RespSendImm),
+            (raw::RESP_SEND_INV, CqeOpcode::RespSendInv),
             (raw::REQ_ERR, CqeOpcode::ReqErr),
             (raw::RESP_ERR, CqeOpcode::RespErr),
         ];
@@ -615,6 +770,8 @@ mod tests {
         let send = [
             (raw::RDMA_WRITE, SendOpcode::RdmaWrite),
             (raw::RDMA_WRITE_IMM, SendOpcode::RdmaWriteImm),
+            (raw::SEND, SendOpcode::Send),
+            (raw::SEND_IMM, SendOpcode::SendImm),
             (raw::RDMA_READ, SendOpcode::RdmaRead),
             (raw::ATOMIC_CS, SendOpcode::AtomicCs),
             (raw::ATOMIC_FA, SendOpcode::AtomicFa),

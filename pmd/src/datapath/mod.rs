@@ -8,11 +8,13 @@
 //! - [`cq`]: the CQ poller;
 //! - [`doorbell`]: the doorbell register (mlx5 UAR/BlueFlame or softnic);
 //! - [`barrier`]: the memory barriers, named after rdma-core's;
+//! - [`gate`]: the one word a post reads for the QP's state, the key epoch and a hold;
 //! - [`track`]: per-WQE bookkeeping shared by a queue and its CQ.
 
 pub mod barrier;
 pub mod cq;
 pub mod doorbell;
+pub mod gate;
 pub mod rq;
 pub mod sq;
 pub mod track;

@@ -3,11 +3,12 @@
 //! when a request needs a receive WQE).
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use hw_defs::mlx5::{DataSeg, DataSegRepr};
 
+use super::gate::QpGate;
 use super::sq::check_sge;
 use super::track::RecvTrack;
 use super::wr::{PostError, RecvWr};
@@ -47,8 +48,8 @@ pub struct RecvQueue {
     track: Arc<RecvTrack>,
     /// The device's registered MRs, read lock-free.
     keys: Arc<KeyTable>,
-    /// The QP's state as the control half last set it (an `ibv_qp_state` number).
-    state: Arc<AtomicU8>,
+    /// The QP's gate, for its state as the control half last set it.
+    gate: Arc<QpGate>,
     /// The device's name, for errors.
     device: Arc<str>,
 }
@@ -67,7 +68,7 @@ pub(crate) struct RecvQueueParts {
     pub dbrec: NonNull<AtomicU32>,
     pub track: Arc<RecvTrack>,
     pub keys: Arc<KeyTable>,
-    pub state: Arc<AtomicU8>,
+    pub gate: Arc<QpGate>,
     pub device: Arc<str>,
 }
 
@@ -88,7 +89,7 @@ impl RecvQueue {
             dbrec: p.dbrec,
             track: p.track,
             keys: p.keys,
-            state: p.state,
+            gate: p.gate,
             device: p.device,
         }
     }
@@ -143,7 +144,7 @@ impl RecvQueue {
     /// Validates and writes one receive WQE without publishing it.
     #[inline]
     pub fn write(&mut self, wr: &RecvWr) -> Result<(), PostError> {
-        if self.state.load(Ordering::Relaxed) == QpState::Reset as u8 {
+        if self.gate.state() == QpState::Reset as u8 {
             return Err(PostError::NotReadyToReceive { qpn: self.qpn });
         }
         if wr.sges.len() > self.max_sge as usize {

@@ -9,7 +9,7 @@
 //! [`SendQueue::copy_wqe`] and [`SendQueue::post_raw`].
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use hw_defs::mlx5::{
@@ -18,8 +18,9 @@ use hw_defs::mlx5::{
 };
 
 use super::doorbell::{Doorbell, LastWqe};
-use super::track::{SendTrack, WqeInfo};
-use super::wr::{Payload, PostError, SendFlags, SendOp, SendWr, Sge};
+use super::gate::QpGate;
+use super::track::{SendTrack, Slot, WqeInfo};
+use super::wr::{BatchPostError, Payload, PostError, Remote, SendFlags, SendOp, SendWr, Sge};
 use crate::keys::{KeyTable, MrEntry};
 use crate::qp_state::QpState;
 use crate::verbs::Access;
@@ -36,7 +37,9 @@ const SEND_ONE_SGE_DS: u8 = wqe::ds_for_bytes(ctrl_seg::SIZE + data_seg::SIZE) a
 const MAX_MESSAGE: u64 = 1 << 31;
 
 /// `fm_ce_se` for each combination of the SIGNALED, FENCE and SOLICITED bits of
-/// [`SendFlags`], as hw-defs computes it (a test compares every entry).
+/// [`SendFlags`], as hw-defs computes it (a test compares every entry): the reference the
+/// computed [`ctrl_lo`] is tested against.
+#[cfg(test)]
 const FM_CE_SE: [u8; 8] = {
     let mut t = [0u8; 8];
     let mut f = 0;
@@ -56,6 +59,68 @@ const FM_CE_SE: [u8; 8] = {
     }
     t
 };
+
+/// The fast path writes segments as native 8-byte stores of values laid out for a
+/// little-endian CPU (x86-64, aarch64): the bytes hw-defs' `Repr`s emit (the tests compare).
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "the send fast path assumes a little-endian CPU"
+);
+
+/// The second 8 bytes of a control segment (signature 0, stream id 0, `fm_ce_se`, immediate
+/// 0) as the fast path stores them, for each combination of SIGNALED, FENCE and SOLICITED:
+/// what [`ctrl_lo`] computes, as a table to test it against.
+#[cfg(test)]
+const CTRL_LO: [u64; 8] = {
+    let mut t = [0u64; 8];
+    let mut f = 0;
+    while f < 8 {
+        // fm_ce_se is byte 11: bits 31..24 of the little-endian word of bytes 8..16.
+        t[f] = (FM_CE_SE[f] as u64) << 24;
+        f += 1;
+    }
+    t
+};
+
+/// [`CTRL_LO`] of `flags`, computed rather than looked up: one multiply spreads the three
+/// flag bits to their `fm_ce_se` positions (bit 0 to 27, bit 1 to 31, bit 2 to 25 of the word)
+/// without a table address in a register (a test compares every entry with the table).
+#[inline(always)]
+fn ctrl_lo(flags: SendFlags) -> u64 {
+    const SPREAD: u64 = 1 << 27 | 1 << 30 | 1 << 23;
+    const KEEP: u64 = 1 << 27 | 1 << 31 | 1 << 25;
+    (u64::from(flags.bits() & 7) * SPREAD) & KEEP
+}
+
+/// The operations the fast path posts, in the order of [`SendQueue`]'s control templates.
+const FAST_OPS: [SendOpcode; 4] = [
+    SendOpcode::RdmaWrite,
+    SendOpcode::RdmaWriteImm,
+    SendOpcode::Send,
+    SendOpcode::SendImm,
+];
+
+/// The first 8 bytes of a control segment with WQE index 0 (opmod 0, index, opcode, QPN,
+/// `ds`), as a little-endian word: the fast path ORs the index in.
+const fn ctrl_template(opcode: SendOpcode, qpn: u32, ds: u8) -> u64 {
+    let op = match opcode {
+        SendOpcode::RdmaWrite => 0x08,
+        SendOpcode::RdmaWriteImm => 0x09,
+        SendOpcode::Send => 0x0a,
+        SendOpcode::SendImm => 0x0b,
+        _ => panic!("not a fast-path opcode"),
+    };
+    u64::from_le_bytes([
+        0,
+        0,
+        0,
+        op,
+        (qpn >> 16) as u8,
+        (qpn >> 8) as u8,
+        qpn as u8,
+        ds,
+    ])
+}
 
 /// Why a doorbell could not be rung up to a given WQE.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,24 +164,51 @@ impl OutstandingWqe {
 /// `wqe_m` the mask.
 #[derive(Debug)]
 pub struct SendQueue {
+    // ---- hot: what every fast post reads or writes ----
     /// First byte of the send ring (64-byte basic blocks).
     ring: NonNull<u8>,
+    /// The track's slot table (one per basic block), which the fast path writes directly.
+    slots: NonNull<Slot>,
     /// Mask of the ring in basic blocks (entries - 1): a counter's block is `counter & wqe_m`.
     wqe_m: u32,
-    /// Mask of the ring in 16-byte units (`ds`): a unit's slot is `unit counter & wqe_ds_m`.
-    wqe_ds_m: u32,
     /// Producer counter (basic blocks): everything before it is written.
     wqe_pi: u32,
+    /// Producer counter where the last WQE the general path wrote starts. The fast path,
+    /// whose WQEs are one block, does not keep it: the last WQE is this one if it ends at
+    /// `wqe_pi` (`wqe_last_end`), else the block before `wqe_pi` ([`SendQueue::last_wqe`]).
+    wqe_last_pi: u32,
+    /// The producer counter up to which one-block work requests fit without looking at the
+    /// consumer counters again: `wqe_pi` + min(free basic blocks, free work requests) when
+    /// last counted. Only the posting thread touches it, so the room check is one compare
+    /// and no atomic.
+    wqe_room_pi: u32,
+    /// The `meta` word of the slot of the next one-block WQE ([`Slot::meta`]): 1 block, and
+    /// `wqe_extra`.
+    slot_meta: u64,
+    /// The first 8 bytes of the control segment of each fast-path opcode ([`FAST_OPS`]),
+    /// with this QP's number and the one-entry `ds`, WQE index 0.
+    ctrl: [u64; 4],
+    /// The MR the last entry validated against, trusted while the key table is unchanged.
+    key_cache: KeyCache,
+    /// The QP's gate: state, key epoch and hold in one word (see [`QpGate`]).
+    gate: Arc<QpGate>,
+    /// The device's registered MRs, read lock-free.
+    keys: Arc<KeyTable>,
+    // ---- warm: the general path, the doorbell and the failover layer ----
+    /// Mask of the ring in 16-byte units (`ds`): a unit's slot is `unit counter & wqe_ds_m`.
+    wqe_ds_m: u32,
     /// Producer counter published in the doorbell record: everything before it the device
     /// may fetch.
     wqe_db_pi: u32,
-    /// Producer counter where the last written WQE starts (its control segment rings).
-    wqe_last_pi: u32,
-    /// Consumer counter as last read from the track (the CQ advances it); re-read only when
-    /// the ring looks full.
+    /// Consumer counter as last read from the track (the CQ advances it).
     wqe_ci: u32,
-    /// The MR the last entry validated against, trusted while the key table is unchanged.
-    key_cache: KeyCache,
+    /// Producer counter just past the WQE at `wqe_last_pi`.
+    wqe_last_end: u32,
+    /// Basic blocks posted beyond one per work request: `wqe_pi - wqe_extra` is the
+    /// work-request counter (only the general path writes WQEs of more than one block).
+    wqe_extra: u32,
+    /// The granted `max_send_wr`: work requests that may be outstanding at once.
+    wr_max: u32,
     /// The QP number written into every control segment.
     qpn: u32,
     /// The QP's protection domain: every entry's MR must be in it.
@@ -129,12 +221,8 @@ pub struct SendQueue {
     dbrec: NonNull<AtomicU32>,
     /// The doorbell register (UAR/BlueFlame or the softnic's).
     doorbell: Doorbell,
-    /// Per-WQE bookkeeping shared with the CQ (`wr_id`, size, opcode; `wqe_ci`).
+    /// Per-WQE bookkeeping shared with the CQ (`wr_id`, size; `wqe_ci`).
     track: Arc<SendTrack>,
-    /// The device's registered MRs, read lock-free.
-    keys: Arc<KeyTable>,
-    /// The QP's state as the control half last set it (an `ibv_qp_state` number).
-    state: Arc<AtomicU8>,
     /// The device's name, for errors.
     device: Arc<str>,
     /// Whether a post in ERR is written (to be flushed, or moved by a failover) rather than
@@ -152,6 +240,8 @@ unsafe impl Send for SendQueue {}
 pub(crate) struct SendQueueParts {
     pub ring: NonNull<u8>,
     pub bbs: u32,
+    /// The granted `max_send_wr`.
+    pub max_wr: u32,
     pub qpn: u32,
     pub pd: u32,
     pub max_inline: u32,
@@ -160,7 +250,7 @@ pub(crate) struct SendQueueParts {
     pub doorbell: Doorbell,
     pub track: Arc<SendTrack>,
     pub keys: Arc<KeyTable>,
-    pub state: Arc<AtomicU8>,
+    pub gate: Arc<QpGate>,
     pub device: Arc<str>,
 }
 
@@ -211,21 +301,212 @@ pub(crate) fn check_sge(
 /// then costs two compares instead of a table lookup.
 #[derive(Debug, Clone, Copy)]
 struct KeyCache {
+    /// The MR's lkey.
     lkey: u32,
+    /// The data segment's second word: the lkey, big-endian, in the high half of the
+    /// little-endian word the fast path stores.
+    lkey_word: u64,
+    /// The key table's removal generation read before the lookup (the general path's check).
     generation: u64,
+    /// The gate word under which the fast path may trust this entry: RTS, no hold, the key
+    /// epoch read before the lookup.
+    gate_open: u64,
+    /// The MR's first byte.
     start: u64,
-    end: u64,
+    /// The MR's length.
+    len: u64,
+    /// Whether the MR has LOCAL_WRITE.
     writable: bool,
 }
 
 impl KeyCache {
     const EMPTY: KeyCache = KeyCache {
         lkey: 0,
+        lkey_word: 0,
         generation: u64::MAX,
+        // The hold bit is set: no gate word the fast path compares with is ever equal.
+        gate_open: u64::MAX,
         start: 0,
-        end: 0,
+        len: 0,
         writable: false,
     };
+
+    /// Whether the fast path may take `sge` on this entry: a length of 1..2^31 - 1 bytes (as
+    /// one signed compare: 0 would mean 2 GiB to the NIC, exactly 2^31, allowed, takes the
+    /// general path), this lkey, inside the MR.
+    #[inline(always)]
+    fn takes(&self, sge: &Sge) -> bool {
+        (sge.len as i32) > 0 && sge.lkey == self.lkey && self.covers(sge.addr, sge.len)
+    }
+
+    /// Whether `[addr, addr + len)` lies in the cached MR.
+    #[inline(always)]
+    fn covers(&self, addr: u64, len: u32) -> bool {
+        // Below the MR's start the offset wraps to a huge number: adding the length either
+        // carries (the entry straddles the start) or stays above the MR's length.
+        let (end, carried) = addr
+            .wrapping_sub(self.start)
+            .overflowing_add(u64::from(len));
+        !carried && end <= self.len
+    }
+}
+
+/// What writing a one-block WQE reads: the queue's own fields for one post, a copy of them
+/// in locals ([`OneBlock`]) for a run of posts. One generic writer serves both
+/// ([`write_block`]); the difference is only where the compiler finds the values (a single
+/// post loads each field where it is used; a run keeps them in registers, because the ring
+/// stores go through raw pointers, which the compiler must assume may alias the queue).
+trait BlockSource {
+    fn ring(&self) -> NonNull<u8>;
+    fn slots(&self) -> NonNull<Slot>;
+    fn wqe_m(&self) -> u32;
+    /// The control template of opcode `FAST_OPS[T]`.
+    fn ctrl<const T: usize>(&self) -> u64;
+    fn lkey_word(&self) -> u64;
+    fn slot_meta(&self) -> u64;
+}
+
+impl BlockSource for SendQueue {
+    #[inline(always)]
+    fn ring(&self) -> NonNull<u8> {
+        self.ring
+    }
+    #[inline(always)]
+    fn slots(&self) -> NonNull<Slot> {
+        self.slots
+    }
+    #[inline(always)]
+    fn wqe_m(&self) -> u32 {
+        self.wqe_m
+    }
+    #[inline(always)]
+    fn ctrl<const T: usize>(&self) -> u64 {
+        self.ctrl[T]
+    }
+    #[inline(always)]
+    fn lkey_word(&self) -> u64 {
+        self.key_cache.lkey_word
+    }
+    #[inline(always)]
+    fn slot_meta(&self) -> u64 {
+        self.slot_meta
+    }
+}
+
+/// The queue's fields a run of one-entry RDMA WRITEs needs, copied into locals.
+#[derive(Clone, Copy)]
+struct OneBlock {
+    ring: NonNull<u8>,
+    slots: NonNull<Slot>,
+    wqe_m: u32,
+    /// The RDMA WRITE control template.
+    ctrl: u64,
+    lkey_word: u64,
+    slot_meta: u64,
+}
+
+impl OneBlock {
+    /// For a run of RDMA WRITEs (`FAST_OPS[0]`).
+    #[inline(always)]
+    fn writes(q: &SendQueue) -> OneBlock {
+        OneBlock {
+            ring: q.ring,
+            slots: q.slots,
+            wqe_m: q.wqe_m,
+            ctrl: q.ctrl[0],
+            lkey_word: q.key_cache.lkey_word,
+            slot_meta: q.slot_meta,
+        }
+    }
+}
+
+impl BlockSource for OneBlock {
+    #[inline(always)]
+    fn ring(&self) -> NonNull<u8> {
+        self.ring
+    }
+    #[inline(always)]
+    fn slots(&self) -> NonNull<Slot> {
+        self.slots
+    }
+    #[inline(always)]
+    fn wqe_m(&self) -> u32 {
+        self.wqe_m
+    }
+    #[inline(always)]
+    fn ctrl<const T: usize>(&self) -> u64 {
+        debug_assert_eq!(T, 0, "a OneBlock holds the RDMA WRITE template");
+        self.ctrl
+    }
+    #[inline(always)]
+    fn lkey_word(&self) -> u64 {
+        self.lkey_word
+    }
+    #[inline(always)]
+    fn slot_meta(&self) -> u64 {
+        self.slot_meta
+    }
+}
+
+/// Writes the one-block WQE of opcode `FAST_OPS[T]` at producer counter `at`, and its slot.
+/// The caller has checked the entry (key cache), the gate and the room.
+#[inline(always)]
+fn write_block<const T: usize>(
+    q: &impl BlockSource,
+    at: u32,
+    wr: &SendWr<'_>,
+    sge: &Sge,
+    remote: Remote,
+    imm: u32,
+) {
+    let i = (at & q.wqe_m()) as usize;
+    // SAFETY: i <= wqe_m: the block and the slot lie inside the ring and the track.
+    let (bb, slot) = unsafe { (q.ring().as_ptr().add(i * BB), q.slots().as_ptr().add(i)) };
+    write_block_at::<T>(q, bb, slot, at, wr, sge, remote, imm);
+}
+
+/// [`write_block`] at a block and slot the caller addressed.
+///
+/// `bb` and `slot` must be the ring's block and the track's slot of producer counter `at`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn write_block_at<const T: usize>(
+    q: &impl BlockSource,
+    bb: *mut u8,
+    slot: *mut Slot,
+    at: u32,
+    wr: &SendWr<'_>,
+    sge: &Sge,
+    remote: Remote,
+    imm: u32,
+) {
+    // The control segment's first word with the WQE index (big-endian) in bytes 1..3.
+    let index_bytes = ((at << 8) & 0x00ff_ff00).swap_bytes();
+    let ctrl_hi = q.ctrl::<T>() | u64::from(index_bytes);
+    let ctrl_lo = ctrl_lo(wr.flags) | (u64::from(imm.to_be()) << 32);
+    let data_hi = u64::from(sge.len.to_be()) | q.lkey_word();
+    let data_lo = sge.addr.to_be();
+    // SAFETY: `bb` is the 64-byte block (8 words) of `at` inside the ring, 8-byte aligned (the
+    // ring is page-aligned); it is free (the caller checked the room) and unpublished, and
+    // the caller's `&mut SendQueue` keeps other writers out. A one-block WQE never wraps.
+    unsafe {
+        let bb = bb.cast::<u64>();
+        if FAST_OPS[T].has_raddr_seg() {
+            bb.add(2).write(remote.addr.to_be());
+            bb.add(3).write(u64::from(remote.rkey.to_be()));
+            bb.add(4).write(data_hi);
+            bb.add(5).write(data_lo);
+        } else {
+            bb.add(2).write(data_hi);
+            bb.add(3).write(data_lo);
+        }
+        bb.write(ctrl_hi);
+        bb.add(1).write(ctrl_lo);
+    }
+    // SAFETY: `slot` is the track's slot of `at`, alive as long as the track the queue holds.
+    let slot = unsafe { &*slot };
+    slot.wr_id.store(wr.wr_id, Ordering::Relaxed);
+    slot.meta.store(q.slot_meta(), Ordering::Relaxed);
 }
 
 /// The segments of a send WQE written as whole 8-byte big-endian stores: the bytes
@@ -278,6 +559,19 @@ mod emit {
     }
 }
 
+/// The entry of a work request that gathers from exactly one, kept inline in its list (an
+/// inline list's length is the one word the test reads).
+#[inline(always)]
+fn one_entry<'a>(wr: &'a SendWr<'_>) -> Option<&'a Sge> {
+    let Payload::Gather(sges) = &wr.payload else {
+        return None;
+    };
+    if sges.len() != 1 || sges.spilled() {
+        return None;
+    }
+    sges.first()
+}
+
 #[cold]
 fn not_ready(qpn: u32, state: u8) -> PostError {
     PostError::NotReadyToSend {
@@ -288,15 +582,31 @@ fn not_ready(qpn: u32, state: u8) -> PostError {
 
 impl SendQueue {
     pub(crate) fn new(p: SendQueueParts) -> SendQueue {
+        let ds = [
+            WRITE_ONE_SGE_DS,
+            WRITE_ONE_SGE_DS,
+            SEND_ONE_SGE_DS,
+            SEND_ONE_SGE_DS,
+        ];
         SendQueue {
             ring: p.ring,
+            slots: p.track.slots_ptr(),
             wqe_m: p.bbs - 1,
-            wqe_ds_m: p.bbs * DS_PER_BB - 1,
             wqe_pi: 0,
-            wqe_db_pi: 0,
             wqe_last_pi: 0,
-            wqe_ci: 0,
+            wqe_room_pi: 0,
+            slot_meta: Slot::meta(1, 0),
+            ctrl: std::array::from_fn(|i| ctrl_template(FAST_OPS[i], p.qpn, ds[i])),
             key_cache: KeyCache::EMPTY,
+            wqe_ds_m: p.bbs * DS_PER_BB - 1,
+            wqe_db_pi: 0,
+            wqe_ci: 0,
+            // Matches no counter until a WQE is written (`last_wqe`).
+            wqe_last_end: u32::MAX,
+            wqe_extra: 0,
+            // A provider granting more work requests than the ring holds blocks would let the
+            // ring overrun: the ring bounds them too.
+            wr_max: p.max_wr.min(p.bbs),
             qpn: p.qpn,
             pd: p.pd,
             max_inline: p.max_inline,
@@ -305,7 +615,7 @@ impl SendQueue {
             doorbell: p.doorbell,
             track: p.track,
             keys: p.keys,
-            state: p.state,
+            gate: p.gate,
             device: p.device,
             takes_work_in_error: false,
         }
@@ -358,21 +668,74 @@ impl SendQueue {
         unsafe { &mut *(self.ring.as_ptr().add(index * UNIT) as *mut [u8; UNIT]) }
     }
 
-    /// Makes room for `bbs` basic blocks or says the queue is full.
+    /// Basic blocks and work requests free now: the consumer counters read afresh.
+    fn free(&mut self) -> (u32, u32) {
+        let ci = self.track.wqe_ci();
+        self.wqe_ci = ci;
+        let blocks = (self.wqe_m + 1).saturating_sub(self.wqe_pi.wrapping_sub(ci));
+        // The work requests before the oldest outstanding WQE's are done; with nothing
+        // outstanding, all are.
+        let wr_pi = self.wqe_pi.wrapping_sub(self.wqe_extra);
+        let wr_ci = if ci == self.wqe_pi {
+            wr_pi
+        } else {
+            ci.wrapping_sub(self.track.extra(ci))
+        };
+        let requests = self.wr_max.saturating_sub(wr_pi.wrapping_sub(wr_ci));
+        (blocks, requests)
+    }
+
+    /// The fast path ran out of room: counts again. Whether there is room now.
+    #[cold]
+    #[inline(never)]
+    fn refill_room(&mut self) -> bool {
+        self.count_room();
+        // Keep `wqe_last_end` within a ring of `wqe_pi`, so its test in `last_wqe` never
+        // meets a counter that wrapped around.
+        let last = self.last_wqe();
+        if last != self.wqe_last_pi {
+            self.wqe_last_pi = last;
+            self.wqe_last_end = last.wrapping_add(1);
+        }
+        self.wqe_room_pi != self.wqe_pi
+    }
+
+    /// Where the last written WQE starts (when one was written).
     #[inline]
+    fn last_wqe(&self) -> u32 {
+        if self.wqe_last_end == self.wqe_pi {
+            self.wqe_last_pi
+        } else {
+            // One-block WQEs of the fast path came after it.
+            self.wqe_pi.wrapping_sub(1)
+        }
+    }
+
+    /// Sets `wqe_room_pi` from the consumer counters.
+    fn count_room(&mut self) {
+        let (blocks, requests) = self.free();
+        self.wqe_room_pi = self.wqe_pi.wrapping_add(blocks.min(requests));
+    }
+
+    /// Makes room for one work request of `bbs` basic blocks or says the queue is full.
     fn reserve(&mut self, bbs: u32) -> Result<(), PostError> {
-        let capacity = self.wqe_m + 1;
-        if self.wqe_pi.wrapping_sub(self.wqe_ci) + bbs > capacity {
-            self.wqe_ci = self.track.wqe_ci();
-            let outstanding = self.wqe_pi.wrapping_sub(self.wqe_ci);
-            if outstanding + bbs > capacity {
-                return Err(PostError::QueueFull {
-                    queue: "send",
-                    outstanding,
-                    capacity,
-                    needed: bbs,
-                });
-            }
+        let (blocks, requests) = self.free();
+        if requests == 0 {
+            return Err(PostError::QueueFull {
+                queue: "send",
+                outstanding: self.wr_max,
+                capacity: self.wr_max,
+                needed: 1,
+            });
+        }
+        if blocks < bbs {
+            let capacity = self.wqe_m + 1;
+            return Err(PostError::QueueFull {
+                queue: "send ring (basic blocks)",
+                outstanding: capacity - blocks,
+                capacity,
+                needed: bbs,
+            });
         }
         Ok(())
     }
@@ -388,69 +751,153 @@ impl SendQueue {
     }
 
     /// The common case in few instructions: a WRITE or SEND (with or without immediate) of one
-    /// non-empty entry in the MR of the key cache, on a QP in RTS with room for one block.
-    /// `None` means "not this case" (nothing written); the general path then decides,
-    /// including every error.
+    /// entry in the MR of the key cache, on a QP in RTS with room. `None` means "not this
+    /// case" (nothing written); the general path then decides, including every error.
     #[inline(always)]
-    fn post_fast(&mut self, wr: &SendWr<'_>) -> Option<u16> {
-        let Payload::Gather(sges) = &wr.payload else {
-            return None;
-        };
-        let [sge] = sges.as_slice() else {
-            return None;
-        };
-        let (opcode, remote, imm) = match wr.op {
-            SendOp::Write { remote } => (SendOpcode::RdmaWrite, Some(remote), 0),
-            SendOp::WriteImm { remote, imm } => (SendOpcode::RdmaWriteImm, Some(remote), imm),
-            SendOp::Send => (SendOpcode::Send, None, 0),
-            SendOp::SendImm { imm } => (SendOpcode::SendImm, None, imm),
-            _ => return None,
-        };
-        let c = self.key_cache;
-        let end = sge.addr.wrapping_add(u64::from(sge.len));
-        let ok = self.state.load(Ordering::Relaxed) == QpState::Rts as u8
-            && sge.len != 0
-            && u64::from(sge.len) <= MAX_MESSAGE
-            && sge.lkey == c.lkey
-            && sge.addr >= c.start
-            && end <= c.end
-            && end >= sge.addr
-            && self.wqe_pi.wrapping_sub(self.wqe_ci) < self.wqe_m + 1
-            && self.keys.generation() == c.generation;
-        if !ok {
+    pub(crate) fn post_fast(&mut self, wr: &SendWr<'_>) -> Option<u16> {
+        self.post_fast_counting(wr, &mut 0)
+    }
+
+    /// [`SendQueue::post_fast`], adding one to `two_sided` for a work request that consumes a
+    /// receive at the peer (SEND, SEND with immediate, WRITE with immediate): the failover
+    /// layer's count, kept where the opcode is known anyway, so a WRITE pays nothing for it.
+    ///
+    /// What makes it short: a WRITE is tested for first and gets its own copy of the path
+    /// (the other three share an out-of-line one); the room check comes first, while nothing
+    /// else is live; the control segment is a per-QP template with only the WQE index ORed
+    /// in; every segment is two native 8-byte stores of values laid out in advance; state,
+    /// key epoch and hold are one compare ([`QpGate`]); the lkey one compare against the key
+    /// cache and the bounds one add-and-compare; the room one compare of this thread's own
+    /// counters, so no atomic is read unless the queue looks full.
+    #[inline(always)]
+    pub(crate) fn post_fast_counting(
+        &mut self,
+        wr: &SendWr<'_>,
+        two_sided: &mut u64,
+    ) -> Option<u16> {
+        let sge = one_entry(wr)?;
+        if let SendOp::Write { remote } = wr.op {
+            return self.fast_one::<0>(wr, sge, remote, 0);
+        }
+        let index = self.fast_two_sided(wr, sge)?;
+        *two_sided += 1;
+        Some(index)
+    }
+
+    /// The fast path of the opcodes that consume a receive at the peer.
+    #[inline(never)]
+    fn fast_two_sided(&mut self, wr: &SendWr<'_>, sge: &Sge) -> Option<u16> {
+        match wr.op {
+            SendOp::WriteImm { remote, imm } => self.fast_one::<1>(wr, sge, remote, imm),
+            SendOp::Send => self.fast_one::<2>(wr, sge, Remote::default(), 0),
+            SendOp::SendImm { imm } => self.fast_one::<3>(wr, sge, Remote::default(), imm),
+            _ => None,
+        }
+    }
+
+    /// The fast path for the opcode `FAST_OPS[T]`.
+    #[inline(always)]
+    fn fast_one<const T: usize>(
+        &mut self,
+        wr: &SendWr<'_>,
+        sge: &Sge,
+        remote: Remote,
+        imm: u32,
+    ) -> Option<u16> {
+        let start = self.wqe_pi;
+        if start == self.wqe_room_pi && !self.refill_room() {
             return None;
         }
+        let c = &self.key_cache;
+        if !(c.takes(sge) && self.gate.word() == c.gate_open) {
+            return None;
+        }
+        write_block::<T>(self, start, wr, sge, remote, imm);
+        self.wqe_pi = start.wrapping_add(1);
+        Some(start as u16)
+    }
+
+    /// Posts the run of one-entry RDMA WRITEs at the head of `wrs` that the fast path takes
+    /// (stopping at anything else, at the first that needs the general path, or when the ring
+    /// has no more room); returns how many. The checks one post makes about the QP (gate,
+    /// room) are made once for the run, as DPDK's Tx burst does; each work request's own
+    /// entry is checked against the key cache as one post checks it.
+    #[inline(always)]
+    pub(crate) fn post_write_run(&mut self, wrs: &[SendWr<'_>]) -> usize {
+        if self.gate.word() != self.key_cache.gate_open {
+            return 0;
+        }
         let start = self.wqe_pi;
-        let flags = wr.flags.bits() & 7;
-        let signaled = flags & SendFlags::SIGNALED.bits() != 0;
-        let fm_ce_se = FM_CE_SE[usize::from(flags)];
-        let qpn = self.qpn;
-        // A one-block WQE never wraps: address its block once.
-        let index = (start & self.wqe_m) as usize;
-        // SAFETY: index <= wqe_m, so the 64-byte block lies inside the ring; it is free (the
-        // space check above) and unpublished, and `&mut self` keeps other writers out.
-        let bb = unsafe { &mut *(self.ring.as_ptr().add(index * BB) as *mut [[u8; UNIT]; 4]) };
-        let ds = match remote {
-            Some(r) => {
-                emit::raddr(&mut bb[1], r.addr, r.rkey);
-                emit::data(&mut bb[2], sge.len, sge.lkey, sge.addr);
-                WRITE_ONE_SGE_DS
+        if start == self.wqe_room_pi && !self.refill_room() {
+            return 0;
+        }
+        let room = self.wqe_room_pi.wrapping_sub(start) as usize;
+        let c = self.key_cache;
+        let block = OneBlock::writes(self);
+        let wrs = &wrs[..wrs.len().min(room)];
+        // Up to the ring's end, then from its start: within each part the block and slot
+        // pointers just advance.
+        let i = start & self.wqe_m;
+        let (head, tail) = wrs.split_at(wrs.len().min((self.wqe_m - i + 1) as usize));
+        let mut pi = start;
+        'parts: for (part, from) in [(head, i), (tail, 0)] {
+            // SAFETY: from <= wqe_m: inside the ring and the track.
+            let (bb, slot) = unsafe {
+                (
+                    block.ring.as_ptr().add(from as usize * BB),
+                    block.slots.as_ptr().add(from as usize),
+                )
+            };
+            for (k, wr) in part.iter().enumerate() {
+                let Some(sge) = one_entry(wr) else {
+                    pi = pi.wrapping_add(k as u32);
+                    break 'parts;
+                };
+                let (SendOp::Write { remote }, true) = (wr.op, c.takes(sge)) else {
+                    pi = pi.wrapping_add(k as u32);
+                    break 'parts;
+                };
+                let at = pi.wrapping_add(k as u32);
+                write_block_at::<0>(
+                    &block,
+                    bb.wrapping_add(k * BB),
+                    slot.wrapping_add(k),
+                    at,
+                    wr,
+                    sge,
+                    remote,
+                    0,
+                );
             }
-            None => {
-                emit::data(&mut bb[1], sge.len, sge.lkey, sge.addr);
-                SEND_ONE_SGE_DS
-            }
-        };
-        emit::ctrl(
-            &mut bb[0],
-            u8::from(opcode),
-            start as u16,
-            qpn,
-            ds,
-            fm_ce_se,
-            imm,
-        );
-        Some(self.commit(start, wr.wr_id, 1, opcode, signaled))
+            pi = pi.wrapping_add(part.len() as u32);
+        }
+        self.wqe_pi = pi;
+        pi.wrapping_sub(start) as usize
+    }
+
+    /// Posts `wrs` in order, as `ibv_post_send` posts a list: runs of one-entry WRITEs through
+    /// [`SendQueue::post_write_run`], the rest one by one. Stops at the first work request
+    /// refused: those before it are written, it and those after are not.
+    pub fn post_batch(&mut self, wrs: &[SendWr<'_>]) -> Result<(), BatchPostError> {
+        let mut posted = 0;
+        while posted < wrs.len() {
+            posted += self.post_write_run(&wrs[posted..]);
+            let Some(wr) = wrs.get(posted) else {
+                break;
+            };
+            self.post(wr)
+                .map_err(|error| BatchPostError { posted, error })?;
+            posted += 1;
+        }
+        Ok(())
+    }
+
+    /// Holds the fast path (every post takes the general path) or releases it: for a layer
+    /// above the QP whose posts must go elsewhere meanwhile (see [`QpGate`]).
+    pub fn hold_fast_path(&self, hold: bool) {
+        if self.gate.held() != hold {
+            self.gate.set_hold(hold);
+        }
     }
 
     /// Validates `wr` and writes its WQE whatever the QP's state, for a WQE whose doorbell is
@@ -463,7 +910,7 @@ impl SendQueue {
 
     /// Every work request, with every check and every error.
     fn post_general(&mut self, wr: &SendWr<'_>, check_state: bool) -> Result<u16, PostError> {
-        let state = self.state.load(Ordering::Relaxed);
+        let state = self.gate.state();
         let taken_in_error = self.takes_work_in_error && state == QpState::Err as u8;
         if check_state && state != QpState::Rts as u8 && !taken_in_error {
             return Err(not_ready(self.qpn, state));
@@ -547,30 +994,19 @@ impl SendQueue {
             Payload::Inline(data) if !data.is_empty() => self.write_inline(start, u, data),
             Payload::Inline(_) => {}
         }
-        Ok(self.commit(start, wr.wr_id, bbs, opcode, signaled))
+        Ok(self.commit(start, wr.wr_id, bbs))
     }
 
-    /// Records a WQE written at `start` and moves the producer counter past it.
-    #[inline(always)]
-    fn commit(
-        &mut self,
-        start: u32,
-        wr_id: u64,
-        bbs: u32,
-        opcode: SendOpcode,
-        signaled: bool,
-    ) -> u16 {
-        self.track.record(
-            start,
-            wr_id,
-            WqeInfo {
-                bbs: bbs as u8,
-                opcode,
-                signaled,
-            },
-        );
+    /// Records a WQE written at `start` and moves the producer counters past it.
+    fn commit(&mut self, start: u32, wr_id: u64, bbs: u32) -> u16 {
+        self.track.record(start, wr_id, bbs, self.wqe_extra);
+        self.wqe_extra = self.wqe_extra.wrapping_add(bbs - 1);
+        self.slot_meta = Slot::meta(1, self.wqe_extra);
         self.wqe_last_pi = start;
+        self.wqe_last_end = start.wrapping_add(bbs);
         self.wqe_pi = start.wrapping_add(bbs);
+        // What the fast path may post now, counted afresh.
+        self.count_room();
         start as u16
     }
 
@@ -626,12 +1062,13 @@ impl SendQueue {
     #[inline(always)]
     fn check_sge_cached(&mut self, sge: &Sge, needs: Access) -> Result<(), PostError> {
         let c = self.key_cache;
-        if sge.lkey == c.lkey && self.keys.generation() == c.generation {
-            let end = sge.addr.wrapping_add(u64::from(sge.len));
-            let writable = c.writable || needs == Access::NONE;
-            if sge.addr >= c.start && end <= c.end && end >= sge.addr && writable {
-                return Ok(());
-            }
+        let writable = c.writable || needs == Access::NONE;
+        if sge.lkey == c.lkey
+            && self.keys.generation() == c.generation
+            && c.covers(sge.addr, sge.len)
+            && writable
+        {
+            return Ok(());
         }
         self.check_sge_slow(sge, needs)
     }
@@ -639,13 +1076,18 @@ impl SendQueue {
     /// The full check (which names what is wrong), refilling the key cache on success.
     #[inline(never)]
     fn check_sge_slow(&mut self, sge: &Sge, needs: Access) -> Result<(), PostError> {
+        // Both read before the lookup: a removal after this moves them, and the cache goes
+        // stale; one before it, and the lookup does not find the MR.
         let generation = self.keys.generation();
+        let gate = self.gate.word();
         let mr = check_sge(&self.keys, self.pd, &self.device, sge, needs)?;
         self.key_cache = KeyCache {
             lkey: mr.lkey,
+            lkey_word: u64::from(mr.lkey.to_be()) << 32,
             generation,
+            gate_open: QpGate::open_word(gate),
             start: mr.addr,
-            end: mr.addr + mr.len,
+            len: mr.len,
             writable: mr.access.contains(Access::LOCAL_WRITE),
         };
         Ok(())
@@ -687,7 +1129,7 @@ impl SendQueue {
         if self.wqe_pi == self.wqe_db_pi {
             return;
         }
-        let (wqe_pi, last_pi) = (self.wqe_pi, self.wqe_last_pi);
+        let (wqe_pi, last_pi) = (self.wqe_pi, self.last_wqe());
         self.publish(wqe_pi, last_pi);
     }
 
@@ -708,14 +1150,12 @@ impl SendQueue {
         let target = self.wqe_db_pi.wrapping_add(distance);
         let mut at = self.wqe_db_pi;
         while at != target {
-            let (_, info) = self.track.get(at);
-            at = at.wrapping_add(u32::from(info.bbs.max(1)));
+            at = at.wrapping_add(self.track.bbs(at).max(1));
             if at.wrapping_sub(self.wqe_db_pi) > distance {
                 return Err(refuse());
             }
         }
-        let (_, info) = self.track.get(target);
-        self.publish(target.wrapping_add(u32::from(info.bbs)), target);
+        self.publish(target.wrapping_add(self.track.bbs(target)), target);
         Ok(())
     }
 
@@ -731,13 +1171,12 @@ impl SendQueue {
         // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP.
         let dbrec = unsafe { self.dbrec.as_ref() };
         dbrec.store(u32::from(wqe_db_pi as u16).to_be(), Ordering::Release);
-        let (_, info) = self.track.get(last_pi);
         let single = last_pi == self.wqe_db_pi;
         self.doorbell.ring(LastWqe {
             ring: self.ring,
             wqe_m: self.wqe_m,
             start: last_pi,
-            bbs: u32::from(info.bbs),
+            bbs: self.track.bbs(last_pi),
             blueflame_ok: single,
         });
         self.wqe_db_pi = wqe_db_pi;
@@ -760,10 +1199,10 @@ impl SendQueue {
             if at == end {
                 return None;
             }
-            let (wr_id, info) = self.track.get(at);
+            let info = self.wqe_info(at);
             let w = OutstandingWqe {
                 counter: at,
-                wr_id,
+                wr_id: self.track.wr_id(at),
                 info,
                 published: db.wrapping_sub(at) as i32 > 0,
             };
@@ -775,9 +1214,9 @@ impl SendQueue {
     /// Copies the bytes of the WQE starting at counter `at` (its basic blocks, unwrapped)
     /// into `out`; returns the length. `out` must hold `bbs * 64` bytes.
     pub fn copy_wqe(&self, at: u32, out: &mut [u8]) -> usize {
-        let (_, info) = self.track.get(at);
-        let len = usize::from(info.bbs) * BB;
-        for b in 0..usize::from(info.bbs) {
+        let bbs = self.track.bbs(at) as usize;
+        let len = bbs * BB;
+        for b in 0..bbs {
             let index = (at.wrapping_add(b as u32) & self.wqe_m) as usize;
             // SAFETY: index <= wqe_m: a whole basic block inside the ring. The WQE is written
             // and the device only reads it, so copying out races with nothing.
@@ -793,8 +1232,6 @@ impl SendQueue {
     pub fn post_raw(&mut self, bytes: &[u8], wr_id: u64) -> Result<u16, PostError> {
         let ctrl = CtrlSeg::new_unchecked(&bytes[..UNIT]);
         let ds = u32::from(ctrl.ds()).max(1);
-        let opcode = ctrl.opcode();
-        let signaled = ctrl.cq_update();
         let bbs = ds.div_ceil(DS_PER_BB);
         self.reserve(bbs)?;
         let start = self.wqe_pi;
@@ -806,7 +1243,22 @@ impl SendQueue {
         let mut ctrl = CtrlSeg::new_unchecked(&mut self.unit(start, 0)[..]);
         ctrl.set_wqe_index(start as u16);
         ctrl.set_qpn(qpn);
-        Ok(self.commit(start, wr_id, bbs, opcode, signaled))
+        Ok(self.commit(start, wr_id, bbs))
+    }
+
+    /// What the WQE starting at counter `at` is: its size from the track, its opcode and
+    /// signaled flag from its control segment in the ring.
+    pub fn wqe_info(&self, at: u32) -> WqeInfo {
+        let i = (at & self.wqe_m) as usize;
+        // SAFETY: i <= wqe_m: the control segment (16 bytes) lies inside the ring; the WQE was
+        // written by this queue and the device only reads it.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ring.as_ptr().add(i * BB), UNIT) };
+        let ctrl = CtrlSeg::new_unchecked(bytes);
+        WqeInfo {
+            bbs: self.track.bbs(at) as u8,
+            opcode: ctrl.opcode(),
+            signaled: ctrl.cq_update(),
+        }
     }
 
     /// Back to index 0 (the QP went to RESET).
@@ -814,7 +1266,12 @@ impl SendQueue {
         self.wqe_pi = 0;
         self.wqe_db_pi = 0;
         self.wqe_last_pi = 0;
+        self.wqe_last_end = u32::MAX;
         self.wqe_ci = 0;
+        self.wqe_extra = 0;
+        self.slot_meta = Slot::meta(1, 0);
+        // The fast path counts afresh at its next post.
+        self.wqe_room_pi = 0;
         self.key_cache = KeyCache::EMPTY;
         self.track.reset();
         // As the receive queue's: the record restarts at 0 with the device's counter.
@@ -895,6 +1352,20 @@ mod tests {
             let want =
                 ctrl_seg::fm_ce_se(fence, has(SendFlags::SIGNALED), has(SendFlags::SOLICITED));
             assert_eq!(super::FM_CE_SE[usize::from(f)], want, "flags {f:#b}");
+        }
+    }
+
+    #[test]
+    fn the_computed_second_control_word_is_the_table_for_every_flag_combination() {
+        use crate::datapath::wr::SendFlags;
+        let flags = [SendFlags::SIGNALED, SendFlags::FENCE, SendFlags::SOLICITED];
+        for f in 0..8usize {
+            let set = flags
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| f & (1 << i) != 0)
+                .fold(SendFlags::NONE, |acc, (_, &b)| acc | b);
+            assert_eq!(super::ctrl_lo(set), super::CTRL_LO[f], "flags {f:#b}");
         }
     }
 

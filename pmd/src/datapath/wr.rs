@@ -252,21 +252,39 @@ pub enum WcOpcode {
     RecvRdmaWithImm = 129,
 }
 
+/// A batch post stopped at one work request: those before it were written, it and those after
+/// it were not (as `ibv_post_send` reports a list's `bad_wr`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "work request {posted} of the batch was refused (the {posted} before it were posted): {error}"
+)]
+pub struct BatchPostError {
+    /// How many work requests were posted: the refused one's index.
+    pub posted: usize,
+    /// Why it was refused.
+    pub error: PostError,
+}
+
 /// One work completion, as `struct ibv_wc` has the fields the driver reports.
+///
+/// Laid out in a fixed order (`repr(C)`) so that the poller's stores of the fields it sets
+/// together land side by side: the length and QP number as one word, the three one-byte
+/// fields next to each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct WorkCompletion {
     /// The completed work request's id.
     pub wr_id: u64,
+    /// Bytes received (receives) or transferred (READ, atomics: 8).
+    pub byte_len: u32,
+    /// The local QP the work request was posted on.
+    pub qp_num: u32,
+    /// The immediate of a SEND_IMM or WRITE_IMM, host order.
+    pub imm: Option<u32>,
     /// Success or the error.
     pub status: WcStatus,
     /// What completed. For errors the opcode of the failed WQE when the driver knows it.
     pub opcode: WcOpcode,
-    /// Bytes received (receives) or transferred (READ, atomics: 8).
-    pub byte_len: u32,
-    /// The immediate of a SEND_IMM or WRITE_IMM, host order.
-    pub imm: Option<u32>,
-    /// The local QP the work request was posted on.
-    pub qp_num: u32,
     /// The vendor syndrome of an error CQE (0 on success).
     pub vendor_err: u8,
 }

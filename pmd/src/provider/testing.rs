@@ -6,7 +6,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use hw_defs::mlx5::{cqe, Cqe64, CqeOpcode, CqeRepr, ErrCqe, ErrCqeRepr, Syndrome};
+use hw_defs::mlx5::{
+    cqe, req_cqe, Cqe64, CqeOpcode, CqeRepr, ErrCqe, ErrCqeRepr, SendOpcode, Syndrome,
+};
 
 use super::{
     CqRequest, Handle, Provider, QpRequest, RawCq, RawMr, RawQp, RawWorkQueue, VerbsError,
@@ -97,10 +99,16 @@ impl FakeCq {
 
     /// Writes a successful CQE, owner byte last with a release store, as a device does.
     pub fn push(&self, repr: CqeRepr) {
+        self.push_with(repr, |_| {});
+    }
+
+    /// As [`FakeCq::push`], with `more` writing into the body before the owner byte.
+    fn push_with(&self, repr: CqeRepr, more: impl FnOnce(&mut [u8])) {
         let (ptr, owner) = self.next_slot();
         // SAFETY: one CQE inside the ring, not yet owned by the driver.
         let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, cqe::SIZE) };
         repr.emit_body(&mut Cqe64::new_unchecked(&mut bytes[..]));
+        more(bytes);
         let op_own = repr.op_own(owner);
         // SAFETY: the owner byte is inside the CQE.
         unsafe {
@@ -123,8 +131,14 @@ impl FakeCq {
         };
     }
 
+    /// A successful requester CQE for an RDMA WRITE (the opcode a device writes into byte 56).
     pub fn req(&self, qpn: u32, wqe_counter: u16, byte_count: u32) {
-        self.push(CqeRepr {
+        self.req_op(qpn, wqe_counter, SendOpcode::RdmaWrite, byte_count);
+    }
+
+    /// A successful requester CQE for a WQE of `opcode`.
+    pub fn req_op(&self, qpn: u32, wqe_counter: u16, opcode: SendOpcode, byte_count: u32) {
+        let repr = CqeRepr {
             opcode: CqeOpcode::Req,
             wqe_counter,
             byte_count,
@@ -132,6 +146,9 @@ impl FakeCq {
             qpn,
             solicited: false,
             timestamp: 0,
+        };
+        self.push_with(repr, |bytes| {
+            req_cqe::set_req_wqe_opcode(bytes, opcode).expect("a whole CQE");
         });
     }
 

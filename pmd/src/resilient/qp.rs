@@ -20,7 +20,8 @@ use crossbeam_utils::sync::Unparker;
 use crate::control::{Context, Cq, Qp, SavedAttrs};
 use crate::datapath::sq::OutstandingWqe;
 use crate::datapath::wr::{
-    Payload, PostError, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
+    BatchPostError, Payload, PostError, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use crate::failover::{Event, FailReason, Failover, Route, SendPhase, Timestamp};
 use crate::qp_state::QpState;
@@ -293,14 +294,37 @@ impl ResilientQp {
     /// nothing has failed). Nothing reaches a device until [`ResilientQp::ring_doorbell`].
     #[inline(always)]
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
-        if self.fast_send {
-            self.default.post_send(wr)?;
-            if two_sided(&wr.op) {
-                self.count_two_sided();
-            }
+        // The default QP's own fast path, which counts two-sided sends where it knows the
+        // opcode anyway: while posts must go elsewhere (`fast_send` false) its gate is held
+        // (`refresh_fast`), so this needs no branch of its own. Everything else, errors
+        // included, takes the route.
+        if self
+            .default
+            .send_queue()
+            .post_fast_counting(wr, &mut self.sends_posted)
+            .is_some()
+        {
             return Ok(());
         }
         self.post_send_slow(wr)
+    }
+
+    /// Posts `wrs` in order as one batch: runs of one-entry RDMA WRITEs on the default QP's
+    /// burst path (held, like its single-post fast path, while posts must go elsewhere), the
+    /// rest through [`ResilientQp::post_send`]. Stops at the first refused work request.
+    #[inline(always)]
+    pub fn post_send_batch(&mut self, wrs: &[SendWr<'_>]) -> Result<(), BatchPostError> {
+        let mut posted = 0;
+        while posted < wrs.len() {
+            posted += self.default.send_queue().post_write_run(&wrs[posted..]);
+            let Some(wr) = wrs.get(posted) else {
+                break;
+            };
+            self.post_send(wr)
+                .map_err(|error| BatchPostError { posted, error })?;
+            posted += 1;
+        }
+        Ok(())
     }
 
     /// Publishes every WQE posted so far whose doorbell is not withheld by the failover.
@@ -594,15 +618,6 @@ impl ResilientQp {
         Ok(())
     }
 
-    /// Counts a two-sided send. Kept behind a real branch (the fence stops the compiler from
-    /// turning it into a branchless add): a WRITE, the common post, then skips the
-    /// read-modify-write of the counter, which a loop of posts would otherwise chain.
-    #[inline(always)]
-    fn count_two_sided(&mut self) {
-        self.sends_posted += 1;
-        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
-    }
-
     #[cold]
     #[inline(never)]
     fn ring_slow(&mut self) {
@@ -773,6 +788,8 @@ impl ResilientQp {
             ),
         };
         self.fast_send = open && send;
+        // The default QP's fast path posts for this QP only while its route is the default.
+        self.default.send_queue().hold_fast_path(!self.fast_send);
         self.fast_recv = open && recv;
         self.fast_poll = open
             && send
