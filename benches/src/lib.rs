@@ -3,6 +3,8 @@
 //!
 //! - `datapath` (`cargo run --release -p benches --bin datapath -- --json OUT.json`): ns per
 //!   WQE posted (one at a time and in batches of 32), ns per CQE polled, and the floor of a
-//!   64-byte copy into a ring slot, on the soft provider.
+//!   64-byte copy into a ring slot, on the soft provider; and, counted by callgrind, the
+//!   instructions per WQE and per CQE (`post_instr`, `poll_instr`).
 
+pub mod instr;
 pub mod report;

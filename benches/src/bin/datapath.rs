@@ -95,6 +95,8 @@ fn attrs(gid: pmd::Gid, qpn: u32) -> [(QpState, QpAttr); 3] {
 /// What the timed loops drive: a plain QP with its CQ, or a resilient QP.
 trait Endpoint {
     fn post(&mut self, wr: &SendWr<'_>);
+    /// Posts a batch with one call (`post_send_batch`).
+    fn post_batch(&mut self, wrs: &[SendWr<'_>]);
     fn ring(&mut self);
     fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize;
     /// Completions written by the device and not polled yet.
@@ -113,6 +115,10 @@ impl Endpoint for Plain {
         self.qp.post_send(wr).expect("post");
     }
     #[inline(always)]
+    fn post_batch(&mut self, wrs: &[SendWr<'_>]) {
+        self.qp.post_send_batch(wrs).expect("post");
+    }
+    #[inline(always)]
     fn ring(&mut self) {
         self.qp.ring_doorbell();
     }
@@ -129,6 +135,10 @@ impl Endpoint for ResilientQp {
     #[inline(always)]
     fn post(&mut self, wr: &SendWr<'_>) {
         self.post_send(wr).expect("post");
+    }
+    #[inline(always)]
+    fn post_batch(&mut self, wrs: &[SendWr<'_>]) {
+        self.post_send_batch(wrs).expect("post");
     }
     #[inline(always)]
     fn ring(&mut self) {
@@ -154,6 +164,10 @@ impl Endpoint for Bypass<'_> {
     #[inline(always)]
     fn post(&mut self, wr: &SendWr<'_>) {
         self.qp.post_send(wr).expect("post");
+    }
+    #[inline(always)]
+    fn post_batch(&mut self, wrs: &[SendWr<'_>]) {
+        self.qp.post_send_batch(wrs).expect("post");
     }
     #[inline(always)]
     fn ring(&mut self) {
@@ -366,12 +380,25 @@ impl<E: Endpoint> Bench<E> {
     }
 
     /// ns per WQE of one posting round of `ROUND` WRITEs, one doorbell per `batch`.
-    fn post_round(&mut self, wrs: &[SendWr<'static>], batch: usize) -> f64 {
+    fn post_round(&mut self, wrs: &[SendWr<'static>], batch: usize, api: Api) -> f64 {
         let start = Instant::now();
-        timed_posts(&mut self.a, wrs, batch);
+        measured(|| timed_posts(&mut self.a, wrs, batch, api));
         let ns = start.elapsed().as_nanos() as f64 / ROUND as f64;
         self.drain(1);
         ns
+    }
+
+    /// One round of `ROUND` WRITEs posted in batches of 32 without a doorbell inside the
+    /// measured region (one doorbell after it): what writing WQEs costs alone. For the
+    /// instruction count.
+    fn post_only_round(&mut self, wrs: &[SendWr<'static>]) {
+        measured(|| {
+            for group in black_box(wrs).chunks(32) {
+                self.a.post_batch(group);
+            }
+        });
+        self.a.ring();
+        self.drain(1);
     }
 
     /// ns per CQE of one polling round of `POLL_ROUND` CQEs already written.
@@ -386,7 +413,7 @@ impl<E: Endpoint> Bench<E> {
             self.settle(written);
         }
         let start = Instant::now();
-        let got = timed_polls(&mut self.a, wcs);
+        let got = measured(|| timed_polls(&mut self.a, wcs));
         let elapsed = start.elapsed().as_nanos() as f64;
         assert_eq!(
             got, POLL_ROUND,
@@ -415,20 +442,42 @@ impl Figure {
     }
 }
 
-/// The timed posting loop, kept out of line so an instruction counter (callgrind's
-/// `--toggle-collect='datapath::timed_posts*'`) can measure exactly it.
+/// The measured region of every round: out of line, so that callgrind
+/// (`--toggle-collect='datapath::measured*'`) counts exactly what the clock times.
 #[inline(never)]
-fn timed_posts<E: Endpoint>(qp: &mut E, wrs: &[SendWr<'static>], batch: usize) {
-    for group in wrs.chunks(batch) {
-        for wr in group {
-            qp.post(black_box(wr));
+fn measured<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// The timed posting loop.
+#[inline(always)]
+fn timed_posts<E: Endpoint>(qp: &mut E, wrs: &[SendWr<'static>], batch: usize, api: Api) {
+    // The list is opaque to the compiler (it cannot specialise the posts to its contents);
+    // each post then reads its request from memory, as an application's would.
+    for group in black_box(wrs).chunks(batch) {
+        match api {
+            Api::Batch => qp.post_batch(group),
+            Api::Calls => {
+                for wr in group {
+                    qp.post(wr);
+                }
+            }
         }
         qp.ring();
     }
 }
 
+/// How a group of work requests is posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    /// One `post_send_batch` call per group.
+    Batch,
+    /// One `post_send` call per work request.
+    Calls,
+}
+
 /// The timed polling loop: polls until the CQ is empty; returns the completions polled.
-#[inline(never)]
+#[inline(always)]
 fn timed_polls<E: Endpoint>(qp: &mut E, wcs: &mut [WorkCompletion]) -> usize {
     let mut got = 0;
     loop {
@@ -441,9 +490,13 @@ fn timed_polls<E: Endpoint>(qp: &mut E, wcs: &mut [WorkCompletion]) -> usize {
 }
 
 /// ns per WQE of posting rounds of `ROUND` WRITEs with one doorbell per `batch` of them.
-fn post<E: Endpoint>(bench: &mut Bench<E>, rounds: usize, batch: usize) -> Figure {
+fn post<E: Endpoint>(bench: &mut Bench<E>, rounds: usize, batch: usize, api: Api) -> Figure {
     let wrs = bench.writes(ROUND, false);
-    Figure::of((0..rounds).map(|_| bench.post_round(&wrs, batch)).collect())
+    Figure::of(
+        (0..rounds)
+            .map(|_| bench.post_round(&wrs, batch, api))
+            .collect(),
+    )
 }
 
 fn poll<E: Endpoint>(bench: &mut Bench<E>, rounds: usize) -> Figure {
@@ -491,11 +544,11 @@ fn compare(resilient: &mut Bench<ResilientQp>, rounds: usize) -> (Compared, Comp
     // leaves warm for the second) falls on both sides alike.
     for i in 0..rounds {
         if i % 2 == 0 {
-            p.push(resilient.bypass_round(|b| b.post_round(&wr, 32)));
-            r.push(resilient.post_round(&wr, 32));
+            p.push(resilient.bypass_round(|b| b.post_round(&wr, 32, Api::Batch)));
+            r.push(resilient.post_round(&wr, 32, Api::Batch));
         } else {
-            r.push(resilient.post_round(&wr, 32));
-            p.push(resilient.bypass_round(|b| b.post_round(&wr, 32)));
+            r.push(resilient.post_round(&wr, 32, Api::Batch));
+            p.push(resilient.bypass_round(|b| b.post_round(&wr, 32, Api::Batch)));
         }
     }
     let post = Compared::of(std::mem::take(&mut p), std::mem::take(&mut r));
@@ -540,15 +593,228 @@ fn floor_copy64(ctx: &Arc<Context>, rounds: usize) -> Figure {
     Figure::of(samples)
 }
 
+/// Counts instructions (after the timed part, so valgrind's own work disturbs no timing),
+/// prints them against their goals and adds them to the report.
+fn instruction_report(report: &mut Report) {
+    println!("instructions per operation, counted by callgrind in `measured` ({COUNTED_ROUNDS} rounds each):");
+    let counts = match count_instructions() {
+        Ok(c) => c,
+        Err(e) => {
+            println!("  not counted: {e}");
+            report.text("instr_error", &e);
+            return;
+        }
+    };
+    let get = |what| counts.iter().find(|(c, _)| *c == what).map(|(_, v)| *v);
+    for (what, per_op) in &counts {
+        report.number(what.key(), *per_op);
+    }
+    let (Some(post32), Some(post_only)) = (get(Counting::Post32), get(Counting::PostOnly)) else {
+        return;
+    };
+    // A batch is 32 posts and one doorbell: the doorbell is what the batch costs beyond them.
+    let doorbell = (post32 - post_only) * 32.0;
+    report.number("doorbell_instr", doorbell);
+    let goal = |v: f64, g: f64| {
+        if v <= g {
+            format!("goal <= {g}: met")
+        } else {
+            format!("goal <= {g}: missed")
+        }
+    };
+    let poll = get(Counting::Poll).unwrap_or(f64::NAN);
+    println!(
+        "  {:<44} {post32:>7.1}  {}",
+        "post_instr (batches of 32 + doorbell, per WQE)",
+        goal(post32, 60.0)
+    );
+    println!(
+        "  {:<44} {post_only:>7.1}",
+        "post_only_instr (per WQE, no doorbell)"
+    );
+    println!("  {:<44} {doorbell:>7.1}", "doorbell_instr (per doorbell)");
+    println!(
+        "  {:<44} {poll:>7.1}  {}",
+        "poll_instr (per CQE, polls of 32)",
+        goal(poll, 35.0)
+    );
+    for (name, r, b) in [
+        ("post", Counting::ResilientPost32, Counting::BypassPost32),
+        ("poll", Counting::ResilientPoll, Counting::BypassPoll),
+    ] {
+        if let (Some(r), Some(b)) = (get(r), get(b)) {
+            report.number(&format!("overhead_{name}_instr_ratio"), r / b);
+            println!(
+                "  {:<44} {r:>7.1}  direct {b:.1}, ratio {:.3}",
+                format!("resilient_{name}_instr"),
+                r / b
+            );
+        }
+    }
+}
+
 struct Args {
     json: Option<PathBuf>,
     rounds: usize,
+    /// Run as the instruction-counting child for this measurement only.
+    count: Option<Counting>,
+    /// Skip the instruction counts.
+    no_instr: bool,
+}
+
+/// What one instruction-counting child (run under callgrind by the parent) measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counting {
+    /// Batches of 32 WRITEs (`post_send_batch`) and one doorbell each, on the plain QP:
+    /// `post_instr`.
+    Post32,
+    /// 32 WRITEs posted one `post_send` call each, then one doorbell: `post_call_instr`.
+    PostCalls32,
+    /// WRITEs without their doorbell, on the plain QP: `post_only_instr`.
+    PostOnly,
+    /// CQEs polled 32 at a time, on the plain QP's CQ: `poll_instr`.
+    Poll,
+    /// `Post32` through the resilient QP.
+    ResilientPost32,
+    /// `Post32` on the resilient QP's own default QP used directly.
+    BypassPost32,
+    /// `Poll` through the resilient QP.
+    ResilientPoll,
+    /// `Poll` on the resilient QP's own default CQ used directly.
+    BypassPoll,
+}
+
+impl Counting {
+    const ALL: [Counting; 8] = [
+        Counting::Post32,
+        Counting::PostCalls32,
+        Counting::PostOnly,
+        Counting::Poll,
+        Counting::ResilientPost32,
+        Counting::BypassPost32,
+        Counting::ResilientPoll,
+        Counting::BypassPoll,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Counting::Post32 => "post32",
+            Counting::PostCalls32 => "post-calls32",
+            Counting::PostOnly => "post-only",
+            Counting::Poll => "poll",
+            Counting::ResilientPost32 => "resilient-post32",
+            Counting::BypassPost32 => "bypass-post32",
+            Counting::ResilientPoll => "resilient-poll",
+            Counting::BypassPoll => "bypass-poll",
+        }
+    }
+
+    /// The report key of its instructions per operation.
+    fn key(self) -> &'static str {
+        match self {
+            Counting::Post32 => "post_instr",
+            Counting::PostCalls32 => "post_call_instr",
+            Counting::PostOnly => "post_only_instr",
+            Counting::Poll => "poll_instr",
+            Counting::ResilientPost32 => "resilient_post_instr",
+            Counting::BypassPost32 => "resilient_bypass_post_instr",
+            Counting::ResilientPoll => "resilient_poll_instr",
+            Counting::BypassPoll => "resilient_bypass_poll_instr",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Counting, String> {
+        Counting::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| format!("--count: unknown measurement {s:?}"))
+    }
+}
+
+/// Rounds an instruction-counting child measures (instruction counts do not vary between
+/// rounds the way times do, so a few suffice; the first round's one-time work, such as
+/// filling the key cache, is spread over all of them).
+const COUNTED_ROUNDS: usize = 8;
+
+/// The instruction-counting child: sets up what `what` measures, runs `COUNTED_ROUNDS` rounds
+/// through `measured` (the function callgrind collects in) and prints how many operations
+/// went through it.
+fn count_child(what: Counting) -> u64 {
+    let rounds = COUNTED_ROUNDS;
+    let ops = match what {
+        Counting::Post32 | Counting::PostCalls32 | Counting::PostOnly | Counting::Poll => {
+            let mut bench = plain();
+            match what {
+                Counting::Post32 => {
+                    post(&mut bench, rounds, 32, Api::Batch);
+                }
+                Counting::PostCalls32 => {
+                    post(&mut bench, rounds, 32, Api::Calls);
+                }
+                Counting::PostOnly => {
+                    let wrs = bench.writes(ROUND, false);
+                    (0..rounds).for_each(|_| bench.post_only_round(&wrs));
+                }
+                _ => {
+                    poll(&mut bench, rounds);
+                }
+            }
+            rounds
+                * if what == Counting::Poll {
+                    POLL_ROUND
+                } else {
+                    ROUND
+                }
+        }
+        Counting::ResilientPost32 | Counting::BypassPost32 => {
+            let mut protected = resilient();
+            let wrs = protected.writes(ROUND, false);
+            for _ in 0..rounds {
+                if what == Counting::ResilientPost32 {
+                    protected.post_round(&wrs, 32, Api::Batch);
+                } else {
+                    protected.bypass_round(|b| b.post_round(&wrs, 32, Api::Batch));
+                }
+            }
+            rounds * ROUND
+        }
+        Counting::ResilientPoll | Counting::BypassPoll => {
+            let mut protected = resilient();
+            let wrs = protected.writes(POLL_ROUND, true);
+            let mut wcs = [WorkCompletion::EMPTY; 32];
+            for _ in 0..rounds {
+                if what == Counting::ResilientPoll {
+                    protected.poll_round(&wrs, &mut wcs);
+                } else {
+                    protected.bypass_round(|b| b.poll_round(&wrs, &mut wcs));
+                }
+            }
+            rounds * POLL_ROUND
+        }
+    };
+    ops as u64
+}
+
+/// Counts every measurement's instructions per operation, each in a child under callgrind.
+fn count_instructions() -> Result<Vec<(Counting, f64)>, String> {
+    benches::instr::valgrind_available()?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    Counting::ALL
+        .into_iter()
+        .map(|what| {
+            let counted =
+                benches::instr::count(&exe, &["--count", what.name()], "datapath::measured*")?;
+            Ok((what, counted.per_op()))
+        })
+        .collect()
 }
 
 fn args() -> Result<Args, String> {
     let mut out = Args {
         json: None,
         rounds: 200,
+        count: None,
+        no_instr: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -564,8 +830,12 @@ fn args() -> Result<Args, String> {
                     return Err("--rounds must be at least 1".into());
                 }
             }
+            "--count" => {
+                out.count = Some(Counting::parse(&it.next().ok_or("--count needs a name")?)?)
+            }
+            "--no-instr" => out.no_instr = true,
             "-h" | "--help" => {
-                return Err("usage: datapath [--json OUT.json] [--rounds N]".into());
+                return Err("usage: datapath [--json OUT.json] [--rounds N] [--no-instr]".into());
             }
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
@@ -583,26 +853,35 @@ fn main() {
     };
     // Pin the measuring thread to the last core, away from core 0's interrupts.
     let core = pmd::lcore::cores().last().copied();
+    if let Some(what) = args.count {
+        let ops = pmd::lcore::launch("bench-count", core, move || count_child(what))
+            .expect("launch the counting lcore")
+            .join()
+            .expect("counting lcore");
+        println!("ops {ops}");
+        return;
+    }
     let rounds = args.rounds;
     let lcore = pmd::lcore::launch("bench-datapath", core, move || {
         let mut bench = plain();
         // Warm caches, rings and the branch predictor once before measuring.
-        post(&mut bench, 5, 32);
+        post(&mut bench, 5, 32, Api::Batch);
         let floor = floor_copy64(&bench.devices[0], rounds);
-        let single = post(&mut bench, rounds, 1);
-        let batch = post(&mut bench, rounds, 32);
+        let single = post(&mut bench, rounds, 1, Api::Calls);
+        let batch = post(&mut bench, rounds, 32, Api::Batch);
+        let calls = post(&mut bench, rounds, 32, Api::Calls);
         let poll = poll(&mut bench, rounds / 4 + 1);
         let mut protected = resilient();
-        post(&mut protected, 5, 32);
+        post(&mut protected, 5, 32, Api::Batch);
         let compared = compare(&mut protected, rounds);
         let pages = match bench.local_page_size() {
             pmd::memory::PageSize::Huge => "2 MiB hugepages",
             pmd::memory::PageSize::Base => "4 KiB pages",
         };
-        (floor, single, batch, poll, compared, pages)
+        (floor, single, batch, calls, poll, compared, pages)
     })
     .expect("launch the benchmark lcore");
-    let (floor, single, batch, poll, (cpost, cpoll), pages) =
+    let (floor, single, batch, calls, poll, (cpost, cpoll), pages) =
         lcore.join().expect("benchmark lcore");
 
     let mut report = Report::new();
@@ -619,6 +898,7 @@ fn main() {
             batch,
             Some(10.0),
         ),
+        ("post, 32 calls + doorbell", "post_calls32_ns", calls, None),
         ("poll, per CQE", "poll_ns", poll, Some(5.0)),
         (
             "floor: 64-byte copy to a ring slot",
@@ -694,6 +974,11 @@ fn main() {
             c.paired,
             c.best_ratio()
         );
+    }
+    if args.no_instr {
+        println!("instruction counts skipped (--no-instr)");
+    } else {
+        instruction_report(&mut report);
     }
     if let Some(path) = args.json {
         if let Err(e) = report.write(&path) {
