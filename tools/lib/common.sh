@@ -12,6 +12,7 @@ RAILSHIFT_PACKAGES=(
   "libclang-dev:/usr/share/doc/libclang-dev/copyright"
   "tshark:/usr/bin/tshark"
   "redis-server:/usr/bin/redis-server"
+  "libc6-dev-arm64-cross:/usr/aarch64-linux-gnu/include/stdio.h"
 )
 
 step() {
@@ -40,6 +41,20 @@ ensure_packages() {
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# The aarch64 Rust standard library, for the cross-build check (rustup's; a toolchain without
+# rustup cannot add targets, which is said plainly).
+ensure_aarch64_target() {
+  if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then
+    echo "aarch64-unknown-linux-gnu present"
+    return 0
+  fi
+  if ! command -v rustup >/dev/null; then
+    echo "rustup is not installed: cannot add the aarch64-unknown-linux-gnu target" >&2
+    return 1
+  fi
+  rustup target add aarch64-unknown-linux-gnu
 }
 
 # Commands run when the shell exits, in the order they were added: `on_exit 'cmd'`. One EXIT

@@ -13,7 +13,7 @@ use hw_defs::mlx5::{
 use super::{
     CqRequest, Handle, Provider, QpRequest, RawCq, RawMr, RawQp, RawWorkQueue, VerbsError,
 };
-use crate::datapath::doorbell::{Doorbell, MmioDoorbell};
+use crate::datapath::doorbell::{Doorbell, DoorbellMode, MmioDoorbell};
 use crate::memory::{Block, MemoryPool};
 use crate::name::DeviceName;
 use crate::qp_state::QpState;
@@ -387,7 +387,10 @@ impl Provider for Shared {
             // SAFETY: the 64-byte block outlives the QP (the fake keeps it until destroy and
             // the test's FakeQp clone keeps it after); plain doorbells only.
             doorbell: Doorbell::Mmio(unsafe {
-                MmioDoorbell::new(NonNull::new(doorbell.as_ptr()).unwrap(), 0)
+                MmioDoorbell::new(
+                    NonNull::new(doorbell.as_ptr()).unwrap(),
+                    DoorbellMode::Plain,
+                )
             }),
             caps,
         })

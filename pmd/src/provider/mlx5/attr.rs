@@ -3,19 +3,110 @@
 use std::os::raw::c_int;
 
 use rdma_sys::{
-    ibv_access_flags, ibv_device_attr, ibv_mtu, ibv_port_attr, ibv_port_state, ibv_qp_attr,
-    ibv_qp_attr_mask, ibv_qp_state,
+    ibv_access_flags, ibv_cq, ibv_device_attr, ibv_mtu, ibv_pd, ibv_port_attr, ibv_port_state,
+    ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_create_send_ops_flags, ibv_qp_init_attr_ex,
+    ibv_qp_init_attr_mask, ibv_qp_state, ibv_qp_type,
 };
 
+use super::dv;
 use crate::provider::VerbsError;
 use crate::qp_state::QpState;
-use crate::verbs::{Access, DeviceAttr, Mtu, PortAttr, PortState, QpAttr};
+use crate::verbs::{Access, DeviceAttr, Mtu, PortAttr, PortState, QpAttr, QpCaps};
 
-/// The largest inline payload the pmd accepts: a WQE has at most 63 units of 16 bytes, the
-/// driver keeps 3 for the control, remote-address and atomic segments (`Qp::create`), and the
-/// inline segment spends 4 bytes on its header. A ConnectX may grant less; `create_qp`
-/// reports what it granted and refuses more with the device's error.
+/// The largest inline payload the pmd's WQE layout allows: a WQE has at most 63 units of 16
+/// bytes, the driver keeps 3 for the control, remote-address and atomic segments
+/// (`Qp::create`), and the inline segment spends 4 bytes on its header. What a ConnectX grants
+/// is less (its largest send WQE is smaller than 63 units): the provider reports the granted
+/// size ([`largest_granted_inline`]), never this bound.
 pub const MAX_INLINE_DATA: u32 = 60 * 16 - 4;
+
+/// The operations the pmd posts, as `IBV_QP_EX_WITH_*` flags. Naming them at creation
+/// (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`) lets libmlx5 size WQEs for them alone: without it, it
+/// sizes every WQE for memory-window binds and local invalidates (a 192-byte UMR header), and
+/// a one-entry QP's WQEs take 4 basic blocks instead of 1, its ring 4-5 times the memory, for
+/// the same granted `max_send_wr`.
+pub const SEND_OPS: u64 = {
+    use ibv_qp_create_send_ops_flags as F;
+    (F::IBV_QP_EX_WITH_RDMA_WRITE.0
+        | F::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM.0
+        | F::IBV_QP_EX_WITH_SEND.0
+        | F::IBV_QP_EX_WITH_SEND_WITH_IMM.0
+        | F::IBV_QP_EX_WITH_RDMA_READ.0
+        | F::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP.0
+        | F::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD.0) as u64
+};
+
+/// The attributes of an RC QP of `caps` on `send_cq`/`recv_cq` in `pd` (a parent domain when
+/// the QP has a thread domain): the pmd's operations named ([`SEND_OPS`]), no `sq_sig_all`.
+pub fn qp_init_attr(
+    caps: QpCaps,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    pd: *mut ibv_pd,
+) -> ibv_qp_init_attr_ex {
+    // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (null pointers, zero masks); we set
+    // what an RC QP needs.
+    let mut init: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+    init.qp_type = ibv_qp_type::IBV_QPT_RC;
+    init.send_cq = send_cq;
+    init.recv_cq = recv_cq;
+    init.cap.max_send_wr = caps.max_send_wr;
+    init.cap.max_recv_wr = caps.max_recv_wr;
+    init.cap.max_send_sge = caps.max_send_sge;
+    init.cap.max_recv_sge = caps.max_recv_sge;
+    init.cap.max_inline_data = caps.max_inline_data;
+    init.sq_sig_all = 0;
+    init.comp_mask = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0
+        | ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
+    init.pd = pd;
+    init.send_ops_flags = SEND_OPS;
+    init
+}
+
+/// The pmd drives RoCE: a port whose link layer is not Ethernet (InfiniBand, or unspecified,
+/// which old kernels report for InfiniBand) has no RoCE v2 GIDs and would need LID routing the
+/// pmd does not do. `link_layer` is `ibv_port_attr.link_layer`.
+pub fn check_link_layer(device: &str, link_layer: u8) -> Result<(), VerbsError> {
+    if link_layer == dv::IBV_LINK_LAYER_ETHERNET {
+        return Ok(());
+    }
+    let what = match link_layer {
+        dv::IBV_LINK_LAYER_INFINIBAND => "an InfiniBand port".to_string(),
+        dv::IBV_LINK_LAYER_UNSPECIFIED => "a port of unspecified (InfiniBand) link layer".into(),
+        other => format!("a port of link layer {other}"),
+    };
+    Err(VerbsError::Unsupported {
+        device: device.to_string(),
+        verb: "open_device",
+        what: format!(
+            "port 1 is {what}; railshift drives RoCE (Ethernet link layer) only: set the \
+             port to Ethernet (mlxconfig LINK_TYPE_P1=2) or use a RoCE NIC"
+        ),
+    })
+}
+
+/// The largest inline payload a device grants, capped at `limit`: the largest request in
+/// `0..=limit` that `try_grant` accepts, by bisection (`try_grant(n)` creates a QP asking for
+/// `n` bytes and returns what the device granted, which rounds up to whole basic blocks, or
+/// `None` if it refused), then what the device granted for it. 0 when even 0 is refused.
+pub fn largest_granted_inline(limit: u32, mut try_grant: impl FnMut(u32) -> Option<u32>) -> u32 {
+    let Some(mut granted) = try_grant(0) else {
+        return 0;
+    };
+    // Requests up to `lo` are granted; none above `hi` is.
+    let (mut lo, mut hi) = (0, limit);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        match try_grant(mid) {
+            Some(g) => {
+                lo = mid;
+                granted = g;
+            }
+            None => hi = mid - 1,
+        }
+    }
+    granted.min(limit)
+}
 
 /// A verbs call that failed with `errno`, as the pmd's error.
 pub fn verbs_error(device: &str, verb: &'static str, errno: std::io::Error) -> VerbsError {
@@ -220,8 +311,9 @@ pub fn port_attr_from_ibv(p: &ibv_port_attr) -> Result<PortAttr, String> {
     })
 }
 
-/// The pmd's device attributes of `ibv_device_attr`.
-pub fn device_attr_from_ibv(d: &ibv_device_attr) -> DeviceAttr {
+/// The pmd's device attributes of `ibv_device_attr`, with the inline size the device grants
+/// (`max_inline_data`, see [`largest_granted_inline`]).
+pub fn device_attr_from_ibv(d: &ibv_device_attr, max_inline_data: u32) -> DeviceAttr {
     let fw: Vec<u8> = d
         .fw_ver
         .iter()
@@ -236,7 +328,7 @@ pub fn device_attr_from_ibv(d: &ibv_device_attr) -> DeviceAttr {
         max_sge: count(d.max_sge),
         max_cqe: count(d.max_cqe),
         max_mr_size: d.max_mr_size,
-        max_inline_data: MAX_INLINE_DATA,
+        max_inline_data,
         max_qp_rd_atom: atom(d.max_qp_rd_atom),
         max_qp_init_rd_atom: atom(d.max_qp_init_rd_atom),
     }
@@ -332,6 +424,100 @@ mod tests {
             text.contains("ibv_create_qp on mlx5:mlx5_0 failed"),
             "{text}"
         );
+    }
+
+    /// A ConnectX as libmlx5 sizes its send WQEs (`mlx5_calc_send_wqe`): the pmd's operations
+    /// cost 48 bytes of header, one data segment 16, an inline segment 4 bytes plus the
+    /// payload rounded to 16; a WQE may not exceed `max_sq_desc_sz`; the granted inline size
+    /// is the WQE rounded to basic blocks, less the header and the inline segment's 4.
+    fn connectx(max_sq_desc_sz: u32) -> impl FnMut(u32) -> Option<u32> {
+        move |inline: u32| {
+            let header = 48;
+            let gather = header + 16;
+            let inl = if inline == 0 {
+                0
+            } else {
+                header + (4 + inline).div_ceil(16) * 16
+            };
+            let total = gather.max(inl);
+            (total <= max_sq_desc_sz).then(|| total.div_ceil(64) * 64 - header - 4)
+        }
+    }
+
+    #[test]
+    fn the_granted_inline_size_is_what_the_device_grants_not_the_layouts_bound() {
+        // A ConnectX-5 (512-byte send WQEs): 460 bytes, not 956.
+        assert_eq!(largest_granted_inline(MAX_INLINE_DATA, connectx(512)), 460);
+        // A larger WQE than the layout's bound: the bound.
+        assert_eq!(
+            largest_granted_inline(MAX_INLINE_DATA, connectx(1024)),
+            MAX_INLINE_DATA
+        );
+        // A device that refuses everything grants nothing.
+        assert_eq!(largest_granted_inline(MAX_INLINE_DATA, |_| None), 0);
+        // Never more than it would grant for the largest request it takes.
+        let mut asked = Vec::new();
+        let mut dev = connectx(512);
+        largest_granted_inline(MAX_INLINE_DATA, |n| {
+            asked.push(n);
+            dev(n)
+        });
+        assert!(asked.len() <= 12, "bisection, not a scan: {asked:?}");
+    }
+
+    #[test]
+    fn qps_are_created_naming_only_the_operations_the_pmd_posts() {
+        use ibv_qp_create_send_ops_flags as F;
+        let caps = QpCaps::default();
+        let a = qp_init_attr(
+            caps,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        let mask = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
+        assert_eq!(a.comp_mask & mask, mask);
+        assert_eq!(a.qp_type, ibv_qp_type::IBV_QPT_RC);
+        assert_eq!(a.cap.max_send_wr, caps.max_send_wr);
+        let want = [
+            F::IBV_QP_EX_WITH_RDMA_WRITE,
+            F::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+            F::IBV_QP_EX_WITH_SEND,
+            F::IBV_QP_EX_WITH_SEND_WITH_IMM,
+            F::IBV_QP_EX_WITH_RDMA_READ,
+            F::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
+            F::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+        ];
+        assert_eq!(
+            a.send_ops_flags,
+            want.iter().fold(0u64, |m, f| m | u64::from(f.0))
+        );
+        // None of what makes libmlx5 reserve a UMR header in every WQE.
+        for f in [
+            F::IBV_QP_EX_WITH_LOCAL_INV,
+            F::IBV_QP_EX_WITH_BIND_MW,
+            F::IBV_QP_EX_WITH_SEND_WITH_INV,
+            F::IBV_QP_EX_WITH_TSO,
+        ] {
+            assert_eq!(a.send_ops_flags & u64::from(f.0), 0, "{:#x}", f.0);
+        }
+    }
+
+    #[test]
+    fn only_ethernet_ports_open() {
+        assert!(check_link_layer("mlx5:mlx5_0", dv::IBV_LINK_LAYER_ETHERNET).is_ok());
+        for (ll, says) in [
+            (dv::IBV_LINK_LAYER_INFINIBAND, "InfiniBand port"),
+            (dv::IBV_LINK_LAYER_UNSPECIFIED, "unspecified"),
+            (7, "link layer 7"),
+        ] {
+            let e = check_link_layer("mlx5:mlx5_0", ll).unwrap_err();
+            assert!(matches!(e, VerbsError::Unsupported { .. }), "{e}");
+            let text = e.to_string();
+            assert!(text.contains(says), "{text}");
+            assert!(text.contains("RoCE (Ethernet link layer) only"), "{text}");
+            assert!(text.contains("mlx5:mlx5_0"), "{text}");
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The few mlx5dv items rdma-sys does not bind, declared by hand after Debian's
-//! `infiniband/mlx5dv.h` (rdma-core 44): `mlx5dv_init_obj` and the structs it fills, and
+//! The few mlx5dv items (and libibverbs constants) rdma-sys does not bind, declared by hand
+//! after Debian's `infiniband/mlx5dv.h` (rdma-core 44): `mlx5dv_init_obj` and the structs it fills, and
 //! `mlx5dv_create_qp` with its vendor attributes. The test at the bottom compiles a C probe
 //! against the real header and compares every size, offset, constant and prototype.
 //!
@@ -164,6 +164,14 @@ pub struct mlx5dv_qp_init_attr {
     pub send_ops_flags: u64,
 }
 
+/// `IBV_LINK_LAYER_UNSPECIFIED` (libibverbs' anonymous enum, not bound by rdma-sys): what
+/// old kernels report for InfiniBand ports.
+pub const IBV_LINK_LAYER_UNSPECIFIED: u8 = 0;
+/// `IBV_LINK_LAYER_INFINIBAND`.
+pub const IBV_LINK_LAYER_INFINIBAND: u8 = 1;
+/// `IBV_LINK_LAYER_ETHERNET`: RoCE.
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+
 /// `MLX5DV_OBJ_QP`.
 pub const MLX5DV_OBJ_QP: u64 = 1 << 0;
 /// `MLX5DV_OBJ_CQ`.
@@ -265,6 +273,18 @@ mod tests {
 
     fn constants() -> Vec<(&'static str, u64)> {
         vec![
+            (
+                "IBV_LINK_LAYER_UNSPECIFIED",
+                u64::from(IBV_LINK_LAYER_UNSPECIFIED),
+            ),
+            (
+                "IBV_LINK_LAYER_INFINIBAND",
+                u64::from(IBV_LINK_LAYER_INFINIBAND),
+            ),
+            (
+                "IBV_LINK_LAYER_ETHERNET",
+                u64::from(IBV_LINK_LAYER_ETHERNET),
+            ),
             ("MLX5DV_OBJ_QP", MLX5DV_OBJ_QP),
             ("MLX5DV_OBJ_CQ", MLX5DV_OBJ_CQ),
             (

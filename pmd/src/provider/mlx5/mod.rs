@@ -16,7 +16,17 @@
 //! - **Arming the CQ ourselves** (see `events`), and **cleaning the CQ on QP reset ourselves**:
 //!   `mlx5dv_init_obj` marks the CQ DV-owned and libmlx5 stops cleaning it; the pmd's
 //!   control path asks the CQ's poller to drop the QP's stale CQEs (`Qp::modify`).
-//! - **GID 0 is the device's RoCE v2 address** ([`GidMap`]).
+//! - **GID 0 is the device's RoCE v2 address** ([`GidMap`]); ports whose link layer is not
+//!   Ethernet are refused at open (the pmd drives RoCE only).
+//! - **WQEs sized for the pmd's operations.** QPs are created naming the operations the pmd
+//!   posts (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`), so libmlx5 does not reserve room for UMR
+//!   headers in every WQE; the granted `max_send_wr` counts work requests, and the datapath
+//!   counts outstanding work requests against it.
+//! - **libmlx5's environment followed**: `MLX5_SHUT_UP_BF` (no write-combining) turns
+//!   BlueFlame copies off; `MLX5_QP_SIGNATURE` (WQE signatures the pmd does not compute) is
+//!   refused at QP creation ([`env`]).
+//! - **The inline size the device grants** is what `query_device` reports, found by creating
+//!   QPs once per context (libmlx5's limit is its largest send WQE, which verbs do not show).
 //!
 //! Device names: `mlx5:<ibdev>` (`mlx5:mlx5_0`). Without RDMA hardware, or without the kernel
 //! RDMA stack, opening fails with [`VerbsError::NoDevice`] saying so; [`device_names`] lists
@@ -25,6 +35,7 @@
 mod attr;
 mod device;
 mod dv;
+mod env;
 mod events;
 mod shapes;
 #[cfg(test)]
@@ -32,14 +43,14 @@ mod tests;
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rdma_sys::{
     ibv_alloc_parent_domain, ibv_alloc_pd, ibv_alloc_td, ibv_cq, ibv_create_cq, ibv_dealloc_pd,
     ibv_dealloc_td, ibv_dereg_mr, ibv_destroy_cq, ibv_destroy_qp, ibv_device_attr, ibv_modify_qp,
     ibv_mr, ibv_parent_domain_init_attr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr,
-    ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_qp_init_attr_mask, ibv_qp_type,
-    ibv_query_device, ibv_query_qp, ibv_reg_mr, ibv_td, ibv_td_init_attr,
+    ibv_qp_attr_mask, ibv_qp_init_attr, ibv_query_device, ibv_query_qp, ibv_reg_mr, ibv_td,
+    ibv_td_init_attr,
 };
 
 pub use device::{device_names, GidMap};
@@ -92,6 +103,11 @@ pub struct Mlx5Provider {
     label: String,
     device: Arc<Device>,
     objects: Mutex<Objects>,
+    /// Whether QPs may copy WQEs into their BlueFlame register (`MLX5_SHUT_UP_BF` unset),
+    /// read at open as libmlx5 reads it.
+    blueflame: bool,
+    /// The inline size the device grants, found at the first `query_device`.
+    granted_inline: OnceLock<u32>,
 }
 
 impl std::fmt::Debug for Mlx5Provider {
@@ -114,13 +130,82 @@ impl Mlx5Provider {
         };
         let label = name.to_string();
         let device = Arc::new(Device::open(&label, ibdev)?);
-        tracing::info!(device = %label, "ConnectX opened");
-        Ok(Mlx5Provider {
+        let blueflame = env::blueflame_allowed(std::env::var_os("MLX5_SHUT_UP_BF").as_deref());
+        let provider = Mlx5Provider {
             name: name.clone(),
             label,
             device,
             objects: Mutex::new(Objects::default()),
-        })
+            blueflame,
+            granted_inline: OnceLock::new(),
+        };
+        attr::check_link_layer(&provider.label, provider.port_attr()?.link_layer)?;
+        if !blueflame {
+            tracing::info!(device = %provider.label, "MLX5_SHUT_UP_BF is set: plain doorbells only, no BlueFlame");
+        }
+        tracing::info!(device = %provider.label, "ConnectX opened");
+        Ok(provider)
+    }
+
+    /// Port 1 as libibverbs reports it.
+    fn port_attr(&self) -> Result<ibv_port_attr, VerbsError> {
+        // SAFETY: all-zero is a valid ibv_port_attr (integers only).
+        let mut p: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; `p` is a valid out-pointer of the size the call passes.
+        let rc = unsafe { rdma_sys::___ibv_query_port(self.device.ctx(), 1, &mut p) };
+        if rc != 0 {
+            return Err(rc_error(&self.label, "ibv_query_port", rc));
+        }
+        Ok(p)
+    }
+
+    /// The inline size the device grants QPs created as `create_qp` creates them, found by
+    /// creating (and destroying) QPs of one send entry on a scratch PD and CQ
+    /// ([`attr::largest_granted_inline`]): about ten creations, once per context.
+    fn probe_inline(&self) -> Result<u32, VerbsError> {
+        // SAFETY: the context is open.
+        let pd = NonNull::new(unsafe { ibv_alloc_pd(self.device.ctx()) })
+            .ok_or_else(|| self.errno("ibv_alloc_pd"))?;
+        // SAFETY: the context is open; no channel, no context pointer.
+        let cq = unsafe {
+            ibv_create_cq(
+                self.device.ctx(),
+                1,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        let granted = match NonNull::new(cq) {
+            None => Err(self.errno("ibv_create_cq")),
+            Some(cq) => {
+                let granted = attr::largest_granted_inline(attr::MAX_INLINE_DATA, |inline| {
+                    let caps = QpCaps {
+                        max_send_wr: 1,
+                        max_recv_wr: 1,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: inline,
+                    };
+                    let mut init = attr::qp_init_attr(caps, cq.as_ptr(), cq.as_ptr(), pd.as_ptr());
+                    // SAFETY: all-zero is a valid mlx5dv_qp_init_attr (no vendor options).
+                    let mut vendor: dv::mlx5dv_qp_init_attr = unsafe { std::mem::zeroed() };
+                    // SAFETY: the context, PD and CQ are live; both structs are valid.
+                    let qp =
+                        unsafe { dv::mlx5dv_create_qp(self.device.ctx(), &mut init, &mut vendor) };
+                    let qp = NonNull::new(qp)?;
+                    // SAFETY: the QP we just created, never handed out.
+                    unsafe { ibv_destroy_qp(qp.as_ptr()) };
+                    Some(init.cap.max_inline_data)
+                });
+                // SAFETY: our scratch CQ, its QPs destroyed.
+                unsafe { ibv_destroy_cq(cq.as_ptr()) };
+                Ok(granted)
+            }
+        };
+        // SAFETY: our scratch PD, its QPs destroyed.
+        unsafe { ibv_dealloc_pd(pd.as_ptr()) };
+        granted
     }
 
     fn objects(&self) -> std::sync::MutexGuard<'_, Objects> {
@@ -213,17 +298,20 @@ impl Provider for Mlx5Provider {
         if rc != 0 {
             return Err(rc_error(&self.label, "ibv_query_device", rc));
         }
-        Ok(attr::device_attr_from_ibv(&a))
+        let inline = match self.granted_inline.get() {
+            Some(&n) => n,
+            None => *self.granted_inline.get_or_init(|| {
+                self.probe_inline().unwrap_or_else(|e| {
+                    tracing::warn!(device = %self.label, error = %e, "cannot find the granted inline size; reporting 0");
+                    0
+                })
+            }),
+        };
+        Ok(attr::device_attr_from_ibv(&a, inline))
     }
 
     fn query_port(&self) -> Result<PortAttr, VerbsError> {
-        // SAFETY: all-zero is a valid ibv_port_attr (integers only).
-        let mut p: ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the context is open; `p` is a valid out-pointer of the size the call passes.
-        let rc = unsafe { rdma_sys::___ibv_query_port(self.device.ctx(), 1, &mut p) };
-        if rc != 0 {
-            return Err(rc_error(&self.label, "ibv_query_port", rc));
-        }
+        let p = self.port_attr()?;
         attr::port_attr_from_ibv(&p).map_err(|reason| VerbsError::Failed {
             device: self.label.clone(),
             verb: "ibv_query_port",
@@ -406,21 +494,17 @@ impl Provider for Mlx5Provider {
                     .ok_or_else(|| self.unknown("create_qp", "CQ", req.recv_cq))?,
             )
         };
+        env::check_qp_signature(
+            &self.label,
+            std::env::var_os("MLX5_QP_SIGNATURE").as_deref(),
+        )?;
         let domain = self.thread_domain(pd);
-        // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (null pointers, zero masks); we set
-        // what an RC QP needs.
-        let mut init: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
-        init.qp_type = ibv_qp_type::IBV_QPT_RC;
-        init.send_cq = send_cq.as_ptr();
-        init.recv_cq = recv_cq.as_ptr();
-        init.cap.max_send_wr = req.caps.max_send_wr;
-        init.cap.max_recv_wr = req.caps.max_recv_wr;
-        init.cap.max_send_sge = req.caps.max_send_sge;
-        init.cap.max_recv_sge = req.caps.max_recv_sge;
-        init.cap.max_inline_data = req.caps.max_inline_data;
-        init.sq_sig_all = 0;
-        init.comp_mask = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0;
-        init.pd = domain.as_ref().map_or(pd, |d| d.parent).as_ptr();
+        let mut init = attr::qp_init_attr(
+            req.caps,
+            send_cq.as_ptr(),
+            recv_cq.as_ptr(),
+            domain.as_ref().map_or(pd, |d| d.parent).as_ptr(),
+        );
         // SAFETY: all-zero is a valid mlx5dv_qp_init_attr; we ask for one create flag.
         let mut vendor: dv::mlx5dv_qp_init_attr = unsafe { std::mem::zeroed() };
         vendor.comp_mask = dv::MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS;
@@ -460,10 +544,14 @@ impl Provider for Mlx5Provider {
                 std::io::Error::from_raw_os_error(rc.abs())
             )))
         } else {
+            let register = shapes::RegisterUse {
+                dedicated,
+                blueflame: self.blueflame,
+            };
             // SAFETY: `out` describes the live QP; its memory stays mapped until destroy_qp,
             // which the control objects call only after the datapath queues are gone; with a
             // thread domain the register is the QP's alone.
-            unsafe { shapes::qp_shape(&out, dedicated) }.map_err(fail)
+            unsafe { shapes::qp_shape(&out, register) }.map_err(fail)
         };
         let shape = match shape {
             Ok(shape) => shape,
@@ -483,7 +571,7 @@ impl Provider for Mlx5Provider {
             max_recv_sge: init.cap.max_recv_sge,
             max_inline_data: init.cap.max_inline_data,
         };
-        tracing::debug!(device = %self.label, qpn, sq_bbs = shape.sq.wqe_cnt, rq = shape.rq.wqe_cnt, bf_size = if dedicated { out.bf.size } else { 0 }, "QP created");
+        tracing::debug!(device = %self.label, qpn, sq_bbs = shape.sq.wqe_cnt, rq = shape.rq.wqe_cnt, doorbell = ?shape.doorbell, granted = ?caps, "QP created");
         let mut o = self.objects();
         let handle = o.handle();
         o.qps.insert(handle.0, object);

@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 
-use hw_defs::mlx5::cqe;
+use hw_defs::mlx5::{cqe, CqeOpcode, CqeRepr, SendOpcode};
 
 use super::dv::{mlx5dv_bf, mlx5dv_cq, mlx5dv_qp, mlx5dv_wq};
 use super::shapes;
-use crate::datapath::wr::{SendOp, SendWr, WorkCompletion};
+use crate::datapath::wr::{PostError, RecvWr, Remote, SendOp, SendWr, WcOpcode, WorkCompletion};
 use crate::memory::{Block, HugepagePolicy, MemoryPool};
 use crate::name::DeviceName;
 use crate::provider::testing::{FakeCq, FakeProvider, Shared};
@@ -41,17 +41,17 @@ struct DvMemory {
     name: DeviceName,
     pool: MemoryPool,
     bf_size: u32,
-    dedicated: bool,
+    register: shapes::RegisterUse,
     state: Mutex<State>,
 }
 
 impl DvMemory {
-    fn new(pool: &MemoryPool, bf_size: u32, dedicated: bool) -> Arc<DvMemory> {
+    fn new(pool: &MemoryPool, bf_size: u32, register: shapes::RegisterUse) -> Arc<DvMemory> {
         Arc::new(DvMemory {
             name: "mlx5:dressed_up".parse().unwrap(),
             pool: pool.clone(),
             bf_size,
-            dedicated,
+            register,
             state: Mutex::new(State {
                 next: 0,
                 qps: HashMap::new(),
@@ -172,7 +172,7 @@ impl Provider for Dressed {
         Ok(())
     }
     fn create_qp(&self, req: &QpRequest) -> Result<RawQp, VerbsError> {
-        let bbs = (req.caps.max_send_wr * 2).next_power_of_two();
+        let (bbs, granted) = libmlx5_send_queue(req.caps);
         let slots = req.caps.max_recv_wr.next_power_of_two();
         let stride = (req.caps.max_recv_sge * 16).next_power_of_two();
         let sq = self.dev.block(bbs as usize * 64);
@@ -196,7 +196,7 @@ impl Provider for Dressed {
         };
         // SAFETY: every block stays alive in the state as long as the provider; the register
         // block is two halves of `bf_size` bytes (or 64) and only this QP writes it.
-        let shape = unsafe { shapes::qp_shape(&dv, self.dev.dedicated) }.unwrap();
+        let shape = unsafe { shapes::qp_shape(&dv, self.dev.register) }.unwrap();
         self.dev.state.lock().unwrap().qps.insert(
             qpn,
             QpMemory {
@@ -213,7 +213,7 @@ impl Provider for Dressed {
             rq: shape.rq,
             dbrec: shape.dbrec,
             doorbell: shape.doorbell,
-            caps: req.caps,
+            caps: granted,
         })
     }
     fn modify_qp(&self, _qp: Handle, _to: QpState, _attr: &QpAttr) -> Result<(), VerbsError> {
@@ -225,6 +225,29 @@ impl Provider for Dressed {
     fn destroy_qp(&self, _qp: Handle) -> Result<(), VerbsError> {
         Ok(())
     }
+}
+
+/// The send ring and the granted caps libmlx5 gives an RC QP created with the pmd's send
+/// operations named (`mlx5_calc_sq_size`): WQEs of 48 bytes of header plus the larger of the
+/// gather list and the inline segment, rounded to basic blocks; a ring of `max_send_wr` such
+/// WQEs rounded up to a power of two; `max_send_wr` granted as the WQEs that ring holds
+/// (`sq.max_post`) and the inline size as what the WQE leaves for it.
+fn libmlx5_send_queue(caps: QpCaps) -> (u32, QpCaps) {
+    let header = 48;
+    let gather = header + caps.max_send_sge * 16;
+    let inline = if caps.max_inline_data == 0 {
+        0
+    } else {
+        header + (4 + caps.max_inline_data).div_ceil(16) * 16
+    };
+    let wqe = gather.max(inline).div_ceil(64) * 64;
+    let ring = (caps.max_send_wr * wqe).next_power_of_two();
+    let granted = QpCaps {
+        max_send_wr: ring / wqe,
+        max_inline_data: wqe - header - 4,
+        ..caps
+    };
+    (ring / 64, granted)
 }
 
 struct Rig {
@@ -245,8 +268,18 @@ fn connect(qp: &mut Qp) {
 }
 
 fn rig(bf_size: u32, dedicated: bool) -> Rig {
+    rig_with(
+        bf_size,
+        shapes::RegisterUse {
+            dedicated,
+            blueflame: true,
+        },
+    )
+}
+
+fn rig_with(bf_size: u32, register: shapes::RegisterUse) -> Rig {
     let pool = MemoryPool::new(HugepagePolicy::Never);
-    let dev = DvMemory::new(&pool, bf_size, dedicated);
+    let dev = DvMemory::new(&pool, bf_size, register);
     let dressed = Dressed {
         fake: Shared(FakeProvider::new(&pool)),
         dev: dev.clone(),
@@ -270,6 +303,13 @@ fn rig(bf_size: u32, dedicated: bool) -> Rig {
         cq,
         qp,
         buf,
+    }
+}
+
+fn remote() -> Remote {
+    Remote {
+        addr: 0x7000_0000,
+        rkey: 0xabcd,
     }
 }
 
@@ -403,4 +443,166 @@ fn a_cq_shape_refuses_null_or_misaligned_memory() {
         .contains("not 8-byte aligned"));
     dv.dbrec = base.cast();
     assert_eq!(shapes::cq_shape(&dv).unwrap().cqe_cnt, 4);
+}
+
+// ---- the review's findings (issue 18) ----
+
+#[test]
+fn outstanding_work_requests_count_against_the_granted_max_send_wr_not_the_ring() {
+    let mut r = rig(256, true);
+    // 8 asked, 5-block WQEs (256 bytes inline): a ring of 64 blocks, 12 WQEs granted.
+    let granted = r.qp.caps().max_send_wr;
+    assert_eq!(granted, 12);
+    assert_eq!(r.qp.send_queue().capacity(), 64);
+    let sge = r.buf.sge(0, 8);
+    let write = |id| SendWr::new(id, SendOp::Write { remote: remote() }, &[sge]);
+    // One-block WQEs would fit 64 times in the ring; the QP takes what it was granted.
+    let mut last = 0;
+    for id in 0..u64::from(granted) {
+        last = r.qp.post_send(&write(id)).unwrap();
+    }
+    let e = r.qp.post_send(&write(99)).unwrap_err();
+    assert_eq!(
+        e,
+        PostError::QueueFull {
+            queue: "send",
+            outstanding: granted,
+            capacity: granted,
+            needed: 1
+        }
+    );
+    // The batch path counts the same way.
+    assert_eq!(r.qp.post_send_batch(&[write(99)]).unwrap_err().posted, 0);
+    // A completion of the last (signaled or not, it retires everything before it) frees
+    // them all.
+    r.qp.ring_doorbell();
+    r.dev.cq(0).req(r.qp.qpn(), last, 0);
+    let mut wcs = [WorkCompletion::EMPTY; 4];
+    assert_eq!(r.cq.poll(&mut wcs), 1);
+    let wrs: Vec<SendWr<'_>> = (0..u64::from(granted)).map(write).collect();
+    r.qp.post_send_batch(&wrs).unwrap();
+}
+
+#[test]
+fn a_send_with_invalidate_completes_its_receive_like_a_send() {
+    let mut r = rig(256, true);
+    let qpn = r.qp.qpn();
+    for id in [1, 2] {
+        r.qp.post_recv(&RecvWr::new(id, &[r.buf.sge(0, 64)]))
+            .unwrap();
+    }
+    let resp = |opcode, imm| CqeRepr {
+        opcode,
+        wqe_counter: 0,
+        byte_count: 12,
+        imm,
+        qpn,
+        solicited: false,
+        timestamp: 0,
+    };
+    let cq = r.dev.cq(0);
+    // SEND with invalidate: the immediate field holds the invalidated rkey.
+    cq.push(resp(CqeOpcode::RespSendInv, 0xdead_beef));
+    cq.push(resp(CqeOpcode::RespSend, 0));
+    let mut wcs = [WorkCompletion::EMPTY; 4];
+    assert_eq!(r.cq.poll(&mut wcs), 2);
+    let got: Vec<_> = wcs[..2]
+        .iter()
+        .map(|w| (w.wr_id, w.opcode, w.imm, w.byte_len))
+        .collect();
+    assert_eq!(
+        got,
+        [(1, WcOpcode::Recv, None, 12), (2, WcOpcode::Recv, None, 12)]
+    );
+    assert_eq!(r.cq.poller().stats().stale, 0);
+}
+
+#[test]
+fn requester_byte_len_is_set_for_read_and_atomics_only() {
+    let mut r = rig(256, true);
+    let qpn = r.qp.qpn();
+    let sge = r.buf.sge(0, 8);
+    let ops = [
+        (SendOp::Write { remote: remote() }, SendOpcode::RdmaWrite, 0),
+        (SendOp::Send, SendOpcode::Send, 0),
+        (SendOp::Read { remote: remote() }, SendOpcode::RdmaRead, 64),
+        (
+            SendOp::FetchAdd {
+                remote: remote(),
+                add: 1,
+            },
+            SendOpcode::AtomicFa,
+            8,
+        ),
+        (
+            SendOp::CompareSwap {
+                remote: remote(),
+                compare: 0,
+                swap: 1,
+            },
+            SendOpcode::AtomicCs,
+            8,
+        ),
+    ];
+    let cq = r.dev.cq(0);
+    let mut wcs = [WorkCompletion::EMPTY; 1];
+    for (i, (op, opcode, want)) in ops.into_iter().enumerate() {
+        let idx =
+            r.qp.post_send(&SendWr::new(i as u64, op, &[sge]).signaled())
+                .unwrap();
+        r.qp.ring_doorbell();
+        // A ConnectX writes a byte count into every requester CQE; libmlx5 reports it only
+        // for what brought data back.
+        cq.req_op(qpn, idx, opcode, 64);
+        assert_eq!(r.cq.poll(&mut wcs), 1);
+        assert_eq!(wcs[0].byte_len, want, "{op:?}");
+        assert_eq!(wcs[0].opcode, op.wc_opcode(), "{op:?}");
+    }
+}
+
+#[test]
+fn shut_up_bf_gives_plain_doorbells_only() {
+    let mut r = rig_with(
+        256,
+        shapes::RegisterUse {
+            dedicated: true,
+            blueflame: false,
+        },
+    );
+    let qpn = r.qp.qpn();
+    for i in 0..2u64 {
+        send_inline(&mut r.qp, i, &[3; 16]);
+        r.qp.ring_doorbell();
+        let reg = r.dev.register(qpn);
+        // A one-block WQE alone would be a BlueFlame copy; here only its first 8 bytes, at
+        // offset 0 every time.
+        assert_eq!(&reg[..8], &r.dev.sq_bb(qpn, i as usize)[..8]);
+        assert!(reg[8..].iter().all(|&b| b == 0));
+    }
+}
+
+#[test]
+fn the_doorbell_mode_follows_the_register_and_the_host() {
+    use crate::datapath::doorbell::DoorbellMode;
+    let use_ = |dedicated, blueflame| shapes::RegisterUse {
+        dedicated,
+        blueflame,
+    };
+    assert_eq!(
+        shapes::doorbell_mode(256, use_(true, true)),
+        Ok(DoorbellMode::BlueFlame { half: 256 })
+    );
+    for (dedicated, blueflame) in [(false, true), (true, false), (false, false)] {
+        assert_eq!(
+            shapes::doorbell_mode(256, use_(dedicated, blueflame)),
+            Ok(DoorbellMode::Plain)
+        );
+    }
+    assert_eq!(
+        shapes::doorbell_mode(0, use_(true, true)),
+        Ok(DoorbellMode::Plain)
+    );
+    assert!(shapes::doorbell_mode(100, use_(true, true))
+        .unwrap_err()
+        .contains("not whole basic blocks"));
 }
