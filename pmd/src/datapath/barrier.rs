@@ -1,31 +1,63 @@
-//! The three memory barriers the datapath needs, named after libibverbs' `udma_barrier.h`.
+//! The memory barriers the datapath needs, named after libibverbs' `udma_barrier.h`, per
+//! architecture as rdma-core has them.
 //!
-//! | here | rdma-core | x86-64 | why |
-//! | --- | --- | --- | --- |
-//! | [`to_device`] | `udma_to_device_barrier` | compiler fence | WQE bytes before the doorbell record |
-//! | [`from_device`] | `udma_from_device_barrier` | compiler fence | CQE owner byte before the CQE body |
-//! | [`wc_flush`] | `mmio_flush_writes`, `mmio_wc_start` | `sfence` | write-combining stores vs everything else |
+//! | here | rdma-core | x86-64 | aarch64 | why |
+//! | --- | --- | --- | --- | --- |
+//! | [`to_device`] | `udma_to_device_barrier` | compiler fence | `dmb oshst` | WQE bytes before the doorbell record |
+//! | [`from_device`] | `udma_from_device_barrier` | compiler fence | `dmb oshld` | CQE owner byte before the CQE body |
+//! | [`wc_flush`] | `mmio_flush_writes`, `mmio_wc_start` | `sfence` | `dsb st` | write-combining stores vs everything else |
 //!
-//! x86 keeps stores in order with stores and loads in order with loads (TSO), so the first two
-//! only have to stop the compiler; they are Rust `Release`/`Acquire` fences, which is also what
-//! makes them correct against the softnic, a device that is just another thread. Stores to
-//! write-combining memory (the BlueFlame register) are the exception TSO does not cover: they
-//! may pass earlier stores and sit in a WC buffer, so they need `sfence` on both sides.
-
-use std::sync::atomic::{fence, Ordering};
+//! CPU fences and device fences differ. A Rust `Release`/`Acquire` fence orders memory for
+//! other CPUs (the inner-shareable domain), which is all the softnic (a device that is just
+//! another thread) needs; a device doing DMA sits in the outer-shareable domain, which on
+//! aarch64 takes the `osh` forms rdma-core uses. x86 keeps stores in order with stores and
+//! loads in order with loads (TSO), for devices too, so there the first two only stop the
+//! compiler. Stores to write-combining memory (the BlueFlame register) are what TSO does not
+//! cover: they may pass earlier stores and sit in a WC buffer, hence `sfence` (x86) or
+//! `dsb st` (aarch64) on both sides.
+//!
+//! On aarch64 each barrier is an `asm!` block without `nomem`, which the compiler treats as
+//! an opaque operation on memory: it is both the hardware barrier and a compiler fence, and
+//! it is at least as strong as the Rust fence it stands for (`osh` covers the inner domain),
+//! so the softnic stays correct there too. Other architectures get a sequentially consistent
+//! fence, which is stronger than needed and untested against hardware.
 
 /// Orders every store before it (WQE or receive-WQE bytes) before every store after it (the
 /// doorbell record) as the device observes them.
 #[inline(always)]
 pub fn to_device() {
-    fence(Ordering::Release);
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: a barrier instruction: no operands, no effect on memory safety.
+        unsafe { core::arch::asm!("dmb oshst", options(nostack, preserves_flags)) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+    }
+    #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
+    {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Orders the load that found a CQE owned by software before the loads of the CQE's body, so
 /// no field is read from before the device finished writing it.
 #[inline(always)]
 pub fn from_device() {
-    fence(Ordering::Acquire);
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: a barrier instruction: no operands, no effect on memory safety.
+        unsafe { core::arch::asm!("dmb oshld", options(nostack, preserves_flags)) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+    }
+    #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
+    {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Drains write-combining buffers: stores before it are visible to the device before stores
@@ -39,9 +71,13 @@ pub fn wc_flush() {
         // SAFETY: sfence has no operands and no effect on memory safety.
         unsafe { core::arch::x86_64::_mm_sfence() }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
     {
-        // Elsewhere a full fence is the conservative stand-in (aarch64 would use `dsb st`).
-        fence(Ordering::SeqCst);
+        // SAFETY: a barrier instruction: no operands, no effect on memory safety.
+        unsafe { core::arch::asm!("dsb st", options(nostack, preserves_flags)) }
+    }
+    #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
+    {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 }

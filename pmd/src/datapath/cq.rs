@@ -711,6 +711,9 @@ impl CompletionQueue {
         }
         if dropped > 0 {
             self.cqe_ci = self.cqe_ci.wrapping_add(dropped);
+            // The moved CQEs are written before the device may reuse the freed slots
+            // (libmlx5's __mlx5_cq_clean: udma_to_device_barrier, then update_cons_index).
+            barrier::to_device();
             self.ring.publish(self.cqe_ci);
             self.stats.cleaned += u64::from(dropped);
         }

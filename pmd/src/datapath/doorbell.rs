@@ -12,11 +12,26 @@ use std::ptr::NonNull;
 
 use super::barrier;
 
+/// How a doorbell register may be written (UCX's `uct_ib_mlx5_mmio_mode` in spirit: the kind
+/// of MMIO is named, not implied by a size of 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DoorbellMode {
+    /// A dedicated BlueFlame register of two halves of `half` bytes (whole basic blocks):
+    /// a doorbell publishing one WQE that fits a half copies it there whole.
+    BlueFlame {
+        /// Bytes of each half.
+        half: u32,
+    },
+    /// Only the 8-byte doorbell, at offset 0: a register shared with other QPs, a device
+    /// without BlueFlame, or a host where write-combining is off (`MLX5_SHUT_UP_BF`).
+    Plain,
+}
+
 /// A BlueFlame/UAR doorbell register in MMIO space.
 #[derive(Debug)]
 pub struct MmioDoorbell {
     reg: NonNull<u8>,
-    /// Bytes of each BlueFlame half; 0 when the device offers no BlueFlame (plain doorbells).
+    /// Bytes of each BlueFlame half; 0 in [`DoorbellMode::Plain`].
     bf_size: u32,
     /// Which half the next BlueFlame write goes to (0 or `bf_size`).
     offset: u32,
@@ -27,17 +42,20 @@ pub struct MmioDoorbell {
 unsafe impl Send for MmioDoorbell {}
 
 impl MmioDoorbell {
-    /// A doorbell at `reg` with BlueFlame halves of `bf_size` bytes (`mlx5dv_qp.bf.reg` and
-    /// `.size`); `bf_size` 0 means plain 8-byte doorbells only.
+    /// A doorbell at `reg` (`mlx5dv_qp.bf.reg`) written as `mode` says.
     ///
     /// # Safety
-    /// `reg` must point to a mapping of at least `max(8, 2 * bf_size)` writable bytes, 8-byte
-    /// aligned, that stays mapped as long as this value lives. With `bf_size` > 0 nothing else
-    /// may write it concurrently (libmlx5 shares a BlueFlame register between QPs only under a
-    /// lock; the mlx5 provider gives each QP a thread domain, which has a register of its own).
-    /// With `bf_size` 0 only whole 8-byte doorbells are written, at offset 0, which other
-    /// writers' equally whole doorbells cannot tear.
-    pub unsafe fn new(reg: NonNull<u8>, bf_size: u32) -> MmioDoorbell {
+    /// `reg` must point to a mapping of at least 8 writable bytes (`2 * half` for BlueFlame),
+    /// 8-byte aligned (64-byte for BlueFlame), that stays mapped as long as this value lives.
+    /// With BlueFlame nothing else may write it concurrently (libmlx5 shares a BlueFlame
+    /// register between QPs only under a lock; the mlx5 provider gives each QP a thread
+    /// domain, which has a register of its own). Plain writes only whole 8-byte doorbells, at
+    /// offset 0, which other writers' equally whole doorbells cannot tear.
+    pub unsafe fn new(reg: NonNull<u8>, mode: DoorbellMode) -> MmioDoorbell {
+        let bf_size = match mode {
+            DoorbellMode::BlueFlame { half } => half,
+            DoorbellMode::Plain => 0,
+        };
         MmioDoorbell {
             reg,
             bf_size,
@@ -45,9 +63,12 @@ impl MmioDoorbell {
         }
     }
 
-    /// Largest WQE, in bytes, that goes out as a BlueFlame copy.
-    pub fn blueflame_size(&self) -> u32 {
-        self.bf_size
+    /// How the register is written.
+    pub fn mode(&self) -> DoorbellMode {
+        match self.bf_size {
+            0 => DoorbellMode::Plain,
+            half => DoorbellMode::BlueFlame { half },
+        }
     }
 
     /// Rings the register as libmlx5's `post_send_db` does after its doorbell-record store:
@@ -94,6 +115,7 @@ impl MmioDoorbell {
 ///
 /// # Safety
 /// `dst` must be 64 writable, 8-byte aligned MMIO bytes and `src` 64 readable, aligned bytes.
+#[cfg(not(target_arch = "aarch64"))]
 #[inline(always)]
 unsafe fn copy_block(dst: *mut u64, src: *const u64) {
     for w in 0..8 {
@@ -101,6 +123,24 @@ unsafe fn copy_block(dst: *mut u64, src: *const u64) {
         // Volatile: every store is emitted, in this order, and none is merged by the compiler.
         unsafe { dst.add(w).write_volatile(src.add(w).read()) };
     }
+}
+
+/// libmlx5's `mmio_memcpy_x64` for one 64-byte chunk on aarch64: one `ld4`/`st4` pair of four
+/// 128-bit registers, a single 64-byte store instruction (rdma-core's `vst4q_u64(dest,
+/// vld4q_u64(src))`; the interleave of `ld4` is undone by `st4`, so the bytes land in order).
+/// rdma-core uses `st64b` instead where the CPU has FEAT_LS64 and it was built for it; Rust
+/// has no stable `st64b`, so this is the path rdma-core's default build takes.
+///
+/// # Safety
+/// `dst` must be 64 writable, 16-byte aligned MMIO bytes and `src` 64 readable, aligned
+/// bytes.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn copy_block(dst: *mut u64, src: *const u64) {
+    use core::arch::aarch64::{vld4q_u64, vst4q_u64};
+    // SAFETY: 64 readable bytes at `src` and 64 writable bytes at `dst` (the caller's
+    // promise); NEON is part of the aarch64 baseline.
+    unsafe { vst4q_u64(dst, vld4q_u64(src)) }
 }
 
 /// A doorbell register of either kind.
@@ -175,8 +215,9 @@ mod tests {
         let mut ring = ring_with_pattern(4);
         let mut reg = [0u64; 2];
         // SAFETY: `reg` is 16 writable, aligned bytes that outlive the doorbell.
-        let mut db =
-            Doorbell::Mmio(unsafe { MmioDoorbell::new(NonNull::from(&mut reg).cast(), 0) });
+        let mut db = Doorbell::Mmio(unsafe {
+            MmioDoorbell::new(NonNull::from(&mut reg).cast(), DoorbellMode::Plain)
+        });
         let last = LastWqe {
             ring: NonNull::from(ring.as_mut_slice()).cast(),
             wqe_m: 3,
@@ -193,8 +234,12 @@ mod tests {
         let mut ring = ring_with_pattern(4);
         let mut reg = [0u64; 32]; // two 128-byte halves
                                   // SAFETY: 256 writable, aligned bytes that outlive the doorbell.
-        let mut db =
-            Doorbell::Mmio(unsafe { MmioDoorbell::new(NonNull::from(&mut reg).cast(), 128) });
+        let mut db = Doorbell::Mmio(unsafe {
+            MmioDoorbell::new(
+                NonNull::from(&mut reg).cast(),
+                DoorbellMode::BlueFlame { half: 128 },
+            )
+        });
         // A two-block WQE that wraps: blocks 3 and 0.
         let last = LastWqe {
             ring: NonNull::from(ring.as_mut_slice()).cast(),
@@ -219,8 +264,12 @@ mod tests {
         let mut ring = ring_with_pattern(4);
         let mut reg = [0u64; 2];
         // SAFETY: BlueFlame size 8 means halves of 8 bytes: 16 writable bytes suffice.
-        let mut db =
-            Doorbell::Mmio(unsafe { MmioDoorbell::new(NonNull::from(&mut reg).cast(), 8) });
+        let mut db = Doorbell::Mmio(unsafe {
+            MmioDoorbell::new(
+                NonNull::from(&mut reg).cast(),
+                DoorbellMode::BlueFlame { half: 8 },
+            )
+        });
         let last = LastWqe {
             ring: NonNull::from(ring.as_mut_slice()).cast(),
             wqe_m: 3,

@@ -192,7 +192,9 @@ impl RecvQueue {
             return;
         }
         // Release: the receive WQEs' bytes are visible before the device can see the new
-        // counter (libmlx5: udma_to_device_barrier, then the store to the record).
+        // counter (libmlx5: udma_to_device_barrier, then the store to the record); the
+        // barrier is the device's (aarch64: `dmb oshst`), the release the softnic's.
+        super::barrier::to_device();
         // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP.
         let dbrec = unsafe { self.dbrec.as_ref() };
         dbrec.store(u32::from(self.rwqe_pi as u16).to_be(), Ordering::Release);

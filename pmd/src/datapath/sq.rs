@@ -1168,6 +1168,8 @@ impl SendQueue {
         // The CQ checks completions against the published counter (a CQE can only name a
         // published WQE); the release store below carries this store to the poller too.
         self.track.set_wqe_db_pi(wqe_db_pi);
+        // The device may be outside the CPUs' shareability domain (aarch64: `dmb oshst`).
+        super::barrier::to_device();
         // SAFETY: dbrec points into the QP's doorbell record, alive as long as the QP.
         let dbrec = unsafe { self.dbrec.as_ref() };
         dbrec.store(u32::from(wqe_db_pi as u16).to_be(), Ordering::Release);
