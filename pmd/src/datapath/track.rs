@@ -158,11 +158,12 @@ impl SendTrack {
     /// store ([`SendRetirer`]).
     #[inline(always)]
     pub fn retirer(&self) -> SendRetirer<'_> {
+        let wqe_ci = self.wqe_ci.load(Ordering::Relaxed);
         SendRetirer {
             slots: &self.slots,
             wqe_m: self.wqe_m,
-            wqe_ci: self.wqe_ci.load(Ordering::Relaxed),
-            wqe_db_pi: self.wqe_db_pi.load(Ordering::Relaxed),
+            wqe_ci,
+            left: self.wqe_db_pi.load(Ordering::Relaxed).wrapping_sub(wqe_ci),
             track: self,
         }
     }
@@ -191,8 +192,11 @@ impl SendTrack {
 pub(crate) struct SendRetirer<'a> {
     slots: &'a [Slot],
     wqe_m: u32,
+    /// The consumer counter.
     wqe_ci: u32,
-    wqe_db_pi: u32,
+    /// Blocks published and not retired: `wqe_db_pi - wqe_ci`, kept instead of the published
+    /// counter so the check of a CQE is one compare.
+    left: u32,
     track: &'a SendTrack,
 }
 
@@ -201,7 +205,7 @@ impl SendRetirer<'_> {
     #[inline(always)]
     pub fn retire(&mut self, wqe_index: u16) -> Option<u64> {
         let distance = u32::from(wqe_index.wrapping_sub(self.wqe_ci as u16));
-        if distance >= self.wqe_db_pi.wrapping_sub(self.wqe_ci) {
+        if distance >= self.left {
             return None;
         }
         // The WQE index is the counter mod 2^16 and the table is smaller: its low bits are
@@ -212,10 +216,9 @@ impl SendRetirer<'_> {
                 .get_unchecked((u32::from(wqe_index) & self.wqe_m) as usize)
         };
         let wr_id = slot.wr_id.load(Ordering::Relaxed);
-        self.wqe_ci = self
-            .wqe_ci
-            .wrapping_add(distance)
-            .wrapping_add(slot.meta.load(Ordering::Relaxed) as u32);
+        let retired = distance.wrapping_add(slot.meta.load(Ordering::Relaxed) as u32);
+        self.wqe_ci = self.wqe_ci.wrapping_add(retired);
+        self.left = self.left.wrapping_sub(retired);
         Some(wr_id)
     }
 
