@@ -477,10 +477,7 @@ impl CompletionQueue {
         let stride = 1usize << ring.entry_shift;
         let mut cqe = ring.entry(ci);
         let mut retirer = track.retirer();
-        // Read once, before the loop (as bytes the compiler keeps in two vector registers).
-        let mut template = std::mem::MaybeUninit::<WorkCompletion>::uninit();
-        // SAFETY: `hot_wc` is a valid completion and `template` a distinct local of its type.
-        unsafe { std::ptr::copy_nonoverlapping(&self.hot_wc, template.as_mut_ptr(), 1) };
+        let template = &self.hot_wc;
         let first = cqe;
         for wc in &mut wcs[..max] {
             let op_own = ring.op_own(cqe).load(Ordering::Relaxed);
@@ -508,11 +505,10 @@ impl CompletionQueue {
             let Some(wr_id) = retirer.retire(u16::from_be(counter)) else {
                 break;
             };
-            // The template as 32 bytes (two 16-byte stores; a field-by-field assignment of a
-            // known value takes seven), then the two fields that differ.
-            // SAFETY: `template` holds a valid completion (copied from `hot_wc` above) and `wc`
-            // is an element of the caller's slice: both valid, aligned and distinct.
-            unsafe { std::ptr::copy_nonoverlapping(template.as_ptr(), &mut *wc, 1) };
+            // The template whole (read from memory, the compiler copies it as two 16-byte
+            // moves; a value it knows field by field would take seven stores), then the two
+            // fields that differ.
+            *wc = *template;
             wc.wr_id = wr_id;
             wc.opcode = if op < u32::from(raw::SEND - raw::RDMA_WRITE) {
                 WcOpcode::RdmaWrite
