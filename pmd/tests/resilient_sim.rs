@@ -717,3 +717,52 @@ fn repeated_failovers_of_every_kind_flush_no_phantom_receives_into_the_default_c
         assert_eq!((stats.refusals, stats.errors), (0, 0), "{stats:?}");
     }
 }
+
+#[test]
+fn a_batch_goes_to_the_default_path_then_after_a_failover_to_the_backup() {
+    let mut sim = Sim::new(11, config());
+    let batch = |sim: &Sim, first: u64| -> Vec<SendWr<'static>> {
+        (0..8u64)
+            .map(|i| {
+                let id = first + i;
+                let wr = SendWr::new(
+                    id,
+                    SendOp::Write {
+                        remote: sim.b.buf.remote((id % 64) as usize * 8),
+                    },
+                    &[sim.a.buf.sge(0, 8)],
+                );
+                if i == 7 {
+                    wr.signaled()
+                } else {
+                    wr
+                }
+            })
+            .collect()
+    };
+    // On the default path: the default QP's burst path takes the whole batch.
+    let wrs = batch(&sim, 0);
+    sim.a.qp.post_send_batch(&wrs).unwrap();
+    sim.a.qp.ring_doorbell();
+    let wcs = completions(&mut sim, true, 1, Duration::from_secs(2));
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(7, WcStatus::Success)]
+    );
+    // After a failover the default QP's fast path is held: the same call routes each work
+    // request to the backup QP.
+    sim.link_down(A_DEFAULT, None);
+    assert!(sim.run_until(Duration::from_secs(5), |s| {
+        s.poll(true);
+        s.a.qp.state() == ResilientState::Fallback
+    }));
+    let wrs = batch(&sim, 100);
+    sim.a.qp.post_send_batch(&wrs).unwrap();
+    sim.a.qp.ring_doorbell();
+    let wcs = completions(&mut sim, true, 1, Duration::from_secs(2));
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(107, WcStatus::Success)]
+    );
+    assert_eq!(sim.a.qp.stats().failovers, 1);
+}

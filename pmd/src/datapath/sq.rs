@@ -351,127 +351,40 @@ impl KeyCache {
     }
 }
 
-/// What writing a one-block WQE reads: the queue's own fields for one post, a copy of them
-/// in locals ([`OneBlock`]) for a run of posts. One generic writer serves both
-/// ([`write_block`]); the difference is only where the compiler finds the values (a single
-/// post loads each field where it is used; a run keeps them in registers, because the ring
-/// stores go through raw pointers, which the compiler must assume may alias the queue).
-trait BlockSource {
-    fn ring(&self) -> NonNull<u8>;
-    fn slots(&self) -> NonNull<Slot>;
-    fn wqe_m(&self) -> u32;
-    /// The control template of opcode `FAST_OPS[T]`.
-    fn ctrl<const T: usize>(&self) -> u64;
-    fn lkey_word(&self) -> u64;
-    fn slot_meta(&self) -> u64;
-}
-
-impl BlockSource for SendQueue {
-    #[inline(always)]
-    fn ring(&self) -> NonNull<u8> {
-        self.ring
-    }
-    #[inline(always)]
-    fn slots(&self) -> NonNull<Slot> {
-        self.slots
-    }
-    #[inline(always)]
-    fn wqe_m(&self) -> u32 {
-        self.wqe_m
-    }
-    #[inline(always)]
-    fn ctrl<const T: usize>(&self) -> u64 {
-        self.ctrl[T]
-    }
-    #[inline(always)]
-    fn lkey_word(&self) -> u64 {
-        self.key_cache.lkey_word
-    }
-    #[inline(always)]
-    fn slot_meta(&self) -> u64 {
-        self.slot_meta
-    }
-}
-
-/// The queue's fields a run of one-entry RDMA WRITEs needs, copied into locals.
+/// What a one-block WQE of one opcode is built from besides the work request: the control
+/// template, the key cache's lkey word and the slot's meta word. A single post builds it where
+/// it writes (each field loaded where it is used); a run of posts builds it once, so the run
+/// keeps it in registers (the ring stores go through raw pointers, which the compiler must
+/// assume may alias the queue's own fields, so it would load them again after every WQE).
 #[derive(Clone, Copy)]
-struct OneBlock {
-    ring: NonNull<u8>,
-    slots: NonNull<Slot>,
-    wqe_m: u32,
-    /// The RDMA WRITE control template.
+struct BlockTemplate {
+    /// The first 8 bytes of the control segment with WQE index 0.
     ctrl: u64,
+    /// The data segment's lkey word.
     lkey_word: u64,
+    /// The track slot's meta word.
     slot_meta: u64,
 }
 
-impl OneBlock {
-    /// For a run of RDMA WRITEs (`FAST_OPS[0]`).
+impl BlockTemplate {
+    /// For WQEs of opcode `FAST_OPS[T]` on `q`.
     #[inline(always)]
-    fn writes(q: &SendQueue) -> OneBlock {
-        OneBlock {
-            ring: q.ring,
-            slots: q.slots,
-            wqe_m: q.wqe_m,
-            ctrl: q.ctrl[0],
+    fn of<const T: usize>(q: &SendQueue) -> BlockTemplate {
+        BlockTemplate {
+            ctrl: q.ctrl[T],
             lkey_word: q.key_cache.lkey_word,
             slot_meta: q.slot_meta,
         }
     }
 }
 
-impl BlockSource for OneBlock {
-    #[inline(always)]
-    fn ring(&self) -> NonNull<u8> {
-        self.ring
-    }
-    #[inline(always)]
-    fn slots(&self) -> NonNull<Slot> {
-        self.slots
-    }
-    #[inline(always)]
-    fn wqe_m(&self) -> u32 {
-        self.wqe_m
-    }
-    #[inline(always)]
-    fn ctrl<const T: usize>(&self) -> u64 {
-        debug_assert_eq!(T, 0, "a OneBlock holds the RDMA WRITE template");
-        self.ctrl
-    }
-    #[inline(always)]
-    fn lkey_word(&self) -> u64 {
-        self.lkey_word
-    }
-    #[inline(always)]
-    fn slot_meta(&self) -> u64 {
-        self.slot_meta
-    }
-}
-
-/// Writes the one-block WQE of opcode `FAST_OPS[T]` at producer counter `at`, and its slot.
-/// The caller has checked the entry (key cache), the gate and the room.
-#[inline(always)]
-fn write_block<const T: usize>(
-    q: &impl BlockSource,
-    at: u32,
-    wr: &SendWr<'_>,
-    sge: &Sge,
-    remote: Remote,
-    imm: u32,
-) {
-    let i = (at & q.wqe_m()) as usize;
-    // SAFETY: i <= wqe_m: the block and the slot lie inside the ring and the track.
-    let (bb, slot) = unsafe { (q.ring().as_ptr().add(i * BB), q.slots().as_ptr().add(i)) };
-    write_block_at::<T>(q, bb, slot, at, wr, sge, remote, imm);
-}
-
-/// [`write_block`] at a block and slot the caller addressed.
-///
-/// `bb` and `slot` must be the ring's block and the track's slot of producer counter `at`.
+/// Writes the one-block WQE of opcode `FAST_OPS[T]` (the one `t` is for) at producer counter
+/// `at`, into ring block `bb`, and its track slot `slot`. The caller has checked the entry
+/// (key cache), the gate and the room, and addressed `bb` and `slot` for `at`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn write_block_at<const T: usize>(
-    q: &impl BlockSource,
+    t: BlockTemplate,
     bb: *mut u8,
     slot: *mut Slot,
     at: u32,
@@ -482,9 +395,9 @@ fn write_block_at<const T: usize>(
 ) {
     // The control segment's first word with the WQE index (big-endian) in bytes 1..3.
     let index_bytes = ((at << 8) & 0x00ff_ff00).swap_bytes();
-    let ctrl_hi = q.ctrl::<T>() | u64::from(index_bytes);
+    let ctrl_hi = t.ctrl | u64::from(index_bytes);
     let ctrl_lo = ctrl_lo(wr.flags) | (u64::from(imm.to_be()) << 32);
-    let data_hi = u64::from(sge.len.to_be()) | q.lkey_word();
+    let data_hi = u64::from(sge.len.to_be()) | t.lkey_word;
     let data_lo = sge.addr.to_be();
     // SAFETY: `bb` is the 64-byte block (8 words) of `at` inside the ring, 8-byte aligned (the
     // ring is page-aligned); it is free (the caller checked the room) and unpublished, and
@@ -506,7 +419,7 @@ fn write_block_at<const T: usize>(
     // SAFETY: `slot` is the track's slot of `at`, alive as long as the track the queue holds.
     let slot = unsafe { &*slot };
     slot.wr_id.store(wr.wr_id, Ordering::Relaxed);
-    slot.meta.store(q.slot_meta(), Ordering::Relaxed);
+    slot.meta.store(t.slot_meta, Ordering::Relaxed);
 }
 
 /// The segments of a send WQE written as whole 8-byte big-endian stores: the bytes
@@ -812,7 +725,19 @@ impl SendQueue {
         if !(c.takes(sge) && self.gate.word() == c.gate_open) {
             return None;
         }
-        write_block::<T>(self, start, wr, sge, remote, imm);
+        let i = (start & self.wqe_m) as usize;
+        // SAFETY: i <= wqe_m: the block and the slot lie inside the ring and the track.
+        let (bb, slot) = unsafe { (self.ring.as_ptr().add(i * BB), self.slots.as_ptr().add(i)) };
+        write_block_at::<T>(
+            BlockTemplate::of::<T>(self),
+            bb,
+            slot,
+            start,
+            wr,
+            sge,
+            remote,
+            imm,
+        );
         self.wqe_pi = start.wrapping_add(1);
         Some(start as u16)
     }
@@ -833,7 +758,7 @@ impl SendQueue {
         }
         let room = self.wqe_room_pi.wrapping_sub(start) as usize;
         let c = self.key_cache;
-        let block = OneBlock::writes(self);
+        let template = BlockTemplate::of::<0>(self);
         let wrs = &wrs[..wrs.len().min(room)];
         // Up to the ring's end, then from its start: within each part the block and slot
         // pointers just advance.
@@ -844,8 +769,8 @@ impl SendQueue {
             // SAFETY: from <= wqe_m: inside the ring and the track.
             let (bb, slot) = unsafe {
                 (
-                    block.ring.as_ptr().add(from as usize * BB),
-                    block.slots.as_ptr().add(from as usize),
+                    self.ring.as_ptr().add(from as usize * BB),
+                    self.slots.as_ptr().add(from as usize),
                 )
             };
             for (k, wr) in part.iter().enumerate() {
@@ -859,7 +784,7 @@ impl SendQueue {
                 };
                 let at = pi.wrapping_add(k as u32);
                 write_block_at::<0>(
-                    &block,
+                    template,
                     bb.wrapping_add(k * BB),
                     slot.wrapping_add(k),
                     at,
@@ -879,17 +804,7 @@ impl SendQueue {
     /// [`SendQueue::post_write_run`], the rest one by one. Stops at the first work request
     /// refused: those before it are written, it and those after are not.
     pub fn post_batch(&mut self, wrs: &[SendWr<'_>]) -> Result<(), BatchPostError> {
-        let mut posted = 0;
-        while posted < wrs.len() {
-            posted += self.post_write_run(&wrs[posted..]);
-            let Some(wr) = wrs.get(posted) else {
-                break;
-            };
-            self.post(wr)
-                .map_err(|error| BatchPostError { posted, error })?;
-            posted += 1;
-        }
-        Ok(())
+        post_in_order(self, wrs)
     }
 
     /// Holds the fast path (every post takes the general path) or releases it: for a layer
@@ -1286,6 +1201,47 @@ impl SendQueue {
     pub fn keys(&self) -> &Arc<KeyTable> {
         &self.keys
     }
+}
+
+/// What posts a list of work requests: a send queue's burst path for runs of one-entry RDMA
+/// WRITEs, and a way to post any one work request.
+pub(crate) trait BatchPost {
+    /// The send queue whose burst path ([`SendQueue::post_write_run`]) takes runs of WRITEs.
+    fn burst_queue(&mut self) -> &mut SendQueue;
+    /// Posts one work request the burst path did not take.
+    fn post_one(&mut self, wr: &SendWr<'_>) -> Result<(), PostError>;
+}
+
+impl BatchPost for SendQueue {
+    #[inline(always)]
+    fn burst_queue(&mut self) -> &mut SendQueue {
+        self
+    }
+    #[inline(always)]
+    fn post_one(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        self.post(wr).map(|_| ())
+    }
+}
+
+/// Posts `wrs` in order, as `ibv_post_send` posts a list: runs of one-entry WRITEs through
+/// the burst path, the rest one by one. Stops at the first work request refused: those before
+/// it are written, it and those after are not.
+#[inline(always)]
+pub(crate) fn post_in_order(
+    p: &mut impl BatchPost,
+    wrs: &[SendWr<'_>],
+) -> Result<(), BatchPostError> {
+    let mut posted = 0;
+    while posted < wrs.len() {
+        posted += p.burst_queue().post_write_run(&wrs[posted..]);
+        let Some(wr) = wrs.get(posted) else {
+            break;
+        };
+        p.post_one(wr)
+            .map_err(|error| BatchPostError { posted, error })?;
+        posted += 1;
+    }
+    Ok(())
 }
 
 fn op_name(op: &SendOp) -> &'static str {

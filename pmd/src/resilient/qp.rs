@@ -314,17 +314,7 @@ impl ResilientQp {
     /// rest through [`ResilientQp::post_send`]. Stops at the first refused work request.
     #[inline(always)]
     pub fn post_send_batch(&mut self, wrs: &[SendWr<'_>]) -> Result<(), BatchPostError> {
-        let mut posted = 0;
-        while posted < wrs.len() {
-            posted += self.default.send_queue().post_write_run(&wrs[posted..]);
-            let Some(wr) = wrs.get(posted) else {
-                break;
-            };
-            self.post_send(wr)
-                .map_err(|error| BatchPostError { posted, error })?;
-            posted += 1;
-        }
-        Ok(())
+        crate::datapath::sq::post_in_order(self, wrs)
     }
 
     /// Publishes every WQE posted so far whose doorbell is not withheld by the failover.
@@ -800,6 +790,17 @@ impl ResilientQp {
             && !s.draining
             && s.fence.is_none()
             && s.probe.is_none();
+    }
+}
+
+impl crate::datapath::sq::BatchPost for ResilientQp {
+    #[inline(always)]
+    fn burst_queue(&mut self) -> &mut crate::datapath::sq::SendQueue {
+        self.default.send_queue()
+    }
+    #[inline(always)]
+    fn post_one(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        self.post_send(wr)
     }
 }
 
