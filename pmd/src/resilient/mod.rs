@@ -41,13 +41,17 @@
 //! # Ok(()) }
 //! ```
 
+mod book;
 mod clock;
 mod config;
 mod context;
 mod control;
 mod driver;
 mod link;
+mod log;
 mod mailbox;
+mod perform;
+mod plan;
 mod qp;
 mod rendezvous;
 mod service;

@@ -27,13 +27,15 @@ use crate::failover::{Event, FailReason, Failover, Route, SendPhase, Timestamp};
 use crate::qp_state::QpState;
 use crate::verbs::QpCaps;
 
+use super::book::Book;
 use super::clock::Clock;
 use super::config::ResilientConfig;
 use super::control::ControlChannel;
+use super::log::FailoverLog;
 use super::mailbox::{Mail, QpShared};
 use super::rendezvous::{PeerAttrs, RendezvousError};
 use super::shadow::{CtxInner, QpShadow};
-use super::stats::{Cause, FailoverEvent, FailoverStats};
+use super::stats::{FailoverEvent, FailoverStats};
 
 /// Where a resilient QP is, as the apps' JSON timeline names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,86 +100,61 @@ pub(super) struct Backup {
     pub cq: Cq,
     pub control: Arc<ControlChannel>,
     pub peer: PeerAttrs,
+    /// The peer's backup rkey of each of its default rkeys: from its rendezvous, and from the
+    /// store as lookups find them.
+    pub peer_rkeys: HashMap<u32, u32>,
+    /// The application's bring-up attributes of the default QP (PSN bases of every epoch).
+    pub base: SavedAttrs,
 }
 
-/// What the driver learned from a QP's first error completion since it was brought up.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Errored {
-    /// The send queue's consumer counter just before the first failed send completion: from
-    /// there on, the WQEs are still the failover's (flushes retire them from the track, the
-    /// bytes stay in the ring).
-    pub send_start: Option<u32>,
-    /// The same for the receive queue.
-    pub recv_start: Option<u32>,
-    /// The first error that was not a flush.
-    pub first_error: Option<WcStatus>,
-    /// Its completion, to surface as it is if failover refuses.
-    pub error_wc: Option<WorkCompletion>,
-    /// The machine has been told.
-    pub reported: bool,
-}
-
-/// The round in progress, for the event log.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct RoundRecord {
-    pub detected: Timestamp,
-    pub cause: Cause,
-    pub epoch: u32,
-}
-
-/// Everything off the hot path.
-pub(super) struct Slow {
+/// Where a resilient QP lives: fixed when it is created.
+pub(super) struct Env {
     pub clock: Clock,
     pub config: ResilientConfig,
     pub ctx: Option<Arc<CtxInner>>,
     pub default_ctx: Arc<Context>,
     pub shadow: Option<Arc<QpShadow>>,
     pub default_qpn: u32,
-    pub default_device: String,
-    pub backup: Option<Backup>,
-    pub machine: Option<Failover>,
-    pub events: VecDeque<Event>,
+}
+
+/// Buffers the slow path reuses, so that it allocates only while they grow.
+pub(super) struct Scratch {
+    /// One batch of completions polled from a CQ.
+    pub polled: [WorkCompletion; BATCH],
+    /// One WQE's bytes.
+    pub wqe_bytes: Vec<u8>,
+    /// Send WQEs read from a ring.
+    pub wqe_list: Vec<OutstandingWqe>,
+    /// Receives `(counter, wr_id)` read from a ring.
+    pub recv_list: Vec<(u32, u64)>,
+    /// Mail taken from the service lcore.
     pub mail: VecDeque<Mail>,
+}
+
+/// Everything off the hot path, in named parts.
+pub(super) struct Slow {
+    /// Where the QP lives.
+    pub env: Env,
+    /// The failover machine, once the QP is protected.
+    pub machine: Option<Failover>,
+    /// The backup side, once protected.
+    pub backup: Option<Backup>,
+    /// Why the connection failed, once it has.
+    pub failed: Option<FailReason>,
+    /// Why the backup side could not be set up, if it could not.
+    pub setup_error: Option<String>,
+    /// The event loop's queue: events for the machine, oldest first.
+    pub events: VecDeque<Event>,
     /// Events that came before protection, replayed after it.
     pub early: Vec<Event>,
     /// Completions for the application, returned before anything polled later.
     pub wcs: VecDeque<WorkCompletion>,
-    pub scratch: [WorkCompletion; BATCH],
-    pub errored: [Errored; 2],
-    /// A drain of the default QP is running.
-    pub draining: bool,
-    /// Where the default queues' WQEs to move start (set when the drain ends).
-    pub moving: Option<(u32, u32)>,
-    /// Application receives that completed successfully on the default QP before its last
-    /// reset. (Since then: the default receive queue's consumer counter, up to its first
-    /// error; nothing is counted per completion on the fast path.)
-    pub recvs_before_reset: u64,
-    /// Application receives that completed successfully on the backup QP.
-    pub recvs_on_backup: u64,
-    /// Receive completions of the backup QP to swallow: stale WQEs at the head of its RQ.
-    pub backup_stale: u64,
-    /// Backup SQ counter ranges `[start, end)` of zero-length SENDs that burn stale receives.
-    pub burns: VecDeque<(u32, u32)>,
-    /// The default SQ counter of the outstanding probe.
-    pub probe: Option<u32>,
-    /// The backup SQ counter just past the outstanding switch-back fence.
-    pub fence: Option<u32>,
-    pub peer_rkeys: HashMap<u32, u32>,
-    pub base: SavedAttrs,
-    pub stats: FailoverStats,
-    pub log: Vec<FailoverEvent>,
-    pub round: Option<RoundRecord>,
-    /// The log entry waiting for its first successful completion on the backup QP.
-    pub awaiting_success: Option<usize>,
-    /// When the send queue started switching back.
-    pub switch_started: Option<Timestamp>,
-    pub failed: Option<FailReason>,
-    pub setup_error: Option<String>,
-    /// Receives moved by the round in progress, for its log entry.
-    pub pending_recvs_copied: u64,
-    pub wqe_bytes: Vec<u8>,
-    pub wqe_list: Vec<OutstandingWqe>,
-    pub recv_list: Vec<(u32, u64)>,
+    /// Where unfinished work and the failover's own WQEs stand in the rings.
+    pub book: Book,
+    /// Counters, the event log and the round in progress.
+    pub log: FailoverLog,
+    /// Buffers reused by the slow path.
+    pub scratch: Scratch,
 }
 
 /// A resilient RC queue pair. See the module documentation; created by
@@ -234,43 +211,36 @@ impl ResilientQp {
         config: ResilientConfig,
     ) -> ResilientQp {
         let default_ctx = default.pd().context().clone();
+        let log = FailoverLog::new(
+            clock.clone(),
+            default_ctx.name().to_string(),
+            shared.name.clone(),
+        );
         let slow = Box::new(Slow {
-            clock,
-            config,
-            ctx,
-            default_device: default_ctx.name().to_string(),
-            default_ctx,
-            shadow,
-            default_qpn: default.qpn(),
-            backup: None,
+            env: Env {
+                clock,
+                config,
+                ctx,
+                default_ctx,
+                shadow,
+                default_qpn: default.qpn(),
+            },
             machine: None,
-            events: VecDeque::new(),
-            mail: VecDeque::new(),
-            early: Vec::new(),
-            wcs: VecDeque::new(),
-            scratch: [WorkCompletion::EMPTY; BATCH],
-            errored: [Errored::default(); 2],
-            draining: false,
-            moving: None,
-            recvs_before_reset: 0,
-            recvs_on_backup: 0,
-            backup_stale: 0,
-            burns: VecDeque::new(),
-            probe: None,
-            fence: None,
-            peer_rkeys: HashMap::new(),
-            base: SavedAttrs::default(),
-            stats: FailoverStats::default(),
-            log: Vec::new(),
-            round: None,
-            awaiting_success: None,
-            switch_started: None,
+            backup: None,
             failed: None,
             setup_error: None,
-            pending_recvs_copied: 0,
-            wqe_bytes: Vec::new(),
-            wqe_list: Vec::new(),
-            recv_list: Vec::new(),
+            events: VecDeque::new(),
+            early: Vec::new(),
+            wcs: VecDeque::new(),
+            book: Book::default(),
+            log,
+            scratch: Scratch {
+                polled: [WorkCompletion::EMPTY; BATCH],
+                wqe_bytes: Vec::new(),
+                wqe_list: Vec::new(),
+                recv_list: Vec::new(),
+                mail: VecDeque::new(),
+            },
         });
         // The link watch may move this QP to ERR before the owner hears of it: its posts are
         // then taken, not refused (docs/failover.md §9.5).
@@ -360,7 +330,7 @@ impl ResilientQp {
         if n > 0 {
             return n;
         }
-        let mut moved = self.slow.default_ctx.progress();
+        let mut moved = self.slow.env.default_ctx.progress();
         if let Some(b) = &self.slow.backup {
             moved |= b.qp.pd().context().progress();
         }
@@ -382,7 +352,7 @@ impl ResilientQp {
 
     /// The default QP's number: what the peer connects to and every completion names.
     pub fn qpn(&self) -> u32 {
-        self.slow.default_qpn
+        self.slow.env.default_qpn
     }
 
     /// The default QP and its CQ themselves, bypassing the failover layer: for a benchmark
@@ -401,7 +371,7 @@ impl ResilientQp {
 
     /// The default device's context.
     pub fn context(&self) -> &Arc<Context> {
-        &self.slow.default_ctx
+        &self.slow.env.default_ctx
     }
 
     /// Moves the default QP through the application's bring-up (RESET -> INIT -> RTR -> RTS),
@@ -421,13 +391,18 @@ impl ResilientQp {
             ));
         }
         self.default.modify(to, attr)?;
-        if let Some(shadow) = &self.slow.shadow {
+        if let Some(shadow) = &self.slow.env.shadow {
             shadow.record(to, attr);
-            if let Some(ctx) = &self.slow.ctx {
+            if let Some(ctx) = &self.slow.env.ctx {
                 ctx.service.nudge();
             }
         }
         Ok(())
+    }
+
+    /// The shadow of this QP's backup side, if it has one.
+    fn shadow(&self) -> Result<&Arc<QpShadow>, ConnectError> {
+        self.slow.env.shadow.as_ref().ok_or(ConnectError::NoBackup)
     }
 
     /// This end's backup attributes, for the application to send to the peer beside its own
@@ -435,8 +410,8 @@ impl ResilientQp {
     /// service lcore is still creating it. The application registers its MRs first: the
     /// bytes carry the backup rkeys of every MR of the PD registered so far.
     pub fn try_rendezvous_blob(&self) -> Result<Option<Vec<u8>>, ConnectError> {
-        let shadow = self.slow.shadow.as_ref().ok_or(ConnectError::NoBackup)?;
-        Ok(shadow
+        Ok(self
+            .shadow()?
             .local_attrs()
             .map_err(ConnectError::Setup)?
             .map(|a| a.to_bytes()))
@@ -444,7 +419,7 @@ impl ResilientQp {
 
     /// As [`ResilientQp::try_rendezvous_blob`], waiting up to `timeout` for the backup QP.
     pub fn rendezvous_blob(&self, timeout: std::time::Duration) -> Result<Vec<u8>, ConnectError> {
-        let ctx = self.slow.ctx.as_ref().ok_or(ConnectError::NoBackup)?;
+        let ctx = self.slow.env.ctx.as_ref().ok_or(ConnectError::NoBackup)?;
         let deadline = std::time::Instant::now() + timeout;
         loop {
             if let Some(blob) = self.try_rendezvous_blob()? {
@@ -462,9 +437,8 @@ impl ResilientQp {
     /// shadow bring-up. Call before or after [`ResilientQp::modify`] to RTR: the backup QP is
     /// brought up when both are known.
     pub fn connect_backup(&mut self, peer_blob: &[u8]) -> Result<(), ConnectError> {
-        let shadow = self.slow.shadow.as_ref().ok_or(ConnectError::NoBackup)?;
-        shadow.set_peer(PeerAttrs::parse(peer_blob)?);
-        if let Some(ctx) = &self.slow.ctx {
+        self.shadow()?.set_peer(PeerAttrs::parse(peer_blob)?);
+        if let Some(ctx) = &self.slow.env.ctx {
             ctx.service.nudge();
         }
         Ok(())
@@ -479,7 +453,7 @@ impl ResilientQp {
     /// meanwhile wait for the next poll. Returns whether it is protected.
     pub fn wait_protected(&mut self, timeout: std::time::Duration) -> Result<(), ConnectError> {
         let deadline = std::time::Instant::now() + timeout;
-        let Some(ctx) = self.slow.ctx.clone() else {
+        let Some(ctx) = self.slow.env.ctx.clone() else {
             return Err(ConnectError::NoBackup);
         };
         while self.slow.machine.is_none() {
@@ -528,12 +502,12 @@ impl ResilientQp {
 
     /// Counters since the QP was created.
     pub fn stats(&self) -> FailoverStats {
-        self.slow.stats
+        self.slow.log.stats
     }
 
     /// The event log: failovers, switch-backs, refusals, errors, oldest first.
     pub fn events(&self) -> &[FailoverEvent] {
-        &self.slow.log
+        &self.slow.log.events
     }
 
     /// A poller to unpark when mail comes for this QP (the service lcore calls it), so an
@@ -599,7 +573,7 @@ impl ResilientQp {
             }
             Route::Closed => {
                 return Err(PostError::NotReadyToSend {
-                    qpn: self.slow.default_qpn,
+                    qpn: self.slow.env.default_qpn,
                     state: QpState::Err,
                 })
             }
@@ -631,7 +605,7 @@ impl ResilientQp {
                 // `shadow::backup_caps`), but the application's receives on it must fit the
                 // default RQ, where a switch-back moves them.
                 let capacity = self.default.recv_queue().capacity();
-                let stale = self.slow.backup_stale;
+                let stale = self.slow.book.backup_stale;
                 let backup = self.slow.backup.as_mut().expect("routed to backup");
                 let rq = backup.qp.recv_queue();
                 let in_ring = u64::from(rq.written().wrapping_sub(rq.completed()));
@@ -652,7 +626,7 @@ impl ResilientQp {
                     wr_id: wr.wr_id,
                     status: WcStatus::WrFlushErr,
                     opcode: WcOpcode::Recv,
-                    qp_num: self.slow.default_qpn,
+                    qp_num: self.slow.env.default_qpn,
                     ..WorkCompletion::EMPTY
                 });
                 self.fast_poll = false;
@@ -665,6 +639,7 @@ impl ResilientQp {
     /// The backup lkey of a default lkey.
     fn backup_lkey(&self, lkey: u32) -> Result<u32, PostError> {
         self.slow
+            .env
             .shadow
             .as_ref()
             .and_then(|s| s.pd.keys.backup_lkey(lkey))
@@ -677,15 +652,15 @@ impl ResilientQp {
     /// The peer's backup rkey of one of its default rkeys: from its rendezvous, else from the
     /// store (cached).
     pub(super) fn backup_rkey(&mut self, rkey: u32) -> Option<u32> {
-        if let Some(r) = self.slow.peer_rkeys.get(&rkey) {
+        let backup = self.slow.backup.as_mut()?;
+        if let Some(r) = backup.peer_rkeys.get(&rkey) {
             return Some(*r);
         }
-        let store = self.slow.ctx.as_ref()?.store.clone()?;
-        let gid = self.slow.backup.as_ref()?.peer.default_gid;
-        match store.lookup_rkey(gid, rkey) {
-            Ok(Some(backup)) => {
-                self.slow.peer_rkeys.insert(rkey, backup);
-                Some(backup)
+        let store = self.slow.env.ctx.as_ref()?.store.clone()?;
+        match store.lookup_rkey(backup.peer.default_gid, rkey) {
+            Ok(Some(found)) => {
+                backup.peer_rkeys.insert(rkey, found);
+                Some(found)
             }
             Ok(None) => None,
             Err(e) => {
@@ -787,9 +762,9 @@ impl ResilientQp {
             && quiet
             && s.wcs.is_empty()
             && s.events.is_empty()
-            && !s.draining
-            && s.fence.is_none()
-            && s.probe.is_none();
+            && !s.book.draining
+            && s.book.fence.is_none()
+            && s.book.probe.is_none();
     }
 }
 
@@ -806,7 +781,7 @@ impl crate::datapath::sq::BatchPost for ResilientQp {
 
 impl Drop for ResilientQp {
     fn drop(&mut self) {
-        if let Some(shadow) = &self.slow.shadow {
+        if let Some(shadow) = &self.slow.env.shadow {
             shadow.cancel();
         }
     }

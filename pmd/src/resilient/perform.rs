@@ -1,0 +1,501 @@
+//! How the driver performs each action of the failover machine: control verbs on the two QPs,
+//! and the ring work that moves WQEs between them. What to move is planned by
+//! [`super::plan`]; this posts the plan. An action never calls the machine: what it causes
+//! (a completion, a result) is queued with `enqueue` for the event loop in [`super::driver`].
+
+use hw_defs::mlx5::{DataSeg, SEND_WQE_BB};
+
+use crate::control::{ModifyError, Qp};
+use crate::datapath::rq::RecvQueue;
+use crate::datapath::sq::{rewrite_keys, OutstandingWqe};
+use crate::datapath::wr::{PostError, Remote, SendOp, SendWr, WcStatus};
+use crate::failover::{Action, Epoch, Event, FailReason, Path, Timestamp};
+use crate::qp_state::QpState;
+use crate::verbs::QpAttr;
+
+use super::plan::{plan_copy, plan_error_completions, Unfinished};
+use super::qp::{internal_wr_id, ResilientQp};
+
+/// Why a receive WQE could not be copied to another RQ.
+enum RecvCopyError {
+    /// Its lkey has no counterpart on the other device.
+    NoKey(u32),
+    /// The other RQ refused it (full).
+    Post(PostError),
+}
+
+impl ResilientQp {
+    /// Performs one action at `now`.
+    pub(super) fn perform(&mut self, action: Action, now: Timestamp) {
+        match action {
+            Action::MoveQpToErr { path } => self.move_to_err(path),
+            Action::DrainDefault => {
+                self.slow.book.draining = true;
+                self.collect(Path::Default);
+                self.check_drain();
+            }
+            Action::CopyRecvsToBackup => self.copy_recvs_to_backup(),
+            Action::CopySendsToBackup { burn, skip_through } => {
+                self.copy_sends_to_backup(burn, skip_through, now)
+            }
+            Action::ResetDefaultQp => self.reset_default(),
+            Action::BringUpDefaultQp { epoch } => {
+                let ok = match self.bring_up_default(epoch) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(qp = %self.shared.name, %epoch, error = %e, "failover: default QP not brought up");
+                        false
+                    }
+                };
+                self.enqueue(Event::DefaultQpUp { epoch, ok });
+            }
+            Action::PostProbe => self.post_probe(),
+            Action::SendControl(message) => {
+                let Some(b) = &self.slow.backup else { return };
+                if let Err(e) = b.control.send(message) {
+                    tracing::warn!(qp = %self.shared.name, error = %e, ?message, "failover: control message not sent");
+                    self.enqueue(Event::ControlSendFailed);
+                }
+            }
+            Action::DrainBackup => {
+                self.collect(Path::Backup);
+                let progress = self.progress_now();
+                self.enqueue(Event::BackupDrained { progress });
+            }
+            Action::MoveRecvsToDefault { consumed_through } => {
+                self.move_recvs_to_default(consumed_through)
+            }
+            Action::ReleaseDefaultDoorbell => {
+                self.default.ring_doorbell();
+                let epoch = self.epoch();
+                self.slow.log.switched_back(now, epoch);
+            }
+            Action::SurfaceError { status, reason } => self.surface(status, reason, now),
+        }
+    }
+
+    /// The machine's epoch, for the log (0 before protection).
+    fn epoch(&self) -> u32 {
+        self.slow.machine.as_ref().map_or(0, |m| m.epoch().0)
+    }
+
+    /// `path`'s QP, if it exists.
+    fn qp_mut(&mut self, path: Path) -> Option<&mut Qp> {
+        match path {
+            Path::Default => Some(&mut self.default),
+            Path::Backup => self.slow.backup.as_mut().map(|b| &mut b.qp),
+        }
+    }
+
+    fn move_to_err(&mut self, path: Path) {
+        let Some(qp) = self.qp_mut(path) else { return };
+        if let Err(e) = qp.handle().set_error() {
+            tracing::debug!(qp = %self.shared.name, ?path, error = %e, "failover: QP not moved to ERR");
+        }
+    }
+
+    fn reset_default(&mut self) {
+        // Read before the reset takes the rings back to index 0.
+        let rq_completed = self.default.recv_queue().completed();
+        if let Err(e) = self.default.modify(QpState::Reset, &QpAttr::default()) {
+            tracing::warn!(qp = %self.shared.name, error = %e, "failover: default QP not reset");
+        }
+        self.default_cq.discard_qp(self.slow.env.default_qpn);
+        self.slow.book.default_reset(rq_completed);
+    }
+
+    /// RESET -> INIT -> RTR -> RTS with the application's attributes and the PSNs of `epoch`.
+    fn bring_up_default(&mut self, epoch: Epoch) -> Result<(), ModifyError> {
+        let qpn = self.slow.env.default_qpn;
+        let missing = |state| ModifyError::NotSaved { qpn, state };
+        let base = &self
+            .slow
+            .backup
+            .as_ref()
+            .ok_or(missing(QpState::Init))?
+            .base;
+        let init = base.init.clone().ok_or(missing(QpState::Init))?;
+        let mut rtr = base.rtr.clone().ok_or(missing(QpState::Rtr))?;
+        let mut rts = base.rts.clone().ok_or(missing(QpState::Rts))?;
+        rtr.rq_psn = Some(epoch.start_psn(rtr.rq_psn.unwrap_or(0)));
+        rts.sq_psn = Some(epoch.start_psn(rts.sq_psn.unwrap_or(0)));
+        if self.default.state() != QpState::Reset {
+            self.reset_default();
+        }
+        self.default.modify(QpState::Init, &init)?;
+        self.default.modify(QpState::Rtr, &rtr)?;
+        self.default.modify(QpState::Rts, &rts)
+    }
+
+    fn post_probe(&mut self) {
+        let wr = empty_write();
+        let at = self.default.send_queue().written();
+        match self.default.post_send(&wr) {
+            Ok(_) => {
+                self.default.ring_doorbell();
+                self.slow.book.probe = Some(at);
+            }
+            Err(e) => {
+                tracing::debug!(qp = %self.shared.name, error = %e, "failover: probe not posted");
+                self.enqueue(Event::ProbeCompleted { ok: false });
+            }
+        }
+    }
+
+    /// State 3: post the fence ourselves, a zero-length signaled WRITE on the backup QP
+    /// behind everything posted there, instead of waiting for the application's next
+    /// signaled WR (an idle end, or one that rarely signals, then switches back too).
+    pub(super) fn maybe_fence(&mut self) {
+        let Some(machine) = &self.slow.machine else {
+            return;
+        };
+        if !machine.reports_signaled_posts() || self.slow.book.fence.is_some() {
+            return;
+        }
+        let wr = empty_write();
+        let b = self.slow.backup.as_mut().expect("protected");
+        match b.qp.post_send(&wr) {
+            Ok(_) => {
+                b.qp.ring_doorbell();
+                self.slow.book.fence = Some(b.qp.send_queue().written());
+                let progress = self.progress_now();
+                self.enqueue(Event::SignaledPosted { progress });
+            }
+            Err(e) => {
+                tracing::warn!(qp = %self.shared.name, error = %e, "failover: switch-back fence not posted; retrying later");
+            }
+        }
+    }
+
+    // ---- moving WQEs between the rings -----------------------------------------------------
+
+    /// The receive WQEs of the default RQ from where the drain found them, in order, to the
+    /// backup RQ behind whatever is posted there, lkeys rewritten.
+    fn copy_recvs_to_backup(&mut self) {
+        let start = self
+            .slow
+            .book
+            .moving
+            .map_or_else(|| self.default.recv_queue().completed(), |(_, r)| r);
+        let mut list = std::mem::take(&mut self.slow.scratch.recv_list);
+        list.clear();
+        list.extend(self.default.recv_queue().written_from(start));
+        let mut bytes = std::mem::take(&mut self.slow.scratch.wqe_bytes);
+        let s = &mut *self.slow;
+        let keys = s.env.shadow.as_ref().map(|s| &s.pd.keys);
+        let b = s.backup.as_mut().expect("protected");
+        let (moved, failure) = copy_recvs(
+            self.default.recv_queue(),
+            b.qp.recv_queue(),
+            &list,
+            &mut bytes,
+            |k| keys.and_then(|m| m.backup_lkey(k)),
+        );
+        s.scratch.wqe_bytes = bytes;
+        s.scratch.recv_list = list;
+        s.log.recvs_copied(moved);
+        match failure {
+            Some(RecvCopyError::NoKey(key)) => self.cannot_copy(
+                WcStatus::LocProtErr,
+                &format!("no backup lkey for {key:#x}"),
+            ),
+            Some(RecvCopyError::Post(e)) => self.cannot_copy(WcStatus::LocQpOpErr, &e.to_string()),
+            None => {}
+        }
+    }
+
+    /// A WQE could not be moved (no backup key, no room): the backup QP cannot carry this
+    /// connection, which the machine treats as a local error of the backup QP.
+    fn cannot_copy(&mut self, status: WcStatus, why: &str) {
+        tracing::error!(qp = %self.shared.name, why, "failover: a WQE cannot be moved to the backup QP");
+        self.slow.book.errored_mut(Path::Backup).reported = true;
+        self.enqueue(Event::ErrorCompletion {
+            path: Path::Backup,
+            status,
+        });
+    }
+
+    /// Moves the default SQ's outstanding WQEs to the backup SQ as [`plan_copy`] plans it:
+    /// the ones the peer consumed complete (signaled ones with success; READs go again, since
+    /// their responses may not have arrived), then `burn` zero-length SENDs, then the rest,
+    /// keys, WQE index and QPN rewritten; rings the backup doorbell.
+    fn copy_sends_to_backup(&mut self, burn: u64, skip_through: u64, now: Timestamp) {
+        let start = self
+            .slow
+            .book
+            .moving
+            .map_or_else(|| self.default.send_queue().completed(), |(s, _)| s);
+        let probe = self.slow.book.probe;
+        let mut list = std::mem::take(&mut self.slow.scratch.wqe_list);
+        list.clear();
+        list.extend(
+            self.default
+                .send_queue()
+                .written_from(start)
+                .filter(|w| Some(w.counter) != probe),
+        );
+        let plan = plan_copy(&list, self.sends_posted, skip_through);
+        // 1. Consumed by the peer: complete, do not send again.
+        let skipped = plan.skipped(&list).count() as u64;
+        let qpn = self.slow.env.default_qpn;
+        self.slow.wcs.extend(plan.completions(&list, qpn));
+        // 2. Burns, first of all on the backup SQ.
+        let mut failure = None;
+        if burn > 0 {
+            let b = self.slow.backup.as_mut().expect("protected");
+            let from = b.qp.send_queue().written();
+            for _ in 0..burn {
+                let wr = SendWr::new(internal_wr_id(), SendOp::Send, &[]);
+                if let Err(e) = b.qp.post_send(&wr) {
+                    failure = Some((WcStatus::LocQpOpErr, e.to_string()));
+                    break;
+                }
+            }
+            let to = b.qp.send_queue().written();
+            self.slow.book.burns.push_back((from, to));
+        }
+        // 3. READs the peer executed but whose responses may be lost, then the rest.
+        let mut copied = 0u64;
+        let mut bytes = std::mem::take(&mut self.slow.scratch.wqe_bytes);
+        if failure.is_none() {
+            for &w in plan.posts(&list) {
+                if let Err(e) = self.copy_send_to_backup(w, &mut bytes) {
+                    failure = Some(e);
+                    break;
+                }
+                copied += 1;
+            }
+        }
+        if let Some(b) = self.slow.backup.as_mut() {
+            b.qp.ring_doorbell();
+        }
+        self.slow.scratch.wqe_bytes = bytes;
+        self.slow.scratch.wqe_list = list;
+        let epoch = self.epoch();
+        self.slow.log.round_finished(now, copied, skipped, epoch);
+        if let Some((status, why)) = failure {
+            self.cannot_copy(status, &why);
+        }
+    }
+
+    /// Copies the default SQ's WQE `w` to the backup SQ, keys rewritten; on failure, the
+    /// status of the local error it amounts to and why.
+    fn copy_send_to_backup(
+        &mut self,
+        w: OutstandingWqe,
+        bytes: &mut Vec<u8>,
+    ) -> Result<(), (WcStatus, String)> {
+        bytes.resize(usize::from(w.info.bbs.max(1)) * SEND_WQE_BB, 0);
+        let len = self.default.send_queue().copy_wqe(w.counter, bytes);
+        let wqe = &mut bytes[..len];
+        // The peer's rkey, mapped first (a lookup may ask the store); a WRITE without data
+        // names no memory and needs no mapping.
+        let rkey = match wqe_rkey(wqe) {
+            Some((rkey, true)) => match self.backup_rkey(rkey) {
+                Some(b) => Some(b),
+                None => {
+                    return Err((
+                        WcStatus::LocProtErr,
+                        format!("no backup rkey for {rkey:#x}"),
+                    ))
+                }
+            },
+            Some((rkey, false)) => Some(rkey),
+            None => None,
+        };
+        let keys = self.slow.env.shadow.as_ref().map(|s| &s.pd.keys);
+        let mut lkey_missing = None;
+        let rewritten = rewrite_keys(
+            wqe,
+            |k| match keys.and_then(|m| m.backup_lkey(k)) {
+                Some(b) => b,
+                None => {
+                    lkey_missing.get_or_insert(k);
+                    k
+                }
+            },
+            |k| rkey.unwrap_or(k),
+        );
+        if rewritten.is_none() {
+            return Err((
+                WcStatus::LocQpOpErr,
+                format!(
+                    "WQE at {:#x} has an opcode the driver does not post",
+                    w.counter
+                ),
+            ));
+        }
+        if let Some(k) = lkey_missing {
+            return Err((WcStatus::LocProtErr, format!("no backup lkey for {k:#x}")));
+        }
+        let b = self.slow.backup.as_mut().expect("protected");
+        b.qp.send_queue()
+            .post_raw(wqe, w.wr_id)
+            .map(drop)
+            .map_err(|e| (WcStatus::LocQpOpErr, e.to_string()))
+    }
+
+    /// Receiver side of a switch-back: the backup RQ's application receives (behind any
+    /// stale ones) to the default RQ, lkeys rewritten; they become stale on the backup RQ.
+    fn move_recvs_to_default(&mut self, consumed_through: u64) {
+        debug_assert_eq!(self.recvs_completed(), consumed_through);
+        let stale = self.slow.book.backup_stale;
+        let mut list = std::mem::take(&mut self.slow.scratch.recv_list);
+        list.clear();
+        let mut bytes = std::mem::take(&mut self.slow.scratch.wqe_bytes);
+        let s = &mut *self.slow;
+        let keys = s.env.shadow.as_ref().map(|s| &s.pd.keys);
+        let b = s.backup.as_mut().expect("protected");
+        list.extend(b.qp.recv_queue().outstanding().skip(stale as usize));
+        let (moved, failure) = copy_recvs(
+            b.qp.recv_queue(),
+            self.default.recv_queue(),
+            &list,
+            &mut bytes,
+            |k| keys.and_then(|m| m.default_lkey(k)),
+        );
+        s.book.backup_stale += moved;
+        s.log.recvs_moved_back(moved);
+        s.scratch.wqe_bytes = bytes;
+        s.scratch.recv_list = list;
+        tracing::info!(qp = %self.shared.name, moved, stale = self.slow.book.backup_stale, "failover: receives back on the default QP");
+        let why = match failure {
+            None => return,
+            Some(RecvCopyError::NoKey(key)) => {
+                format!("no default lkey for backup lkey {key:#x}")
+            }
+            Some(RecvCopyError::Post(e)) => e.to_string(),
+        };
+        // The default QP is live: a receive that cannot go back fails the connection the way
+        // a local error of the default QP would.
+        tracing::error!(qp = %self.shared.name, why, "failover: a receive cannot be moved back");
+        self.enqueue(Event::ErrorCompletion {
+            path: Path::Default,
+            status: WcStatus::LocQpOpErr,
+        });
+    }
+
+    // ---- failing the connection -------------------------------------------------------------
+
+    /// The connection failed: both QPs to ERR, the successes still in the CQs to the
+    /// application, then every outstanding WR completes in error as
+    /// [`plan_error_completions`] plans it (the first with `status`, or the refusing
+    /// completion itself), as a plain RC QP in ERR fails.
+    fn surface(&mut self, status: WcStatus, reason: FailReason, now: Timestamp) {
+        self.move_to_err(Path::Default);
+        self.move_to_err(Path::Backup);
+        self.collect(Path::Backup);
+        self.collect(Path::Default);
+        self.slow.failed = Some(reason);
+        self.slow.book.draining = false;
+        let refusing = match reason {
+            FailReason::Refused { .. } => [Path::Default, Path::Backup].into_iter().find_map(|p| {
+                let wc = self.slow.book.errored(p).error_wc?;
+                (wc.status == status).then_some((p, wc))
+            }),
+            _ => None,
+        };
+        // Oldest first: the backup QP's work was posted before the default QP's.
+        let order = [Path::Backup, Path::Default];
+        let mut sends: [Vec<_>; 2] = Default::default();
+        let mut recvs: [Vec<_>; 2] = Default::default();
+        for (i, path) in order.into_iter().enumerate() {
+            let e = *self.slow.book.errored(path);
+            let stale = match path {
+                Path::Backup => self.slow.book.backup_stale as usize,
+                Path::Default => 0,
+            };
+            let Some(qp) = self.qp_mut(path) else {
+                continue;
+            };
+            let sq = qp.send_queue();
+            let start = e.send_start.unwrap_or(sq.completed());
+            sends[i].extend(sq.written_from(start));
+            let rq = qp.recv_queue();
+            let start = e.recv_start.unwrap_or(rq.completed());
+            recvs[i].extend(rq.written_from(start).skip(stale));
+        }
+        let queues = [0, 1].map(|i| Unfinished {
+            path: order[i],
+            sends: &sends[i],
+            recvs: &recvs[i],
+        });
+        let mut errors = Vec::new();
+        let qpn = self.slow.env.default_qpn;
+        plan_error_completions(queues, &self.slow.book, refusing, status, qpn, &mut errors);
+        self.slow.wcs.extend(errors);
+        self.slow.book.fence = None;
+        self.slow.book.probe = None;
+        let epoch = self.epoch();
+        self.slow.log.connection_failed(reason, now, epoch);
+    }
+}
+
+/// Copies the receive WQEs `list` (`(counter, wr_id)`) of `from`, in order, to the tail of
+/// `to` with each lkey mapped through `map`, then publishes `to`; returns how many were
+/// copied, and why the next one was not.
+fn copy_recvs(
+    from: &RecvQueue,
+    to: &mut RecvQueue,
+    list: &[(u32, u64)],
+    bytes: &mut Vec<u8>,
+    map: impl Fn(u32) -> Option<u32>,
+) -> (u64, Option<RecvCopyError>) {
+    bytes.resize(from.stride(), 0);
+    let mut moved = 0u64;
+    let mut failure = None;
+    for &(at, wr_id) in list {
+        from.copy_wqe(at, bytes);
+        if let Err(key) = rewrite_recv_keys(bytes, &map) {
+            failure = Some(RecvCopyError::NoKey(key));
+            break;
+        }
+        if let Err(e) = to.write_raw(bytes, wr_id) {
+            failure = Some(RecvCopyError::Post(e));
+            break;
+        }
+        moved += 1;
+    }
+    to.publish();
+    (moved, failure)
+}
+
+/// The failover's own signaled zero-length RDMA WRITE (probes, fences): it names no memory,
+/// so rkey 0 does.
+fn empty_write() -> SendWr<'static> {
+    let remote = Remote { addr: 0, rkey: 0 };
+    SendWr::new(internal_wr_id(), SendOp::Write { remote }, &[]).signaled()
+}
+
+/// Rewrites the lkeys of a receive WQE's data segments (up to the terminator) through `map`;
+/// the first lkey without a mapping is the error.
+fn rewrite_recv_keys(bytes: &mut [u8], map: impl Fn(u32) -> Option<u32>) -> Result<(), u32> {
+    for seg in bytes.chunks_exact_mut(hw_defs::mlx5::data_seg::SIZE) {
+        let mut seg = DataSeg::new_unchecked(seg);
+        if seg.is_terminator() {
+            break;
+        }
+        if seg.byte_count() == 0 {
+            continue;
+        }
+        let k = seg.lkey();
+        seg.set_lkey(map(k).ok_or(k)?);
+    }
+    Ok(())
+}
+
+/// The rkey of a raw send WQE that has a remote-address segment, and whether the WQE names
+/// remote memory (it carries data, or is an atomic): a zero-length WRITE does not.
+fn wqe_rkey(wqe: &[u8]) -> Option<(u32, bool)> {
+    use hw_defs::mlx5::{ctrl_seg, raddr_seg, wqe, CtrlSeg, RaddrSeg};
+    let ctrl = CtrlSeg::new_checked(wqe).ok()?;
+    let opcode = ctrl.opcode();
+    if !opcode.has_raddr_seg() {
+        return None;
+    }
+    // The remote-address segment follows the control segment.
+    let raddr = wqe.get(ctrl_seg::SIZE..ctrl_seg::SIZE + raddr_seg::SIZE)?;
+    let raddr = RaddrSeg::new_checked(raddr).ok()?;
+    let names_memory = opcode.has_atomic_seg() || usize::from(ctrl.ds()) > wqe::header_ds(opcode);
+    Some((raddr.rkey(), names_memory))
+}
