@@ -418,3 +418,162 @@ fn the_same_setup_with_shadow_verbs_run_strictly_in_order_deadlocks() {
         0
     );
 }
+
+/// `n` QP pairs between two hosts, set up one after another (as `shift_write_bw -q n` does):
+/// host A's QPs and host B's, in the same order.
+fn many_pairs(f: &Fabric, n: usize, config: ResilientConfig) -> [ManyQps; 2] {
+    let mut hosts = [[0usize, 1], [2, 3]].map(|ports| {
+        let service = FailoverService::start(ServiceConfig::default()).unwrap();
+        let ctx = open_ctx(f, ports, &service, config.clone());
+        let pd = ctx.alloc_pd().unwrap();
+        let buf = pd.alloc_buffer(1 << 20, Access::ALL).unwrap();
+        ManyQps {
+            qps: Vec::new(),
+            buf,
+            pd,
+            ctx,
+            _service: service,
+        }
+    });
+    let ga = hosts[0].ctx.default_context().query_gid(0).unwrap();
+    let gb = hosts[1].ctx.default_context().query_gid(0).unwrap();
+    for _ in 0..n {
+        let caps = QpCaps {
+            max_send_wr: 128,
+            ..caps()
+        };
+        let mut a = hosts[0].pd.create_qp(caps).unwrap();
+        let mut b = hosts[1].pd.create_qp(caps).unwrap();
+        connect(&mut a, &mut b, ga, gb);
+        hosts[0].qps.push(a);
+        hosts[1].qps.push(b);
+    }
+    hosts
+}
+
+/// One host's side of [`many_pairs`]; fields drop in order (QPs first, the service last).
+struct ManyQps {
+    qps: Vec<ResilientQp>,
+    buf: ResilientBuffer,
+    pd: ResilientPd,
+    ctx: ResilientContext,
+    _service: FailoverService,
+}
+
+/// Host A WRITEs into host B on `n` QPs from one thread, as `shift_write_bw -q n` does:
+/// 16 KiB WRITEs, 128 in flight per QP, one signaled in 64; host B's thread polls its `n` QPs
+/// as a WRITE-only server does. A's default link goes down mid-traffic. Every QP of both hosts
+/// must complete its failover handshake (none may fail, e.g. with a handshake timeout) and
+/// then carry A's traffic on the backup path.
+fn fail_over_many_at_once(n: usize) {
+    const SIZE: usize = 16 << 10;
+    const WINDOW: u64 = 128;
+    const SIGNAL_EVERY: u64 = 64;
+    let f = fabric();
+    let [mut a, mut b] = many_pairs(&f, n, config());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let remote = b.buf.remote(0);
+    let slots = (b.buf.len() / SIZE) as u64;
+    let b_states = std::thread::scope(|scope| {
+        let server = scope.spawn(|| {
+            let mut wcs = [WorkCompletion::EMPTY; 16];
+            while !stop.load(Ordering::Acquire) {
+                for qp in &mut b.qps {
+                    let got = qp.poll(&mut wcs);
+                    assert_eq!(got, 0, "a WRITE-only server gets no completions");
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            b.qps
+                .iter()
+                .map(|q| (q.state(), q.stats().failovers))
+                .collect::<Vec<_>>()
+        });
+        let mut wcs = [WorkCompletion::EMPTY; 16];
+        let mut posted = vec![0u64; n];
+        let mut done = vec![0u64; n];
+        let mut down = false;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // Before the link goes down: 2 windows per QP; after it: 2 more, on the backup.
+        let before = 2 * WINDOW;
+        let total = 4 * WINDOW;
+        while done.iter().any(|&d| d < total) {
+            for (q, qp) in a.qps.iter_mut().enumerate() {
+                let mut rung = false;
+                while posted[q] < total && posted[q] < done[q] + WINDOW {
+                    let slot = (posted[q] * n as u64 + q as u64) % slots;
+                    let wr = SendWr::new(
+                        posted[q],
+                        SendOp::Write {
+                            remote: pmd::Remote {
+                                addr: remote.addr + slot * SIZE as u64,
+                                ..remote
+                            },
+                        },
+                        &[a.buf.sge(0, SIZE as u32)],
+                    );
+                    posted[q] += 1;
+                    let wr = if posted[q] % SIGNAL_EVERY == 0 {
+                        wr.signaled()
+                    } else {
+                        wr
+                    };
+                    qp.post_send(&wr).unwrap();
+                    rung = true;
+                }
+                if rung {
+                    qp.ring_doorbell();
+                }
+                let got = qp.poll(&mut wcs);
+                for wc in &wcs[..got] {
+                    assert!(
+                        wc.is_ok(),
+                        "QP {q} of {n}: {wc:?}, state {:?}, events {:?}",
+                        qp.state(),
+                        qp.events()
+                    );
+                    assert_eq!(wc.wr_id + 1, done[q] + SIGNAL_EVERY, "QP {q}: out of order");
+                    done[q] += SIGNAL_EVERY;
+                }
+            }
+            if !down && done.iter().all(|&d| d >= before) {
+                f.fabric.set_link(0, false);
+                down = true;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+            assert!(
+                Instant::now() < deadline,
+                "stalled: done {done:?}; states {:?}",
+                a.qps.iter().map(|q| q.state()).collect::<Vec<_>>()
+            );
+        }
+        stop.store(true, Ordering::Release);
+        server.join().expect("server thread")
+    });
+    for (q, qp) in a.qps.iter().enumerate() {
+        assert_eq!(qp.state(), ResilientState::Fallback, "A's QP {q} of {n}");
+        assert_eq!(qp.stats().failovers, 1, "A's QP {q} of {n}");
+    }
+    for (q, (state, failovers)) in b_states.into_iter().enumerate() {
+        assert_eq!(
+            (state, failovers),
+            (ResilientState::Fallback, 1),
+            "B's QP {q} of {n}"
+        );
+    }
+}
+
+#[test]
+fn two_qps_fail_over_at_once_and_every_handshake_completes() {
+    fail_over_many_at_once(2);
+}
+
+#[test]
+fn sixteen_qps_fail_over_at_once_and_every_handshake_completes() {
+    fail_over_many_at_once(16);
+}
+
+#[test]
+fn sixty_four_qps_fail_over_at_once_and_every_handshake_completes() {
+    fail_over_many_at_once(64);
+}

@@ -78,6 +78,35 @@ impl std::fmt::Debug for ControlChannel {
     }
 }
 
+/// Retries of the control QP: the most RC allows (3 bits).
+const CONTROL_RETRY_CNT: u8 = 7;
+
+/// The control QP's local ACK timeout exponent (4.096 us x 2^t): the application's
+/// (`app`, 14 when it set none; 0, no timeout, stays 0), raised until the control QP's
+/// `CONTROL_RETRY_CNT + 1` tries last at least `handshake_timeout`.
+///
+/// Why not the application's: a control message's ACK comes back on the backup path behind
+/// everything the peer's end sent there before it answered, and a failover round sends the
+/// outstanding windows of every QP that fails over at once. With 64 QPs of 128 16 KiB WRITEs
+/// that is 128 MiB queued in front of the ACK; on softnic (and on a NIC with a slow or
+/// congested backup port) it takes longer than an application's 16 ms x 4 tries, the control
+/// QP exhausted its retries although every message had arrived, and the connection failed
+/// with `backup-unavailable` (`docs/failover.md`, 4.1). A control QP carries a few messages
+/// per round and nothing else, so a long timeout costs nothing while packets arrive; when
+/// the backup path really is dead, the handshake timeout and the backup's link and data QPs
+/// report it first.
+pub(crate) fn control_ack_timeout(app: Option<u8>, handshake_timeout: std::time::Duration) -> u8 {
+    let mut t = app.unwrap_or(14).min(31);
+    if t == 0 {
+        return 0;
+    }
+    let tries = u128::from(CONTROL_RETRY_CNT) + 1;
+    while t < 31 && tries * (4096u128 << t) < handshake_timeout.as_nanos() {
+        t += 1;
+    }
+    t
+}
+
 /// wr_id of control sends.
 const SEND_WR_ID: u64 = u64::MAX;
 /// wr_id of control receives (zero-length: the data goes to the ring).
@@ -165,8 +194,11 @@ impl ControlChannel {
     }
 
     /// INIT -> RTR -> RTS towards the peer's control QP `peer_qpn` on the device with GID
-    /// `peer_gid`; `template_rtr`/`template_rts` are the application's attributes (path MTU,
-    /// timeout and retries carry over; PSNs start at 0, no reads or atomics).
+    /// `peer_gid`; `template_rtr`/`template_rts` are the application's attributes (path MTU
+    /// and RNR timer carry over; PSNs start at 0, no reads or atomics). The ACK timeout and
+    /// retries are the control QP's own ([`control_ack_timeout`]): its retries must outlast
+    /// `handshake_timeout`.
+    #[allow(clippy::too_many_arguments)]
     pub fn connect(
         &self,
         peer_gid: Gid,
@@ -175,6 +207,7 @@ impl ControlChannel {
         peer_ring: (u64, u32),
         template_rtr: &QpAttr,
         template_rts: &QpAttr,
+        handshake_timeout: std::time::Duration,
     ) -> Result<(), ModifyError> {
         let mut c = self.lock();
         c.peer_default_qpn = peer_default_qpn;
@@ -191,8 +224,8 @@ impl ControlChannel {
         }
         c.qp.modify(QpState::Rtr, &rtr)?;
         let mut rts = QpAttr::rts(0);
-        rts.timeout = template_rts.timeout.or(rts.timeout);
-        rts.retry_cnt = template_rts.retry_cnt.or(rts.retry_cnt);
+        rts.timeout = Some(control_ack_timeout(template_rts.timeout, handshake_timeout));
+        rts.retry_cnt = Some(CONTROL_RETRY_CNT);
         rts.max_rd_atomic = Some(0);
         c.qp.modify(QpState::Rts, &rts)
     }
@@ -380,6 +413,7 @@ mod tests {
                     peer.channel.ring(),
                     &rtr,
                     &rts,
+                    std::time::Duration::from_secs(2),
                 )
                 .unwrap();
         }
@@ -413,6 +447,22 @@ mod tests {
             assert_eq!(to_a, []);
             to_b
         }
+    }
+
+    #[test]
+    fn the_control_qps_retries_outlast_the_handshake_timeout() {
+        let two = std::time::Duration::from_secs(2);
+        // 4.096 us x 2^16 = 268 ms, 8 tries: 2.1 s.
+        assert_eq!(control_ack_timeout(Some(12), two), 16);
+        assert_eq!(control_ack_timeout(None, two), 16);
+        assert_eq!(
+            control_ack_timeout(Some(14), std::time::Duration::from_millis(500)),
+            14
+        );
+        assert_eq!(control_ack_timeout(Some(20), two), 20);
+        // No timeout at all stays none.
+        assert_eq!(control_ack_timeout(Some(0), two), 0);
+        assert_eq!(control_ack_timeout(Some(40), two), 31);
     }
 
     #[test]

@@ -549,6 +549,7 @@ impl QpShadow {
                         (peer.control_ring_addr, peer.control_ring_rkey),
                         &rtr,
                         &rts,
+                        self.pd.ctx.config.handshake_timeout,
                     ) {
                         return self.fail(&mut setup, "control QP to RTS", e);
                     }
