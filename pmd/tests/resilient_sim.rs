@@ -766,3 +766,68 @@ fn a_batch_goes_to_the_default_path_then_after_a_failover_to_the_backup() {
     );
     assert_eq!(sim.a.qp.stats().failovers, 1);
 }
+
+/// Issue 14, gap 3. A's backup SQ holds, in order: a SEND that B has no receive for (RNR,
+/// retried every 640 us), the switch-back fence behind it, and, after the default path failed
+/// again during WaitDrained, the withheld signaled WRITE copied behind the fence. When B posts
+/// its receive, one retry runs all three and one ACK retires them: A polls the fence and the
+/// WRITE in one batch. The fence is the failover's own: it never reaches the application, and
+/// it is cleared, so the next recovery can post a fence and switch back.
+#[test]
+fn a_fence_retired_in_one_batch_with_a_later_signaled_wqe_is_swallowed_and_cleared() {
+    let mut sim = Sim::new(21, config());
+    // A's first failover, with nothing outstanding.
+    sim.link_down(A_DEFAULT, Some(Duration::from_millis(5)));
+    assert!(sim.run_until(Duration::from_secs(1), |s| {
+        s.a.qp.state() == ResilientState::Fallback
+    }));
+    // The SEND stalls on the backup QP: B has no receive posted.
+    let send = SendWr::new(1, SendOp::Send, &[sim.a.buf.sge(0, 8)]).signaled();
+    sim.a.qp.post_send(&send).unwrap();
+    sim.a.qp.ring_doorbell();
+    // The default path comes back; A posts its fence behind the SEND and waits in WaitDrained.
+    assert!(
+        sim.run_until(Duration::from_secs(2), |s| {
+            s.a.qp.state() == ResilientState::WaitDrained
+        }),
+        "A never posted its fence: {:?}",
+        sim.a.qp.state()
+    );
+    // A signaled WRITE, withheld on the default QP; then the default path fails again.
+    let write = SendWr::new(
+        3,
+        SendOp::Write {
+            remote: sim.b.buf.remote(0),
+        },
+        &[sim.a.buf.sge(64, 64)],
+    )
+    .signaled();
+    sim.a.qp.post_send(&write).unwrap();
+    sim.a.qp.ring_doorbell();
+    sim.link_down(A_DEFAULT, None);
+    assert!(
+        sim.run_until(Duration::from_secs(1), |s| s.a.qp.stats().failovers == 2),
+        "no second failover: {:?}",
+        sim.a.qp.events()
+    );
+    assert!(sim.a.qp.poll(&mut [pmd::WorkCompletion::EMPTY; 4]) == 0);
+    // Now B's receive: the SEND, the fence and the WRITE go in one retry.
+    let recv = RecvWr::new(7, &[sim.b.buf.sge(512, 64)]);
+    sim.b.qp.post_recv(&recv).unwrap();
+    let wcs = completions(&mut sim, true, 2, Duration::from_secs(1));
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(1, WcStatus::Success), (3, WcStatus::Success)]);
+    sim.run_for(Duration::from_millis(20));
+    sim.poll(true);
+    assert_eq!(sim.a.wcs, vec![], "nothing more, the fence least of all");
+    // The default path comes back: A posts a new fence and switches back.
+    sim.fabric.clear_rules();
+    assert!(
+        sim.run_until(Duration::from_secs(3), |s| {
+            s.a.qp.state() == ResilientState::Default
+        }),
+        "A never switched back: {:?} {:?}",
+        sim.a.qp.state(),
+        sim.a.qp.events()
+    );
+}

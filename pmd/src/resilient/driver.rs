@@ -313,19 +313,25 @@ impl ResilientQp {
                 None => return,
             },
         };
-        // The fence is the last WQE on the backup SQ: if this batch retired it, its completion
-        // is the batch's last send completion, and it is the failover's, not the application's.
-        let fence_at = match (path, self.slow.book.fence) {
-            (Path::Backup, Some(end)) if self.backup_sq_completed() == end => wcs
-                .iter()
-                .rposition(|w| !is_recv(w) && w.wr_id == internal_wr_id()),
-            _ => None,
+        // The switch-back fence is recognised by what it is, wherever it sits in the batch: the
+        // backup SQ's only signaled WQE with the internal wr_id (probes go on the default QP,
+        // burns are unsignaled). Copies of withheld WRs may follow it on the backup SQ (the
+        // default path failed again in WaitDrained), so one batch can retire the fence and
+        // later signaled WQEs together: once the consumer counter has passed the fence, it
+        // completed in this batch, and it is cleared whatever its status.
+        let fence_retired = match (path, self.slow.book.fence) {
+            (Path::Backup, Some(end)) => self.backup_sq_retired_through(end),
+            _ => false,
         };
-        for (k, wc) in wcs.iter().enumerate() {
-            // A successful fence is the failover's own; a failed one is the backup QP's error
-            // like any other (it may be the first: the fence can be alone on the backup SQ).
-            if Some(k) == fence_at && wc.is_ok() {
-                continue;
+        let mut fence_ok = None;
+        for wc in wcs {
+            if fence_retired && fence_ok.is_none() && !is_recv(wc) && wc.wr_id == internal_wr_id() {
+                fence_ok = Some(wc.is_ok());
+                // A successful fence is the failover's own; a failed one is the backup QP's
+                // error like any other (it may be the first: the fence can be alone there).
+                if wc.is_ok() {
+                    continue;
+                }
             }
             if wc.is_ok() {
                 self.on_success(path, *wc);
@@ -333,13 +339,13 @@ impl ResilientQp {
                 self.on_error_wc(path, *wc, mark);
             }
         }
-        if let Some(k) = fence_at {
+        if fence_retired {
             self.slow.book.fence = None;
             if let Some(b) = self.slow.backup.as_mut() {
                 let sq = b.qp.send_queue();
                 self.slow.book.prune_burns(sq.completed(), sq.written());
             }
-            if wcs[k].is_ok() {
+            if fence_ok == Some(true) {
                 self.enqueue(Event::FenceCompleted);
             }
         }
@@ -412,11 +418,14 @@ impl ResilientQp {
         }
     }
 
-    fn backup_sq_completed(&mut self) -> u32 {
-        self.slow
-            .backup
-            .as_mut()
-            .map_or(0, |b| b.qp.send_queue().completed())
+    /// Whether the backup SQ's consumer counter is at or past `end` (a producer counter of
+    /// that SQ, at most the written one): everything before `end` has completed.
+    fn backup_sq_retired_through(&mut self, end: u32) -> bool {
+        self.slow.backup.as_mut().is_some_and(|b| {
+            let sq = b.qp.send_queue();
+            let written = sq.written();
+            written.wrapping_sub(sq.completed()) <= written.wrapping_sub(end)
+        })
     }
 
     /// The drain of the default QP ends when every WQE and receive the device was told about
