@@ -154,3 +154,64 @@ fn a_connection_set_up_through_redis_fails_over_and_finds_later_rkeys_there() {
     late.read(0, &mut bytes);
     assert_eq!(&bytes, b"found through redis");
 }
+
+/// Issue 14, gap 4. B deregisters an MR whose backup mapping A cached on an earlier failover:
+/// B's shadow withdraws the mapping from the store, and A's next round finds it gone when it
+/// would retransmit a WRITE naming the old rkey. The WRITE fails closed (`LOC_PROT_ERR`, never
+/// sent on the backup path) instead of going out through the stale backup rkey.
+#[test]
+fn a_retransmission_through_a_withdrawn_rkey_mapping_fails_closed() {
+    let Some(url) = server() else { return };
+    let prefix = prefix("withdraw");
+    let check = RedisRendezvous::new(&url, &prefix).unwrap();
+    let store = || -> Option<Arc<dyn Rendezvous>> {
+        Some(Arc::new(RedisRendezvous::new(&url, &prefix).unwrap()))
+    };
+    let mut sim = Sim::with_stores(22, config(), [store(), store()]);
+    let late = sim.b.pd.alloc_buffer(4096, Access::ALL).unwrap();
+    let gid_b = sim.b.devices[0].query_gid(0).unwrap();
+    let remote = late.remote(0);
+    assert!(sim.run_until(Duration::from_secs(1), |_| {
+        check.lookup_rkey(gid_b, remote.rkey).unwrap().is_some()
+    }));
+    let write =
+        |wr_id| SendWr::new(wr_id, SendOp::Write { remote }, &[sim.a.buf.sge(0, 64)]).signaled();
+    let (first, second) = (write(1), write(2));
+    // A fails over with a WRITE to the late buffer outstanding: its mapping is looked up and
+    // cached. The link comes back and A switches back.
+    sim.a.qp.post_send(&first).unwrap();
+    sim.a.qp.ring_doorbell();
+    sim.link_down(A_DEFAULT, Some(Duration::from_millis(5)));
+    let mut got = Vec::new();
+    let back = sim.run_until(Duration::from_secs(3), |s| {
+        s.poll(true);
+        got.append(&mut s.a.wcs);
+        s.a.qp.state() == ResilientState::Default && !got.is_empty()
+    });
+    assert!(back, "{:?} {:?}", sim.a.qp.state(), sim.a.qp.events());
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success)]
+    );
+    // B deregisters the buffer: the store forgets its mapping.
+    drop(late);
+    assert_eq!(check.lookup_rkey(gid_b, remote.rkey).unwrap(), None);
+    // A WRITE naming the old rkey, rung but not yet sent when the default link dies: the
+    // round would retransmit it on the backup path, through a mapping that is gone.
+    sim.a.qp.post_send(&second).unwrap();
+    sim.a.qp.ring_doorbell();
+    sim.link_down(A_DEFAULT, None);
+    let mut got = Vec::new();
+    sim.run_until(Duration::from_secs(2), |s| {
+        s.poll(true);
+        got.append(&mut s.a.wcs);
+        !got.is_empty()
+    });
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(2, WcStatus::LocProtErr)],
+        "{:?}",
+        sim.a.qp.events()
+    );
+    assert_eq!(sim.a.qp.state(), ResilientState::Failed);
+}

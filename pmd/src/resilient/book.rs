@@ -51,6 +51,10 @@ pub(super) struct Book {
     pub probe: Option<u32>,
     /// The backup SQ counter just past the outstanding switch-back fence.
     pub fence: Option<u32>,
+    /// Application WQEs a round could not move to the backup SQ (no backup key, no room),
+    /// the first the one that failed, oldest first: they complete in error when the
+    /// connection fails, after what went to the backup SQ.
+    pub unsent: Vec<crate::datapath::sq::OutstandingWqe>,
 }
 
 impl Book {

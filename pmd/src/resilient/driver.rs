@@ -196,6 +196,7 @@ impl ResilientQp {
             cq: parts.cq,
             control: parts.control,
             peer_rkeys: parts.peer.rkeys.iter().copied().collect(),
+            rkeys_confirmed: Default::default(),
             peer: parts.peer,
             base: parts.base,
         });

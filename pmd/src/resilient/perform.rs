@@ -220,6 +220,11 @@ impl ResilientQp {
     /// their responses may not have arrived), then `burn` zero-length SENDs, then the rest,
     /// keys, WQE index and QPN rewritten; rings the backup doorbell.
     fn copy_sends_to_backup(&mut self, burn: u64, skip_through: u64, now: Timestamp) {
+        // A retransmission maps rkeys only through mappings the store confirms in this round
+        // (with a store): the peer may have deregistered an MR since the cache learned it.
+        if let Some(b) = self.slow.backup.as_mut() {
+            b.rkeys_confirmed.clear();
+        }
         let start = self
             .slow
             .book
@@ -258,9 +263,12 @@ impl ResilientQp {
         let mut copied = 0u64;
         let mut bytes = std::mem::take(&mut self.slow.scratch.wqe_bytes);
         if failure.is_none() {
-            for &w in plan.posts(&list) {
+            for (k, &w) in plan.posts(&list).enumerate() {
                 if let Err(e) = self.copy_send_to_backup(w, &mut bytes) {
                     failure = Some(e);
+                    // They stay unsent; the connection fails, and they complete in error
+                    // then (the default ring is reset below: keep what they were).
+                    self.slow.book.unsent = plan.posts(&list).skip(k).copied().collect();
                     break;
                 }
                 copied += 1;
@@ -424,6 +432,7 @@ impl ResilientQp {
         let qpn = self.slow.env.default_qpn;
         plan_error_completions(queues, &self.slow.book, refusing, status, qpn, &mut errors);
         self.slow.wcs.extend(errors);
+        self.slow.book.unsent.clear();
         self.slow.book.fence = None;
         self.slow.book.probe = None;
         let epoch = self.epoch();

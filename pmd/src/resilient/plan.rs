@@ -108,7 +108,8 @@ pub(super) struct Unfinished<'a> {
 /// used), then every receive, as `WR_FLUSH_ERR`; the failover's own WQEs (by `book`) are left
 /// out. The first completion carries `status`, unless `refusing` (the completion that made
 /// failover refuse, polled from its QP) comes first as it is, in place of its WQE. `queues`
-/// lists the backup QP first. Appends to `out`, all naming QP `qpn`.
+/// lists the backup QP first; `book.unsent` (WQEs a round could not move) follow the backup
+/// QP's sends. Appends to `out`, all naming QP `qpn`.
 pub(super) fn plan_error_completions(
     queues: [Unfinished<'_>; 2],
     book: &Book,
@@ -138,6 +139,11 @@ pub(super) fn plan_error_completions(
         let skip = usize::from(refused_here(q.path, false));
         for w in application.skip(skip) {
             out.push(flush(w.wr_id, send_wc_opcode(u8::from(w.info.opcode))));
+        }
+        if q.path == Path::Backup {
+            for w in &book.unsent {
+                out.push(flush(w.wr_id, send_wc_opcode(u8::from(w.info.opcode))));
+            }
         }
     }
     for q in &queues {

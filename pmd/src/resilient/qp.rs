@@ -12,7 +12,7 @@
 //! machine is consulted only on events: an error completion, mail from the service lcore (a
 //! control message, a link change), a timer. Everything else lives behind `slow`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use crossbeam_utils::sync::Unparker;
@@ -103,6 +103,9 @@ pub(super) struct Backup {
     /// The peer's backup rkey of each of its default rkeys: from its rendezvous, and from the
     /// store as lookups find them.
     pub peer_rkeys: HashMap<u32, u32>,
+    /// With a store: the default rkeys whose mapping the store confirmed since the last
+    /// failover round began (a round's retransmissions use only confirmed mappings).
+    pub rkeys_confirmed: HashSet<u32>,
     /// The application's bring-up attributes of the default QP (PSN bases of every epoch).
     pub base: SavedAttrs,
 }
@@ -649,23 +652,36 @@ impl ResilientQp {
             })
     }
 
-    /// The peer's backup rkey of one of its default rkeys: from its rendezvous, else from the
-    /// store (cached).
+    /// The peer's backup rkey of one of its default rkeys. Without a store: from its
+    /// rendezvous. With one: from the cache, confirmed by the store once per failover round
+    /// (`docs/failover.md`, stale rkey mappings): a mapping the peer withdrew (it
+    /// deregistered the MR) is forgotten and the caller fails closed; an unreachable store
+    /// leaves the cached mapping in use.
     pub(super) fn backup_rkey(&mut self, rkey: u32) -> Option<u32> {
         let backup = self.slow.backup.as_mut()?;
-        if let Some(r) = backup.peer_rkeys.get(&rkey) {
-            return Some(*r);
+        let cached = backup.peer_rkeys.get(&rkey).copied();
+        let Some(store) = self.slow.env.ctx.as_ref().and_then(|c| c.store.clone()) else {
+            return cached;
+        };
+        if cached.is_some() && backup.rkeys_confirmed.contains(&rkey) {
+            return cached;
         }
-        let store = self.slow.env.ctx.as_ref()?.store.clone()?;
         match store.lookup_rkey(backup.peer.default_gid, rkey) {
             Ok(Some(found)) => {
                 backup.peer_rkeys.insert(rkey, found);
+                backup.rkeys_confirmed.insert(rkey);
                 Some(found)
             }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(qp = %self.shared.name, error = %e, "failover: rkey lookup failed");
+            Ok(None) => {
+                if cached.is_some() {
+                    tracing::info!(qp = %self.shared.name, rkey, "failover: the peer withdrew this rkey's mapping; forgotten");
+                }
+                backup.peer_rkeys.remove(&rkey);
                 None
+            }
+            Err(e) => {
+                tracing::warn!(qp = %self.shared.name, error = %e, "failover: rkey lookup failed; using the cached mapping if any");
+                cached
             }
         }
     }

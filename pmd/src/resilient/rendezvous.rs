@@ -220,6 +220,9 @@ pub trait Rendezvous: Send + Sync {
     ) -> Result<(), RendezvousError>;
     /// The backup rkey of `default_rkey` of the device with default GID `gid`, if published.
     fn lookup_rkey(&self, gid: Gid, default_rkey: u32) -> Result<Option<u32>, RendezvousError>;
+    /// Withdraws the mapping of `default_rkey` (its MR was deregistered): later lookups find
+    /// nothing, so a peer never maps a retransmission through it.
+    fn withdraw_rkey(&self, gid: Gid, default_rkey: u32) -> Result<(), RendezvousError>;
 }
 
 /// [`Rendezvous`] over Redis (the `redis` crate, synchronous, default features off).
@@ -334,6 +337,12 @@ impl Rendezvous for RedisRendezvous {
         let mut cmd = redis::cmd("HGET");
         cmd.arg(self.rkey_key(gid)).arg(default_rkey);
         self.run::<Option<u32>>(&cmd)
+    }
+
+    fn withdraw_rkey(&self, gid: Gid, default_rkey: u32) -> Result<(), RendezvousError> {
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(self.rkey_key(gid)).arg(default_rkey);
+        self.run::<()>(&cmd)
     }
 }
 

@@ -268,12 +268,18 @@ impl MrShadow {
         Outcome::Done
     }
 
-    /// The application drops its MR: deregister the backup twin first.
+    /// The application drops its MR: deregister the backup twin first, and withdraw its
+    /// mapping from the store, so that no peer maps a retransmission through it.
     pub fn cancel(&self) {
         let mut state = self.lock();
         state.cancelled = true;
         if state.backup.take().is_some() {
             self.pd.keys.remove(self.default_lkey, self.default_rkey);
+            if let Some(store) = &self.pd.ctx.store {
+                if let Err(e) = store.withdraw_rkey(self.default_gid, self.default_rkey) {
+                    tracing::warn!(error = %e, rkey = self.default_rkey, "failover: backup rkey not withdrawn from the store");
+                }
+            }
         }
         self.finish(&mut state);
     }
