@@ -7,6 +7,12 @@
 //! immediates and the slot's bytes, and hands slots back with an 8-byte inline RDMA WRITE of
 //! its checked count into the client's buffer (NCCL's receiver updates the sender's head the
 //! same way), so the client never overwrites a slot the server has not checked.
+//!
+//! `shift_send_bw --check` sends iteration `i`'s pattern as SEND `i`. The server keeps one
+//! receive per slot posted, so SEND `i` must land in receive `i` and slot `i mod slots`; it
+//! checks the receive's number, the length and the bytes before it posts that slot's receive
+//! again, and hands receives back with the same credit word, so the client never sends into
+//! a receive the server has not posted (no RNR).
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +50,11 @@ pub struct Layout {
     pub in_flight: u64,
     /// One signaled iteration every this many.
     pub cq_mod: u64,
+    /// Receives the receiving side keeps posted per QP.
+    pub recv_depth: u32,
+    /// Under `--check` (WRITE, SEND): iterations the client may be ahead of the server's
+    /// checked count (its credit word); 0 when the client does not wait for credits.
+    pub credit_window: u64,
 }
 
 impl Layout {
@@ -71,12 +82,29 @@ impl Layout {
                 .map_or((in_flight / 2).clamp(1, 100), u64::from)
                 .min(in_flight)
         };
+        // A checked SEND stream keeps one receive per slot posted, so a slot is reused only
+        // after the server checked what its previous receive brought.
+        let check_send = o.tool == Tool::SendBw && o.flags.check;
+        let recv_depth = if check_send {
+            RECV_DEPTH.min(slots as u32)
+        } else {
+            RECV_DEPTH
+        };
+        let credit_window = if check_write {
+            slots as u64
+        } else if check_send {
+            u64::from(recv_depth)
+        } else {
+            0
+        };
         Layout {
             size,
             slots,
             wqes_per_iter,
             in_flight,
             cq_mod,
+            recv_depth,
+            credit_window,
         }
     }
 
@@ -174,7 +202,7 @@ impl Receiver {
     /// Fills every QP's receive queue.
     fn fill(&mut self, s: &mut Session) -> Result<(), AppError> {
         for q in 0..self.posted.len() {
-            while self.posted[q] < u64::from(RECV_DEPTH) {
+            while self.posted[q] < u64::from(self.layout.recv_depth) {
                 self.post(s, q)?;
             }
         }
@@ -210,13 +238,13 @@ impl Traffic {
     }
 
     /// Whether iteration `i` may be posted: under `--check`, the server must have checked
-    /// the slot's previous iteration.
+    /// the slot's (or the receive's) previous iteration.
     fn may_post(&self, s: &Session, i: u64) -> bool {
-        if !(self.check && self.tool == Tool::WriteBw) {
+        if self.layout.credit_window == 0 {
             return true;
         }
         let checked = s.mem.read_u64(self.layout.credit_offset());
-        checked + self.layout.slots as u64 > i
+        checked + self.layout.credit_window > i
     }
 
     /// Posts iteration `i` on QP `qp`.
@@ -251,6 +279,17 @@ impl Traffic {
                     imm: i as u32,
                 };
                 s.conns[qp].post_send(&signed(SendWr::new(i, op, &[]), signal))?;
+            }
+            Tool::SendBw if self.check => {
+                self.scratch.resize(size, 0);
+                pattern::fill(&mut self.scratch, i);
+                let wr = if size as u32 <= self.inline {
+                    SendWr::inline(i, SendOp::Send, &self.scratch)
+                } else {
+                    s.mem.write(offset, &self.scratch);
+                    SendWr::new(i, SendOp::Send, &[s.mem.sge(offset, size as u32)])
+                };
+                s.conns[qp].post_send(&signed(wr, signal))?;
             }
             Tool::WriteBw | Tool::SendBw => {
                 let op = if self.tool == Tool::WriteBw {
@@ -686,6 +725,8 @@ struct Checker {
 }
 
 impl Checker {
+    /// A `shift_write_bw --check` notification: the immediate is the next iteration and its
+    /// slot holds that iteration's pattern.
     fn notification(&mut self, s: &mut Session, imm: u32) -> Result<(), AppError> {
         // The immediate carries the iteration's low 32 bits.
         let i = (self.next & !0xffff_ffff) | u64::from(imm);
@@ -699,8 +740,32 @@ impl Checker {
         self.json.errors += pattern::mismatches(&self.scratch, i);
         self.json.bytes_checked += self.layout.size as u64;
         self.next = i + 1;
-        // Hand slots back every half ring (and at once for a short ring).
-        let step = (self.layout.slots as u64 / 2).max(1);
+        self.credit(s)
+    }
+
+    /// A `shift_send_bw --check` receive: SEND `next` must have landed in receive `next`
+    /// (RC consumes receives in order, one per SEND) with the whole message and its bytes.
+    /// A receive out of order, or of another length, is a notification error; wrong bytes
+    /// are counted against the pattern of `next`, so a SEND in the wrong receive shows too.
+    fn received_send(&mut self, s: &mut Session, wc: &WorkCompletion) -> Result<(), AppError> {
+        let i = self.next;
+        if wc.wr_id != i || wc.byte_len as usize != self.layout.size {
+            self.json.notification_errors += 1;
+        }
+        self.json.notifications_checked += 1;
+        let slot = (wc.wr_id % self.layout.slots as u64) as usize;
+        self.scratch.resize(self.layout.size, 0);
+        s.mem.read(slot * self.layout.size, &mut self.scratch);
+        self.json.errors += pattern::mismatches(&self.scratch, i);
+        self.json.bytes_checked += self.layout.size as u64;
+        self.next = i + 1;
+        self.credit(s)
+    }
+
+    /// Hands slots (or receives) back to the client every half window (at once for a short
+    /// one): an inline WRITE of the checked count into the client's credit word.
+    fn credit(&mut self, s: &mut Session) -> Result<(), AppError> {
+        let step = (self.layout.credit_window / 2).max(1);
         if self.next >= self.credit_at + step {
             self.credit_at = self.next;
             let word = self.next.to_ne_bytes();
@@ -743,7 +808,8 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         c.set_waker(idle.unparker());
     }
     let receives = o.tool == Tool::SendBw || (o.tool == Tool::WriteBw && o.flags.check);
-    let mut checker = (o.tool == Tool::WriteBw && o.flags.check).then(|| Checker {
+    let checks_sends = o.tool == Tool::SendBw;
+    let mut checker = (layout.credit_window > 0).then(|| Checker {
         layout,
         next: 0,
         scratch: Vec::new(),
@@ -786,11 +852,18 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
                     WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
                         received += 1;
                         bytes += u64::from(wc.byte_len);
-                        if let (Some(c), Some(imm)) = (checker.as_mut(), wc.imm) {
-                            if let Err(e) = c.notification(s, imm) {
+                        if let Some(c) = checker.as_mut() {
+                            let checked = match wc.imm {
+                                _ if checks_sends => c.received_send(s, wc),
+                                Some(imm) => {
+                                    bytes += layout.size as u64;
+                                    c.notification(s, imm)
+                                }
+                                None => Ok(()),
+                            };
+                            if let Err(e) = checked {
                                 out.error.get_or_insert(e);
                             }
-                            bytes += layout.size as u64;
                         }
                         if let Err(e) = receiver.post(s, q) {
                             out.error.get_or_insert(e);

@@ -202,7 +202,7 @@ pub struct Flags {
     /// Write the latency histogram as an HdrHistogram `.hgrm` percentile file.
     #[arg(long = "hdr-out", value_name = "FILE")]
     pub hdr_out: Option<PathBuf>,
-    /// Verify every byte and notification (write/read tools; always on for allreduce).
+    /// Verify every byte and notification (write/send/read bandwidth tools; always on for allreduce).
     #[arg(long = "check")]
     pub check: bool,
     /// Ranks of the allreduce ring (rank 0, the server, hands out the ring).
@@ -349,9 +349,14 @@ impl Options {
                 flags.qp_timeout
             ));
         }
-        if flags.check && !matches!(tool, Tool::WriteBw | Tool::ReadBw | Tool::Allreduce) {
+        if flags.check
+            && !matches!(
+                tool,
+                Tool::WriteBw | Tool::SendBw | Tool::ReadBw | Tool::Allreduce
+            )
+        {
             return Err(format!(
-                "--check is for shift_write_bw and shift_read_bw, not {}",
+                "--check is for shift_write_bw, shift_send_bw and shift_read_bw, not {}",
                 tool.name()
             ));
         }
@@ -425,7 +430,7 @@ fn check_size(tool: Tool, size: usize, check: bool) -> Result<(), String> {
         _ if tool.is_latency() && size < 2 => Err(format!(
             "-s/--size {size}: latency tools need at least 2 bytes"
         )),
-        Tool::WriteBw | Tool::ReadBw if check && size < 8 => {
+        Tool::WriteBw | Tool::SendBw | Tool::ReadBw if check && size < 8 => {
             Err(format!("-s/--size {size}: --check needs at least 8 bytes"))
         }
         _ if size == 0 || size > MAX => Err(format!("-s/--size {size} is outside 1..={MAX}")),
@@ -448,7 +453,8 @@ mod tests {
     #[test]
     fn flags_that_do_not_go_together_are_refused_by_name() {
         assert!(refused(Tool::Allreduce, &["-a"]).contains("-a/--all"));
-        assert!(refused(Tool::SendBw, &["--check"]).contains("--check"));
+        assert!(refused(Tool::SendLat, &["--check"]).contains("--check"));
+        assert!(refused(Tool::SendBw, &["--check", "-s", "4"]).contains("8 bytes"));
         assert!(refused(Tool::WriteBw, &["--check", "-q", "2"]).contains("-q/--qp 2"));
         assert!(refused(Tool::AtomicBw, &["-b"]).contains("-b/--bidirectional"));
         assert!(refused(Tool::Allreduce, &["--ranks", "3"]).contains("its own -d"));

@@ -162,6 +162,37 @@ fn write_bw_check_fails_over_and_back_with_every_byte_intact() {
 }
 
 #[test]
+fn send_bw_check_fails_over_and_back_with_every_send_in_its_own_receive() {
+    let f = fabric();
+    let (c, s) = run_pair(
+        &f,
+        Tool::SendBw,
+        7,
+        &["-s", "16384", "-D", "4", "--check", "--holddown-ms", "200"],
+        || {
+            std::thread::sleep(Duration::from_millis(700));
+            f.fabric.set_link(0, false);
+            std::thread::sleep(Duration::from_millis(800));
+            f.fabric.set_link(0, true);
+        },
+    );
+    assert!(c.error.is_none(), "client stopped: {:?}", c.error);
+    assert!(s.error.is_none(), "server stopped: {:?}", s.error);
+    let fo = &c.report.failover;
+    assert_eq!(fo.failovers, 1, "{fo:?}");
+    assert_eq!(fo.switch_backs, 1, "{fo:?}");
+    assert!(c.report.timeline.iter().any(|t| t.state == "fallback"));
+    // Every SEND the client completed was received once, in order, with its own bytes.
+    let check = s.report.check.as_ref().unwrap();
+    assert!(check.enabled);
+    assert_eq!(check.errors, 0);
+    assert_eq!(check.notification_errors, 0);
+    assert_eq!(check.notifications_checked, c.report.iterations);
+    assert_eq!(check.bytes_checked, c.report.iterations * 16384);
+    assert!(c.report.iterations > 0);
+}
+
+#[test]
 fn write_bw_without_failover_stops_with_the_error() {
     let f = fabric();
     let (c, s) = run_pair(
