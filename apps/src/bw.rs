@@ -13,6 +13,15 @@
 //! checks the receive's number, the length and the bytes before it posts that slot's receive
 //! again, and hands receives back with the same credit word, so the client never sends into
 //! a receive the server has not posted (no RNR).
+//!
+//! `shift_read_bw --check` reads slots whose contents change under the client: after every
+//! [`CHANGE_EVERY`] READs the client posts a fenced zero-length SEND, change `j`, and the
+//! server answers it by rewriting slot `j mod slots` with that slot's next generation and
+//! writing `j + 1` into the client's credit word. The client expects every READ to bring the
+//! generation of the changes it had sent before the READ, so a READ that executed again after
+//! a later change (issue 14, gap 2) shows as wrong bytes. It reads a slot only once every
+//! change of it is acknowledged, and the fence keeps a change behind every earlier READ, as
+//! plain RC needs as well (a READ whose response is lost is executed again by the responder).
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +45,8 @@ const MAX_BUFFER: usize = 64 << 20;
 const RECV_DEPTH: u32 = 256;
 /// A run that completes nothing for this long has lost its peer.
 const STALL: Duration = Duration::from_secs(20);
+/// `shift_read_bw --check`: READs between two changes of the server's buffer.
+pub const CHANGE_EVERY: u64 = 8;
 
 /// The shape of a bandwidth run, the same on both sides.
 #[derive(Debug, Clone, Copy)]
@@ -120,7 +131,13 @@ impl Layout {
 
     /// The QP's queues.
     pub fn caps(&self, o: &Options) -> QpCaps {
-        let send = (self.in_flight as u32 * self.wqes_per_iter + 16).next_power_of_two();
+        // A checked READ stream adds one change SEND every CHANGE_EVERY iterations.
+        let changes = if o.tool == Tool::ReadBw && o.flags.check {
+            (self.in_flight / CHANGE_EVERY) as u32 + 1
+        } else {
+            0
+        };
+        let send = (self.in_flight as u32 * self.wqes_per_iter + changes + 16).next_power_of_two();
         QpCaps {
             max_send_wr: send,
             max_recv_wr: RECV_DEPTH,
@@ -227,6 +244,23 @@ struct Traffic {
     check_json: CheckJson,
     /// `-b` with SENDs: this side receives the peer's too.
     receiver: Option<Receiver>,
+    /// `shift_read_bw --check`: the changes of the server's buffer sent so far.
+    changes: Changes,
+}
+
+/// The client's account of the changes a `shift_read_bw --check` server makes to its slots.
+#[derive(Debug, Default)]
+struct Changes {
+    /// Change SENDs posted.
+    sent: u64,
+    /// Per remote slot: changes sent (its generation once acknowledged), and the last
+    /// change's number.
+    generation: Vec<u64>,
+    last: Vec<Option<u64>>,
+    /// Per local slot: the pattern the READ in flight into it must bring.
+    expect: Vec<u64>,
+    /// Change SENDs that may await the server's acknowledgement at once.
+    window: u64,
 }
 
 impl Traffic {
@@ -240,6 +274,14 @@ impl Traffic {
     /// Whether iteration `i` may be posted: under `--check`, the server must have checked
     /// the slot's (or the receive's) previous iteration.
     fn may_post(&self, s: &Session, i: u64) -> bool {
+        if self.tool == Tool::ReadBw && self.check {
+            let acked = s.mem.read_u64(self.layout.credit_offset());
+            let slot = (i % self.remote_slots as u64) as usize;
+            let slot_settled = self.changes.last[slot].is_none_or(|j| acked > j);
+            let changes_after = (i + 1) % CHANGE_EVERY == 0;
+            return slot_settled
+                && (!changes_after || self.changes.sent - acked < self.changes.window);
+        }
         if self.layout.credit_window == 0 {
             return true;
         }
@@ -308,14 +350,28 @@ impl Traffic {
                 s.conns[qp].post_send(&signed(wr, signal))?;
             }
             Tool::ReadBw => {
-                if self.check {
-                    s.mem.write(offset, &vec![0u8; size]);
-                }
                 let op = SendOp::Read {
                     remote: self.remote(remote_slot),
                 };
+                if self.check {
+                    s.mem.write(offset, &vec![0u8; size]);
+                    let r = remote_slot / self.layout.size;
+                    let c = &mut self.changes;
+                    c.expect[slot] = c.generation[r] * self.remote_slots as u64 + r as u64;
+                }
                 let wr = SendWr::new(i, op, &[s.mem.sge(offset, size as u32)]);
                 s.conns[qp].post_send(&signed(wr, signal))?;
+                if self.check && (i + 1) % CHANGE_EVERY == 0 {
+                    // Fenced: the server changes the slot only after every earlier READ
+                    // completed, so none of them can read the new generation.
+                    let c = &mut self.changes;
+                    let r = (c.sent % self.remote_slots as u64) as usize;
+                    let change = SendWr::new(i, SendOp::Send, &[]).fenced();
+                    s.conns[qp].post_send(&change)?;
+                    c.generation[r] += 1;
+                    c.last[r] = Some(c.sent);
+                    c.sent += 1;
+                }
             }
             Tool::AtomicBw => {
                 let op = SendOp::FetchAdd {
@@ -339,8 +395,7 @@ impl Traffic {
                 for i in from..to {
                     let slot = (i % self.layout.slots as u64) as usize;
                     s.mem.read(slot * self.layout.size, &mut self.scratch);
-                    let remote_slot = i % self.remote_slots as u64;
-                    let bad = pattern::mismatches(&self.scratch, remote_slot);
+                    let bad = pattern::mismatches(&self.scratch, self.changes.expect[slot]);
                     self.check_json.bytes_checked += size as u64;
                     self.check_json.errors += bad;
                     if bad > 0 {
@@ -378,11 +433,12 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
     for c in &s.conns {
         c.set_waker(idle.unparker());
     }
+    let remote_slots = ((s.peer.len as usize).saturating_sub(CONTROL) / layout.size).max(1);
     let mut t = Traffic {
         tool: o.tool,
         check: o.flags.check,
         layout,
-        remote_slots: ((s.peer.len as usize).saturating_sub(CONTROL) / layout.size).max(1),
+        remote_slots,
         remote_addr: s.peer.addr,
         remote_rkey: s.peer.rkey,
         inline: o.inline_size,
@@ -397,6 +453,15 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         },
         receiver: (o.flags.bidirectional && o.tool == Tool::SendBw)
             .then(|| Receiver::new(layout, true, s.conns.len())),
+        changes: Changes {
+            generation: vec![0; remote_slots],
+            last: vec![None; remote_slots],
+            expect: vec![0; layout.slots],
+            // Bounded by the server's receives and by its send queue (one acknowledgement
+            // WRITE per change), which holds at least the iterations in flight.
+            window: (layout.in_flight / CHANGE_EVERY).clamp(1, u64::from(layout.recv_depth / 2)),
+            ..Changes::default()
+        },
     };
     if let Some(r) = t.receiver.as_mut() {
         if let Err(e) = r.fill(s) {
@@ -417,6 +482,11 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         if let Some(e) = err {
             out.error = Some(e);
             break;
+        }
+    }
+    if o.tool == Tool::ReadBw && o.flags.check && out.error.is_none() {
+        if let Err(e) = settle_changes(s, &t, &mut idle) {
+            out.error = Some(e);
         }
     }
     if o.flags.bidirectional {
@@ -697,6 +767,28 @@ fn serve_until_peer_done(
     }
 }
 
+/// `shift_read_bw --check`: waits until the server acknowledged every change SEND (they are
+/// unsignaled), so none is still in flight when the client says it is done.
+fn settle_changes(s: &mut Session, t: &Traffic, idle: &mut Idle) -> Result<(), AppError> {
+    let mut wcs = [WorkCompletion::EMPTY; 32];
+    let since = Instant::now();
+    while s.mem.read_u64(t.layout.credit_offset()) < t.changes.sent {
+        let n = s.conns[0].poll(&mut wcs);
+        if let Some(wc) = wcs[..n].iter().find(|wc| !wc.is_ok()) {
+            return Err(completion_error(&s.conns[0], wc, "a change SEND"));
+        }
+        if since.elapsed() > STALL {
+            return Err(AppError::Stalled(STALL));
+        }
+        if n == 0 {
+            idle.idle();
+        } else {
+            idle.busy();
+        }
+    }
+    Ok(())
+}
+
 /// The client's end of the run: tell the server, hear what it saw (the atomic counter).
 pub fn finish_client(s: &mut Session, iterations: u64, atomic: Option<&mut AtomicJson>) {
     if s.chan.send(&Msg::Done { iterations }).is_err() {
@@ -782,6 +874,45 @@ impl Checker {
     }
 }
 
+/// What a `shift_read_bw --check` server does with the client's change SENDs.
+struct Changer {
+    layout: Layout,
+    /// Changes made so far.
+    next: u64,
+    /// Per slot: its generation.
+    generation: Vec<u64>,
+    scratch: Vec<u8>,
+    ack_addr: u64,
+    ack_rkey: u32,
+}
+
+impl Changer {
+    /// Change `next`: slot `next mod slots` gets its next generation's pattern, then the
+    /// client learns (its credit word) that the change is made.
+    fn change(&mut self, s: &mut Session) -> Result<(), AppError> {
+        let slots = self.layout.slots;
+        let slot = (self.next % slots as u64) as usize;
+        self.generation[slot] += 1;
+        self.scratch.resize(self.layout.size, 0);
+        pattern::fill(
+            &mut self.scratch,
+            self.generation[slot] * slots as u64 + slot as u64,
+        );
+        s.mem.write(slot * self.layout.size, &self.scratch);
+        self.next += 1;
+        let word = self.next.to_ne_bytes();
+        let op = SendOp::Write {
+            remote: pmd::Remote {
+                addr: self.ack_addr,
+                rkey: self.ack_rkey,
+            },
+        };
+        s.conns[0].post_send(&SendWr::inline(u64::MAX, op, &word).signaled())?;
+        s.conns[0].ring();
+        Ok(())
+    }
+}
+
 /// Fills the buffer before the peer can reach it: a `shift_read_bw --check` server's slots
 /// hold the patterns the client's READs verify. (Filled after the exchange, a fast client
 /// read slots the server had not written yet.)
@@ -807,8 +938,19 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
     for c in &s.conns {
         c.set_waker(idle.unparker());
     }
-    let receives = o.tool == Tool::SendBw || (o.tool == Tool::WriteBw && o.flags.check);
+    let changes_slots = o.tool == Tool::ReadBw && o.flags.check;
+    let receives =
+        o.tool == Tool::SendBw || (o.tool == Tool::WriteBw && o.flags.check) || changes_slots;
     let checks_sends = o.tool == Tool::SendBw;
+    let mut changer = changes_slots.then(|| Changer {
+        layout,
+        next: 0,
+        generation: vec![0; layout.slots],
+        scratch: Vec::new(),
+        // Checked above: CONTROL <= len and addr + len does not wrap.
+        ack_addr: s.peer.addr + (s.peer.len - CONTROL as u64),
+        ack_rkey: s.peer.rkey,
+    });
     let mut checker = (layout.credit_window > 0).then(|| Checker {
         layout,
         next: 0,
@@ -862,6 +1004,11 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
                                 None => Ok(()),
                             };
                             if let Err(e) = checked {
+                                out.error.get_or_insert(e);
+                            }
+                        }
+                        if let Some(c) = changer.as_mut() {
+                            if let Err(e) = c.change(s) {
                                 out.error.get_or_insert(e);
                             }
                         }

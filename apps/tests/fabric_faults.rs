@@ -193,6 +193,34 @@ fn send_bw_check_fails_over_and_back_with_every_send_in_its_own_receive() {
 }
 
 #[test]
+fn read_bw_check_with_a_changing_server_buffer_reads_no_stale_or_newer_data_through_failover() {
+    let f = fabric();
+    let (c, s) = run_pair(
+        &f,
+        Tool::ReadBw,
+        8,
+        &["-s", "16384", "-D", "4", "--check", "--holddown-ms", "200"],
+        || {
+            std::thread::sleep(Duration::from_millis(700));
+            f.fabric.set_link(0, false);
+            std::thread::sleep(Duration::from_millis(800));
+            f.fabric.set_link(0, true);
+        },
+    );
+    assert!(c.error.is_none(), "client stopped: {:?}", c.error);
+    assert!(s.error.is_none(), "server stopped: {:?}", s.error);
+    let fo = &c.report.failover;
+    assert_eq!(fo.failovers, 1, "{fo:?}");
+    assert_eq!(fo.switch_backs, 1, "{fo:?}");
+    let check = c.report.check.as_ref().unwrap();
+    assert_eq!(check.errors, 0);
+    assert_eq!(check.bytes_checked, c.report.iterations * 16384);
+    // The server changed a slot after every 8 READs.
+    assert_eq!(s.report.iterations, c.report.iterations / 8);
+    assert!(c.report.iterations > 0);
+}
+
+#[test]
 fn write_bw_without_failover_stops_with_the_error() {
     let f = fabric();
     let (c, s) = run_pair(
