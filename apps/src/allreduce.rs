@@ -440,7 +440,7 @@ impl Rank {
 
     /// Runs iterations until rank 0's last one; returns how many completed.
     fn run(&mut self, o: &Options, timeline: &mut Timeline) -> (u64, Option<Stop>) {
-        let mut idle = Idle::new(o.flags.poll);
+        let mut idle = Idle::new(o.flags.poll, &self.host);
         self.send.set_waker(idle.unparker());
         self.recv.set_waker(idle.unparker());
         let mut wcs = [WorkCompletion::EMPTY; 32];

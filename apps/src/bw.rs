@@ -429,7 +429,7 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         out.error = Some(e.into());
         return out;
     }
-    let mut idle = Idle::new(o.flags.poll);
+    let mut idle = Idle::new(o.flags.poll, &s.host);
     for c in &s.conns {
         c.set_waker(idle.unparker());
     }
@@ -934,7 +934,7 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         out.error = Some(e.into());
         return out;
     }
-    let mut idle = Idle::new(o.flags.poll);
+    let mut idle = Idle::new(o.flags.poll, &s.host);
     for c in &s.conns {
         c.set_waker(idle.unparker());
     }

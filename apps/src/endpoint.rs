@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use pmd::provider::ProgressModel;
 use pmd::resilient::{
-    FailoverEvent, FailoverService, FailoverStats, ResilientBuffer, ResilientConfig,
+    Clock, FailoverEvent, FailoverService, FailoverStats, ResilientBuffer, ResilientConfig,
     ResilientContext, ResilientPd, ResilientQp, ServiceConfig,
 };
 use pmd::{
@@ -32,6 +32,9 @@ pub struct DeviceOptions {
     pub gid_index: u16,
     /// Hold-down before switching back (`--holddown-ms`); `None`: the pmd's default.
     pub holddown: Option<std::time::Duration>,
+    /// The polling lcore runs the failover service itself (no service thread); with
+    /// [`ProgressModel::Manual`] it also drives the devices.
+    pub run_to_completion: bool,
 }
 
 enum HostKind {
@@ -43,7 +46,7 @@ enum HostKind {
     Resilient {
         pd: ResilientPd,
         ctx: ResilientContext,
-        _service: FailoverService,
+        service: Arc<FailoverService>,
     },
 }
 
@@ -79,19 +82,20 @@ impl Host {
         let kind = match (&o.backup, o.failover) {
             (Some(backup), true) => {
                 let backup_ctx = open(backup)?;
-                let service = FailoverService::start(ServiceConfig::default())
-                    .map_err(|e| AppError::Verbs(format!("failover service: {e}")))?;
+                let service = if o.run_to_completion {
+                    FailoverService::manual(Clock::real())
+                } else {
+                    FailoverService::start(ServiceConfig::default())
+                }
+                .map(Arc::new)
+                .map_err(|e| AppError::Verbs(format!("failover service: {e}")))?;
                 let mut config = ResilientConfig::default();
                 if let Some(holddown) = o.holddown {
                     config.holddown = holddown;
                 }
                 let ctx = ResilientContext::new(default, Some(backup_ctx), &service, config, None);
                 let pd = ctx.alloc_pd().map_err(verbs)?;
-                HostKind::Resilient {
-                    pd,
-                    ctx,
-                    _service: service,
-                }
+                HostKind::Resilient { pd, ctx, service }
             }
             _ => {
                 let pd = default.alloc_pd().map_err(verbs)?;
@@ -113,6 +117,14 @@ impl Host {
     /// The default port's active MTU.
     pub fn active_mtu(&self) -> Mtu {
         self.active_mtu
+    }
+
+    /// The failover service when the polling lcore runs it (run-to-completion).
+    pub fn manual_service(&self) -> Option<Arc<FailoverService>> {
+        match &self.kind {
+            HostKind::Resilient { service, .. } if service.is_manual() => Some(service.clone()),
+            _ => None,
+        }
     }
 
     /// Whether QPs made here fail over.

@@ -208,7 +208,7 @@ fn wait_answer(
 /// server each new size and waits for its `ready` first.
 pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutcome {
     let max = *o.sizes.iter().max().expect("a size");
-    let mut idle = Idle::new(o.flags.poll);
+    let mut idle = Idle::new(o.flags.poll, &s.host);
     s.conns[0].set_waker(idle.unparker());
     let mut wcs = [WorkCompletion::EMPTY; 16];
     let mut payload = vec![0u8; max];
@@ -307,7 +307,7 @@ pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutco
 pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<AppError> {
     let max = *o.sizes.iter().max().expect("a size");
     let mut size = o.sizes[0];
-    let mut idle = Idle::new(o.flags.poll);
+    let mut idle = Idle::new(o.flags.poll, &s.host);
     s.conns[0].set_waker(idle.unparker());
     let mut wcs = [WorkCompletion::EMPTY; 16];
     let mut payload = vec![0u8; max];

@@ -23,6 +23,7 @@ pub fn base_report(o: &Options) -> Report {
         device: o.device.clone(),
         backup_device: o.flags.backup_dev.clone(),
         failover_enabled: o.failover_enabled(),
+        progress: crate::session::progress_name(o).to_owned(),
         op: o.tool.op().to_owned(),
         qps: o.flags.qps,
         bidirectional: o.flags.bidirectional,

@@ -360,6 +360,11 @@ pub struct Report {
     pub backup_device: Option<String>,
     /// Whether a resilient QP with failover ran.
     pub failover_enabled: bool,
+    /// Who drives the devices and the failover work: `engines` (softnic engine threads and
+    /// a failover service thread), `manual` (the polling thread drives the device; no
+    /// failover), `run-to-completion` (the polling thread drives both devices and runs the
+    /// failover service: a resilient run with `--poll busy`).
+    pub progress: String,
     /// write | send | read | atomic | allreduce
     pub op: String,
     /// Message size of the last run.

@@ -2,10 +2,12 @@
 //! register the buffer, create the QP, exchange attributes over TCP, bring the QP up, and
 //! the idle policy of the polling loop. Also the header block perftest prints.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pmd::lcore::{IdlePolicy, Poller};
 use pmd::provider::ProgressModel;
+use pmd::resilient::FailoverService;
 use pmd::{Mtu, QpCaps};
 
 use crate::cli::{Options, PollMode, Tool};
@@ -17,25 +19,39 @@ use crate::report::{unix_ms_now, RULE};
 /// How long the peer may take to answer during setup.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How the polling loop waits when a round found nothing.
+/// How often (in polling rounds) a run-to-completion loop runs the failover service's round:
+/// link watch, control QPs, timers. A round with nothing to do costs a lock and a look at
+/// each descriptor; every 64 polling rounds keeps it far below the polls themselves while a
+/// link event waits at most 64 rounds (tens of microseconds) for it.
+const SERVICE_EVERY: u32 = 64;
+
+/// How the polling loop waits when a round found nothing, and (run-to-completion) who does
+/// the failover service's work.
 #[derive(Debug)]
 pub struct Idle {
     mode: PollMode,
     poller: Poller,
+    /// The failover service this lcore runs itself (run-to-completion), if any.
+    service: Option<Arc<FailoverService>>,
+    rounds: u32,
 }
 
 impl Idle {
-    /// The policy for `mode`.
-    pub fn new(mode: PollMode) -> Idle {
+    /// The policy for `mode`; with run-to-completion (`host` has a service without a thread
+    /// of its own) this loop also runs the service's rounds.
+    pub fn new(mode: PollMode, host: &Host) -> Idle {
         Idle {
             mode,
             poller: Poller::new(IdlePolicy::default()),
+            service: host.manual_service(),
+            rounds: 0,
         }
     }
 
     /// The last round did work.
     #[inline]
     pub fn busy(&mut self) {
+        self.run_service();
         if self.mode == PollMode::Adaptive {
             self.poller.busy();
         }
@@ -44,9 +60,20 @@ impl Idle {
     /// The last round found nothing.
     #[inline]
     pub fn idle(&mut self) {
+        self.run_service();
         match self.mode {
             PollMode::Busy => std::hint::spin_loop(),
             PollMode::Adaptive => self.poller.idle(),
+        }
+    }
+
+    #[inline]
+    fn run_service(&mut self) {
+        if let Some(service) = &self.service {
+            self.rounds = self.rounds.wrapping_add(1);
+            if self.rounds % SERVICE_EVERY == 0 {
+                service.run_once();
+            }
         }
     }
 
@@ -71,14 +98,18 @@ pub fn pin(core: usize) -> Result<(), AppError> {
     Ok(())
 }
 
-/// The device options the flags ask for; latency tools without a backup device drive the
-/// softnic from their polling loop (manual progress), everything else runs softnic engines,
-/// and so does the server of `shift_read_lat`, whose CPU takes no part in a READ (its engine
-/// answers at once and sleeps in between).
+/// The device options the flags ask for. Latency tools without a backup device drive the
+/// softnic from their polling loop (manual progress); so does every resilient run with
+/// `--poll busy` (run-to-completion: the polling lcore drives both devices, every QP's
+/// failover and the failover service's link watch, control QPs and timers; docs/apps.md).
+/// Everything else runs softnic engines, and so does the server of `shift_read_lat`, whose
+/// CPU takes no part in a READ (its engine answers at once and sleeps in between).
 pub fn device_options(o: &Options) -> DeviceOptions {
     let passive = o.tool == Tool::ReadLat && o.is_server();
-    let manual = o.tool.is_latency() && !o.failover_enabled() && !passive;
+    let run_to_completion = o.failover_enabled() && o.flags.poll == PollMode::Busy;
+    let manual = (o.tool.is_latency() && !o.failover_enabled() && !passive) || run_to_completion;
     DeviceOptions {
+        run_to_completion,
         device: o.device.clone(),
         backup: o.flags.backup_dev.clone(),
         failover: o.failover_enabled(),
@@ -89,6 +120,16 @@ pub fn device_options(o: &Options) -> DeviceOptions {
         },
         gid_index: o.flags.gid_index,
         holddown: o.flags.holddown_ms.map(std::time::Duration::from_millis),
+    }
+}
+
+/// The report's name for how [`device_options`] has the devices and the failover work driven.
+pub fn progress_name(o: &Options) -> &'static str {
+    let d = device_options(o);
+    match (d.run_to_completion, d.progress) {
+        (true, _) => "run-to-completion",
+        (false, ProgressModel::Manual) => "manual",
+        (false, _) => "engines",
     }
 }
 

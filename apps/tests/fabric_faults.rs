@@ -142,6 +142,7 @@ fn write_bw_check_fails_over_and_back_with_every_byte_intact() {
     );
     assert!(c.error.is_none(), "client stopped: {:?}", c.error);
     assert!(s.error.is_none(), "server stopped: {:?}", s.error);
+    assert_eq!(c.report.progress, "engines");
     let fo = &c.report.failover;
     assert_eq!(fo.failovers, 1, "{fo:?}");
     assert_eq!(fo.switch_backs, 1, "{fo:?}");
@@ -189,6 +190,50 @@ fn send_bw_check_fails_over_and_back_with_every_send_in_its_own_receive() {
     assert_eq!(check.notification_errors, 0);
     assert_eq!(check.notifications_checked, c.report.iterations);
     assert_eq!(check.bytes_checked, c.report.iterations * 16384);
+    assert!(c.report.iterations > 0);
+}
+
+/// Run-to-completion (`--poll busy` with a backup device): each side's one polling thread
+/// drives both of its devices, its QP's failover and the failover service's link watch,
+/// control QP and timers; no engine or service thread. The same failover and switch-back,
+/// every byte checked.
+#[test]
+fn write_bw_run_to_completion_fails_over_and_back_with_every_byte_intact() {
+    let f = fabric();
+    let (c, s) = run_pair(
+        &f,
+        Tool::WriteBw,
+        8,
+        &[
+            "-s",
+            "16384",
+            "-D",
+            "4",
+            "--check",
+            "--holddown-ms",
+            "200",
+            "--poll",
+            "busy",
+        ],
+        || {
+            std::thread::sleep(Duration::from_millis(700));
+            f.fabric.set_link(0, false);
+            std::thread::sleep(Duration::from_millis(800));
+            f.fabric.set_link(0, true);
+        },
+    );
+    assert!(c.error.is_none(), "client stopped: {:?}", c.error);
+    assert!(s.error.is_none(), "server stopped: {:?}", s.error);
+    assert_eq!(c.report.progress, "run-to-completion");
+    assert_eq!(s.report.progress, "run-to-completion");
+    let fo = &c.report.failover;
+    assert_eq!(fo.failovers, 1, "{fo:?}");
+    assert_eq!(fo.switch_backs, 1, "{fo:?}");
+    assert!(fo.events[0].fallback_latency_us.is_some());
+    let check = s.report.check.as_ref().unwrap();
+    assert_eq!(check.errors, 0);
+    assert_eq!(check.notification_errors, 0);
+    assert_eq!(check.notifications_checked, c.report.iterations);
     assert!(c.report.iterations > 0);
 }
 

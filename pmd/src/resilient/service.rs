@@ -171,6 +171,12 @@ impl FailoverService {
         })
     }
 
+    /// Whether the service has no thread of its own: whoever made it runs
+    /// [`FailoverService::run_once`] (a simulation, or a run-to-completion lcore).
+    pub fn is_manual(&self) -> bool {
+        !self.handle.inner.threaded
+    }
+
     /// Sets the order shadow verbs run in.
     pub fn set_shadow_order(&self, order: ShadowOrder) {
         self.handle.lock().order = order;
