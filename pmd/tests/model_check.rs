@@ -562,6 +562,8 @@ impl World {
             progress: h.progress,
             first_error: h.first_default_error,
             atomic_in_flight: atomic_in_flight && model.policy != Policy::RetransmitEverything,
+            // The model has no READs yet.
+            sends_before_first_read: None,
         };
         if atomic_in_flight && model.policy != Policy::RetransmitEverything {
             self.seen |= SEEN_ATOMIC_REFUSED;

@@ -831,3 +831,79 @@ fn a_fence_retired_in_one_batch_with_a_later_signaled_wqe_is_swallowed_and_clear
         sim.a.qp.events()
     );
 }
+
+/// Issue 14, gap 2: a READ whose response was lost, followed by a WRITE to the same bytes and
+/// a SEND that the peer executed, must not be executed again on the backup: it would read
+/// what the later WRITE wrote and report it as a `Success`. The connection fails instead, the
+/// READ's completion first, as when an atomic is in flight.
+#[test]
+fn a_read_overtaken_by_a_later_executed_write_is_never_returned_as_success() {
+    let mut sim = Sim::new(31, config());
+    sim.b.buf.write(0, &[0xaa; 64]);
+    sim.a.buf.write(1024, &[0xbb; 64]);
+    let recv = RecvWr::new(9, &[sim.b.buf.sge(512, 64)]);
+    sim.b.qp.post_recv(&recv).unwrap();
+    // From now on nothing B's default NIC sends reaches A: READ responses and ACKs are lost.
+    sim.fabric.add_rule(softnic::FaultRule {
+        fault: softnic::Fault::Partition,
+        from: Some(B_DEFAULT),
+        to: Some(A_DEFAULT),
+        start: sim.now(),
+        end: None,
+    });
+    let remote = sim.b.buf.remote(0);
+    let read = SendWr::new(1, SendOp::Read { remote }, &[sim.a.buf.sge(0, 64)]).signaled();
+    let write = SendWr::new(2, SendOp::Write { remote }, &[sim.a.buf.sge(1024, 64)]);
+    let send = SendWr::new(3, SendOp::Send, &[sim.a.buf.sge(2048, 8)]).signaled();
+    for wr in [&read, &write, &send] {
+        sim.a.qp.post_send(wr).unwrap();
+    }
+    sim.a.qp.ring_doorbell();
+    // B executes all three: the READ (its response is lost), the WRITE, the SEND.
+    assert!(
+        sim.run_until(Duration::from_millis(20), |s| {
+            s.poll(false);
+            s.b.wcs.iter().any(|w| w.wr_id == 9)
+        }),
+        "B never received the SEND"
+    );
+    let mut x = [0u8; 64];
+    sim.b.buf.read(0, &mut x);
+    assert_eq!(x, [0xbb; 64], "the WRITE executed at B");
+    sim.link_down(A_DEFAULT, None);
+    let mut wcs = Vec::new();
+    sim.run_until(Duration::from_secs(2), |s| {
+        s.poll(true);
+        wcs.append(&mut s.a.wcs);
+        s.a.qp.state() == ResilientState::Failed && wcs.len() >= 3
+    });
+    let read_wc = wcs
+        .iter()
+        .find(|w| w.wr_id == 1)
+        .unwrap_or_else(|| panic!("no completion for the READ: {wcs:?}"));
+    let mut got = [0u8; 64];
+    sim.a.buf.read(0, &mut got);
+    assert!(
+        read_wc.status != WcStatus::Success,
+        "the READ completed with Success after the later WRITE executed (it read {:#x}s): {wcs:?}",
+        got[0]
+    );
+    // As a plain RC QP in ERR: every WR completes, the READ first, with the error.
+    let statuses: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            (1, WcStatus::RetryExcErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    let event = sim.a.qp.events().last().unwrap().clone();
+    assert_eq!(
+        (event.kind, event.cause),
+        (EventKind::Refused, Cause::ReadOvertaken)
+    );
+    assert_eq!(event.cause.as_str(), "read-overtaken");
+    sim.run_for(Duration::from_millis(50));
+    assert_eq!(sim.b.qp.state(), ResilientState::Failed, "B was told");
+}

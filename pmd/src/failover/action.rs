@@ -118,6 +118,10 @@ pub enum FailReason {
     /// An atomic was in flight when the path failed: it may have executed, so it cannot be
     /// retransmitted, and it cannot be skipped.
     AtomicInFlight,
+    /// A READ was in flight when the path failed and the peer executed a send posted after
+    /// it: executed again on the backup, the READ could return data changed since, so it is
+    /// neither retransmitted nor reported as a success.
+    ReadOvertaken,
     /// Work depended on the backup path and the backup path failed (link down, QP error,
     /// control send failed): no path is left that the protocol can use.
     BackupUnavailable,
@@ -147,6 +151,7 @@ impl FailReason {
             FailReason::PeerAborted => (4, WcStatus::Success),
             FailReason::HandshakeTimeout => (5, WcStatus::Success),
             FailReason::ProtocolViolation => (6, WcStatus::Success),
+            FailReason::ReadOvertaken => (7, WcStatus::Success),
         }
     }
 
@@ -159,6 +164,7 @@ impl FailReason {
             4 => FailReason::PeerAborted,
             5 => FailReason::HandshakeTimeout,
             6 => FailReason::ProtocolViolation,
+            7 => FailReason::ReadOvertaken,
             _ => return None,
         })
     }
@@ -179,6 +185,9 @@ impl core::fmt::Display for FailReason {
                 f.write_str("the peer did not answer the failover handshake")
             }
             FailReason::ProtocolViolation => f.write_str("the peer broke the failover protocol"),
+            FailReason::ReadOvertaken => f.write_str(
+                "a READ was in flight and the peer executed a later send; it cannot be executed again",
+            ),
         }
     }
 }

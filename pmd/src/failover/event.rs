@@ -65,6 +65,11 @@ pub enum Event {
         /// An atomic WR was rung on the default QP and has not completed: it may or may not
         /// have executed, so it cannot be retransmitted.
         atomic_in_flight: bool,
+        /// The two-sided sends posted before the oldest READ that was rung on the default QP
+        /// and has not completed, if there is one. A READ may be executed again only if the
+        /// peer consumed no send posted after it: executed again, it would read what later
+        /// requests (and the peer, after that send) changed.
+        sends_before_first_read: Option<u64>,
     },
     /// A control message arrived from the peer.
     Control(ControlMessage),

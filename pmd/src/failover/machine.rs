@@ -93,7 +93,10 @@ enum RoundStep {
     /// Waiting for the driver to drain the default QP.
     Draining,
     /// Our `Failover` message is sent; waiting for the peer's.
-    AwaitingPeer { drained: Progress },
+    AwaitingPeer {
+        drained: Progress,
+        sends_before_first_read: Option<u64>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -262,7 +265,14 @@ impl Failover {
                 progress,
                 first_error,
                 atomic_in_flight,
-            } => self.default_drained(progress, first_error, atomic_in_flight, out),
+                sends_before_first_read,
+            } => self.default_drained(
+                progress,
+                first_error,
+                atomic_in_flight,
+                sends_before_first_read,
+                out,
+            ),
             // The backup path failed.
             Event::ErrorCompletion {
                 path: Path::Backup,
@@ -466,7 +476,10 @@ impl Failover {
                             ..round
                         })
                     }
-                    RoundStep::AwaitingPeer { drained } => self.finish_round(peer, drained, out),
+                    RoundStep::AwaitingPeer {
+                        drained,
+                        sends_before_first_read,
+                    } => self.finish_round(peer, drained, sends_before_first_read, out),
                 }
             }
             SendState::FailingOver(_) => {
@@ -525,6 +538,7 @@ impl Failover {
         progress: Progress,
         first_error: Option<WcStatus>,
         atomic: bool,
+        sends_before_first_read: Option<u64>,
         out: &mut Actions,
     ) {
         let SendState::FailingOver(round) = self.send else {
@@ -552,19 +566,33 @@ impl Failover {
         self.stale_backup_recvs = 0;
         self.last_round = Some(round.epoch);
         match round.peer {
-            Some(peer) => self.finish_round(peer, progress, out),
+            Some(peer) => self.finish_round(peer, progress, sends_before_first_read, out),
             None => {
                 self.send = SendState::FailingOver(Round {
-                    step: RoundStep::AwaitingPeer { drained: progress },
+                    step: RoundStep::AwaitingPeer {
+                        drained: progress,
+                        sends_before_first_read,
+                    },
                     ..round
                 })
             }
         }
     }
 
-    fn finish_round(&mut self, peer: PeerFailover, drained: Progress, out: &mut Actions) {
+    fn finish_round(
+        &mut self,
+        peer: PeerFailover,
+        drained: Progress,
+        sends_before_first_read: Option<u64>,
+        out: &mut Actions,
+    ) {
         if peer.recvs_completed > drained.sends_posted {
             return self.protocol_violation("peer consumed more sends than were posted", out);
+        }
+        // The peer executed a send posted after a READ whose response never came: executed
+        // again now, the READ would read what that send (and anything before it) changed.
+        if sends_before_first_read.is_some_and(|before| peer.recvs_completed > before) {
+            return self.fail(FailReason::ReadOvertaken, out);
         }
         tracing::info!(
             epoch = %self.epoch,

@@ -452,6 +452,9 @@ mod tests {
             ControlMessage::Abort {
                 reason: FailReason::ProtocolViolation,
             },
+            ControlMessage::Abort {
+                reason: FailReason::ReadOvertaken,
+            },
         ] {
             assert_eq!(round_trip(message), message);
         }

@@ -35,6 +35,7 @@ fn drained(progress: Progress) -> Event {
         progress,
         first_error: None,
         atomic_in_flight: false,
+        sends_before_first_read: None,
     }
 }
 
@@ -355,6 +356,7 @@ fn an_atomic_in_flight_surfaces_the_error_instead_of_failing_over() {
         progress: progress(0, 0, 0),
         first_error: None,
         atomic_in_flight: true,
+        sends_before_first_read: None,
     };
     let actions = step(&mut machine, event, at(10));
     assert_eq!(
@@ -371,6 +373,51 @@ fn an_atomic_in_flight_surfaces_the_error_instead_of_failing_over() {
         Action::CopySendsToBackup { .. } | Action::CopyRecvsToBackup
     )));
     assert_eq!(machine.send_route(), Route::Closed);
+}
+
+/// Issue 14, gap 2: a READ rung before the peer's last consumed send would read what that
+/// send (and what came before it) changed if executed again; the round refuses.
+#[test]
+fn a_read_overtaken_by_a_consumed_send_fails_the_connection_instead_of_going_again() {
+    for (consumed, fails) in [(2, false), (3, true)] {
+        let mut machine = end(Role::Leader);
+        step(&mut machine, retry_exhausted(), at(10));
+        let event = Event::DefaultDrained {
+            progress: progress(4, 0, 0),
+            first_error: None,
+            atomic_in_flight: false,
+            sends_before_first_read: Some(2),
+        };
+        step(&mut machine, event, at(10));
+        let peer = Event::Control(ControlMessage::Failover {
+            epoch: machine.epoch(),
+            recvs_completed: consumed,
+            stale_recvs: 0,
+        });
+        let actions = step(&mut machine, peer, at(11));
+        if fails {
+            assert_eq!(
+                surfaced(&actions),
+                Some((WcStatus::RetryExcErr, FailReason::ReadOvertaken))
+            );
+            assert!(
+                actions.contains(&Action::SendControl(ControlMessage::Abort {
+                    reason: FailReason::ReadOvertaken
+                }))
+            );
+            assert!(!actions
+                .iter()
+                .any(|a| matches!(a, Action::CopySendsToBackup { .. })));
+        } else {
+            assert!(
+                actions.contains(&Action::CopySendsToBackup {
+                    burn: 0,
+                    skip_through: 2
+                }),
+                "{actions:?}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -414,6 +461,7 @@ fn a_refusal_found_while_draining_is_surfaced_not_failed_over() {
         progress: progress(0, 0, 0),
         first_error: Some(WcStatus::RemAccessErr),
         atomic_in_flight: false,
+        sends_before_first_read: None,
     };
     let actions = step(&mut machine, event, at(10));
     assert_eq!(

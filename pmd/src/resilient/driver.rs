@@ -23,6 +23,7 @@ use crate::failover::{
 use crate::qp_state::QpState;
 
 use super::mailbox::{BackupParts, Mail};
+use super::plan::sends_before_first_read;
 use super::qp::{internal_wr_id, is_recv, two_sided_opcode, Backup, ResilientQp};
 use super::stats::Cause;
 
@@ -449,17 +450,26 @@ impl ResilientQp {
         let recv_start = e.recv_start.unwrap_or(rq_done);
         book.moving = Some((send_start, recv_start));
         let probe = book.probe;
-        let atomic_in_flight = self.default.send_queue().written_from(send_start).any(|w| {
-            w.published
-                && matches!(w.info.opcode, SendOpcode::AtomicCs | SendOpcode::AtomicFa)
-                && Some(w.counter) != probe
+        let mut list = std::mem::take(&mut self.slow.scratch.wqe_list);
+        list.clear();
+        list.extend(
+            self.default
+                .send_queue()
+                .written_from(send_start)
+                .filter(|w| Some(w.counter) != probe),
+        );
+        let atomic_in_flight = list.iter().any(|w| {
+            w.published && matches!(w.info.opcode, SendOpcode::AtomicCs | SendOpcode::AtomicFa)
         });
+        let sends_before_first_read = sends_before_first_read(&list, self.sends_posted);
+        self.slow.scratch.wqe_list = list;
         let progress = self.progress_now();
         tracing::debug!(qp = %self.shared.name, ?progress, send_start, recv_start, "failover: default QP drained");
         self.enqueue(Event::DefaultDrained {
             progress,
             first_error: e.first_error,
             atomic_in_flight,
+            sends_before_first_read,
         });
         true
     }

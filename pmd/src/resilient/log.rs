@@ -164,7 +164,7 @@ impl FailoverLog {
     pub fn connection_failed(&mut self, reason: FailReason, now: Timestamp, epoch: u32) {
         let refused = matches!(
             reason,
-            FailReason::Refused { .. } | FailReason::AtomicInFlight
+            FailReason::Refused { .. } | FailReason::AtomicInFlight | FailReason::ReadOvertaken
         );
         if refused {
             self.stats.refusals += 1;

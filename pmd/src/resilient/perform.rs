@@ -216,9 +216,10 @@ impl ResilientQp {
     }
 
     /// Moves the default SQ's outstanding WQEs to the backup SQ as [`plan_copy`] plans it:
-    /// the ones the peer consumed complete (signaled ones with success; READs go again, since
-    /// their responses may not have arrived), then `burn` zero-length SENDs, then the rest,
-    /// keys, WQE index and QPN rewritten; rings the backup doorbell.
+    /// the ones the peer consumed complete (signaled ones with success), then `burn`
+    /// zero-length SENDs, then the rest (READs among them), keys, WQE index and QPN
+    /// rewritten; rings the backup doorbell. A READ among the consumed ones is never sent
+    /// again nor completed as a success (the machine refuses that round first).
     fn copy_sends_to_backup(&mut self, burn: u64, skip_through: u64, now: Timestamp) {
         // A retransmission maps rkeys only through mappings the store confirms in this round
         // (with a store): the peer may have deregistered an MR since the cache learned it.
@@ -240,6 +241,13 @@ impl ResilientQp {
                 .filter(|w| Some(w.counter) != probe),
         );
         let plan = plan_copy(&list, self.sends_posted, skip_through);
+        if plan.overtaken_read {
+            // Nothing is moved or completed: the connection fails, and every WQE completes
+            // in error then.
+            self.slow.book.unsent = list.clone();
+            self.slow.scratch.wqe_list = list;
+            return self.cannot_copy(WcStatus::LocQpOpErr, "a READ the peer overtook");
+        }
         // 1. Consumed by the peer: complete, do not send again.
         let skipped = plan.skipped(&list).count() as u64;
         let qpn = self.slow.env.default_qpn;
@@ -259,7 +267,7 @@ impl ResilientQp {
             let to = b.qp.send_queue().written();
             self.slow.book.burns.push_back((from, to));
         }
-        // 3. READs the peer executed but whose responses may be lost, then the rest.
+        // 3. Everything the peer has not consumed, in order.
         let mut copied = 0u64;
         let mut bytes = std::mem::take(&mut self.slow.scratch.wqe_bytes);
         if failure.is_none() {

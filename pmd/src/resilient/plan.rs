@@ -18,9 +18,32 @@ use super::qp::{is_recv, two_sided_opcode};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct CopyPlan {
     /// How many WQEs at the head of the list the peer has consumed, itself or through a later
-    /// two-sided send that it consumed: they are not sent again (READs excepted: their
-    /// responses may not have arrived).
+    /// two-sided send that it consumed: they are not sent again.
     pub consumed: usize,
+    /// Whether a READ is among them: its response never came, and it must not be executed
+    /// again (the machine refuses such a round, `FailReason::ReadOvertaken`, before it asks
+    /// for the copy; the driver treats this as the backup QP's error rather than lose it).
+    pub overtaken_read: bool,
+}
+
+/// The two-sided sends posted before the oldest READ of the default SQ's outstanding WQEs
+/// `list` (oldest first) that was rung, when `sends_posted` two-sided sends were posted in
+/// all; `None` without such a READ. A READ never rung never executed and moves like any WR.
+pub(super) fn sends_before_first_read(list: &[OutstandingWqe], sends_posted: u64) -> Option<u64> {
+    let on_default = list
+        .iter()
+        .filter(|w| two_sided_opcode(w.info.opcode))
+        .count() as u64;
+    let mut before = sends_posted.saturating_sub(on_default);
+    for w in list {
+        if w.info.opcode == SendOpcode::RdmaRead && w.published {
+            return Some(before);
+        }
+        if two_sided_opcode(w.info.opcode) {
+            before += 1;
+        }
+    }
+    None
 }
 
 /// Plans the move of the default SQ's outstanding WQEs `list` (oldest first; the last ones
@@ -42,18 +65,23 @@ pub(super) fn plan_copy(list: &[OutstandingWqe], sends_posted: u64, skip_through
             }
         }
     }
-    CopyPlan { consumed }
+    let overtaken_read = list[..consumed]
+        .iter()
+        .any(|w| w.info.opcode == SendOpcode::RdmaRead);
+    CopyPlan {
+        consumed,
+        overtaken_read,
+    }
 }
 
 impl CopyPlan {
-    /// The WQEs completed without being sent again, in order: the consumed ones but READs.
+    /// The WQEs completed without being sent again, in order: the consumed ones (a plan
+    /// with an [`overtaken_read`](Self::overtaken_read) is not to be carried out).
     pub fn skipped<'a>(
         &self,
         list: &'a [OutstandingWqe],
     ) -> impl Iterator<Item = &'a OutstandingWqe> + 'a {
-        list[..self.consumed]
-            .iter()
-            .filter(|w| w.info.opcode != SendOpcode::RdmaRead)
+        list[..self.consumed].iter()
     }
 
     /// The successful completions the skipped WQEs owe the application (the signaled ones),
@@ -76,16 +104,14 @@ impl CopyPlan {
             })
     }
 
-    /// The WQEs to post on the backup SQ (behind the burns), in order: the consumed READs,
-    /// whose responses may be lost, then everything the peer has not consumed.
+    /// The WQEs to post on the backup SQ (behind the burns), in order: everything the peer
+    /// has not consumed, READs among them (no later request executed at the peer as far as
+    /// the peer's counter says, as for a plain RC retransmission).
     pub fn posts<'a>(
         &self,
         list: &'a [OutstandingWqe],
     ) -> impl Iterator<Item = &'a OutstandingWqe> + 'a {
-        let reads = list[..self.consumed]
-            .iter()
-            .filter(|w| w.info.opcode == SendOpcode::RdmaRead);
-        reads.chain(&list[self.consumed..])
+        list[self.consumed..].iter()
     }
 }
 
@@ -205,12 +231,13 @@ mod tests {
     #[test]
     fn sends_up_to_the_last_consumed_two_sided_send_are_completed_not_sent() {
         let list = mixed();
-        // 10 posted, the last 3 on this ring (ordinals 8, 9, 10); the peer consumed 9.
-        let plan = plan_copy(&list, 10, 9);
-        assert_eq!(plan.consumed, 4);
-        assert_eq!(ids(plan.skipped(&list)), [1, 2, 4]);
-        // The READ goes again first, then what the peer has not consumed.
-        assert_eq!(ids(plan.posts(&list)), [3, 5]);
+        // 10 posted, the last 3 on this ring (ordinals 8, 9, 10); the peer consumed 8.
+        let plan = plan_copy(&list, 10, 8);
+        assert_eq!(plan.consumed, 2);
+        assert!(!plan.overtaken_read);
+        assert_eq!(ids(plan.skipped(&list)), [1, 2]);
+        // The READ goes again, in its place, with what the peer has not consumed.
+        assert_eq!(ids(plan.posts(&list)), [3, 4, 5]);
         let wcs: Vec<WorkCompletion> = plan.completions(&list, 0x42).collect();
         assert_eq!(wcs.len(), 1, "only signaled skipped WQEs complete: {wcs:?}");
         assert_eq!(wcs[0].wr_id, 2);
@@ -220,12 +247,28 @@ mod tests {
     }
 
     #[test]
-    fn everything_consumed_leaves_only_reads_to_send() {
+    fn a_consumed_send_behind_a_read_marks_the_read_overtaken() {
         let list = mixed();
+        // The peer consumed the SEND behind the READ (ordinal 9): the READ may not go again.
+        let plan = plan_copy(&list, 10, 9);
+        assert_eq!(plan.consumed, 4);
+        assert!(plan.overtaken_read);
         let plan = plan_copy(&list, 3, 3);
         assert_eq!(plan.consumed, list.len());
-        assert_eq!(ids(plan.posts(&list)), [3]);
-        assert_eq!(ids(plan.skipped(&list)), [1, 2, 4, 5]);
+        assert!(plan.overtaken_read);
+    }
+
+    #[test]
+    fn the_sends_before_the_first_rung_read_are_counted_from_the_connections_total() {
+        let list = mixed();
+        // 10 posted, 3 on this ring: ordinals 8 (SEND), 9 (WRITE_IMM), 10 (SEND); the READ
+        // follows ordinal 8.
+        assert_eq!(sends_before_first_read(&list, 10), Some(8));
+        let mut withheld = list.clone();
+        withheld[2].published = false;
+        assert_eq!(sends_before_first_read(&withheld, 10), None);
+        let writes = [wqe(0, 1, SendOpcode::RdmaWrite, true)];
+        assert_eq!(sends_before_first_read(&writes, 4), None);
     }
 
     #[test]

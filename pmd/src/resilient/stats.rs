@@ -84,6 +84,8 @@ pub enum Cause {
     Refused(WcStatus),
     /// An atomic was in flight when the path failed.
     AtomicInFlight,
+    /// A READ was in flight when the path failed and the peer executed a later send.
+    ReadOvertaken,
     /// The backup path failed too.
     BackupUnavailable,
     /// The peer failed its end.
@@ -111,6 +113,7 @@ impl Cause {
         match reason {
             FailReason::Refused { status } => Cause::Refused(status),
             FailReason::AtomicInFlight => Cause::AtomicInFlight,
+            FailReason::ReadOvertaken => Cause::ReadOvertaken,
             FailReason::BackupUnavailable => Cause::BackupUnavailable,
             FailReason::PeerAborted => Cause::PeerAborted,
             FailReason::HandshakeTimeout => Cause::HandshakeTimeout,
@@ -140,6 +143,7 @@ impl Cause {
                 _ => "refused",
             },
             Cause::AtomicInFlight => "atomic-in-flight",
+            Cause::ReadOvertaken => "read-overtaken",
             Cause::BackupUnavailable => "backup-unavailable",
             Cause::PeerAborted => "peer-aborted",
             Cause::HandshakeTimeout => "handshake-timeout",
