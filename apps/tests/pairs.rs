@@ -389,12 +389,21 @@ fn a_client_whose_server_dies_writes_its_error_and_exits_1() {
             "127.0.0.1".into(),
         ],
     );
-    // The server dies once traffic flows (a fixed delay could kill it during setup on a
-    // slow machine, and the client would fail before its first WRITE).
-    let lines = common::wait_for_line(&mut client, "[timeline]", Duration::from_secs(20));
+    // The server dies once traffic flows: a timeline line that counts completions (a fixed
+    // delay could kill it during setup on a slow machine, and a timeline line alone can come
+    // before the first completion on a loaded one: the client then had none, seen once).
+    let completed = |l: &str| {
+        l.contains("[timeline]")
+            && l.split("completions")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|n| n > 0)
+    };
+    let lines = common::wait_for_line_where(&mut client, completed, Duration::from_secs(20));
     assert!(
-        lines.iter().any(|l| l.contains("[timeline]")),
-        "no timeline line from the client: {lines:?}"
+        lines.iter().any(|l| completed(l)),
+        "no timeline line with completions from the client: {lines:?}"
     );
     server.kill().unwrap();
     let _ = server.wait();

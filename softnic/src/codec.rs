@@ -24,6 +24,7 @@ use crate::cq::{CqeInfo, CqeKind};
 use crate::dma::Sge;
 use crate::packet::{AckKind, AtomicEth, Header, Kind, NakCode, OutHeader, Reth};
 use crate::qp::{SendWqe, WqeOp, SEND_BB};
+use crate::wire::Ipv4Ident;
 
 /// `psn + n` mod 2^24.
 #[inline]
@@ -253,19 +254,32 @@ fn syndrome_of(a: AckKind) -> AethSyndrome {
     }
 }
 
-/// Parses and ICRC-checks a received UDP payload from `src:src_port` to `dst:4791`.
+/// Parses and ICRC-checks a received UDP payload from `src:src_port` to `dst:4791`; `ipv4`
+/// is the received IPv4 header's identification and DF flag when the wire saw the header
+/// (else the header is rebuilt as rxe and our senders write it: ID 0, DF).
 pub(crate) fn parse_packet(
     bytes: &[u8],
     src: IpAddr,
     src_port: u16,
     dst: IpAddr,
+    ipv4: Option<Ipv4Ident>,
 ) -> Result<Header, ParseError> {
     let packet = Packet::new_checked(bytes).map_err(|_| ParseError::Malformed)?;
     let repr = PacketRepr::parse(&packet).map_err(|_| ParseError::Malformed)?;
     let Some(info) = repr.bth.opcode.info() else {
         return Err(ParseError::Malformed);
     };
-    let ip = icrc::IpFields::rxe(src, dst).map_err(|_| ParseError::Malformed)?;
+    let mut ip = icrc::IpFields::rxe(src, dst).map_err(|_| ParseError::Malformed)?;
+    if let (
+        icrc::IpFields::V4 {
+            ident, dont_frag, ..
+        },
+        Some(seen),
+    ) = (&mut ip, ipv4)
+    {
+        *ident = seen.ident;
+        *dont_frag = seen.dont_frag;
+    }
     if icrc::verify_udp_payload(ip, src_port, crate::wire::ROCE_PORT, bytes).is_err() {
         return Err(ParseError::Icrc);
     }
@@ -467,7 +481,7 @@ mod tests {
             *x = i as u8;
         }
         let n = seal(&mut buf, hl + 1022, a, 0xc123, b).expect("seal");
-        let p = parse_packet(&buf[..n], a, 0xc123, b).expect("parse");
+        let p = parse_packet(&buf[..n], a, 0xc123, b, None).expect("parse");
         assert_eq!(
             (p.kind, p.first, p.last, p.psn, p.dest_qpn),
             (Kind::Write, true, false, 77, 0x12)
@@ -475,6 +489,9 @@ mod tests {
         assert_eq!(p.reth, h.reth);
         assert_eq!(p.payload.len(), 1022);
         assert_eq!(&buf[p.payload.clone()][..4], &[0, 1, 2, 3]);
-        assert_eq!(parse_packet(&buf[..n], a, 0xc124, b), Err(ParseError::Icrc));
+        assert_eq!(
+            parse_packet(&buf[..n], a, 0xc124, b, None),
+            Err(ParseError::Icrc)
+        );
     }
 }

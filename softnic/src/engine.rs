@@ -164,8 +164,13 @@ impl Core {
                         now,
                     );
                 }
-                let h = match codec::parse_packet(pkt.bytes(), pkt.peer, pkt.src_port, *local_addr)
-                {
+                let h = match codec::parse_packet(
+                    pkt.bytes(),
+                    pkt.peer,
+                    pkt.src_port,
+                    *local_addr,
+                    pkt.ipv4,
+                ) {
                     Ok(h) => h,
                     Err(ParseError::Icrc) => {
                         out.device.icrc_errors += 1;

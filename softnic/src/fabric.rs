@@ -564,6 +564,7 @@ impl FabricPort {
             slot.len = n;
             slot.peer = fl.from_addr;
             slot.src_port = fl.src_port;
+            slot.ipv4 = None;
             batch.commit();
             f.pool.push(fl.data);
         }

@@ -14,6 +14,17 @@ pub(crate) const MAX_PACKET: usize = 4096 + 128;
 /// The RoCEv2 UDP destination port.
 pub const ROCE_PORT: u16 = 4791;
 
+/// The IPv4 header fields of a received packet that its ICRC covers and its addresses and
+/// ports do not give: what the sender put in the identification and the don't-fragment flag.
+/// Linux rxe numbers its packets; our own senders use ID 0 with DF (`docs/softnic.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ipv4Ident {
+    /// The identification field.
+    pub ident: u16,
+    /// The don't-fragment flag.
+    pub dont_frag: bool,
+}
+
 /// One packet in a batch; its buffer is allocated once and reused.
 #[derive(Debug)]
 pub(crate) struct PacketBuf {
@@ -21,6 +32,10 @@ pub(crate) struct PacketBuf {
     pub peer: IpAddr,
     /// UDP source port (ours for sends, the peer's for receives).
     pub src_port: u16,
+    /// Received over IPv4 with the header seen: its identification and DF flag. `None` where
+    /// no header was seen (the in-memory fabric, IPv6, sends): the ICRC check then rebuilds
+    /// the header as rxe and our senders write it (ID 0, DF).
+    pub ipv4: Option<Ipv4Ident>,
     /// Bytes used in `data`.
     pub len: usize,
     /// The UDP payload (BTH .. ICRC), `MAX_PACKET` bytes of capacity.
@@ -32,6 +47,7 @@ impl PacketBuf {
         PacketBuf {
             peer: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             src_port: 0,
+            ipv4: None,
             len: 0,
             data: vec![0u8; MAX_PACKET].into_boxed_slice(),
         }

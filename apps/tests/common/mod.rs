@@ -91,6 +91,15 @@ pub fn wait(mut child: Child, limit: Duration) -> Output {
 /// output ended, or `limit` passed: the caller's assertions say what was missing). A thread
 /// keeps draining the pipe so the child never blocks on it; the lines read so far come back.
 pub fn wait_for_line(child: &mut Child, needle: &str, limit: Duration) -> Vec<String> {
+    wait_for_line_where(child, |line| line.contains(needle), limit)
+}
+
+/// As [`wait_for_line`], for the first line `found` accepts.
+pub fn wait_for_line_where(
+    child: &mut Child,
+    found: impl Fn(&str) -> bool,
+    limit: Duration,
+) -> Vec<String> {
     use std::io::BufRead;
     let out = child.stdout.take().expect("stdout piped");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -105,9 +114,9 @@ pub fn wait_for_line(child: &mut Child, needle: &str, limit: Duration) -> Vec<St
     while let Some(left) = limit.checked_sub(t0.elapsed()) {
         match rx.recv_timeout(left) {
             Ok(line) => {
-                let found = line.contains(needle);
+                let hit = found(&line);
                 seen.push(line);
-                if found {
+                if hit {
                     break;
                 }
             }
