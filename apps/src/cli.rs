@@ -162,6 +162,10 @@ pub struct Flags {
     /// TCP port of the out-of-band exchange.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
+    /// Read fault commands (`device-dead <device>`) from this FIFO, made when missing
+    /// (docs/apps-json.md, "Fault channel").
+    #[arg(long = "fault-fifo", value_name = "PATH")]
+    pub fault_fifo: Option<PathBuf>,
     /// Number of QPs (bandwidth tools without --check; iterations go round-robin).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
@@ -373,6 +377,9 @@ impl Options {
                         .into(),
                 );
             }
+        }
+        if flags.fault_fifo.is_some() && tool == Tool::Allreduce {
+            return Err("--fault-fifo is not supported by shift_allreduce yet".into());
         }
         if flags.all && tool == Tool::Allreduce {
             return Err("-a/--all is not for shift_allreduce".into());

@@ -40,6 +40,9 @@ pub enum AppError {
         /// The failover's account of it (resilient QPs).
         detail: String,
     },
+    /// A flag's value cannot be used (a fault channel that cannot be opened).
+    #[error("{0}")]
+    Usage(String),
     /// The data check found a difference (allreduce: a wrong sum).
     #[error("data check failed: {0}")]
     Check(String),

@@ -13,6 +13,7 @@
 //! | [`bw`] | bandwidth tools (WRITE, SEND, READ, FETCH_ADD) and their server; `--check` |
 //! | [`lat`] | latency tools, HdrHistogram, the `.hgrm` file |
 //! | [`pattern`] | the data patterns `--check` writes and verifies |
+//! | [`faults`] | the fault channel (`--fault-fifo`): device faults the testbed asks for |
 //! | [`report`] | the JSON report (`docs/apps-json.md`), timeline, failover summary, tables |
 //! | [`outcome`] | what a run hands back; the report fields every tool fills |
 //! | [`run`] | parse, run, report, exit code |
@@ -24,6 +25,7 @@ pub mod cli;
 pub mod endpoint;
 pub mod error;
 pub mod exchange;
+pub mod faults;
 pub mod lat;
 pub mod outcome;
 pub mod pattern;

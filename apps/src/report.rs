@@ -412,6 +412,10 @@ pub struct Report {
     /// Atomic counters (`shift_atomic_bw`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub atomic: Option<AtomicJson>,
+    /// What the tool did with each command of its fault channel (`--fault-fifo`); absent
+    /// without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<Vec<crate::faults::FaultJson>>,
     /// The error that stopped the run.
     pub error: Option<String>,
 }

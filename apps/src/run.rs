@@ -5,6 +5,7 @@
 use crate::bw::{self, Layout};
 use crate::cli::{self, CliOutcome, Options, Tool};
 use crate::error::AppError;
+use crate::faults::FaultChannel;
 use crate::lat;
 use crate::report::{self, Report, Timeline, RULE};
 use crate::session::{self, Session};
@@ -63,11 +64,17 @@ pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
         return crate::allreduce::run(o);
     }
     let mut report = base_report(o);
-    let (out, s) = if o.tool.is_latency() {
-        run_latency(o, &mut report)?
-    } else {
-        run_bandwidth(o, &mut report)?
+    // Read before the tool connects: a command may come at any time after the start.
+    let faults = match &o.flags.fault_fifo {
+        Some(path) => Some(FaultChannel::open(path)?),
+        None => None,
     };
+    let (out, s) = if o.tool.is_latency() {
+        run_latency(o, &mut report, faults.as_ref())?
+    } else {
+        run_bandwidth(o, &mut report, faults.as_ref())?
+    };
+    report.faults = faults.map(FaultChannel::finish);
     report.failover = s.failover_json(report_start(&report, &s));
     report.failover.print(s.host.is_resilient());
     report.mtu = s.mtu.bytes();
@@ -95,14 +102,28 @@ fn report_start(r: &Report, s: &Session) -> f64 {
         .unwrap_or(s.start_unix_ms)
 }
 
+/// Makes the session's devices reachable from the fault channel, by the names they were
+/// opened with.
+fn register_devices(o: &Options, s: &Session, faults: Option<&FaultChannel>) {
+    let Some(f) = faults else {
+        return;
+    };
+    f.register(&o.device, s.host.context());
+    if let (Some(name), Some(ctx)) = (&o.flags.backup_dev, s.host.backup_context()) {
+        f.register(name, ctx);
+    }
+}
+
 fn run_bandwidth(
     o: &Options,
     report: &mut Report,
+    faults: Option<&FaultChannel>,
 ) -> Result<(Option<AppError>, Session), AppError> {
     let layout = Layout::of(o);
     let mut s = Session::establish(o, layout.buffer_len(), layout.caps(o), |mem| {
         bw::prepare_buffer(o, mem, layout)
     })?;
+    register_devices(o, &s, faults);
     pin_lcore(o)?;
     let tx_depth = layout.in_flight as u32 * layout.wqes_per_iter;
     s.print_header(o, tx_depth, layout.cq_mod as u32);
@@ -184,9 +205,14 @@ fn run_bandwidth(
     Ok((out.error, s))
 }
 
-fn run_latency(o: &Options, report: &mut Report) -> Result<(Option<AppError>, Session), AppError> {
+fn run_latency(
+    o: &Options,
+    report: &mut Report,
+    faults: Option<&FaultChannel>,
+) -> Result<(Option<AppError>, Session), AppError> {
     let max = *o.sizes.iter().max().expect("a size");
     let mut s = Session::establish(o, lat::buffer_len(max), lat::caps(o), |_| {})?;
+    register_devices(o, &s, faults);
     pin_lcore(o)?;
     s.print_header(o, 1, 1);
     let mut timeline = Timeline::new(o.flags.timeline_ms, true);

@@ -89,6 +89,18 @@ fn run_pair(
     args: &[&str],
     during: impl FnOnce(),
 ) -> (RunOutcome, RunOutcome) {
+    run_pair_with(f, tool, test, args, &[], during)
+}
+
+/// As [`run_pair`], with `client_only` added to the client's arguments.
+fn run_pair_with(
+    f: &Fabric,
+    tool: Tool,
+    test: u16,
+    args: &[&str],
+    client_only: &[&str],
+    during: impl FnOnce(),
+) -> (RunOutcome, RunOutcome) {
     let p = port(test);
     let side = |default: u32, backup: u32| -> Vec<String> {
         let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -114,6 +126,7 @@ fn run_pair(
         std::thread::sleep(Duration::from_millis(5));
     }
     let mut cargs = side(0, 1);
+    cargs.extend(client_only.iter().map(|s| s.to_string()));
     cargs.push("127.0.0.1".into());
     let client = start(tool, cargs);
     // `during` counts from the first traffic, not from the spawn: `-D` starts after setup,
@@ -262,6 +275,51 @@ fn read_bw_check_with_a_changing_server_buffer_reads_no_stale_or_newer_data_thro
     assert_eq!(check.bytes_checked, c.report.iterations * 16384);
     // The server changed a slot after every 8 READs.
     assert_eq!(s.report.iterations, c.report.iterations / 8);
+    assert!(c.report.iterations > 0);
+}
+
+/// Issue 14, gap 1: the client's default device dies silently, asked for through its fault
+/// channel as the testbed does: failover (cause `device-fatal`), not connection loss, and
+/// every byte the server checks intact.
+#[test]
+fn write_bw_check_fails_over_when_the_default_device_dies_through_the_fault_channel() {
+    let f = fabric();
+    let fifo = std::env::temp_dir().join(format!("r14-apps-{}-9.fifo", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    let fifo_arg = fifo.display().to_string();
+    let device = format!("fabric:{}/0", f.name);
+    let (c, s) = run_pair_with(
+        &f,
+        Tool::WriteBw,
+        9,
+        &["-s", "16384", "-D", "3", "--check"],
+        &["--fault-fifo", &fifo_arg],
+        || {
+            std::thread::sleep(Duration::from_millis(700));
+            use std::io::Write;
+            let mut w = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&fifo)
+                .expect("the client made its fault channel");
+            w.write_all(format!("device-dead {device}\n").as_bytes())
+                .unwrap();
+        },
+    );
+    let _ = std::fs::remove_file(&fifo);
+    assert!(c.error.is_none(), "client stopped: {:?}", c.error);
+    assert!(s.error.is_none(), "server stopped: {:?}", s.error);
+    let faults = c.report.faults.as_ref().expect("a fault channel was given");
+    assert_eq!(faults.len(), 1, "{faults:?}");
+    assert!(faults[0].applied_unix_ms.is_some(), "{faults:?}");
+    assert!(s.report.faults.is_none());
+    let fo = &c.report.failover;
+    assert_eq!(fo.failovers, 1, "{fo:?}");
+    assert_eq!(fo.events[0].cause, "device-fatal", "{fo:?}");
+    assert!(c.report.timeline.iter().any(|t| t.state == "fallback"));
+    let check = s.report.check.as_ref().unwrap();
+    assert_eq!(check.errors, 0);
+    assert_eq!(check.notification_errors, 0);
+    assert_eq!(check.notifications_checked, c.report.iterations);
     assert!(c.report.iterations > 0);
 }
 

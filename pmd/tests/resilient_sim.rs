@@ -6,6 +6,7 @@ mod sim;
 
 use std::time::Duration;
 
+use pmd::provider::DeviceFault;
 use pmd::resilient::{Cause, EventKind, ResilientState};
 use pmd::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use sim::traffic::{Dir, Traffic};
@@ -906,4 +907,75 @@ fn a_read_overtaken_by_a_later_executed_write_is_never_returned_as_success() {
     assert_eq!(event.cause.as_str(), "read-overtaken");
     sim.run_for(Duration::from_millis(50));
     assert_eq!(sim.b.qp.state(), ResilientState::Failed, "B was told");
+}
+
+/// Issue 14, gap 1: the default device of the sender dies without flushing anything (its
+/// device-fatal event is all the driver learns; its link stays up). The round must not wait
+/// for flushes that never come: traffic goes on on the backup, checked byte by byte.
+#[test]
+fn a_default_device_that_dies_without_flushing_fails_over_on_its_fatal_event() {
+    let mut sim = Sim::new(32, config());
+    let mut t = nccl(&sim, 60);
+    let mut killed = false;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if !killed && t.dirs[0].completed >= 10 {
+            s.a.devices[0].inject_fault(DeviceFault::Dead).unwrap();
+            killed = true;
+        }
+        step(&mut t, s)
+    });
+    assert!(
+        done,
+        "traffic stalled: {} of 60 completed, {} notified; A {:?} {:?}",
+        t.dirs[0].completed,
+        t.dirs[0].notified,
+        sim.a.qp.state(),
+        sim.a.qp.events()
+    );
+    assert_clean(&mut t, &mut sim);
+    assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
+    let event = &sim.a.qp.events()[0];
+    assert_eq!(
+        (event.kind, event.cause),
+        (EventKind::Failover, Cause::DeviceFatal)
+    );
+    assert_eq!(event.cause.as_str(), "device-fatal");
+    assert_eq!(sim.b.qp.stats().failovers, 1);
+}
+
+/// Issue 14, gap 1: the receiver's default device dies silently and its fatal event is lost
+/// (read by someone else): nothing tells its driver. The sender's retries run out, its
+/// `Failover` starts the receiver's round, and the receiver's drain gives up waiting for
+/// flushes after `drain_timeout`: the receives and WQEs without a completion are unknown,
+/// and the peer's counters decide.
+#[test]
+fn a_receiver_whose_device_died_unannounced_drains_until_the_deadline_and_fails_over() {
+    let mut sim = Sim::new(33, config());
+    let mut t = nccl(&sim, 60);
+    let mut killed = false;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if !killed && t.dirs[0].completed >= 10 {
+            s.b.devices[0].inject_fault(DeviceFault::Dead).unwrap();
+            // The event goes nowhere: the service never hears of it.
+            assert_eq!(
+                s.b.devices[0].poll_port_event(),
+                Some(pmd::provider::PortEvent::DeviceFatal)
+            );
+            killed = true;
+        }
+        step(&mut t, s)
+    });
+    assert!(
+        done,
+        "traffic stalled: {} of 60 completed, {} notified; B {:?} {:?}",
+        t.dirs[0].completed,
+        t.dirs[0].notified,
+        sim.b.qp.state(),
+        sim.b.qp.events()
+    );
+    assert_clean(&mut t, &mut sim);
+    for h in [&sim.a, &sim.b] {
+        assert_eq!(h.qp.stats().failovers, 1, "{:?}", h.qp.events());
+    }
+    assert_eq!(sim.b.qp.events()[0].cause, Cause::PeerFailover);
 }

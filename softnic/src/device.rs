@@ -215,6 +215,7 @@ impl Device {
             rx: Batch::new(BATCH),
             tx: Batch::new(BATCH),
             trace,
+            dead: false,
         };
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
@@ -280,9 +281,33 @@ impl Device {
         self.shared.lock_core().port
     }
 
-    /// Async events (port active/error, QP fatal, CQ error).
+    /// Async events (port active/error, QP fatal, CQ error, device fatal).
     pub fn events(&self) -> &EventQueue {
         &self.shared.events
+    }
+
+    /// The device dies silently, as a ConnectX does after a firmware assert or a PCIe
+    /// surprise removal: from now on it writes no completion (no flush either), sends and
+    /// receives no packet and runs no timer, and its port state stays as it was (the netdev is
+    /// up). Control verbs still change the objects (as the kernel's software cleanup does) but
+    /// a QP moved to ERR flushes nothing. The device raises [`AsyncEvent::DeviceFatal`] once.
+    /// It never comes back. Killing a dead device does nothing.
+    ///
+    /// [`AsyncEvent::DeviceFatal`]: crate::AsyncEvent::DeviceFatal
+    pub fn kill(&self) {
+        let mut core = self.shared.lock_core();
+        if core.dead {
+            return;
+        }
+        core.dead = true;
+        drop(core);
+        tracing::warn!(device = %self.shared.name, "softnic device killed: it does nothing more");
+        self.shared.events.push(crate::AsyncEvent::DeviceFatal);
+    }
+
+    /// Whether [`Device::kill`] was called.
+    pub fn is_dead(&self) -> bool {
+        self.shared.lock_core().dead
     }
 
     /// Manual progress: one round of work at `now` (the device clock's time). Harmless in auto
@@ -427,6 +452,12 @@ impl Device {
         check_transition(qp.state, state, attrs)?;
         match state {
             QpState::Reset => qp.reset(),
+            QpState::Err if core.dead => {
+                // A dead device flushes nothing.
+                qp.attrs.merge(attrs);
+                qp.state = QpState::Err;
+                return Ok(());
+            }
             QpState::Err => {
                 let mut ectx = ErrorCtx {
                     cqs: &mut core.cqs,

@@ -56,6 +56,8 @@ pub(crate) struct Core {
     pub rx: Batch,
     pub tx: Batch,
     pub trace: Option<Trace>,
+    /// The device died ([`crate::Device::kill`]): rounds do nothing.
+    pub dead: bool,
 }
 
 impl Core {
@@ -70,6 +72,10 @@ impl Core {
 
     /// One round of work at time `now`.
     pub fn round(&mut self, now: Duration, waker: &Waker, events: &EventQueue) -> Activity {
+        if self.dead {
+            // No packet in or out, no completion, no timer: the wire's packets wait unread.
+            return Activity::default();
+        }
         let mut busy = false;
         let Core {
             wire,

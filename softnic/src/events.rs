@@ -29,6 +29,9 @@ pub enum AsyncEvent {
         /// The CQ.
         cq: CqId,
     },
+    /// The device hit a fatal error and does nothing more (`IBV_EVENT_DEVICE_FATAL`): see
+    /// [`Device::kill`](crate::Device::kill).
+    DeviceFatal,
 }
 
 /// The queue of async events of one device.

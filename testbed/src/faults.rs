@@ -1,5 +1,5 @@
-//! The fault channel of the process contract (`docs/apps-json.md`, "Fault channel",
-//! PROPOSED): how the testbed asks an application to inject a device fault that `ip link`
+//! The fault channel of the process contract (`docs/apps-json.md`, "Fault channel"): how
+//! the testbed asks an application to inject a device fault that `ip link`
 //! cannot make, such as a NIC that dies silently.
 //!
 //! One named pipe (FIFO) per host, at [`channel_path`]; the application gets its path with

@@ -97,7 +97,7 @@ pub struct Check {
     pub notification_errors: u64,
 }
 
-/// What an application did with one command of the fault channel (`faults[]`, PROPOSED in
+/// What an application did with one command of the fault channel (`faults[]` in
 /// `docs/apps-json.md`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

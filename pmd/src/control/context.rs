@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use crate::keys::KeyTable;
 use crate::memory::{Block, HugepagePolicy, MemoryPool};
 use crate::name::{DeviceName, NameError};
-use crate::provider::{CqRequest, DeviceStep, PortEvent, ProgressModel, Provider, VerbsError};
+use crate::provider::{
+    CqRequest, DeviceFault, DeviceStep, PortEvent, ProgressModel, Provider, VerbsError,
+};
 use crate::verbs::{DeviceAttr, Gid, PortAttr};
 
 use super::{Cq, Pd};
@@ -186,9 +188,15 @@ impl Context {
         self.provider.step()
     }
 
-    /// The oldest unread port event (link up or down), if any.
+    /// The oldest unread port event (link up or down, device fatal), if any.
     pub fn poll_port_event(&self) -> Option<PortEvent> {
         self.provider.poll_port_event()
+    }
+
+    /// Injects `fault` into the device (softnic; hardware refuses with
+    /// [`VerbsError::Unsupported`]).
+    pub fn inject_fault(&self, fault: DeviceFault) -> Result<(), VerbsError> {
+        self.provider.inject_fault(fault)
     }
 
     /// A descriptor that becomes readable when a port event may be waiting.

@@ -34,14 +34,26 @@ pub enum ProgressModel {
     Manual,
 }
 
-/// A change of the port's link state, as an async event reports it (`IBV_EVENT_PORT_ACTIVE`,
-/// `IBV_EVENT_PORT_ERR`).
+/// A change of the port's link state or of the device's health, as an async event reports
+/// it (`IBV_EVENT_PORT_ACTIVE`, `IBV_EVENT_PORT_ERR`, `IBV_EVENT_DEVICE_FATAL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PortEvent {
     /// The link came up.
     Active,
     /// The link went down.
     Down,
+    /// The device hit a fatal error: it completes nothing more, not even flushes, and does
+    /// not come back (a ConnectX after a firmware assert or a surprise removal).
+    DeviceFatal,
+}
+
+/// A fault a provider can inject into its own device, for tests (`--fault-fifo`,
+/// `docs/apps-json.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceFault {
+    /// The device dies silently: no completion (no flush either), no packet, its port state
+    /// left alone; it raises its device-fatal event and never comes back.
+    Dead,
 }
 
 /// What one round of device work did, and when the device next needs one (a manual-progress
@@ -298,6 +310,14 @@ pub trait Provider: Send + Sync + 'static {
     /// A descriptor that becomes readable when a port event may be waiting, for epoll.
     fn port_event_fd(&self) -> Option<std::os::fd::RawFd> {
         None
+    }
+    /// Injects `fault` into the device; providers that cannot (hardware) refuse.
+    fn inject_fault(&self, fault: DeviceFault) -> Result<(), VerbsError> {
+        Err(VerbsError::Unsupported {
+            device: self.name().to_string(),
+            verb: "inject_fault",
+            what: format!("{fault:?}: the provider cannot inject faults"),
+        })
     }
 }
 

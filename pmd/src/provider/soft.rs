@@ -21,8 +21,8 @@ use softnic::{
 };
 
 use super::{
-    CompletionEvents, CqRequest, DeviceStep, Handle, PortEvent, ProgressModel, Provider, QpRequest,
-    RawCq, RawMr, RawQp, RawWorkQueue, VerbsError,
+    CompletionEvents, CqRequest, DeviceFault, DeviceStep, Handle, PortEvent, ProgressModel,
+    Provider, QpRequest, RawCq, RawMr, RawQp, RawWorkQueue, VerbsError,
 };
 use crate::datapath::doorbell::Doorbell;
 use crate::memory::{Block, MemoryPool};
@@ -595,6 +595,7 @@ impl Provider for SoftProvider {
             match event {
                 softnic::AsyncEvent::PortActive => return Some(PortEvent::Active),
                 softnic::AsyncEvent::PortError => return Some(PortEvent::Down),
+                softnic::AsyncEvent::DeviceFatal => return Some(PortEvent::DeviceFatal),
                 other => {
                     tracing::warn!(device = %self.name, event = ?other, "async event")
                 }
@@ -605,6 +606,13 @@ impl Provider for SoftProvider {
 
     fn port_event_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.device.events().fd())
+    }
+
+    fn inject_fault(&self, fault: DeviceFault) -> Result<(), VerbsError> {
+        match fault {
+            DeviceFault::Dead => self.device.kill(),
+        }
+        Ok(())
     }
 }
 

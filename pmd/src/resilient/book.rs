@@ -34,6 +34,10 @@ pub(super) struct Book {
     pub errored: [Errored; 2],
     /// A drain of the default QP is running.
     pub draining: bool,
+    /// When the running drain stops waiting for flushes (`ResilientConfig::drain_timeout`).
+    pub drain_deadline: Option<crate::failover::Timestamp>,
+    /// The default device raised its device-fatal event: no flush will ever come.
+    pub default_dead: bool,
     /// Where the default queues' WQEs to move start, (send, receive) counters: set when the
     /// drain ends.
     pub moving: Option<(u32, u32)>,

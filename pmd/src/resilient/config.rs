@@ -42,6 +42,11 @@ pub struct ResilientConfig {
     pub redrain_interval: Duration,
     /// Receive WQEs posted on the control QP (control messages in flight at most).
     pub control_depth: u32,
+    /// How long a failover round waits for the default QP's flush completions. A device
+    /// that died without flushing (a firmware assert, a surprise removal) writes none; after
+    /// this the WQEs without a completion count as unknown and the round goes on from the
+    /// peer's counters. A device known to be dead (its device-fatal event) is not waited for.
+    pub drain_timeout: Duration,
 }
 
 impl Default for ResilientConfig {
@@ -57,6 +62,7 @@ impl Default for ResilientConfig {
             handshake_timeout: machine.handshake_timeout,
             redrain_interval: machine.redrain_interval,
             control_depth: 32,
+            drain_timeout: Duration::from_millis(100),
         }
     }
 }

@@ -94,7 +94,12 @@ impl ResilientQp {
         let deadline = if s.failed.is_some() {
             None
         } else {
-            s.machine.as_ref().and_then(|m| m.poll_timeout())
+            let machine = s.machine.as_ref().and_then(|m| m.poll_timeout());
+            let drain = s.book.drain_deadline.filter(|_| s.book.draining);
+            match (machine, drain) {
+                (Some(m), Some(d)) => Some(m.min(d)),
+                (m, d) => m.or(d),
+            }
         };
         let armed = s.failed.is_none()
             && s.machine.as_ref().is_some_and(|m| {
@@ -160,6 +165,12 @@ impl ResilientQp {
                 }
                 Mail::Protected(parts) => self.install(*parts),
                 Mail::SetupFailed(e) => self.slow.setup_error = Some(e),
+                Mail::DeviceDead(path) => {
+                    tracing::warn!(qp = %self.shared.name, ?path, "failover: the device is dead (device-fatal event)");
+                    if path == Path::Default {
+                        self.slow.book.default_dead = true;
+                    }
+                }
             }
         }
         self.slow.scratch.mail = mail;
@@ -266,6 +277,7 @@ impl ResilientQp {
             Observation::RoundStarted { epoch, trigger } => {
                 let cause = match trigger {
                     RoundTrigger::ErrorCompletion(status) => Cause::of_status(status),
+                    RoundTrigger::LinkDown if self.slow.book.default_dead => Cause::DeviceFatal,
                     RoundTrigger::LinkDown => Cause::LinkDown,
                     RoundTrigger::Peer => Cause::PeerFailover,
                 };
@@ -441,7 +453,21 @@ impl ResilientQp {
         let rq = self.default.recv_queue();
         let (rq_done, rq_published) = (rq.completed(), rq.published());
         if sq_done != sq_published || rq_done != rq_published {
-            return false;
+            // A device that died writes no flush: past the deadline (at once when it said it
+            // is dead) the WQEs without a completion are unknown, and the round goes on from
+            // the peer's counters, which say what of them executed (docs/failover.md 3.7).
+            let now = self.slow.env.clock.now();
+            let book = &self.slow.book;
+            if !book.default_dead && book.drain_deadline.is_none_or(|d| now < d) {
+                return false;
+            }
+            tracing::warn!(
+                qp = %self.shared.name,
+                device_dead = book.default_dead,
+                sends_unflushed = sq_published.wrapping_sub(sq_done),
+                recvs_unflushed = rq_published.wrapping_sub(rq_done),
+                "failover: the default QP's flushes did not come; its unfinished WQEs are unknown"
+            );
         }
         let book = &mut self.slow.book;
         book.draining = false;

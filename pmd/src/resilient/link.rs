@@ -14,6 +14,18 @@ use crate::provider::PortEvent;
 
 use super::config::LinkSource;
 
+/// What the watch saw of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinkChange {
+    /// The link came up.
+    Up,
+    /// The link went down.
+    Down,
+    /// The device raised its device-fatal event: it is dead for good (its link, as far as
+    /// failover is concerned, is down and never comes back).
+    DeviceFatal,
+}
+
 /// One device's link watch.
 pub(crate) struct LinkWatch {
     pub ctx: Arc<Context>,
@@ -100,12 +112,16 @@ impl LinkWatch {
         Source::Off
     }
 
-    /// The link changes since the last call, oldest first (true: up).
-    pub fn poll(&mut self, out: &mut Vec<bool>) {
+    /// The link changes since the last call, oldest first.
+    pub fn poll(&mut self, out: &mut Vec<LinkChange>) {
         match &mut self.source {
             Source::Provider => {
                 while let Some(e) = self.ctx.poll_port_event() {
-                    out.push(e == PortEvent::Active);
+                    out.push(match e {
+                        PortEvent::Active => LinkChange::Up,
+                        PortEvent::Down => LinkChange::Down,
+                        PortEvent::DeviceFatal => LinkChange::DeviceFatal,
+                    });
                 }
             }
             #[cfg(feature = "soft")]
@@ -115,7 +131,17 @@ impl LinkWatch {
                     if now_up != *up {
                         tracing::debug!(netdev = %name, up = now_up, "link watch: netdev changed");
                         *up = now_up;
-                        out.push(now_up);
+                        out.push(if now_up {
+                            LinkChange::Up
+                        } else {
+                            LinkChange::Down
+                        });
+                    }
+                }
+                // The link is the netdev's; the device's own events still say if it died.
+                while let Some(e) = self.ctx.poll_port_event() {
+                    if e == PortEvent::DeviceFatal {
+                        out.push(LinkChange::DeviceFatal);
                     }
                 }
             }

@@ -37,6 +37,8 @@ pub(crate) enum Mail {
     Protected(Box<BackupParts>),
     /// Setting the backup side up failed; the QP stays unprotected.
     SetupFailed(String),
+    /// The device of this path raised its device-fatal event: it completes nothing more.
+    DeviceDead(crate::failover::Path),
 }
 
 /// Shared between a resilient QP's owner and the service lcore.

@@ -31,6 +31,7 @@ impl ResilientQp {
             Action::MoveQpToErr { path } => self.move_to_err(path),
             Action::DrainDefault => {
                 self.slow.book.draining = true;
+                self.slow.book.drain_deadline = Some(now + self.slow.env.config.drain_timeout);
                 self.collect(Path::Default);
                 self.check_drain();
             }

@@ -24,7 +24,7 @@ use crate::failover::{Event, Path, Timestamp};
 
 use super::clock::Clock;
 use super::config::LinkSource;
-use super::link::LinkWatch;
+use super::link::{LinkChange, LinkWatch};
 use super::mailbox::Mail;
 use super::qp::ResilientQp;
 use super::shadow::{Outcome, QpShadow, ShadowOrder, Verb};
@@ -79,7 +79,7 @@ struct State {
     qps: Vec<Weak<QpShadow>>,
     adopted: Vec<Adopted>,
     next_id: u64,
-    changes: Vec<bool>,
+    changes: Vec<LinkChange>,
     events: Vec<Event>,
 }
 
@@ -363,8 +363,9 @@ impl ServiceHandle {
             let mut changes = std::mem::take(&mut st.changes);
             st.links[li].poll(&mut changes);
             let ctx = st.links[li].ctx.clone();
-            for &up in &changes {
-                tracing::info!(device = %ctx.name(), up, "failover service: link changed");
+            for &change in &changes {
+                let up = change == LinkChange::Up;
+                tracing::info!(device = %ctx.name(), ?change, "failover service: link changed");
                 for qp in &qps {
                     let path = if Arc::ptr_eq(&qp.pd.ctx.default, &ctx) {
                         Path::Default
@@ -389,6 +390,10 @@ impl ServiceHandle {
                         if let Err(e) = qp.shared.default_handle.set_error() {
                             tracing::debug!(qp = %qp.shared.name, error = %e, "link watch: default QP not moved to ERR");
                         }
+                    }
+                    if change == LinkChange::DeviceFatal {
+                        // Before the link-down: the round it starts must not wait for flushes.
+                        qp.shared.post(Mail::DeviceDead(path));
                     }
                     let event = if up {
                         Event::LinkUp { path }

@@ -68,6 +68,8 @@ impl EventKind {
 pub enum Cause {
     /// The default device's link went down (link watch).
     LinkDown,
+    /// The default device raised its device-fatal event (it died without flushing).
+    DeviceFatal,
     /// A completion with `RETRY_EXC_ERR`: the transport gave up.
     RetryExceeded,
     /// A completion with `RESP_TIMEOUT_ERR`.
@@ -125,6 +127,7 @@ impl Cause {
     pub fn as_str(self) -> &'static str {
         match self {
             Cause::LinkDown => "link-down",
+            Cause::DeviceFatal => "device-fatal",
             Cause::RetryExceeded => "retry-exceeded",
             Cause::ResponseTimeout => "response-timeout",
             Cause::Fatal => "fatal",
