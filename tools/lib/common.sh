@@ -13,6 +13,17 @@ RAILSHIFT_PACKAGES=(
   "tshark:/usr/bin/tshark"
   "redis-server:/usr/bin/redis-server"
   "libc6-dev-arm64-cross:/usr/aarch64-linux-gnu/include/stdio.h"
+  # The Linux rxe peer of tools/interop: a Debian kernel with rdma_rxe, rdma-core's tools and
+  # provider, and what boots it (tools/rxe-vm).
+  "linux-image-amd64:/usr/share/doc/linux-image-amd64/copyright"
+  "rdma-core:/usr/share/doc/rdma-core/copyright"
+  "ibverbs-providers:/etc/libibverbs.d/rxe.driver"
+  "ibverbs-utils:/usr/bin/ibv_rc_pingpong"
+  "perftest:/usr/bin/ib_write_bw"
+  "busybox-static:/usr/bin/busybox"
+  "kmod:/usr/bin/kmod"
+  "cpio:/usr/bin/cpio"
+  "qemu-system-x86:/usr/bin/qemu-system-x86_64"
 )
 
 step() {
