@@ -19,16 +19,26 @@
 //! half keep the whole receive ring posted, and one in four fails the default path again after
 //! the ends switched back (repeated failover: the second round meets the stale receives and
 //! the burns of the first switch-back).
+//!
+//! Since 2026-11-24 (issue 14, item 6) a quarter of the schedules carry SEND/RECV traffic
+//! and a quarter READ traffic (each READ followed by its fenced notification, after which the
+//! receiver changes the slot), and one in eight kills a default device silently (announced
+//! by its device-fatal event, or, in half of them, not at all). These are drawn from a
+//! generator of their own, so the fault schedules of the older seeds are the same as before.
+//! A READ never returns changed data as a success, and a fenced one is never overtaken
+//! (`read-overtaken` fails the run); a dead device never comes back, so no switch-back is
+//! expected.
 
 mod sim;
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use pmd::provider::DeviceFault;
 use pmd::resilient::{Cause, EventKind, ResilientState};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use sim::traffic::{Dir, Traffic};
+use sim::traffic::{Dir, Kind, Traffic};
 use sim::*;
 use softnic::{Fault, FaultRule};
 
@@ -54,6 +64,13 @@ enum Hurt {
         at: Duration,
         for_: Duration,
     },
+    /// Host A's (or B's) default device dies silently at `at`, for good; `announced`: its
+    /// device-fatal event reaches the driver (otherwise it is read away at once).
+    DeviceDead {
+        a: bool,
+        at: Duration,
+        announced: bool,
+    },
     /// Packets between the two ports of a path are dropped with probability `p` (both ways,
     /// or only the receiver's direction: ACKs).
     Loss {
@@ -71,6 +88,7 @@ impl Hurt {
             Hurt::LinkDown { at, for_, .. }
             | Hurt::Loss { at, for_, .. }
             | Hurt::Delay { at, for_, .. } => *at + *for_,
+            Hurt::DeviceDead { at, .. } => *at,
         }
     }
 
@@ -78,12 +96,14 @@ impl Hurt {
         match self {
             Hurt::LinkDown { port, .. } => *port == A_BACKUP || *port == B_BACKUP,
             Hurt::Loss { backup, .. } => *backup,
-            Hurt::Delay { .. } => false,
+            Hurt::Delay { .. } | Hurt::DeviceDead { .. } => false,
         }
     }
 
     fn rules(&self, start: Duration) -> Vec<FaultRule> {
         match *self {
+            // Not a fabric rule: the run kills the device when its time comes.
+            Hurt::DeviceDead { .. } => Vec::new(),
             Hurt::LinkDown { port, at, for_ } => {
                 vec![FaultRule::link_down(
                     port,
@@ -159,6 +179,8 @@ struct Schedule {
     /// application that fills its receive queue; a switch-back then leaves a ring's worth of
     /// stale receives on the backup RQ).
     recv_window: u64,
+    /// What each iteration posts.
+    kind: Kind,
 }
 
 fn ms(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> Duration {
@@ -245,7 +267,28 @@ impl Schedule {
             } else {
                 32
             },
+            kind: Kind::Nccl,
         };
+        // Issue 14's additions, from a generator of their own (older seeds keep their faults).
+        let mut more = ChaCha8Rng::seed_from_u64(seed ^ 0x1414_1414_1414);
+        schedule.kind = match more.random_range(0..8) {
+            0 | 1 => Kind::Send,
+            2 | 3 => Kind::Read,
+            _ => Kind::Nccl,
+        };
+        if more.random_bool(1.0 / 8.0) {
+            let announced = more.random_bool(0.5);
+            // A death nobody announces is noticed only by a peer that sends to the dead host
+            // (its retries run out): B, or either end when both send. (An end whose own
+            // device died unannounced while its peer is idle learns nothing: the device
+            // runs no timer. docs/failover.md 3.7.)
+            let a = more.random_bool(0.5) && (announced || schedule.both_ways);
+            schedule.hurts.push(Hurt::DeviceDead {
+                a,
+                at: ms(&mut more, 0, 150),
+                announced,
+            });
+        }
         // One schedule in four fails the default path again
         // once the ends have had time to switch back (hold-down 50 ms), under traffic long
         // enough to span it: the second round meets the stale receives and burns the first
@@ -286,6 +329,12 @@ impl Schedule {
         self.hurts.iter().any(Hurt::backup)
     }
 
+    fn device_dies(&self) -> bool {
+        self.hurts
+            .iter()
+            .any(|h| matches!(h, Hurt::DeviceDead { .. }))
+    }
+
     fn end(&self) -> Duration {
         self.hurts.iter().map(Hurt::end).max().unwrap_or_default()
     }
@@ -324,12 +373,34 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
         d.window = schedule.window;
         d.credits = schedule.credits;
         d.recv_window = schedule.recv_window;
+        d.kind = schedule.kind;
     }
+    let mut deaths: Vec<(bool, Duration, bool)> = schedule
+        .hurts
+        .iter()
+        .filter_map(|h| match *h {
+            Hurt::DeviceDead { a, at, announced } => Some((a, start + at, announced)),
+            _ => None,
+        })
+        .collect();
     let mut t = Traffic::new(dirs, start);
     let failed = |s: &Sim| {
         s.a.qp.state() == ResilientState::Failed || s.b.qp.state() == ResilientState::Failed
     };
     let ended = sim.run_until(LIMIT, |s| {
+        deaths.retain(|&(a, at, announced)| {
+            if s.now() < at {
+                s.wake_at = Some(s.wake_at.map_or(at, |w| w.min(at)));
+                return true;
+            }
+            let device = &s.host(a).devices[0];
+            device.inject_fault(DeviceFault::Dead).unwrap();
+            if !announced {
+                // Read away before the service sees it: only the drain deadline is left.
+                while device.poll_port_event().is_some() {}
+            }
+            false
+        });
         t.step(s);
         if !t.violations.is_empty() || t.finished() {
             return true;
@@ -359,6 +430,15 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
         failed: failed(&sim),
         ..Outcome::default()
     };
+    // Every READ's notification is fenced: none can be overtaken.
+    let overtaken = [&sim.a, &sim.b].iter().any(|h| {
+        h.qp.events()
+            .iter()
+            .any(|e| e.cause == Cause::ReadOvertaken)
+    });
+    if overtaken {
+        return Err("read-overtaken, though every READ's notification was fenced".to_owned());
+    }
     if !schedule.backup_hurt() {
         if outcome.failed || !t.finished() {
             return Err(format!(
@@ -369,15 +449,17 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
                 sim.b.qp.events()
             ));
         }
-        // The faults end; both ends must come back to the default path.
+        // The faults end; both ends must come back to the default path (unless a device
+        // died: it never comes back).
         let quiet = start + schedule.end();
-        let back = sim.run_until(Duration::from_secs(10), |s| {
-            // The application keeps polling (its failover work may run only there).
-            t.step(s);
-            s.now() >= quiet
-                && s.a.qp.state() == ResilientState::Default
-                && s.b.qp.state() == ResilientState::Default
-        });
+        let back = schedule.device_dies()
+            || sim.run_until(Duration::from_secs(10), |s| {
+                // The application keeps polling (its failover work may run only there).
+                t.step(s);
+                s.now() >= quiet
+                    && s.a.qp.state() == ResilientState::Default
+                    && s.b.qp.state() == ResilientState::Default
+            });
         if !back {
             return Err(format!(
                 "no switch-back after the faults ended: states {:?}/{:?}",
@@ -475,6 +557,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
     let mut failures = String::new();
     let (mut failovers, mut switch_backs, mut failed, mut backup_hurt) = (0, 0, 0, 0);
     let mut refailed = 0;
+    let (mut sends, mut reads, mut deaths) = (0, 0, 0);
     let mut latencies = Vec::new();
     for &seed in &seeds {
         let schedule = Schedule::draw(seed);
@@ -482,6 +565,9 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
             eprintln!("{schedule:#?}");
         }
         backup_hurt += u64::from(schedule.backup_hurt());
+        sends += u64::from(schedule.kind == Kind::Send);
+        reads += u64::from(schedule.kind == Kind::Read);
+        deaths += u64::from(schedule.device_dies());
         match run(&schedule) {
             Ok(o) => {
                 failovers += o.failovers;
@@ -496,7 +582,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
         }
     }
     eprintln!(
-        "{} schedules in {:.1} s ({} hurt the backup path too): {failovers} failovers, {switch_backs} switch-backs, {refailed} schedules failed over again after a switch-back, {failed} connections failed",
+        "{} schedules in {:.1} s ({} hurt the backup path too; {sends} SEND/RECV, {reads} READ, {deaths} kill a default device): {failovers} failovers, {switch_backs} switch-backs, {refailed} schedules failed over again after a switch-back, {failed} connections failed",
         seeds.len(),
         started.elapsed().as_secs_f64(),
         backup_hurt,

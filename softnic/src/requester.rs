@@ -65,7 +65,10 @@ pub(crate) fn run(
             }
             break;
         }
-        if w.fence && qp.req.rd_atomic > 0 {
+        // The fence holds a WQE until the READs and atomics before it have completed: once
+        // it was sent they had, and the READs counted now are later ones (a go-back-N that
+        // resends it must not wait for them, or it never completes).
+        if w.fence && !w.started && qp.req.rd_atomic > 0 {
             break;
         }
         if w.op.is_read_or_atomic() && !w.started && qp.req.rd_atomic >= max_rd_atomic {

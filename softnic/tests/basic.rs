@@ -395,3 +395,60 @@ fn reads_beyond_max_rd_atomic_wait_their_turn_and_all_complete() {
         assert!(got == pattern(3000, i as u64), "read {i}");
     }
 }
+
+/// A fenced WQE that go-back-N sends again must not wait for the READs posted after it (the
+/// ones before it had completed when it was first sent): it waited for a READ behind it
+/// forever, until the retries ran out (issue 14, found by the pmd's seeded simulation).
+#[test]
+fn a_fenced_write_sent_again_does_not_wait_for_a_later_read() {
+    let (sim, mut a, b) = pair();
+    let rkey = b.buf.keys.rkey;
+    b.buf.write(0, &pattern(512, 3));
+    let first = [a.buf.sge(0, 512)];
+    a.qp.post(
+        Op::Read {
+            raddr: b.buf.addr(0),
+            rkey,
+        },
+        Data::Sges(&first),
+        true,
+    );
+    a.qp.ring();
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::Success
+    );
+    // Everything B answers for the next 10 ms is lost: the fenced WRITE's ACK and the later
+    // READ's response. The ACK timer (67 ms) then sends both again.
+    let now = sim.clock.now();
+    sim.fabric.add_rule(softnic::FaultRule {
+        fault: softnic::Fault::Partition,
+        from: Some(1),
+        to: Some(0),
+        start: now,
+        end: Some(now + Duration::from_millis(10)),
+    });
+    a.qp.post_with(
+        Op::Write {
+            raddr: b.buf.addr(8192),
+            rkey,
+        },
+        Data::Sges(&first),
+        true,
+        hw_defs::mlx5::FenceMode::SmallAndFence,
+    );
+    let second = [a.buf.sge(4096, 512)];
+    a.qp.post(
+        Op::Read {
+            raddr: b.buf.addr(0),
+            rkey,
+        },
+        Data::Sges(&second),
+        true,
+    );
+    a.qp.ring();
+    for what in ["the fenced WRITE", "the later READ"] {
+        let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
+        assert_eq!(c.status, WcStatus::Success, "{what}: {c:?}");
+    }
+}

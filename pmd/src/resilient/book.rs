@@ -55,6 +55,9 @@ pub(super) struct Book {
     pub probe: Option<u32>,
     /// The backup SQ counter just past the outstanding switch-back fence.
     pub fence: Option<u32>,
+    /// The same, for a fence that completed in error: the backup QP failed, the connection
+    /// fails with it, and the error completions it owes the application leave the fence out.
+    pub failed_fence: Option<u32>,
     /// Application WQEs a round could not move to the backup SQ (no backup key, no room),
     /// the first the one that failed, oldest first: they complete in error when the
     /// connection fails, after what went to the backup SQ.
@@ -90,9 +93,10 @@ impl Book {
     pub fn is_internal(&self, w: &OutstandingWqe) -> bool {
         w.wr_id == internal_wr_id()
             && (self.is_burn(w.counter)
-                || self
-                    .fence
-                    .is_some_and(|f| w.counter.wrapping_add(u32::from(w.info.bbs)) == f)
+                || [self.fence, self.failed_fence]
+                    .iter()
+                    .flatten()
+                    .any(|&f| w.counter.wrapping_add(u32::from(w.info.bbs)) == f)
                 || self.probe == Some(w.counter))
     }
 

@@ -353,7 +353,12 @@ impl ResilientQp {
                 self.on_error_wc(path, *wc, mark);
             }
         }
-        if fence_retired {
+        if fence_retired && fence_ok == Some(false) {
+            // The backup QP failed under the fence: the connection fails, and its error
+            // completions must still leave the fence and the burns out (they are flushed
+            // WQEs of the backup SQ now, not pruned).
+            self.slow.book.failed_fence = self.slow.book.fence.take();
+        } else if fence_retired {
             self.slow.book.fence = None;
             if let Some(b) = self.slow.backup.as_mut() {
                 let sq = b.qp.send_queue();

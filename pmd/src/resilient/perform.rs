@@ -443,6 +443,7 @@ impl ResilientQp {
         self.slow.wcs.extend(errors);
         self.slow.book.unsent.clear();
         self.slow.book.fence = None;
+        self.slow.book.failed_fence = None;
         self.slow.book.probe = None;
         let epoch = self.epoch();
         self.slow.log.connection_failed(reason, now, epoch);

@@ -14,6 +14,14 @@
 //! `shift_write_bw --check` and NCCL's receiver hand slots back: both ends then post sends.
 //! `Dir::recv_window` receives are kept posted (a whole ring, as an application that fills
 //! its receive queue does, makes a switch-back leave that many stale receives behind).
+//!
+//! Two other kinds of traffic (`Dir::kind`) use the same checks: **SEND/RECV**, each iteration
+//! one signaled SEND of the slot's bytes into receive `i`, which must land in its own receive
+//! (`wr_id`, length, bytes); and **READ**, each iteration a signaled READ of the receiver's
+//! slot (the harness writes the pattern there first) followed by the fenced WRITE_WITH_IMM
+//! notification: the receiver overwrites the slot with the marker when it sees
+//! the notification, so a READ executed again after its notification was consumed brings the
+//! marker, and a READ completing with `Success` must bring the pattern.
 
 use std::time::Duration;
 
@@ -39,9 +47,27 @@ fn pattern(dir: usize, iteration: u64) -> Vec<u8> {
         .collect()
 }
 
+/// What one iteration of a direction posts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Two data WRITEs and a WRITE_WITH_IMM notification (NCCL Simple).
+    Nccl,
+    /// One SEND of the slot's bytes into its own receive.
+    Send,
+    /// A READ of the receiver's slot, then the notification, fenced: it waits for the READ,
+    /// as an application that lets the peer change the slot after it must (without the fence
+    /// plain RC already returns changed data: a READ whose response is lost is executed
+    /// again after the notification).
+    Read,
+}
+
 /// One direction of traffic.
 #[derive(Debug, Clone)]
 pub struct Dir {
+    /// What each iteration posts.
+    pub kind: Kind,
+    /// READs that completed successfully, in order.
+    pub reads_done: u64,
     /// Host A sends (else B sends).
     pub from_a: bool,
     /// Iterations to run.
@@ -71,6 +97,8 @@ impl Dir {
     pub fn new(from_a: bool, total: u64) -> Dir {
         assert!(total <= MAX_ITERATIONS);
         Dir {
+            kind: Kind::Nccl,
+            reads_done: 0,
             from_a,
             total,
             window: 8,
@@ -143,11 +171,12 @@ impl Traffic {
         for d in &mut self.dirs {
             let receiver = s.host(!d.from_a);
             while d.recvs_posted < d.total && d.recvs_posted < d.notified + d.recv_window {
-                if receiver
-                    .qp
-                    .post_recv(&RecvWr::new(d.recvs_posted, &[]))
-                    .is_err()
-                {
+                let k = d.recvs_posted;
+                let wr = match d.kind {
+                    Kind::Send => RecvWr::new(k, &[receiver.buf.sge(d.dst(k), SLOT as u32)]),
+                    _ => RecvWr::new(k, &[]),
+                };
+                if receiver.qp.post_recv(&wr).is_err() {
                     break;
                 }
                 d.recvs_posted += 1;
@@ -165,11 +194,42 @@ impl Traffic {
                 let i = d.posted;
                 let (src, dst) = (d.src(i), d.dst(i));
                 let peer = s.host(!d.from_a).buf.remote(0);
+                if d.kind == Kind::Read {
+                    // The receiver's data, in place before the READ can reach it.
+                    s.host(!d.from_a).buf.write(dst, &pattern(d.index(), i));
+                }
                 let sender = s.host(d.from_a);
-                sender.buf.write(src, &pattern(d.index(), i));
-                let half = SLOT / 2;
                 let mut ok = true;
-                for k in 0..2 {
+                match d.kind {
+                    Kind::Nccl => sender.buf.write(src, &pattern(d.index(), i)),
+                    Kind::Send => {
+                        sender.buf.write(src, &pattern(d.index(), i));
+                        let send = SendWr::new(
+                            i * 10 + 9,
+                            SendOp::Send,
+                            &[sender.buf.sge(src, SLOT as u32)],
+                        )
+                        .signaled();
+                        ok &= sender.qp.post_send(&send).is_ok();
+                    }
+                    Kind::Read => {
+                        sender.buf.write(src, &[0; SLOT]);
+                        let remote = pmd::Remote {
+                            addr: peer.addr + dst as u64,
+                            rkey: peer.rkey,
+                        };
+                        let read = SendWr::new(
+                            i * 10 + 5,
+                            SendOp::Read { remote },
+                            &[sender.buf.sge(src, SLOT as u32)],
+                        )
+                        .signaled();
+                        ok &= sender.qp.post_send(&read).is_ok();
+                    }
+                }
+                let half = SLOT / 2;
+                let writes = if d.kind == Kind::Nccl { 2 } else { 0 };
+                for k in 0..writes {
                     let remote = pmd::Remote {
                         addr: peer.addr + (dst + k * half) as u64,
                         rkey: peer.rkey,
@@ -181,16 +241,23 @@ impl Traffic {
                     );
                     ok &= sender.qp.post_send(&wr).is_ok();
                 }
-                let note = SendWr::new(
-                    i * 10 + 9,
-                    SendOp::WriteImm {
-                        remote: peer,
-                        imm: i as u32,
-                    },
-                    &[],
-                )
-                .signaled();
-                ok &= sender.qp.post_send(&note).is_ok();
+                if d.kind != Kind::Send {
+                    let note = SendWr::new(
+                        i * 10 + 9,
+                        SendOp::WriteImm {
+                            remote: peer,
+                            imm: i as u32,
+                        },
+                        &[],
+                    )
+                    .signaled();
+                    let note = if d.kind == Kind::Read {
+                        note.fenced()
+                    } else {
+                        note
+                    };
+                    ok &= sender.qp.post_send(&note).is_ok();
+                }
                 rang = true;
                 if !ok {
                     // The sender's QP failed: nothing more goes out.
@@ -251,6 +318,26 @@ impl Traffic {
                 }
                 return;
             }
+            if wc.wr_id % 10 == 5 {
+                // A READ: it must bring the bytes the receiver had before the notification.
+                let i = wc.wr_id / 10;
+                if i != d.reads_done || i != d.completed {
+                    self.violations.push(format!(
+                        "READ completion {i} out of order ({} reads and {} iterations done)",
+                        d.reads_done, d.completed
+                    ));
+                }
+                let mut got = vec![0u8; SLOT];
+                s.host(a).buf.read(d.src(i), &mut got);
+                if got != pattern(d.index(), i) {
+                    self.violations.push(format!(
+                        "READ {i} completed with Success but brought other bytes (first {:#x})",
+                        got[0]
+                    ));
+                }
+                d.reads_done += 1;
+                return;
+            }
             if wc.wr_id != d.completed * 10 + 9 {
                 self.violations.push(format!(
                     "sender completion {} out of order ({} expected)",
@@ -264,7 +351,18 @@ impl Traffic {
         if wc.status != WcStatus::Success {
             return; // a receive flushed when the receiver's QP failed
         }
-        let i = u64::from(wc.imm.unwrap_or(u32::MAX));
+        let i = match d.kind {
+            Kind::Send => {
+                if wc.byte_len as usize != SLOT {
+                    self.violations.push(format!(
+                        "SEND {} landed with {} bytes, not {SLOT}",
+                        wc.wr_id, wc.byte_len
+                    ));
+                }
+                wc.wr_id
+            }
+            _ => u64::from(wc.imm.unwrap_or(u32::MAX)),
+        };
         if i != d.notified {
             self.violations.push(format!(
                 "notification {i} observed, {} expected",
