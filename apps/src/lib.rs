@@ -29,6 +29,7 @@ pub mod faults;
 pub mod lat;
 pub mod outcome;
 pub mod pattern;
+pub mod rc_ops;
 pub mod rc_pingpong;
 pub mod report;
 pub mod run;

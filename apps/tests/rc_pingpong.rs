@@ -95,3 +95,35 @@ fn a_malformed_exchange_message_is_refused_by_name() {
         "{err}"
     );
 }
+
+#[test]
+fn rc_ops_runs_every_rc_opcode_against_itself_and_both_sides_check_it() {
+    if !is_root() {
+        println!("skipped: softnic on lo needs root (CI runs as root)");
+        return;
+    }
+    // shift_rc_ops listens on its fixed port (18516), so this is the only test that runs it.
+    let target = spawn(
+        "shift_rc_ops",
+        &["-d".into(), "soft:lo@127.79.2.2".into(), "--target".into()],
+    );
+    let initiator = spawn(
+        "shift_rc_ops",
+        &[
+            "-d".into(),
+            "soft:lo@127.79.2.1".into(),
+            "--initiator".into(),
+            "127.0.0.1".into(),
+        ],
+    );
+    let i = wait(initiator, Duration::from_secs(60));
+    let t = wait(target, Duration::from_secs(60));
+    for (who, out) in [("initiator", &i), ("target", &t)] {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("RCOPS ok"),
+            "{who}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

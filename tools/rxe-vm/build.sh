@@ -13,6 +13,9 @@ for a in sh mount insmod ip ifconfig sleep cat echo poweroff mkdir ls dmesg grep
 bins="/usr/bin/ibv_rc_pingpong /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/ib_write_bw /usr/bin/ib_write_lat /usr/bin/ib_send_bw /usr/bin/ib_read_bw /usr/bin/ib_atomic_bw /usr/bin/ibv_ud_pingpong /usr/bin/rdma /usr/bin/ibv_srq_pingpong"
 libs=$(for b in $bins /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so; do ldd "$b" | awk '/=>/ {print $3} /ld-linux/ {print $1}'; done | sort -u)
 for b in $bins; do cp "$b" "$root/bin/"; done
+# Our own peer for every RC opcode (tools/rxe-vm/rc_ops.c), against the same libibverbs.
+here=$(cd "$(dirname "$0")" && pwd)
+gcc -O2 -Wall -o "$root/bin/rc_ops" "$here/rc_ops.c" -libverbs
 for l in $libs; do mkdir -p "$root$(dirname "$l")"; cp -L "$l" "$root$l"; done
 cp /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so "$root/usr/lib/x86_64-linux-gnu/libibverbs/"
 mkdir -p "$root/etc/libibverbs.d"; cp /etc/libibverbs.d/rxe.driver "$root/etc/libibverbs.d/"

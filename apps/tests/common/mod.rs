@@ -49,6 +49,7 @@ pub fn bin(tool: &str) -> PathBuf {
         "shift_atomic_bw" => env!("CARGO_BIN_EXE_shift_atomic_bw").into(),
         "shift_allreduce" => env!("CARGO_BIN_EXE_shift_allreduce").into(),
         "shift_rc_pingpong" => env!("CARGO_BIN_EXE_shift_rc_pingpong").into(),
+        "shift_rc_ops" => env!("CARGO_BIN_EXE_shift_rc_ops").into(),
         other => panic!("unknown tool {other}"),
     }
 }
