@@ -149,13 +149,17 @@ impl LinkWatch {
         }
     }
 
-    /// A descriptor that becomes readable when a change may be waiting.
-    pub fn fd(&self) -> Option<RawFd> {
+    /// The descriptors that become readable when a change may be waiting (a netdev's
+    /// watch also wakes for the device's own events: a device-fatal event).
+    pub fn fds(&self, out: &mut Vec<RawFd>) {
         match &self.source {
-            Source::Provider => self.ctx.port_event_fd(),
+            Source::Provider => out.extend(self.ctx.port_event_fd()),
             #[cfg(feature = "soft")]
-            Source::Netdev { monitor, .. } => Some(monitor.fd()),
-            Source::Off => None,
+            Source::Netdev { monitor, .. } => {
+                out.push(monitor.fd());
+                out.extend(self.ctx.port_event_fd());
+            }
+            Source::Off => {}
         }
     }
 }

@@ -456,7 +456,9 @@ impl ServiceHandle {
         out.clear();
         out.push(self.inner.wake.fd.as_raw_fd());
         let st = self.lock();
-        out.extend(st.links.iter().filter_map(|l| l.fd()));
+        for l in &st.links {
+            l.fds(out);
+        }
         for qp in st.qps.iter().filter_map(Weak::upgrade) {
             if let Some(fd) = qp.control().and_then(|c| c.event_fd()) {
                 out.push(fd);

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::ptr::NonNull;
 
 use rdma_sys::{
-    ibv_close_device, ibv_context, ibv_device, ibv_free_device_list, ibv_get_device_list,
-    ibv_get_device_name, ibv_gid, ibv_open_device, ibv_query_gid,
+    ibv_ack_async_event, ibv_async_event, ibv_close_device, ibv_context, ibv_device,
+    ibv_free_device_list, ibv_get_async_event, ibv_get_device_list, ibv_get_device_name, ibv_gid,
+    ibv_open_device, ibv_query_gid,
 };
 
 use super::dv;
@@ -118,10 +119,55 @@ impl Device {
             verb: "ibv_open_device",
             reason: std::io::Error::last_os_error().to_string(),
         })?;
-        Ok(Device {
+        let device = Device {
             ctx,
             ibdev: ibdev.to_string(),
-        })
+        };
+        // Async events are read without blocking, from the failover service's poll loop.
+        let fd = device.async_fd();
+        // SAFETY: fcntl on the context's own descriptor, which is open while the context is.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            tracing::warn!(ibdev = %device.ibdev, error = %std::io::Error::last_os_error(), "mlx5: the async event descriptor stays blocking; async events are not read");
+        }
+        Ok(device)
+    }
+
+    /// The context's async event descriptor (`ibv_context::async_fd`), non-blocking.
+    pub fn async_fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: the context is open; `async_fd` is a plain integer field.
+        unsafe { (*self.ctx()).async_fd }
+    }
+
+    /// The type (`enum ibv_event_type`, as its number) of the oldest unread async event,
+    /// acknowledged; `None` when none is waiting (or the descriptor is blocking).
+    pub fn next_async_event(&self) -> Option<u32> {
+        /// `struct ibv_async_event` with its event type as a plain integer: the kernel may
+        /// report a type newer than the bindings' Rust enum knows, which must not be read
+        /// into that enum.
+        #[repr(C)]
+        struct RawAsyncEvent {
+            /// The union of the object pointers and the port number: pointer-sized.
+            element: *mut libc::c_void,
+            event_type: u32,
+        }
+        let mut raw = RawAsyncEvent {
+            element: std::ptr::null_mut(),
+            event_type: 0,
+        };
+        let event = (&mut raw as *mut RawAsyncEvent).cast::<ibv_async_event>();
+        // SAFETY: the context is open; `event` points to writable memory of the size and
+        // alignment of `struct ibv_async_event` (a pointer-sized union, then a C enum), which
+        // libibverbs fills; with a non-blocking descriptor the call returns -1 when nothing is
+        // waiting.
+        if unsafe { ibv_get_async_event(self.ctx(), event) } != 0 {
+            return None;
+        }
+        let kind = raw.event_type;
+        // SAFETY: an event just returned by ibv_get_async_event, acknowledged once.
+        unsafe { ibv_ack_async_event(event) };
+        Some(kind)
     }
 
     /// The context, for verbs calls.

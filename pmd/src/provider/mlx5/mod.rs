@@ -59,7 +59,8 @@ use self::attr::{rc_error, verbs_error};
 use self::device::Device;
 use self::events::{Channel, CqEvents};
 use super::{
-    CompletionEvents, CqRequest, Handle, Provider, QpRequest, RawCq, RawMr, RawQp, VerbsError,
+    CompletionEvents, CqRequest, Handle, PortEvent, Provider, QpRequest, RawCq, RawMr, RawQp,
+    VerbsError,
 };
 use crate::name::DeviceName;
 use crate::qp_state::QpState;
@@ -288,6 +289,26 @@ impl Mlx5Provider {
 impl Provider for Mlx5Provider {
     fn name(&self) -> &DeviceName {
         &self.name
+    }
+
+    fn poll_port_event(&self) -> Option<PortEvent> {
+        // Numbers of `enum ibv_event_type` (verbs.h).
+        const IBV_EVENT_DEVICE_FATAL: u32 = 8;
+        const IBV_EVENT_PORT_ACTIVE: u32 = 9;
+        const IBV_EVENT_PORT_ERR: u32 = 10;
+        while let Some(kind) = self.device.next_async_event() {
+            match kind {
+                IBV_EVENT_DEVICE_FATAL => return Some(PortEvent::DeviceFatal),
+                IBV_EVENT_PORT_ACTIVE => return Some(PortEvent::Active),
+                IBV_EVENT_PORT_ERR => return Some(PortEvent::Down),
+                other => tracing::debug!(device = %self.label, event = other, "mlx5: async event"),
+            }
+        }
+        None
+    }
+
+    fn port_event_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.device.async_fd())
     }
 
     fn query_device(&self) -> Result<DeviceAttr, VerbsError> {
