@@ -10,7 +10,7 @@ root=$(mktemp -d)
 mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,tmp,lib,lib64,usr/lib/x86_64-linux-gnu/libibverbs,mods,run}
 cp /usr/bin/busybox "$root/bin/busybox"
 for a in sh mount insmod ip ifconfig sleep cat echo poweroff mkdir ls dmesg grep sed seq timeout nc udhcpc; do ln -sf busybox "$root/bin/$a"; done
-bins="/usr/bin/ibv_rc_pingpong /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/ib_write_bw /usr/bin/ib_write_lat /usr/bin/ib_send_bw /usr/bin/ib_read_bw /usr/bin/ib_atomic_bw /usr/bin/ibv_ud_pingpong /usr/bin/rdma /usr/bin/ibv_srq_pingpong"
+bins="/sbin/tc /usr/bin/ibv_rc_pingpong /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/ib_write_bw /usr/bin/ib_write_lat /usr/bin/ib_send_bw /usr/bin/ib_read_bw /usr/bin/ib_atomic_bw /usr/bin/ibv_ud_pingpong /usr/bin/rdma /usr/bin/ibv_srq_pingpong"
 libs=$(for b in $bins /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so; do ldd "$b" | awk '/=>/ {print $3} /ld-linux/ {print $1}'; done | sort -u)
 for b in $bins; do cp "$b" "$root/bin/"; done
 # Our own peer for every RC opcode (tools/rxe-vm/rc_ops.c), against the same libibverbs.
@@ -20,7 +20,8 @@ for l in $libs; do mkdir -p "$root$(dirname "$l")"; cp -L "$l" "$root$l"; done
 cp /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so "$root/usr/lib/x86_64-linux-gnu/libibverbs/"
 mkdir -p "$root/etc/libibverbs.d"; cp /etc/libibverbs.d/rxe.driver "$root/etc/libibverbs.d/"
 i=0
-for m in virtio_pci virtio_net crc32_generic rdma_rxe; do
+# netem both ways for the impaired round of tools/interop: egress on eth0, ingress through ifb0.
+for m in virtio_pci virtio_net crc32_generic rdma_rxe sch_netem sch_ingress ifb act_mirred cls_matchall; do
   modprobe -S "$K" --show-depends "$m" | awk '{print $2}' | while read -r f; do
     n=$(basename "$f"); [ -e "$root/mods/order.$n" ] && continue
     cp "$f" "$root/mods/$n"; echo "$n" >> "$root/mods/order"; touch "$root/mods/order.$n"
