@@ -32,9 +32,22 @@ pub struct Config {
     pub backoff_max: Duration,
     /// How long a failover handshake may wait for the peer before the connection is failed.
     pub handshake_timeout: Duration,
+    /// How long the backup link may be down while something needs it (a failover round, or
+    /// traffic on the backup) before the connection fails with `backup-unavailable`: the
+    /// QP's own RC retry budget, so failover never fails faster than a plain RC QP would.
+    /// Zero fails at once.
+    pub backup_wait: Duration,
     /// How soon to poll the backup CQ again while waiting for receive completions during a
     /// switch-back.
     pub redrain_interval: Duration,
+}
+
+/// What a plain RC QP waits before `RETRY_EXC_ERR` on a dead path: the first transmission and
+/// `retry_cnt` retries, each waiting the local ACK timeout 4.096 us x 2^`timeout`. A `timeout`
+/// of 0 (no timer) is taken as 14 (67 ms), so the wait stays bounded.
+pub fn rc_retry_budget(timeout: u8, retry_cnt: u8) -> Duration {
+    let exp = if timeout == 0 { 14 } else { timeout.min(31) };
+    Duration::from_nanos(4096u64 << exp) * (u32::from(retry_cnt.min(7)) + 1)
 }
 
 impl Config {
@@ -48,6 +61,7 @@ impl Config {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(2),
+            backup_wait: rc_retry_budget(14, 7),
             redrain_interval: Duration::from_micros(50),
         }
     }

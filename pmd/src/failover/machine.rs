@@ -42,6 +42,10 @@ pub struct Failover {
     backup_usable: bool,
     /// Stale receive WQEs left at the head of the backup RQ by the last receive switch-back.
     stale_backup_recvs: u64,
+    /// The backup link is down while something needs it: the connection fails if it is not
+    /// back by then (`Config::backup_wait`, the QP's own RC retry budget), as a plain RC QP
+    /// would fail after its retries, not at the link-down.
+    backup_deadline: Option<Timestamp>,
     failed: Option<FailReason>,
     /// What happened that the driver has not taken yet ([`Failover::poll_observation`]).
     observations: Observations,
@@ -92,6 +96,12 @@ struct Round {
 enum RoundStep {
     /// Waiting for the driver to drain the default QP.
     Draining,
+    /// The default QP is drained but the backup link is down: our `Failover` message waits
+    /// for it (until `backup_deadline`).
+    AwaitingBackup {
+        drained: Progress,
+        sends_before_first_read: Option<u64>,
+    },
     /// Our `Failover` message is sent; waiting for the peer's.
     AwaitingPeer {
         drained: Progress,
@@ -213,6 +223,7 @@ impl Failover {
             },
             backup_usable: true,
             stale_backup_recvs: 0,
+            backup_deadline: None,
             failed: None,
             observations: Observations::new(),
         }
@@ -271,21 +282,22 @@ impl Failover {
                 first_error,
                 atomic_in_flight,
                 sends_before_first_read,
+                now,
                 out,
             ),
             // The backup path failed.
             Event::ErrorCompletion {
                 path: Path::Backup,
                 status,
-            } => self.backup_failed(status, true, out),
+            } => self.backup_failed(status, true, now, out),
             Event::LinkDown { path: Path::Backup } => {
                 self.backup_link = Link {
                     up: false,
                     since: now,
                 };
-                self.backup_failed(WcStatus::RetryExcErr, false, out)
+                self.backup_failed(WcStatus::RetryExcErr, false, now, out)
             }
-            Event::ControlSendFailed => self.backup_failed(WcStatus::RetryExcErr, true, out),
+            Event::ControlSendFailed => self.backup_failed(WcStatus::RetryExcErr, true, now, out),
             Event::LinkUp {
                 path: Path::Default,
             } => {
@@ -298,7 +310,9 @@ impl Failover {
                 self.backup_link = Link {
                     up: true,
                     since: now,
-                }
+                };
+                self.backup_deadline = None;
+                self.resume_round(now, out);
             }
             // State 2: bring the default pair back into a new epoch and probe it.
             Event::Tick => self.tick(now, out),
@@ -372,7 +386,10 @@ impl Failover {
             DefaultQp::Dead { .. } => self.next_rearm().or(self.rearm_ready_at()),
             _ => None,
         };
-        [send, recv, rearm].into_iter().flatten().min()
+        [send, recv, rearm, self.backup_deadline]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Why the connection failed, if it did.
@@ -476,6 +493,23 @@ impl Failover {
                             ..round
                         })
                     }
+                    // The peer's message came over the backup path: it works again.
+                    RoundStep::AwaitingBackup {
+                        drained,
+                        sends_before_first_read,
+                    } => {
+                        self.backup_deadline = None;
+                        self.send_failover(
+                            Round {
+                                peer: Some(peer),
+                                ..round
+                            },
+                            drained,
+                            sends_before_first_read,
+                            now,
+                            out,
+                        )
+                    }
                     RoundStep::AwaitingPeer {
                         drained,
                         sends_before_first_read,
@@ -503,9 +537,16 @@ impl Failover {
         now: Timestamp,
         out: &mut Actions,
     ) {
-        if !self.backup_link.up || !self.backup_usable {
+        if !self.backup_usable || (!self.backup_link.up && self.config.backup_wait.is_zero()) {
             tracing::warn!(%epoch, "failover: default path failed and the backup path is down");
             return self.fail(FailReason::BackupUnavailable, out);
+        }
+        if !self.backup_link.up {
+            // Drain the default now; the `Failover` message waits for the backup link, for as
+            // long as a plain RC QP would retry.
+            let deadline = now + self.config.backup_wait;
+            self.backup_deadline.get_or_insert(deadline);
+            tracing::warn!(%epoch, wait = ?self.config.backup_wait, "failover: default path failed while the backup link is down; waiting for it");
         }
         self.observations.push(Observation::RoundStarted {
             epoch: self.epoch,
@@ -539,6 +580,7 @@ impl Failover {
         first_error: Option<WcStatus>,
         atomic: bool,
         sends_before_first_read: Option<u64>,
+        now: Timestamp,
         out: &mut Actions,
     ) {
         let SendState::FailingOver(round) = self.send else {
@@ -553,6 +595,49 @@ impl Failover {
         if atomic {
             return self.fail(FailReason::AtomicInFlight, out);
         }
+        if !self.backup_link.up {
+            self.send = SendState::FailingOver(Round {
+                step: RoundStep::AwaitingBackup {
+                    drained: progress,
+                    sends_before_first_read,
+                },
+                // The backup deadline bounds this wait; the handshake's starts when we send.
+                deadline: Timestamp::MAX,
+                ..round
+            });
+            return;
+        }
+        self.send_failover(round, progress, sends_before_first_read, now, out);
+    }
+
+    /// The backup link is up again: a round that waited for it sends its `Failover` now.
+    fn resume_round(&mut self, now: Timestamp, out: &mut Actions) {
+        if let SendState::FailingOver(
+            round @ Round {
+                step:
+                    RoundStep::AwaitingBackup {
+                        drained,
+                        sends_before_first_read,
+                    },
+                ..
+            },
+        ) = self.send
+        {
+            tracing::info!(epoch = %round.epoch, "failover: backup link up again; resuming the round");
+            self.send_failover(round, drained, sends_before_first_read, now, out);
+        }
+    }
+
+    /// Moves the receives and sends our `Failover` message, then finishes the round at once
+    /// if the peer's came first, else waits for it.
+    fn send_failover(
+        &mut self,
+        round: Round,
+        progress: Progress,
+        sends_before_first_read: Option<u64>,
+        now: Timestamp,
+        out: &mut Actions,
+    ) {
         if self.recv == RecvState::Default {
             out.push(Action::CopyRecvsToBackup);
             self.recv = RecvState::Fallback;
@@ -573,6 +658,7 @@ impl Failover {
                         drained: progress,
                         sends_before_first_read,
                     },
+                    deadline: round.deadline.min(now + self.config.handshake_timeout),
                     ..round
                 })
             }
@@ -612,13 +698,28 @@ impl Failover {
 
     /// The backup path failed; `qp_in_error`: a backup or control QP is in ERR for good (a
     /// link that went down may come back, a QP in ERR cannot without the peer).
-    fn backup_failed(&mut self, status: WcStatus, qp_in_error: bool, out: &mut Actions) {
+    fn backup_failed(
+        &mut self,
+        status: WcStatus,
+        qp_in_error: bool,
+        now: Timestamp,
+        out: &mut Actions,
+    ) {
         if qp_in_error {
             self.backup_usable = false;
         }
         match ErrorClass::of(status) {
             ErrorClass::Refusal => self.fail(FailReason::Refused { status }, out),
-            _ if self.needs_backup() => self.fail(FailReason::BackupUnavailable, out),
+            _ if self.needs_backup() && (qp_in_error || self.config.backup_wait.is_zero()) => {
+                self.fail(FailReason::BackupUnavailable, out)
+            }
+            // A link down is not yet a dead path: the backup QP keeps retrying for its RC
+            // budget, as a plain RC QP would, and a link back by then loses nothing.
+            _ if self.needs_backup() => {
+                let deadline = now + self.config.backup_wait;
+                self.backup_deadline.get_or_insert(deadline);
+                tracing::warn!(wait = ?self.config.backup_wait, "failover: backup link down while in use; failing if it is not back in time");
+            }
             // Everything runs on the default pair: keep running, unprotected for now.
             _ => tracing::warn!(
                 qp_in_error,
@@ -637,6 +738,18 @@ impl Failover {
     // ---- State 2: rearm the default pair and probe it ------------------------------------
 
     fn tick(&mut self, now: Timestamp, out: &mut Actions) {
+        if let Some(deadline) = self.backup_deadline {
+            if self.backup_link.up {
+                self.backup_deadline = None;
+            } else if now >= deadline && self.needs_backup() {
+                tracing::warn!(
+                    "failover: the backup link did not come back within the RC retry budget"
+                );
+                return self.fail(FailReason::BackupUnavailable, out);
+            } else if now >= deadline {
+                self.backup_deadline = None;
+            }
+        }
         match self.send {
             SendState::FailingOver(round) if now >= round.deadline => {
                 return self.fail(FailReason::HandshakeTimeout, out)

@@ -28,7 +28,7 @@ mod time;
 mod tests;
 
 pub use action::{Action, FailReason, Lane, Route};
-pub use config::{Config, Epoch, Role, EPOCH_PSN_STRIDE};
+pub use config::{rc_retry_budget, Config, Epoch, Role, EPOCH_PSN_STRIDE};
 pub use event::{Event, Path, Progress};
 pub use machine::{Actions, DefaultQpPhase, Failover, RecvPhase, SendPhase, MAX_ACTIONS_PER_EVENT};
 pub use message::{ControlMessage, ControlPacket, ControlRepr, MessageError, CONTROL_MESSAGE_LEN};

@@ -485,13 +485,94 @@ fn rnr_retry_exhaustion_is_the_applications_problem_not_the_paths() {
     assert_eq!(surfaced(&actions).map(|(s, _)| s), Some(status));
 }
 
+/// The QP's RC budget at the default attributes (timeout 14, 7 retries): 8 x 67.1 ms.
+fn budget() -> Duration {
+    rc_retry_budget(14, 7)
+}
+
 #[test]
-fn default_failure_with_the_backup_link_down_fails_promptly() {
+fn the_rc_budget_is_what_a_plain_qp_waits_before_retry_exceeded() {
+    assert_eq!(budget(), Duration::from_nanos(8 * (4096 << 14)));
+    assert_eq!(
+        rc_retry_budget(12, 3),
+        Duration::from_nanos(4 * (4096 << 12))
+    );
+    // No ACK timer (0) is taken as 14, so the wait stays bounded.
+    assert_eq!(rc_retry_budget(0, 7), budget());
+}
+
+#[test]
+fn a_default_failure_while_the_backup_link_is_down_waits_the_rc_budget_then_fails() {
     let mut machine = end(Role::Leader);
     assert_eq!(
         step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5)),
         []
     );
+    // The default is drained at once; the Failover message waits for the backup link.
+    let actions = step(&mut machine, retry_exhausted(), at(10));
+    assert!(actions.contains(&Action::DrainDefault), "{actions:?}");
+    assert_eq!(surfaced(&actions), None);
+    let actions = step(&mut machine, drained(progress(2, 2, 0)), at(11));
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::SendControl(_))),
+        "{actions:?}"
+    );
+    let deadline = machine.poll_timeout().unwrap();
+    assert_eq!(deadline, at(10) + budget());
+    assert_eq!(step(&mut machine, Event::Tick, at(400)), []);
+    let actions = step(&mut machine, Event::Tick, deadline);
+    assert_eq!(
+        surfaced(&actions),
+        Some((WcStatus::RetryExcErr, FailReason::BackupUnavailable))
+    );
+}
+
+#[test]
+fn a_default_failure_fails_over_when_the_backup_link_returns_within_the_budget() {
+    let mut machine = end(Role::Follower);
+    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(11));
+    let actions = step(&mut machine, Event::LinkUp { path: Path::Backup }, at(300));
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::SendControl(ControlMessage::Failover { .. }))),
+        "{actions:?}"
+    );
+    // The handshake's own timeout runs from the message, not from the link-down.
+    assert_eq!(
+        machine.poll_timeout().unwrap(),
+        at(300) + Duration::from_secs(2)
+    );
+    step(&mut machine, peer_failover(0, 3, 0), at(301));
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+    assert_eq!(machine.failed(), None);
+}
+
+#[test]
+fn a_peer_failover_message_while_waiting_for_the_backup_link_resumes_the_round() {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(11));
+    // It came over the backup path, so that path works whatever the link event said.
+    let actions = step(&mut machine, peer_failover(0, 3, 0), at(50));
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::SendControl(ControlMessage::Failover { .. }))),
+        "{actions:?}"
+    );
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+}
+
+#[test]
+fn with_no_backup_wait_a_default_failure_with_the_backup_link_down_fails_at_once() {
+    let mut config = Config::new(Role::Leader);
+    config.backup_wait = Duration::ZERO;
+    let mut machine = Failover::new(config, at(0));
+    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
     let actions = step(&mut machine, retry_exhausted(), at(10));
     assert_eq!(
         surfaced(&actions),
@@ -548,9 +629,17 @@ fn a_failover_message_for_a_future_epoch_is_a_protocol_violation() {
 // ---- The backup path ----------------------------------------------------------------------
 
 #[test]
-fn backup_link_down_in_fallback_fails_promptly() {
+fn backup_link_down_in_fallback_fails_after_the_rc_budget_not_at_the_link_down() {
     let mut machine = failed_over(Role::Leader);
-    let actions = step(&mut machine, Event::LinkDown { path: Path::Backup }, at(20));
+    // Issue 15: this failed the connection at the link-down although a plain RC QP would
+    // have retried through a 0.37 s outage.
+    assert_eq!(
+        step(&mut machine, Event::LinkDown { path: Path::Backup }, at(20)),
+        []
+    );
+    let deadline = at(20) + budget();
+    assert!(machine.poll_timeout().unwrap() <= deadline);
+    let actions = step(&mut machine, Event::Tick, deadline);
     assert_eq!(
         surfaced(&actions),
         Some((WcStatus::RetryExcErr, FailReason::BackupUnavailable))
@@ -559,6 +648,16 @@ fn backup_link_down_in_fallback_fails_promptly() {
         !actions.iter().any(|a| matches!(a, Action::SendControl(_))),
         "no control path to tell the peer"
     );
+}
+
+#[test]
+fn a_backup_link_back_within_the_budget_keeps_the_connection_on_the_backup() {
+    let mut machine = failed_over(Role::Leader);
+    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(20));
+    step(&mut machine, Event::LinkUp { path: Path::Backup }, at(390));
+    assert_eq!(step(&mut machine, Event::Tick, at(20) + budget()), []);
+    assert_eq!(machine.failed(), None);
+    assert_eq!(machine.send_route(), Route::Backup);
 }
 
 #[test]
@@ -1408,7 +1507,8 @@ fn rounds_started_by_link_down_and_by_the_peer_are_observed_as_such() {
 #[test]
 fn a_round_that_cannot_start_is_not_observed() {
     let mut machine = end(Role::Leader);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    // The control QP went to ERR: the backup pair cannot come back without the peer.
+    step(&mut machine, Event::ControlSendFailed, at(5));
     let actions = step(&mut machine, retry_exhausted(), at(10));
     assert!(surfaced(&actions).is_some());
     assert_eq!(observed(&mut machine), []);

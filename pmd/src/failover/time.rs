@@ -16,6 +16,8 @@ pub struct Timestamp {
 impl Timestamp {
     /// The origin of the caller's clock.
     pub const ZERO: Timestamp = Timestamp { nanos: 0 };
+    /// The end of time: a deadline that never comes.
+    pub const MAX: Timestamp = Timestamp { nanos: u64::MAX };
 
     /// A timestamp `nanos` nanoseconds after the origin.
     pub const fn from_nanos(nanos: u64) -> Self {

@@ -86,6 +86,8 @@ impl ResilientConfig {
             backoff_max: self.backoff_max,
             handshake_timeout: self.handshake_timeout,
             redrain_interval: self.redrain_interval,
+            // Set from the QP's own RTS attributes when it is armed (the driver's install).
+            backup_wait: failover::Config::new(role).backup_wait,
         }
     }
 }

@@ -202,7 +202,15 @@ impl ResilientQp {
             Role::Follower
         };
         let now = s.env.clock.now();
-        s.machine = Some(Failover::new(s.env.config.machine(role), now));
+        let mut config = s.env.config.machine(role);
+        // A backup link down waits no longer than this QP's own retries would.
+        if let Some(rts) = &parts.base.rts {
+            config.backup_wait = crate::failover::rc_retry_budget(
+                rts.timeout.unwrap_or(14),
+                rts.retry_cnt.unwrap_or(7),
+            );
+        }
+        s.machine = Some(Failover::new(config, now));
         s.backup = Some(Backup {
             qp: parts.qp,
             cq: parts.cq,
