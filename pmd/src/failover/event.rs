@@ -3,15 +3,7 @@
 use super::config::Epoch;
 use super::message::ControlMessage;
 use super::status::WcStatus;
-
-/// One of the two QPs of a resilient connection end, and the device it lives on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Path {
-    /// The default QP on the default device: carries traffic when nothing has failed.
-    Default,
-    /// The backup QP on the backup device (which also carries the control QP).
-    Backup,
-}
+use super::vocab::Path;
 
 /// The driver's counters of two-sided application work, counted since the connection began.
 ///

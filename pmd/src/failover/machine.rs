@@ -1,12 +1,13 @@
 //! The failover machine of one resilient connection end.
 
-use super::action::{Action, FailReason, Route};
+use super::action::{Action, Route};
 use super::config::{Config, Epoch, Role};
-use super::event::{Event, Path, Progress};
+use super::event::{Event, Progress};
 use super::message::ControlMessage;
 use super::observation::{Observation, Observations, RoundTrigger};
 use super::status::{ErrorClass, WcStatus};
 use super::time::Timestamp;
+use super::vocab::{FailReason, Path};
 
 /// The SHIFT failover machine of one end of a resilient connection.
 ///

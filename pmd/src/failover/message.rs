@@ -16,9 +16,9 @@
 //! resilient connection between two backup devices. Counters travel as full 64-bit values: no
 //! wrap-around reconstruction is needed on the receiving side.
 
-use super::action::FailReason;
 use super::config::Epoch;
 use super::status::WcStatus;
+use super::vocab::FailReason;
 
 /// What one end tells the other about the failover protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -23,15 +23,17 @@ mod message;
 mod observation;
 mod status;
 mod time;
+mod vocab;
 
 #[cfg(test)]
 mod tests;
 
-pub use action::{Action, FailReason, Lane, Route};
+pub use action::{Action, Route};
 pub use config::{rc_retry_budget, Config, Epoch, Role, EPOCH_PSN_STRIDE};
-pub use event::{Event, Path, Progress};
+pub use event::{Event, Progress};
 pub use machine::{Actions, DefaultQpPhase, Failover, RecvPhase, SendPhase, MAX_ACTIONS_PER_EVENT};
 pub use message::{ControlMessage, ControlPacket, ControlRepr, MessageError, CONTROL_MESSAGE_LEN};
 pub use observation::{Observation, RoundTrigger};
 pub use status::{ErrorClass, WcStatus};
 pub use time::Timestamp;
+pub use vocab::{FailReason, Path};

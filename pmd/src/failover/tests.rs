@@ -1436,27 +1436,6 @@ fn a_failed_end_ignores_everything() {
     assert_eq!(machine.poll_timeout(), None);
 }
 
-#[test]
-fn datapath_actions_and_control_actions_are_told_apart() {
-    assert_eq!(
-        Action::CopySendsToBackup {
-            burn: 0,
-            skip_through: 0
-        }
-        .lane(),
-        Lane::Datapath
-    );
-    assert_eq!(Action::ReleaseDefaultDoorbell.lane(), Lane::Datapath);
-    assert_eq!(
-        Action::SendControl(ControlMessage::PathUp { epoch: Epoch(1) }).lane(),
-        Lane::Control
-    );
-    assert_eq!(
-        Action::BringUpDefaultQp { epoch: Epoch(1) }.lane(),
-        Lane::Control
-    );
-}
-
 // ---- What the machine observed --------------------------------------------------------------
 
 fn observed(machine: &mut Failover) -> Vec<Observation> {
