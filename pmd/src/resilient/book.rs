@@ -8,7 +8,7 @@ use crate::datapath::sq::OutstandingWqe;
 use crate::datapath::wr::{WcStatus, WorkCompletion};
 use crate::failover::Path;
 
-use super::qp::internal_wr_id;
+use super::work::internal_wr_id;
 
 /// What the driver learned from a QP's first error completion since it was brought up.
 #[derive(Debug, Clone, Copy, Default)]

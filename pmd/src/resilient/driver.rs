@@ -24,8 +24,9 @@ use crate::qp_state::QpState;
 
 use super::mailbox::{BackupParts, Mail};
 use super::plan::sends_before_first_read;
-use super::qp::{internal_wr_id, is_recv, two_sided_opcode, Backup, ResilientQp};
+use super::qp::{Backup, ResilientQp};
 use super::stats::Cause;
+use super::work::{internal_wr_id, is_recv, two_sided_opcode};
 
 /// Rounds of mail, timers and polling one `run` does at most before it returns (each round
 /// that finds nothing ends it sooner).

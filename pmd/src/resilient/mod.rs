@@ -57,6 +57,7 @@ mod rendezvous;
 mod service;
 mod shadow;
 mod stats;
+mod work;
 
 pub use clock::Clock;
 pub use config::{LinkSource, ResilientConfig};

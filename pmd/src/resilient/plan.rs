@@ -11,7 +11,7 @@ use crate::datapath::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::failover::Path;
 
 use super::book::Book;
-use super::qp::{is_recv, two_sided_opcode};
+use super::work::{is_recv, two_sided_opcode};
 
 /// What a failover round does with the default SQ's outstanding WQEs (`list`, oldest first),
 /// from [`plan_copy`].
@@ -189,7 +189,7 @@ pub(super) fn plan_error_completions(
 mod tests {
     use super::*;
     use crate::datapath::track::WqeInfo;
-    use crate::resilient::qp::internal_wr_id;
+    use crate::resilient::work::internal_wr_id;
 
     fn wqe(counter: u32, wr_id: u64, opcode: SendOpcode, signaled: bool) -> OutstandingWqe {
         OutstandingWqe {

@@ -89,8 +89,6 @@ pub enum ConnectError {
     Timeout(std::time::Duration),
 }
 
-/// wr_id of the driver's own WQEs (probes, fences); their completions are never reported.
-const INTERNAL_WR_ID: u64 = u64::MAX;
 /// Completions polled per batch in the slow path.
 const BATCH: usize = 32;
 
@@ -801,20 +799,4 @@ impl Drop for ResilientQp {
             shadow.cancel();
         }
     }
-}
-
-/// The internal wr_id, for the driver.
-pub(super) const fn internal_wr_id() -> u64 {
-    INTERNAL_WR_ID
-}
-
-/// Whether a send WQE's opcode consumes a receive at the peer.
-pub(super) fn two_sided_opcode(opcode: hw_defs::mlx5::SendOpcode) -> bool {
-    use hw_defs::mlx5::SendOpcode as O;
-    matches!(opcode, O::Send | O::SendImm | O::RdmaWriteImm)
-}
-
-/// Whether `wc` is a receive completion.
-pub(super) fn is_recv(wc: &WorkCompletion) -> bool {
-    matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
 }
