@@ -15,9 +15,9 @@ struct ModuleDir {
     module_path: &'static [&'static str],
 }
 
-/// The directories whose modules import one way (issue 13 broke the circles of the first two;
-/// `pmd/src/resilient`, `softnic/src` and `hw-defs/src/roce` still have circles, to be added
-/// here as each is broken).
+/// The directories whose modules import one way (issue 13 broke the circles of the first
+/// three; `pmd/src/resilient` and `softnic/src` still have circles, to be added here as each
+/// is broken).
 const CHECKED: &[ModuleDir] = &[
     ModuleDir {
         dir: "pmd/src/failover",
@@ -26,6 +26,10 @@ const CHECKED: &[ModuleDir] = &[
     ModuleDir {
         dir: "apps/src",
         module_path: &[],
+    },
+    ModuleDir {
+        dir: "hw-defs/src/roce",
+        module_path: &["roce"],
     },
     // Already one way; kept so.
     ModuleDir {

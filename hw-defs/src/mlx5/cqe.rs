@@ -48,6 +48,11 @@ pub const SOP_DROP_QPN_OFFSET: usize = field::SOP_DROP_QPN.start;
 pub const WQE_COUNTER_OFFSET: usize = field::WQE_COUNTER.start;
 /// `MLX5_CQE_OWNER_MASK`.
 pub const OWNER_MASK: u8 = 1;
+/// Where the opcode sits in `op_own` (its top nibble).
+pub const OPCODE_SHIFT: u8 = 4;
+/// `MLX5_CQE_INVALID`, the opcode of a CQE the device has not written yet
+/// ([`CqeOpcode::Invalid`]).
+pub const OPCODE_INVALID: u8 = 15;
 
 /// The QP number's 24 bits in `sop_drop_qpn`.
 pub const QPN_MASK: u32 = 0x00ff_ffff;
@@ -103,7 +108,8 @@ pub const fn sw_owner_bit(index: u32, cqe_count: u32) -> bool {
 /// libmlx5's ownership test: whether the CQE whose last byte is `op_own`, found at consumer
 /// index `ci` of a ring of `cqe_count` entries, belongs to software.
 pub const fn is_sw_owned(op_own: u8, ci: u32, cqe_count: u32) -> bool {
-    (op_own >> 4) != 15 && ((op_own & OWNER_MASK) != 0) == sw_owner_bit(ci, cqe_count)
+    (op_own >> OPCODE_SHIFT) != OPCODE_INVALID
+        && ((op_own & OWNER_MASK) != 0) == sw_owner_bit(ci, cqe_count)
 }
 
 /// The byte offset of the CQE at consumer index `ci` in a ring of `cqe_count` entries.
@@ -113,7 +119,7 @@ pub const fn cqe_offset(ci: u32, cqe_count: u32) -> usize {
 
 /// The `op_own` byte for a CQE (format 0: no compression).
 pub fn op_own(opcode: CqeOpcode, solicited: bool, owner: bool) -> u8 {
-    (u8::from(opcode) << 4) | (u8::from(solicited) << 1) | u8::from(owner)
+    (u8::from(opcode) << OPCODE_SHIFT) | (u8::from(solicited) << 1) | u8::from(owner)
 }
 
 fixed_view!(
@@ -131,7 +137,7 @@ impl<T: AsRef<[u8]>> Cqe64<T> {
 
     /// The opcode.
     pub fn opcode(&self) -> CqeOpcode {
-        CqeOpcode::from(self.op_own() >> 4)
+        CqeOpcode::from(self.op_own() >> OPCODE_SHIFT)
     }
 
     /// The CQE format (0 for a plain CQE, 3 for a compressed block).
@@ -376,6 +382,11 @@ mod tests {
             "stale CQE from the previous lap"
         );
         assert!(is_sw_owned(req_lap1, 6, 4));
+    }
+
+    #[test]
+    fn the_invalid_opcode_constant_names_the_invalid_variant() {
+        assert_eq!(CqeOpcode::from(OPCODE_INVALID), CqeOpcode::Invalid);
     }
 
     #[test]

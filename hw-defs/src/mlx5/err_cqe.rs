@@ -117,7 +117,7 @@ impl<T: AsRef<[u8]>> ErrCqe<T> {
 
     /// The CQE opcode (REQ_ERR or RESP_ERR for an error CQE).
     pub fn opcode(&self) -> CqeOpcode {
-        CqeOpcode::from(self.op_own() >> 4)
+        CqeOpcode::from(self.op_own() >> cqe::OPCODE_SHIFT)
     }
 
     /// The syndrome.

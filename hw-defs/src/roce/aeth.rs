@@ -18,7 +18,7 @@ pub(crate) mod field {
 }
 
 /// Length of the AETH.
-pub const HEADER_LEN: usize = 4;
+pub const HEADER_LEN: usize = field::MSN.end;
 /// The credit code meaning "no end-to-end flow control" (rxe's `AETH_ACK_UNLIMITED`).
 pub const CREDITS_UNLIMITED: u8 = 0x1f;
 /// The 24-bit mask of the MSN.

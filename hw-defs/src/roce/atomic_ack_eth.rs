@@ -11,7 +11,7 @@ pub(crate) mod field {
 }
 
 /// Length of the AtomicAckETH.
-pub const HEADER_LEN: usize = 8;
+pub const HEADER_LEN: usize = field::ORIG_REM_DT.end;
 
 fixed_view!(
     /// A view of an AtomicAckETH over a byte buffer.

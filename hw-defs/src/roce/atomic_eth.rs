@@ -14,7 +14,7 @@ pub(crate) mod field {
 }
 
 /// Length of the AtomicETH.
-pub const HEADER_LEN: usize = 28;
+pub const HEADER_LEN: usize = field::COMPARE_DATA.end;
 
 fixed_view!(
     /// A view of an AtomicETH over a byte buffer.

@@ -21,7 +21,7 @@ pub(crate) mod field {
 }
 
 /// Length of the BTH.
-pub const HEADER_LEN: usize = 12;
+pub const HEADER_LEN: usize = field::PSN.end;
 /// The default partition key, full membership.
 pub const DEFAULT_PKEY: u16 = 0xffff;
 /// The transport header version this crate speaks.

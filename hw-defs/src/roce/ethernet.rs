@@ -12,7 +12,7 @@ pub(crate) mod field {
 }
 
 /// Length of the Ethernet II header.
-pub const HEADER_LEN: usize = 14;
+pub const HEADER_LEN: usize = field::ETHERTYPE.end;
 /// The EtherType of IPv4.
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
 /// The EtherType of IPv6.

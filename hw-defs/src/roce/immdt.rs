@@ -10,7 +10,7 @@ pub(crate) mod field {
 }
 
 /// Length of ImmDt.
-pub const HEADER_LEN: usize = 4;
+pub const HEADER_LEN: usize = field::IMMEDIATE_DATA.end;
 
 fixed_view!(
     /// A view of ImmDt over a byte buffer.

@@ -27,7 +27,7 @@ pub(crate) mod field {
 }
 
 /// Length of the header without options.
-pub const HEADER_LEN: usize = 20;
+pub const HEADER_LEN: usize = field::DST_ADDR.end;
 /// The protocol number of UDP.
 pub const PROTOCOL_UDP: u8 = 17;
 

@@ -19,7 +19,7 @@ pub(crate) mod field {
 }
 
 /// Length of the fixed header.
-pub const HEADER_LEN: usize = 40;
+pub const HEADER_LEN: usize = field::DST_ADDR.end;
 
 const LAYOUT: &str = "IPv6 header";
 const FLOW_LABEL_MASK: u32 = 0x000f_ffff;

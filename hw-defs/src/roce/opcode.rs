@@ -1,8 +1,6 @@
 //! The reliable-connected BTH opcodes and what each packet carries (IBA 9.2 and 9.3, as rxe's
 //! `rxe_opcode` table encodes them).
 
-use super::{aeth, atomic_ack_eth, atomic_eth, bth, immdt, reth};
-
 enum_with_unknown! {
     /// A BTH opcode. The named ones are the RC opcodes railshift speaks (transport RC, bits
     /// 7:5 = 000); anything else is `Unknown`.
@@ -362,19 +360,6 @@ impl Opcode {
     /// packet of a SEND, and the WRITEs with immediate (rxe's `RXE_COMP_MASK`).
     pub fn completes_recv_wqe(self) -> bool {
         self.needs_recv_wqe() && self.ends_message()
-    }
-
-    /// Bytes of BTH and extension headers (0 for an unknown opcode).
-    pub fn header_len(self) -> usize {
-        let Some(i) = self.info() else {
-            return 0;
-        };
-        bth::HEADER_LEN
-            + usize::from(i.reth) * reth::HEADER_LEN
-            + usize::from(i.atomic_eth) * atomic_eth::HEADER_LEN
-            + usize::from(i.aeth) * aeth::HEADER_LEN
-            + usize::from(i.atomic_ack_eth) * atomic_ack_eth::HEADER_LEN
-            + usize::from(i.immdt) * immdt::HEADER_LEN
     }
 }
 

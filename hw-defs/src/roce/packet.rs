@@ -17,6 +17,23 @@ use crate::error::{check_len, Error};
 
 const LAYOUT: &str = "RoCEv2 packet";
 
+// The lengths come from the header modules, which import `opcode`: computing it there would
+// make `opcode` import them back (a circle, issue 13 item 3).
+impl Opcode {
+    /// Bytes of BTH and extension headers (0 for an unknown opcode).
+    pub fn header_len(self) -> usize {
+        let Some(i) = self.info() else {
+            return 0;
+        };
+        bth::HEADER_LEN
+            + usize::from(i.reth) * reth::HEADER_LEN
+            + usize::from(i.atomic_eth) * atomic_eth::HEADER_LEN
+            + usize::from(i.aeth) * aeth::HEADER_LEN
+            + usize::from(i.atomic_ack_eth) * atomic_ack_eth::HEADER_LEN
+            + usize::from(i.immdt) * immdt::HEADER_LEN
+    }
+}
+
 /// Where each header of an opcode starts, in wire order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderOffsets {

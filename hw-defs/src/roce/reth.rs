@@ -12,7 +12,7 @@ pub(crate) mod field {
 }
 
 /// Length of the RETH.
-pub const HEADER_LEN: usize = 16;
+pub const HEADER_LEN: usize = field::DMA_LENGTH.end;
 
 fixed_view!(
     /// A view of a RETH over a byte buffer.

@@ -16,7 +16,7 @@ pub(crate) mod field {
 }
 
 /// Length of the UDP header.
-pub const HEADER_LEN: usize = 8;
+pub const HEADER_LEN: usize = field::CHECKSUM.end;
 /// The UDP destination port of RoCEv2.
 pub const ROCEV2_PORT: u16 = 4791;
 
