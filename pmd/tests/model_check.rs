@@ -4,25 +4,32 @@
 //! and a backup path. Each host runs the real [`Failover`] machine; the model plays everything
 //! around it: the application (posting a small program of WRs at any moment), the driver
 //! (performing the machine's actions on rings: drains, WQE copies, withheld doorbells, error
-//! surfacing), the NICs (RC per QP: in-order execution, PSNs per incarnation, go-back-N
-//! retransmission on timeout, duplicate detection, retry exhaustion, RNR stalls, QP states
+//! surfacing, its own switch-back fence, completions polled in batches), the NICs (RC per QP:
+//! in-order execution, PSNs per incarnation with the production `Epoch::start_psn` and its
+//! wrap every fourth epoch, go-back-N retransmission on timeout, duplicate detection, READs
+//! executed again when duplicated, the fence flag, retry exhaustion, RNR stalls, QP states
 //! RESET/RTS/ERR) and the network (loss of requests and ACKs, paths failing and recovering at
-//! any point, with or without link-down notifications, packets surviving a flap).
+//! any point, with or without link-down notifications, packets surviving a flap for fewer
+//! than four rearm attempts).
 //!
 //! Checked in every reachable state, within the bounds each scenario prints:
 //! - a WRITE_WITH_IMM (or SEND) is never observed before the data WRITEs posted before it, and
 //!   those WRITEs never execute again once it has been observed (producer/consumer);
 //! - every SEND lands in its own receive WQE, once; no receive WQE is consumed twice;
 //! - no atomic executes twice;
-//! - application completions are neither duplicated nor reordered, and none claims success
-//!   for a WR the peer did not execute;
+//! - a READ sees every request posted before it, and one completing with success never
+//!   returns data a later request of its QP changed;
+//! - application completions are neither duplicated nor reordered, none claims success for a
+//!   WR the peer did not execute, and none is for a WR the application did not post;
 //! - no reset discards posted work;
 //! - when the system goes quiet, everything posted has completed or been reported as an error,
 //!   and without a backup failure or an atomic, nothing was reported as an error at all.
 //!
-//! The naive policy "retransmit everything outstanding" runs the same model with the driver
-//! ignoring the peer's receive counter and the atomic check; the checker must find a
-//! counterexample, which shows the properties can fail.
+//! Broken policies run the same model and the checker must find a counterexample, which
+//! shows the properties can fail: "retransmit everything outstanding" (the driver ignoring
+//! the peer's receive counter and the atomic check), no epoch PSNs, stale receives ignored,
+//! READs sent again first, the fence recognised only last in its batch, packets living
+//! forever; and a READ without the fence flag returns changed data on plain RC.
 //!
 //! Run: `cargo test -p pmd --test model_check -- --nocapture` (prints bounds, state counts
 //! and times).
@@ -32,8 +39,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use pmd::failover::{
-    Action, Config, ControlMessage, Event, Failover, Path, Progress, Role, Route, Timestamp,
-    WcStatus, MAX_ACTIONS_PER_EVENT,
+    Action, Config, ControlMessage, Epoch, Event, Failover, Path, Progress, Role, Route, Timestamp,
+    WcStatus, EPOCH_PSN_STRIDE, MAX_ACTIONS_PER_EVENT,
 };
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -50,11 +57,24 @@ enum Op {
     Send,
     /// FETCH_ADD: never idempotent.
     FetchAdd,
+    /// RDMA READ of the peer's memory: what it returns is what the peer's memory held when it
+    /// executed, so it must not execute after a later request of its QP changed it.
+    Read,
 }
 
 impl Op {
     fn two_sided(self) -> bool {
         matches!(self, Op::WriteImm | Op::Send)
+    }
+
+    /// Whether the request changes the responder's memory (or what its application does).
+    fn changes(self) -> bool {
+        self != Op::Read
+    }
+
+    /// Whether a fenced WR behind it waits for its completion (`IBV_SEND_FENCE`).
+    fn fences(self) -> bool {
+        matches!(self, Op::Read | Op::FetchAdd)
     }
 }
 
@@ -62,14 +82,29 @@ impl Op {
 struct Wr {
     op: Op,
     signaled: bool,
+    /// `IBV_SEND_FENCE`: the NIC starts the WR only once every earlier READ and atomic of its
+    /// QP has completed.
+    fenced: bool,
 }
 
 const fn wr(op: Op, signaled: bool) -> Wr {
-    Wr { op, signaled }
+    Wr {
+        op,
+        signaled,
+        fenced: false,
+    }
+}
+
+const fn fenced(op: Op, signaled: bool) -> Wr {
+    Wr {
+        op,
+        signaled,
+        fenced: true,
+    }
 }
 
 /// NCCL-Simple-like: data WRITEs, then a WRITE_WITH_IMM; the second batch's first WRITE is
-/// signaled, so it can serve as the switch-back fence.
+/// signaled.
 const NCCL: &[Wr] = &[
     wr(Op::Write, false),
     wr(Op::WriteImm, true),
@@ -78,7 +113,18 @@ const NCCL: &[Wr] = &[
 ];
 const TWO_SENDS: &[Wr] = &[wr(Op::Send, true), wr(Op::Send, true)];
 const ONE_SEND: &[Wr] = &[wr(Op::Send, true)];
+const ONE_WRITE_IMM: &[Wr] = &[wr(Op::Write, false), wr(Op::WriteImm, true)];
 const WRITE_THEN_ATOMIC: &[Wr] = &[wr(Op::Write, false), wr(Op::FetchAdd, true)];
+/// `shift_read_bw --check`-like: a WRITE, a READ of what it wrote, and a SEND fenced behind
+/// the READ that tells the peer it may change its memory again.
+const WRITE_READ_SEND: &[Wr] = &[
+    wr(Op::Write, false),
+    wr(Op::Read, true),
+    fenced(Op::Send, true),
+];
+/// The same without the fence flag on the SEND.
+const WRITE_READ_SEND_UNFENCED: &[Wr] =
+    &[wr(Op::Write, false), wr(Op::Read, true), wr(Op::Send, true)];
 const NOTHING: &[Wr] = &[];
 
 fn two_sided_ordinal(program: &[Wr], index: u8) -> u8 {
@@ -111,7 +157,7 @@ struct Scenario {
     roles: [Role; 2],
     budget: Budget,
     /// What the run must reach (`SEEN_*` bits).
-    coverage: u8,
+    coverage: u16,
 }
 
 impl Scenario {
@@ -129,7 +175,14 @@ impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let program = |p: &[Wr]| {
             p.iter()
-                .map(|w| format!("{:?}{}", w.op, if w.signaled { "(s)" } else { "" }))
+                .map(|w| {
+                    format!(
+                        "{:?}{}{}",
+                        w.op,
+                        if w.signaled { "(s)" } else { "" },
+                        if w.fenced { "(f)" } else { "" }
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join(" ")
         };
@@ -177,6 +230,13 @@ enum Policy {
     IgnoreStaleRecvs,
     /// Every incarnation of the default pair starts at the same PSN (no epoch-derived PSNs).
     SamePsnEveryEpoch,
+    /// The copy before 2026-11-24: READs in flight go again first, ahead of everything.
+    ReadsFirst,
+    /// The driver before 2026-11-24: its fence is recognised only as the last signaled
+    /// completion of a poll batch; otherwise it reaches the application and stays set.
+    FenceOnlyLastInBatch,
+    /// Shift, but a packet may outlive any number of rearm attempts (no lifetime bound).
+    UnboundedPacketLifetime,
 }
 
 const A: usize = 0;
@@ -201,13 +261,18 @@ enum Wqe {
     Probe,
     /// A zero-length SEND consuming a stale receive WQE.
     Burn,
+    /// The driver's switch-back fence: a zero-length signaled WRITE on the backup QP.
+    Fence,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct SqEntry {
     wqe: Wqe,
-    /// `None` while the doorbell is withheld.
+    /// `None` while the doorbell is withheld or the WQE waits behind a fence.
     psn: Option<u8>,
+    /// The doorbell was rung but the NIC holds the WQE: it is fenced behind an outstanding
+    /// READ or atomic, or behind a WQE that is.
+    stalled: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -221,7 +286,8 @@ enum RqEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Qp {
     state: QpState,
-    /// The incarnation whose PSNs this QP uses (backup QPs stay in 0).
+    /// The epoch of this incarnation (backup QPs stay in 0). Packets tell incarnations apart
+    /// only by their PSNs ([`same_psns`]): epoch 4 looks like epoch 0.
     epoch: u8,
     sq: Vec<SqEntry>,
     next_psn: u8,
@@ -258,6 +324,9 @@ struct Request {
 struct Ack {
     epoch: u8,
     psn: u8,
+    /// A READ response: `Some(changed)`, where `changed` says the READ executed after a later
+    /// request of its QP had changed the responder's memory.
+    read: Option<bool>,
 }
 
 /// Which hosts' links went down with a path (and come up with it).
@@ -305,8 +374,8 @@ struct Host {
     consumed: u16,
     /// One past the peer's latest WR whose two-sided completion the application observed.
     observed_through: u8,
-    /// The WR reported as the switch-back fence, until it completes.
-    fence: Option<u8>,
+    /// The driver's switch-back fence is on the backup SQ, not yet completed.
+    fence: bool,
     first_default_error: Option<WcStatus>,
     control_dead: bool,
     /// The driver is draining the default CQ: it finishes once the default QP has left RTS
@@ -327,7 +396,7 @@ struct World {
     budget: Budget,
     now: u64,
     violations: u16,
-    seen: u8,
+    seen: u16,
 }
 
 // Violations, one bit each.
@@ -344,16 +413,25 @@ const SUCCESS_WITHOUT_EXECUTION: u16 = 1 << 9;
 const RESET_DISCARDED_WORK: u16 = 1 << 10;
 const ILLEGAL_QP_TRANSITION: u16 = 1 << 11;
 const TOO_MANY_ACTIONS: u16 = 1 << 12;
+const READ_RETURNED_CHANGED_DATA: u16 = 1 << 13;
+const READ_BEFORE_EARLIER: u16 = 1 << 14;
+const FOREIGN_COMPLETION: u16 = 1 << 15;
 
 // Coverage, one bit each.
-const SEEN_FAILOVER: u8 = 1 << 0;
-const SEEN_SWITCH_BACK: u8 = 1 << 1;
-const SEEN_BURN: u8 = 1 << 2;
-const SEEN_ATOMIC_REFUSED: u8 = 1 << 3;
-const SEEN_SKIP: u8 = 1 << 4;
-const SEEN_STALE_PACKET: u8 = 1 << 5;
+const SEEN_FAILOVER: u16 = 1 << 0;
+const SEEN_SWITCH_BACK: u16 = 1 << 1;
+const SEEN_BURN: u16 = 1 << 2;
+const SEEN_ATOMIC_REFUSED: u16 = 1 << 3;
+const SEEN_SKIP: u16 = 1 << 4;
+const SEEN_STALE_PACKET: u16 = 1 << 5;
 /// Not recorded in `World::seen`: computed from the state.
-const SEEN_QUIET_AFTER_FAILOVER: u8 = 1 << 6;
+const SEEN_QUIET_AFTER_FAILOVER: u16 = 1 << 6;
+/// One poll batch retired the driver's fence and a later signaled WQE together.
+const SEEN_FENCE_IN_BATCH: u16 = 1 << 7;
+/// A READ executed again on the backup path.
+const SEEN_READ_ON_BACKUP: u16 = 1 << 8;
+/// A default QP came up in an epoch whose PSNs start where epoch 0's did (epoch 4 or later).
+const SEEN_PSN_WRAP: u16 = 1 << 9;
 
 /// One step of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -446,7 +524,22 @@ impl World {
             for action in actions {
                 self.perform(model, host, action, &mut events);
             }
+            self.maybe_fence(model, host, &mut events);
         }
+    }
+
+    /// The driver, after every event: while the machine waits for a signaled WR on the
+    /// backup QP, it posts its own fence there (a zero-length signaled WRITE) unless one is
+    /// outstanding.
+    fn maybe_fence(&mut self, model: &FailoverModel, host: usize, events: &mut VecDeque<Event>) {
+        let h = &self.hosts[host];
+        if !h.machine.reports_signaled_posts() || h.fence {
+            return;
+        }
+        self.hosts[host].fence = true;
+        self.post(model, host, BACKUP, Wqe::Fence, true);
+        let progress = self.hosts[host].progress;
+        events.push_back(Event::SignaledPosted { progress });
     }
 
     /// The driver: one action on `host`'s rings, QPs and CQs.
@@ -496,7 +589,14 @@ impl World {
                 let link_down =
                     !self.paths[DEFAULT].up && self.paths[DEFAULT].notified.includes(host);
                 if !link_down {
-                    self.hosts[host].qps[DEFAULT] = Qp::ready(epoch.0 as u8);
+                    let epoch = epoch.0 as u8;
+                    self.hosts[host].qps[DEFAULT] = Qp::ready(epoch);
+                    if epoch >= 4 {
+                        self.seen |= SEEN_PSN_WRAP;
+                    }
+                    if model.policy != Policy::UnboundedPacketLifetime {
+                        self.expire_packets(epoch);
+                    }
                 }
                 events.push_back(Event::DefaultQpUp {
                     epoch,
@@ -505,7 +605,7 @@ impl World {
             }
             Action::PostProbe => {
                 if self.hosts[host].qps[DEFAULT].state == QpState::Rts {
-                    self.post(host, DEFAULT, Wqe::Probe, true);
+                    self.post(model, host, DEFAULT, Wqe::Probe, true);
                 } else {
                     events.push_back(Event::ProbeCompleted { ok: false });
                 }
@@ -538,11 +638,11 @@ impl World {
                     .sq
                     .iter()
                     .enumerate()
-                    .filter(|(_, e)| e.psn.is_none())
+                    .filter(|(_, e)| e.psn.is_none() && !e.stalled)
                     .map(|(i, _)| i)
                     .collect();
                 for at in withheld {
-                    self.ring(host, DEFAULT, at);
+                    self.ring(model, host, DEFAULT, at);
                 }
                 self.seen |= SEEN_SWITCH_BACK;
             }
@@ -558,12 +658,18 @@ impl World {
             Wqe::App(n) => e.psn.is_some() && model.wr(host, n).op == Op::FetchAdd,
             _ => false,
         });
+        // The oldest READ that was sent and has not completed may have executed at the peer.
+        let sends_before_first_read = h.qps[DEFAULT].sq.iter().find_map(|e| match e.wqe {
+            Wqe::App(n) if e.psn.is_some() && model.wr(host, n).op == Op::Read => {
+                Some(u64::from(two_sided_ordinal(model.program(host), n)))
+            }
+            _ => None,
+        });
         let event = Event::DefaultDrained {
             progress: h.progress,
             first_error: h.first_default_error,
             atomic_in_flight: atomic_in_flight && model.policy != Policy::RetransmitEverything,
-            // The model has no READs yet.
-            sends_before_first_read: None,
+            sends_before_first_read,
         };
         if atomic_in_flight && model.policy != Policy::RetransmitEverything {
             self.seen |= SEEN_ATOMIC_REFUSED;
@@ -573,7 +679,7 @@ impl World {
 
     fn copy_sends(&mut self, model: &FailoverModel, host: usize, burn: u64, skip_through: u64) {
         self.seen |= SEEN_FAILOVER;
-        let outstanding: Vec<SqEntry> = self.host(host).qps[DEFAULT].sq.drain(..).collect();
+        let mut outstanding: Vec<SqEntry> = self.host(host).qps[DEFAULT].sq.drain(..).collect();
         // Everything up to the last send the peer consumed was executed (RC executes in order).
         let skip = match model.policy {
             Policy::RetransmitEverything => 0,
@@ -604,27 +710,41 @@ impl World {
         };
         for _ in 0..burn {
             self.seen |= SEEN_BURN;
-            self.post(host, BACKUP, Wqe::Burn, true);
+            self.post(model, host, BACKUP, Wqe::Burn, true);
+        }
+        if model.policy == Policy::ReadsFirst {
+            let is_read =
+                |e: &SqEntry| matches!(e.wqe, Wqe::App(n) if model.wr(host, n).op == Op::Read);
+            outstanding[skip..].sort_by_key(|e| !is_read(e));
         }
         for entry in &outstanding[skip..] {
             if let Wqe::App(_) = entry.wqe {
-                self.post(host, BACKUP, entry.wqe, true);
+                self.post(model, host, BACKUP, entry.wqe, true);
             }
         }
     }
 
     /// Puts a WQE on a send queue; rings it (assigns a PSN and transmits) unless withheld.
-    fn post(&mut self, host: usize, path: usize, wqe: Wqe, ring: bool) {
+    fn post(&mut self, model: &FailoverModel, host: usize, path: usize, wqe: Wqe, ring: bool) {
         let qp = &mut self.hosts[host].qps[path];
-        qp.sq.push(SqEntry { wqe, psn: None });
+        qp.sq.push(SqEntry {
+            wqe,
+            psn: None,
+            stalled: false,
+        });
         if ring {
             let at = qp.sq.len() - 1;
-            self.ring(host, path, at);
+            self.ring(model, host, path, at);
         }
     }
 
-    fn ring(&mut self, host: usize, path: usize, at: usize) {
+    fn ring(&mut self, model: &FailoverModel, host: usize, path: usize, at: usize) {
+        let blocked = self.fence_blocks(model, host, path, at);
         let qp = &mut self.hosts[host].qps[path];
+        qp.sq[at].stalled = blocked;
+        if blocked {
+            return;
+        }
         let psn = qp.next_psn;
         qp.next_psn += 1;
         qp.sq[at].psn = Some(psn);
@@ -635,6 +755,41 @@ impl World {
                 wqe: qp.sq[at].wqe,
             };
             self.requests[path][host].push(request);
+        }
+    }
+
+    /// Whether the NIC must hold the WQE at `at`: it is fenced and an earlier READ or atomic
+    /// has not completed, or a WQE before it is held (the send queue is processed in order).
+    fn fence_blocks(&self, model: &FailoverModel, host: usize, path: usize, at: usize) -> bool {
+        let sq = &self.hosts[host].qps[path].sq;
+        let fenced = matches!(sq[at].wqe, Wqe::App(n) if model.wr(host, n).fenced);
+        sq[..at].iter().any(|e| {
+            e.stalled || (fenced && matches!(e.wqe, Wqe::App(n) if model.wr(host, n).op.fences()))
+        })
+    }
+
+    /// Starts the WQEs held behind a fence whose READs and atomics have completed.
+    fn release_fenced(&mut self, model: &FailoverModel, host: usize, path: usize) {
+        for at in 0..self.hosts[host].qps[path].sq.len() {
+            if self.hosts[host].qps[path].sq[at].stalled {
+                self.ring(model, host, path, at);
+                if self.hosts[host].qps[path].sq[at].stalled {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A packet lives less long than four rearm attempts take (section 8.2 of
+    /// docs/failover.md): by the time a default QP comes up in `epoch`, the packets of epoch
+    /// `epoch - 4`, whose PSNs the new incarnation reuses, have left the network.
+    fn expire_packets(&mut self, epoch: u8) {
+        let expired = |e: u8| e.saturating_add(4) <= epoch;
+        for queue in &mut self.requests[DEFAULT] {
+            queue.retain(|r| !expired(r.epoch));
+        }
+        for queue in &mut self.acks[DEFAULT] {
+            queue.retain(|a| !expired(a.epoch));
         }
     }
 
@@ -684,7 +839,7 @@ impl World {
         }
         h.saw_error = true;
         h.resolved = h.posted;
-        h.fence = None;
+        h.fence = false;
         h.draining = false;
         for n in outstanding {
             self.send_wc(host, n);
@@ -699,7 +854,7 @@ impl World {
         }
         let qp = &self.hosts[responder].qps[path];
         let same_incarnation =
-            request.epoch == qp.epoch || model.policy == Policy::SamePsnEveryEpoch;
+            same_psns(request.epoch, qp.epoch) || model.policy == Policy::SamePsnEveryEpoch;
         if !same_incarnation {
             // A packet of another incarnation: its PSN lies far outside the window, so it is
             // taken for a duplicate and acknowledged (with its own PSN), never executed.
@@ -707,6 +862,7 @@ impl World {
             self.acks[path][responder].push(Ack {
                 epoch: request.epoch,
                 psn: request.psn,
+                read: None,
             });
             return;
         }
@@ -715,33 +871,60 @@ impl World {
         }
         let epoch = qp.epoch;
         if request.psn < qp.epsn {
+            if let Wqe::App(n) = request.wqe {
+                if model.wr(from, n).op == Op::Read {
+                    // A duplicate READ executes again: RC responders read the memory anew.
+                    let changed = self.read(model, path, from, n);
+                    self.acks[path][responder].push(Ack {
+                        epoch,
+                        psn: request.psn,
+                        read: Some(changed),
+                    });
+                    return;
+                }
+            }
             // A duplicate: acknowledged again, not executed (atomics replay from the cache).
             let psn = qp.epsn - 1;
-            self.acks[path][responder].push(Ack { epoch, psn });
+            self.acks[path][responder].push(Ack {
+                epoch,
+                psn,
+                read: None,
+            });
             return;
         }
         if request.psn > qp.epsn {
             // Out of sequence after a loss: dropped; the requester times out and goes back.
             return;
         }
-        self.execute(model, path, from, request.wqe);
+        let read = self.execute(model, path, from, request.wqe);
         let qp = &mut self.hosts[responder].qps[path];
         qp.epsn += 1;
         self.acks[path][responder].push(Ack {
             epoch,
             psn: request.psn,
+            read,
         });
     }
 
-    /// The responder executes a new request.
-    fn execute(&mut self, model: &FailoverModel, path: usize, from: usize, wqe: Wqe) {
+    /// The responder executes a new request; a READ's response says whether it read changed
+    /// memory.
+    fn execute(
+        &mut self,
+        model: &FailoverModel,
+        path: usize,
+        from: usize,
+        wqe: Wqe,
+    ) -> Option<bool> {
         let responder = 1 - from;
         match wqe {
-            Wqe::Probe => {}
+            Wqe::Probe | Wqe::Fence => {}
             Wqe::Burn => match self.hosts[responder].qps[path].rq.remove(0) {
                 RqEntry::Stale(_) => {}
                 RqEntry::App(_) => self.violate(BURN_IN_APP_RECV),
             },
+            Wqe::App(n) if model.wr(from, n).op == Op::Read => {
+                return Some(self.read(model, path, from, n));
+            }
             Wqe::App(n) => {
                 let w = model.wr(from, n);
                 let h = &self.hosts[responder];
@@ -757,6 +940,31 @@ impl World {
                 self.hosts[responder].executed |= 1 << n;
             }
         }
+        None
+    }
+
+    /// The responder executes the sender's READ `n`: it must see every earlier request of the
+    /// QP; returns whether a later one already changed what it reads.
+    fn read(&mut self, model: &FailoverModel, path: usize, from: usize, n: u8) -> bool {
+        let program = model.program(from);
+        let mask = |range: std::ops::Range<usize>| {
+            range
+                .filter(|&m| program[m].op.changes())
+                .fold(0u16, |mask, m| mask | 1 << m)
+        };
+        let earlier = mask(0..usize::from(n));
+        let later = mask(usize::from(n) + 1..program.len());
+        let h = &mut self.hosts[1 - from];
+        let missed_earlier = h.executed & earlier != earlier;
+        let changed = h.executed & later != 0;
+        h.executed |= 1 << n;
+        if missed_earlier {
+            self.violate(READ_BEFORE_EARLIER);
+        }
+        if path == BACKUP {
+            self.seen |= SEEN_READ_ON_BACKUP;
+        }
+        changed
     }
 
     /// A two-sided request, the sender's WR `n`, consumes the responder's next receive WQE.
@@ -795,38 +1003,74 @@ impl World {
         self.violate(violations);
     }
 
+    /// An acknowledgment (or READ response) arrives: the WQEs it retires complete, and the
+    /// driver polls them as one batch, as `ResilientQp::take_batch` does: the completions
+    /// first, then the events they cause. After a lost ACK, a cumulative one retires several.
     fn deliver_ack(&mut self, model: &FailoverModel, path: usize, from: usize) {
         let ack = self.acks[path][from].remove(0);
         let requester = 1 - from;
         let qp = &self.hosts[requester].qps[path];
-        if !self.paths[path].up || qp.state != QpState::Rts || ack.epoch != qp.epoch {
+        if !self.paths[path].up || qp.state != QpState::Rts || !same_psns(ack.epoch, qp.epoch) {
             return;
         }
         let acked: Vec<SqEntry> = {
             let qp = &mut self.hosts[requester].qps[path];
-            let count = qp
-                .sq
-                .iter()
-                .take_while(|e| e.psn.is_some_and(|p| p <= ack.psn))
-                .count();
+            let mut count = 0;
+            for e in &qp.sq {
+                let Some(psn) = e.psn.filter(|&p| p <= ack.psn) else {
+                    break;
+                };
+                if matches!(e.wqe, Wqe::App(n) if model.wr(requester, n).op == Op::Read) {
+                    // A READ completes only with its own response; an ACK past it means the
+                    // response was lost, and the READ goes again on the timeout.
+                    if psn == ack.psn && ack.read.is_some() {
+                        count += 1;
+                    }
+                    break;
+                }
+                count += 1;
+            }
             if count > 0 {
                 qp.retries = RETRY_CNT;
             }
             qp.sq.drain(..count).collect()
         };
+        let fence_at = acked.iter().position(|e| e.wqe == Wqe::Fence);
+        let signaled_after_fence = fence_at.is_some_and(|at| {
+            acked[at + 1..]
+                .iter()
+                .any(|e| matches!(e.wqe, Wqe::App(n) if model.wr(requester, n).signaled))
+        });
+        if signaled_after_fence {
+            self.seen |= SEEN_FENCE_IN_BATCH;
+        }
+        let mut events = Vec::new();
         for entry in acked {
             match entry.wqe {
                 Wqe::App(n) => {
+                    if ack.read == Some(true) && model.wr(requester, n).op == Op::Read {
+                        self.violate(READ_RETURNED_CHANGED_DATA);
+                    }
                     self.complete(model, requester, n);
-                    if self.hosts[requester].fence == Some(n) {
-                        self.hosts[requester].fence = None;
-                        self.feed(model, requester, Event::FenceCompleted);
+                }
+                Wqe::Probe => events.push(Event::ProbeCompleted { ok: true }),
+                Wqe::Burn => {}
+                Wqe::Fence => {
+                    if model.policy == Policy::FenceOnlyLastInBatch && signaled_after_fence {
+                        // Taken for the application's: a completion it never posted, and the
+                        // fence stays set for good.
+                        self.violate(FOREIGN_COMPLETION);
+                    } else {
+                        self.hosts[requester].fence = false;
+                        events.push(Event::FenceCompleted);
                     }
                 }
-                Wqe::Probe => self.feed(model, requester, Event::ProbeCompleted { ok: true }),
-                Wqe::Burn => {}
             }
         }
+        for event in events {
+            self.feed(model, requester, event);
+        }
+        self.release_fenced(model, requester, path);
     }
 
     fn timeout(&mut self, model: &FailoverModel, host: usize, path: usize) {
@@ -882,16 +1126,10 @@ impl World {
                 h.saw_error = true;
                 h.resolved = h.posted;
                 self.send_wc(host, n);
-                return;
             }
-            Route::Default => self.post(host, DEFAULT, Wqe::App(n), true),
-            Route::DefaultWithheld => self.post(host, DEFAULT, Wqe::App(n), false),
-            Route::Backup => self.post(host, BACKUP, Wqe::App(n), true),
-        }
-        if w.signaled && self.hosts[host].machine.reports_signaled_posts() {
-            self.hosts[host].fence = Some(n);
-            let progress = self.hosts[host].progress;
-            self.feed(model, host, Event::SignaledPosted { progress });
+            Route::Default => self.post(model, host, DEFAULT, Wqe::App(n), true),
+            Route::DefaultWithheld => self.post(model, host, DEFAULT, Wqe::App(n), false),
+            Route::Backup => self.post(model, host, BACKUP, Wqe::App(n), true),
         }
     }
 
@@ -967,12 +1205,12 @@ impl World {
         let qp = &self.hosts[1 - from].qps[path];
         let executes = self.paths[path].up
             && qp.state == QpState::Rts
-            && (request.epoch == qp.epoch || model.policy == Policy::SamePsnEveryEpoch)
+            && (same_psns(request.epoch, qp.epoch) || model.policy == Policy::SamePsnEveryEpoch)
             && request.psn == qp.epsn;
         let needs_recv = match request.wqe {
             Wqe::Burn => true,
             Wqe::App(n) => model.wr(from, n).op.two_sided(),
-            Wqe::Probe => false,
+            Wqe::Probe | Wqe::Fence => false,
         };
         executes && needs_recv && qp.rq.is_empty()
     }
@@ -1013,6 +1251,13 @@ impl World {
             && self.requests[path][host].is_empty()
             && self.acks[path][1 - host].is_empty()
     }
+}
+
+/// Whether packets of epochs `a` and `b` look alike: their PSNs start at the same place
+/// (`Epoch::start_psn`, the production function), as for epochs four apart.
+fn same_psns(a: u8, b: u8) -> bool {
+    let start = |e: u8| Epoch(u32::from(e)).start_psn(0) / EPOCH_PSN_STRIDE;
+    start(a) == start(b)
 }
 
 fn index(path: Path) -> usize {
@@ -1058,7 +1303,7 @@ impl Model for FailoverModel {
                 executed: 0,
                 consumed: 0,
                 observed_through: 0,
-                fence: None,
+                fence: false,
                 first_default_error: None,
                 control_dead: false,
                 draining: false,
@@ -1278,6 +1523,18 @@ impl Model for FailoverModel {
                 |_: &FailoverModel, w: &World| w.violations & SUCCESS_WITHOUT_EXECUTION == 0,
             ),
             Property::always(
+                "a READ completing with success never returns data a later request changed",
+                |_: &FailoverModel, w: &World| w.violations & READ_RETURNED_CHANGED_DATA == 0,
+            ),
+            Property::always(
+                "a READ sees every request posted before it",
+                |_: &FailoverModel, w: &World| w.violations & READ_BEFORE_EARLIER == 0,
+            ),
+            Property::always(
+                "the application sees completions of its own WRs only",
+                |_: &FailoverModel, w: &World| w.violations & FOREIGN_COMPLETION == 0,
+            ),
+            Property::always(
                 "no reset discards posted work",
                 |_: &FailoverModel, w: &World| w.violations & RESET_DISCARDED_WORK == 0,
             ),
@@ -1316,7 +1573,7 @@ impl Model for FailoverModel {
         ];
         // What the scenario must reach, so that a pass cannot come from a model that never
         // gets there.
-        let coverage: [(u8, &'static str, Condition); 7] = [
+        let coverage: [(u16, &'static str, Condition); 10] = [
             (SEEN_FAILOVER, "a failover completes", |_, w| {
                 w.seen & SEEN_FAILOVER != 0
             }),
@@ -1342,6 +1599,21 @@ impl Model for FailoverModel {
                 SEEN_ATOMIC_REFUSED,
                 "an atomic in flight is refused, not retransmitted",
                 |_, w| w.seen & SEEN_ATOMIC_REFUSED != 0,
+            ),
+            (
+                SEEN_FENCE_IN_BATCH,
+                "one poll batch retires the fence and a later signaled WQE",
+                |_, w| w.seen & SEEN_FENCE_IN_BATCH != 0,
+            ),
+            (
+                SEEN_READ_ON_BACKUP,
+                "a READ executes on the backup path",
+                |_, w| w.seen & SEEN_READ_ON_BACKUP != 0,
+            ),
+            (
+                SEEN_PSN_WRAP,
+                "a default QP comes up where epoch 0's PSNs started",
+                |_, w| w.seen & SEEN_PSN_WRAP != 0,
             ),
             (
                 SEEN_QUIET_AFTER_FAILOVER,
@@ -1467,6 +1739,11 @@ const fn budget(
 const PRODUCER_CONSUMER: &str = "data is never rewritten once its notification was observed";
 const OWN_RECEIVE: &str = "every send lands in its own receive WQE, once";
 const ATOMIC_ONCE: &str = "no atomic executes twice";
+const NO_RNR: &str = "a send never waits for a receive posted on the other QP (no RNR)";
+const READ_AFTER_EARLIER: &str = "a READ sees every request posted before it";
+const READ_UNCHANGED: &str =
+    "a READ completing with success never returns data a later request changed";
+const OWN_COMPLETIONS: &str = "the application sees completions of its own WRs only";
 
 /// NCCL-Simple traffic one way, the sender leading the rearm: failover, rearm, switch-back,
 /// a second failure after (or during) the switch-back.
@@ -1483,6 +1760,7 @@ fn nccl_one_way() -> Scenario {
             | SEEN_SWITCH_BACK
             | SEEN_BURN
             | SEEN_STALE_PACKET
+            | SEEN_FENCE_IN_BATCH
             | SEEN_QUIET_AFTER_FAILOVER,
     }
 }
@@ -1535,6 +1813,41 @@ fn atomic() -> Scenario {
     }
 }
 
+/// A WRITE, a READ of it and a SEND fenced behind the READ: READs in flight go again on the
+/// backup in their place, never ahead of what was posted before them, and never after what
+/// was posted after them executed.
+fn reads() -> Scenario {
+    Scenario {
+        name: "WRITE, READ, fenced SEND A -> B",
+        programs: [WRITE_READ_SEND, NOTHING],
+        recvs: [0, 1],
+        recvs_up_front: true,
+        roles: [Role::Leader, Role::Follower],
+        budget: budget(1, 1, 0, 1, 2),
+        coverage: SEEN_FAILOVER
+            | SEEN_READ_ON_BACKUP
+            | SEEN_SWITCH_BACK
+            | SEEN_QUIET_AFTER_FAILOVER,
+    }
+}
+
+/// Rearm attempts refused while the follower's link is down advance the epoch too: the
+/// default pair comes up in epoch 4 or later, whose PSNs start where epoch 0's did.
+fn psn_wrap() -> Scenario {
+    Scenario {
+        name: "one notification A -> B, the epoch passing 4",
+        programs: [ONE_WRITE_IMM, NOTHING],
+        recvs: [0, 1],
+        recvs_up_front: true,
+        roles: [Role::Leader, Role::Follower],
+        budget: Budget {
+            waits: 1,
+            ..budget(2, 2, 0, 0, 7)
+        },
+        coverage: SEEN_FAILOVER | SEEN_PSN_WRAP | SEEN_QUIET_AFTER_FAILOVER,
+    }
+}
+
 /// The backup path fails too, at any point: nothing may hang.
 fn backup_fails_too() -> Scenario {
     Scenario {
@@ -1568,6 +1881,16 @@ fn shift_lands_every_send_in_its_own_receive_both_ways() {
 #[test]
 fn shift_never_retransmits_an_atomic() {
     verify(atomic());
+}
+
+#[test]
+fn shift_never_returns_changed_data_from_a_read() {
+    verify(reads());
+}
+
+#[test]
+fn shift_holds_across_the_psn_wrap_of_the_fourth_epoch() {
+    verify(psn_wrap());
 }
 
 #[test]
@@ -1606,4 +1929,68 @@ fn without_epoch_psns_an_old_packet_executes_in_a_new_incarnation() {
 #[test]
 fn ignoring_stale_receive_wqes_lands_a_send_in_one() {
     refute(nccl_flapping(), Policy::IgnoreStaleRecvs, OWN_RECEIVE);
+}
+
+#[test]
+fn reads_sent_again_first_miss_the_writes_before_them() {
+    refute(reads(), Policy::ReadsFirst, READ_AFTER_EARLIER);
+}
+
+#[test]
+fn a_fence_recognised_only_last_in_its_batch_reaches_the_application() {
+    refute(
+        nccl_one_way(),
+        Policy::FenceOnlyLastInBatch,
+        OWN_COMPLETIONS,
+    );
+}
+
+#[test]
+fn without_the_fence_flag_plain_rc_returns_changed_data_from_a_read() {
+    // No path failure at all: one lost READ response, and go-back-N executes the READ again
+    // after the SEND behind it. This is why the READ rule (docs/failover.md 3.6) is stated
+    // for fenced programs.
+    let scenario = Scenario {
+        name: "WRITE, READ, unfenced SEND A -> B, no failures",
+        programs: [WRITE_READ_SEND_UNFENCED, NOTHING],
+        budget: budget(0, 0, 0, 1, 0),
+        coverage: 0,
+        ..reads()
+    };
+    refute(scenario, Policy::Shift, READ_UNCHANGED);
+}
+
+#[test]
+fn a_packet_outliving_four_rearm_attempts_executes_in_the_wrapped_incarnation() {
+    // What the PSN wrap rests on: without the lifetime bound, a request of epoch 0 held in
+    // a switch executes in epoch 4, whose PSNs start where epoch 0's did.
+    refute(psn_wrap(), Policy::UnboundedPacketLifetime, NO_RNR);
+}
+
+/// Larger bounds than CI runs, for the figures in docs/failover.md 8.2: set
+/// `RAILSHIFT_MODEL_LARGE=1` (minutes, several GiB).
+#[test]
+fn larger_bounds_when_asked() {
+    if std::env::var_os("RAILSHIFT_MODEL_LARGE").is_none() {
+        println!("RAILSHIFT_MODEL_LARGE not set: larger bounds skipped");
+        return;
+    }
+    verify(Scenario {
+        name: "WRITE, READ, fenced SEND A -> B, two default failures",
+        budget: budget(2, 1, 0, 1, 2),
+        ..reads()
+    });
+    verify(Scenario {
+        name: "SENDs both ways, two default failures",
+        budget: budget(2, 1, 0, 1, 2),
+        ..sends_both_ways()
+    });
+    verify(Scenario {
+        name: "one notification A -> B, the epoch passing 4, a loss",
+        budget: Budget {
+            losses: 1,
+            ..psn_wrap().budget
+        },
+        ..psn_wrap()
+    });
 }
