@@ -38,16 +38,18 @@ fn peer_attrs() -> impl Strategy<Value = PeerAttrs> {
         any::<[u8; 16]>(),
         0..=0x00ff_ffffu32,
         0..=0x00ff_ffffu32,
+        0..=0x00ff_ffffu32,
         any::<u64>(),
         any::<u32>(),
         proptest::collection::vec(any::<(u32, u32)>(), 0..6),
     )
-        .prop_map(|(dg, dq, bg, bq, cq, addr, rkey, rkeys)| PeerAttrs {
+        .prop_map(|(dg, dq, bg, bq, cq, psn, addr, rkey, rkeys)| PeerAttrs {
             default_gid: Gid(dg),
             default_qpn: dq,
             backup_gid: Gid(bg),
             backup_qpn: bq,
             control_qpn: cq,
+            control_psn: psn,
             control_ring_addr: addr,
             control_ring_rkey: rkey,
             rkeys,

@@ -45,6 +45,7 @@ fn attrs(qpn: u32) -> PeerAttrs {
         backup_gid: Gid::from(std::net::Ipv4Addr::new(198, 18, 1, 1)),
         backup_qpn: qpn + 1,
         control_qpn: qpn + 2,
+        control_psn: qpn + 4,
         control_ring_addr: 0x7f00_0000_1000,
         control_ring_rkey: qpn + 3,
         rkeys: vec![(0x100, 0x200), (0x101, 0x2ff)],

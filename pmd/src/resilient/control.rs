@@ -6,8 +6,17 @@
 //! its backup device, registered for remote writes, whose address and rkey the peer learns at
 //! the rendezvous. Message number `k` (counted per direction from 0) is written into slot
 //! `k mod 2 x depth` of the peer's ring, with `k` as the immediate. The immediate consumes one
-//! of `depth` zero-length receive WQEs kept posted; the receiver reads the slot the immediate
-//! names, checks the number is the next it expects, then posts the receive again.
+//! of `depth` zero-length receive WQEs kept posted; the receiver checks that the write was one
+//! whole slot and that the number is the next it expects (anything else is dropped, counted
+//! and logged), reads the slot the immediate names, then posts the receive again.
+//!
+//! What a stranger can reach through the control QP is only the ring: the QP and the ring
+//! live in a protection domain of their own, not the backup PD that holds the application's
+//! memory, so a peer (or a forged packet) that writes through the control QP with some other
+//! rkey of the backup device gets a remote access error. Each end sends from a random initial
+//! PSN it publishes with its attributes (`PeerAttrs::control_psn`): control QPNs repeat from
+//! process to process, and a stale request of an earlier run (held behind an unresolved
+//! neighbour, `docs/testbed.md`) would otherwise be in sequence for a new QP at PSN 0.
 //!
 //! Why `2 x depth` slots: message `k + 2 x depth` can only be accepted once message
 //! `k + depth` was, which took a receive WQE that was posted again only after slot `k` had been
@@ -43,6 +52,8 @@ pub enum ControlError {
 }
 
 struct Inner {
+    /// The channel's own protection domain: it holds only the ring.
+    _pd: Arc<Pd>,
     qp: Qp,
     cq: Cq,
     /// This end's control ring: where the peer writes its messages.
@@ -61,6 +72,8 @@ struct Inner {
     local_default_qpn: u32,
     /// A send or receive failed: the channel is dead for good (it is never reset).
     broken: bool,
+    /// Messages dropped: out of sequence, not one whole slot, or not a ring write.
+    dropped: u64,
     wcs: [WorkCompletion; 16],
 }
 
@@ -68,6 +81,8 @@ struct Inner {
 pub(crate) struct ControlChannel {
     inner: Mutex<Inner>,
     qpn: u32,
+    /// The first PSN this end sends.
+    send_psn: u32,
 }
 
 impl std::fmt::Debug for ControlChannel {
@@ -113,17 +128,18 @@ const SEND_WR_ID: u64 = u64::MAX;
 const RECV_WR_ID: u64 = 0;
 
 impl ControlChannel {
-    /// Creates the control QP, its CQ (with completion events) and its receive buffers on the
-    /// backup PD `pd`, and posts the receives.
+    /// Creates the control QP, its CQ (with completion events) and its ring on the device of
+    /// the backup PD `backup_pd`, in a protection domain of the channel's own.
     pub fn create(
-        pd: &Arc<Pd>,
+        backup_pd: &Arc<Pd>,
         depth: u32,
         local_default_qpn: u32,
     ) -> Result<ControlChannel, VerbsError> {
         // A power of two, so the slot of a message number stays consistent when the 32-bit
         // numbers wrap.
         let depth = depth.max(4).next_power_of_two();
-        let ctx = pd.context();
+        let ctx = backup_pd.context();
+        let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(2 * depth, true)?;
         let qp = pd.create_qp(
             &cq,
@@ -144,6 +160,7 @@ impl ControlChannel {
         let qpn = qp.qpn();
         Ok(ControlChannel {
             inner: Mutex::new(Inner {
+                _pd: pd,
                 qp,
                 cq,
                 ring,
@@ -154,9 +171,11 @@ impl ControlChannel {
                 peer_default_qpn: 0,
                 local_default_qpn,
                 broken: false,
+                dropped: 0,
                 wcs: [WorkCompletion::EMPTY; 16],
             }),
             qpn,
+            send_psn: random_psn(),
         })
     }
 
@@ -167,6 +186,16 @@ impl ControlChannel {
     /// The control QP's number.
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    /// The first PSN this end sends (the peer's receive side starts there).
+    pub fn send_psn(&self) -> u32 {
+        self.send_psn
+    }
+
+    /// Messages dropped so far: out of sequence, not one whole slot, or not a ring write.
+    pub fn dropped(&self) -> u64 {
+        self.lock().dropped
     }
 
     /// This end's control ring as the peer must address it: (address, rkey).
@@ -194,15 +223,16 @@ impl ControlChannel {
     }
 
     /// INIT -> RTR -> RTS towards the peer's control QP `peer_qpn` on the device with GID
-    /// `peer_gid`; `template_rtr`/`template_rts` are the application's attributes (path MTU
-    /// and RNR timer carry over; PSNs start at 0, no reads or atomics). The ACK timeout and
-    /// retries are the control QP's own ([`control_ack_timeout`]): its retries must outlast
-    /// `handshake_timeout`.
+    /// `peer_gid`, which sends from `peer_psn`; `template_rtr`/`template_rts` are the
+    /// application's attributes (path MTU and RNR timer carry over; no reads or atomics). The
+    /// ACK timeout and retries are the control QP's own ([`control_ack_timeout`]): its
+    /// retries must outlast `handshake_timeout`.
     #[allow(clippy::too_many_arguments)]
     pub fn connect(
         &self,
         peer_gid: Gid,
         peer_qpn: u32,
+        peer_psn: u32,
         peer_default_qpn: u32,
         peer_ring: (u64, u32),
         template_rtr: &QpAttr,
@@ -215,7 +245,7 @@ impl ControlChannel {
         let mut rtr = QpAttr::rtr(
             AddressVector::to_gid(peer_gid),
             peer_qpn,
-            0,
+            peer_psn & 0x00ff_ffff,
             template_rtr.path_mtu.unwrap_or(crate::verbs::Mtu::Mtu1024),
         );
         rtr.max_dest_rd_atomic = Some(0);
@@ -223,7 +253,7 @@ impl ControlChannel {
             rtr.min_rnr_timer = Some(t);
         }
         c.qp.modify(QpState::Rtr, &rtr)?;
-        let mut rts = QpAttr::rts(0);
+        let mut rts = QpAttr::rts(self.send_psn);
         rts.timeout = Some(control_ack_timeout(template_rts.timeout, handshake_timeout));
         rts.retry_cnt = Some(CONTROL_RETRY_CNT);
         rts.max_rd_atomic = Some(0);
@@ -302,22 +332,38 @@ impl ControlChannel {
                 let (Some(number), WcOpcode::RecvRdmaWithImm) = (wc.imm, wc.opcode) else {
                     // A SEND from a peer that does not write: nothing to read.
                     tracing::warn!(control_qpn = self.qpn, opcode = ?wc.opcode, "failover: control message without a ring slot dropped");
+                    c.dropped += 1;
                     Self::repost(c, self.qpn);
                     continue;
                 };
+                if wc.byte_len != CONTROL_MESSAGE_LEN as u32 {
+                    // Every message is one whole slot; a shorter or longer write is not ours
+                    // (and a longer one already hit the next slot: only its own slot is read).
+                    tracing::warn!(
+                        control_qpn = self.qpn,
+                        number,
+                        bytes = wc.byte_len,
+                        "failover: control message that is not one whole slot dropped"
+                    );
+                    c.dropped += 1;
+                    Self::repost(c, self.qpn);
+                    continue;
+                }
                 if number != c.next_recv {
-                    // RC delivers in order: a gap means a peer that does not follow the format.
+                    // RC delivers in order: a gap or a repeat means a peer that does not follow
+                    // the format, or a forged packet; the slot it names is not read.
                     tracing::warn!(
                         control_qpn = self.qpn,
                         number,
                         expected = c.next_recv,
-                        "failover: control message out of sequence"
+                        "failover: control message out of sequence dropped"
                     );
+                    c.dropped += 1;
+                    Self::repost(c, self.qpn);
+                    continue;
                 }
                 c.next_recv = number.wrapping_add(1);
                 let slot = (number % (2 * c.depth)) as usize;
-                // The whole slot: the peer always writes 32 bytes (the completion's byte count
-                // is not relied on; devices differ in what they report for WRITE_WITH_IMM).
                 let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
                 c.ring.read(slot * CONTROL_MESSAGE_LEN, &mut bytes);
                 match ControlPacket::new_checked(&bytes[..]).and_then(|p| ControlRepr::parse(&p)) {
@@ -365,6 +411,23 @@ impl ControlChannel {
     }
 }
 
+/// A 24-bit PSN from the kernel's random source (`getrandom(2)`); should that fail, from the
+/// clock and the process id, which still differ from run to run.
+fn random_psn() -> u32 {
+    let mut bytes = [0u8; 4];
+    // SAFETY: `bytes` is valid for writes of its length for the duration of the call.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    let value = if n == bytes.len() as isize {
+        u32::from_ne_bytes(bytes)
+    } else {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        nanos ^ std::process::id().rotate_left(13)
+    };
+    value & 0x00ff_ffff
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,6 +438,8 @@ mod tests {
 
     struct End {
         ctx: Arc<Context>,
+        /// The backup PD the channel was created beside (the application's memory).
+        backup_pd: Arc<Pd>,
         channel: ControlChannel,
     }
 
@@ -391,10 +456,14 @@ mod tests {
         };
         let end = |port: u32, default_qpn: u32| {
             let ctx = Context::open(&format!("fabric:{fabric}/{port}"), &config).unwrap();
-            let pd = ctx.alloc_pd().unwrap();
-            let channel = ControlChannel::create(&pd, 4, default_qpn).unwrap();
+            let backup_pd = ctx.alloc_pd().unwrap();
+            let channel = ControlChannel::create(&backup_pd, 4, default_qpn).unwrap();
             channel.init().unwrap();
-            End { ctx, channel }
+            End {
+                ctx,
+                backup_pd,
+                channel,
+            }
         };
         let (a, b) = (end(0, 0x11), end(1, 0x22));
         let rtr = QpAttr::rtr(
@@ -409,6 +478,7 @@ mod tests {
                 .connect(
                     peer.ctx.query_gid(0).unwrap(),
                     peer.channel.qpn(),
+                    peer.channel.send_psn(),
                     peer_default,
                     peer.channel.ring(),
                     &rtr,
@@ -501,5 +571,131 @@ mod tests {
         );
         drop((a, b));
         unregister_fabric(&name);
+    }
+
+    /// Runs both devices and polls both channels for a while; returns what each got.
+    fn settle(a: &End, b: &End) -> [Vec<Event>; 2] {
+        let mut events = [Vec::new(), Vec::new()];
+        for _ in 0..200 {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            a.ctx.progress();
+            b.ctx.progress();
+            a.channel.poll(&mut events[0]);
+            b.channel.poll(&mut events[1]);
+        }
+        events
+    }
+
+    /// A well-formed control message for default QPN `dest_qpn`.
+    fn message_bytes(dest_qpn: u32, message: ControlMessage) -> [u8; CONTROL_MESSAGE_LEN] {
+        let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
+        let mut packet = ControlPacket::new_checked(&mut bytes[..]).unwrap();
+        ControlRepr { dest_qpn, message }.emit(&mut packet);
+        bytes
+    }
+
+    /// Posts a raw WRITE_WITH_IMM of `bytes` from `from`'s control QP into slot `slot` of
+    /// `to`'s ring, with immediate `imm`: what a buggy or hostile peer could send.
+    fn raw_write(from: &End, to: &End, slot: u64, bytes: &[u8], imm: u32) {
+        let (addr, rkey) = to.channel.ring();
+        let op = SendOp::WriteImm {
+            remote: Remote {
+                addr: addr + slot * CONTROL_MESSAGE_LEN as u64,
+                rkey,
+            },
+            imm,
+        };
+        let mut c = from.channel.lock();
+        c.qp.post_send(&SendWr::inline(SEND_WR_ID, op, bytes).signaled())
+            .unwrap();
+        c.qp.ring_doorbell();
+    }
+
+    #[test]
+    fn each_channel_sends_from_a_random_psn_its_peer_expects() {
+        let name = format!("control-psn-{}", std::process::id());
+        let (a, b) = pair(&name);
+        // Control QPNs repeat from run to run; PSNs must not. Eight draws of 24 bits that
+        // were all the same would be a fixed PSN (the odds of a false alarm: 2^-168).
+        let psns: std::collections::BTreeSet<u32> = (0..8)
+            .map(|_| {
+                ControlChannel::create(&a.backup_pd, 4, 0x33)
+                    .unwrap()
+                    .send_psn()
+            })
+            .collect();
+        assert!(psns.len() > 1, "{psns:?}");
+        assert!(psns.iter().all(|p| *p <= 0x00ff_ffff));
+        // And the pair, connected with each other's PSN, talks both ways.
+        a.channel
+            .send(ControlMessage::PathUp { epoch: Epoch(3) })
+            .unwrap();
+        assert_eq!(
+            deliver(&a, &b, &b, 1),
+            [Event::Control(ControlMessage::PathUp { epoch: Epoch(3) })]
+        );
+        b.channel
+            .send(ControlMessage::PathUp { epoch: Epoch(4) })
+            .unwrap();
+        assert_eq!(
+            deliver(&a, &b, &a, 1),
+            [Event::Control(ControlMessage::PathUp { epoch: Epoch(4) })]
+        );
+    }
+
+    #[test]
+    fn the_control_qp_reaches_only_its_ring_not_the_backup_memory() {
+        let name = format!("control-pd-{}", std::process::id());
+        let (a, b) = pair(&name);
+        // Application memory on a's backup device, open to remote writes through a QP of
+        // the backup PD.
+        let memory = a
+            .backup_pd
+            .alloc_buffer(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let target = memory.remote(0);
+        let op = SendOp::WriteImm {
+            remote: target,
+            imm: 0,
+        };
+        {
+            let mut c = b.channel.lock();
+            c.qp.post_send(&SendWr::inline(SEND_WR_ID, op, &[0xee; 32]).signaled())
+                .unwrap();
+            c.qp.ring_doorbell();
+        }
+        let [to_a, to_b] = settle(&a, &b);
+        // Refused at a with a remote access error, which ends both ends of the channel (an
+        // RC responder's QP goes to ERR on it: the connection is left unprotected, closed
+        // rather than open), and the memory is untouched.
+        assert_eq!(to_b, [Event::ControlSendFailed]);
+        assert_eq!(to_a, [Event::ControlSendFailed]);
+        let mut bytes = [0u8; 32];
+        memory.read(0, &mut bytes);
+        assert_eq!(bytes, [0u8; 32]);
+    }
+
+    #[test]
+    fn messages_out_of_sequence_or_not_one_whole_slot_are_dropped_and_counted() {
+        let name = format!("control-seq-{}", std::process::id());
+        let (a, b) = pair(&name);
+        // A well-formed message numbered 5 where 0 is expected (accepted after a warning
+        // before); then number 0, but only the first 16 bytes of a message.
+        let forged = message_bytes(0x11, ControlMessage::PathUp { epoch: Epoch(99) });
+        raw_write(&b, &a, 5, &forged, 5);
+        raw_write(&b, &a, 0, &forged[..16], 0);
+        let [to_a, to_b] = settle(&a, &b);
+        assert_eq!(to_a, []);
+        assert_eq!(to_b, []);
+        assert_eq!(a.channel.dropped(), 2);
+        // The channel is still in step: b's next real message (its number 0) arrives.
+        b.channel
+            .send(ControlMessage::PathUp { epoch: Epoch(7) })
+            .unwrap();
+        assert_eq!(
+            deliver(&a, &b, &a, 1),
+            [Event::Control(ControlMessage::PathUp { epoch: Epoch(7) })]
+        );
+        assert_eq!(a.channel.dropped(), 2);
     }
 }

@@ -503,7 +503,11 @@ impl ResilientQp {
 
     /// Counters since the QP was created.
     pub fn stats(&self) -> FailoverStats {
-        self.slow.log.stats
+        let mut stats = self.slow.log.stats;
+        if let Some(b) = &self.slow.backup {
+            stats.control_messages_dropped = b.control.dropped();
+        }
+        stats
     }
 
     /// The event log: failovers, switch-backs, refusals, errors, oldest first.

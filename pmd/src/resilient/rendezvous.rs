@@ -3,12 +3,12 @@
 //! To fail over, each end needs the peer's backup QP (its GID and QPN), the peer's control
 //! QP and the ring its control messages are written into, and for every rkey the application
 //! uses towards the peer, the rkey of the same memory on the peer's backup device.
-//! [`PeerAttrs`] is all of that for one end, with a byte format (big-endian, version 2):
+//! [`PeerAttrs`] is all of that for one end, with a byte format (big-endian, version 3):
 //!
 //! ```text
 //!  0       4     5          8                 24      28                44      48      52
 //!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+
-//!  | "RSBK"| ver | reserved |   default GID   | d QPN |   backup GID    | b QPN | c QPN |
+//!  | "RSBK"| ver | c PSN    |   default GID   | d QPN |   backup GID    | b QPN | c QPN |
 //!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+
 //!  52                  60            64      68
 //!  +-------------------+-------------+-------+----
@@ -47,7 +47,7 @@ pub enum RendezvousError {
     #[error("not railshift backup attributes (magic {0:#010x})")]
     BadMagic(u32),
     /// A version this build does not read.
-    #[error("backup attributes version {0} is not supported (this build reads 2)")]
+    #[error("backup attributes version {0} is not supported (this build reads 3)")]
     UnsupportedVersion(u8),
     /// A field holds a value the format does not allow.
     #[error("backup attributes: bad {0}")]
@@ -75,6 +75,9 @@ pub struct PeerAttrs {
     pub backup_qpn: u32,
     /// The control QP number (on the backup device).
     pub control_qpn: u32,
+    /// The first PSN the control QP sends (24 bits, drawn at random per channel, so a stale
+    /// packet of an earlier process with the same QPN is out of sequence for this one).
+    pub control_psn: u32,
     /// Where the peer writes its control messages to this end: the address of the control
     /// ring on the backup device...
     pub control_ring_addr: u64,
@@ -85,14 +88,14 @@ pub struct PeerAttrs {
 }
 
 const MAGIC: u32 = 0x5253_424b; // "RSBK"
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 const HEADER: usize = 68;
 
 mod field {
     use core::ops::Range;
     pub const MAGIC: Range<usize> = 0..4;
     pub const VERSION: usize = 4;
-    pub const RESERVED: Range<usize> = 5..8;
+    pub const CONTROL_PSN: Range<usize> = 5..8;
     pub const DEFAULT_GID: Range<usize> = 8..24;
     pub const DEFAULT_QPN: Range<usize> = 24..28;
     pub const BACKUP_GID: Range<usize> = 28..44;
@@ -119,6 +122,8 @@ impl PeerAttrs {
         let mut out = vec![0u8; HEADER + 8 * self.rkeys.len()];
         out[field::MAGIC].copy_from_slice(&MAGIC.to_be_bytes());
         out[field::VERSION] = VERSION;
+        out[field::CONTROL_PSN]
+            .copy_from_slice(&(self.control_psn & 0x00ff_ffff).to_be_bytes()[1..]);
         out[field::DEFAULT_GID].copy_from_slice(&self.default_gid.0);
         out[field::DEFAULT_QPN].copy_from_slice(&self.default_qpn.to_be_bytes());
         out[field::BACKUP_GID].copy_from_slice(&self.backup_gid.0);
@@ -150,9 +155,8 @@ impl PeerAttrs {
         if bytes[field::VERSION] != VERSION {
             return Err(RendezvousError::UnsupportedVersion(bytes[field::VERSION]));
         }
-        if bytes[field::RESERVED].iter().any(|b| *b != 0) {
-            return Err(RendezvousError::BadField("reserved bytes"));
-        }
+        let psn = &bytes[field::CONTROL_PSN];
+        let control_psn = u32::from_be_bytes([0, psn[0], psn[1], psn[2]]);
         let qpn = |r: core::ops::Range<usize>, name| {
             let v = be32(&bytes[r]);
             if v > 0x00ff_ffff {
@@ -191,6 +195,7 @@ impl PeerAttrs {
             backup_gid: gid(&bytes[field::BACKUP_GID]),
             backup_qpn,
             control_qpn,
+            control_psn,
             control_ring_addr: u64::from_be_bytes(
                 bytes[field::CONTROL_RING_ADDR]
                     .try_into()
@@ -358,6 +363,7 @@ mod tests {
             backup_gid: Gid::from(Ipv4Addr::new(198, 18, 1, 1)),
             backup_qpn: 0x12,
             control_qpn: 0x13,
+            control_psn: 0xab_cdef,
             control_ring_addr: 0x7f00_1234_5000,
             control_ring_rkey: 0x77,
             rkeys: vec![(0x100, 0x200), (0x101, 0x2ff)],
@@ -368,7 +374,7 @@ mod tests {
     fn attributes_are_written_as_the_format_says() {
         let bytes = sample().to_bytes();
         assert_eq!(bytes.len(), 68 + 16);
-        assert_eq!(&bytes[0..8], b"RSBK\x02\x00\x00\x00");
+        assert_eq!(&bytes[0..8], b"RSBK\x03\xab\xcd\xef");
         assert_eq!(
             &bytes[8..24],
             &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1]

@@ -475,6 +475,7 @@ impl QpShadow {
                         backup_gid,
                         backup_qpn: qp.qpn(),
                         control_qpn: control.qpn(),
+                        control_psn: control.send_psn(),
                         control_ring_addr,
                         control_ring_rkey,
                         rkeys: Vec::new(),
@@ -551,6 +552,7 @@ impl QpShadow {
                     if let Err(e) = control.connect(
                         peer.backup_gid,
                         peer.control_qpn,
+                        peer.control_psn,
                         peer.default_qpn,
                         (peer.control_ring_addr, peer.control_ring_rkey),
                         &rtr,

@@ -31,6 +31,9 @@ pub struct FailoverStats {
     pub last_fallback_latency: Option<Duration>,
     /// Events that did not fit in the log (it keeps the first [`EVENT_LOG_CAPACITY`]).
     pub events_dropped: u64,
+    /// Control messages the control QP dropped: out of sequence, not one whole slot, or not
+    /// a write into the ring (a buggy peer, or forged packets).
+    pub control_messages_dropped: u64,
 }
 
 /// Events a QP keeps; later ones are counted in [`FailoverStats::events_dropped`].
