@@ -5,6 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+/// Most QPs a bandwidth run may use (`-q`): a training job's count per NIC, as the SHIFT
+/// paper measures with 1,000. The QPs share one buffer, so memory grows with the queues only.
+pub const MAX_QPS: u32 = 1024;
+
 /// What a tool measures; decides defaults and the output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tool {
@@ -166,7 +170,8 @@ pub struct Flags {
     /// (docs/apps-json.md, "Fault channel").
     #[arg(long = "fault-fifo", value_name = "PATH")]
     pub fault_fifo: Option<PathBuf>,
-    /// Number of QPs (bandwidth tools without --check; iterations go round-robin).
+    /// Number of QPs, 1 to 1,024 (bandwidth tools without --check; iterations go
+    /// round-robin).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
     /// Traffic in both directions: the server sends too (bandwidth tools without --check).
@@ -305,8 +310,8 @@ impl Options {
                     flags.qps
                 ));
             }
-            if !(1..=16).contains(&flags.qps) {
-                return Err(format!("-q/--qp {} is outside 1..=16", flags.qps));
+            if !(1..=MAX_QPS).contains(&flags.qps) {
+                return Err(format!("-q/--qp {} is outside 1..={MAX_QPS}", flags.qps));
             }
         }
         if flags.bidirectional
@@ -463,6 +468,10 @@ mod tests {
         assert!(refused(Tool::SendLat, &["--check"]).contains("--check"));
         assert!(refused(Tool::SendBw, &["--check", "-s", "4"]).contains("8 bytes"));
         assert!(refused(Tool::WriteBw, &["--check", "-q", "2"]).contains("-q/--qp 2"));
+        assert!(
+            refused(Tool::WriteBw, &["-q", "1025"]).contains("-q/--qp 1025 is outside 1..=1024")
+        );
+        assert!(refused(Tool::ReadBw, &["-q", "0"]).contains("-q/--qp 0"));
         assert!(refused(Tool::AtomicBw, &["-b"]).contains("-b/--bidirectional"));
         assert!(refused(Tool::Allreduce, &["--ranks", "3"]).contains("its own -d"));
         assert!(refused(Tool::WriteBw, &["-D", "1", "-a"]).contains("-D/--duration"));

@@ -358,12 +358,12 @@ mod tests {
             std::env::temp_dir().join(format!("railshift-lastwords-{}.log", std::process::id()));
         std::fs::write(
             &path,
-            "usage ...\nshift_write_bw: -q/--qp 256 is outside 1..=16\n\n",
+            "usage ...\nshift_write_bw: -q/--qp 2000 is outside 1..=1024\n\n",
         )
         .unwrap();
         assert_eq!(
             last_words(&path),
-            ": shift_write_bw: -q/--qp 256 is outside 1..=16"
+            ": shift_write_bw: -q/--qp 2000 is outside 1..=1024"
         );
         std::fs::remove_file(&path).unwrap();
         assert_eq!(last_words(&path), "");

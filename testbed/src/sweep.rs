@@ -280,8 +280,8 @@ mod tests {
                 point(1, 20.0),
                 point(16, 200.0),
                 SweepPoint {
-                    qps_asked: 256,
-                    refused: Some("-q/--qp 256 is outside 1..=16".into()),
+                    qps_asked: 2000,
+                    refused: Some("-q/--qp 2000 is outside 1..=1024".into()),
                     ..SweepPoint::default()
                 },
             ],
