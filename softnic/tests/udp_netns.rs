@@ -387,3 +387,69 @@ fn root_only_link_down_ends_in_retry_exceeded_within_timeout_times_retries_plus_
     pair.set_b_link(true).unwrap();
     assert_eq!(a.dev.events().wait(2000), Some(AsyncEvent::PortActive));
 }
+
+#[test]
+fn root_only_a_link_flapping_ends_reported_in_its_last_state_within_the_kernels_linkwatch_delay() {
+    if skip_unless_root("root_only_a_link_flapping_ends_reported_in_its_last_state") {
+        return;
+    }
+    let pair = NetnsPair::create(1500).expect("namespaces");
+    let a = open(&pair.a, "a");
+    let flip = |up: bool| {
+        let state = if up { "up" } else { "down" };
+        let ok = Command::new("ip")
+            .args([
+                "-n",
+                &pair.a.netns,
+                "link",
+                "set",
+                "dev",
+                &pair.a.netdev,
+                state,
+            ])
+            .status()
+            .expect("ip")
+            .success();
+        assert!(ok, "ip link set {state}");
+    };
+    // A schedule from the testbed's soak: down, up 40 ms later, down again 26 ms after that,
+    // up 225 ms later. After `ip link set up` the kernel first reports the link UP with
+    // carrier but not RUNNING (operstate still down: its linkwatch work, which also
+    // activates the qdisc, is rate-limited to once a second after recent link events), and
+    // RUNNING only when that work runs. The device must end up reporting the link active,
+    // no later than that delay.
+    flip(false);
+    std::thread::sleep(Duration::from_millis(40));
+    flip(true);
+    std::thread::sleep(Duration::from_millis(26));
+    flip(false);
+    std::thread::sleep(Duration::from_millis(225));
+    flip(true);
+    let up_at = Instant::now();
+    let mut events = Vec::new();
+    let mut active_after = None;
+    while up_at.elapsed() < Duration::from_secs(3) {
+        if let Some(e) = a.events().wait(10) {
+            if e == AsyncEvent::PortActive && active_after.is_none() {
+                active_after = Some(up_at.elapsed());
+            }
+            events.push(e);
+        }
+    }
+    println!("link reported active {active_after:?} after the last `ip link set up`");
+    assert_eq!(
+        a.port_state(),
+        softnic::PortState::Active,
+        "events {events:?}"
+    );
+    assert_eq!(
+        events.last(),
+        Some(&AsyncEvent::PortActive),
+        "events {events:?}"
+    );
+    let after = active_after.expect("reported active");
+    assert!(
+        after <= Duration::from_millis(1500),
+        "active only after {after:?}"
+    );
+}

@@ -366,6 +366,8 @@ impl ServiceHandle {
             for &change in &changes {
                 let up = change == LinkChange::Up;
                 tracing::info!(device = %ctx.name(), ?change, "failover service: link changed");
+                let started = std::time::Instant::now();
+                let mut told = 0usize;
                 for qp in &qps {
                     let path = if Arc::ptr_eq(&qp.pd.ctx.default, &ctx) {
                         Path::Default
@@ -401,7 +403,9 @@ impl ServiceHandle {
                         Event::LinkDown { path }
                     };
                     qp.shared.post(Mail::Event(event));
+                    told += 1;
                 }
+                tracing::info!(device = %ctx.name(), ?change, qps = told, elapsed_us = started.elapsed().as_micros() as u64, "failover service: link change handed to every QP");
             }
             st.changes = changes;
         }
