@@ -208,6 +208,15 @@ pub(crate) enum ParseError {
     Malformed,
     /// Well-formed, but the ICRC does not match.
     Icrc,
+    /// Well-formed with a good ICRC, but of another partition: its P_Key does not match the
+    /// default one (0xFFFF, the only partition softnic has), as an IB port checks it.
+    PKey,
+}
+
+/// Whether a packet's P_Key matches the default partition's full-membership key 0xFFFF: the
+/// same 15-bit key, not the invalid key 0 (IBA 10.9.3; rxe's `pkey_match`).
+pub(crate) fn pkey_matches_default(pkey: u16) -> bool {
+    pkey & 0x7fff == DEFAULT_PKEY & 0x7fff
 }
 
 fn kind_of(op: Operation) -> Kind {
@@ -282,6 +291,9 @@ pub(crate) fn parse_packet(
     }
     if icrc::verify_udp_payload(ip, src_port, crate::wire::ROCE_PORT, bytes).is_err() {
         return Err(ParseError::Icrc);
+    }
+    if !pkey_matches_default(repr.bth.pkey) {
+        return Err(ParseError::PKey);
     }
     let payload_start = repr.bth.opcode.header_len();
     let payload = payload_start..payload_start + repr.payload.len();
@@ -493,5 +505,35 @@ mod tests {
             parse_packet(&buf[..n], a, 0xc124, b, None),
             Err(ParseError::Icrc)
         );
+    }
+
+    #[test]
+    fn a_packet_of_another_partition_is_dropped_with_a_good_icrc() {
+        let (a, b) = addrs();
+        let mut buf = vec![0u8; 256];
+        let mut h = OutHeader::new(Kind::Send, 0x12, 5);
+        h.payload_len = 16;
+        let hl = emit_headers(&mut buf, &h).expect("headers");
+        let seal_with = |buf: &mut Vec<u8>, pkey: u16| {
+            Bth::new_unchecked(&mut buf[..bth::HEADER_LEN]).set_pkey(pkey);
+            seal(buf, hl + 16, a, 0xc123, b).expect("seal")
+        };
+        // The default key, and the same partition as a limited member, are accepted.
+        for pkey in [0xffff, 0x7fff] {
+            let n = seal_with(&mut buf, pkey);
+            assert!(
+                parse_packet(&buf[..n], a, 0xc123, b, None).is_ok(),
+                "{pkey:#x}"
+            );
+        }
+        // Another partition, and the invalid key 0, are not.
+        for pkey in [0x8001, 0x1234, 0x0000, 0x8000] {
+            let n = seal_with(&mut buf, pkey);
+            assert_eq!(
+                parse_packet(&buf[..n], a, 0xc123, b, None),
+                Err(ParseError::PKey),
+                "{pkey:#x}"
+            );
+        }
     }
 }

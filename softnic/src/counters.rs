@@ -66,6 +66,8 @@ pub struct Counters {
     pub malformed_drops: u64,
     /// Packets dropped because no QP has their destination QPN.
     pub unknown_qpn_drops: u64,
+    /// Packets dropped because their P_Key is not of the default partition.
+    pub pkey_drops: u64,
     /// Packets not sent or not received because the port was down.
     pub port_down_drops: u64,
     /// Times a CQ was full when a CQE had to be written.
@@ -89,6 +91,7 @@ impl Counters {
         self.icrc_errors += o.icrc_errors;
         self.malformed_drops += o.malformed_drops;
         self.unknown_qpn_drops += o.unknown_qpn_drops;
+        self.pkey_drops += o.pkey_drops;
         self.port_down_drops += o.port_down_drops;
         self.cq_overruns += o.cq_overruns;
     }

@@ -182,6 +182,10 @@ impl Core {
                         out.device.icrc_errors += 1;
                         continue;
                     }
+                    Err(ParseError::PKey) => {
+                        out.device.pkey_drops += 1;
+                        continue;
+                    }
                     Err(ParseError::Malformed) => {
                         out.device.malformed_drops += 1;
                         continue;

@@ -29,6 +29,10 @@ fn template(rng: &mut ChaCha8Rng, dest_qpn: u32) -> Vec<u8> {
     p[0] = opcode;
     p[1] &= 0xf0; // pad 0, tver 0 mostly
     p[5..8].copy_from_slice(&dest_qpn.to_be_bytes()[1..]);
+    if rng.random_bool(0.9) {
+        // The default partition mostly, so that most reach the QPN and opcode checks.
+        p[2..4].copy_from_slice(&[0xff, 0xff]);
+    }
     p
 }
 
@@ -113,7 +117,8 @@ fn random_and_mutated_packets_are_counted_and_dropped_and_a_valid_qp_keeps_worki
     let after = b.dev.counters();
     let dropped = (after.icrc_errors - before.icrc_errors)
         + (after.malformed_drops - before.malformed_drops)
-        + (after.unknown_qpn_drops - before.unknown_qpn_drops);
+        + (after.unknown_qpn_drops - before.unknown_qpn_drops)
+        + (after.pkey_drops - before.pkey_drops);
     assert!(injected > 15_000, "{injected}");
     assert!(after.icrc_errors > before.icrc_errors, "{after:?}");
     assert!(after.malformed_drops > before.malformed_drops, "{after:?}");
@@ -188,4 +193,36 @@ fn garbage_in_the_driver_rings_ends_in_error_completions_never_a_panic_or_hang()
         while a.scq.poll().is_some() {}
         while b.rcq.poll().is_some() {}
     }
+}
+
+#[test]
+fn a_request_of_another_partition_never_reaches_the_qp() {
+    let seed = seed(78);
+    let (sim, a, b) = pair_with(
+        seed,
+        Duration::from_micros(2),
+        QpSizes::default(),
+        ConnectOptions::default(),
+    );
+    let (src, dst) = (a.dev.addr(), b.dev.addr());
+    let sport = rxe_source_port(a.qp.qpn);
+    let before = (b.dev.counters(), b.dev.qp_counters(b.qp.qpn).unwrap());
+    // SEND ONLY to the working QP, P_Key 0x1234 (partition 0x1234, full member), good ICRC.
+    let mut p = vec![0u8; 12 + 16 + 4];
+    p[0] = 0x04;
+    p[2..4].copy_from_slice(&0x1234u16.to_be_bytes());
+    p[5..8].copy_from_slice(&b.qp.qpn.to_be_bytes()[1..]);
+    let p = with_icrc(p, src, dst, sport);
+    for _ in 0..10 {
+        assert!(sim.fabric.inject(0, dst, sport, &p, sim.clock.now()));
+    }
+    sim.run_until(&[&a.dev, &b.dev], Duration::from_millis(1), || false);
+    let after = (b.dev.counters(), b.dev.qp_counters(b.qp.qpn).unwrap());
+    assert_eq!(
+        after.0.pkey_drops - before.0.pkey_drops,
+        10,
+        "{:?}",
+        after.0
+    );
+    assert_eq!(after.1.rx_packets, before.1.rx_packets, "{:?}", after.1);
 }
