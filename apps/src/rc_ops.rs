@@ -17,11 +17,14 @@
 //! 4. SEND_WITH_IMM 200 bytes from 4096, immediate 0x0badcafe, into the receive at 45056;
 //! 5. READ 8192 bytes of the target's 16384 into its own 49152 (eight response packets);
 //! 6. CMP_AND_SWP on the target's 32768: compare 10, swap 20 (returns 10) into 57344;
-//! 7. FETCH_AND_ADD 5 on the target's 32776 (returns 100) into 57352.
+//! 7. FETCH_AND_ADD 5 on the target's 32776 (returns 100) into 57352;
+//! 8. two atomics outstanding at once, posted together and then both awaited: CMP_AND_SWP on
+//!    32768, compare 20, swap 30 (returns 20) into 57360, and FETCH_AND_ADD 7 on 32776
+//!    (returns 105) into 57368 (the case where rxe 6.1 was reported to return 0).
 //!
-//! The initiator checks every byte the READ brought and both atomic results; the target checks
+//! The initiator checks every byte the READ brought and every atomic result; the target checks
 //! its three receive completions (opcode, length, immediate), every byte written and sent,
-//! and the atomics' effect (20 and 105).
+//! and the atomics' effect (30 and 112).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -386,6 +389,45 @@ pub fn run(o: &Options) -> Result<Vec<String>, AppError> {
                 "the atomics returned {cas} and {fadd}, expected 10 and 100"
             ));
         }
+        // Two atomics outstanding at once.
+        let pair = [
+            (
+                SendOp::CompareSwap {
+                    remote: remote(CAS_OFF),
+                    compare: 20,
+                    swap: 30,
+                },
+                ATOMIC_DST + 16,
+            ),
+            (
+                SendOp::FetchAdd {
+                    remote: remote(FADD_OFF),
+                    add: 7,
+                },
+                ATOMIC_DST + 24,
+            ),
+        ];
+        for (i, (op, off)) in pair.iter().enumerate() {
+            let sge = s.buf.sge(*off, 8);
+            s.qp.post_send(&SendWr::new(100 + i as u64, *op, &[sge]).signaled())
+                .map_err(|e| AppError::Verbs(format!("posting {op:?}: {e}")))?;
+        }
+        s.qp.ring_doorbell();
+        for (op, _) in &pair {
+            let wc = s.wait()?;
+            if wc.status != WcStatus::Success || wc.opcode != op.wc_opcode() {
+                failed.push(format!("{op:?} (two outstanding) completed as {wc:?}"));
+            }
+        }
+        let (cas, fadd) = (
+            s.buf.read_u64(ATOMIC_DST + 16),
+            s.buf.read_u64(ATOMIC_DST + 24),
+        );
+        if (cas, fadd) != (20, 105) {
+            failed.push(format!(
+                "two atomics outstanding returned {cas} and {fadd}, expected 20 and 105"
+            ));
+        }
         stream
             .write_all(b"done\n")
             .map_err(|e| io("sending done", e))?;
@@ -427,9 +469,9 @@ pub fn run(o: &Options) -> Result<Vec<String>, AppError> {
         check("SEND", RECV_OFF, SEND_LEN, 0);
         check("SEND_WITH_IMM", RECV_OFF + 4096, SIMM_LEN, SIMM_SRC);
         let (cas, fadd) = (s.buf.read_u64(CAS_OFF), s.buf.read_u64(FADD_OFF));
-        if (cas, fadd) != (20, 105) {
+        if (cas, fadd) != (30, 112) {
             failed.push(format!(
-                "the atomics left {cas} and {fadd}, expected 20 and 105"
+                "the atomics left {cas} and {fadd}, expected 30 and 112"
             ));
         }
         let verdict: &[u8] = if failed.is_empty() {

@@ -171,6 +171,42 @@ static void connect_qp(const struct dest *me, const struct dest *peer, int gidx)
 	}
 }
 
+/* Posts CMP_AND_SWP (compare 20, swap 30) into `cas_off` and FETCH_AND_ADD 7 into `fadd_off`
+ * as one chain of two signaled WRs in a single ibv_post_send, so that the requester has both
+ * to send at once, without waiting for their completions. */
+static void post_two_atomics(size_t cas_off, size_t fadd_off, const struct dest *peer)
+{
+	struct ibv_sge sge[2] = {
+		{.addr = (uintptr_t)(buf + cas_off), .length = 8, .lkey = mr->lkey},
+		{.addr = (uintptr_t)(buf + fadd_off), .length = 8, .lkey = mr->lkey},
+	};
+	struct ibv_send_wr wr[2] = {
+		{.wr_id = 1,
+		 .sg_list = &sge[0],
+		 .num_sge = 1,
+		 .opcode = IBV_WR_ATOMIC_CMP_AND_SWP,
+		 .send_flags = IBV_SEND_SIGNALED,
+		 .next = &wr[1]},
+		{.wr_id = 2,
+		 .sg_list = &sge[1],
+		 .num_sge = 1,
+		 .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+		 .send_flags = IBV_SEND_SIGNALED},
+	};
+	struct ibv_send_wr *bad;
+	wr[0].wr.atomic.remote_addr = peer->addr + CAS_OFF;
+	wr[0].wr.atomic.rkey = peer->rkey;
+	wr[0].wr.atomic.compare_add = 20;
+	wr[0].wr.atomic.swap = 30;
+	wr[1].wr.atomic.remote_addr = peer->addr + FADD_OFF;
+	wr[1].wr.atomic.rkey = peer->rkey;
+	wr[1].wr.atomic.compare_add = 7;
+	if (ibv_post_send(qp, wr, &bad)) {
+		perror("ibv_post_send");
+		exit(1);
+	}
+}
+
 static void post_send(enum ibv_wr_opcode op, size_t off, uint32_t len, const struct dest *peer,
 		      uint64_t raddr, uint32_t imm, uint64_t compare_add, uint64_t swap)
 {
@@ -339,6 +375,19 @@ int main(int argc, char **argv)
 		memcpy(&fadd, buf + ATOMIC_DST + 8, 8);
 		CHECK(cas == 10, "CAS returned %llu, expected 10", (unsigned long long)cas);
 		CHECK(fadd == 100, "FADD returned %llu, expected 100", (unsigned long long)fadd);
+		/* Two atomics outstanding at once: posted together, then both awaited. */
+		post_two_atomics(ATOMIC_DST + 16, ATOMIC_DST + 24, &peer);
+		for (int i = 0; i < 2; i++) {
+			struct ibv_wc wc = wait_wc();
+			CHECK(wc.status == IBV_WC_SUCCESS, "atomic %d of two outstanding completed with %s",
+			      i, ibv_wc_status_str(wc.status));
+		}
+		memcpy(&cas, buf + ATOMIC_DST + 16, 8);
+		memcpy(&fadd, buf + ATOMIC_DST + 24, 8);
+		CHECK(cas == 20, "CAS (two outstanding) returned %llu, expected 20",
+		      (unsigned long long)cas);
+		CHECK(fadd == 105, "FADD (two outstanding) returned %llu, expected 105",
+		      (unsigned long long)fadd);
 		if (write(fd, "done\n", 5) != 5)
 			perror("write");
 		read_line(fd, line, sizeof line);
@@ -379,8 +428,8 @@ int main(int argc, char **argv)
 		uint64_t cas, fadd;
 		memcpy(&cas, buf + CAS_OFF, 8);
 		memcpy(&fadd, buf + FADD_OFF, 8);
-		CHECK(cas == 20, "CAS left %llu, expected 20", (unsigned long long)cas);
-		CHECK(fadd == 105, "FADD left %llu, expected 105", (unsigned long long)fadd);
+		CHECK(cas == 30, "CAS left %llu, expected 30", (unsigned long long)cas);
+		CHECK(fadd == 112, "FADD left %llu, expected 112", (unsigned long long)fadd);
 		const char *verdict = failures ? "target failed\n" : "target ok\n";
 		if (write(fd, verdict, strlen(verdict)) < 0)
 			perror("write");
