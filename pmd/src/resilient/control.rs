@@ -52,8 +52,8 @@ pub enum ControlError {
 }
 
 struct Inner {
-    /// The channel's own protection domain: it holds only the ring.
-    _pd: Arc<Pd>,
+    /// In the channel's own protection domain (the QP and the ring's MR keep it alive), which
+    /// holds only the ring.
     qp: Qp,
     cq: Cq,
     /// This end's control ring: where the peer writes its messages.
@@ -160,7 +160,6 @@ impl ControlChannel {
         let qpn = qp.qpn();
         Ok(ControlChannel {
             inner: Mutex::new(Inner {
-                _pd: pd,
                 qp,
                 cq,
                 ring,
@@ -332,8 +331,7 @@ impl ControlChannel {
                 let (Some(number), WcOpcode::RecvRdmaWithImm) = (wc.imm, wc.opcode) else {
                     // A SEND from a peer that does not write: nothing to read.
                     tracing::warn!(control_qpn = self.qpn, opcode = ?wc.opcode, "failover: control message without a ring slot dropped");
-                    c.dropped += 1;
-                    Self::repost(c, self.qpn);
+                    Self::drop_unread(c, self.qpn);
                     continue;
                 };
                 if wc.byte_len != CONTROL_MESSAGE_LEN as u32 {
@@ -345,8 +343,7 @@ impl ControlChannel {
                         bytes = wc.byte_len,
                         "failover: control message that is not one whole slot dropped"
                     );
-                    c.dropped += 1;
-                    Self::repost(c, self.qpn);
+                    Self::drop_unread(c, self.qpn);
                     continue;
                 }
                 if number != c.next_recv {
@@ -358,8 +355,7 @@ impl ControlChannel {
                         expected = c.next_recv,
                         "failover: control message out of sequence dropped"
                     );
-                    c.dropped += 1;
-                    Self::repost(c, self.qpn);
+                    Self::drop_unread(c, self.qpn);
                     continue;
                 }
                 c.next_recv = number.wrapping_add(1);
@@ -384,6 +380,12 @@ impl ControlChannel {
             }
         }
         any
+    }
+
+    /// A message not taken: counted, and its receive WQE posted again.
+    fn drop_unread(c: &mut Inner, qpn: u32) {
+        c.dropped += 1;
+        Self::repost(c, qpn);
     }
 
     fn repost(c: &mut Inner, qpn: u32) {
