@@ -9,25 +9,8 @@ use std::time::Duration;
 use pmd::provider::DeviceFault;
 use pmd::resilient::{Cause, EventKind, ResilientState};
 use pmd::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
-use sim::traffic::{Dir, Traffic};
+use sim::traffic::{assert_clean, nccl, step, Dir, Traffic};
 use sim::*;
-
-/// NCCL-Simple-like traffic from A to B (`sim::traffic`), checked by B.
-fn nccl(sim: &Sim, total: u64) -> Traffic {
-    Traffic::new(vec![Dir::new(true, total)], sim.now())
-}
-
-/// One step of the traffic; true when it finished or went wrong.
-fn step(t: &mut Traffic, s: &mut Sim) -> bool {
-    t.step(s);
-    !t.violations.is_empty() || t.finished()
-}
-
-fn assert_clean(t: &mut Traffic, s: &mut Sim) {
-    t.check_markers(s);
-    assert!(t.violations.is_empty(), "{:#?}", t.violations);
-    assert!(t.finished(), "{:?}", t.dirs);
-}
 
 #[test]
 fn a_connected_pair_is_protected_and_carries_traffic_on_the_default_path() {

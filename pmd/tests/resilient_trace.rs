@@ -7,25 +7,8 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::traffic::{Dir, Traffic};
+use sim::traffic::{assert_clean, nccl, step};
 use sim::*;
-
-/// NCCL-Simple-like traffic from A to B (`sim::traffic`), checked by B.
-fn nccl(sim: &Sim, total: u64) -> Traffic {
-    Traffic::new(vec![Dir::new(true, total)], sim.now())
-}
-
-/// One step of the traffic; true when it finished or went wrong.
-fn step(t: &mut Traffic, s: &mut Sim) -> bool {
-    t.step(s);
-    !t.violations.is_empty() || t.finished()
-}
-
-fn assert_clean(t: &mut Traffic, s: &mut Sim) {
-    t.check_markers(s);
-    assert!(t.violations.is_empty(), "{:#?}", t.violations);
-    assert!(t.finished(), "{:?}", t.dirs);
-}
 
 /// One `tracing` event's fields (the message among them), as text.
 type Fields = Vec<(String, String)>;

@@ -434,3 +434,21 @@ impl Traffic {
         self.dirs.iter().all(Dir::finished)
     }
 }
+
+/// NCCL-Simple-like traffic from A to B, checked by B.
+pub fn nccl(sim: &Sim, total: u64) -> Traffic {
+    Traffic::new(vec![Dir::new(true, total)], sim.now())
+}
+
+/// One step of the traffic; true when it finished or went wrong.
+pub fn step(t: &mut Traffic, s: &mut Sim) -> bool {
+    t.step(s);
+    !t.violations.is_empty() || t.finished()
+}
+
+/// The traffic finished with every marker found and no violation.
+pub fn assert_clean(t: &mut Traffic, s: &mut Sim) {
+    t.check_markers(s);
+    assert!(t.violations.is_empty(), "{:#?}", t.violations);
+    assert!(t.finished(), "{:?}", t.dirs);
+}
