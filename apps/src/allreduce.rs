@@ -26,7 +26,7 @@ use pmd::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
 
 use crate::bw::completion_error;
 use crate::cli::Options;
-use crate::endpoint::{agree_mtu, mtu_of, random_psn, Conn, Host, Memory};
+use crate::endpoint::{agree_mtu, mtu_of, Conn, Host, Memory};
 use crate::error::AppError;
 use crate::exchange::{self, Channel, ExchangeError, Hello, Msg, QpInfo, RingPlace};
 use crate::outcome::{base_report, RunOutcome};
@@ -158,8 +158,8 @@ impl Rank {
             Some(m) => mtu_of(m).expect("checked by the flags"),
             None => host.active_mtu(),
         };
-        let send_info = send.local_info(host.gid(), random_psn(), &mem, wanted)?;
-        let recv_info = recv.local_info(host.gid(), random_psn(), &mem, wanted)?;
+        let send_info = send.local_info(host.gid(), pmd::random_psn(), &mem, wanted)?;
+        let recv_info = recv.local_info(host.gid(), pmd::random_psn(), &mem, wanted)?;
         let hello = Hello::new(params(o), vec![send_info.clone(), recv_info.clone()]);
         let (chans, place) = match &o.flags.host {
             None => coordinate(o, &hello, ranks, &send_info, &recv_info)?,

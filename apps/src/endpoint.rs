@@ -424,16 +424,3 @@ pub fn mtu_of(bytes: u32) -> Option<Mtu> {
     .into_iter()
     .find(|m| m.bytes() == bytes)
 }
-
-/// A random 24-bit PSN (perftest draws one per QP too).
-pub fn random_psn() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    (h.finish() as u32) & 0xff_ffff
-}

@@ -37,7 +37,6 @@ use pmd::{
     RegisteredBuffer, Remote, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::endpoint::random_psn;
 use crate::error::AppError;
 
 /// The exchange's TCP port.
@@ -266,7 +265,7 @@ pub fn run(o: &Options) -> Result<Vec<String>, AppError> {
     }
     let me = Dest {
         qpn: s.qp.qpn(),
-        psn: random_psn(),
+        psn: pmd::random_psn(),
         rkey: s.buf.rkey(),
         addr: s.buf.addr(),
         gid,

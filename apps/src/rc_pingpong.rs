@@ -26,7 +26,7 @@ use pmd::{
     RegisteredBuffer, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::endpoint::{mtu_of, random_psn};
+use crate::endpoint::mtu_of;
 use crate::error::AppError;
 
 /// The message's length on the wire: 51 characters and the NUL.
@@ -311,7 +311,7 @@ pub fn run(o: &Options) -> Result<Summary, AppError> {
     let ours = Dest {
         lid: 0,
         qpn: e.qp.qpn(),
-        psn: random_psn(),
+        psn: pmd::random_psn(),
         gid,
     };
     println!(

@@ -11,7 +11,7 @@ use pmd::resilient::FailoverService;
 use pmd::{Mtu, QpCaps};
 
 use crate::cli::{Options, PollMode, Tool};
-use crate::endpoint::{agree_mtu, mtu_of, random_psn, Conn, DeviceOptions, Host, Memory};
+use crate::endpoint::{agree_mtu, mtu_of, Conn, DeviceOptions, Host, Memory};
 use crate::error::AppError;
 use crate::exchange::{self, Channel, Hello, Params, QpInfo};
 use crate::report::{unix_ms_now, RULE};
@@ -190,7 +190,7 @@ impl Session {
         let mut ours = Vec::new();
         for _ in 0..o.flags.qps {
             let conn = host.create_qp(caps)?;
-            ours.push(conn.local_info(host.gid(), random_psn(), &mem, wanted_mtu)?);
+            ours.push(conn.local_info(host.gid(), pmd::random_psn(), &mem, wanted_mtu)?);
             conns.push(conn);
         }
         let hello = Hello::new(params(o), ours.clone());

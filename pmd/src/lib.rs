@@ -42,4 +42,4 @@ pub use datapath::wr::{
 };
 pub use name::DeviceName;
 pub use qp_state::QpState;
-pub use verbs::{Access, AddressVector, Gid, Mtu, QpAttr, QpCaps};
+pub use verbs::{random_psn, Access, AddressVector, Gid, Mtu, QpAttr, QpCaps};

@@ -355,6 +355,24 @@ pub struct PortAttr {
     pub gid_tbl_len: u16,
 }
 
+/// A random initial PSN (24 bits), as each end of an RC connection picks one (perftest draws
+/// one per QP too): from the kernel's random source (`getrandom(2)`); should that fail, from
+/// the clock and the process id, which still differ from run to run.
+pub fn random_psn() -> u32 {
+    let mut bytes = [0u8; 4];
+    // SAFETY: `bytes` is valid for writes of its length for the duration of the call.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    let value = if n == bytes.len() as isize {
+        u32::from_ne_bytes(bytes)
+    } else {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        nanos ^ std::process::id().rotate_left(13)
+    };
+    value & 0x00ff_ffff
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,7 +36,7 @@ use crate::datapath::wr::{RecvWr, Remote, SendOp, SendWr, WcOpcode, WorkCompleti
 use crate::failover::{ControlMessage, ControlPacket, ControlRepr, Event, CONTROL_MESSAGE_LEN};
 use crate::provider::VerbsError;
 use crate::qp_state::QpState;
-use crate::verbs::{Access, AddressVector, Gid, QpAttr, QpCaps};
+use crate::verbs::{random_psn, Access, AddressVector, Gid, QpAttr, QpCaps};
 
 /// Why a control message could not be sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -411,23 +411,6 @@ impl ControlChannel {
     pub fn event_fd(&self) -> Option<std::os::fd::RawFd> {
         self.lock().cq.event_fd()
     }
-}
-
-/// A 24-bit PSN from the kernel's random source (`getrandom(2)`); should that fail, from the
-/// clock and the process id, which still differ from run to run.
-fn random_psn() -> u32 {
-    let mut bytes = [0u8; 4];
-    // SAFETY: `bytes` is valid for writes of its length for the duration of the call.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    let value = if n == bytes.len() as isize {
-        u32::from_ne_bytes(bytes)
-    } else {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        nanos ^ std::process::id().rotate_left(13)
-    };
-    value & 0x00ff_ffff
 }
 
 #[cfg(test)]
