@@ -41,6 +41,7 @@
 //! # Ok(()) }
 //! ```
 
+mod adopted;
 mod book;
 mod clock;
 mod config;
@@ -59,12 +60,12 @@ mod shadow;
 mod stats;
 mod work;
 
+pub use adopted::AdoptedQp;
 pub use clock::Clock;
 pub use config::{LinkSource, ResilientConfig};
 pub use context::{ResilientBuffer, ResilientContext, ResilientMr, ResilientPd};
 pub use control::ControlError;
 pub use qp::{ConnectError, ResilientQp, ResilientState};
 pub use rendezvous::{PeerAttrs, RedisRendezvous, Rendezvous, RendezvousError};
-pub use service::{AdoptedQp, FailoverService, ServiceConfig};
-pub use shadow::ShadowOrder;
+pub use service::{FailoverService, ServiceConfig, ShadowOrder};
 pub use stats::{Cause, EventKind, FailoverEvent, FailoverStats, EVENT_LOG_CAPACITY};

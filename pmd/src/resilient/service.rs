@@ -13,6 +13,7 @@
 //! that a deterministic simulation steps with [`FailoverService::run_once`] on its virtual
 //! clock.
 
+use std::any::Any;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -24,15 +25,69 @@ use crate::failover::{Event, Path, Timestamp};
 
 use super::clock::Clock;
 use super::config::LinkSource;
+use super::control::ControlChannel;
 use super::link::{LinkChange, LinkWatch};
-use super::mailbox::Mail;
-use super::qp::ResilientQp;
-use super::shadow::{Outcome, QpShadow, ShadowOrder, Verb};
+use super::mailbox::{Mail, QpShared};
 
 /// How often verbs that wait (for a peer, for the application) are retried.
 const VERB_RETRY: Duration = Duration::from_millis(5);
 /// How often an adopted QP with work in progress (a drain, a switch-back) is run.
 const BUSY_RETRY: Duration = Duration::from_micros(200);
+/// How the service lcore runs its list of shadow verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShadowOrder {
+    /// Skip a verb that waits and try the next one (SHIFT appendix B.1). The default.
+    #[default]
+    BestEffort,
+    /// Run the list strictly in order, stopping at the first verb that waits. Deadlocks when
+    /// two hosts set up several QPs in different orders; for tests that show it.
+    Strict,
+}
+
+/// What running a shadow verb did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Finished (or failed, or its object is gone): drop it from the list.
+    Done,
+    /// Waiting for something; try again later.
+    Waiting(&'static str),
+}
+
+/// A verb the service runs for the backup device until it is done (the shadow module's
+/// `Verb`). The service knows its verbs, QPs and adopted QPs only by these traits, so that it
+/// imports neither the shadow objects nor the QP (one-way imports, `docs/architecture.md`).
+pub(crate) trait PendingVerb: Send {
+    /// Takes the verb one step further.
+    fn run(&self) -> Outcome;
+}
+
+/// What the service needs of a registered resilient QP (the shadow module's `QpShadow`):
+/// where its mail goes, which of its paths a device carries, its control channel.
+pub(crate) trait ServedQp: Send + Sync {
+    /// The QP's mailbox.
+    fn mailbox(&self) -> &QpShared;
+    /// Which of the QP's paths `device` carries, if either.
+    fn path_on(&self, device: &Arc<Context>) -> Option<Path>;
+    /// Whether a link-down moves the default QP to ERR at once.
+    fn link_watch(&self) -> bool;
+    /// The control channel, once it exists.
+    fn control(&self) -> Option<Arc<ControlChannel>>;
+    /// The application dropped the QP.
+    fn is_cancelled(&self) -> bool;
+}
+
+/// A QP the service runs because its application does not poll it (a `ResilientQp`).
+pub(crate) trait AdoptedWork: Any + Send {
+    /// Whether it has something to do at `now` (mail, a due timer, work in progress).
+    fn needs_progress(&self, now: Timestamp) -> bool;
+    /// Runs its failover work.
+    fn progress(&mut self);
+    /// Whether it is in the middle of something that needs it run soon (a drain).
+    fn busy(&self) -> bool;
+    /// When it next needs to run if nothing wakes it.
+    fn next_deadline(&self) -> Option<Timestamp>;
+}
+
 /// The longest the service thread sleeps without looking around.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 
@@ -69,14 +124,14 @@ impl WakeFd {
 
 struct Adopted {
     id: u64,
-    qp: ResilientQp,
+    work: Box<dyn AdoptedWork>,
 }
 
 struct State {
-    verbs: Vec<Verb>,
+    verbs: Vec<Box<dyn PendingVerb>>,
     order: ShadowOrder,
     links: Vec<LinkWatch>,
-    qps: Vec<Weak<QpShadow>>,
+    qps: Vec<Weak<dyn ServedQp>>,
     adopted: Vec<Adopted>,
     next_id: u64,
     changes: Vec<LinkChange>,
@@ -110,13 +165,6 @@ impl std::fmt::Debug for FailoverService {
             .field("threaded", &self.handle.inner.threaded)
             .finish_non_exhaustive()
     }
-}
-
-/// A QP the service runs for an application that does not poll it.
-#[derive(Debug)]
-pub struct AdoptedQp {
-    id: u64,
-    service: Weak<ServiceInner>,
 }
 
 /// How the service is started.
@@ -193,45 +241,8 @@ impl FailoverService {
         &self.handle.inner.clock
     }
 
-    /// Takes `qp` over: the service runs its failover work whenever mail comes, a timer is
-    /// due or a drain is in progress, so a QP whose application never polls (a WRITE-only
-    /// responder) still takes part in failovers and switch-backs. Completions wait in its
-    /// buffer until [`AdoptedQp::give_back`].
-    pub fn adopt(&self, qp: ResilientQp) -> AdoptedQp {
-        let mut st = self.handle.lock();
-        let id = st.next_id;
-        st.next_id += 1;
-        st.adopted.push(Adopted { id, qp });
-        drop(st);
-        self.handle.nudge();
-        AdoptedQp {
-            id,
-            service: Arc::downgrade(&self.handle.inner),
-        }
-    }
-
     pub(crate) fn handle(&self) -> &ServiceHandle {
         &self.handle
-    }
-}
-
-impl AdoptedQp {
-    /// Takes the QP back from the service (`None` if the service is gone).
-    pub fn give_back(self) -> Option<ResilientQp> {
-        let inner = self.service.upgrade()?;
-        let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
-        let at = st.adopted.iter().position(|a| a.id == self.id)?;
-        Some(st.adopted.swap_remove(at).qp)
-    }
-
-    /// Runs `f` on the adopted QP (to read its state or statistics) under the service's lock.
-    pub fn with<R>(&self, f: impl FnOnce(&ResilientQp) -> R) -> Option<R> {
-        let inner = self.service.upgrade()?;
-        let st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.adopted
-            .iter()
-            .find(|a| a.id == self.id)
-            .map(|a| f(&a.qp))
     }
 }
 
@@ -251,6 +262,19 @@ impl Drop for FailoverService {
         let mut st = self.handle.lock();
         st.verbs.clear();
         st.links.clear();
+    }
+}
+
+/// A [`ServiceHandle`] that does not keep the service alive (an adopted QP's).
+#[derive(Debug, Clone)]
+pub(crate) struct WeakServiceHandle {
+    inner: Weak<ServiceInner>,
+}
+
+impl WeakServiceHandle {
+    /// The service, if it still runs.
+    pub fn upgrade(&self) -> Option<ServiceHandle> {
+        self.inner.upgrade().map(|inner| ServiceHandle { inner })
     }
 }
 
@@ -285,15 +309,50 @@ impl ServiceHandle {
     }
 
     /// Queues a shadow verb.
-    pub fn submit(&self, verb: Verb) {
-        self.lock().verbs.push(verb);
+    pub fn submit(&self, verb: impl PendingVerb + 'static) {
+        self.lock().verbs.push(Box::new(verb));
         self.nudge();
     }
 
     /// Registers a resilient QP: its control channel is polled and link changes of its
     /// devices go to its mailbox.
-    pub fn register_qp(&self, qp: &Arc<QpShadow>) {
-        self.lock().qps.push(Arc::downgrade(qp));
+    pub fn register_qp<Q: ServedQp + 'static>(&self, qp: &Arc<Q>) {
+        let qp: Weak<dyn ServedQp> = Arc::downgrade(qp) as Weak<Q>;
+        self.lock().qps.push(qp);
+    }
+
+    /// Takes `work` over (see [`super::adopted`]); the id gives it back.
+    pub fn adopt(&self, work: Box<dyn AdoptedWork>) -> u64 {
+        let mut st = self.lock();
+        let id = st.next_id;
+        st.next_id += 1;
+        st.adopted.push(Adopted { id, work });
+        drop(st);
+        self.nudge();
+        id
+    }
+
+    /// Gives back the work adopted as `id` (`None` if it is not there any more).
+    pub fn give_back(&self, id: u64) -> Option<Box<dyn AdoptedWork>> {
+        let mut st = self.lock();
+        let at = st.adopted.iter().position(|a| a.id == id)?;
+        Some(st.adopted.swap_remove(at).work)
+    }
+
+    /// Runs `f` on the work adopted as `id`, under the service's lock.
+    pub fn with_adopted<R>(&self, id: u64, f: impl FnOnce(&dyn AdoptedWork) -> R) -> Option<R> {
+        let st = self.lock();
+        st.adopted
+            .iter()
+            .find(|a| a.id == id)
+            .map(|a| f(a.work.as_ref()))
+    }
+
+    /// A handle that does not keep the service alive.
+    pub fn downgrade(&self) -> WeakServiceHandle {
+        WeakServiceHandle {
+            inner: Arc::downgrade(&self.inner),
+        }
     }
 
     /// Watches `ctx`'s link (once per device).
@@ -355,7 +414,7 @@ impl ServiceHandle {
         // 2. Registered QPs that are gone.
         st.qps
             .retain(|w| w.upgrade().is_some_and(|q| !q.is_cancelled()));
-        let qps: Vec<Arc<QpShadow>> = st.qps.iter().filter_map(Weak::upgrade).collect();
+        let qps: Vec<Arc<dyn ServedQp>> = st.qps.iter().filter_map(Weak::upgrade).collect();
 
         // 3. Link changes.
         for li in 0..st.links.len() {
@@ -369,40 +428,27 @@ impl ServiceHandle {
                 let started = std::time::Instant::now();
                 let mut told = 0usize;
                 for qp in &qps {
-                    let path = if Arc::ptr_eq(&qp.pd.ctx.default, &ctx) {
-                        Path::Default
-                    } else if qp
-                        .pd
-                        .ctx
-                        .backup
-                        .as_ref()
-                        .is_some_and(|b| Arc::ptr_eq(b, &ctx))
-                    {
-                        Path::Backup
-                    } else {
+                    let Some(path) = qp.path_on(&ctx) else {
                         continue;
                     };
-                    if !up
-                        && path == Path::Default
-                        && qp.pd.ctx.config.link_watch
-                        && qp.shared.watch_armed()
-                    {
+                    let mailbox = qp.mailbox();
+                    if !up && path == Path::Default && qp.link_watch() && mailbox.watch_armed() {
                         // At once, not at the owner's next poll: the NIC stops working on the
                         // QP and flushes it, so nothing waits for retry exhaustion.
-                        if let Err(e) = qp.shared.default_handle.set_error() {
-                            tracing::debug!(qp = %qp.shared.name, error = %e, "link watch: default QP not moved to ERR");
+                        if let Err(e) = mailbox.default_handle.set_error() {
+                            tracing::debug!(qp = %mailbox.name, error = %e, "link watch: default QP not moved to ERR");
                         }
                     }
                     if change == LinkChange::DeviceFatal {
                         // Before the link-down: the round it starts must not wait for flushes.
-                        qp.shared.post(Mail::DeviceDead(path));
+                        mailbox.post(Mail::DeviceDead(path));
                     }
                     let event = if up {
                         Event::LinkUp { path }
                     } else {
                         Event::LinkDown { path }
                     };
-                    qp.shared.post(Mail::Event(event));
+                    mailbox.post(Mail::Event(event));
                     told += 1;
                 }
                 tracing::info!(device = %ctx.name(), ?change, qps = told, elapsed_us = started.elapsed().as_micros() as u64, "failover service: link change handed to every QP");
@@ -422,7 +468,7 @@ impl ServiceHandle {
             control.arm();
             control.poll(&mut events);
             for e in events.drain(..) {
-                qp.shared.post(Mail::Event(e));
+                qp.mailbox().post(Mail::Event(e));
             }
         }
         st.events = events;
@@ -430,9 +476,9 @@ impl ServiceHandle {
         // 5. Owners whose timers are due.
         let now = clock.now();
         for qp in &qps {
-            if let Some(due) = qp.shared.deadline() {
+            if let Some(due) = qp.mailbox().deadline() {
                 if due <= now {
-                    qp.shared.wake();
+                    qp.mailbox().wake();
                 } else {
                     soon(due);
                 }
@@ -441,14 +487,13 @@ impl ServiceHandle {
 
         // 6. Adopted QPs.
         for a in st.adopted.iter_mut() {
-            let due = a.qp.next_deadline().is_some_and(|t| t <= now);
-            if a.qp.shared.pending() || due || a.qp.shared.busy() {
-                a.qp.progress();
+            if a.work.needs_progress(now) {
+                a.work.progress();
             }
-            if a.qp.shared.busy() {
+            if a.work.busy() {
                 soon(now + BUSY_RETRY);
             }
-            if let Some(t) = a.qp.next_deadline() {
+            if let Some(t) = a.work.next_deadline() {
                 soon(t);
             }
         }

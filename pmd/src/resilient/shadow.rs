@@ -9,7 +9,7 @@
 //! so one QP waiting for its peer never holds up another QP's setup. That is what keeps two
 //! hosts that set up many QPs from several threads out of the cyclic wait of appendix B.1
 //! (each host's setup of QP 1 waiting for the other host's QP 1, which waits behind its QP 2,
-//! which waits for ours). [`ShadowOrder::Strict`] runs the list strictly in order instead; it
+//! which waits for ours). [`super::ShadowOrder::Strict`] runs the list strictly in order instead; it
 //! exists to show that deadlock in a test.
 
 use std::collections::HashMap;
@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::control::{Context, Cq, Mr, Pd, Qp, SavedAttrs};
+use crate::failover::Path;
 use crate::qp_state::QpState;
 use crate::verbs::{Access, Gid, QpAttr, QpCaps};
 
@@ -24,18 +25,7 @@ use super::config::ResilientConfig;
 use super::control::ControlChannel;
 use super::mailbox::{BackupParts, Mail, QpShared};
 use super::rendezvous::{PeerAttrs, Rendezvous};
-use super::service::ServiceHandle;
-
-/// How the service lcore runs its list of shadow verbs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ShadowOrder {
-    /// Skip a verb that waits and try the next one (SHIFT appendix B.1). The default.
-    #[default]
-    BestEffort,
-    /// Run the list strictly in order, stopping at the first verb that waits. Deadlocks when
-    /// two hosts set up several QPs in different orders; for tests that show it.
-    Strict,
-}
+use super::service::{Outcome, PendingVerb, ServedQp, ServiceHandle};
 
 /// What a resilient context shares with everything made from it.
 pub(crate) struct CtxInner {
@@ -54,17 +44,8 @@ pub(crate) enum Verb {
     SetUpQp(Weak<QpShadow>),
 }
 
-/// What running a verb did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// Finished (or failed, or its object is gone): drop it from the list.
-    Done,
-    /// Waiting for something; try again later.
-    Waiting(&'static str),
-}
-
-impl Verb {
-    pub fn run(&self) -> Outcome {
+impl PendingVerb for Verb {
+    fn run(&self) -> Outcome {
         match self {
             Verb::AllocPd(pd) => pd.upgrade().map_or(Outcome::Done, |pd| pd.run()),
             Verb::RegMr(mr) => mr.upgrade().map_or(Outcome::Done, |mr| mr.run()),
@@ -631,6 +612,35 @@ impl QpShadow {
                 peer.default_qpn, peer.default_gid
             )),
         }
+    }
+}
+
+impl ServedQp for QpShadow {
+    fn mailbox(&self) -> &QpShared {
+        &self.shared
+    }
+
+    fn path_on(&self, device: &Arc<Context>) -> Option<Path> {
+        let ctx = &self.pd.ctx;
+        if Arc::ptr_eq(&ctx.default, device) {
+            Some(Path::Default)
+        } else if ctx.backup.as_ref().is_some_and(|b| Arc::ptr_eq(b, device)) {
+            Some(Path::Backup)
+        } else {
+            None
+        }
+    }
+
+    fn link_watch(&self) -> bool {
+        self.pd.ctx.config.link_watch
+    }
+
+    fn control(&self) -> Option<Arc<ControlChannel>> {
+        QpShadow::control(self)
+    }
+
+    fn is_cancelled(&self) -> bool {
+        QpShadow::is_cancelled(self)
     }
 }
 
