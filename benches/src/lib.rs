@@ -5,6 +5,10 @@
 //!   WQE posted (one at a time and in batches of 32), ns per CQE polled, and the floor of a
 //!   64-byte copy into a ring slot, on the soft provider; and, counted by callgrind, the
 //!   instructions per WQE and per CQE (`post_instr`, `poll_instr`).
+//! - `control_verbs`: control-verb costs, plain against resilient (SHIFT figure 7).
+//! - `qp_memory`: memory per CQ, plain QP and resilient QP, and for 1,000 (SHIFT section 6).
+//! - `wire_baseline`: softnic over a veth next to the raw medium (UDP), in one run.
 
+pub mod fabric;
 pub mod instr;
 pub mod report;

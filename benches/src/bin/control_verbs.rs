@@ -22,14 +22,12 @@
 //!     cargo run --release -p benches --bin control_verbs -- [--reps 30] [--json OUT]
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use benches::fabric::{caps, rtr, Fabric, A_BACKUP, A_DEFAULT, B_BACKUP, B_DEFAULT};
 use clap::Parser;
-use pmd::provider::soft::{register_fabric, unregister_fabric};
 use pmd::resilient::{FailoverService, ResilientConfig, ResilientContext, ServiceConfig};
-use pmd::{Access, AddressVector, Context, ContextConfig, Mtu, QpAttr, QpCaps, QpState};
+use pmd::{Access, QpAttr, QpState};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -45,57 +43,6 @@ struct Args {
 
 const MR_BYTES: usize = 64 << 10;
 
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 128,
-        max_recv_wr: 128,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    }
-}
-
-/// A fabric with four ports (host A's default and backup, host B's), registered under a
-/// fresh name; unregistered when dropped.
-struct Fabric {
-    name: String,
-    _fabric: softnic::Fabric,
-}
-
-impl Fabric {
-    fn new() -> Fabric {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "cv{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let fabric = softnic::Fabric::new(1, Duration::from_micros(5));
-        for addr in ["198.18.0.1", "198.18.1.1", "198.18.0.2", "198.18.1.2"] {
-            fabric.add_port(addr.parse().expect("an address"));
-        }
-        register_fabric(&name, &fabric);
-        Fabric {
-            name,
-            _fabric: fabric,
-        }
-    }
-
-    fn open(&self, port: u32) -> Arc<Context> {
-        Context::open(
-            &format!("fabric:{}/{port}", self.name),
-            &ContextConfig::default(),
-        )
-        .expect("open a fabric device")
-    }
-}
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        unregister_fabric(&self.name);
-    }
-}
-
 type Sample = BTreeMap<&'static str, Duration>;
 
 fn timed<T>(sample: &mut Sample, verb: &'static str, f: impl FnOnce() -> T) -> T {
@@ -105,15 +52,11 @@ fn timed<T>(sample: &mut Sample, verb: &'static str, f: impl FnOnce() -> T) -> T
     out
 }
 
-fn rtr(peer: pmd::Gid, qpn: u32) -> QpAttr {
-    QpAttr::rtr(AddressVector::to_gid(peer), qpn, 0, Mtu::Mtu1024)
-}
-
 /// One plain walk: host A's verbs timed, host B's not.
 fn plain_walk() -> Sample {
     let f = Fabric::new();
     let mut s = Sample::new();
-    let ctx = timed(&mut s, "open", || f.open(0));
+    let ctx = timed(&mut s, "open", || f.open(A_DEFAULT));
     let pd = timed(&mut s, "alloc_pd", || ctx.alloc_pd().expect("alloc_pd"));
     let _buf = timed(&mut s, "reg_mr", || {
         pd.alloc_buffer(MR_BYTES, Access::ALL).expect("reg_mr")
@@ -123,7 +66,7 @@ fn plain_walk() -> Sample {
         let qp = pd.create_qp(&cq, &cq, caps()).expect("create_qp");
         (cq, qp)
     });
-    let ctx_b = f.open(2);
+    let ctx_b = f.open(B_DEFAULT);
     let pd_b = ctx_b.alloc_pd().expect("alloc_pd");
     let cq_b = ctx_b.create_cq(256, false).expect("create_cq");
     let mut qp_b = pd_b.create_qp(&cq_b, &cq_b, caps()).expect("create_qp");
@@ -151,8 +94,8 @@ fn resilient_walk(service_a: &FailoverService, service_b: &FailoverService) -> S
     let mut s = Sample::new();
     let ctx = timed(&mut s, "open", || {
         ResilientContext::new(
-            f.open(0),
-            Some(f.open(1)),
+            f.open(A_DEFAULT),
+            Some(f.open(A_BACKUP)),
             service_a,
             ResilientConfig::default(),
             None,
@@ -172,8 +115,8 @@ fn resilient_walk(service_a: &FailoverService, service_b: &FailoverService) -> S
     s.insert("shadow_done", t_created.elapsed());
 
     let ctx_b = ResilientContext::new(
-        f.open(2),
-        Some(f.open(3)),
+        f.open(B_DEFAULT),
+        Some(f.open(B_BACKUP)),
         service_b,
         ResilientConfig::default(),
         None,

@@ -1,0 +1,280 @@
+//! `qp_memory`: the memory a resilient QP costs against a plain one, as the SHIFT paper counts
+//! it (138 KB per backup QP, 33 KB per CQ, 171 MB for 1,000 QPs on a ConnectX), measured in
+//! one run on softnic devices of an in-process fabric (no root, no network).
+//!
+//! Each kind of object is created `--qps` times in a child process of its own (so that memory
+//! one measurement freed and the allocator kept cannot hide the next one's), on both hosts of
+//! the fabric, and the child reports how much its resident set grew (`VmRSS`) from just
+//! before the first object to just after the last one is ready:
+//! - `cq`: a CQ of the size a resilient QP gives its own (one CQE for every WQE both queues
+//!   can hold, flushes included);
+//! - `plain_qp`: a plain QP with such a CQ, connected and in RTS;
+//! - `resilient_qp`: a resilient QP in RTS and protected: its default QP and CQ, and the
+//!   backup QP, its CQ, and the control QP pair's end with its CQ and ring, which the failover
+//!   service created.
+//!
+//! Per object, in KiB: the growth divided by the objects on both hosts. `backup_side_kib` is
+//! `resilient_qp - plain_qp`, what failover adds per QP (the paper's "per backup QP" plus its
+//! CQ); `for_qps_mib` are the three at `--qps` (one host). Prints one JSON object.
+//!
+//!     cargo run --release -p benches --bin qp_memory -- [--qps 1000] [--json OUT]
+
+use std::process::Command;
+use std::time::Duration;
+
+use benches::fabric::{caps, rtr, Fabric, A_BACKUP, A_DEFAULT, B_BACKUP, B_DEFAULT};
+use clap::{Parser, ValueEnum};
+use pmd::resilient::{FailoverService, ResilientConfig, ResilientContext, ServiceConfig};
+use pmd::{Access, QpAttr, QpState};
+use serde_json::json;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Kind {
+    #[value(name = "cq")]
+    Cq,
+    #[value(name = "plain_qp")]
+    PlainQp,
+    #[value(name = "resilient_qp")]
+    ResilientQp,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Cq => "cq",
+            Kind::PlainQp => "plain_qp",
+            Kind::ResilientQp => "resilient_qp",
+        }
+    }
+}
+
+#[derive(Parser)]
+#[command(about = "memory per resilient QP against a plain QP and a CQ (SHIFT section 6)")]
+struct Args {
+    /// Objects of each kind per host.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    qps: u32,
+    /// Also write the JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Internal: measure one kind in this process and print the growth in bytes.
+    #[arg(long, hide = true)]
+    child: Option<Kind>,
+}
+
+/// What the process holds, in bytes: resident (`VmRSS`, the pages touched) and reserved
+/// (`VmData`, private data mappings whether touched or not: rings the NIC has not written yet
+/// count here only).
+#[derive(Debug, Clone, Copy)]
+struct Footprint {
+    resident: u64,
+    reserved: u64,
+}
+
+impl Footprint {
+    fn now() -> Footprint {
+        let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("{name} in /proc/self/status"))
+                * 1024
+        };
+        Footprint {
+            resident: field("VmRSS:"),
+            reserved: field("VmData:"),
+        }
+    }
+
+    /// How much each measure grew since `before`.
+    fn since(self, before: Footprint) -> Footprint {
+        Footprint {
+            resident: self.resident.saturating_sub(before.resident),
+            reserved: self.reserved.saturating_sub(before.reserved),
+        }
+    }
+}
+
+/// CQ entries of a resilient QP's own CQ at the benches' caps (`pmd`'s rule: every WQE both
+/// queues hold, twice).
+fn cq_entries() -> u32 {
+    let c = caps();
+    2 * (c.max_send_wr + c.max_recv_wr).max(8)
+}
+
+/// Creates `n` objects of `kind` on each host and returns how much the resident set grew.
+fn measure(kind: Kind, n: u32) -> Footprint {
+    let f = Fabric::new();
+    match kind {
+        Kind::Cq => {
+            let (a, b) = (f.open(A_DEFAULT), f.open(B_DEFAULT));
+            let before = Footprint::now();
+            let cqs: Vec<_> = (0..n)
+                .flat_map(|_| [&a, &b])
+                .map(|ctx| ctx.create_cq(cq_entries(), false).expect("create_cq"))
+                .collect();
+            let grown = Footprint::now().since(before);
+            drop(cqs);
+            grown
+        }
+        Kind::PlainQp => {
+            let (a, b) = (f.open(A_DEFAULT), f.open(B_DEFAULT));
+            let (ga, gb) = (a.query_gid(0).unwrap(), b.query_gid(0).unwrap());
+            let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+            let before = Footprint::now();
+            let mut pairs = Vec::new();
+            for _ in 0..n {
+                let cq_a = a.create_cq(cq_entries(), false).expect("create_cq");
+                let cq_b = b.create_cq(cq_entries(), false).expect("create_cq");
+                let mut qa = pd_a.create_qp(&cq_a, &cq_a, caps()).expect("create_qp");
+                let mut qb = pd_b.create_qp(&cq_b, &cq_b, caps()).expect("create_qp");
+                qa.modify(QpState::Init, &QpAttr::init(Access::ALL))
+                    .expect("INIT");
+                qb.modify(QpState::Init, &QpAttr::init(Access::ALL))
+                    .expect("INIT");
+                let (qpn_a, qpn_b) = (qa.qpn(), qb.qpn());
+                qa.modify(QpState::Rtr, &rtr(gb, qpn_b)).expect("RTR");
+                qb.modify(QpState::Rtr, &rtr(ga, qpn_a)).expect("RTR");
+                qa.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
+                qb.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
+                pairs.push((cq_a, cq_b, qa, qb));
+            }
+            let grown = Footprint::now().since(before);
+            drop(pairs);
+            grown
+        }
+        Kind::ResilientQp => {
+            let service_a = FailoverService::start(ServiceConfig::default()).expect("service");
+            let service_b = FailoverService::start(ServiceConfig::default()).expect("service");
+            let a = ResilientContext::new(
+                f.open(A_DEFAULT),
+                Some(f.open(A_BACKUP)),
+                &service_a,
+                ResilientConfig::default(),
+                None,
+            );
+            let b = ResilientContext::new(
+                f.open(B_DEFAULT),
+                Some(f.open(B_BACKUP)),
+                &service_b,
+                ResilientConfig::default(),
+                None,
+            );
+            let ga = a.default_context().query_gid(0).unwrap();
+            let gb = b.default_context().query_gid(0).unwrap();
+            let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+            let wait = Duration::from_secs(30);
+            let before = Footprint::now();
+            let mut pairs = Vec::new();
+            for _ in 0..n {
+                let mut qa = pd_a.create_qp(caps()).expect("create_qp");
+                let mut qb = pd_b.create_qp(caps()).expect("create_qp");
+                let blob_a = qa.rendezvous_blob(wait).expect("A's backup side");
+                let blob_b = qb.rendezvous_blob(wait).expect("B's backup side");
+                qa.connect_backup(&blob_b).expect("connect_backup");
+                qb.connect_backup(&blob_a).expect("connect_backup");
+                qa.modify(QpState::Init, &QpAttr::init(Access::ALL))
+                    .expect("INIT");
+                qb.modify(QpState::Init, &QpAttr::init(Access::ALL))
+                    .expect("INIT");
+                let (qpn_a, qpn_b) = (qa.qpn(), qb.qpn());
+                qa.modify(QpState::Rtr, &rtr(gb, qpn_b)).expect("RTR");
+                qb.modify(QpState::Rtr, &rtr(ga, qpn_a)).expect("RTR");
+                qa.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
+                qb.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
+                pairs.push((qa, qb));
+            }
+            for (qa, qb) in &mut pairs {
+                qa.wait_protected(wait).expect("A protected");
+                qb.wait_protected(wait).expect("B protected");
+            }
+            let grown = Footprint::now().since(before);
+            drop(pairs);
+            grown
+        }
+    }
+}
+
+/// Runs `kind`'s measurement in a child process and returns its growth.
+fn measure_in_child(kind: Kind, n: u32) -> Result<Footprint, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
+    let out = Command::new(exe)
+        .args(["--qps", &n.to_string(), "--child", kind.name()])
+        .output()
+        .map_err(|e| format!("running the {} child: {e}", kind.name()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the {} child failed ({}): {}",
+            kind.name(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut numbers = text.split_whitespace().map(str::parse::<u64>);
+    match (numbers.next(), numbers.next()) {
+        (Some(Ok(resident)), Some(Ok(reserved))) => Ok(Footprint { resident, reserved }),
+        _ => Err(format!(
+            "the {} child printed {:?}, not two byte counts",
+            kind.name(),
+            text.trim()
+        )),
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Some(kind) = args.child {
+        let grown = measure(kind, args.qps);
+        println!("{} {}", grown.resident, grown.reserved);
+        return;
+    }
+    let n = args.qps;
+    let mut resident = std::collections::BTreeMap::new();
+    let mut reserved = std::collections::BTreeMap::new();
+    for kind in [Kind::Cq, Kind::PlainQp, Kind::ResilientQp] {
+        let grown = match measure_in_child(kind, n) {
+            Ok(grown) => grown,
+            Err(e) => {
+                eprintln!("qp_memory: {e}");
+                std::process::exit(1);
+            }
+        };
+        // Both hosts made `n` each.
+        let per_kib = |bytes: u64| bytes as f64 / 1024.0 / (2.0 * f64::from(n));
+        resident.insert(kind.name(), per_kib(grown.resident));
+        reserved.insert(kind.name(), per_kib(grown.reserved));
+    }
+    let summary = |per: &std::collections::BTreeMap<&str, f64>| {
+        json!({
+            "per_object_kib": per,
+            "backup_side_kib": per["resilient_qp"] - per["plain_qp"],
+            "ratio": per["resilient_qp"] / per["plain_qp"],
+            "for_qps_mib": per
+                .iter()
+                .map(|(k, v)| (k.to_string(), json!(v * f64::from(n) / 1024.0)))
+                .collect::<serde_json::Map<_, _>>(),
+        })
+    };
+    let c = caps();
+    let out = json!({
+        "qp_memory": {
+            "resident": summary(&resident),
+            "reserved": summary(&reserved),
+        },
+        "qps": n,
+        "caps": {"max_send_wr": c.max_send_wr, "max_recv_wr": c.max_recv_wr, "cq_entries": cq_entries()},
+        "measure": "growth of VmRSS (resident) and VmData (reserved) of a child process per kind, divided by the objects on both hosts",
+        "device": "softnic on an in-process fabric (engine threads)",
+    });
+    let text = serde_json::to_string_pretty(&out).expect("JSON");
+    println!("{text}");
+    if let Some(path) = &args.json {
+        if let Err(e) = std::fs::write(path, &text) {
+            eprintln!("qp_memory: writing {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
+}
