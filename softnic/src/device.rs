@@ -16,6 +16,7 @@ use crate::cq::{Cq, CqConfig, CqHandle, CqId};
 use crate::engine::{Activity, Core, QPN_BASE};
 use crate::events::EventQueue;
 use crate::fabric::Fabric;
+use crate::medium::WireImpl;
 use crate::mr::{Access, MrTable, PdId, RegError};
 use crate::qp::{Bell, DoorbellRegister, ErrorCtx, Qp, QpConfig};
 use crate::qp_attr::{check_transition, ModifyError, QpAttrs, QpState};
@@ -23,7 +24,7 @@ use crate::trace::Trace;
 use crate::tx::BATCH;
 use crate::udp::{rxe_source_port, UdpWire};
 use crate::waker::Waker;
-use crate::wire::{Batch, PortState, WireImpl};
+use crate::wire::{Batch, PortState};
 
 /// Where a device sends and receives.
 #[derive(Clone, Debug)]

@@ -16,6 +16,7 @@ use crate::counters::Counters;
 use crate::cq::Cq;
 use crate::device::Shared;
 use crate::events::{AsyncEvent, EventQueue};
+use crate::medium::WireImpl;
 use crate::mr::MrTable;
 use crate::qp::{ErrorCtx, Qp};
 use crate::qp_attr::QpState;
@@ -24,7 +25,7 @@ use crate::responder;
 use crate::trace::Trace;
 use crate::tx::{Tx, BATCH};
 use crate::waker::Waker;
-use crate::wire::{Batch, PortState, WireImpl};
+use crate::wire::{Batch, PortState};
 
 /// QPN of the first QP slot.
 pub(crate) const QPN_BASE: u32 = 0x11;

@@ -29,6 +29,7 @@ mod dma;
 mod engine;
 pub mod events;
 pub mod fabric;
+mod medium;
 pub mod memory;
 pub mod mr;
 pub mod netlink;

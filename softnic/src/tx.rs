@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use crate::codec;
 use crate::counters::Counters;
+use crate::medium::WireImpl;
 use crate::packet::OutHeader;
 use crate::trace::Trace;
-use crate::wire::{Batch, PacketBuf, WireImpl};
+use crate::wire::{Batch, PacketBuf};
 
 /// Packets per batch: one `sendmmsg`/`recvmmsg` moves at most this many.
 pub(crate) const BATCH: usize = 64;

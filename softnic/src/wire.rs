@@ -1,11 +1,7 @@
-//! What the engine sends and receives through: packet buffers reused across rounds, batches, and
-//! the two wires (a UDP socket on a netdev, or a port on the in-memory fabric).
+//! What the engine and both wires say packets in: buffers reused across rounds, batches of
+//! them, the RoCEv2 port, and a port's link state.
 
 use std::net::IpAddr;
-use std::time::Duration;
-
-use crate::fabric::FabricPort;
-use crate::udp::UdpWire;
 
 /// The largest UDP payload the device sends or accepts: a 4096-byte MTU segment plus the
 /// largest header stack (BTH + RETH + ImmDt) and the ICRC, rounded up.
@@ -107,71 +103,4 @@ pub enum PortState {
     Active,
     /// Carrier down or administratively down: nothing is sent or received.
     Down,
-}
-
-/// The device's wire.
-pub(crate) enum WireImpl {
-    Udp(UdpWire),
-    Fabric(FabricPort),
-}
-
-impl WireImpl {
-    /// Our address (GID 0).
-    pub fn local_addr(&self) -> IpAddr {
-        match self {
-            WireImpl::Udp(w) => w.local_addr(),
-            WireImpl::Fabric(p) => p.addr(),
-        }
-    }
-
-    /// Sends every packet of the batch (dropping what the OS refuses) and empties it.
-    /// Returns how many were handed to the medium.
-    pub fn send(&mut self, batch: &mut Batch, now: Duration) -> usize {
-        let n = match self {
-            WireImpl::Udp(w) => w.send(batch),
-            WireImpl::Fabric(p) => p.send(batch, now),
-        };
-        batch.clear();
-        n
-    }
-
-    /// Fills the batch with received packets (from empty); returns how many.
-    pub fn recv(&mut self, batch: &mut Batch, now: Duration) -> usize {
-        batch.clear();
-        match self {
-            WireImpl::Udp(w) => w.recv(batch),
-            WireImpl::Fabric(p) => p.recv(batch, now),
-        }
-    }
-
-    /// The port's link state now (the netlink monitor's latest word for UDP).
-    pub fn port_state(&mut self, now: Duration) -> PortState {
-        match self {
-            WireImpl::Udp(w) => w.port_state(),
-            WireImpl::Fabric(p) => p.state(now),
-        }
-    }
-
-    /// The earliest time something will arrive that is already on its way (fabric delays).
-    pub fn next_arrival(&self, now: Duration) -> Option<Duration> {
-        match self {
-            WireImpl::Udp(_) => None,
-            WireImpl::Fabric(p) => p.next_event(now),
-        }
-    }
-
-    /// File descriptors the engine sleeps on (socket, netlink).
-    pub fn poll_fds(&self) -> Vec<std::os::fd::RawFd> {
-        match self {
-            WireImpl::Udp(w) => w.poll_fds(),
-            WireImpl::Fabric(_) => Vec::new(),
-        }
-    }
-
-    /// Lets the wire wake the engine when a packet arrives (fabric only; sockets use epoll).
-    pub fn attach_waker(&mut self, waker: std::sync::Arc<crate::waker::Waker>) {
-        if let WireImpl::Fabric(p) = self {
-            p.attach_waker(waker)
-        }
-    }
 }
