@@ -20,11 +20,11 @@ use hw_defs::roce::packet::{pad_for, HeaderOffsets, Packet, PacketRepr};
 use hw_defs::roce::reth::{self, Reth as RethView, RethRepr};
 use hw_defs::roce::Psn;
 
-use crate::cq::{CqeInfo, CqeKind};
+use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma::Sge;
 use crate::packet::{AckKind, AtomicEth, Header, Kind, NakCode, OutHeader, Reth};
-use crate::qp::{SendWqe, WqeOp, SEND_BB};
 use crate::wire::Ipv4Ident;
+use crate::wqe::{SendWqe, WqeOp, SEND_BB};
 
 /// `psn + n` mod 2^24.
 #[inline]

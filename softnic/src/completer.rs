@@ -8,9 +8,10 @@ use crate::codec::{psn_add, psn_delta};
 use crate::dma;
 use crate::mr::MrTable;
 use crate::packet::{ack_timeout, rnr_timer, AckKind, Header, Kind, NakCode};
-use crate::qp::{syndrome, ErrorCtx, Qp, WqeOp};
+use crate::qp::{syndrome, ErrorCtx, Qp};
 use crate::qp_attr::QpState;
 use crate::requester::{complete_head, go_back};
+use crate::wqe::WqeOp;
 
 /// Handles one response packet for `qp`.
 pub(crate) fn handle(

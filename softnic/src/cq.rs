@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::codec;
+use crate::cqe::CqeInfo;
 use crate::memory::QueueMemory;
 use crate::waker::EventFd;
 
@@ -79,31 +80,6 @@ impl CqHandle {
     pub fn arm(&self) {
         self.armed.store(true, Ordering::Release);
     }
-}
-
-/// What one CQE says, before it is laid out in mlx5 format by the codec.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct CqeInfo {
-    pub kind: CqeKind,
-    pub qpn: u32,
-    pub wqe_counter: u16,
-    pub byte_count: u32,
-    pub imm: Option<u32>,
-}
-
-/// The kinds of CQE the device writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CqeKind {
-    /// A send-queue WQE completed; carries the WQE's mlx5 opcode.
-    Requester { wqe_opcode: u8 },
-    /// A SEND arrived into a receive WQE.
-    RecvSend,
-    /// A WRITE_WITH_IMM consumed a receive WQE.
-    RecvWriteImm,
-    /// A send-queue WQE failed or was flushed.
-    RequesterError { wqe_opcode: u8, syndrome: u8 },
-    /// A receive WQE failed or was flushed.
-    ResponderError { syndrome: u8 },
 }
 
 /// Why a CQE could not be written.

@@ -24,6 +24,7 @@ mod codec;
 mod completer;
 pub mod counters;
 pub mod cq;
+mod cqe;
 pub mod device;
 mod dma;
 mod engine;
@@ -43,6 +44,7 @@ mod tx;
 mod udp;
 mod waker;
 mod wire;
+mod wqe;
 
 #[cfg(feature = "harness")]
 pub mod harness;

@@ -8,18 +8,16 @@ use std::time::Duration;
 
 use crate::codec::{self, WqeError};
 use crate::counters::Counters;
-use crate::cq::{Cq, CqFull, CqId, CqeInfo, CqeKind};
+use crate::cq::{Cq, CqFull, CqId};
+use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma::Sge;
 use crate::events::{AsyncEvent, EventQueue};
 use crate::memory::QueueMemory;
 use crate::mr::{Access, PdId};
 use crate::qp_attr::{QpAttrs, QpState};
 use crate::waker::Waker;
+use crate::wqe::{SendWqe, MAX_WQE_BYTES, SEND_BB};
 
-/// Basic block size of the send ring.
-pub const SEND_BB: usize = 64;
-/// The longest send WQE mlx5 allows (ds is 6 bits of 16-byte units).
-pub(crate) const MAX_WQE_BYTES: usize = 63 * 16;
 /// The requester asks for an ACK at least this often within a long message.
 pub(crate) const ACK_REQ_EVERY: u32 = 32;
 
@@ -102,94 +100,6 @@ impl DoorbellRegister {
     /// The last value written (for tests and tracing).
     pub fn last_value(&self) -> u64 {
         self.bell.last.load(Ordering::Acquire)
-    }
-}
-
-/// What a send WQE asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WqeOp {
-    Nop,
-    Write,
-    WriteImm,
-    Send,
-    SendImm,
-    Read,
-    CompareSwap,
-    FetchAdd,
-}
-
-impl WqeOp {
-    pub fn is_read_or_atomic(self) -> bool {
-        matches!(self, WqeOp::Read | WqeOp::CompareSwap | WqeOp::FetchAdd)
-    }
-}
-
-/// A send WQE as fetched, plus the requester's progress on it.
-#[derive(Clone, Debug)]
-pub(crate) struct SendWqe {
-    pub op: WqeOp,
-    pub mlx5_opcode: u8,
-    /// WQE index (BB producer counter & 0xffff) of its first BB.
-    pub index: u16,
-    pub bbs: u16,
-    pub signaled: bool,
-    pub solicited: bool,
-    pub fence: bool,
-    pub imm: u32,
-    pub raddr: u64,
-    pub rkey: u32,
-    pub swap_add: u64,
-    pub compare: u64,
-    pub sges: Vec<Sge>,
-    pub inline: bool,
-    pub inline_data: Vec<u8>,
-    pub length: u32,
-    /// A fetch-time fault; reported when the WQE reaches the requester.
-    pub fault: Option<u8>,
-    // Requester progress.
-    pub started: bool,
-    pub first_psn: u32,
-    pub last_psn: u32,
-    pub sent_all: bool,
-    /// A READ or atomic got its whole response.
-    pub done: bool,
-}
-
-impl SendWqe {
-    pub fn empty(max_sge: usize, max_inline: usize) -> SendWqe {
-        SendWqe {
-            op: WqeOp::Nop,
-            mlx5_opcode: 0,
-            index: 0,
-            bbs: 1,
-            signaled: false,
-            solicited: false,
-            fence: false,
-            imm: 0,
-            raddr: 0,
-            rkey: 0,
-            swap_add: 0,
-            compare: 0,
-            sges: Vec::with_capacity(max_sge.max(1)),
-            inline: false,
-            inline_data: Vec::with_capacity(max_inline),
-            length: 0,
-            fault: None,
-            started: false,
-            first_psn: 0,
-            last_psn: 0,
-            sent_all: false,
-            done: false,
-        }
-    }
-
-    /// Packets (PSNs) this WQE occupies at path MTU `mtu`.
-    pub fn packets(&self, mtu: u32) -> u32 {
-        match self.op {
-            WqeOp::Nop => 0,
-            WqeOp::CompareSwap | WqeOp::FetchAdd => 1,
-            _ => self.length.div_ceil(mtu).max(1),
-        }
     }
 }
 

@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use crate::codec::{psn_add, psn_delta};
-use crate::cq::{CqeInfo, CqeKind};
+use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma;
 use crate::mr::MrTable;
 use crate::packet::{ack_timeout, AtomicEth, Kind, OutHeader, Reth};
-use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, WqeOp, ACK_REQ_EVERY};
+use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, ACK_REQ_EVERY};
 use crate::qp_attr::QpState;
 use crate::tx::Tx;
+use crate::wqe::WqeOp;
 
 /// PSNs in flight (sent, not acknowledged) at most.
 const MAX_INFLIGHT_PSNS: u32 = 1024;

@@ -3,7 +3,7 @@
 //! atomics on registered memory with rkey, bounds and access checks, and the matching NAKs.
 
 use crate::codec::{psn_add, psn_delta};
-use crate::cq::{CqeInfo, CqeKind};
+use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma::{self, AtomicOp};
 use crate::events::AsyncEvent;
 use crate::mr::{Access, MrTable};
