@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use thiserror::Error;
 use crate::clock::Clock;
 use crate::counters::Counters;
 use crate::cq::{Cq, CqConfig, CqHandle, CqId};
-use crate::engine::{Activity, Core, QPN_BASE};
+use crate::engine::{Activity, Core, Shared, QPN_BASE};
 use crate::events::EventQueue;
 use crate::fabric::Fabric;
 use crate::medium::WireImpl;
@@ -144,24 +144,6 @@ pub enum DeviceError {
     /// The pcap trace could not be opened.
     #[error("cannot open the pcap trace: {0}")]
     Trace(std::io::Error),
-}
-
-/// What the device and its engine thread share.
-pub(crate) struct Shared {
-    pub name: String,
-    pub core: Mutex<Core>,
-    pub waker: Arc<Waker>,
-    pub clock: Clock,
-    pub events: Arc<EventQueue>,
-    pub stop: AtomicBool,
-    pub local_addr: IpAddr,
-}
-
-impl Shared {
-    pub fn lock_core(&self) -> MutexGuard<'_, Core> {
-        // The core is plain data; a panic elsewhere must not wedge the device.
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// A softnic device: one port, its wire, its objects, and (in auto mode) its engine thread.

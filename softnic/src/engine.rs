@@ -1,4 +1,5 @@
-//! One round of device work, and the engine thread that runs rounds in auto mode.
+//! One round of device work, and the engine thread that runs rounds in auto mode (with what it
+//! shares with the device object).
 //!
 //! A round: read the port state, take doorbells, receive and process packet batches, fire
 //! timers, let each QP's requester send, flush the transmit batch. The device lock is taken once
@@ -6,15 +7,15 @@
 //! socket, link monitor and doorbell eventfd, with the nearest timer as the timeout.
 
 use std::net::IpAddr;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::clock::Clock;
 use crate::codec::{self, ParseError};
 use crate::completer;
 use crate::counters::Counters;
 use crate::cq::Cq;
-use crate::device::Shared;
 use crate::events::{AsyncEvent, EventQueue};
 use crate::medium::WireImpl;
 use crate::mr::MrTable;
@@ -265,6 +266,24 @@ impl Core {
             busy,
             next_deadline: deadline,
         }
+    }
+}
+
+/// What the device and its engine thread share.
+pub(crate) struct Shared {
+    pub name: String,
+    pub core: Mutex<Core>,
+    pub waker: Arc<Waker>,
+    pub clock: Clock,
+    pub events: Arc<EventQueue>,
+    pub stop: AtomicBool,
+    pub local_addr: IpAddr,
+}
+
+impl Shared {
+    pub fn lock_core(&self) -> MutexGuard<'_, Core> {
+        // The core is plain data; a panic elsewhere must not wedge the device.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
