@@ -16,7 +16,7 @@ struct ModuleDir {
 }
 
 /// The directories whose modules import one way (issue 13 broke the circles of the first
-/// four; `softnic/src` still has circles, to be added here once they are broken).
+/// five; the others already ran one way).
 const CHECKED: &[ModuleDir] = &[
     ModuleDir {
         dir: "pmd/src/failover",
@@ -33,6 +33,10 @@ const CHECKED: &[ModuleDir] = &[
     ModuleDir {
         dir: "pmd/src/resilient",
         module_path: &["resilient"],
+    },
+    ModuleDir {
+        dir: "softnic/src",
+        module_path: &[],
     },
     // Already one way; kept so.
     ModuleDir {
