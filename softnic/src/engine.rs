@@ -26,7 +26,7 @@ use crate::responder;
 use crate::trace::Trace;
 use crate::tx::{Tx, BATCH};
 use crate::waker::Waker;
-use crate::wire::{Batch, PortState};
+use crate::wire::{Batch, PacketBuf, PortState, ROCE_PORT};
 
 /// QPN of the first QP slot.
 pub(crate) const QPN_BASE: u32 = 0x11;
@@ -72,17 +72,17 @@ impl Core {
         self.qps.get_mut(i)?.as_mut()
     }
 
-    /// One round of work at time `now`.
+    /// One round of work at time `now`: the port's state, new work, what arrived, then every
+    /// QP's timers and requester.
     pub fn round(&mut self, now: Duration, waker: &Waker, events: &EventQueue) -> Activity {
         if self.dead {
             // No packet in or out, no completion, no timer: the wire's packets wait unread.
             return Activity::default();
         }
-        let mut busy = false;
+        let port_up = self.watch_port(now, events);
         let Core {
             wire,
             local_addr,
-            port,
             mrs,
             cqs,
             qps,
@@ -92,10 +92,34 @@ impl Core {
             trace,
             ..
         } = self;
+        let mut round = Round {
+            out: Tx {
+                wire,
+                batch: tx,
+                local_addr: *local_addr,
+                now,
+                port_up,
+                device: counters,
+                trace,
+                sent: 0,
+            },
+            qps,
+            mrs,
+            ectx: ErrorCtx { cqs, events },
+            busy: false,
+        };
+        round.send_new_work(waker);
+        round.receive(rx);
+        let timer = round.service_qps();
+        round.finish(timer)
+    }
 
-        let state = wire.port_state(now);
-        if state != *port {
-            *port = state;
+    /// Reads the port's link state, raising an async event when it changed; returns whether
+    /// the port is up.
+    fn watch_port(&mut self, now: Duration, events: &EventQueue) -> bool {
+        let state = self.wire.port_state(now);
+        if state != self.port {
+            self.port = state;
             tracing::info!(?state, "port state changed");
             events.push(if state == PortState::Active {
                 AsyncEvent::PortActive
@@ -103,170 +127,195 @@ impl Core {
                 AsyncEvent::PortError
             });
         }
-        let port_up = state == PortState::Active;
-        let mut ectx = ErrorCtx { cqs, events };
+        state == PortState::Active
+    }
+}
 
+/// One round in progress: the core's parts borrowed apart, so that each phase reaches the QPs
+/// and the transmit batch at once.
+struct Round<'a> {
+    /// The round's one way out: the transmit batch, the wire, device counters, the trace.
+    out: Tx<'a>,
+    qps: &'a mut [Option<Qp>],
+    mrs: &'a MrTable,
+    ectx: ErrorCtx<'a>,
+    /// Work was done (or is known to be waiting).
+    busy: bool,
+}
+
+impl Round<'_> {
+    /// Takes the doorbells rung since the last round; if any was, every ready QP's requester
+    /// sends now, before this round's receive syscall: that is the latency a driver sees
+    /// between its doorbell and the wire.
+    fn send_new_work(&mut self, waker: &Waker) {
         let mut rung = false;
         if waker.take_pending() {
-            for qp in qps.iter_mut().flatten() {
+            for qp in self.qps.iter_mut().flatten() {
                 if qp.bell.take() {
                     qp.read_send_doorbell();
                     rung = true;
                 }
             }
         }
-        if rung {
-            busy = true;
-            // New work goes out before this round's receive syscall: that is the latency a
-            // driver sees between its doorbell and the wire.
-            let mut out = Tx {
-                wire,
-                batch: tx,
-                local_addr: *local_addr,
-                now,
-                port_up,
-                device: counters,
-                trace,
-                sent: 0,
-            };
-            for qp in qps.iter_mut().flatten() {
-                if qp.state == QpState::Rts {
-                    let r = requester::run(qp, mrs, &mut out, &mut ectx, REQ_BUDGET);
-                    if r.packets > 0 && qp.resp.ack_pending {
-                        qp.resp.ack_deferred = false;
-                        responder::flush_ack(qp, &mut out);
-                    }
-                }
-            }
-            out.flush();
+        if !rung {
+            return;
         }
+        self.busy = true;
+        for qp in self.qps.iter_mut().flatten() {
+            if qp.state == QpState::Rts {
+                transmit(qp, self.mrs, &mut self.out, &mut self.ectx, false);
+            }
+        }
+        self.out.flush();
+    }
 
+    /// Receives up to `RX_BATCHES_PER_ROUND` batches and delivers every packet. Read
+    /// responses and NAKs go out after each batch; coalesced ACKs wait for `service_qps`.
+    fn receive(&mut self, rx: &mut Batch) {
         for _ in 0..RX_BATCHES_PER_ROUND {
-            let n = wire.recv(rx, now);
+            let n = self.out.wire.recv(rx, self.out.now);
             if n == 0 {
                 break;
             }
-            busy = true;
-            if !port_up {
-                counters.port_down_drops += n as u64;
+            self.busy = true;
+            if !self.out.port_up {
+                self.out.device.port_down_drops += n as u64;
                 continue;
             }
-            let mut out = Tx {
-                wire,
-                batch: tx,
-                local_addr: *local_addr,
-                now,
-                port_up,
-                device: counters,
-                trace,
-                sent: 0,
-            };
             for pkt in rx.filled() {
-                if let Some(t) = out.trace.as_mut() {
-                    t.record(
-                        pkt.peer,
-                        pkt.src_port,
-                        *local_addr,
-                        crate::wire::ROCE_PORT,
-                        pkt.bytes(),
-                        now,
-                    );
-                }
-                let h = match codec::parse_packet(
-                    pkt.bytes(),
-                    pkt.peer,
-                    pkt.src_port,
-                    *local_addr,
-                    pkt.ipv4,
-                ) {
-                    Ok(h) => h,
-                    Err(ParseError::Icrc) => {
-                        out.device.icrc_errors += 1;
-                        continue;
-                    }
-                    Err(ParseError::PKey) => {
-                        out.device.pkey_drops += 1;
-                        continue;
-                    }
-                    Err(ParseError::Malformed) => {
-                        out.device.malformed_drops += 1;
-                        continue;
-                    }
-                };
-                let qp = Core::qp_index(h.dest_qpn)
-                    .and_then(|i| qps.get_mut(i))
-                    .and_then(|q| q.as_mut());
-                let Some(qp) = qp else {
-                    out.device.unknown_qpn_drops += 1;
-                    continue;
-                };
-                if qp.attrs.dest_addr != Some(pkt.peer) {
-                    // Not from this QP's peer: RC accepts packets only from its path.
-                    qp.counters.malformed_drops += 1;
-                    continue;
-                }
-                qp.counters.rx_packets += 1;
-                qp.counters.rx_bytes += pkt.len as u64;
-                if h.kind.is_request() {
-                    responder::handle(qp, &h, pkt.bytes(), mrs, &mut out, &mut ectx);
-                } else {
-                    completer::handle(qp, &h, pkt.bytes(), mrs, now, &mut ectx);
-                }
+                self.deliver(pkt);
             }
-            // Read responses and NAKs go now; coalesced ACKs wait for the requester phase.
-            out.flush();
+            self.out.flush();
             if n < rx.slots.len() {
                 // The socket is drained; another recvmmsg would only say so.
                 break;
             }
         }
+    }
 
-        let mut out = Tx {
-            wire,
-            batch: tx,
-            local_addr: *local_addr,
-            now,
-            port_up,
-            device: counters,
-            trace,
-            sent: 0,
+    /// Parses one received packet and hands it to its QP: requests to the responder,
+    /// responses to the completer. Counts what it drops.
+    fn deliver(&mut self, pkt: &PacketBuf) {
+        let out = &mut self.out;
+        if let Some(t) = out.trace.as_mut() {
+            t.record(
+                pkt.peer,
+                pkt.src_port,
+                out.local_addr,
+                ROCE_PORT,
+                pkt.bytes(),
+                out.now,
+            );
+        }
+        let h = match codec::parse_packet(
+            pkt.bytes(),
+            pkt.peer,
+            pkt.src_port,
+            out.local_addr,
+            pkt.ipv4,
+        ) {
+            Ok(h) => h,
+            Err(ParseError::Icrc) => {
+                out.device.icrc_errors += 1;
+                return;
+            }
+            Err(ParseError::PKey) => {
+                out.device.pkey_drops += 1;
+                return;
+            }
+            Err(ParseError::Malformed) => {
+                out.device.malformed_drops += 1;
+                return;
+            }
         };
-        let mut deadline: Option<Duration> = None;
-        for qp in qps.iter_mut().flatten() {
-            requester::check_timer(qp, now, &mut ectx);
-            if qp.state == QpState::Err {
-                // Anything posted while in error is flushed, as a ConnectX does.
-                qp.flush(&mut ectx);
-                continue;
-            }
-            let r = requester::run(qp, mrs, &mut out, &mut ectx, REQ_BUDGET);
-            busy |= r.more;
-            // A coalesced ACK rides in the same sendmmsg as this round's requests; with no
-            // requests it waits one round for the reply the application is likely to post
-            // (a latency benchmark's answer), then goes alone.
-            if qp.resp.ack_pending {
-                if r.packets > 0 || qp.resp.ack_deferred {
-                    qp.resp.ack_deferred = false;
-                    responder::flush_ack(qp, &mut out);
-                } else {
-                    qp.resp.ack_deferred = true;
-                    busy = true;
-                }
-            }
-            for t in [qp.req.timer, qp.req.rnr_until].into_iter().flatten() {
-                deadline = Some(deadline.map_or(t, |d: Duration| d.min(t)));
-            }
+        let qp = Core::qp_index(h.dest_qpn)
+            .and_then(|i| self.qps.get_mut(i))
+            .and_then(|q| q.as_mut());
+        let Some(qp) = qp else {
+            out.device.unknown_qpn_drops += 1;
+            return;
+        };
+        if qp.attrs.dest_addr != Some(pkt.peer) {
+            // Not from this QP's peer: RC accepts packets only from its path.
+            qp.counters.malformed_drops += 1;
+            return;
         }
-        out.flush();
-        busy |= out.sent > 0;
-        if let Some(t) = wire.next_arrival(now) {
-            deadline = Some(deadline.map_or(t, |d| d.min(t)));
-        }
-        Activity {
-            busy,
-            next_deadline: deadline,
+        qp.counters.rx_packets += 1;
+        qp.counters.rx_bytes += pkt.len as u64;
+        if h.kind.is_request() {
+            responder::handle(qp, &h, pkt.bytes(), self.mrs, out, &mut self.ectx);
+        } else {
+            let now = out.now;
+            completer::handle(qp, &h, pkt.bytes(), self.mrs, now, &mut self.ectx);
         }
     }
+
+    /// The round's last pass over the QPs: fires their timers, flushes those in error (anything
+    /// posted while in error is flushed, as a ConnectX does) and lets the others send. Returns
+    /// the earliest timer left running.
+    fn service_qps(&mut self) -> Option<Duration> {
+        let now = self.out.now;
+        let mut timer = None;
+        for qp in self.qps.iter_mut().flatten() {
+            requester::check_timer(qp, now, &mut self.ectx);
+            if qp.state == QpState::Err {
+                qp.flush(&mut self.ectx);
+                continue;
+            }
+            self.busy |= transmit(qp, self.mrs, &mut self.out, &mut self.ectx, true);
+            for t in [qp.req.timer, qp.req.rnr_until].into_iter().flatten() {
+                timer = earliest(timer, t);
+            }
+        }
+        self.out.flush();
+        timer
+    }
+
+    /// What the round did, and the next deadline: the earliest of `timer` and the wire's next
+    /// arrival.
+    fn finish(self, timer: Option<Duration>) -> Activity {
+        let now = self.out.now;
+        Activity {
+            busy: self.busy || self.out.sent > 0,
+            next_deadline: match self.out.wire.next_arrival(now) {
+                Some(t) => earliest(timer, t),
+                None => timer,
+            },
+        }
+    }
+}
+
+/// Lets `qp`'s requester send up to its budget, then sends its coalesced ACK (the one place
+/// that does). The ACK rides in the same sendmmsg as the requests just batched. With none, it
+/// waits for the round's `last_pass`, where it waits one more round for the reply the
+/// application is likely to post (a latency benchmark's answer), then goes alone. Returns
+/// whether the QP has work waiting: requests beyond its budget, or a deferred ACK.
+fn transmit(
+    qp: &mut Qp,
+    mrs: &MrTable,
+    out: &mut Tx<'_>,
+    ectx: &mut ErrorCtx<'_>,
+    last_pass: bool,
+) -> bool {
+    let r = requester::run(qp, mrs, out, ectx, REQ_BUDGET);
+    if !qp.resp.ack_pending {
+        return r.more;
+    }
+    if r.packets > 0 || (last_pass && qp.resp.ack_deferred) {
+        qp.resp.ack_deferred = false;
+        responder::flush_ack(qp, out);
+        r.more
+    } else if last_pass {
+        qp.resp.ack_deferred = true;
+        true
+    } else {
+        r.more
+    }
+}
+
+/// The earlier of `a` (if any) and `b`.
+fn earliest(a: Option<Duration>, b: Duration) -> Option<Duration> {
+    Some(a.map_or(b, |a| a.min(b)))
 }
 
 /// What the device and its engine thread share.
