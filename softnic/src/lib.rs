@@ -6,17 +6,20 @@
 //! socket bound to a Linux netdev, or over an in-memory fabric that is deterministic from a seed
 //! and can drop, duplicate, reorder, delay and corrupt packets for tests.
 //!
-//! Module map (see `docs/softnic.md`):
+//! Module map (see `docs/softnic.md`; the imports between these modules run one way, mapped in
+//! `docs/architecture.md`):
 //! - the device and its control verbs: [`device`], [`qp_attr`] (QP states and attributes),
 //!   [`mr`] (PDs, MR table), [`cq`] (CQ ring and events), [`qp`] (rings, doorbell register),
 //!   [`memory`] (caller-supplied queue memory), [`events`] (async events), [`counters`];
 //! - time and progress: [`clock`], the engine (`engine`, one round of work and the auto-mode
 //!   thread), the wake-up path (`waker`);
 //! - the RC transport: `requester`, `completer`, `responder`, over the decoded packet view in
-//!   `packet` and the hw-defs layouts behind `codec`; `dma` moves bytes to and from registered
-//!   memory;
-//! - wires: [`fabric`] (in-memory, seeded faults), `udp` (sockets on a netdev), [`netlink`]
-//!   (link state), `trace` (pcap);
+//!   `packet`, the fetched send WQE in `wqe`, a CQE's contents in `cqe`, and the hw-defs
+//!   layouts behind `codec`; `dma` moves bytes to and from registered memory; `tx` batches a
+//!   round's sends;
+//! - wires: `wire` (packet buffers, batches, link state: what every wire speaks), `medium` (the
+//!   device's wire as one type), [`fabric`] (in-memory, seeded faults), `udp` (sockets on a
+//!   netdev), [`netlink`] (link state), `trace` (pcap);
 //! - `harness` (feature `harness`): a small mlx5 driver for tests and benchmarks.
 
 pub mod clock;
