@@ -10,7 +10,9 @@ mod sim;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use pmd::resilient::{PeerAttrs, RedisRendezvous, Rendezvous, ResilientState};
+use pmd::resilient::{
+    PeerAttrs, RedisRendezvous, Rendezvous, RendezvousError, RendezvousKey, ResilientState,
+};
 use pmd::{Access, Gid, SendOp, SendWr, WcStatus};
 use sim::traffic::{Dir, Traffic};
 use sim::*;
@@ -38,6 +40,11 @@ fn prefix(test: &str) -> String {
     format!("railshift-test:{}:{nanos}:{test}", std::process::id())
 }
 
+/// The job's secret both ends are given.
+fn key() -> RendezvousKey {
+    RendezvousKey::from_bytes(b"railshift test job secret 32 B!!").unwrap()
+}
+
 fn attrs(qpn: u32) -> PeerAttrs {
     PeerAttrs {
         default_gid: Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 1)),
@@ -55,14 +62,14 @@ fn attrs(qpn: u32) -> PeerAttrs {
 #[test]
 fn attributes_published_to_redis_are_what_the_peer_looks_up() {
     let Some(url) = server() else { return };
-    let store = RedisRendezvous::new(&url, &prefix("attrs")).unwrap();
+    let store = RedisRendezvous::new(&url, &prefix("attrs"), key()).unwrap();
     let mine = attrs(0x11);
     let gid = mine.default_gid;
     // Nothing there yet: the shadow bring-up skips the RTR and retries.
     assert_eq!(store.lookup_qp(gid, 0x11).expect("reach the server"), None);
     store.publish_qp(&mine).unwrap();
     // Another connection (another host) finds exactly what was published.
-    let peer = RedisRendezvous::new(&url, &prefix("attrs-other")).unwrap();
+    let peer = RedisRendezvous::new(&url, &prefix("attrs-other"), key()).unwrap();
     assert_eq!(
         peer.lookup_qp(gid, 0x11).unwrap(),
         None,
@@ -78,7 +85,7 @@ fn attributes_published_to_redis_are_what_the_peer_looks_up() {
 #[test]
 fn an_unreachable_store_is_an_error_at_once_not_a_hang() {
     // Port 1 of loopback: nothing listens, the connection is refused.
-    let store = RedisRendezvous::new("redis://127.0.0.1:1/", "nobody").unwrap();
+    let store = RedisRendezvous::new("redis://127.0.0.1:1/", "nobody", key()).unwrap();
     let started = Instant::now();
     let err = store.lookup_qp(attrs(0x11).default_gid, 0x11).unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(3), "{err}");
@@ -89,11 +96,13 @@ fn an_unreachable_store_is_an_error_at_once_not_a_hang() {
 fn a_connection_set_up_through_redis_fails_over_and_finds_later_rkeys_there() {
     let Some(url) = server() else { return };
     let prefix = prefix("sim");
-    let check = RedisRendezvous::new(&url, &prefix).unwrap();
+    let check = RedisRendezvous::new(&url, &prefix, key()).unwrap();
     let nobody = attrs(0x11).default_gid;
     assert_eq!(check.lookup_qp(nobody, 1).expect("reach the server"), None);
     let store = || -> Option<Arc<dyn Rendezvous>> {
-        Some(Arc::new(RedisRendezvous::new(&url, &prefix).unwrap()))
+        Some(Arc::new(
+            RedisRendezvous::new(&url, &prefix, key()).unwrap(),
+        ))
     };
     // No blob is exchanged: each end's service publishes its attributes, and the peer's
     // backup RTR finds them by the default (GID, QPN) the application connected to.
@@ -164,9 +173,11 @@ fn a_connection_set_up_through_redis_fails_over_and_finds_later_rkeys_there() {
 fn a_retransmission_through_a_withdrawn_rkey_mapping_fails_closed() {
     let Some(url) = server() else { return };
     let prefix = prefix("withdraw");
-    let check = RedisRendezvous::new(&url, &prefix).unwrap();
+    let check = RedisRendezvous::new(&url, &prefix, key()).unwrap();
     let store = || -> Option<Arc<dyn Rendezvous>> {
-        Some(Arc::new(RedisRendezvous::new(&url, &prefix).unwrap()))
+        Some(Arc::new(
+            RedisRendezvous::new(&url, &prefix, key()).unwrap(),
+        ))
     };
     let mut sim = Sim::with_stores(22, config(), [store(), store()]);
     let late = sim.b.pd.alloc_buffer(4096, Access::ALL).unwrap();
@@ -215,4 +226,328 @@ fn a_retransmission_through_a_withdrawn_rkey_mapping_fails_closed() {
         sim.a.qp.events()
     );
     assert_eq!(sim.a.qp.state(), ResilientState::Failed);
+}
+
+/// Issue 16, item 2. As above, but whoever can write the store hides the withdrawal under an
+/// entry they forged: A's next round refuses it and fails closed rather than falling back on
+/// the mapping it cached (which names memory B deregistered).
+#[test]
+fn a_forged_entry_over_a_withdrawn_mapping_fails_closed_not_open() {
+    let Some(url) = server() else { return };
+    let prefix = prefix("withdraw-forged");
+    let check = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    let store = || -> Option<Arc<dyn Rendezvous>> {
+        Some(Arc::new(
+            RedisRendezvous::new(&url, &prefix, key()).unwrap(),
+        ))
+    };
+    let mut sim = Sim::with_stores(25, config(), [store(), store()]);
+    let late = sim.b.pd.alloc_buffer(4096, Access::ALL).unwrap();
+    let gid_b = sim.b.devices[0].query_gid(0).unwrap();
+    let remote = late.remote(0);
+    assert!(sim.run_until(Duration::from_secs(1), |_| {
+        check.lookup_rkey(gid_b, remote.rkey).unwrap().is_some()
+    }));
+    let write =
+        |wr_id| SendWr::new(wr_id, SendOp::Write { remote }, &[sim.a.buf.sge(0, 64)]).signaled();
+    let (first, second) = (write(1), write(2));
+    // A fails over with a WRITE to the late buffer outstanding: its mapping is looked up and
+    // cached. The link comes back and A switches back.
+    sim.a.qp.post_send(&first).unwrap();
+    sim.a.qp.ring_doorbell();
+    sim.link_down(A_DEFAULT, Some(Duration::from_millis(5)));
+    let mut got = Vec::new();
+    let back = sim.run_until(Duration::from_secs(3), |s| {
+        s.poll(true);
+        got.append(&mut s.a.wcs);
+        s.a.qp.state() == ResilientState::Default && !got.is_empty()
+    });
+    assert!(back, "{:?} {:?}", sim.a.qp.state(), sim.a.qp.events());
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success)]
+    );
+    // B deregisters the buffer: the store forgets its mapping.
+    drop(late);
+    assert_eq!(check.lookup_rkey(gid_b, remote.rkey).unwrap(), None);
+    let other = RendezvousKey::from_bytes(b"not the job's secret, 32 bytes!!").unwrap();
+    let forger = RedisRendezvous::new(&url, &prefix, other).unwrap();
+    forger.publish_rkey(gid_b, remote.rkey, 0x4242).unwrap();
+    // A WRITE naming the old rkey, rung but not yet sent when the default link dies: the
+    // round would retransmit it on the backup path, through a mapping that is gone.
+    sim.a.qp.post_send(&second).unwrap();
+    sim.a.qp.ring_doorbell();
+    sim.link_down(A_DEFAULT, None);
+    let mut got = Vec::new();
+    sim.run_until(Duration::from_secs(2), |s| {
+        s.poll(true);
+        got.append(&mut s.a.wcs);
+        !got.is_empty()
+    });
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(2, WcStatus::LocProtErr)],
+        "{:?}",
+        sim.a.qp.events()
+    );
+    assert_eq!(sim.a.qp.state(), ResilientState::Failed);
+    assert!(check.lookup_rkey(gid_b, remote.rkey).is_err());
+}
+
+/// A plain connection to the server, to play whoever can write the store.
+fn raw(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_connection()
+        .expect("reach the server")
+}
+
+fn get(conn: &mut redis::Connection, key: &str) -> Vec<u8> {
+    redis::cmd("GET").arg(key).query(conn).unwrap()
+}
+
+fn set(conn: &mut redis::Connection, key: &str, value: &[u8]) {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query::<()>(conn)
+        .unwrap()
+}
+
+fn qp_key(prefix: &str, a: &PeerAttrs) -> String {
+    format!("{prefix}:qp:{}:{}", a.default_gid, a.default_qpn)
+}
+
+/// Issue 16, item 2. An entry written by someone without the job's secret, one with a byte
+/// changed, and one without a MAC at all are refused by name, counted, and never used.
+#[test]
+fn a_forged_altered_or_unsealed_entry_is_refused_and_counted() {
+    let Some(url) = server() else { return };
+    let prefix = prefix("forged");
+    let reader = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    let mut conn = raw(&url);
+    // Forged: sealed with another secret.
+    let other = RendezvousKey::from_bytes(b"another job's secret, 32 bytes!!").unwrap();
+    let forger = RedisRendezvous::new(&url, &prefix, other).unwrap();
+    let mine = attrs(0x11);
+    forger.publish_qp(&mine).unwrap();
+    let err = reader.lookup_qp(mine.default_gid, 0x11).unwrap_err();
+    assert!(matches!(err, RendezvousError::BadMac { .. }), "{err}");
+    assert!(err.to_string().contains(&qp_key(&prefix, &mine)), "{err}");
+    // Altered: the genuine entry with the backup QPN changed (40 bytes of seal header, then
+    // the attributes, whose backup QPN ends at byte 48).
+    let genuine = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    genuine.publish_qp(&mine).unwrap();
+    assert_eq!(
+        reader.lookup_qp(mine.default_gid, 0x11).unwrap(),
+        Some(mine.clone())
+    );
+    let mut bytes = get(&mut conn, &qp_key(&prefix, &mine));
+    bytes[40 + 47] ^= 0x40;
+    set(&mut conn, &qp_key(&prefix, &mine), &bytes);
+    let err = reader.lookup_qp(mine.default_gid, 0x11).unwrap_err();
+    assert!(matches!(err, RendezvousError::BadMac { .. }), "{err}");
+    // Unsealed: bare attributes, as a build without the MAC wrote them.
+    set(&mut conn, &qp_key(&prefix, &mine), &mine.to_bytes());
+    let err = reader.lookup_qp(mine.default_gid, 0x11).unwrap_err();
+    assert!(matches!(err, RendezvousError::MissingMac { .. }), "{err}");
+    // The rkey hash likewise: a decimal backup rkey, as written before.
+    redis::cmd("HSET")
+        .arg(format!("{prefix}:rkey:{}", mine.default_gid))
+        .arg(0x300)
+        .arg(0x4abc)
+        .query::<()>(&mut conn)
+        .unwrap();
+    let err = reader.lookup_rkey(mine.default_gid, 0x300).unwrap_err();
+    assert!(matches!(err, RendezvousError::MissingMac { .. }), "{err}");
+    let counts = reader.refusals();
+    assert_eq!(
+        (counts.bad_mac, counts.missing_mac, counts.total()),
+        (2, 2, 4)
+    );
+}
+
+/// Issue 16, item 2. A genuine entry written back after a newer one (the attributes of an
+/// earlier QP with the same number; a mapping its publisher withdrew since) is a replay.
+#[test]
+fn a_replayed_older_entry_is_refused_as_stale() {
+    let Some(url) = server() else { return };
+    let prefix = prefix("replay");
+    let publisher = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    let reader = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    let mut conn = raw(&url);
+    let old = attrs(0x11);
+    publisher.publish_qp(&old).unwrap();
+    let old_bytes = get(&mut conn, &qp_key(&prefix, &old));
+    let new = PeerAttrs {
+        backup_qpn: 0x99,
+        ..old.clone()
+    };
+    publisher.publish_qp(&new).unwrap();
+    assert_eq!(reader.lookup_qp(old.default_gid, 0x11).unwrap(), Some(new));
+    set(&mut conn, &qp_key(&prefix, &old), &old_bytes);
+    let err = reader.lookup_qp(old.default_gid, 0x11).unwrap_err();
+    assert!(matches!(err, RendezvousError::StaleEpoch { .. }), "{err}");
+
+    // The rkey B withdrew (its MR deregistered), its old mapping written back.
+    let gid = old.default_gid;
+    let hash = format!("{prefix}:rkey:{gid}");
+    publisher.publish_rkey(gid, 0x300, 0x4abc).unwrap();
+    assert_eq!(reader.lookup_rkey(gid, 0x300).unwrap(), Some(0x4abc));
+    let mapping: Vec<u8> = redis::cmd("HGET")
+        .arg(&hash)
+        .arg(0x300)
+        .query(&mut conn)
+        .unwrap();
+    publisher.withdraw_rkey(gid, 0x300).unwrap();
+    assert_eq!(reader.lookup_rkey(gid, 0x300).unwrap(), None);
+    redis::cmd("HSET")
+        .arg(&hash)
+        .arg(0x300)
+        .arg(mapping)
+        .query::<()>(&mut conn)
+        .unwrap();
+    let err = reader.lookup_rkey(gid, 0x300).unwrap_err();
+    assert!(matches!(err, RendezvousError::StaleEpoch { .. }), "{err}");
+    assert_eq!(reader.refusals().stale_epoch, 2);
+}
+
+/// Issue 16, item 2. A genuine entry moved to another connection's key (or another rkey's
+/// field) is refused as that connection's, not used as this one's.
+#[test]
+fn an_entry_of_another_connection_is_refused() {
+    let Some(url) = server() else { return };
+    let prefix = prefix("moved");
+    let publisher = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    let reader = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    let mut conn = raw(&url);
+    let theirs = attrs(0x21);
+    publisher.publish_qp(&theirs).unwrap();
+    let bytes = get(&mut conn, &qp_key(&prefix, &theirs));
+    let mine = attrs(0x11);
+    set(&mut conn, &qp_key(&prefix, &mine), &bytes);
+    let err = reader.lookup_qp(mine.default_gid, 0x11).unwrap_err();
+    assert!(matches!(err, RendezvousError::WrongEntry { .. }), "{err}");
+    assert!(err.to_string().contains("QP 0x21"), "{err}");
+
+    let gid = mine.default_gid;
+    let hash = format!("{prefix}:rkey:{gid}");
+    publisher.publish_rkey(gid, 0x300, 0x4abc).unwrap();
+    let mapping: Vec<u8> = redis::cmd("HGET")
+        .arg(&hash)
+        .arg(0x300)
+        .query(&mut conn)
+        .unwrap();
+    redis::cmd("HSET")
+        .arg(&hash)
+        .arg(0x301)
+        .arg(mapping)
+        .query::<()>(&mut conn)
+        .unwrap();
+    let err = reader.lookup_rkey(gid, 0x301).unwrap_err();
+    assert!(matches!(err, RendezvousError::WrongEntry { .. }), "{err}");
+    assert_eq!(reader.refusals().wrong_entry, 2);
+}
+
+/// Issue 16, item 2. Where the attributes came inline and the store holds the same end's
+/// too, a disagreement is refused by name and counted.
+#[test]
+fn the_store_is_cross_checked_against_the_inline_exchange() {
+    let Some(url) = server() else { return };
+    let prefix = prefix("cross");
+    let store = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    let inline = attrs(0x11);
+    store
+        .cross_check(&inline)
+        .expect("nothing in the store yet");
+    store.publish_qp(&inline).unwrap();
+    store.cross_check(&inline).expect("the same attributes");
+    let other = PeerAttrs {
+        rkeys: vec![(0x100, 0x200), (0x102, 0x202)],
+        ..inline.clone()
+    };
+    store
+        .cross_check(&other)
+        .expect("rkeys taken at different times");
+    let lying = PeerAttrs {
+        control_ring_rkey: 0x4242,
+        ..inline.clone()
+    };
+    let err = store.cross_check(&lying).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RendezvousError::InlineMismatch {
+                field: "control ring rkey",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let remapped = PeerAttrs {
+        rkeys: vec![(0x101, 0x2fe)],
+        ..inline
+    };
+    assert!(store.cross_check(&remapped).is_err());
+    assert_eq!(store.refusals().inline_mismatch, 2);
+}
+
+/// Issue 16, item 2. A Redis ACL user in the URL: it works with its password, and a wrong
+/// one is an error that says authentication failed, without the password in it.
+#[test]
+fn an_acl_user_works_and_a_wrong_password_is_named() {
+    let Some(url) = server() else { return };
+    let prefix = prefix("acl");
+    let user = format!("railshift-{}", std::process::id());
+    let mut admin = raw(&url);
+    // Allowed only the job's keys.
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("reset")
+        .arg("on")
+        .arg(">right-pass-7f3a")
+        .arg(format!("~{prefix}:*"))
+        .arg("+@all")
+        .query::<()>(&mut admin)
+        .unwrap();
+    let with = |password: &str| url.replacen("redis://", &format!("redis://{user}:{password}@"), 1);
+    let store = RedisRendezvous::new(&with("right-pass-7f3a"), &prefix, key()).unwrap();
+    let mine = attrs(0x11);
+    store
+        .publish_qp(&mine)
+        .expect("the ACL user may write the job's keys");
+    assert_eq!(
+        store.lookup_qp(mine.default_gid, 0x11).unwrap(),
+        Some(mine.clone())
+    );
+    assert!(
+        !format!("{store:?}").contains("right-pass-7f3a"),
+        "{store:?}"
+    );
+
+    let wrong = RedisRendezvous::new(&with("wrong-pass-0b1d"), &prefix, key()).unwrap();
+    let err = wrong.lookup_qp(mine.default_gid, 0x11).unwrap_err();
+    let text = err.to_string();
+    redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .query::<()>(&mut admin)
+        .unwrap();
+    assert!(text.contains("authentication failed"), "{text}");
+    assert!(
+        text.contains(&user) && !text.contains("wrong-pass-0b1d"),
+        "{text}"
+    );
+}
+
+#[test]
+fn redis_without_the_jobs_secret_is_refused() {
+    if std::env::var_os(pmd::resilient::KEY_FILE_VAR).is_some() {
+        eprintln!("skipped: {} is set", pmd::resilient::KEY_FILE_VAR);
+        return;
+    }
+    let err = RedisRendezvous::from_env("redis://127.0.0.1:1/", "nobody").unwrap_err();
+    assert_eq!(err, RendezvousError::NoSecret);
+    assert!(err.to_string().contains("RAILSHIFT_RENDEZVOUS_KEY_FILE"));
 }

@@ -681,6 +681,11 @@ impl ResilientQp {
                 backup.peer_rkeys.remove(&rkey);
                 None
             }
+            Err(e) if e.is_refusal() => {
+                // The store holds a refused entry (forged, replayed...): fail closed.
+                backup.peer_rkeys.remove(&rkey);
+                None
+            }
             Err(e) => {
                 tracing::warn!(qp = %self.shared.name, error = %e, "failover: rkey lookup failed; using the cached mapping if any");
                 cached

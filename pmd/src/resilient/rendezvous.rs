@@ -30,37 +30,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use super::rendezvous_auth::{Kind, RefusalCounts, RendezvousKey, Sealer};
+pub use super::rendezvous_error::RendezvousError;
 use crate::verbs::Gid;
-
-/// Why attributes could not be parsed, published or looked up.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RendezvousError {
-    /// Fewer bytes than the format needs.
-    #[error("backup attributes truncated: {len} bytes, {needed} needed")]
-    Truncated {
-        /// Bytes given.
-        len: usize,
-        /// Bytes the header (or the header and its rkey list) needs.
-        needed: usize,
-    },
-    /// Not backup attributes.
-    #[error("not railshift backup attributes (magic {0:#010x})")]
-    BadMagic(u32),
-    /// A version this build does not read.
-    #[error("backup attributes version {0} is not supported (this build reads 3)")]
-    UnsupportedVersion(u8),
-    /// A field holds a value the format does not allow.
-    #[error("backup attributes: bad {0}")]
-    BadField(&'static str),
-    /// The key-value store failed.
-    #[error("rendezvous store {store}: {reason}")]
-    Store {
-        /// Which store (its address).
-        store: String,
-        /// What went wrong.
-        reason: String,
-    },
-}
 
 /// What one end of a resilient connection tells the other about its backup side.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -228,20 +200,87 @@ pub trait Rendezvous: Send + Sync {
     /// Withdraws the mapping of `default_rkey` (its MR was deregistered): later lookups find
     /// nothing, so a peer never maps a retransmission through it.
     fn withdraw_rkey(&self, gid: Gid, default_rkey: u32) -> Result<(), RendezvousError>;
+    /// Entries this store refused so far, by reason (zero for a store that checks nothing).
+    fn refusals(&self) -> RefusalCounts {
+        RefusalCounts::default()
+    }
+    /// Counts a refusal found outside the store's own checks (the inline cross-check).
+    fn note_refusal(&self, _error: &RendezvousError) {}
+    /// Where the peer's attributes came inline and a store is configured too: checks what
+    /// the store holds for the same end against them. A disagreement is refused (and
+    /// counted); an entry not there, or a store that cannot answer, leaves the inline
+    /// attributes in force (they are the application's own exchange).
+    fn cross_check(&self, inline: &PeerAttrs) -> Result<(), RendezvousError> {
+        let stored = match self.lookup_qp(inline.default_gid, inline.default_qpn) {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, "rendezvous: the store's entry could not be cross-checked against the inline one; using the inline one");
+                return Ok(());
+            }
+        };
+        let mismatch =
+            first_difference(inline, &stored).map(|field| RendezvousError::InlineMismatch {
+                entry: format!("of QP {:#x} on {}", inline.default_qpn, inline.default_gid),
+                field,
+            });
+        match mismatch {
+            Some(e) => {
+                self.note_refusal(&e);
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// The first field on which two ends' attributes disagree: every field but the rkey lists,
+/// which may have been taken at different times; an rkey both lists carry must map alike.
+fn first_difference(a: &PeerAttrs, b: &PeerAttrs) -> Option<&'static str> {
+    let fields: [(&'static str, bool); 8] = [
+        ("default GID", a.default_gid == b.default_gid),
+        ("default QPN", a.default_qpn == b.default_qpn),
+        ("backup GID", a.backup_gid == b.backup_gid),
+        ("backup QPN", a.backup_qpn == b.backup_qpn),
+        ("control QPN", a.control_qpn == b.control_qpn),
+        ("control PSN", a.control_psn == b.control_psn),
+        (
+            "control ring address",
+            a.control_ring_addr == b.control_ring_addr,
+        ),
+        (
+            "control ring rkey",
+            a.control_ring_rkey == b.control_ring_rkey,
+        ),
+    ];
+    if let Some((name, _)) = fields.iter().find(|(_, same)| !same) {
+        return Some(name);
+    }
+    let disagree = a
+        .rkeys
+        .iter()
+        .any(|(d, backup)| b.rkeys.iter().any(|(d2, b2)| d == d2 && backup != b2));
+    disagree.then_some("backup rkey of an MR")
 }
 
 /// [`Rendezvous`] over Redis (the `redis` crate, synchronous, default features off).
 ///
 /// Keys: `<prefix>:qp:<gid>:<qpn>` holds an end's [`PeerAttrs`] bytes; the hash
-/// `<prefix>:rkey:<gid>` maps default rkeys (decimal) to backup rkeys. Connections time out
-/// after `timeout`, so a store that went away makes a lookup fail instead of hanging the
-/// service lcore.
+/// `<prefix>:rkey:<gid>` maps default rkeys (decimal) to backup rkeys, or to a withdrawal.
+/// Every value is sealed with the job's secret (`rendezvous_auth`: HMAC-SHA256 over the
+/// whole entry, its identity and its epoch), and every value read is checked before use: a
+/// forged, altered, moved or replayed entry is an error naming it, counted in
+/// [`Rendezvous::refusals`]. The URL may carry an ACL user and password
+/// (`redis://user:password@host:port/`); errors and `Debug` show it with the password
+/// redacted. Connections time out after `timeout`, so a store that went away makes a lookup
+/// fail instead of hanging the service lcore.
 pub struct RedisRendezvous {
     client: redis::Client,
     url: String,
     prefix: String,
     timeout: Duration,
     conn: Mutex<Option<redis::Connection>>,
+    sealer: Sealer,
 }
 
 impl std::fmt::Debug for RedisRendezvous {
@@ -253,27 +292,66 @@ impl std::fmt::Debug for RedisRendezvous {
     }
 }
 
+/// `url` with the password of its user info, if any, replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_string();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    let redacted = if userinfo.contains(':') {
+        format!("{user}:***")
+    } else {
+        userinfo.to_string()
+    };
+    format!("{}{redacted}{}", &url[..scheme_end], &rest[at..])
+}
+
 impl RedisRendezvous {
-    /// A store at `url` (`redis://host:port/`), keys under `prefix` (several jobs can share a
-    /// server with different prefixes). Connects lazily.
-    pub fn new(url: &str, prefix: &str) -> Result<RedisRendezvous, RendezvousError> {
+    /// A store at `url` (`redis://[user:password@]host:port/`), keys under `prefix` (several
+    /// jobs can share a server with different prefixes), entries sealed and checked with
+    /// `key`, the job's secret both ends are given. Connects lazily.
+    pub fn new(
+        url: &str,
+        prefix: &str,
+        key: RendezvousKey,
+    ) -> Result<RedisRendezvous, RendezvousError> {
         let client = redis::Client::open(url).map_err(|e| RendezvousError::Store {
-            store: url.to_string(),
+            store: redact(url),
             reason: e.to_string(),
         })?;
         Ok(RedisRendezvous {
             client,
-            url: url.to_string(),
+            url: redact(url),
             prefix: prefix.to_string(),
             timeout: Duration::from_secs(1),
             conn: Mutex::new(None),
+            sealer: Sealer::new(key, prefix),
         })
     }
 
-    fn store_error(&self, e: impl std::fmt::Display) -> RendezvousError {
+    /// As [`RedisRendezvous::new`] with the secret in the file `RAILSHIFT_RENDEZVOUS_KEY_FILE`
+    /// names. Without the variable: [`RendezvousError::NoSecret`]. There is no unauthenticated
+    /// Redis rendezvous: whoever can write the store could redirect a connection's failover.
+    pub fn from_env(url: &str, prefix: &str) -> Result<RedisRendezvous, RendezvousError> {
+        let key = RendezvousKey::from_env()?.ok_or(RendezvousError::NoSecret)?;
+        RedisRendezvous::new(url, prefix, key)
+    }
+
+    fn store_error(&self, e: redis::RedisError) -> RendezvousError {
+        let reason = if e.kind() == redis::ErrorKind::AuthenticationFailed {
+            format!("authentication failed (AUTH/ACL user and password in the URL): {e}")
+        } else {
+            e.to_string()
+        };
         RendezvousError::Store {
             store: self.url.clone(),
-            reason: e.to_string(),
+            reason,
         }
     }
 
@@ -306,23 +384,56 @@ impl RedisRendezvous {
     fn rkey_key(&self, gid: Gid) -> String {
         format!("{}:rkey:{gid}", self.prefix)
     }
+
+    fn set_rkey_entry(
+        &self,
+        gid: Gid,
+        default_rkey: u32,
+        entry: Vec<u8>,
+    ) -> Result<(), RendezvousError> {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(self.rkey_key(gid)).arg(default_rkey).arg(entry);
+        self.run::<()>(&cmd)
+    }
 }
 
 impl Rendezvous for RedisRendezvous {
     fn publish_qp(&self, attrs: &PeerAttrs) -> Result<(), RendezvousError> {
+        let entry = self.sealer.seal(
+            Kind::Attrs,
+            attrs.default_gid,
+            attrs.default_qpn,
+            &attrs.to_bytes(),
+        );
         let mut cmd = redis::cmd("SET");
         cmd.arg(self.qp_key(attrs.default_gid, attrs.default_qpn))
-            .arg(attrs.to_bytes());
+            .arg(entry);
         self.run::<()>(&cmd)
     }
 
     fn lookup_qp(&self, gid: Gid, qpn: u32) -> Result<Option<PeerAttrs>, RendezvousError> {
+        let key = self.qp_key(gid, qpn);
         let mut cmd = redis::cmd("GET");
-        cmd.arg(self.qp_key(gid, qpn));
-        match self.run::<Option<Vec<u8>>>(&cmd)? {
-            Some(bytes) => PeerAttrs::parse(&bytes).map(Some),
-            None => Ok(None),
+        cmd.arg(&key);
+        let Some(bytes) = self.run::<Option<Vec<u8>>>(&cmd)? else {
+            return Ok(None);
+        };
+        let opened = self.sealer.open(&key, &bytes, Kind::Attrs, gid, qpn)?;
+        let attrs = PeerAttrs::parse(&opened.body)?;
+        if (attrs.default_gid, attrs.default_qpn) != (gid, qpn) {
+            // Sealed for (gid, qpn) but holding another end's attributes: a publisher bug or
+            // a secret holder lying; either way not this connection's.
+            let e = RendezvousError::WrongEntry {
+                entry: key,
+                found: format!(
+                    "the attributes of QP {:#x} on {}",
+                    attrs.default_qpn, attrs.default_gid
+                ),
+            };
+            self.sealer.refusals.count(&e);
+            return Err(e);
         }
+        Ok(Some(attrs))
     }
 
     fn publish_rkey(
@@ -331,23 +442,43 @@ impl Rendezvous for RedisRendezvous {
         default_rkey: u32,
         backup_rkey: u32,
     ) -> Result<(), RendezvousError> {
-        let mut cmd = redis::cmd("HSET");
-        cmd.arg(self.rkey_key(gid))
-            .arg(default_rkey)
-            .arg(backup_rkey);
-        self.run::<()>(&cmd)
+        let entry = self
+            .sealer
+            .seal(Kind::Rkey, gid, default_rkey, &backup_rkey.to_be_bytes());
+        self.set_rkey_entry(gid, default_rkey, entry)
     }
 
     fn lookup_rkey(&self, gid: Gid, default_rkey: u32) -> Result<Option<u32>, RendezvousError> {
+        let key = self.rkey_key(gid);
         let mut cmd = redis::cmd("HGET");
-        cmd.arg(self.rkey_key(gid)).arg(default_rkey);
-        self.run::<Option<u32>>(&cmd)
+        cmd.arg(&key).arg(default_rkey);
+        let Some(bytes) = self.run::<Option<Vec<u8>>>(&cmd)? else {
+            return Ok(None);
+        };
+        let entry = format!("{key} field {default_rkey}");
+        let opened = self
+            .sealer
+            .open(&entry, &bytes, Kind::Rkey, gid, default_rkey)?;
+        match (opened.kind, opened.body.as_slice()) {
+            (Kind::Withdrawn, []) => Ok(None),
+            (Kind::Rkey, [a, b, c, d]) => Ok(Some(u32::from_be_bytes([*a, *b, *c, *d]))),
+            _ => Err(RendezvousError::BadField("rkey entry body")),
+        }
     }
 
+    /// Writes a withdrawal (sealed, at a newer epoch) over the mapping rather than deleting
+    /// it: a reader that saw the withdrawal refuses the old mapping if it is written back.
     fn withdraw_rkey(&self, gid: Gid, default_rkey: u32) -> Result<(), RendezvousError> {
-        let mut cmd = redis::cmd("HDEL");
-        cmd.arg(self.rkey_key(gid)).arg(default_rkey);
-        self.run::<()>(&cmd)
+        let entry = self.sealer.seal(Kind::Withdrawn, gid, default_rkey, &[]);
+        self.set_rkey_entry(gid, default_rkey, entry)
+    }
+
+    fn refusals(&self) -> RefusalCounts {
+        self.sealer.refusals.snapshot()
+    }
+
+    fn note_refusal(&self, error: &RendezvousError) {
+        self.sealer.refusals.count(error);
     }
 }
 

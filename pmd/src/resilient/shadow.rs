@@ -601,6 +601,9 @@ impl QpShadow {
                     }
                 }
             }
+        } else if let (Some(store), Some(inline)) = (&self.pd.ctx.store, &*slot) {
+            // Both an inline exchange and a store: they must agree.
+            store.cross_check(inline).map_err(|e| e.to_string())?;
         }
         match &*slot {
             None => Ok(None),
