@@ -492,6 +492,67 @@ fn the_store_is_cross_checked_against_the_inline_exchange() {
     assert_eq!(store.refusals().inline_mismatch, 2);
 }
 
+/// Issue 16, item 2. Only MRs with remote access have their keys published: a local-only
+/// MR's keys go neither into the inline blob nor into the store.
+#[test]
+fn a_local_only_mr_is_never_published() {
+    let mut sim = Sim::new(23, config());
+    let local = sim.b.pd.alloc_buffer(4096, Access::LOCAL_WRITE).unwrap();
+    let remote = sim
+        .b
+        .pd
+        .alloc_buffer(4096, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    sim.run_until(Duration::from_millis(100), |_| false);
+    let blob = sim.b.qp.try_rendezvous_blob().unwrap().expect("set up");
+    let published = PeerAttrs::parse(&blob).unwrap().rkeys;
+    assert!(
+        published.iter().any(|(d, _)| *d == remote.rkey()),
+        "{published:x?}"
+    );
+    let named = |k: u32| published.iter().any(|(d, _)| *d == k);
+    assert!(
+        !named(local.rkey()) && !named(local.lkey()),
+        "{published:x?}"
+    );
+}
+
+#[test]
+fn a_local_only_mr_is_never_published_to_redis() {
+    let Some(url) = server() else { return };
+    let prefix = prefix("local-only");
+    let check = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    let store = || -> Option<Arc<dyn Rendezvous>> {
+        Some(Arc::new(
+            RedisRendezvous::new(&url, &prefix, key()).unwrap(),
+        ))
+    };
+    let mut sim = Sim::with_stores(24, config(), [store(), store()]);
+    let local = sim.b.pd.alloc_buffer(4096, Access::LOCAL_WRITE).unwrap();
+    let remote = sim
+        .b
+        .pd
+        .alloc_buffer(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let gid_b = sim.b.devices[0].query_gid(0).unwrap();
+    assert!(sim.run_until(Duration::from_secs(1), |_| {
+        check.lookup_rkey(gid_b, remote.rkey()).unwrap().is_some()
+    }));
+    let hash: std::collections::HashMap<u32, Vec<u8>> = redis::cmd("HGETALL")
+        .arg(format!("{prefix}:rkey:{gid_b}"))
+        .query(&mut raw(&url))
+        .unwrap();
+    assert!(!hash.contains_key(&local.rkey()) && !hash.contains_key(&local.lkey()));
+    let qpn_b = sim.b.qp.qpn();
+    let b = check.lookup_qp(gid_b, qpn_b).unwrap().expect("published");
+    assert!(!b
+        .rkeys
+        .iter()
+        .any(|(d, _)| *d == local.rkey() || *d == local.lkey()));
+    drop(local);
+    assert_eq!(check.refusals().total(), 0);
+}
+
 /// Issue 16, item 2. A Redis ACL user in the URL: it works with its password, and a wrong
 /// one is an error that says authentication failed, without the password in it.
 #[test]

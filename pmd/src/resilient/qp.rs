@@ -409,7 +409,7 @@ impl ResilientQp {
     /// This end's backup attributes, for the application to send to the peer beside its own
     /// connection attributes (inline rendezvous), once the backup QP exists. `None` while the
     /// service lcore is still creating it. The application registers its MRs first: the
-    /// bytes carry the backup rkeys of every MR of the PD registered so far.
+    /// bytes carry the backup rkeys of every MR of the PD with remote access registered so far.
     pub fn try_rendezvous_blob(&self) -> Result<Option<Vec<u8>>, ConnectError> {
         Ok(self
             .shadow()?

@@ -24,15 +24,21 @@
 //!   Redis over the management network): the service lcore publishes each end's attributes
 //!   under its default `(GID, QPN)` when the backup QP exists, and looks the peer's up by the
 //!   peer's default `(GID, QPN)` (known from the application's RTR attributes) before it
-//!   brings the backup QP up; backup rkeys are published per registered MR and looked up on
-//!   demand when a failover meets an rkey it has not seen.
+//!   brings the backup QP up; backup rkeys are published per MR with remote access and looked
+//!   up on demand when a failover meets an rkey it has not seen. Every Redis entry is sealed
+//!   with the job's secret and checked when read (`rendezvous_auth`); where the attributes
+//!   also came inline, the store's are cross-checked against them
+//!   ([`Rendezvous::cross_check`]).
+//!
+//! Only MRs registered with remote access have their keys published: the set is the PD's, as
+//! any QP of a PD can reach any of its MRs by rkey; a local-only MR's keys stay in the process.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use super::rendezvous_auth::{Kind, RefusalCounts, RendezvousKey, Sealer};
 pub use super::rendezvous_error::RendezvousError;
-use crate::verbs::Gid;
+use crate::verbs::{Access, Gid};
 
 /// What one end of a resilient connection tells the other about its backup side.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -55,7 +61,8 @@ pub struct PeerAttrs {
     pub control_ring_addr: u64,
     /// ... and its rkey there.
     pub control_ring_rkey: u32,
-    /// For each MR of the end's PD: (default rkey, backup rkey).
+    /// For each MR of the end's PD registered with remote access (read, write or atomic):
+    /// (default rkey, backup rkey). A local-only MR's keys are never published.
     pub rkeys: Vec<(u32, u32)>,
 }
 
@@ -261,6 +268,18 @@ fn first_difference(a: &PeerAttrs, b: &PeerAttrs) -> Option<&'static str> {
         .iter()
         .any(|(d, backup)| b.rkeys.iter().any(|(d2, b2)| d == d2 && backup != b2));
     disagree.then_some("backup rkey of an MR")
+}
+
+/// Whether an MR registered with `access` is reachable by a peer, and so has a backup rkey
+/// worth publishing. A local-only MR's keys never leave the process.
+pub(crate) fn grants_remote_access(access: Access) -> bool {
+    [
+        Access::REMOTE_READ,
+        Access::REMOTE_WRITE,
+        Access::REMOTE_ATOMIC,
+    ]
+    .iter()
+    .any(|a| access.contains(*a))
 }
 
 /// [`Rendezvous`] over Redis (the `redis` crate, synchronous, default features off).

@@ -24,7 +24,7 @@ use crate::verbs::{Access, Gid, QpAttr, QpCaps};
 use super::config::ResilientConfig;
 use super::control::ControlChannel;
 use super::mailbox::{BackupParts, Mail, QpShared};
-use super::rendezvous::{PeerAttrs, Rendezvous};
+use super::rendezvous::{grants_remote_access, PeerAttrs, Rendezvous};
 use super::service::{Outcome, PendingVerb, ServedQp, ServiceHandle};
 
 /// What a resilient context shares with everything made from it.
@@ -72,11 +72,14 @@ impl KeyMap {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn insert(&self, default_lkey: u32, default_rkey: u32, backup: &Mr) {
+    /// `remote`: the MR grants remote access; only then does its rkey go to the peer.
+    fn insert(&self, default_lkey: u32, default_rkey: u32, backup: &Mr, remote: bool) {
         let mut m = self.lock();
         m.lkeys.insert(default_lkey, backup.lkey());
         m.lkeys_back.insert(backup.lkey(), default_lkey);
-        m.rkeys.push((default_rkey, backup.rkey()));
+        if remote {
+            m.rkeys.push((default_rkey, backup.rkey()));
+        }
     }
 
     fn remove(&self, default_lkey: u32, default_rkey: u32) {
@@ -97,7 +100,7 @@ impl KeyMap {
         self.lock().lkeys_back.get(&backup).copied()
     }
 
-    /// Every (default rkey, backup rkey) pair, for the peer.
+    /// Every (default rkey, backup rkey) pair of an MR with remote access, for the peer.
     pub fn rkeys(&self) -> Vec<(u32, u32)> {
         self.lock().rkeys.clone()
     }
@@ -229,10 +232,11 @@ impl MrShadow {
         match registered {
             Ok(mr) => {
                 // The default MR is alive (not cancelled), so its keys are current.
+                let remote = grants_remote_access(self.access);
                 self.pd
                     .keys
-                    .insert(self.default_lkey, self.default_rkey, &mr);
-                if let Some(store) = &self.pd.ctx.store {
+                    .insert(self.default_lkey, self.default_rkey, &mr, remote);
+                if let Some(store) = self.pd.ctx.store.as_ref().filter(|_| remote) {
                     if let Err(e) =
                         store.publish_rkey(self.default_gid, self.default_rkey, mr.rkey())
                     {
@@ -256,7 +260,8 @@ impl MrShadow {
         state.cancelled = true;
         if state.backup.take().is_some() {
             self.pd.keys.remove(self.default_lkey, self.default_rkey);
-            if let Some(store) = &self.pd.ctx.store {
+            let remote = grants_remote_access(self.access);
+            if let Some(store) = self.pd.ctx.store.as_ref().filter(|_| remote) {
                 if let Err(e) = store.withdraw_rkey(self.default_gid, self.default_rkey) {
                     tracing::warn!(error = %e, rkey = self.default_rkey, "failover: backup rkey not withdrawn from the store");
                 }
