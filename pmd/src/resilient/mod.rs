@@ -11,7 +11,7 @@
 //! | [`ResilientContext`], [`ResilientPd`], [`ResilientBuffer`], [`ResilientMr`] | the application's control verbs on the default device, recorded for the backup device |
 //! | [`ResilientQp`] | post, doorbell, poll as on a plain QP; the failover driver behind it |
 //! | [`FailoverService`] | the service lcore: shadow verbs, link watch, control messages, timers, adopted QPs |
-//! | [`PeerAttrs`], [`Rendezvous`], [`RedisRendezvous`] | backup attributes and how the two ends exchange them |
+//! | [`PeerAttrs`], [`Rendezvous`], [`RedisRendezvous`], [`RendezvousKey`] | backup attributes, how the two ends exchange them, the secret Redis entries are sealed with |
 //! | [`FailoverStats`], [`FailoverEvent`] | per-QP counters and the event log the apps put in their JSON |
 //! | [`Clock`] | real or virtual time |
 //!
