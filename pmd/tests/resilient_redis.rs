@@ -171,61 +171,7 @@ fn a_connection_set_up_through_redis_fails_over_and_finds_later_rkeys_there() {
 /// sent on the backup path) instead of going out through the stale backup rkey.
 #[test]
 fn a_retransmission_through_a_withdrawn_rkey_mapping_fails_closed() {
-    let Some(url) = server() else { return };
-    let prefix = prefix("withdraw");
-    let check = RedisRendezvous::new(&url, &prefix, key()).unwrap();
-    let store = || -> Option<Arc<dyn Rendezvous>> {
-        Some(Arc::new(
-            RedisRendezvous::new(&url, &prefix, key()).unwrap(),
-        ))
-    };
-    let mut sim = Sim::with_stores(22, config(), [store(), store()]);
-    let late = sim.b.pd.alloc_buffer(4096, Access::ALL).unwrap();
-    let gid_b = sim.b.devices[0].query_gid(0).unwrap();
-    let remote = late.remote(0);
-    assert!(sim.run_until(Duration::from_secs(1), |_| {
-        check.lookup_rkey(gid_b, remote.rkey).unwrap().is_some()
-    }));
-    let write =
-        |wr_id| SendWr::new(wr_id, SendOp::Write { remote }, &[sim.a.buf.sge(0, 64)]).signaled();
-    let (first, second) = (write(1), write(2));
-    // A fails over with a WRITE to the late buffer outstanding: its mapping is looked up and
-    // cached. The link comes back and A switches back.
-    sim.a.qp.post_send(&first).unwrap();
-    sim.a.qp.ring_doorbell();
-    sim.link_down(A_DEFAULT, Some(Duration::from_millis(5)));
-    let mut got = Vec::new();
-    let back = sim.run_until(Duration::from_secs(3), |s| {
-        s.poll(true);
-        got.append(&mut s.a.wcs);
-        s.a.qp.state() == ResilientState::Default && !got.is_empty()
-    });
-    assert!(back, "{:?} {:?}", sim.a.qp.state(), sim.a.qp.events());
-    assert_eq!(
-        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        vec![(1, WcStatus::Success)]
-    );
-    // B deregisters the buffer: the store forgets its mapping.
-    drop(late);
-    assert_eq!(check.lookup_rkey(gid_b, remote.rkey).unwrap(), None);
-    // A WRITE naming the old rkey, rung but not yet sent when the default link dies: the
-    // round would retransmit it on the backup path, through a mapping that is gone.
-    sim.a.qp.post_send(&second).unwrap();
-    sim.a.qp.ring_doorbell();
-    sim.link_down(A_DEFAULT, None);
-    let mut got = Vec::new();
-    sim.run_until(Duration::from_secs(2), |s| {
-        s.poll(true);
-        got.append(&mut s.a.wcs);
-        !got.is_empty()
-    });
-    assert_eq!(
-        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        vec![(2, WcStatus::LocProtErr)],
-        "{:?}",
-        sim.a.qp.events()
-    );
-    assert_eq!(sim.a.qp.state(), ResilientState::Failed);
+    retransmit_after_withdrawal(22, "withdraw", |_, _, _, _| {});
 }
 
 /// Issue 16, item 2. As above, but whoever can write the store hides the withdrawal under an
@@ -233,15 +179,28 @@ fn a_retransmission_through_a_withdrawn_rkey_mapping_fails_closed() {
 /// the mapping it cached (which names memory B deregistered).
 #[test]
 fn a_forged_entry_over_a_withdrawn_mapping_fails_closed_not_open() {
+    retransmit_after_withdrawal(25, "withdraw-forged", |url, prefix, gid, rkey| {
+        let other = RendezvousKey::from_bytes(b"not the job's secret, 32 bytes!!").unwrap();
+        let forger = RedisRendezvous::new(url, prefix, other).unwrap();
+        forger.publish_rkey(gid, rkey, 0x4242).unwrap();
+        let check = RedisRendezvous::new(url, prefix, key()).unwrap();
+        assert!(check.lookup_rkey(gid, rkey).is_err());
+    });
+}
+
+/// A's WRITE through B's MR fails over and back; B deregisters the MR (its mapping is
+/// withdrawn), `meddle(url, prefix, gid_b, rkey)` plays with the store, and A's next failover
+/// must fail the WRITE naming the old rkey closed.
+fn retransmit_after_withdrawal(seed: u64, name: &str, meddle: impl FnOnce(&str, &str, Gid, u32)) {
     let Some(url) = server() else { return };
-    let prefix = prefix("withdraw-forged");
+    let prefix = prefix(name);
     let check = RedisRendezvous::new(&url, &prefix, key()).unwrap();
     let store = || -> Option<Arc<dyn Rendezvous>> {
         Some(Arc::new(
             RedisRendezvous::new(&url, &prefix, key()).unwrap(),
         ))
     };
-    let mut sim = Sim::with_stores(25, config(), [store(), store()]);
+    let mut sim = Sim::with_stores(seed, config(), [store(), store()]);
     let late = sim.b.pd.alloc_buffer(4096, Access::ALL).unwrap();
     let gid_b = sim.b.devices[0].query_gid(0).unwrap();
     let remote = late.remote(0);
@@ -270,9 +229,7 @@ fn a_forged_entry_over_a_withdrawn_mapping_fails_closed_not_open() {
     // B deregisters the buffer: the store forgets its mapping.
     drop(late);
     assert_eq!(check.lookup_rkey(gid_b, remote.rkey).unwrap(), None);
-    let other = RendezvousKey::from_bytes(b"not the job's secret, 32 bytes!!").unwrap();
-    let forger = RedisRendezvous::new(&url, &prefix, other).unwrap();
-    forger.publish_rkey(gid_b, remote.rkey, 0x4242).unwrap();
+    meddle(&url, &prefix, gid_b, remote.rkey);
     // A WRITE naming the old rkey, rung but not yet sent when the default link dies: the
     // round would retransmit it on the backup path, through a mapping that is gone.
     sim.a.qp.post_send(&second).unwrap();
@@ -291,7 +248,6 @@ fn a_forged_entry_over_a_withdrawn_mapping_fails_closed_not_open() {
         sim.a.qp.events()
     );
     assert_eq!(sim.a.qp.state(), ResilientState::Failed);
-    assert!(check.lookup_rkey(gid_b, remote.rkey).is_err());
 }
 
 /// A plain connection to the server, to play whoever can write the store.
@@ -309,6 +265,19 @@ fn get(conn: &mut redis::Connection, key: &str) -> Vec<u8> {
 fn set(conn: &mut redis::Connection, key: &str, value: &[u8]) {
     redis::cmd("SET")
         .arg(key)
+        .arg(value)
+        .query::<()>(conn)
+        .unwrap()
+}
+
+fn hget(conn: &mut redis::Connection, hash: &str, field: u32) -> Vec<u8> {
+    redis::cmd("HGET").arg(hash).arg(field).query(conn).unwrap()
+}
+
+fn hset(conn: &mut redis::Connection, hash: &str, field: u32, value: &[u8]) {
+    redis::cmd("HSET")
+        .arg(hash)
+        .arg(field)
         .arg(value)
         .query::<()>(conn)
         .unwrap()
@@ -352,12 +321,8 @@ fn a_forged_altered_or_unsealed_entry_is_refused_and_counted() {
     let err = reader.lookup_qp(mine.default_gid, 0x11).unwrap_err();
     assert!(matches!(err, RendezvousError::MissingMac { .. }), "{err}");
     // The rkey hash likewise: a decimal backup rkey, as written before.
-    redis::cmd("HSET")
-        .arg(format!("{prefix}:rkey:{}", mine.default_gid))
-        .arg(0x300)
-        .arg(0x4abc)
-        .query::<()>(&mut conn)
-        .unwrap();
+    let hash = format!("{prefix}:rkey:{}", mine.default_gid);
+    hset(&mut conn, &hash, 0x300, b"19132");
     let err = reader.lookup_rkey(mine.default_gid, 0x300).unwrap_err();
     assert!(matches!(err, RendezvousError::MissingMac { .. }), "{err}");
     let counts = reader.refusals();
@@ -394,19 +359,10 @@ fn a_replayed_older_entry_is_refused_as_stale() {
     let hash = format!("{prefix}:rkey:{gid}");
     publisher.publish_rkey(gid, 0x300, 0x4abc).unwrap();
     assert_eq!(reader.lookup_rkey(gid, 0x300).unwrap(), Some(0x4abc));
-    let mapping: Vec<u8> = redis::cmd("HGET")
-        .arg(&hash)
-        .arg(0x300)
-        .query(&mut conn)
-        .unwrap();
+    let mapping = hget(&mut conn, &hash, 0x300);
     publisher.withdraw_rkey(gid, 0x300).unwrap();
     assert_eq!(reader.lookup_rkey(gid, 0x300).unwrap(), None);
-    redis::cmd("HSET")
-        .arg(&hash)
-        .arg(0x300)
-        .arg(mapping)
-        .query::<()>(&mut conn)
-        .unwrap();
+    hset(&mut conn, &hash, 0x300, &mapping);
     let err = reader.lookup_rkey(gid, 0x300).unwrap_err();
     assert!(matches!(err, RendezvousError::StaleEpoch { .. }), "{err}");
     assert_eq!(reader.refusals().stale_epoch, 2);
@@ -433,17 +389,8 @@ fn an_entry_of_another_connection_is_refused() {
     let gid = mine.default_gid;
     let hash = format!("{prefix}:rkey:{gid}");
     publisher.publish_rkey(gid, 0x300, 0x4abc).unwrap();
-    let mapping: Vec<u8> = redis::cmd("HGET")
-        .arg(&hash)
-        .arg(0x300)
-        .query(&mut conn)
-        .unwrap();
-    redis::cmd("HSET")
-        .arg(&hash)
-        .arg(0x301)
-        .arg(mapping)
-        .query::<()>(&mut conn)
-        .unwrap();
+    let mapping = hget(&mut conn, &hash, 0x300);
+    hset(&mut conn, &hash, 0x301, &mapping);
     let err = reader.lookup_rkey(gid, 0x301).unwrap_err();
     assert!(matches!(err, RendezvousError::WrongEntry { .. }), "{err}");
     assert_eq!(reader.refusals().wrong_entry, 2);

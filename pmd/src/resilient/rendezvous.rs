@@ -437,7 +437,7 @@ impl Rendezvous for RedisRendezvous {
         let Some(bytes) = self.run::<Option<Vec<u8>>>(&cmd)? else {
             return Ok(None);
         };
-        let opened = self.sealer.open(&key, &bytes, Kind::Attrs, gid, qpn)?;
+        let opened = self.sealer.open(&key, &bytes, (Kind::Attrs, gid, qpn))?;
         let attrs = PeerAttrs::parse(&opened.body)?;
         if (attrs.default_gid, attrs.default_qpn) != (gid, qpn) {
             // Sealed for (gid, qpn) but holding another end's attributes: a publisher bug or
@@ -477,7 +477,7 @@ impl Rendezvous for RedisRendezvous {
         let entry = format!("{key} field {default_rkey}");
         let opened = self
             .sealer
-            .open(&entry, &bytes, Kind::Rkey, gid, default_rkey)?;
+            .open(&entry, &bytes, (Kind::Rkey, gid, default_rkey))?;
         match (opened.kind, opened.body.as_slice()) {
             (Kind::Withdrawn, []) => Ok(None),
             (Kind::Rkey, [a, b, c, d]) => Ok(Some(u32::from_be_bytes([*a, *b, *c, *d]))),

@@ -284,16 +284,14 @@ impl Sealer {
     }
 
     /// Checks an entry read from the store at `entry` (its key, for errors) that should be
-    /// `class_of`'s kind for `(gid, ident)`. A refusal is counted.
+    /// `want`: a kind (or its class) and the identity `(gid, ident)`. A refusal is counted.
     pub fn open(
         &self,
         entry: &str,
         bytes: &[u8],
-        class_of: Kind,
-        gid: Gid,
-        ident: u32,
+        want: (Kind, Gid, u32),
     ) -> Result<Opened, RendezvousError> {
-        let opened = self.check(entry, bytes, class_of, gid, ident);
+        let opened = self.check(entry, bytes, want);
         if let Err(e) = &opened {
             self.refusals.count(e);
         }
@@ -304,9 +302,7 @@ impl Sealer {
         &self,
         entry: &str,
         bytes: &[u8],
-        class_of: Kind,
-        gid: Gid,
-        ident: u32,
+        (class_of, gid, ident): (Kind, Gid, u32),
     ) -> Result<Opened, RendezvousError> {
         let entry = entry.to_string();
         if bytes.len() < HEADER + MAC_LEN || bytes[field::MAGIC] != MAGIC.to_be_bytes() {
@@ -421,7 +417,7 @@ mod tests {
     fn each_tampering_is_refused_by_name_and_counted() {
         let s = Sealer::new(key(7), "job");
         let good = s.seal(Kind::Attrs, gid(), 0x11, b"attributes");
-        let open = |bytes: &[u8], ident| s.open("e", bytes, Kind::Attrs, gid(), ident);
+        let open = |bytes: &[u8], ident| s.open("e", bytes, (Kind::Attrs, gid(), ident));
         assert_eq!(open(&good, 0x11).unwrap().body, b"attributes");
         assert!(matches!(
             open(b"RSBK\x03", 0x11),
