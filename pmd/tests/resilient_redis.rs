@@ -559,3 +559,131 @@ fn redis_without_the_jobs_secret_is_refused() {
     assert_eq!(err, RendezvousError::NoSecret);
     assert!(err.to_string().contains("RAILSHIFT_RENDEZVOUS_KEY_FILE"));
 }
+
+/// A private `redis-server` speaking only TLS, with a CA and a server certificate for
+/// 127.0.0.1 made by `openssl` in a directory of its own; killed and removed on drop.
+#[cfg(feature = "redis-tls")]
+struct TlsServer {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+#[cfg(feature = "redis-tls")]
+impl TlsServer {
+    fn start(name: &str) -> TlsServer {
+        use std::process::{Command, Stdio};
+        let dir = std::env::temp_dir().join(format!("railshift-tls-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &str| {
+            let out = Command::new("openssl")
+                .args(args.split_whitespace())
+                .current_dir(&dir)
+                .output()
+                .expect("openssl (tools/test installs it)");
+            assert!(out.status.success(), "openssl {args}: {out:?}");
+        };
+        let (rsa, days) = ("-newkey rsa:2048 -nodes", "-days 1");
+        openssl(&format!(
+            "req -x509 {rsa} {days} -subj /CN=railshift-test-CA -keyout ca.key -out ca.crt"
+        ));
+        openssl(&format!(
+            "req {rsa} -subj /CN=127.0.0.1 -keyout server.key -out server.csr"
+        ));
+        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+        openssl(&format!(
+            "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial {days} \
+             -extfile san.ext -out server.crt"
+        ));
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        for attempt in 0..8u32 {
+            // 30000-32699, as tools/test's plain server; a taken port makes the server exit.
+            let port = 30000 + ((nanos / 7 + attempt * 331) % 2700) as u16;
+            let mut child = Command::new("redis-server")
+                .args([
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                ])
+                .args([
+                    "--tls-cert-file",
+                    "server.crt",
+                    "--tls-key-file",
+                    "server.key",
+                ])
+                .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"])
+                .args(["--save", "", "--appendonly", "no", "--dir", "."])
+                .args(["--logfile", "", "--loglevel", "warning"])
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server (tools/test installs it)");
+            for _ in 0..50 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return TlsServer { child, dir, port };
+                }
+                if child.try_wait().unwrap().is_some() {
+                    break; // the port was taken: try another
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("could not start a TLS redis-server");
+    }
+
+    fn ca(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("ca.crt")).unwrap()
+    }
+}
+
+#[cfg(feature = "redis-tls")]
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Issue 16, item 2. The store over TLS (`rediss://`, pmd's `redis-tls` feature): with the
+/// cluster's CA the rendezvous works; trusting only the system's roots, the server's
+/// certificate is refused.
+#[cfg(feature = "redis-tls")]
+#[test]
+fn the_store_over_tls_works_with_its_ca_and_refuses_an_unknown_one() {
+    if server().is_none() {
+        return;
+    }
+    let tls = TlsServer::start("rendezvous");
+    let url = format!("rediss://127.0.0.1:{}/", tls.port);
+    let prefix = prefix("tls");
+    let store = RedisRendezvous::new_tls(&url, &prefix, key(), &tls.ca()).unwrap();
+    let mine = attrs(0x11);
+    store.publish_qp(&mine).expect("publish over TLS");
+    assert_eq!(
+        store.lookup_qp(mine.default_gid, 0x11).unwrap(),
+        Some(mine.clone())
+    );
+    let system_roots = RedisRendezvous::new(&url, &prefix, key()).unwrap();
+    let err = system_roots.lookup_qp(mine.default_gid, 0x11).unwrap_err();
+    assert!(matches!(err, RendezvousError::Store { .. }), "{err}");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+}
+
+#[cfg(not(feature = "redis-tls"))]
+#[test]
+fn tls_without_the_feature_is_named() {
+    let err = RedisRendezvous::new("rediss://127.0.0.1:1/", "nobody", key()).unwrap_err();
+    assert!(err.to_string().contains("redis-tls"), "{err}");
+}

@@ -12,6 +12,7 @@ RAILSHIFT_PACKAGES=(
   "libclang-dev:/usr/share/doc/libclang-dev/copyright"
   "tshark:/usr/bin/tshark"
   "redis-server:/usr/bin/redis-server"
+  "openssl:/usr/bin/openssl"
   "libc6-dev-arm64-cross:/usr/aarch64-linux-gnu/include/stdio.h"
   # The Linux rxe peer of tools/interop: a Debian kernel with rdma_rxe, rdma-core's tools and
   # provider, and what boots it (tools/rxe-vm).

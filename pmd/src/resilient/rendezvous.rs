@@ -340,10 +340,48 @@ impl RedisRendezvous {
         prefix: &str,
         key: RendezvousKey,
     ) -> Result<RedisRendezvous, RendezvousError> {
-        let client = redis::Client::open(url).map_err(|e| RendezvousError::Store {
+        RedisRendezvous::build(url, prefix, key, redis::Client::open(url))
+    }
+
+    /// As [`RedisRendezvous::new`] over TLS (a `rediss://` URL), trusting the CA certificate
+    /// `root_pem` (PEM) instead of the system's roots: a cluster's own CA. Needs pmd's
+    /// `redis-tls` feature (rustls with ring; a plain `new` with a `rediss://` URL then trusts
+    /// the system's roots).
+    #[cfg(feature = "redis-tls")]
+    pub fn new_tls(
+        url: &str,
+        prefix: &str,
+        key: RendezvousKey,
+        root_pem: &[u8],
+    ) -> Result<RedisRendezvous, RendezvousError> {
+        let certs = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_pem.to_vec()),
+        };
+        RedisRendezvous::build(url, prefix, key, redis::Client::build_with_tls(url, certs))
+    }
+
+    fn build(
+        url: &str,
+        prefix: &str,
+        key: RendezvousKey,
+        client: redis::RedisResult<redis::Client>,
+    ) -> Result<RedisRendezvous, RendezvousError> {
+        let store_error = |reason: String| RendezvousError::Store {
             store: redact(url),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        if cfg!(not(feature = "redis-tls")) && url.starts_with("rediss://") {
+            return Err(store_error(
+                "TLS (rediss://) needs pmd built with its redis-tls feature".into(),
+            ));
+        }
+        #[cfg(feature = "redis-tls")]
+        {
+            // One crypto provider for the process (ring); an earlier install stays.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = client.map_err(|e| store_error(e.to_string()))?;
         Ok(RedisRendezvous {
             client,
             url: redact(url),
