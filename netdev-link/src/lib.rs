@@ -1,0 +1,358 @@
+//! A netdev's link state through rtnetlink, on the ecosystem's rtnetlink crates
+//! (`netlink-sys` for the sockets, `netlink-packet-core` for the framing,
+//! `netlink-packet-route` for the link messages): look a netdev up by name, ask its state now,
+//! and watch it without blocking.
+//!
+//! One rule says when a link is up, for the query and for the watch alike: the interface
+//! flags IFF_UP, IFF_RUNNING and IFF_LOWER_UP all set. IFF_RUNNING (operstate up) is what
+//! makes it later than carrier: after recent link events the kernel reports a returning link
+//! first with carrier but not running, and running only when its rate-limited linkwatch work
+//! runs, which is also when the device's qdisc starts passing traffic (`docs/testbed.md`,
+//! "Known problems").
+//!
+//! Both the softnic (the port state of a UDP device) and the pmd (the link watch of a
+//! ConnectX's netdev) read links through this crate: softnic cannot depend on the pmd, and a
+//! crate below both keeps one rtnetlink reader instead of two. It depends on neither.
+//!
+//! Only the fixed 16-byte link header (index and flags) of each message is parsed, never its
+//! attributes: they are many and driver-specific, none of them changes the rule above, and an
+//! attribute the parser does not know must not hide a link change.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use netlink_packet_core::{
+    ErrorBuffer, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLMSG_ERROR,
+    NLM_F_REQUEST,
+};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkHeader, LinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+/// The receive buffer of a socket: a link message without VF details (which only a request
+/// with `IFLA_EXT_MASK` gets) is a few kilobytes; a datagram is one or more whole messages.
+const RECV_BUFFER: usize = 32 << 10;
+
+/// A link's state, by the rule in the crate's documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// IFF_UP, IFF_RUNNING and IFF_LOWER_UP all set: traffic can flow.
+    Up,
+    /// Anything else, or the netdev was deleted.
+    Down,
+}
+
+impl LinkState {
+    /// The state a netdev's interface flags say.
+    pub fn from_flags(flags: LinkFlags) -> LinkState {
+        if flags.contains(LinkFlags::Up | LinkFlags::Running | LinkFlags::LowerUp) {
+            LinkState::Up
+        } else {
+            LinkState::Down
+        }
+    }
+
+    /// True for [`LinkState::Up`].
+    pub fn is_up(self) -> bool {
+        self == LinkState::Up
+    }
+}
+
+/// A netdev as rtnetlink reported it just now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    /// Its interface index.
+    pub index: u32,
+    /// Its link state.
+    pub state: LinkState,
+}
+
+/// Asks the kernel for `netdev` by name (`RTM_GETLINK` with `IFLA_IFNAME`): its index and its
+/// state now. A netdev that does not exist is an error of kind `NotFound` naming it.
+pub fn query(netdev: &str) -> io::Result<Link> {
+    if netdev.is_empty() || netdev.len() >= libc::IFNAMSIZ || netdev.contains('\0') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{netdev:?} is not a netdev name"),
+        ));
+    }
+    let mut request = LinkMessage::default();
+    request
+        .attributes
+        .push(LinkAttribute::IfName(netdev.to_string()));
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST;
+    header.sequence_number = 1;
+    let mut message = NetlinkMessage::new(
+        header,
+        NetlinkPayload::InnerMessage(RouteNetlinkMessage::GetLink(request)),
+    );
+    message.finalize();
+    let mut bytes = vec![0u8; message.buffer_len()];
+    message.serialize(&mut bytes);
+
+    let socket = Socket::new(NETLINK_ROUTE)?;
+    socket.send_to(&bytes, &SocketAddr::new(0, 0), 0)?;
+    let mut buf = vec![0u8; RECV_BUFFER];
+    loop {
+        let n = socket.recv(&mut &mut buf[..], 0)?;
+        for (kind, payload) in messages(&buf[..n.min(buf.len())]) {
+            if kind == NLMSG_ERROR {
+                let code = ErrorBuffer::new_checked(payload)
+                    .ok()
+                    .and_then(|e| e.code())
+                    .map_or(0, |c| -c.get());
+                return Err(match code {
+                    libc::ENODEV => {
+                        io::Error::new(io::ErrorKind::NotFound, format!("no netdev named {netdev}"))
+                    }
+                    0 => io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("rtnetlink answered the query for {netdev} with no link"),
+                    ),
+                    errno => io::Error::from_raw_os_error(errno),
+                });
+            }
+            if kind == libc::RTM_NEWLINK {
+                if let Ok(link) = LinkHeader::parse(payload) {
+                    return Ok(Link {
+                        index: link.index,
+                        state: LinkState::from_flags(link.flags),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The netlink messages of one datagram, as (message type, payload), in order. A truncated
+/// or malformed message ends the walk.
+fn messages(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        let message = NetlinkBuffer::new_checked(buf).ok()?;
+        let len = message.length() as usize;
+        let item = (message.message_type(), message.payload());
+        // Messages are 4-byte aligned; the last one of a datagram may lack its padding.
+        buf = buf.get(len.next_multiple_of(4)..).unwrap_or_default();
+        Some(item)
+    })
+}
+
+/// The state the last link message for interface `index` in `datagram` reports, if any: an
+/// `RTM_NEWLINK` by its flags, an `RTM_DELLINK` as down. Messages for other interfaces and of
+/// other kinds are skipped; a truncated or malformed message ends the walk.
+pub fn latest_state(datagram: &[u8], index: u32) -> Option<LinkState> {
+    let mut latest = None;
+    for (kind, payload) in messages(datagram) {
+        if kind != libc::RTM_NEWLINK && kind != libc::RTM_DELLINK {
+            continue;
+        }
+        let Ok(link) = LinkHeader::parse(payload) else {
+            continue;
+        };
+        if link.index == index {
+            latest = Some(if kind == libc::RTM_DELLINK {
+                LinkState::Down
+            } else {
+                LinkState::from_flags(link.flags)
+            });
+        }
+    }
+    latest
+}
+
+/// A non-blocking rtnetlink socket subscribed to `RTNLGRP_LINK`, reporting one netdev.
+#[derive(Debug)]
+pub struct LinkMonitor {
+    socket: Socket,
+    netdev: String,
+    index: u32,
+    /// The state the monitor last learned (from the query at open, then from messages).
+    state: LinkState,
+    buf: Vec<u8>,
+}
+
+impl LinkMonitor {
+    /// Subscribes to link changes, then queries `netdev`: a change after the query is in the
+    /// subscription, so none is missed between the two.
+    pub fn open(netdev: &str) -> io::Result<LinkMonitor> {
+        let mut socket = Socket::new(NETLINK_ROUTE)?;
+        socket.bind(&SocketAddr::new(0, 0))?;
+        socket.add_membership(libc::RTNLGRP_LINK)?;
+        socket.set_non_blocking(true)?;
+        let link = query(netdev)?;
+        Ok(LinkMonitor {
+            socket,
+            netdev: netdev.to_string(),
+            index: link.index,
+            state: link.state,
+            buf: vec![0u8; RECV_BUFFER],
+        })
+    }
+
+    /// The netdev's name.
+    pub fn netdev(&self) -> &str {
+        &self.netdev
+    }
+
+    /// The netdev's interface index.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The state the monitor last learned, without reading the socket.
+    pub fn state(&self) -> LinkState {
+        self.state
+    }
+
+    /// Reads every message waiting, without blocking; returns the state the last one about
+    /// our netdev reports (a burst collapses to its end), or `None` if none was about it. If
+    /// the socket's buffer overflowed (`ENOBUFS`: messages were dropped, perhaps the last),
+    /// the netdev is queried afresh and that answer is the latest.
+    pub fn poll(&mut self) -> Option<LinkState> {
+        let mut latest = None;
+        loop {
+            match self.socket.recv(&mut &mut self.buf[..], 0) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let n = n.min(self.buf.len());
+                    if let Some(state) = latest_state(&self.buf[..n], self.index) {
+                        latest = Some(state);
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    if let Ok(link) = query(&self.netdev) {
+                        latest = Some(link.state);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        if let Some(state) = latest {
+            self.state = state;
+        }
+        latest
+    }
+
+    /// The socket, readable when link messages are waiting (for poll or epoll).
+    pub fn fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `RTM_NEWLINK` or `RTM_DELLINK` for interface `index` with `flags`, as the kernel
+    /// frames it (no attributes).
+    fn link_message(kind: u16, index: u32, flags: LinkFlags) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&32u32.to_ne_bytes()); // length
+        m.extend_from_slice(&kind.to_ne_bytes());
+        m.extend_from_slice(&[0u8; 10]); // flags, sequence, port
+        m.extend_from_slice(&[0u8; 4]); // family, pad, type
+        m.extend_from_slice(&index.to_ne_bytes());
+        m.extend_from_slice(&flags.bits().to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes()); // change mask
+        m
+    }
+
+    fn up_flags() -> LinkFlags {
+        LinkFlags::Up | LinkFlags::Running | LinkFlags::LowerUp
+    }
+
+    #[test]
+    fn a_link_is_up_only_when_up_running_and_lower_up() {
+        assert_eq!(LinkState::from_flags(up_flags()), LinkState::Up);
+        assert_eq!(
+            LinkState::from_flags(up_flags() | LinkFlags::Multicast),
+            LinkState::Up
+        );
+        // Carrier back but the kernel's linkwatch has not run yet: not usable.
+        assert_eq!(
+            LinkState::from_flags(LinkFlags::Up | LinkFlags::LowerUp),
+            LinkState::Down
+        );
+        assert_eq!(
+            LinkState::from_flags(LinkFlags::Up | LinkFlags::Running),
+            LinkState::Down
+        );
+        assert_eq!(
+            LinkState::from_flags(LinkFlags::Running | LinkFlags::LowerUp),
+            LinkState::Down
+        );
+    }
+
+    #[test]
+    fn the_last_message_for_our_interface_wins() {
+        let mut buf = link_message(libc::RTM_NEWLINK, 3, up_flags());
+        buf.extend(link_message(libc::RTM_NEWLINK, 4, LinkFlags::empty()));
+        buf.extend(link_message(libc::RTM_NEWLINK, 3, LinkFlags::Up));
+        assert_eq!(latest_state(&buf, 3), Some(LinkState::Down));
+        assert_eq!(latest_state(&buf[..32], 3), Some(LinkState::Up));
+        assert_eq!(latest_state(&buf[..64], 3), Some(LinkState::Up));
+        assert_eq!(latest_state(&buf, 9), None);
+    }
+
+    #[test]
+    fn a_deleted_link_is_down_whatever_its_flags() {
+        let mut buf = link_message(libc::RTM_NEWLINK, 3, up_flags());
+        buf.extend(link_message(libc::RTM_DELLINK, 3, up_flags()));
+        assert_eq!(latest_state(&buf, 3), Some(LinkState::Down));
+    }
+
+    #[test]
+    fn messages_of_other_kinds_are_skipped() {
+        let mut buf = link_message(libc::RTM_NEWLINK, 3, up_flags());
+        buf.extend(link_message(libc::RTM_NEWADDR, 3, LinkFlags::empty()));
+        assert_eq!(latest_state(&buf, 3), Some(LinkState::Up));
+    }
+
+    #[test]
+    fn truncated_messages_are_ignored_without_panic() {
+        let buf = link_message(libc::RTM_NEWLINK, 3, LinkFlags::empty());
+        for cut in 0..buf.len() {
+            assert_eq!(latest_state(&buf[..cut], 3), None);
+        }
+        let mut bad = buf.clone();
+        bad[0..4].copy_from_slice(&1000u32.to_ne_bytes());
+        assert_eq!(latest_state(&bad, 3), None);
+        let mut short = buf.clone();
+        short[0..4].copy_from_slice(&8u32.to_ne_bytes());
+        assert_eq!(latest_state(&short, 3), None);
+    }
+
+    #[test]
+    fn a_truncated_message_ends_the_walk_but_keeps_what_came_before() {
+        let mut buf = link_message(libc::RTM_NEWLINK, 3, up_flags());
+        buf.extend(link_message(libc::RTM_NEWLINK, 3, LinkFlags::empty()));
+        assert_eq!(latest_state(&buf[..50], 3), Some(LinkState::Up));
+    }
+
+    #[test]
+    fn the_loopback_device_is_found_by_name_and_up() {
+        let lo = query("lo").expect("every network namespace has lo");
+        assert_eq!(lo.index, 1);
+        // lo has no carrier to lose: up, running and lower-up once set up.
+        assert_eq!(lo.state, LinkState::Up);
+    }
+
+    #[test]
+    fn a_netdev_that_does_not_exist_is_not_found_by_name() {
+        let e = query("railshift-none0").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        assert!(e.to_string().contains("railshift-none0"), "{e}");
+        let e = query("a-name-longer-than-ifnamsiz").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    }
+
+    #[test]
+    fn a_monitor_on_lo_opens_and_has_nothing_to_report() {
+        let mut monitor = LinkMonitor::open("lo").expect("a monitor on lo");
+        assert_eq!(monitor.index(), 1);
+        assert_eq!(monitor.state(), LinkState::Up);
+        assert_eq!(monitor.poll(), None);
+    }
+}
