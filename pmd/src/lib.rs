@@ -18,6 +18,7 @@
 //! | [`keys`] | the lock-free lkey table the datapath validates against |
 //! | [`memory`] | hugepage-backed pool for rings and registered buffers |
 //! | [`lcore`] | pinned threads, the service lcore, the idle policy of a poll loop |
+//! | [`netdev_watch`] | a netdev's link through rtnetlink (`netdev-link`): a ConnectX's link watch |
 //! | [`failover`] | the SHIFT failover protocol as a sans-IO state machine (`docs/failover.md`) |
 //! | [`resilient`] | resilient QPs: the failover machine's driver, shadow verbs, rendezvous, the failover service |
 
@@ -28,6 +29,7 @@ pub mod keys;
 pub mod lcore;
 pub mod memory;
 pub mod name;
+pub mod netdev_watch;
 pub mod provider;
 pub mod qp_state;
 pub mod resilient;

@@ -3,13 +3,15 @@
 //! Softnic devices report port events through the provider (the softnic's own rtnetlink
 //! monitor raises them for a UDP device, the fabric's link rules for a fabric device). A
 //! ConnectX's link is its netdev's: the watch reads rtnetlink for that netdev directly (found
-//! in sysfs under the ibdev, or named in the configuration).
+//! in sysfs under the ibdev, or named in the configuration) through [`crate::netdev_watch`],
+//! which every feature set has.
 
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use crate::control::Context;
 use crate::name::DeviceName;
+use crate::netdev_watch::{LinkState, NetdevWatch};
 use crate::provider::PortEvent;
 
 use super::config::LinkSource;
@@ -34,12 +36,8 @@ pub(crate) struct LinkWatch {
 
 enum Source {
     Provider,
-    #[cfg(feature = "soft")]
-    Netdev {
-        name: String,
-        monitor: softnic::netlink::LinkMonitor,
-        up: bool,
-    },
+    /// A netdev's link through rtnetlink (a ConnectX's, or one the configuration names).
+    Netdev(NetdevWatch),
     Off,
 }
 
@@ -86,30 +84,17 @@ impl LinkWatch {
         }
     }
 
-    #[cfg(feature = "soft")]
     fn netdev(ctx: &Arc<Context>, name: String) -> Source {
-        use softnic::netlink;
-        let opened = netlink::ifindex(&name).and_then(|index| {
-            let monitor = netlink::LinkMonitor::new(index)?;
-            let state = netlink::query_state(&name)?;
-            Ok((monitor, state == softnic::PortState::Active))
-        });
-        match opened {
-            Ok((monitor, up)) => {
-                tracing::debug!(device = %ctx.name(), netdev = %name, up, "link watch: rtnetlink");
-                Source::Netdev { name, monitor, up }
+        match NetdevWatch::open(&name) {
+            Ok(watch) => {
+                tracing::debug!(device = %ctx.name(), netdev = %name, up = watch.state().is_up(), "link watch: rtnetlink");
+                Source::Netdev(watch)
             }
             Err(e) => {
                 tracing::warn!(device = %ctx.name(), netdev = %name, error = %e, "link watch: cannot watch the netdev; its link is not watched");
                 Source::Off
             }
         }
-    }
-
-    #[cfg(not(feature = "soft"))]
-    fn netdev(ctx: &Arc<Context>, name: String) -> Source {
-        tracing::warn!(device = %ctx.name(), netdev = %name, "link watch: rtnetlink needs the `soft` feature (softnic's monitor); the link is not watched");
-        Source::Off
     }
 
     /// The link changes since the last call, oldest first.
@@ -124,19 +109,13 @@ impl LinkWatch {
                     });
                 }
             }
-            #[cfg(feature = "soft")]
-            Source::Netdev { name, monitor, up } => {
-                if let Some(state) = monitor.poll() {
-                    let now_up = state == softnic::PortState::Active;
-                    if now_up != *up {
-                        tracing::debug!(netdev = %name, up = now_up, "link watch: netdev changed");
-                        *up = now_up;
-                        out.push(if now_up {
-                            LinkChange::Up
-                        } else {
-                            LinkChange::Down
-                        });
-                    }
+            Source::Netdev(watch) => {
+                if let Some(state) = watch.poll() {
+                    tracing::debug!(netdev = %watch.netdev(), up = state.is_up(), "link watch: netdev changed");
+                    out.push(match state {
+                        LinkState::Up => LinkChange::Up,
+                        LinkState::Down => LinkChange::Down,
+                    });
                 }
                 // The link is the netdev's; the device's own events still say if it died.
                 while let Some(e) = self.ctx.poll_port_event() {
@@ -154,9 +133,8 @@ impl LinkWatch {
     pub fn fds(&self, out: &mut Vec<RawFd>) {
         match &self.source {
             Source::Provider => out.extend(self.ctx.port_event_fd()),
-            #[cfg(feature = "soft")]
-            Source::Netdev { monitor, .. } => {
-                out.push(monitor.fd());
+            Source::Netdev(watch) => {
+                out.push(watch.fd());
                 out.extend(self.ctx.port_event_fd());
             }
             Source::Off => {}
