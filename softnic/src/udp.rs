@@ -26,8 +26,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use crate::netlink::{self, LinkMonitor};
 use crate::wire::{Batch, Ipv4Ident, PortState, ROCE_PORT};
+use netdev_link::LinkMonitor;
 
 /// The UDP source port rxe uses for a QP: `0xC000 + hash_32(qpn, 14)`.
 pub fn rxe_source_port(qpn: u32) -> u16 {
@@ -413,10 +413,9 @@ impl UdpWire {
     /// Opens the receive socket and the link monitor.
     pub(crate) fn open(netdev: &str, addr: IpAddr) -> io::Result<UdpWire> {
         let netns = current_netns()?;
-        let ifindex = netlink::ifindex(netdev)?;
-        let monitor = LinkMonitor::new(ifindex)?;
+        let monitor = LinkMonitor::open(netdev)?;
         let rx = Receiver::open(netdev, addr)?;
-        let state = netlink::query_state(netdev)?;
+        let state = monitor.state().into();
         Ok(UdpWire {
             netdev: netdev.to_string(),
             addr,
@@ -445,7 +444,7 @@ impl UdpWire {
         if self.last_link_poll.elapsed() >= LINK_POLL_INTERVAL {
             self.last_link_poll = Instant::now();
             if let Some(s) = self.monitor.poll() {
-                self.state = s;
+                self.state = s.into();
             }
         }
         self.state
