@@ -42,43 +42,49 @@ fn next_change(watch: &mut NetdevWatch, limit: Duration) -> Option<LinkState> {
     }
 }
 
+/// Runs `test` in side a's namespace of a fresh namespace pair with a watch on side a's veth
+/// end, which the harness waited to run: up from the start, with nothing to report.
+fn in_a_pair(test: impl FnOnce(&NetnsPair, &mut NetdevWatch) + Send) {
+    let pair = NetnsPair::create(1500).expect("two namespaces and a veth");
+    run_in(&pair.a.netns, || {
+        let mut watch = NetdevWatch::open(&pair.a.netdev).expect("a watch on side a's veth end");
+        assert_eq!(watch.netdev(), pair.a.netdev);
+        assert_eq!(watch.state(), LinkState::Up);
+        assert_eq!(watch.poll(), None);
+        test(&pair, &mut watch);
+    })
+    .expect("a thread in the namespace");
+}
+
 #[test]
 fn root_only_a_veth_flap_is_seen_down_then_up_through_the_netdev_watch() {
     if skip_unless_root("root_only_a_veth_flap_is_seen_down_then_up") {
         return;
     }
-    let pair = NetnsPair::create(1500).expect("two namespaces and a veth");
-    let watched = pair.a.netdev.clone();
-    run_in(&pair.a.netns, || {
-        let mut watch = NetdevWatch::open(&watched).expect("a watch on side a's veth end");
-        assert_eq!(watch.netdev(), watched);
-        // The harness waited for both ends to run: up from the start, nothing to report.
-        assert_eq!(watch.state(), LinkState::Up);
-        assert_eq!(watch.poll(), None);
-
+    in_a_pair(|pair, watch| {
+        let watched = &pair.a.netdev;
         // Side b's end down takes side a's carrier with it.
         let down_at = Instant::now();
         pair.set_b_link(false).unwrap();
-        let seen = next_change(&mut watch, Duration::from_secs(5));
+        let seen = next_change(watch, Duration::from_secs(5));
         assert_eq!(seen, Some(LinkState::Down), "after {:?}", down_at.elapsed());
         assert_eq!(watch.state(), LinkState::Down);
-        assert_eq!(query(&watched).unwrap().state, LinkState::Down);
+        assert_eq!(query(watched).unwrap().state, LinkState::Down);
 
         // Back up: carrier at once, running when the kernel's linkwatch work runs (rate
         // limited to once a second after recent events); only then is the link up.
         let up_at = Instant::now();
         pair.set_b_link(true).unwrap();
-        let seen = next_change(&mut watch, Duration::from_secs(5));
+        let seen = next_change(watch, Duration::from_secs(5));
         println!(
             "link reported up {:?} after `ip link set up`",
             up_at.elapsed()
         );
         assert_eq!(seen, Some(LinkState::Up));
         assert_eq!(watch.state(), LinkState::Up);
-        assert_eq!(query(&watched).unwrap().state, LinkState::Up);
+        assert_eq!(query(watched).unwrap().state, LinkState::Up);
         pair.a.wait_running(Duration::from_secs(1)).unwrap();
-    })
-    .expect("a thread in the namespace");
+    });
 }
 
 #[test]
@@ -86,11 +92,7 @@ fn root_only_a_flap_read_only_after_it_settled_collapses_to_no_change() {
     if skip_unless_root("root_only_a_flap_read_only_after_it_settled_collapses") {
         return;
     }
-    let pair = NetnsPair::create(1500).expect("two namespaces and a veth");
-    let watched = pair.a.netdev.clone();
-    run_in(&pair.a.netns, || {
-        let mut watch = NetdevWatch::open(&watched).expect("a watch on side a's veth end");
-        assert_eq!(watch.state(), LinkState::Up);
+    in_a_pair(|pair, watch| {
         pair.set_b_link(false).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         pair.set_b_link(true).unwrap();
@@ -101,8 +103,7 @@ fn root_only_a_flap_read_only_after_it_settled_collapses_to_no_change() {
         // Down, up-without-running and running, read at once: the burst ends where it began.
         assert_eq!(watch.poll(), None);
         assert_eq!(watch.state(), LinkState::Up);
-    })
-    .expect("a thread in the namespace");
+    });
 }
 
 #[test]
