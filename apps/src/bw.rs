@@ -241,6 +241,8 @@ struct Traffic {
     inline: u32,
     scratch: Vec<u8>,
     atomic: AtomicJson,
+    /// What the counter held before the first FETCH_ADD (learnt from it when unknown).
+    atomic_base: Option<u64>,
     check_json: CheckJson,
     /// `-b` with SENDs: this side receives the peer's too.
     receiver: Option<Receiver>,
@@ -409,7 +411,8 @@ impl Traffic {
                 for i in from..to {
                     let slot = (i % self.layout.slots as u64) as usize;
                     let fetched = s.mem.read_u64(slot * 8);
-                    if fetched != i {
+                    let base = *self.atomic_base.get_or_insert(fetched.wrapping_sub(i));
+                    if fetched != base.wrapping_add(i) {
                         self.atomic.fetched_in_sequence = false;
                     }
                 }
@@ -424,8 +427,10 @@ impl Traffic {
 /// Runs the client side of a bandwidth tool over every size.
 pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timeline) -> BwOutcome {
     let mut out = BwOutcome::default();
-    // The peer's slots and its credit word are addressed from the length it sent.
-    if let Err(e) = s.peer.check_buffer(CONTROL + layout.size) {
+    // The peer's slots and its credit word are addressed from the length it sent (a stock
+    // perftest peer has no credit word).
+    let control = if s.is_perftest() { 0 } else { CONTROL };
+    if let Err(e) = s.peer.check_buffer(control + layout.size) {
         out.error = Some(e.into());
         return out;
     }
@@ -433,7 +438,7 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
     for c in &s.conns {
         c.set_waker(idle.unparker());
     }
-    let remote_slots = ((s.peer.len as usize).saturating_sub(CONTROL) / layout.size).max(1);
+    let remote_slots = ((s.peer.len as usize).saturating_sub(control) / layout.size).max(1);
     let mut t = Traffic {
         tool: o.tool,
         check: o.flags.check,
@@ -447,6 +452,9 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             fetched_in_sequence: true,
             ..AtomicJson::default()
         },
+        // A railshift server's counter starts at 0; a perftest server's buffer holds random
+        // bytes, so its first fetched value is the base.
+        atomic_base: (!s.is_perftest()).then_some(0),
         check_json: CheckJson {
             enabled: o.flags.check,
             ..CheckJson::default()
@@ -468,6 +476,10 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             out.error = Some(e);
             return out;
         }
+    }
+    if let Err(e) = s.ready_to_run() {
+        out.error = Some(e);
+        return out;
     }
     let mut pace = Pace {
         timeline,
@@ -729,7 +741,7 @@ fn serve_until_peer_done(
     idle: &mut Idle,
     iterations: u64,
 ) -> Result<(), AppError> {
-    s.chan.send(&Msg::Done { iterations })?;
+    s.chan()?.send(&Msg::Done { iterations })?;
     let mut watch = PeerWatch::new(Duration::from_millis(2));
     let mut wcs = [WorkCompletion::EMPTY; 32];
     let since = Instant::now();
@@ -749,7 +761,7 @@ fn serve_until_peer_done(
                 }
             }
         }
-        match watch.check(Instant::now(), &mut s.chan) {
+        match watch.check(Instant::now(), &mut s.oob) {
             Ok(Some(Msg::Done { .. })) | Err(_) => return Ok(()),
             Ok(Some(Msg::Abort { error })) => {
                 return Err(crate::exchange::ExchangeError::PeerAborted(error).into())
@@ -791,16 +803,19 @@ fn settle_changes(s: &mut Session, t: &Traffic, idle: &mut Idle) -> Result<(), A
 
 /// The client's end of the run: tell the server, hear what it saw (the atomic counter).
 pub fn finish_client(s: &mut Session, iterations: u64, atomic: Option<&mut AtomicJson>) {
-    if s.chan.send(&Msg::Done { iterations }).is_err() {
+    let Ok(chan) = s.chan() else {
+        return;
+    };
+    if chan.send(&Msg::Done { iterations }).is_err() {
         return;
     }
-    if let Ok(Msg::Summary { atomic_counter }) = s.chan.recv(Duration::from_secs(5)) {
+    if let Ok(Msg::Summary { atomic_counter }) = chan.recv(Duration::from_secs(5)) {
         if let (Some(a), Some(c)) = (atomic, atomic_counter) {
             a.remote_counter = Some(c);
             a.double_executions = c.saturating_sub(a.posted);
         }
     }
-    s.chan.close();
+    chan.close();
 }
 
 // ---- server -----------------------------------------------------------------------------
@@ -913,6 +928,16 @@ impl Changer {
     }
 }
 
+/// The FETCH_ADDs executed on this server's buffer: a railshift client adds 1 to its first
+/// word; a perftest client walks its cycle buffer in cache-line steps, so every word counts
+/// (the buffer starts zeroed, every FETCH_ADD adds 1).
+fn atomic_total(s: &Session) -> u64 {
+    if !s.is_perftest() {
+        return s.mem.read_u64(0);
+    }
+    (0..s.mem.len() / 8).fold(0u64, |sum, k| sum.wrapping_add(s.mem.read_u64(k * 8)))
+}
+
 /// Fills the buffer before the peer can reach it: a `shift_read_bw --check` server's slots
 /// hold the patterns the client's READs verify. (Filled after the exchange, a fast client
 /// read slots the server had not written yet.)
@@ -929,8 +954,10 @@ pub fn prepare_buffer(o: &Options, mem: &Memory, layout: Layout) {
 /// Runs the server side of a bandwidth tool until the client says it is done or goes away.
 pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timeline) -> BwOutcome {
     let mut out = BwOutcome::default();
-    // The credit word sits CONTROL bytes before the end of the buffer the peer described.
-    if let Err(e) = s.peer.check_buffer(CONTROL + layout.size) {
+    // The credit word sits CONTROL bytes before the end of the buffer the peer described
+    // (a stock perftest peer's has none: --check is refused with it).
+    let control = if s.is_perftest() { 0 } else { CONTROL };
+    if let Err(e) = s.peer.check_buffer(control + layout.size) {
         out.error = Some(e.into());
         return out;
     }
@@ -970,6 +997,10 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             out.error = Some(e);
             return out;
         }
+    }
+    if let Err(e) = s.ready_to_run() {
+        out.error = Some(e);
+        return out;
     }
     let mut watch = PeerWatch::new(Duration::from_millis(2));
     let mut wcs = [WorkCompletion::EMPTY; 32];
@@ -1033,8 +1064,11 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
                 break;
             }
         } else {
-            match watch.check(now, &mut s.chan) {
+            match watch.check(now, &mut s.oob) {
                 Ok(None) => {}
+                // A perftest client says nothing of its count: it is -n, as for perftest's
+                // own server.
+                Ok(Some(Msg::Done { .. })) if s.is_perftest() => done_at = Some((o.iters, now)),
                 Ok(Some(Msg::Done { iterations })) => done_at = Some((iterations, now)),
                 Ok(Some(Msg::Abort { .. })) | Err(_) => break,
                 Ok(Some(_)) => {}
@@ -1046,9 +1080,12 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
             idle.busy();
         }
     }
+    let counter = atomic_total(s);
     if done_at.is_some() {
-        let atomic_counter = (o.tool == Tool::AtomicBw).then(|| s.mem.read_u64(0));
-        let _ = s.chan.send(&Msg::Summary { atomic_counter });
+        let atomic_counter = (o.tool == Tool::AtomicBw).then_some(counter);
+        if let Ok(chan) = s.chan() {
+            let _ = chan.send(&Msg::Summary { atomic_counter });
+        }
     }
     let secs = timeline.start().elapsed().as_secs_f64().max(1e-9);
     let avg = bytes as f64 * 8.0 / secs / 1e9;
@@ -1064,7 +1101,7 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
     out.check = checker.map(|c| c.json);
     if o.tool == Tool::AtomicBw {
         out.atomic = Some(AtomicJson {
-            remote_counter: Some(s.mem.read_u64(0)),
+            remote_counter: Some(counter),
             fetched_in_sequence: true,
             ..AtomicJson::default()
         });

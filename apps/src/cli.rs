@@ -214,6 +214,10 @@ pub struct Flags {
     /// Verify every byte and notification (write/send/read bandwidth tools; always on for allreduce).
     #[arg(long = "check")]
     pub check: bool,
+    /// The peer is stock perftest (`ib_write_bw` and friends, 6.06): speak its out-of-band
+    /// exchange, without failover (docs/interop.md).
+    #[arg(long = "perftest-peer")]
+    pub perftest_peer: bool,
     /// Ranks of the allreduce ring (rank 0, the server, hands out the ring).
     #[arg(long = "ranks", default_value_t = 2)]
     pub ranks: u32,
@@ -392,6 +396,9 @@ impl Options {
         if flags.all && flags.check {
             return Err("--check runs one size: drop -a/--all".into());
         }
+        if flags.perftest_peer {
+            check_perftest_peer(tool, &flags)?;
+        }
         let iters = flags.iters.unwrap_or(tool.default_iters());
         if iters == 0 {
             return Err("-n/--iters must be at least 1".into());
@@ -426,10 +433,43 @@ impl Options {
         self.flags.host.is_none()
     }
 
-    /// Whether to run on a resilient QP with failover.
+    /// Whether to run on a resilient QP with failover (never with a stock perftest peer,
+    /// which cannot take part in it).
     pub fn failover_enabled(&self) -> bool {
-        self.flags.backup_dev.is_some() && !self.flags.no_failover
+        self.flags.backup_dev.is_some() && !self.flags.no_failover && !self.flags.perftest_peer
     }
+}
+
+/// What a stock perftest peer can pair with: one QP, one size, a number of iterations, one
+/// direction, nothing perftest does not do.
+fn check_perftest_peer(tool: Tool, flags: &Flags) -> Result<(), String> {
+    let refuse = |what: &str| {
+        Err(format!(
+            "--perftest-peer: {what} is not supported with a stock perftest peer"
+        ))
+    };
+    if tool == Tool::Allreduce {
+        return refuse("shift_allreduce");
+    }
+    if flags.all {
+        return refuse("-a/--all");
+    }
+    if flags.duration.is_some() {
+        return refuse("-D/--duration (use -n)");
+    }
+    if flags.qps != 1 {
+        return refuse("-q/--qp above 1");
+    }
+    if flags.bidirectional {
+        return refuse("-b/--bidirectional");
+    }
+    if flags.check {
+        return refuse("--check");
+    }
+    if flags.run_infinitely {
+        return refuse("--run_infinitely");
+    }
+    Ok(())
 }
 
 fn check_size(tool: Tool, size: usize, check: bool) -> Result<(), String> {

@@ -336,6 +336,20 @@ impl Conn {
         mtu: Mtu,
         timeout: u8,
     ) -> Result<(), AppError> {
+        let rd_atomic = QpAttr::rts(0).max_rd_atomic.unwrap_or(1);
+        self.bring_up_with(ours, peer, mtu, timeout, rd_atomic)
+    }
+
+    /// [`Conn::bring_up`], with at most `rd_atomic` READs and atomics outstanding (what the
+    /// peer's responder takes).
+    pub fn bring_up_with(
+        &mut self,
+        ours: &QpInfo,
+        peer: &QpInfo,
+        mtu: Mtu,
+        timeout: u8,
+        rd_atomic: u8,
+    ) -> Result<(), AppError> {
         let peer_gid: std::net::IpAddr = peer.gid.parse().map_err(|_| {
             AppError::Peer(format!("the peer's GID {:?} is not an address", peer.gid))
         })?;
@@ -351,6 +365,7 @@ impl Conn {
         let rtr = QpAttr::rtr(AddressVector::to_gid(gid), peer.qpn, peer.psn, mtu);
         let mut rts = QpAttr::rts(ours.psn);
         rts.timeout = Some(timeout);
+        rts.max_rd_atomic = Some(rd_atomic);
         let modify = |r: Result<(), pmd::ModifyError>, to: &str| {
             r.map_err(|e| AppError::Verbs(format!("moving the QP to {to}: {e}")))
         };

@@ -53,10 +53,16 @@ pub struct LatOutcome {
     pub error: Option<AppError>,
 }
 
-/// The byte that marks ping `i` (never 0, the value of memory nothing has written yet).
+/// The byte that marks ping `i`: never 0 (the value of memory nothing has written yet)
+/// between railshift tools; with a stock perftest peer, its counter's low byte, `i + 1`
+/// (`ib_write_lat` waits for exactly that, 0 after 255 included).
 #[inline]
-fn mark(i: u64) -> u8 {
-    (i % 255 + 1) as u8
+fn mark(i: u64, perftest: bool) -> u8 {
+    if perftest {
+        (i + 1) as u8
+    } else {
+        (i % 255 + 1) as u8
+    }
 }
 
 /// A histogram of nanoseconds from 1 ns to a minute, 3 significant digits.
@@ -189,7 +195,7 @@ fn wait_answer(
         if spins % 256 == 0 {
             let now = Instant::now();
             if let Some(w) = watch.as_deref_mut() {
-                match w.check(now, &mut s.chan) {
+                match w.check(now, &mut s.oob) {
                     Ok(None) | Ok(Some(Msg::Ready)) => {}
                     Ok(Some(Msg::NextSize { size })) => return Ok(Arrival::NextSize(size)),
                     Ok(Some(_)) | Err(_) => return Ok(Arrival::PeerGone),
@@ -226,18 +232,23 @@ pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutco
             recvs_posted += 1;
         }
     }
+    if let Err(e) = s.ready_to_run() {
+        out.error = Some(e);
+        return out;
+    }
+    let perftest = s.is_perftest();
     let length = Length::of(o);
     // Ping marks run on across sizes, so the server's count stays in step.
     let mut i = 0u64;
     let (mut bytes_before, mut iters_before) = (0u64, 0u64);
     for (k, &size) in o.sizes.iter().enumerate() {
         if k > 0 {
-            let sync = s
-                .chan
-                .send(&Msg::NextSize { size })
-                .and_then(|_| s.chan.expect_ready(PEER_TIMEOUT));
+            let sync = s.chan().and_then(|chan| {
+                chan.send(&Msg::NextSize { size })?;
+                Ok(chan.expect_ready(PEER_TIMEOUT)?)
+            });
             if let Err(e) = sync {
-                out.error = Some(e.into());
+                out.error = Some(e);
                 break;
             }
         }
@@ -246,7 +257,7 @@ pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutco
         let mut now = start;
         let mut done = 0u64;
         while out.error.is_none() && length.wants(done, start, now) {
-            let v = mark(i);
+            let v = mark(i, perftest);
             let t0 = Instant::now();
             let r = ping(s, o.tool, size, v, o.inline_size, &mut payload).and_then(|_| {
                 wait_answer(
@@ -320,6 +331,12 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             recvs_posted += 1;
         }
     }
+    if let Err(e) = s.ready_to_run() {
+        return Some(e);
+    }
+    // A stock perftest client says nothing when it is done: the server answers -n pings,
+    // as perftest's own server does.
+    let perftest = s.is_perftest();
     let mut watch = PeerWatch::new(Duration::from_millis(2));
     let mut i = 0u64;
     // READ latency: the server's CPU takes no part; it waits for the end.
@@ -334,17 +351,15 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             if let Some(wc) = wcs[..n].iter().find(|wc| !wc.is_ok()) {
                 return Some(completion_error(&s.conns[0], wc, "the server's queue"));
             }
-            match watch.check(Instant::now(), &mut s.chan) {
+            match watch.check(Instant::now(), &mut s.oob) {
                 Ok(None) => {}
                 Ok(Some(Msg::Done { .. })) => {
-                    let _ = s.chan.send(&Msg::Summary {
-                        atomic_counter: None,
-                    });
+                    send_summary(s);
                     return None;
                 }
                 Ok(Some(Msg::NextSize { .. })) => {
-                    if let Err(e) = s.chan.send(&Msg::Ready) {
-                        return Some(e.into());
+                    if let Err(e) = s.chan().and_then(|c| Ok(c.send(&Msg::Ready)?)) {
+                        return Some(e);
                     }
                 }
                 Ok(Some(_)) | Err(_) => return None,
@@ -354,7 +369,10 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             }
             continue;
         };
-        let v = mark(i);
+        if perftest && i == o.iters {
+            return None;
+        }
+        let v = mark(i, perftest);
         match wait_answer(
             s,
             tool,
@@ -373,15 +391,13 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
                     )));
                 }
                 size = next;
-                if let Err(e) = s.chan.send(&Msg::Ready) {
-                    return Some(e.into());
+                if let Err(e) = s.chan().and_then(|c| Ok(c.send(&Msg::Ready)?)) {
+                    return Some(e);
                 }
                 continue;
             }
             Ok(Arrival::PeerGone) => {
-                let _ = s.chan.send(&Msg::Summary {
-                    atomic_counter: None,
-                });
+                send_summary(s);
                 return None;
             }
             Err(e) => return Some(e),
@@ -397,6 +413,15 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             0,
             s.conns[0].state(false),
         );
+    }
+}
+
+/// The server's answer to a railshift client's `done` (nothing for a perftest peer).
+fn send_summary(s: &mut Session) {
+    if let Ok(chan) = s.chan() {
+        let _ = chan.send(&Msg::Summary {
+            atomic_counter: None,
+        });
     }
 }
 

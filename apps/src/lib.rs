@@ -12,6 +12,7 @@
 //! | [`session`] | setting up one connection; the idle policy; perftest's header block |
 //! | [`bw`] | bandwidth tools (WRITE, SEND, READ, FETCH_ADD) and their server; `--check` |
 //! | [`lat`] | latency tools, HdrHistogram, the `.hgrm` file |
+//! | [`perftest_exchange`] | stock perftest's out-of-band exchange (`--perftest-peer`) |
 //! | [`pattern`] | the data patterns `--check` writes and verifies |
 //! | [`faults`] | the fault channel (`--fault-fifo`): device faults the testbed asks for |
 //! | [`report`] | the JSON report (`docs/apps-json.md`), timeline, failover summary, tables |
@@ -29,6 +30,7 @@ pub mod faults;
 pub mod lat;
 pub mod outcome;
 pub mod pattern;
+pub mod perftest_exchange;
 pub mod rc_ops;
 pub mod rc_pingpong;
 pub mod report;

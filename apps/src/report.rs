@@ -474,6 +474,43 @@ pub fn print_bw_row(r: &ResultRow, gbits: bool) {
     );
 }
 
+/// A row as a perftest peer's result exchange carries it (bandwidth in the unit of the
+/// table, MB/s = MiB/s or Gb/s).
+pub fn perftest_bw_report(r: &ResultRow, gbits: bool) -> crate::perftest_exchange::BwReport {
+    let conv = |g: f64| if gbits { g } else { gbps_to_mibps(g) };
+    crate::perftest_exchange::BwReport {
+        size: r.size as u64,
+        iters: r.iterations,
+        bw_peak: conv(r.bw_peak_gbps),
+        bw_avg: conv(r.bw_avg_gbps),
+        msg_rate: r.msg_rate_mpps,
+    }
+}
+
+/// The row of a perftest peer's result (the inverse of [`perftest_bw_report`]).
+pub fn row_of_perftest_report(p: &crate::perftest_exchange::BwReport, gbits: bool) -> ResultRow {
+    let gbps = |v: f64| {
+        if gbits {
+            v
+        } else {
+            v * 1024.0 * 1024.0 * 8.0 / 1e9
+        }
+    };
+    ResultRow {
+        size: p.size as usize,
+        iterations: p.iters,
+        bw_peak_gbps: gbps(p.bw_peak),
+        bw_avg_gbps: gbps(p.bw_avg),
+        msg_rate_mpps: p.msg_rate,
+        duration_s: if p.msg_rate > 0.0 {
+            p.iters as f64 / (p.msg_rate * 1e6)
+        } else {
+            0.0
+        },
+        latency: None,
+    }
+}
+
 /// The latency table's header.
 pub fn print_lat_header() {
     println!(

@@ -150,7 +150,23 @@ fn run_bandwidth(
     } else {
         bw::client(o, &mut s, layout, &mut timeline)
     };
-    if !o.is_server() && !o.flags.bidirectional {
+    if s.is_perftest() {
+        // perftest's end: the client's result goes to the server, which prints it as its own
+        // (WRITE, READ, atomics: the server measures nothing).
+        let ours = out
+            .rows
+            .last()
+            .map(|r| report::perftest_bw_report(r, gbits));
+        match s.finish_perftest(ours) {
+            Ok(Some(theirs)) if o.is_server() => {
+                out.rows = vec![report::row_of_perftest_report(&theirs, gbits)];
+            }
+            Ok(_) => {}
+            Err(e) => {
+                out.error.get_or_insert(e);
+            }
+        }
+    } else if !o.is_server() && !o.flags.bidirectional {
         bw::finish_client(
             &mut s,
             out.rows.last().map_or(0, |r| r.iterations),
@@ -218,14 +234,23 @@ fn run_latency(
     let mut timeline = Timeline::new(o.flags.timeline_ms, true);
     if o.is_server() {
         println!(" Answering the client's pings");
-        let error = lat::server(o, &mut s, &mut timeline);
+        let mut error = lat::server(o, &mut s, &mut timeline);
+        if error.is_none() {
+            error = s.finish_perftest(None).err();
+        }
         report.size = max;
         report.timeline = timeline.samples;
         return Ok((error, s));
     }
-    let out = lat::client(o, &mut s, &mut timeline);
+    let mut out = lat::client(o, &mut s, &mut timeline);
     let total = out.sizes.iter().map(|l| l.row.iterations).sum();
-    bw::finish_client(&mut s, total, None);
+    if s.is_perftest() {
+        if let Err(e) = s.finish_perftest(None) {
+            out.error.get_or_insert(e);
+        }
+    } else {
+        bw::finish_client(&mut s, total, None);
+    }
     println!("{RULE}");
     report::print_lat_header();
     let mut rows = Vec::new();

@@ -14,6 +14,7 @@ use crate::cli::{Options, PollMode, Tool};
 use crate::endpoint::{agree_mtu, mtu_of, Conn, DeviceOptions, Host, Memory};
 use crate::error::AppError;
 use crate::exchange::{self, Channel, Hello, Params, QpInfo};
+use crate::perftest_exchange::{self as perftest, BwReport, Keys, PerftestLink};
 use crate::report::{unix_ms_now, RULE};
 
 /// How long the peer may take to answer during setup.
@@ -146,6 +147,19 @@ pub fn params(o: &Options) -> Params {
     }
 }
 
+/// READs and atomics our responder takes outstanding (softnic's atomic replay cache; the
+/// pmd's `QpAttr::rtr`), as a perftest peer's `out_reads`.
+pub const PERFTEST_OUT_READS: u8 = 16;
+
+/// The out-of-band connection: railshift's exchange, or stock perftest's.
+#[derive(Debug)]
+pub enum Oob {
+    /// A railshift peer.
+    Railshift(Channel),
+    /// A stock perftest peer (`--perftest-peer`).
+    Perftest(Box<PerftestLink>),
+}
+
 /// A connected point-to-point session: `-q` QPs sharing one buffer. Fields drop in order:
 /// the QPs before their memory, the memory before the devices.
 pub struct Session {
@@ -156,7 +170,7 @@ pub struct Session {
     /// The devices.
     pub host: Host,
     /// The out-of-band connection.
-    pub chan: Channel,
+    pub oob: Oob,
     /// Our attributes, per QP.
     pub ours: Vec<QpInfo>,
     /// The peer's, per QP.
@@ -180,12 +194,15 @@ impl Session {
         prepare: impl FnOnce(&Memory),
     ) -> Result<Session, AppError> {
         let host = Host::open(&device_options(o))?;
-        let mem = host.alloc(buffer_len)?;
-        prepare(&mem);
         let wanted_mtu = match o.flags.mtu {
             Some(m) => mtu_of(m).expect("checked by the flags"),
             None => host.active_mtu(),
         };
+        if o.flags.perftest_peer {
+            return Session::establish_perftest(o, host, wanted_mtu, buffer_len, caps, prepare);
+        }
+        let mem = host.alloc(buffer_len)?;
+        prepare(&mem);
         let mut conns = Vec::new();
         let mut ours = Vec::new();
         for _ in 0..o.flags.qps {
@@ -218,7 +235,7 @@ impl Session {
             conns,
             mem,
             host,
-            chan,
+            oob: Oob::Railshift(chan),
             peer: peers[0].clone(),
             peers,
             ours,
@@ -226,14 +243,147 @@ impl Session {
             start_unix_ms: 0.0,
         };
         if let Err(e) = s.bring_up(o.flags.qp_timeout) {
-            let _ = s.chan.send(&exchange::Msg::Abort {
+            let _ = s.chan()?.send(&exchange::Msg::Abort {
                 error: e.to_string(),
             });
             return Err(e);
         }
-        s.chan.sync_ready(PEER_TIMEOUT)?;
+        s.chan()?.sync_ready(PEER_TIMEOUT)?;
         s.start_unix_ms = unix_ms_now();
         Ok(s)
+    }
+
+    /// The setup with a stock perftest peer (`--perftest-peer`, one plain QP): perftest's
+    /// version, system data and MTU exchange first (the buffer must cover the cycle buffer
+    /// the two agree on), then the keys, the QP up, and every synchronisation of the tool's
+    /// script but the last, which [`Session::ready_to_run`] makes once receives are posted.
+    fn establish_perftest(
+        o: &Options,
+        host: Host,
+        wanted_mtu: Mtu,
+        buffer_len: usize,
+        caps: QpCaps,
+        prepare: impl FnOnce(&Memory),
+    ) -> Result<Session, AppError> {
+        let mut link =
+            PerftestLink::open(o.tool, o.flags.host.as_deref(), o.flags.port, wanted_mtu)?;
+        let size = *o.sizes.iter().max().expect("a size");
+        let peer_len = perftest::peer_buffer_len(size, link.cycle_buffer);
+        let mem = host.alloc(buffer_len.max(peer_len as usize))?;
+        prepare(&mem);
+        let mut conn = host.create_qp(caps)?;
+        let ours = conn.local_info(host.gid(), pmd::random_psn(), &mem, link.mtu)?;
+        let keys = Keys {
+            lid: 0,
+            out_reads: u16::from(PERFTEST_OUT_READS),
+            qpn: ours.qpn,
+            psn: ours.psn,
+            rkey: ours.rkey,
+            vaddr: ours.addr,
+            gid: host.gid(),
+            srqn: 0,
+        };
+        let theirs = link.keys(&keys, &mut || {})?;
+        let v4 = |g: pmd::Gid| g.to_ip().is_ipv4();
+        if v4(theirs.gid) != v4(keys.gid) {
+            return Err(AppError::Peer(format!(
+                "the perftest peer's GID {} and ours {} are not both IPv4 or both IPv6 (perftest's -x picks the GID)",
+                theirs.gid, keys.gid
+            )));
+        }
+        let peer = QpInfo {
+            qpn: theirs.qpn,
+            psn: theirs.psn,
+            gid: perftest::gid_text(theirs.gid),
+            rkey: theirs.rkey,
+            addr: theirs.vaddr,
+            len: peer_len,
+            mtu: link.mtu.bytes(),
+            backup: None,
+        };
+        // Our requester keeps to what the peer's responder said it takes.
+        let rd_atomic = (theirs.out_reads.clamp(1, u16::from(PERFTEST_OUT_READS))) as u8;
+        conn.bring_up_with(&ours, &peer, link.mtu, o.flags.qp_timeout, rd_atomic)?;
+        for _ in 2..link.script.before_run {
+            link.sync(&mut || {})?;
+        }
+        let mtu = link.mtu;
+        Ok(Session {
+            conns: vec![conn],
+            mem,
+            host,
+            oob: Oob::Perftest(Box::new(link)),
+            peer: peer.clone(),
+            peers: vec![peer],
+            ours: vec![ours],
+            mtu,
+            start_unix_ms: 0.0,
+        })
+    }
+
+    /// The railshift exchange (every step but a stock perftest peer's).
+    pub fn chan(&mut self) -> Result<&mut Channel, AppError> {
+        match &mut self.oob {
+            Oob::Railshift(c) => Ok(c),
+            Oob::Perftest(_) => Err(AppError::Peer(
+                "this step is railshift's own; a stock perftest peer has no part in it".into(),
+            )),
+        }
+    }
+
+    /// Whether the peer is stock perftest.
+    pub fn is_perftest(&self) -> bool {
+        matches!(self.oob, Oob::Perftest(_))
+    }
+
+    /// The last synchronisation before the traffic: with a perftest peer, its last key
+    /// exchange, made once this side's receives are posted (a railshift peer's `ready` came
+    /// in [`Session::establish`]).
+    pub fn ready_to_run(&mut self) -> Result<(), AppError> {
+        if let Oob::Perftest(link) = &mut self.oob {
+            link.sync(&mut || {})?;
+            self.start_unix_ms = unix_ms_now();
+        }
+        Ok(())
+    }
+
+    /// The end of a run with a perftest peer, driving the device while the peer finishes:
+    /// the result exchange of the bandwidth tools (`ours` out; the peer's comes back), then
+    /// perftest's close, or for `ib_write_lat` (no closing exchange) waiting until the peer
+    /// hangs up. `None` with a railshift peer.
+    pub fn finish_perftest(
+        &mut self,
+        ours: Option<BwReport>,
+    ) -> Result<Option<BwReport>, AppError> {
+        let Session { oob, conns, .. } = self;
+        let Oob::Perftest(link) = oob else {
+            return Ok(None);
+        };
+        let mut wcs = [pmd::WorkCompletion::EMPTY; 16];
+        let mut tick = || {
+            for c in conns.iter_mut() {
+                c.poll(&mut wcs);
+            }
+        };
+        let script = link.script;
+        if !script.close {
+            link.linger(&mut tick, Duration::from_secs(10));
+            return Ok(None);
+        }
+        let mut theirs = None;
+        if script.reports {
+            link.sync(&mut tick)?;
+            let mine = ours.unwrap_or(BwReport {
+                size: 0,
+                iters: 0,
+                bw_peak: 0.0,
+                bw_avg: 0.0,
+                msg_rate: 0.0,
+            });
+            theirs = Some(link.reports(&mine, &mut tick)?);
+        }
+        link.close(&mut tick)?;
+        Ok(theirs)
     }
 
     /// Every QP up first, then every resilient QP protected (the peer's bring-ups may wait
@@ -285,6 +435,12 @@ impl Session {
         println!(" GID index       : {}", o.flags.gid_index);
         println!(" Max inline data : {}[B]", o.inline_size);
         println!(" Data ex. method : Ethernet (TCP port {})", o.flags.port);
+        if let Oob::Perftest(link) = &self.oob {
+            println!(
+                " Peer            : stock perftest {}: its exchange, plain QPs, no failover",
+                link.peer_version.text
+            );
+        }
         println!(
             " Polling         : {:?}{}",
             o.flags.poll,
@@ -319,6 +475,9 @@ pub fn print_title_and_devices(o: &Options) {
     println!(
         " Backup device   : {}",
         match (&o.flags.backup_dev, o.failover_enabled()) {
+            (Some(b), _) if o.flags.perftest_peer => {
+                format!("{b} (unused: a stock perftest peer cannot take part in failover)")
+            }
             (Some(b), true) => format!("{b} (resilient QPs, failover on)"),
             (Some(b), false) => format!("{b} (unused: --no-failover)"),
             (None, _) => "none (plain QPs)".to_owned(),
@@ -342,17 +501,23 @@ impl PeerWatch {
         }
     }
 
-    /// A message, or `Closed`, if one is there and a check is due.
+    /// A message, or `Closed`, if one is there and a check is due. A perftest peer's next
+    /// key exchange, which it starts once its traffic is done, reads as `done`.
     pub fn check(
         &mut self,
         now: Instant,
-        chan: &mut Channel,
+        oob: &mut Oob,
     ) -> Result<Option<exchange::Msg>, exchange::ExchangeError> {
         if now < self.next {
             return Ok(None);
         }
         self.next = now + self.every;
-        chan.try_recv()
+        match oob {
+            Oob::Railshift(chan) => chan.try_recv(),
+            Oob::Perftest(link) => Ok(link
+                .peer_synced()?
+                .then_some(exchange::Msg::Done { iterations: 0 })),
+        }
     }
 }
 
