@@ -237,6 +237,9 @@ pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutco
         return out;
     }
     let perftest = s.is_perftest();
+    // With ib_write_lat the server writes first (perftest's client waits for it).
+    let answers_first = perftest && o.tool == Tool::WriteLat;
+    let mut last_write: Option<Instant> = None;
     let length = Length::of(o);
     // Ping marks run on across sizes, so the server's count stays in step.
     let mut i = 0u64;
@@ -258,26 +261,34 @@ pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutco
         let mut done = 0u64;
         while out.error.is_none() && length.wants(done, start, now) {
             let v = mark(i, perftest);
+            let wait =
+                |s: &mut Session, idle: &mut Idle, wcs: &mut [WorkCompletion], r: &mut u64| {
+                    wait_answer(s, o.tool, size, v, idle, wcs, r, None)
+                };
             let t0 = Instant::now();
-            let r = ping(s, o.tool, size, v, o.inline_size, &mut payload).and_then(|_| {
-                wait_answer(
-                    s,
-                    o.tool,
-                    size,
-                    v,
-                    &mut idle,
-                    &mut wcs,
-                    &mut recvs_posted,
-                    None,
-                )
-            });
+            let r = if answers_first {
+                // ib_write_lat's server writes first; its client answers each write: the
+                // round trip runs from our previous write to the server's next one.
+                wait(s, &mut idle, &mut wcs, &mut recvs_posted).and_then(|_| {
+                    let back = Instant::now();
+                    let rtt = last_write.map(|w| back.duration_since(w));
+                    last_write = Some(back);
+                    ping(s, o.tool, size, v, o.inline_size, &mut payload).map(|_| rtt)
+                })
+            } else {
+                ping(s, o.tool, size, v, o.inline_size, &mut payload)
+                    .and_then(|_| wait(s, &mut idle, &mut wcs, &mut recvs_posted))
+                    .map(|_| Some(Instant::now().duration_since(t0)))
+            };
             now = Instant::now();
             match r {
-                Ok(_) => {
-                    let ns = now.duration_since(t0).as_nanos() as u64;
-                    // Ping-pongs report half the round trip; READs the whole operation.
-                    let sample = if o.tool == Tool::ReadLat { ns } else { ns / 2 };
-                    hist.saturating_record(sample.max(1));
+                Ok(rtt) => {
+                    if let Some(rtt) = rtt {
+                        let ns = rtt.as_nanos() as u64;
+                        // Ping-pongs report half the round trip; READs the whole operation.
+                        let sample = if o.tool == Tool::ReadLat { ns } else { ns / 2 };
+                        hist.saturating_record(sample.max(1));
+                    }
                     i += 1;
                     done += 1;
                 }
@@ -373,6 +384,13 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             return None;
         }
         let v = mark(i, perftest);
+        // ib_write_lat's server writes first; its client answers each write.
+        let writes_first = perftest && tool == Tool::WriteLat;
+        if writes_first {
+            if let Err(e) = ping(s, tool, size, v, o.inline_size, &mut payload) {
+                return Some(e);
+            }
+        }
         match wait_answer(
             s,
             tool,
@@ -402,8 +420,10 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             }
             Err(e) => return Some(e),
         }
-        if let Err(e) = ping(s, tool, size, v, o.inline_size, &mut payload) {
-            return Some(e);
+        if !writes_first {
+            if let Err(e) = ping(s, tool, size, v, o.inline_size, &mut payload) {
+                return Some(e);
+            }
         }
         i += 1;
         timeline.tick(

@@ -591,7 +591,9 @@ fn connect_retrying(host: &str, port: u16) -> Result<TcpStream, ExchangeError> {
                 Err(e) => last = e,
             }
         }
-        if t0.elapsed() > CONNECT_RETRY || last.kind() != ErrorKind::ConnectionRefused {
+        // Refused (not listening yet), unreachable or timed out (a host still booting): try
+        // again for a while, as a user would.
+        if t0.elapsed() > CONNECT_RETRY {
             return Err(err(last));
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -10,7 +10,7 @@ root=$(mktemp -d)
 mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,tmp,lib,lib64,usr/lib/x86_64-linux-gnu/libibverbs,mods,run}
 cp /usr/bin/busybox "$root/bin/busybox"
 for a in sh mount insmod ip ifconfig sleep cat echo poweroff mkdir ls dmesg grep sed seq timeout nc udhcpc; do ln -sf busybox "$root/bin/$a"; done
-bins="/sbin/tc /usr/bin/ibv_rc_pingpong /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/ib_write_bw /usr/bin/ib_write_lat /usr/bin/ib_send_bw /usr/bin/ib_read_bw /usr/bin/ib_atomic_bw /usr/bin/ibv_ud_pingpong /usr/bin/rdma /usr/bin/ibv_srq_pingpong"
+bins="/sbin/tc /usr/bin/ibv_rc_pingpong /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/ib_write_bw /usr/bin/ib_write_lat /usr/bin/ib_send_bw /usr/bin/ib_send_lat /usr/bin/ib_read_bw /usr/bin/ib_read_lat /usr/bin/ib_atomic_bw /usr/bin/ibv_ud_pingpong /usr/bin/rdma /usr/bin/ibv_srq_pingpong"
 libs=$(for b in $bins /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so; do ldd "$b" | awk '/=>/ {print $3} /ld-linux/ {print $1}'; done | sort -u)
 for b in $bins; do cp "$b" "$root/bin/"; done
 # Our own peer for every RC opcode (tools/rxe-vm/rc_ops.c), against the same libibverbs.
