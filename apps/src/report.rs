@@ -262,7 +262,7 @@ impl FailoverJson {
     /// Prints the summary perftest lacks.
     pub fn print(&self, resilient: bool) {
         if !resilient {
-            println!(" Failover summary: not a resilient QP (no --backup-dev, or --no-failover)");
+            println!(" Failover summary: not a resilient QP (no --backup-dev, --no-failover, or --perftest-peer)");
             return;
         }
         println!(

@@ -437,7 +437,7 @@ impl Session {
         println!(" Data ex. method : Ethernet (TCP port {})", o.flags.port);
         if let Oob::Perftest(link) = &self.oob {
             println!(
-                " Peer            : stock perftest {}: its exchange, plain QPs, no failover",
+                " Peer            : stock perftest {}: its exchange, plain QPs; a perftest peer cannot take part in failover",
                 link.peer_version.text
             );
         }
@@ -476,7 +476,7 @@ pub fn print_title_and_devices(o: &Options) {
         " Backup device   : {}",
         match (&o.flags.backup_dev, o.failover_enabled()) {
             (Some(b), _) if o.flags.perftest_peer => {
-                format!("{b} (unused: a stock perftest peer cannot take part in failover)")
+                format!("{b} (unused with a stock perftest peer)")
             }
             (Some(b), true) => format!("{b} (resilient QPs, failover on)"),
             (Some(b), false) => format!("{b} (unused: --no-failover)"),
