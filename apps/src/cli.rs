@@ -521,6 +521,29 @@ mod tests {
     }
 
     #[test]
+    fn a_perftest_peer_refuses_what_perftest_cannot_pair_with() {
+        for bad in [
+            &["-a"][..],
+            &["-D", "1"],
+            &["-q", "2"],
+            &["-b"],
+            &["--check"],
+            &["--run_infinitely"],
+        ] {
+            let mut args = vec!["--perftest-peer"];
+            args.extend_from_slice(bad);
+            let line = refused(Tool::WriteBw, &args);
+            assert!(line.starts_with("--perftest-peer: "), "{line}");
+        }
+        let args = [
+            "--perftest-peer".to_owned(),
+            "--backup-dev".to_owned(),
+            "soft:lo".to_owned(),
+        ];
+        assert!(!parse(Tool::WriteBw, &args).unwrap().failover_enabled());
+    }
+
+    #[test]
     fn holddown_is_the_pmds_unless_given_and_refused_when_absurd() {
         assert_eq!(parse(Tool::WriteBw, &[]).unwrap().flags.holddown_ms, None);
         let args = ["--holddown-ms".to_owned(), "100".to_owned()];

@@ -170,17 +170,12 @@ impl MtuMsg {
     }
 }
 
-/// The MTU of `enum ibv_mtu` value `v`.
+/// The MTU of `enum ibv_mtu` value `v` (1 = 256 bytes .. 5 = 4096).
 pub fn mtu_of_enum(v: u32) -> Option<Mtu> {
-    [
-        Mtu::Mtu256,
-        Mtu::Mtu512,
-        Mtu::Mtu1024,
-        Mtu::Mtu2048,
-        Mtu::Mtu4096,
-    ]
-    .into_iter()
-    .find(|m| *m as u32 == v)
+    (1..=5)
+        .contains(&v)
+        .then(|| crate::endpoint::mtu_of(128 << v))
+        .flatten()
 }
 
 /// One QP's keys, perftest's `struct pingpong_dest` as text (`KEY_PRINT_FMT_GID`):
