@@ -174,6 +174,11 @@ pub struct Flags {
     /// round-robin).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
+    /// Latency tools: this many more QPs (resilient ones with --backup-dev), connected to
+    /// the peer and carrying nothing, beside the measured one (the SHIFT paper's table 2, "w/
+    /// 1000 QP"); both sides must give the same number.
+    #[arg(long = "idle-qps", value_name = "N", default_value_t = 0)]
+    pub idle_qps: u32,
     /// Traffic in both directions: the server sends too (bandwidth tools without --check).
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
@@ -316,6 +321,21 @@ impl Options {
             }
             if !(1..=MAX_QPS).contains(&flags.qps) {
                 return Err(format!("-q/--qp {} is outside 1..={MAX_QPS}", flags.qps));
+            }
+        }
+        if flags.idle_qps != 0 {
+            if !tool.is_latency() {
+                return Err(format!(
+                    "--idle-qps {}: idle QPs are for shift_write_lat, shift_send_lat and shift_read_lat",
+                    flags.idle_qps
+                ));
+            }
+            if flags.idle_qps >= MAX_QPS {
+                return Err(format!(
+                    "--idle-qps {} is outside 0..={}",
+                    flags.idle_qps,
+                    MAX_QPS - 1
+                ));
             }
         }
         if flags.bidirectional
@@ -518,6 +538,11 @@ mod tests {
         assert!(refused(Tool::WriteLat, &["-Q", "4"]).contains("-Q/--cq-mod"));
         assert!(refused(Tool::WriteBw, &["-Q", "4", "--check"]).contains("-Q/--cq-mod"));
         assert!(refused(Tool::SendBw, &["-Q", "0"]).contains("-Q/--cq-mod 0"));
+        assert!(refused(Tool::WriteBw, &["--idle-qps", "5"]).contains("--idle-qps 5"));
+        assert!(refused(Tool::WriteLat, &["--idle-qps", "1024"])
+            .contains("--idle-qps 1024 is outside 0..=1023"));
+        let args = ["--idle-qps".to_owned(), "1000".to_owned()];
+        assert_eq!(parse(Tool::ReadLat, &args).unwrap().flags.idle_qps, 1000);
     }
 
     #[test]

@@ -117,6 +117,9 @@ pub struct Params {
     /// `-b`.
     #[serde(default)]
     pub bidirectional: bool,
+    /// `--idle-qps`.
+    #[serde(default)]
+    pub idle_qps: u32,
 }
 
 fn one() -> u32 {
@@ -158,6 +161,13 @@ impl Params {
         }
         if self.qps != peer.qps {
             return mismatch("-q/--qp", self.qps.to_string(), peer.qps.to_string());
+        }
+        if self.idle_qps != peer.idle_qps {
+            return mismatch(
+                "--idle-qps",
+                self.idle_qps.to_string(),
+                peer.idle_qps.to_string(),
+            );
         }
         if self.ranks != peer.ranks {
             return mismatch("--ranks", self.ranks.to_string(), peer.ranks.to_string());
@@ -548,6 +558,7 @@ mod tests {
             ranks: 2,
             qps: 1,
             bidirectional: false,
+            idle_qps: 0,
         }
     }
 

@@ -27,6 +27,7 @@ pub fn base_report(o: &Options) -> Report {
         op: o.tool.op().to_owned(),
         qps: o.flags.qps,
         bidirectional: o.flags.bidirectional,
+        idle_qps: o.flags.idle_qps,
         ..Report::default()
     }
 }

@@ -379,6 +379,8 @@ pub struct Report {
     pub qps: u32,
     /// `-b`: both sides sent (each report counts its own direction).
     pub bidirectional: bool,
+    /// `--idle-qps`: connected QPs beside the measured one that carried nothing.
+    pub idle_qps: u32,
     /// Peak bandwidth.
     pub bw_peak_gbps: f64,
     /// Average bandwidth.

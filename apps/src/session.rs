@@ -144,6 +144,7 @@ pub fn params(o: &Options) -> Params {
         ranks: o.flags.ranks,
         qps: o.flags.qps,
         bidirectional: o.flags.bidirectional,
+        idle_qps: o.flags.idle_qps,
     }
 }
 
@@ -205,7 +206,8 @@ impl Session {
         prepare(&mem);
         let mut conns = Vec::new();
         let mut ours = Vec::new();
-        for _ in 0..o.flags.qps {
+        // The idle QPs (`--idle-qps`) come after the ones that carry traffic.
+        for _ in 0..o.flags.qps + o.flags.idle_qps {
             let conn = host.create_qp(caps)?;
             ours.push(conn.local_info(host.gid(), pmd::random_psn(), &mem, wanted_mtu)?);
             conns.push(conn);
@@ -419,10 +421,12 @@ impl Session {
     /// perftest's header block.
     pub fn print_header(&self, o: &Options, tx_depth: u32, cq_mod: u32) {
         print_title_and_devices(o);
-        println!(
-            " Number of qps   : {}\t\tTransport type : IB",
-            self.conns.len()
-        );
+        let idle = o.flags.idle_qps;
+        let qps = match idle {
+            0 => self.conns.len().to_string(),
+            _ => format!("{} (+{idle} idle)", self.conns.len() - idle as usize),
+        };
+        println!(" Number of qps   : {qps}\t\tTransport type : IB");
         println!(" Connection type : RC\t\tUsing SRQ      : OFF");
         println!(
             " Role            : {}",

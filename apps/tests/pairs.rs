@@ -89,6 +89,27 @@ fn write_lat_reports_percentiles_and_writes_an_hgrm_file() {
 }
 
 #[test]
+fn write_lat_with_idle_qps_connects_them_and_measures_on_the_first() {
+    let r = pair(
+        "shift_write_lat",
+        26,
+        &["-s", "8", "-n", "500", "--idle-qps", "3"],
+    );
+    ok(&r);
+    for (json, run) in [(&r.client_json, &r.client), (&r.server_json, &r.server)] {
+        assert_eq!(json["idle_qps"], 3);
+        assert_eq!(json["qps"], 1);
+        assert!(
+            text(run).contains("Number of qps   : 1 (+3 idle)"),
+            "{}",
+            text(run)
+        );
+    }
+    assert_eq!(r.client_json["iterations"], 500);
+    assert!(r.client_json["lat_p50_us"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
 fn send_lat_with_all_sizes_reports_a_row_per_size() {
     let r = pair(
         "shift_send_lat",
