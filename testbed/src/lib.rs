@@ -5,6 +5,7 @@
 //! - [`topology`]: build and remove the namespaces, veths and bridges; the address plan.
 //! - [`scenario`]: the paper's scenarios: an app pair under a failure schedule.
 //! - [`sweep`]: one scenario at several QP counts, `all_on_backup_ms` against QPs.
+//! - [`idle_lat`]: write latency beside 1,000 idle resilient QPs against alone.
 //! - [`apprun`]: running an app pair across the hosts.
 //! - [`baseline`]: the medium measured between the hosts, for ratios.
 //! - [`target`]: what can fail (NICs and switch ports of either rail, both default NICs at
@@ -23,6 +24,7 @@ pub mod apprun;
 pub mod baseline;
 pub mod fail;
 pub mod faults;
+pub mod idle_lat;
 pub mod ip;
 pub mod medium;
 pub mod netns;

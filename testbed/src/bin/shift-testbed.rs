@@ -10,6 +10,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use testbed::fail::{self, LogEntry};
 use testbed::faults;
+use testbed::idle_lat;
 use testbed::scenario::{self, Op, ScenarioName, ScenarioOptions, Variants};
 use testbed::schedule::{self, Schedule};
 use testbed::sweep;
@@ -98,6 +99,34 @@ enum Command {
         plot: Option<PathBuf>,
         #[command(flatten)]
         args: ScenarioArgs,
+    },
+    /// 8-byte WRITE latency of a resilient QP with idle resilient QPs beside it, against
+    /// alone, interleaved in one run (SHIFT table 2, "w/ 1000 QP").
+    IdleLat {
+        /// Idle QPs beside the measured one.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1023))]
+        idle_qps: u32,
+        /// Pairs of runs (alone, with), which first alternating.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+        rounds: u32,
+        /// Round trips per run.
+        #[arg(long, short = 'n', default_value_t = 20000)]
+        iters: u64,
+        /// Message size.
+        #[arg(long, short = 's', default_value_t = 8)]
+        size: u32,
+        /// Where the apps' binaries are (default: beside this binary).
+        #[arg(long)]
+        apps_dir: Option<PathBuf>,
+        /// Where the apps' reports go.
+        #[arg(long, default_value = "out")]
+        out_dir: PathBuf,
+        /// Out-of-band TCP port of the apps.
+        #[arg(long, default_value_t = 18515)]
+        port: u16,
+        /// Write the result as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Cut and restore links: once, for a while, or on a flapping schedule.
     Fail {
@@ -379,6 +408,40 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
+        Command::IdleLat {
+            idle_qps,
+            rounds,
+            iters,
+            size,
+            apps_dir,
+            out_dir,
+            port,
+            json,
+        } => {
+            let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
+            let o = idle_lat::IdleLatOptions {
+                idle_qps,
+                rounds,
+                iters,
+                size,
+                apps_dir: apps_dir.unwrap_or_else(testbed::apprun::default_apps_dir),
+                out_dir,
+                port,
+            };
+            let result = idle_lat::run(&info, &o, &mut |r| {
+                println!(
+                    "  idle QPs {:>4}: p50 {:.2} us, p99 {:.2} us, avg {:.2} us",
+                    r.idle_qps, r.p50_us, r.p99_us, r.avg_us
+                );
+            })
+            .map_err(|e| e.to_string())?;
+            idle_lat::print(&result);
+            if let Some(path) = json {
+                write_json(&path, &result)?;
+                println!("  result: {}", path.display());
+            }
+            Ok(())
+        }
         Command::Fail {
             target,
             rail,
@@ -579,6 +642,20 @@ mod tests {
             panic!("not a sweep");
         };
         assert_eq!(qps, sweep::DEFAULT_QPS.to_vec());
+    }
+
+    #[test]
+    fn idle_lat_defaults_to_a_thousand_idle_qps_and_refuses_more_than_the_apps_take() {
+        let cli = parse(&["idle-lat"]).unwrap();
+        let Command::IdleLat {
+            idle_qps, rounds, ..
+        } = cli.command
+        else {
+            panic!("not idle-lat");
+        };
+        assert_eq!((idle_qps, rounds), (1000, 3));
+        assert!(parse(&["idle-lat", "--idle-qps", "1024"]).is_err());
+        assert!(parse(&["idle-lat", "--idle-qps", "0"]).is_err());
     }
 
     #[test]
