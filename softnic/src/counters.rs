@@ -72,6 +72,9 @@ pub struct Counters {
     pub port_down_drops: u64,
     /// Times a CQ was full when a CQE had to be written.
     pub cq_overruns: u64,
+    /// Times a round's service pass visited the QP (timers, flushes, the requester): only
+    /// QPs with something to do are visited, so an idle QP's count stays put.
+    pub round_visits: u64,
 }
 
 impl Counters {
@@ -94,5 +97,6 @@ impl Counters {
         self.pkey_drops += o.pkey_drops;
         self.port_down_drops += o.port_down_drops;
         self.cq_overruns += o.cq_overruns;
+        self.round_visits += o.round_visits;
     }
 }

@@ -13,7 +13,7 @@ use thiserror::Error;
 use crate::clock::Clock;
 use crate::counters::Counters;
 use crate::cq::{Cq, CqConfig, CqHandle, CqId};
-use crate::engine::{Activity, Core, Shared, QPN_BASE};
+use crate::engine::{ActiveQps, Activity, Core, Shared, QPN_BASE};
 use crate::events::EventQueue;
 use crate::fabric::Fabric;
 use crate::medium::WireImpl;
@@ -199,6 +199,7 @@ impl Device {
             tx: Batch::new(BATCH),
             trace,
             dead: false,
+            active: ActiveQps::default(),
         };
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
@@ -410,7 +411,7 @@ impl Device {
         if qpn > 0x00ff_ffff {
             return Err(DeviceError::InvalidConfig("out of QP numbers"));
         }
-        let bell = Arc::new(Bell::default());
+        let bell = Arc::new(Bell::new(i as u32));
         let qp = Qp::new(qpn, cfg, bell.clone(), rxe_source_port(qpn))
             .map_err(DeviceError::InvalidConfig)?;
         if i == core.qps.len() {
@@ -448,11 +449,14 @@ impl Device {
                 };
                 qp.attrs.merge(attrs);
                 qp.enter_error(None, &mut ectx);
+                // Rounds flush what is posted from now on.
+                core.active.mark(qp);
                 return Ok(());
             }
             _ => {}
         }
         qp.apply(state, attrs);
+        core.active.mark(qp);
         drop(guard);
         // The engine may have work now (e.g. WQEs rung while in RTR).
         self.shared.waker.wake();

@@ -60,6 +60,37 @@ pub(crate) struct Core {
     pub trace: Option<Trace>,
     /// The device died ([`crate::Device::kill`]): rounds do nothing.
     pub dead: bool,
+    /// The QPs rounds visit.
+    pub active: ActiveQps,
+}
+
+/// The QPs a round visits: those rung, those a packet came for, those with a timer, work
+/// beyond their budget, an ACK to send or in error (flushing what is posted later), and those
+/// the control path changed; not every QP of the device, so that 1,000 idle QPs cost a round
+/// nothing (issue 17: the latency beside 1,000 idle QPs).
+#[derive(Debug, Default)]
+pub(crate) struct ActiveQps {
+    /// Slots to visit in the next pass, each once (`Qp::listed`).
+    list: Vec<u32>,
+    /// The list being visited (kept for its allocation).
+    visiting: Vec<u32>,
+    /// Slots whose doorbell register was rung, taken from the waker.
+    rung: Vec<u32>,
+}
+
+impl ActiveQps {
+    /// Puts `qp` on the list of the next pass, unless it is there.
+    pub fn mark(&mut self, qp: &mut Qp) {
+        if !qp.listed {
+            qp.listed = true;
+            self.list.push(qp.qpn - QPN_BASE);
+        }
+    }
+}
+
+/// The QP in slot `i` of `qps`, if there is one.
+fn slot(qps: &mut [Option<Qp>], i: u32) -> Option<&mut Qp> {
+    qps.get_mut(i as usize).and_then(Option::as_mut)
 }
 
 impl Core {
@@ -90,6 +121,7 @@ impl Core {
             rx,
             tx,
             trace,
+            active,
             ..
         } = self;
         let mut round = Round {
@@ -104,6 +136,7 @@ impl Core {
                 sent: 0,
             },
             qps,
+            active,
             mrs,
             ectx: ErrorCtx { cqs, events },
             busy: false,
@@ -137,6 +170,7 @@ struct Round<'a> {
     /// The round's one way out: the transmit batch, the wire, device counters, the trace.
     out: Tx<'a>,
     qps: &'a mut [Option<Qp>],
+    active: &'a mut ActiveQps,
     mrs: &'a MrTable,
     ectx: ErrorCtx<'a>,
     /// Work was done (or is known to be waiting).
@@ -144,29 +178,34 @@ struct Round<'a> {
 }
 
 impl Round<'_> {
-    /// Takes the doorbells rung since the last round; if any was, every ready QP's requester
-    /// sends now, before this round's receive syscall: that is the latency a driver sees
-    /// between its doorbell and the wire.
+    /// Takes the doorbells rung since the last round; each rung QP in RTS sends now, before
+    /// this round's receive syscall: that is the latency a driver sees between its doorbell
+    /// and the wire.
     fn send_new_work(&mut self, waker: &Waker) {
-        let mut rung = false;
-        if waker.take_pending() {
-            for qp in self.qps.iter_mut().flatten() {
-                if qp.bell.take() {
-                    qp.read_send_doorbell();
-                    rung = true;
-                }
-            }
-        }
-        if !rung {
+        if !waker.take_pending() {
             return;
         }
-        self.busy = true;
-        for qp in self.qps.iter_mut().flatten() {
+        waker.take_rung(&mut self.active.rung);
+        let mut rung = false;
+        for k in 0..self.active.rung.len() {
+            let Some(qp) = slot(self.qps, self.active.rung[k]) else {
+                continue;
+            };
+            if !qp.bell.take_queued() {
+                continue;
+            }
+            qp.read_send_doorbell();
+            rung = true;
+            self.active.mark(qp);
             if qp.state == QpState::Rts {
                 transmit(qp, self.mrs, &mut self.out, &mut self.ectx, false);
             }
         }
-        self.out.flush();
+        self.active.rung.clear();
+        if rung {
+            self.busy = true;
+            self.out.flush();
+        }
     }
 
     /// Receives up to `RX_BATCHES_PER_ROUND` batches and delivers every packet. Read
@@ -242,6 +281,7 @@ impl Round<'_> {
         }
         qp.counters.rx_packets += 1;
         qp.counters.rx_bytes += pkt.len as u64;
+        self.active.mark(qp);
         if h.kind.is_request() {
             responder::handle(qp, &h, pkt.bytes(), self.mrs, out, &mut self.ectx);
         } else {
@@ -250,23 +290,40 @@ impl Round<'_> {
         }
     }
 
-    /// The round's last pass over the QPs: fires their timers, flushes those in error (anything
-    /// posted while in error is flushed, as a ConnectX does) and lets the others send. Returns
-    /// the earliest timer left running.
+    /// The round's last pass over the active QPs: fires their timers, flushes those in error
+    /// (anything posted while in error is flushed, as a ConnectX does) and lets the others
+    /// send. A QP stays on the list while it has a timer, work or an ACK waiting, or is in
+    /// error. Returns the earliest timer left running.
     fn service_qps(&mut self) -> Option<Duration> {
         let now = self.out.now;
         let mut timer = None;
-        for qp in self.qps.iter_mut().flatten() {
+        let mut visiting = std::mem::take(&mut self.active.visiting);
+        std::mem::swap(&mut visiting, &mut self.active.list);
+        for &i in &visiting {
+            let Some(qp) = slot(self.qps, i) else {
+                continue;
+            };
+            qp.listed = false;
+            qp.counters.round_visits += 1;
             requester::check_timer(qp, now, &mut self.ectx);
             if qp.state == QpState::Err {
                 qp.flush(&mut self.ectx);
+                self.active.mark(qp);
                 continue;
             }
-            self.busy |= transmit(qp, self.mrs, &mut self.out, &mut self.ectx, true);
+            let more = transmit(qp, self.mrs, &mut self.out, &mut self.ectx, true);
+            self.busy |= more;
+            let mut waiting = more || qp.resp.ack_pending;
             for t in [qp.req.timer, qp.req.rnr_until].into_iter().flatten() {
                 timer = earliest(timer, t);
+                waiting = true;
+            }
+            if waiting {
+                self.active.mark(qp);
             }
         }
+        visiting.clear();
+        self.active.visiting = visiting;
         self.out.flush();
         timer
     }

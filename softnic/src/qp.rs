@@ -71,15 +71,33 @@ pub struct DoorbellRegister {
     waker: Arc<Waker>,
 }
 
-#[derive(Debug, Default)]
+/// What the doorbell register writes and the engine reads: whether it was rung, the last
+/// value, and whether the QP's slot is queued in the waker's rung list.
+#[derive(Debug)]
 pub(crate) struct Bell {
     rung: AtomicBool,
     last: AtomicU64,
+    queued: AtomicBool,
+    /// The QP's slot in the device's table.
+    slot: u32,
 }
 
 impl Bell {
-    pub(crate) fn take(&self) -> bool {
-        self.rung.load(Ordering::Relaxed) && self.rung.swap(false, Ordering::AcqRel)
+    pub(crate) fn new(slot: u32) -> Bell {
+        Bell {
+            rung: AtomicBool::new(false),
+            last: AtomicU64::new(0),
+            queued: AtomicBool::new(false),
+            slot,
+        }
+    }
+
+    /// Engine side, for a slot taken from the rung list: whether the bell was rung since the
+    /// last take. SeqCst on both flags, paired with [`DoorbellRegister::ring`]: a ring either
+    /// sees `queued` cleared and queues the slot again, or its `rung` is seen here.
+    pub(crate) fn take_queued(&self) -> bool {
+        self.queued.store(false, Ordering::SeqCst);
+        self.rung.swap(false, Ordering::SeqCst)
     }
 }
 
@@ -93,7 +111,11 @@ impl DoorbellRegister {
     #[inline]
     pub fn ring(&self, ctrl: u64) {
         self.bell.last.store(ctrl, Ordering::Release);
-        self.bell.rung.store(true, Ordering::Release);
+        self.bell.rung.store(true, Ordering::SeqCst);
+        // The engine visits only queued slots; queue ours once until it is taken.
+        if !self.bell.queued.swap(true, Ordering::SeqCst) {
+            self.waker.queue_rung(self.bell.slot);
+        }
         self.waker.wake();
     }
 
@@ -286,6 +308,8 @@ pub(crate) struct Qp {
     pub resp: Responder,
     pub counters: Counters,
     pub rq_scratch: Vec<u8>,
+    /// In the engine's active list (`engine::ActiveQps`): visited by the next round.
+    pub listed: bool,
 }
 
 impl Qp {
@@ -356,6 +380,7 @@ impl Qp {
             },
             counters: Counters::default(),
             rq_scratch: vec![0u8; cfg.rq_stride as usize],
+            listed: false,
         })
     }
 

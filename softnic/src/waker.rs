@@ -8,6 +8,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 /// A Linux eventfd (nonblocking, close-on-exec).
 #[derive(Debug)]
@@ -67,12 +68,18 @@ impl AsRawFd for EventFd {
     }
 }
 
-/// The engine's doorbell: a pending flag, a sleeping flag, and an eventfd for the sleeping case.
+/// The engine's doorbell: a pending flag, a sleeping flag, an eventfd for the sleeping case,
+/// and the QP slots whose doorbell register was rung, so that a round visits those and not
+/// every QP of the device.
 #[derive(Debug)]
 pub(crate) struct Waker {
     pending: AtomicBool,
     sleeping: AtomicBool,
     eventfd: Option<EventFd>,
+    /// Slots queued by [`Waker::queue_rung`]: each at most once until the engine takes it
+    /// (the bell's `queued` flag), so the lock is taken once per doorbell the engine sees, not
+    /// per WQE.
+    rung: Mutex<Vec<u32>>,
 }
 
 impl Waker {
@@ -86,7 +93,22 @@ impl Waker {
             } else {
                 None
             },
+            rung: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Queues QP slot `slot` as rung (driver side; the caller then wakes the engine).
+    pub(crate) fn queue_rung(&self, slot: u32) {
+        self.rung
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(slot);
+    }
+
+    /// Moves the rung slots queued so far into `into` (engine side).
+    pub(crate) fn take_rung(&self, into: &mut Vec<u32>) {
+        let mut rung = self.rung.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::swap(&mut *rung, into);
     }
 
     /// Says there is work; writes the eventfd only if the engine is (about to be) asleep.
