@@ -29,7 +29,9 @@ pub const CTRL_FENCE: u8 = 4 << 5;
 /// `MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE` (fence mode 1).
 pub const CTRL_INITIATOR_SMALL_FENCE: u8 = 1 << 5;
 
-const DS_MASK: u32 = 0x3f;
+/// Width of the `ds` field (`qpn_ds[5:0]`): a WQE is at most `2^DS_BITS - 1` 16-byte units.
+pub const DS_BITS: u32 = 6;
+const DS_MASK: u32 = (1 << DS_BITS) - 1;
 const QPN_MASK: u32 = 0x00ff_ffff;
 const FENCE_SHIFT: u8 = 5;
 const CE_MASK: u8 = 0x3 << 2;

@@ -33,4 +33,4 @@ pub use inline_seg::{InlineData, InlineSeg, INLINE_SEG};
 pub use raddr_seg::{RaddrSeg, RaddrSegRepr};
 pub use recv_wqe::RecvWqe;
 pub use send_wqe::{SendRing, SendWqeRepr, Sges, WqeData};
-pub use wqe::{SEND_WQE_BB, SEND_WQE_DS};
+pub use wqe::{MAX_WQE_BYTES, SEND_WQE_BB, SEND_WQE_DS};

@@ -17,8 +17,10 @@ pub const SEND_WQE_SHIFT: u32 = 6;
 pub const SEND_WQE_DS: usize = 16;
 /// Units in one basic block.
 pub const DS_PER_BB: usize = SEND_WQE_BB / SEND_WQE_DS;
-/// The largest `ds` the 6-bit field holds.
-pub const MAX_DS: usize = 0x3f;
+/// The largest `ds` the control segment's 6-bit field holds.
+pub const MAX_DS: usize = (1 << ctrl_seg::DS_BITS) - 1;
+/// The largest WQE a control segment can describe, in bytes: [`MAX_DS`] 16-byte units.
+pub const MAX_WQE_BYTES: usize = MAX_DS * SEND_WQE_DS;
 /// The most basic blocks one WQE can span (`MLX5_SEND_WQE_MAX_WQEBBS`).
 pub const MAX_WQE_BBS: usize = MAX_DS.div_ceil(DS_PER_BB);
 
@@ -119,6 +121,20 @@ mod tests {
     fn the_largest_wqe_spans_sixteen_blocks() {
         assert_eq!(MAX_WQE_BBS, 16);
         assert_eq!(bbs_for_bytes(MAX_DS * SEND_WQE_DS), 16);
+    }
+
+    #[test]
+    fn the_largest_wqe_is_what_six_bits_of_ds_count() {
+        assert_eq!(MAX_DS, 63);
+        assert_eq!(MAX_WQE_BYTES, 63 * 16);
+        assert_eq!(bbs_for_bytes(MAX_WQE_BYTES), MAX_WQE_BBS);
+        // The field keeps MAX_DS and nothing above it.
+        let mut bytes = [0u8; ctrl_seg::SIZE];
+        let mut seg = ctrl_seg::CtrlSeg::new_unchecked(&mut bytes[..]);
+        seg.set_ds(MAX_DS as u8);
+        assert_eq!(usize::from(seg.ds()), MAX_DS);
+        seg.set_ds(MAX_DS as u8 + 1);
+        assert_eq!(seg.ds(), 0);
     }
 
     #[test]
