@@ -24,7 +24,7 @@ use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma::Sge;
 use crate::packet::{AckKind, AtomicEth, Header, Kind, NakCode, OutHeader, Reth};
 use crate::wire::Ipv4Ident;
-use crate::wqe::{SendWqe, WqeOp, SEND_BB};
+use crate::wqe::{SendWqe, WqeOp};
 
 /// `psn + n` mod 2^24.
 #[inline]
@@ -55,7 +55,7 @@ pub(crate) fn wqe_ds(first_bb: &[u8]) -> u8 {
 /// The straightened copy a send WQE is decoded from: 16 basic blocks, room for the largest WQE
 /// and a power of two, so it is parsed as a private ring of its own at index 0 and the parser
 /// never sees the driver's live ring.
-pub(crate) const WQE_SCRATCH: usize = 16 * SEND_BB;
+pub(crate) const WQE_SCRATCH: usize = mlx5::wqe::MAX_WQE_BBS * mlx5::SEND_WQE_BB;
 
 /// Decodes a send WQE copied out of the ring (straightened, starting at offset 0 of `ring`,
 /// which is [`WQE_SCRATCH`] bytes) into `out`.

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hw_defs::mlx5::{data_seg, MAX_WQE_BYTES, SEND_WQE_BB, SEND_WQE_DS};
+
 use crate::codec::{self, WqeError};
 use crate::counters::Counters;
 use crate::cq::{Cq, CqFull, CqId};
@@ -16,7 +18,7 @@ use crate::memory::QueueMemory;
 use crate::mr::{Access, PdId};
 use crate::qp_attr::{QpAttrs, QpState};
 use crate::waker::Waker;
-use crate::wqe::{SendWqe, MAX_WQE_BYTES, SEND_BB};
+use crate::wqe::SendWqe;
 
 /// The requester asks for an ACK at least this often within a long message.
 pub(crate) const ACK_REQ_EVERY: u32 = 32;
@@ -155,15 +157,15 @@ impl SendQueue {
     pub fn fetch(&mut self, max_inline: u32, max_sge: u32) -> usize {
         let mut fetched = 0;
         while self.fetch != self.limit && self.tail - self.head < self.slots.len() as u64 {
-            let ring_bytes = self.bbs as usize * SEND_BB;
-            let first = (self.fetch as usize % self.bbs as usize) * SEND_BB;
+            let ring_bytes = self.bbs as usize * SEND_WQE_BB;
+            let first = (self.fetch as usize % self.bbs as usize) * SEND_WQE_BB;
             // The control segment's ds tells how many BBs the WQE spans; copy them out of the
             // ring, unwrapping at its end, and parse the straight copy.
-            self.mem.read(first, &mut self.scratch[..SEND_BB]);
-            let ds = codec::wqe_ds(&self.scratch[..SEND_BB]);
-            let bytes = (ds as usize * 16).clamp(16, MAX_WQE_BYTES);
-            let bbs = bytes.div_ceil(SEND_BB);
-            let span = bbs * SEND_BB;
+            self.mem.read(first, &mut self.scratch[..SEND_WQE_BB]);
+            let ds = codec::wqe_ds(&self.scratch[..SEND_WQE_BB]);
+            let bytes = (ds as usize * SEND_WQE_DS).clamp(SEND_WQE_DS, MAX_WQE_BYTES);
+            let bbs = bytes.div_ceil(SEND_WQE_BB);
+            let span = bbs * SEND_WQE_BB;
             let end = first + span;
             // The driver rang `limit - fetch` BBs; a WQE claiming more than that (or more than
             // the ring) is malformed, and everything rung up to the limit goes with it.
@@ -322,7 +324,7 @@ impl Qp {
         if !cfg.sq_bbs.is_power_of_two() || cfg.sq_bbs == 0 || cfg.sq_bbs > 1 << 15 {
             return Err("sq_bbs must be a power of two up to 32768");
         }
-        if cfg.sq.len() < cfg.sq_bbs as usize * SEND_BB {
+        if cfg.sq.len() < cfg.sq_bbs as usize * SEND_WQE_BB {
             return Err("send ring memory is smaller than sq_bbs * 64");
         }
         if !cfg.rq_wqes.is_power_of_two() || cfg.rq_wqes == 0 || cfg.rq_wqes > 1 << 15 {
@@ -337,7 +339,8 @@ impl Qp {
         if cfg.dbrec.len() < 8 || cfg.dbrec.as_ptr() as usize % 4 != 0 {
             return Err("doorbell record must be 8 bytes, 4-byte aligned");
         }
-        if cfg.max_inline as usize > MAX_WQE_BYTES || cfg.max_send_sge as usize > MAX_WQE_BYTES / 16
+        if cfg.max_inline as usize > MAX_WQE_BYTES
+            || cfg.max_send_sge as usize > MAX_WQE_BYTES / data_seg::SIZE
         {
             return Err("max_inline or max_send_sge exceed what a send WQE can hold");
         }

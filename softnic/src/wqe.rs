@@ -1,12 +1,8 @@
 //! A send WQE as the device holds it once fetched from the ring: what it asks for, its
-//! fields, the requester's progress on it, and the ring's block sizes.
+//! fields, and the requester's progress on it. The ring's block sizes are hw-defs'
+//! (`hw_defs::mlx5::{SEND_WQE_BB, SEND_WQE_DS, MAX_WQE_BYTES}`).
 
 use crate::dma::Sge;
-
-/// Basic block size of the send ring.
-pub(crate) const SEND_BB: usize = 64;
-/// The longest send WQE mlx5 allows (ds is 6 bits of 16-byte units).
-pub(crate) const MAX_WQE_BYTES: usize = 63 * 16;
 
 /// What a send WQE asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
