@@ -103,11 +103,11 @@ pub(crate) fn handle(
         }
         Kind::AtomicAck => {
             acknowledge_through(qp, psn_add(h.psn, 0x00ff_ffff), ectx);
-            if qp.state != QpState::Rts || qp.sq.head >= qp.sq.req {
+            if qp.state != QpState::Rts || qp.sq.slot_ci >= qp.sq.slot_req_ci {
                 return;
             }
             let pd = qp.pd;
-            let w = qp.sq.slot_mut(qp.sq.head);
+            let w = qp.sq.slot_mut(qp.sq.slot_ci);
             if !w.op.is_read_or_atomic() || w.op == WqeOp::Read || w.first_psn != h.psn || w.done {
                 return;
             }
@@ -126,7 +126,7 @@ pub(crate) fn handle(
         }
         Kind::ReadResponse => {
             acknowledge_through(qp, psn_add(h.psn, 0x00ff_ffff), ectx);
-            if qp.state != QpState::Rts || qp.sq.head >= qp.sq.req {
+            if qp.state != QpState::Rts || qp.sq.slot_ci >= qp.sq.slot_req_ci {
                 return;
             }
             let d = psn_delta(h.psn, qp.req.comp_psn);
@@ -145,7 +145,7 @@ pub(crate) fn handle(
             }
             let mtu = qp.mtu();
             let pd = qp.pd;
-            let w = qp.sq.slot_mut(qp.sq.head);
+            let w = qp.sq.slot_mut(qp.sq.slot_ci);
             if w.op != WqeOp::Read
                 || w.done
                 || psn_delta(h.psn, w.first_psn) < 0
@@ -196,8 +196,8 @@ pub(crate) fn handle(
 
 /// The peer acknowledged every PSN up to and including `psn`: complete what that finishes.
 fn acknowledge_through(qp: &mut Qp, psn: u32, ectx: &mut ErrorCtx<'_>) {
-    while qp.state == QpState::Rts && qp.sq.head < qp.sq.tail {
-        let w = qp.sq.slot(qp.sq.head);
+    while qp.state == QpState::Rts && qp.sq.slot_ci < qp.sq.slot_pi {
+        let w = qp.sq.slot(qp.sq.slot_ci);
         if !w.started {
             break;
         }
@@ -245,7 +245,8 @@ fn progressed(qp: &mut Qp, now: Duration) {
     qp.req.retry_left = qp.attrs.retry_cnt.unwrap_or(7);
     qp.req.rnr_left = qp.attrs.rnr_retry.unwrap_or(7);
     qp.req.retrying_from = None;
-    let outstanding = psn_delta(qp.req.high_psn, qp.req.comp_psn) > 0 || qp.sq.head < qp.sq.req;
+    let outstanding =
+        psn_delta(qp.req.high_psn, qp.req.comp_psn) > 0 || qp.sq.slot_ci < qp.sq.slot_req_ci;
     qp.req.timer = if outstanding {
         qp.attrs.timeout.and_then(ack_timeout).map(|t| now + t)
     } else {

@@ -93,10 +93,12 @@ pub(crate) enum CqFull {
 pub(crate) struct Cq {
     ring: QueueMemory,
     dbrec: QueueMemory,
-    count: u32,
-    log_count: u32,
-    /// Producer counter (24 bits used, as the consumer index).
-    pi: u32,
+    /// log2 of the CQEs in the ring: a counter's owner bit (lap parity) is its bit `cqe_n`.
+    cqe_n: u32,
+    /// Mask of the ring (CQEs - 1): a counter's entry is `& cqe_m`.
+    cqe_m: u32,
+    /// Producer index: CQEs written (24-bit, wrapping, as the consumer-index record's).
+    cqe_pi: u32,
     channel: Option<Arc<CompletionChannel>>,
     armed: Arc<AtomicBool>,
     /// Once overrun, a CQ takes no more CQEs (as a ConnectX moves it to error).
@@ -119,9 +121,9 @@ impl Cq {
         let cq = Cq {
             ring: cfg.ring,
             dbrec: cfg.dbrec,
-            count: cfg.cqe_count,
-            log_count: cfg.cqe_count.trailing_zeros(),
-            pi: 0,
+            cqe_n: cfg.cqe_count.trailing_zeros(),
+            cqe_m: cfg.cqe_count - 1,
+            cqe_pi: 0,
             channel: cfg.channel,
             armed: armed.clone(),
             broken: false,
@@ -135,20 +137,20 @@ impl Cq {
         if self.broken {
             return Err(CqFull::Overrun);
         }
-        let ci = self.dbrec.load_be32(0) & 0x00ff_ffff;
-        let used = self.pi.wrapping_sub(ci) & 0x00ff_ffff;
-        if used >= self.count {
+        let cqe_db_ci = self.dbrec.load_be32(0) & 0x00ff_ffff;
+        let used = self.cqe_pi.wrapping_sub(cqe_db_ci) & 0x00ff_ffff;
+        if used > self.cqe_m {
             self.broken = true;
             return Err(CqFull::Overrun);
         }
-        let slot = (self.pi & (self.count - 1)) as usize * CQE_SIZE;
-        let owner = ((self.pi >> self.log_count) & 1) as u8;
+        let slot = (self.cqe_pi & self.cqe_m) as usize * CQE_SIZE;
+        let owner = ((self.cqe_pi >> self.cqe_n) & 1) as u8;
         let op_own = codec::encode_cqe(&mut self.scratch, info, owner);
         // Every byte but the last first; the driver polls the op_own byte and must see a
         // complete CQE once it sees the new owner bit.
         self.ring.write(slot, &self.scratch[..CQE_SIZE - 1]);
         self.ring.store_u8_release(slot + CQE_SIZE - 1, op_own);
-        self.pi = self.pi.wrapping_add(1) & 0x00ff_ffff;
+        self.cqe_pi = self.cqe_pi.wrapping_add(1) & 0x00ff_ffff;
         if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel) {
             if let Some(ch) = &self.channel {
                 ch.signal();

@@ -127,38 +127,47 @@ impl DoorbellRegister {
     }
 }
 
-/// The send ring and the WQEs fetched from it (a ring of reusable slots, indexed by absolute
-/// counters: `head` oldest uncompleted, `req` next to transmit, `tail` next free).
+/// The send ring and the WQEs fetched from it, named as `docs/datapath.md`'s ring counters
+/// (`_pi` producer, `_ci` consumer, `_m` mask, `db_` read from the doorbell record): `wqe_`
+/// the driver's ring in basic blocks, `slot_` the ring of fetched WQEs, in WQEs, whose
+/// counters run `slot_ci <= slot_req_ci <= slot_pi`.
 pub(crate) struct SendQueue {
     pub mem: QueueMemory,
-    pub bbs: u32,
-    /// BB counter of the next WQE to fetch.
-    pub fetch: u16,
-    /// BB counter up to which the driver has rung.
-    pub limit: u16,
+    /// Mask of the send ring in basic blocks (BBs - 1): a BB counter's block is `& wqe_m`.
+    pub wqe_m: u32,
+    /// The device's consumer index: BB counter (16-bit, wrapping) of the next WQE to fetch.
+    pub wqe_ci: u16,
+    /// Producer index read from the doorbell record (BBs, 16-bit, wrapping): rung up to here.
+    pub wqe_db_pi: u16,
+    /// Fetched WQEs, one slot per BB of the ring (a power of two).
     pub slots: Vec<SendWqe>,
-    pub head: u64,
-    pub req: u64,
-    pub tail: u64,
+    /// Mask of `slots` (slots - 1): an absolute WQE counter's slot is `& slot_m`.
+    pub slot_m: u64,
+    /// Completer's consumer index: the oldest fetched WQE not completed (WQEs, absolute 64-bit).
+    pub slot_ci: u64,
+    /// Requester's consumer index: the next WQE to transmit (WQEs, absolute 64-bit); moves back
+    /// on a go-back-N.
+    pub slot_req_ci: u64,
+    /// Producer index: WQEs fetched so far, the next fetch fills its slot (absolute 64-bit).
+    pub slot_pi: u64,
     scratch: Vec<u8>,
 }
 
 impl SendQueue {
     pub fn slot(&self, abs: u64) -> &SendWqe {
-        &self.slots[(abs % self.slots.len() as u64) as usize]
+        &self.slots[(abs & self.slot_m) as usize]
     }
 
     pub fn slot_mut(&mut self, abs: u64) -> &mut SendWqe {
-        let n = self.slots.len() as u64;
-        &mut self.slots[(abs % n) as usize]
+        &mut self.slots[(abs & self.slot_m) as usize]
     }
 
     /// Fetches rung WQEs into free slots. Returns how many were fetched.
     pub fn fetch(&mut self, max_inline: u32, max_sge: u32) -> usize {
         let mut fetched = 0;
-        while self.fetch != self.limit && self.tail - self.head < self.slots.len() as u64 {
-            let ring_bytes = self.bbs as usize * SEND_WQE_BB;
-            let first = (self.fetch as usize % self.bbs as usize) * SEND_WQE_BB;
+        while self.wqe_ci != self.wqe_db_pi && self.slot_pi - self.slot_ci <= self.slot_m {
+            let ring_bytes = (self.wqe_m as usize + 1) * SEND_WQE_BB;
+            let first = (self.wqe_ci as u32 & self.wqe_m) as usize * SEND_WQE_BB;
             // The control segment's ds tells how many BBs the WQE spans; copy them out of the
             // ring, unwrapping at its end, and parse the straight copy.
             self.mem.read(first, &mut self.scratch[..SEND_WQE_BB]);
@@ -167,9 +176,9 @@ impl SendQueue {
             let bbs = bytes.div_ceil(SEND_WQE_BB);
             let span = bbs * SEND_WQE_BB;
             let end = first + span;
-            // The driver rang `limit - fetch` BBs; a WQE claiming more than that (or more than
-            // the ring) is malformed, and everything rung up to the limit goes with it.
-            let rung = self.limit.wrapping_sub(self.fetch) as usize;
+            // The driver rang `wqe_db_pi - wqe_ci` BBs; a WQE claiming more than that (or more
+            // than the ring) is malformed, and everything rung up to `wqe_db_pi` goes with it.
+            let rung = self.wqe_db_pi.wrapping_sub(self.wqe_ci) as usize;
             let fits = span <= ring_bytes && bbs <= rung;
             if !fits {
                 // A WQE larger than the whole ring: nothing sensible to read.
@@ -180,9 +189,8 @@ impl SendQueue {
                 self.mem.read(first, &mut self.scratch[..head_part]);
                 self.mem.read(0, &mut self.scratch[head_part..span]);
             }
-            let n = self.slots.len() as u64;
-            let slot = &mut self.slots[(self.tail % n) as usize];
-            let index = self.fetch;
+            let slot = &mut self.slots[(self.slot_pi & self.slot_m) as usize];
+            let index = self.wqe_ci;
             let result = if fits {
                 codec::decode_send_wqe(&self.scratch[..], max_inline, max_sge, slot)
             } else {
@@ -198,12 +206,12 @@ impl SendQueue {
                     WqeError::TooLong => syndrome::LOCAL_LENGTH,
                 });
             }
-            self.fetch = if fits {
-                self.fetch.wrapping_add(bbs as u16)
+            self.wqe_ci = if fits {
+                self.wqe_ci.wrapping_add(bbs as u16)
             } else {
-                self.limit
+                self.wqe_db_pi
             };
-            self.tail += 1;
+            self.slot_pi += 1;
             fetched += 1;
         }
         fetched
@@ -219,20 +227,23 @@ fn reset_progress(w: &mut SendWqe) {
     w.last_psn = 0;
 }
 
-/// The receive ring.
+/// The receive ring (`rwqe_`, counted in receive WQEs; see [`SendQueue`] for the names).
 pub(crate) struct RecvQueue {
     pub mem: QueueMemory,
-    pub wqes: u32,
-    pub stride: u32,
-    /// Counter of the next receive WQE to consume (16 bits, as the doorbell record's).
-    pub ci: u16,
+    /// Mask of the ring in receive WQEs (WQEs - 1): a counter's slot is `& rwqe_m`.
+    pub rwqe_m: u32,
+    /// log2 of the bytes per receive WQE.
+    pub stride_shift: u32,
+    /// The device's consumer index: the next receive WQE to consume (WQEs, 16-bit, wrapping,
+    /// as the doorbell record's producer index).
+    pub rwqe_ci: u16,
 }
 
 impl RecvQueue {
     /// Reads the scatter list of the next receive WQE into `out`.
     pub fn read_next(&self, out: &mut Vec<Sge>, scratch: &mut [u8]) -> Result<(), WqeError> {
-        let stride = self.stride as usize;
-        let off = (self.ci as usize % self.wqes as usize) * stride;
+        let stride = 1usize << self.stride_shift;
+        let off = ((self.rwqe_ci as u32 & self.rwqe_m) as usize) << self.stride_shift;
         self.mem.read(off, &mut scratch[..stride]);
         codec::decode_recv_wqe(&scratch[..stride], out)
     }
@@ -247,7 +258,7 @@ pub(crate) struct Requester {
     pub comp_psn: u32,
     /// One past the highest PSN ever sent (to count retransmissions).
     pub high_psn: u32,
-    /// Bytes of WQE `req` already sent.
+    /// Bytes of WQE `sq.slot_req_ci` already sent.
     pub offset: u32,
     /// READ/atomic WQEs started and not done.
     pub rd_atomic: u32,
@@ -276,7 +287,7 @@ pub(crate) struct Responder {
     pub ack_pending: bool,
     /// The pending ACK already waited one round for company.
     pub ack_deferred: bool,
-    /// A multi-packet SEND is in progress into receive WQE `rq.ci`.
+    /// A multi-packet SEND is in progress into receive WQE `rq.rwqe_ci`.
     pub in_send: bool,
     pub recv_offset: u32,
     pub recv_sges: Vec<Sge>,
@@ -356,20 +367,21 @@ impl Qp {
             attrs: QpAttrs::default(),
             sq: SendQueue {
                 mem: cfg.sq,
-                bbs: cfg.sq_bbs,
-                fetch: 0,
-                limit: 0,
+                wqe_m: cfg.sq_bbs - 1,
+                wqe_ci: 0,
+                wqe_db_pi: 0,
                 slots,
-                head: 0,
-                req: 0,
-                tail: 0,
+                slot_m: u64::from(cfg.sq_bbs) - 1,
+                slot_ci: 0,
+                slot_req_ci: 0,
+                slot_pi: 0,
                 scratch: vec![0u8; codec::WQE_SCRATCH],
             },
             rq: RecvQueue {
                 mem: cfg.rq,
-                wqes: cfg.rq_wqes,
-                stride: cfg.rq_stride,
-                ci: 0,
+                rwqe_m: cfg.rq_wqes - 1,
+                stride_shift: cfg.rq_stride.trailing_zeros(),
+                rwqe_ci: 0,
             },
             dbrec: cfg.dbrec,
             bell,
@@ -396,24 +408,25 @@ impl Qp {
         Some((self.attrs.dest_addr?, self.attrs.dest_qpn?))
     }
 
-    /// The driver's receive counter.
-    pub fn rq_posted(&self) -> u16 {
+    /// The driver's receive producer index, read from the doorbell record (receive WQEs,
+    /// 16-bit, wrapping).
+    pub fn rwqe_db_pi(&self) -> u16 {
         self.dbrec.load_be32(0) as u16
     }
 
-    /// Reads the doorbell record's send counter after a doorbell.
+    /// Reads the doorbell record's send counter (`sq.wqe_db_pi`) after a doorbell.
     pub fn read_send_doorbell(&mut self) {
-        self.sq.limit = self.dbrec.load_be32(4) as u16;
+        self.sq.wqe_db_pi = self.dbrec.load_be32(4) as u16;
     }
 
     /// Returns rings and transport state to their initial values (RESET), as libmlx5 expects.
     pub fn reset(&mut self) {
-        self.sq.fetch = 0;
-        self.sq.limit = 0;
-        self.sq.head = 0;
-        self.sq.req = 0;
-        self.sq.tail = 0;
-        self.rq.ci = 0;
+        self.sq.wqe_ci = 0;
+        self.sq.wqe_db_pi = 0;
+        self.sq.slot_ci = 0;
+        self.sq.slot_req_ci = 0;
+        self.sq.slot_pi = 0;
+        self.rq.rwqe_ci = 0;
         self.req = Requester::default();
         let sges = std::mem::take(&mut self.resp.recv_sges);
         self.resp = Responder {
@@ -489,8 +502,9 @@ pub(crate) struct ErrorCtx<'a> {
 }
 
 impl Qp {
-    /// Moves to ERR: an error CQE for the WQE at `head` (when `failed` names a syndrome), then
-    /// WR_FLUSH_ERR for every other fetched or rung send WQE and every posted receive WQE.
+    /// Moves to ERR: an error CQE for the WQE at `sq.slot_ci` (when `failed` names a
+    /// syndrome), then WR_FLUSH_ERR for every other fetched or rung send WQE and every posted
+    /// receive WQE.
     pub fn enter_error(&mut self, failed: Option<u8>, ctx: &mut ErrorCtx<'_>) {
         if self.state == QpState::Err {
             return;
@@ -500,8 +514,8 @@ impl Qp {
         self.req.timer = None;
         self.req.rnr_until = None;
         if let Some(s) = failed {
-            if self.sq.head < self.sq.tail {
-                let w = self.sq.slot(self.sq.head);
+            if self.sq.slot_ci < self.sq.slot_pi {
+                let w = self.sq.slot(self.sq.slot_ci);
                 let info = CqeInfo {
                     kind: CqeKind::RequesterError {
                         wqe_opcode: w.mlx5_opcode,
@@ -512,7 +526,7 @@ impl Qp {
                     byte_count: 0,
                     imm: None,
                 };
-                self.sq.head += 1;
+                self.sq.slot_ci += 1;
                 push_cqe(ctx.cqs, self.send_cq, &info, &mut self.counters, ctx.events);
             }
         }
@@ -522,8 +536,8 @@ impl Qp {
     /// In ERR: flushes every send WQE fetched or rung and every receive WQE posted.
     pub fn flush(&mut self, ctx: &mut ErrorCtx<'_>) {
         loop {
-            while self.sq.head < self.sq.tail {
-                let w = self.sq.slot(self.sq.head);
+            while self.sq.slot_ci < self.sq.slot_pi {
+                let w = self.sq.slot(self.sq.slot_ci);
                 let info = CqeInfo {
                     kind: CqeKind::RequesterError {
                         wqe_opcode: w.mlx5_opcode,
@@ -534,11 +548,11 @@ impl Qp {
                     byte_count: 0,
                     imm: None,
                 };
-                self.sq.head += 1;
+                self.sq.slot_ci += 1;
                 push_cqe(ctx.cqs, self.send_cq, &info, &mut self.counters, ctx.events);
             }
-            self.sq.req = self.sq.head;
-            if self.sq.fetch == self.sq.limit
+            self.sq.slot_req_ci = self.sq.slot_ci;
+            if self.sq.wqe_ci == self.sq.wqe_db_pi
                 || self.sq.fetch(self.max_inline, self.max_send_sge) == 0
             {
                 break;
@@ -546,18 +560,18 @@ impl Qp {
         }
         self.resp.in_send = false;
         self.resp.in_write = false;
-        let posted = self.rq_posted();
-        while self.rq.ci != posted {
+        let posted = self.rwqe_db_pi();
+        while self.rq.rwqe_ci != posted {
             let info = CqeInfo {
                 kind: CqeKind::ResponderError {
                     syndrome: syndrome::WR_FLUSH,
                 },
                 qpn: self.qpn,
-                wqe_counter: self.rq.ci,
+                wqe_counter: self.rq.rwqe_ci,
                 byte_count: 0,
                 imm: None,
             };
-            self.rq.ci = self.rq.ci.wrapping_add(1);
+            self.rq.rwqe_ci = self.rq.rwqe_ci.wrapping_add(1);
             push_cqe(ctx.cqs, self.recv_cq, &info, &mut self.counters, ctx.events);
         }
     }

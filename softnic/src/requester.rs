@@ -44,7 +44,7 @@ pub(crate) fn run(
         }
         qp.req.rnr_until = None;
     }
-    if qp.sq.fetch != qp.sq.limit {
+    if qp.sq.wqe_ci != qp.sq.wqe_db_pi {
         qp.sq.fetch(qp.max_inline, qp.max_send_sge);
     }
     let Some((peer, dest_qpn)) = qp.peer() else {
@@ -52,13 +52,13 @@ pub(crate) fn run(
     };
     let mtu = qp.mtu();
     let max_rd_atomic = qp.attrs.max_rd_atomic.unwrap_or(1).max(1) as u32;
-    while qp.sq.req < qp.sq.tail {
+    while qp.sq.slot_req_ci < qp.sq.slot_pi {
         if out.packets >= budget {
             out.more = true;
             break;
         }
-        let at_head = qp.sq.req == qp.sq.head;
-        let w = qp.sq.slot(qp.sq.req);
+        let at_head = qp.sq.slot_req_ci == qp.sq.slot_ci;
+        let w = qp.sq.slot(qp.sq.slot_req_ci);
         if let Some(s) = w.fault {
             // A WQE the device cannot execute fails once everything before it has completed.
             if at_head {
@@ -81,19 +81,19 @@ pub(crate) fn run(
         if w.op == WqeOp::Nop {
             // No packet: completes once everything before it is acknowledged.
             let last = psn_add(qp.req.psn, u32::MAX >> 8);
-            let w = qp.sq.slot_mut(qp.sq.req);
+            let w = qp.sq.slot_mut(qp.sq.slot_req_ci);
             w.started = true;
             w.sent_all = true;
             w.done = true;
             w.first_psn = qp.req.psn;
             w.last_psn = last & 0x00ff_ffff;
-            qp.sq.req += 1;
+            qp.sq.slot_req_ci += 1;
             continue;
         }
         match send_one(qp, mrs, tx, peer, dest_qpn, mtu) {
             Ok(()) => out.packets += 1,
             Err(s) => {
-                let req = qp.sq.req;
+                let req = qp.sq.slot_req_ci;
                 qp.sq.slot_mut(req).fault = Some(s);
             }
         }
@@ -101,7 +101,7 @@ pub(crate) fn run(
     out
 }
 
-/// Sends the next packet of WQE `sq.req`; advances the requester.
+/// Sends the next packet of WQE `sq.slot_req_ci`; advances the requester.
 fn send_one(
     qp: &mut Qp,
     mrs: &MrTable,
@@ -110,7 +110,7 @@ fn send_one(
     dest_qpn: u32,
     mtu: u32,
 ) -> Result<(), u8> {
-    let req = qp.sq.req;
+    let req = qp.sq.slot_req_ci;
     let psn = qp.req.psn;
     let offset = qp.req.offset;
     let pd = qp.pd;
@@ -236,7 +236,7 @@ fn send_one(
     };
     if finished {
         qp.sq.slot_mut(req).sent_all = true;
-        qp.sq.req += 1;
+        qp.sq.slot_req_ci += 1;
         qp.req.offset = 0;
     }
     if qp.req.timer.is_none() {
@@ -253,15 +253,15 @@ pub(crate) fn go_back(qp: &mut Qp, from: u32) {
         return;
     }
     let mtu = qp.mtu();
-    let mut i = qp.sq.head;
-    while i < qp.sq.req {
+    let mut i = qp.sq.slot_ci;
+    while i < qp.sq.slot_req_ci {
         let w = qp.sq.slot(i);
         if w.started && w.op != WqeOp::Nop && psn_delta(w.last_psn, from) >= 0 {
             break;
         }
         i += 1;
     }
-    if i == qp.sq.req && qp.req.offset == 0 {
+    if i == qp.sq.slot_req_ci && qp.req.offset == 0 {
         // Nothing sent at or after `from` is outstanding.
         return;
     }
@@ -272,12 +272,12 @@ pub(crate) fn go_back(qp: &mut Qp, from: u32) {
         _ => 0,
     };
     let from = if offset == 0 { w.first_psn } else { from };
-    for j in i..qp.sq.req.max(i + 1) {
-        if j < qp.sq.tail {
+    for j in i..qp.sq.slot_req_ci.max(i + 1) {
+        if j < qp.sq.slot_pi {
             qp.sq.slot_mut(j).sent_all = false;
         }
     }
-    qp.sq.req = i;
+    qp.sq.slot_req_ci = i;
     qp.req.offset = offset;
     qp.req.psn = from;
     qp.req.since_ack_req = 0;
@@ -292,7 +292,7 @@ pub(crate) fn check_timer(qp: &mut Qp, now: Duration, ectx: &mut ErrorCtx<'_>) {
         return;
     }
     qp.req.timer = None;
-    if psn_delta(qp.req.high_psn, qp.req.comp_psn) <= 0 && qp.sq.head == qp.sq.req {
+    if psn_delta(qp.req.high_psn, qp.req.comp_psn) <= 0 && qp.sq.slot_ci == qp.sq.slot_req_ci {
         return;
     }
     qp.counters.timeouts += 1;
@@ -308,7 +308,7 @@ pub(crate) fn check_timer(qp: &mut Qp, now: Duration, ectx: &mut ErrorCtx<'_>) {
 
 /// Completes the WQE at the head of the send queue (CQE only when signaled).
 pub(crate) fn complete_head(qp: &mut Qp, ectx: &mut ErrorCtx<'_>) {
-    let w = qp.sq.slot(qp.sq.head);
+    let w = qp.sq.slot(qp.sq.slot_ci);
     if w.op.is_read_or_atomic() {
         qp.req.rd_atomic = qp.req.rd_atomic.saturating_sub(1);
     }
@@ -325,11 +325,11 @@ pub(crate) fn complete_head(qp: &mut Qp, ectx: &mut ErrorCtx<'_>) {
         },
         imm: None,
     };
-    qp.sq.head += 1;
-    if qp.sq.req < qp.sq.head {
+    qp.sq.slot_ci += 1;
+    if qp.sq.slot_req_ci < qp.sq.slot_ci {
         // An ACK overtook a go-back-N in progress and completed the WQE being resent. Resume
         // at the next WQE with the PSNs after it, so no PSN ever names two different packets.
-        qp.sq.req = qp.sq.head;
+        qp.sq.slot_req_ci = qp.sq.slot_ci;
         qp.req.offset = 0;
         if psn_delta(qp.req.comp_psn, qp.req.psn) > 0 {
             qp.req.psn = qp.req.comp_psn;

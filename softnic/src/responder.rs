@@ -131,7 +131,7 @@ fn send(
         return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
     }
     if h.first {
-        if qp.rq.ci == qp.rq_posted() {
+        if qp.rq.rwqe_ci == qp.rwqe_db_pi() {
             return rnr(qp, h.psn, tx);
         }
         let mut sges = std::mem::take(&mut qp.resp.recv_sges);
@@ -184,11 +184,11 @@ fn send(
         let info = CqeInfo {
             kind: CqeKind::RecvSend,
             qpn: qp.qpn,
-            wqe_counter: qp.rq.ci,
+            wqe_counter: qp.rq.rwqe_ci,
             byte_count: qp.resp.recv_offset,
             imm: h.imm,
         };
-        qp.rq.ci = qp.rq.ci.wrapping_add(1);
+        qp.rq.rwqe_ci = qp.rq.rwqe_ci.wrapping_add(1);
         recv_cqe(qp, &info, ectx);
     }
     if h.ack_req {
@@ -235,7 +235,7 @@ fn write(
     if len > qp.resp.write_left || (h.last && len != qp.resp.write_left) {
         return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
     }
-    if h.imm.is_some() && qp.rq.ci == qp.rq_posted() {
+    if h.imm.is_some() && qp.rq.rwqe_ci == qp.rwqe_db_pi() {
         // WRITE_WITH_IMM needs a receive WQE; check before touching memory.
         if h.first {
             qp.resp.write_left = 0;
@@ -265,11 +265,11 @@ fn write(
             let info = CqeInfo {
                 kind: CqeKind::RecvWriteImm,
                 qpn: qp.qpn,
-                wqe_counter: qp.rq.ci,
+                wqe_counter: qp.rq.rwqe_ci,
                 byte_count: qp.resp.write_len,
                 imm: h.imm,
             };
-            qp.rq.ci = qp.rq.ci.wrapping_add(1);
+            qp.rq.rwqe_ci = qp.rq.rwqe_ci.wrapping_add(1);
             recv_cqe(qp, &info, ectx);
         }
     }
@@ -407,11 +407,11 @@ fn fatal(
         let info = CqeInfo {
             kind: CqeKind::ResponderError { syndrome: s },
             qpn: qp.qpn,
-            wqe_counter: qp.rq.ci,
+            wqe_counter: qp.rq.rwqe_ci,
             byte_count: 0,
             imm: None,
         };
-        qp.rq.ci = qp.rq.ci.wrapping_add(1);
+        qp.rq.rwqe_ci = qp.rq.rwqe_ci.wrapping_add(1);
         push_cqe(ectx.cqs, qp.recv_cq, &info, &mut qp.counters, ectx.events);
     }
     if nak == NakCode::RemoteAccess {
