@@ -14,7 +14,7 @@ use std::time::Duration;
 use hw_defs::mlx5::{
     cqe, AtomicSegRepr, Cqe64, CqeOpcode, CqeRepr, CtrlSegRepr, DataSegRepr, ErrCqe, ErrCqeRepr,
     FenceMode, InlineData, RaddrSegRepr, RecvWqe, SendOpcode, SendRing, SendWqeRepr, Sges,
-    Syndrome, WqeData,
+    Syndrome, WqeData, SEND_WQE_BB,
 };
 use hw_defs::verbs::WcStatus;
 
@@ -287,10 +287,13 @@ pub struct HarnessQp {
     pub qpn: u32,
     doorbell: DoorbellRegister,
     sq: QueueMemory,
+    /// BBs in the send ring (a power of two, as `create_qp` checked): a counter's BB is
+    /// `counter & (sq_bbs - 1)`.
     sq_bbs: u32,
     /// Send producer counter in BBs.
     pub sq_pi: u32,
     rq: QueueMemory,
+    /// Receive WQEs in the ring (a power of two, as `create_qp` checked).
     rq_wqes: u32,
     rq_stride: u32,
     /// Receive producer counter.
@@ -309,7 +312,7 @@ impl HarnessQp {
         sizes: QpSizes,
     ) -> Result<HarnessQp, DeviceError> {
         let rq_stride = (sizes.rq_sges.max(1) * 16).next_power_of_two();
-        let sq = QueueMemory::alloc(sizes.sq_bbs as usize * 64);
+        let sq = QueueMemory::alloc(sizes.sq_bbs as usize * SEND_WQE_BB);
         let rq = QueueMemory::alloc(sizes.rq_wqes as usize * rq_stride as usize);
         let dbrec = QueueMemory::alloc(8);
         let h = dev.create_qp(QpConfig {
@@ -425,7 +428,7 @@ impl HarnessQp {
             let mut ring = SendRing::new_checked(ring).expect("send ring geometry");
             wqe.emit(&mut ring).expect("WQE fits the ring")
         };
-        let off = (index as usize % self.sq_bbs as usize) * 64;
+        let off = (u32::from(index) & (self.sq_bbs - 1)) as usize * SEND_WQE_BB;
         let mut first8 = [0u8; 8];
         self.sq.read(off, &mut first8);
         self.last_ctrl = u64::from_be_bytes(first8);
@@ -453,7 +456,7 @@ impl HarnessQp {
 
     /// Overwrites the `ds` of the WQE at `index` (tests of malformed WQEs).
     pub fn corrupt_ds(&mut self, index: u16, ds: u8) {
-        let off = (index as usize % self.sq_bbs as usize) * 64;
+        let off = (u32::from(index) & (self.sq_bbs - 1)) as usize * SEND_WQE_BB;
         let ring = self.ring_bytes();
         let mut ctrl = hw_defs::mlx5::CtrlSeg::new_unchecked(&mut ring[off..off + 16]);
         ctrl.set_ds(ds);
@@ -468,7 +471,7 @@ impl HarnessQp {
 
     /// Posts a receive WQE with this scatter list and publishes it.
     pub fn post_recv(&mut self, sges: &[DataSegRepr]) {
-        let off = (self.rq_pi % self.rq_wqes) as usize * self.rq_stride as usize;
+        let off = (self.rq_pi & (self.rq_wqes - 1)) as usize * self.rq_stride as usize;
         // SAFETY: the receive ring is ours; the device reads this slot only after the counter
         // below publishes it.
         let slot = unsafe {
