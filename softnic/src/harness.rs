@@ -532,6 +532,41 @@ impl Default for ConnectOptions {
     }
 }
 
+impl ConnectOptions {
+    /// INIT attributes: every access right.
+    pub fn init_attrs(&self) -> QpAttrs {
+        QpAttrs {
+            access: Some(Access::ALL),
+            ..Default::default()
+        }
+    }
+
+    /// RTR attributes towards `peer_qpn` at `peer_addr`.
+    pub fn rtr_attrs(&self, peer_addr: IpAddr, peer_qpn: u32) -> QpAttrs {
+        QpAttrs {
+            path_mtu: Some(self.mtu),
+            dest_qpn: Some(peer_qpn),
+            dest_addr: Some(peer_addr),
+            rq_psn: Some(self.psn),
+            max_dest_rd_atomic: Some(self.rd_atomic),
+            min_rnr_timer: Some(self.min_rnr_timer),
+            ..Default::default()
+        }
+    }
+
+    /// RTS attributes.
+    pub fn rts_attrs(&self) -> QpAttrs {
+        QpAttrs {
+            timeout: Some(self.timeout),
+            retry_cnt: Some(self.retry_cnt),
+            rnr_retry: Some(self.rnr_retry),
+            sq_psn: Some(self.psn),
+            max_rd_atomic: Some(self.rd_atomic),
+            ..Default::default()
+        }
+    }
+}
+
 /// Takes a QP from RESET to RTS towards a peer QP.
 pub fn bring_up(
     dev: &Device,
@@ -540,39 +575,9 @@ pub fn bring_up(
     peer_qpn: u32,
     o: &ConnectOptions,
 ) -> Result<(), DeviceError> {
-    dev.modify_qp(
-        qpn,
-        QpState::Init,
-        &QpAttrs {
-            access: Some(Access::ALL),
-            ..Default::default()
-        },
-    )?;
-    dev.modify_qp(
-        qpn,
-        QpState::Rtr,
-        &QpAttrs {
-            path_mtu: Some(o.mtu),
-            dest_qpn: Some(peer_qpn),
-            dest_addr: Some(peer_addr),
-            rq_psn: Some(o.psn),
-            max_dest_rd_atomic: Some(o.rd_atomic),
-            min_rnr_timer: Some(o.min_rnr_timer),
-            ..Default::default()
-        },
-    )?;
-    dev.modify_qp(
-        qpn,
-        QpState::Rts,
-        &QpAttrs {
-            timeout: Some(o.timeout),
-            retry_cnt: Some(o.retry_cnt),
-            rnr_retry: Some(o.rnr_retry),
-            sq_psn: Some(o.psn),
-            max_rd_atomic: Some(o.rd_atomic),
-            ..Default::default()
-        },
-    )
+    dev.modify_qp(qpn, QpState::Init, &o.init_attrs())?;
+    dev.modify_qp(qpn, QpState::Rtr, &o.rtr_attrs(peer_addr, peer_qpn))?;
+    dev.modify_qp(qpn, QpState::Rts, &o.rts_attrs())
 }
 
 /// Connects two QPs to each other.

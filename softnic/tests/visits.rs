@@ -27,19 +27,9 @@ fn rounds_visit_the_busy_qp_and_leave_connected_idle_qps_alone() {
         connect(&a.dev, &qa, &b.dev, &qb, &ConnectOptions::default()).unwrap();
         idle.push((qa, qb));
     }
-    let sge = [a.buf.sge(0, 64)];
     for _ in 0..50 {
-        a.qp.post(
-            Op::Write {
-                raddr: b.buf.addr(0),
-                rkey: b.buf.keys.rkey,
-            },
-            Data::Sges(&sge),
-            true,
-        );
-        a.qp.ring();
         assert_eq!(
-            next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+            common::write_and_wait(&sim, &mut a, &b, 64),
             WcStatus::Success
         );
     }
@@ -90,29 +80,10 @@ fn work_rung_in_rtr_goes_out_when_the_qp_reaches_rts() {
     let o = ConnectOptions::default();
     softnic::harness::bring_up(&b.dev, qb.qpn, a.dev.addr(), qa.qpn, &o).unwrap();
     a.dev
-        .modify_qp(
-            qa.qpn,
-            QpState::Init,
-            &QpAttrs {
-                access: Some(softnic::Access::ALL),
-                ..Default::default()
-            },
-        )
+        .modify_qp(qa.qpn, QpState::Init, &o.init_attrs())
         .unwrap();
     a.dev
-        .modify_qp(
-            qa.qpn,
-            QpState::Rtr,
-            &QpAttrs {
-                path_mtu: Some(o.mtu),
-                dest_qpn: Some(qb.qpn),
-                dest_addr: Some(b.dev.addr()),
-                rq_psn: Some(o.psn),
-                max_dest_rd_atomic: Some(o.rd_atomic),
-                min_rnr_timer: Some(o.min_rnr_timer),
-                ..Default::default()
-            },
-        )
+        .modify_qp(qa.qpn, QpState::Rtr, &o.rtr_attrs(b.dev.addr(), qb.qpn))
         .unwrap();
     let sge = [a.buf.sge(0, 64)];
     qa.post(
@@ -127,18 +98,7 @@ fn work_rung_in_rtr_goes_out_when_the_qp_reaches_rts() {
     sim.run_until(&[&a.dev, &b.dev], Duration::from_millis(5), || false);
     assert!(a.scq.poll().is_none(), "a WRITE went out of a QP in RTR");
     a.dev
-        .modify_qp(
-            qa.qpn,
-            QpState::Rts,
-            &QpAttrs {
-                timeout: Some(o.timeout),
-                retry_cnt: Some(o.retry_cnt),
-                rnr_retry: Some(o.rnr_retry),
-                sq_psn: Some(o.psn),
-                max_rd_atomic: Some(o.rd_atomic),
-                ..Default::default()
-            },
-        )
+        .modify_qp(qa.qpn, QpState::Rts, &o.rts_attrs())
         .unwrap();
     assert_eq!(
         next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,

@@ -25,7 +25,7 @@ use std::time::Duration;
 use benches::fabric::{caps, rtr, Fabric, A_BACKUP, A_DEFAULT, B_BACKUP, B_DEFAULT};
 use clap::{Parser, ValueEnum};
 use pmd::resilient::{FailoverService, ResilientConfig, ResilientContext, ServiceConfig};
-use pmd::{Access, QpAttr, QpState};
+use pmd::{Access, Gid, QpAttr, QpState};
 use serde_json::json;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -104,6 +104,32 @@ fn cq_entries() -> u32 {
     2 * (c.max_send_wr + c.max_recv_wr).max(8)
 }
 
+/// Brings QP 0 (at `a`: GID, QPN) and QP 1 (at `b`) to RTS towards each other through
+/// `modify(end, state, attributes)`: INIT both, RTR both, RTS both.
+fn connect_pair(
+    a: (Gid, u32),
+    b: (Gid, u32),
+    mut modify: impl FnMut(usize, QpState, &QpAttr) -> Result<(), String>,
+) {
+    let peers = [b, a];
+    for (state, what) in [
+        (QpState::Init, "INIT"),
+        (QpState::Rtr, "RTR"),
+        (QpState::Rts, "RTS"),
+    ] {
+        for (end, (gid, qpn)) in peers.iter().enumerate() {
+            let attr = match state {
+                QpState::Init => QpAttr::init(Access::ALL),
+                QpState::Rtr => rtr(*gid, *qpn),
+                _ => QpAttr::rts(0),
+            };
+            if let Err(e) = modify(end, state, &attr) {
+                panic!("modify QP {end} to {what}: {e}");
+            }
+        }
+    }
+}
+
 /// Creates `n` objects of `kind` on each host and returns how much the resident set grew.
 fn measure(kind: Kind, n: u32) -> Footprint {
     let f = Fabric::new();
@@ -130,15 +156,11 @@ fn measure(kind: Kind, n: u32) -> Footprint {
                 let cq_b = b.create_cq(cq_entries(), false).expect("create_cq");
                 let mut qa = pd_a.create_qp(&cq_a, &cq_a, caps()).expect("create_qp");
                 let mut qb = pd_b.create_qp(&cq_b, &cq_b, caps()).expect("create_qp");
-                qa.modify(QpState::Init, &QpAttr::init(Access::ALL))
-                    .expect("INIT");
-                qb.modify(QpState::Init, &QpAttr::init(Access::ALL))
-                    .expect("INIT");
                 let (qpn_a, qpn_b) = (qa.qpn(), qb.qpn());
-                qa.modify(QpState::Rtr, &rtr(gb, qpn_b)).expect("RTR");
-                qb.modify(QpState::Rtr, &rtr(ga, qpn_a)).expect("RTR");
-                qa.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
-                qb.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
+                connect_pair((ga, qpn_a), (gb, qpn_b), |end, state, attr| {
+                    let qp = if end == 0 { &mut qa } else { &mut qb };
+                    qp.modify(state, attr).map(drop).map_err(|e| e.to_string())
+                });
                 pairs.push((cq_a, cq_b, qa, qb));
             }
             let grown = Footprint::now().since(before);
@@ -175,15 +197,11 @@ fn measure(kind: Kind, n: u32) -> Footprint {
                 let blob_b = qb.rendezvous_blob(wait).expect("B's backup side");
                 qa.connect_backup(&blob_b).expect("connect_backup");
                 qb.connect_backup(&blob_a).expect("connect_backup");
-                qa.modify(QpState::Init, &QpAttr::init(Access::ALL))
-                    .expect("INIT");
-                qb.modify(QpState::Init, &QpAttr::init(Access::ALL))
-                    .expect("INIT");
                 let (qpn_a, qpn_b) = (qa.qpn(), qb.qpn());
-                qa.modify(QpState::Rtr, &rtr(gb, qpn_b)).expect("RTR");
-                qb.modify(QpState::Rtr, &rtr(ga, qpn_a)).expect("RTR");
-                qa.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
-                qb.modify(QpState::Rts, &QpAttr::rts(0)).expect("RTS");
+                connect_pair((ga, qpn_a), (gb, qpn_b), |end, state, attr| {
+                    let qp = if end == 0 { &mut qa } else { &mut qb };
+                    qp.modify(state, attr).map(drop).map_err(|e| e.to_string())
+                });
                 pairs.push((qa, qb));
             }
             for (qa, qb) in &mut pairs {

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use softnic::harness::{connect, Completion, ConnectOptions, HarnessCq, Node, QpSizes, Sim};
+use hw_defs::verbs::WcStatus;
+use softnic::harness::{
+    connect, Completion, ConnectOptions, Data, HarnessCq, Node, Op, QpSizes, Sim,
+};
 use softnic::Device;
 
 /// Two nodes on a fabric, connected.
@@ -60,4 +63,20 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// Posts a signaled WRITE of `len` bytes from the start of `a`'s buffer to the start of `b`'s,
+/// rings, and returns its completion's status.
+pub fn write_and_wait(sim: &Sim, a: &mut Node, b: &Node, len: u32) -> WcStatus {
+    let sge = [a.buf.sge(0, len)];
+    a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(0),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
+    a.qp.ring();
+    next(sim, &[&a.dev, &b.dev], &mut a.scq).status
 }

@@ -115,15 +115,8 @@ enum Command {
         /// Message size.
         #[arg(long, short = 's', default_value_t = 8)]
         size: u32,
-        /// Where the apps' binaries are (default: beside this binary).
-        #[arg(long)]
-        apps_dir: Option<PathBuf>,
-        /// Where the apps' reports go.
-        #[arg(long, default_value = "out")]
-        out_dir: PathBuf,
-        /// Out-of-band TCP port of the apps.
-        #[arg(long, default_value_t = 18515)]
-        port: u16,
+        #[command(flatten)]
+        apps: AppsArgs,
         /// Write the result as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -224,6 +217,19 @@ struct ScenarioArgs {
     /// Skip measuring the medium and the 8-byte write latency.
     #[arg(long)]
     no_baseline: bool,
+    #[command(flatten)]
+    apps: AppsArgs,
+    /// Hold-down of the apps' QPs before a switch-back (default: the pmd's 1s).
+    #[arg(long, value_parser = schedule::parse_duration)]
+    holddown: Option<std::time::Duration>,
+    /// Extra arguments passed to both apps, after `--`.
+    #[arg(last = true)]
+    extra: Vec<String>,
+}
+
+/// Where the apps are, where their reports go, and their out-of-band port.
+#[derive(Args)]
+struct AppsArgs {
     /// Where the apps' binaries are (default: beside this binary).
     #[arg(long)]
     apps_dir: Option<PathBuf>,
@@ -233,12 +239,6 @@ struct ScenarioArgs {
     /// Out-of-band TCP port of the apps.
     #[arg(long, default_value_t = 18515)]
     port: u16,
-    /// Hold-down of the apps' QPs before a switch-back (default: the pmd's 1s).
-    #[arg(long, value_parser = schedule::parse_duration)]
-    holddown: Option<std::time::Duration>,
-    /// Extra arguments passed to both apps, after `--`.
-    #[arg(last = true)]
-    extra: Vec<String>,
 }
 
 impl ScenarioArgs {
@@ -265,11 +265,11 @@ impl ScenarioArgs {
         if self.no_baseline {
             o.with_baseline = false;
         }
-        if let Some(dir) = self.apps_dir {
+        if let Some(dir) = self.apps.apps_dir {
             o.apps_dir = dir;
         }
-        o.out_dir = self.out_dir;
-        o.port = self.port;
+        o.out_dir = self.apps.out_dir;
+        o.port = self.apps.port;
         o.extra_args = self.extra;
         if self.holddown.is_some() {
             o.holddown = self.holddown;
@@ -413,9 +413,7 @@ fn run(cli: Cli) -> Result<(), String> {
             rounds,
             iters,
             size,
-            apps_dir,
-            out_dir,
-            port,
+            apps,
             json,
         } => {
             let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
@@ -424,9 +422,11 @@ fn run(cli: Cli) -> Result<(), String> {
                 rounds,
                 iters,
                 size,
-                apps_dir: apps_dir.unwrap_or_else(testbed::apprun::default_apps_dir),
-                out_dir,
-                port,
+                apps_dir: apps
+                    .apps_dir
+                    .unwrap_or_else(testbed::apprun::default_apps_dir),
+                out_dir: apps.out_dir,
+                port: apps.port,
             };
             let result = idle_lat::run(&info, &o, &mut |r| {
                 println!(
