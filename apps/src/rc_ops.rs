@@ -25,6 +25,15 @@
 //! The initiator checks every byte the READ brought and every atomic result; the target checks
 //! its three receive completions (opcode, length, immediate), every byte written and sent,
 //! and the atomics' effect (30 and 112).
+//!
+//! **RNR plan** (`--rnr-retry N` on the initiator, `--rnr-timer T` on the target): the target
+//! posts no receive before the exchange and answers RNR NAKs with timer code T; with
+//! `--rnr-post-ms MS` it posts its receive (at 40960) MS milliseconds after sending its line,
+//! else never. The initiator, RNR retry count N, sends one SEND of 3000 bytes from 0 (three
+//! packets): with N = 7 (retry for ever) it must complete successfully, and the target checks
+//! its receive completion and every byte; with N < 7 against a target that never posts, it
+//! must complete with RNR_RETRY_EXC_ERR after N retries, and the target checks that nothing
+//! arrived. The exchange is the same.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -78,6 +87,26 @@ pub struct Options {
     /// Wait for an initiator and check what it did.
     #[arg(long)]
     pub target: bool,
+    /// Initiator: run the RNR plan (one SEND) with this RNR retry count (7 = for ever).
+    #[arg(
+        long,
+        requires = "initiator",
+        conflicts_with = "target",
+        value_parser = clap::value_parser!(u8).range(0..=7)
+    )]
+    pub rnr_retry: Option<u8>,
+    /// Target: run the RNR plan, answering RNR NAKs with this timer code.
+    #[arg(
+        long,
+        requires = "target",
+        conflicts_with = "initiator",
+        value_parser = clap::value_parser!(u8).range(0..=31)
+    )]
+    pub rnr_timer: Option<u8>,
+    /// Target of the RNR plan: post the receive this many milliseconds after the exchange
+    /// (default: never).
+    #[arg(long, requires = "rnr_timer")]
+    pub rnr_post_ms: Option<u64>,
 }
 
 /// The initiator's byte at `i`.
@@ -189,6 +218,12 @@ impl Side {
         Ok(String::from_utf8_lossy(&line).into_owned())
     }
 
+    fn post_recv(&mut self, id: u64, off: usize) -> Result<(), AppError> {
+        self.qp
+            .post_recv(&RecvWr::new(id, &[self.buf.sge(off, 4096)]))
+            .map_err(|e| AppError::Verbs(format!("posting a receive: {e}")))
+    }
+
     /// Drives the device a little longer, so the ACKs of what just arrived leave before the QP
     /// goes (the device is driven from this thread).
     fn linger(&self) {
@@ -254,14 +289,11 @@ pub fn run(o: &Options) -> Result<Vec<String>, AppError> {
         s.qp.modify(QpState::Init, &QpAttr::init(Access::ALL)),
         "INIT",
     )?;
-    if !initiator {
-        let post = |s: &mut Side, id: u64, off: usize| {
-            s.qp.post_recv(&RecvWr::new(id, &[s.buf.sge(off, 4096)]))
-                .map_err(|e| AppError::Verbs(format!("posting a receive: {e}")))
-        };
-        post(&mut s, 1, RECV_OFF)?;
-        post(&mut s, 2, RECV_OFF)?;
-        post(&mut s, 3, RECV_OFF + 4096)?;
+    let rnr_plan = o.rnr_retry.is_some() || o.rnr_timer.is_some();
+    if !initiator && !rnr_plan {
+        s.post_recv(1, RECV_OFF)?;
+        s.post_recv(2, RECV_OFF)?;
+        s.post_recv(3, RECV_OFF + 4096)?;
     }
     let me = Dest {
         qpn: s.qp.qpn(),
@@ -297,16 +329,22 @@ pub fn run(o: &Options) -> Result<Vec<String>, AppError> {
             .map_err(|e| io("sending our attributes", e))?;
     }
     let peer = Dest::decode(&s.read_line(&mut stream)?)?;
-    let rtr = QpAttr::rtr(
+    let mut rtr = QpAttr::rtr(
         AddressVector::to_gid(peer.gid),
         peer.qpn,
         peer.psn,
         Mtu::Mtu1024,
     );
+    if let Some(t) = o.rnr_timer {
+        rtr.min_rnr_timer = Some(t);
+    }
     modify(s.qp.modify(QpState::Rtr, &rtr), "RTR")?;
     let mut rts = QpAttr::rts(me.psn);
     rts.timeout = Some(14);
     rts.retry_cnt = Some(7);
+    if let Some(n) = o.rnr_retry {
+        rts.rnr_retry = Some(n);
+    }
     modify(s.qp.modify(QpState::Rts, &rts), "RTS")?;
     if !initiator {
         stream
@@ -315,7 +353,12 @@ pub fn run(o: &Options) -> Result<Vec<String>, AppError> {
     }
 
     let mut failed = Vec::new();
-    if initiator {
+    if rnr_plan {
+        match o.rnr_retry {
+            Some(n) => rnr_initiator(&mut s, &mut stream, n, &mut failed)?,
+            None => rnr_target(&mut s, &mut stream, o.rnr_post_ms, &mut failed)?,
+        }
+    } else if initiator {
         let remote = |off: usize| Remote {
             addr: peer.addr + off as u64,
             rkey: peer.rkey,
@@ -486,6 +529,96 @@ pub fn run(o: &Options) -> Result<Vec<String>, AppError> {
     Ok(failed)
 }
 
+/// The initiator of the RNR plan: one SEND of 3000 bytes with RNR retry count `rnr_retry`;
+/// it must succeed when that is 7 (for ever) and end in RNR_RETRY_EXC_ERR otherwise (the
+/// target never posts its receive then).
+fn rnr_initiator(
+    s: &mut Side,
+    stream: &mut TcpStream,
+    rnr_retry: u8,
+    failed: &mut Vec<String>,
+) -> Result<(), AppError> {
+    let sge = s.buf.sge(0, SEND_LEN as u32);
+    s.qp.post_send(&SendWr::new(1, SendOp::Send, &[sge]).signaled())
+        .map_err(|e| AppError::Verbs(format!("posting the SEND: {e}")))?;
+    s.qp.ring_doorbell();
+    let t0 = Instant::now();
+    let wc = s.wait()?;
+    let expected = if rnr_retry == 7 {
+        WcStatus::Success
+    } else {
+        WcStatus::RnrRetryExcErr
+    };
+    if wc.status == expected {
+        println!(
+            "RCOPS rnr: SEND with rnr_retry {rnr_retry} completed with {:?} after {} ms",
+            wc.status,
+            t0.elapsed().as_millis()
+        );
+    } else {
+        failed.push(format!(
+            "SEND with rnr_retry {rnr_retry}: expected {expected:?}, got {wc:?}"
+        ));
+    }
+    stream
+        .write_all(b"done\n")
+        .map_err(|e| AppError::Peer(format!("sending done: {e}")))?;
+    let line = s.read_line(stream)?;
+    if line.trim_end() != "target ok" {
+        failed.push(format!("the target says {:?}", line.trim_end()));
+    }
+    Ok(())
+}
+
+/// The target of the RNR plan: no receive until `post_ms` after the exchange (never without
+/// it); then the SEND must arrive whole, or, never posted, nothing at all.
+fn rnr_target(
+    s: &mut Side,
+    stream: &mut TcpStream,
+    post_ms: Option<u64>,
+    failed: &mut Vec<String>,
+) -> Result<(), AppError> {
+    let mut wcs = [WorkCompletion::EMPTY; 1];
+    if let Some(ms) = post_ms {
+        let end = Instant::now() + Duration::from_millis(ms);
+        while Instant::now() < end {
+            s.ctx.progress();
+        }
+        s.post_recv(1, RECV_OFF)?;
+        let wc = s.wait()?;
+        if wc.status != WcStatus::Success
+            || wc.opcode != WcOpcode::Recv
+            || wc.byte_len != SEND_LEN as u32
+        {
+            failed.push(format!("expected the SEND's receive, got {wc:?}"));
+        }
+    }
+    let line = s.read_line(stream)?;
+    if line.trim_end() != "done" {
+        failed.push(format!("the initiator says {:?}", line.trim_end()));
+    }
+    if post_ms.is_some() {
+        let mut got = vec![0u8; SEND_LEN];
+        s.buf.read(RECV_OFF, &mut got);
+        match (0..SEND_LEN).find(|&i| got[i] != initiator_byte(i)) {
+            Some(i) => failed.push(format!("SEND after RNR: byte {i} is {}", got[i])),
+            None => println!("RCOPS rnr: receive posted late, {SEND_LEN} bytes checked"),
+        }
+    } else if s.cq.poll(&mut wcs) != 0 {
+        failed.push(format!("no receive was posted, yet {:?}", wcs[0]));
+    } else {
+        println!("RCOPS rnr: no receive posted, none completed");
+    }
+    let verdict: &[u8] = if failed.is_empty() {
+        b"target ok\n"
+    } else {
+        b"target failed\n"
+    };
+    stream
+        .write_all(verdict)
+        .map_err(|e| AppError::Peer(format!("sending the verdict: {e}")))
+}
+
 /// The binary: prints `RCOPS ok` and exits 0 when every check passed, else names each failure.
 pub fn main() -> std::process::ExitCode {
     let o = Options::parse();
@@ -547,6 +680,26 @@ mod tests {
         ] {
             let e = Dest::decode(bad).unwrap_err().to_string();
             assert!(e.contains(what), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_rnr_options_belong_to_their_side_and_range() {
+        let parse = |args: &[&str]| {
+            Options::try_parse_from([&["shift_rc_ops", "-d", "soft:lo"], args].concat())
+        };
+        let o = parse(&["--initiator", "198.18.9.2", "--rnr-retry", "3"]).unwrap();
+        assert_eq!(o.rnr_retry, Some(3));
+        let o = parse(&["--target", "--rnr-timer", "16", "--rnr-post-ms", "200"]).unwrap();
+        assert_eq!((o.rnr_timer, o.rnr_post_ms), (Some(16), Some(200)));
+        for bad in [
+            &["--initiator", "198.18.9.2", "--rnr-retry", "8"][..],
+            &["--target", "--rnr-retry", "3"],
+            &["--initiator", "198.18.9.2", "--rnr-timer", "16"],
+            &["--target", "--rnr-timer", "32"],
+            &["--target", "--rnr-post-ms", "200"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
         }
     }
 

@@ -7,6 +7,8 @@
  *
  *   rc_ops -d rxe0 -g 1 --initiator HOST   connect to HOST:18516 and run the seven operations
  *   rc_ops -d rxe0 -g 1 --target           wait on 18516, serve them, check what arrived
+ *   rc_ops ... --initiator HOST --rnr-retry N            the RNR plan (one SEND), see rc_ops.rs
+ *   rc_ops ... --target --rnr-timer T [--rnr-post-ms MS]  its target: no receive until MS
  *
  * Prints "RCOPS ok" and exits 0 when every check passed, else names each failure and exits 1.
  */
@@ -138,6 +140,9 @@ static struct ibv_wc wait_wc(void)
 	}
 }
 
+/* The RNR plan: -1 when not running it. */
+static int rnr_retry = -1, rnr_timer = -1, rnr_post_ms = -1;
+
 static void connect_qp(const struct dest *me, const struct dest *peer, int gidx)
 {
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
@@ -147,6 +152,8 @@ static void connect_qp(const struct dest *me, const struct dest *peer, int gidx)
 				.max_dest_rd_atomic = 4,
 				.min_rnr_timer = 12,
 				.ah_attr = {.is_global = 1, .port_num = 1}};
+	if (rnr_timer >= 0)
+		a.min_rnr_timer = rnr_timer;
 	memcpy(a.ah_attr.grh.dgid.raw, peer->gid, 16);
 	a.ah_attr.grh.sgid_index = gidx;
 	a.ah_attr.grh.hop_limit = 64;
@@ -160,7 +167,7 @@ static void connect_qp(const struct dest *me, const struct dest *peer, int gidx)
 	struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTS,
 				.timeout = 14,
 				.retry_cnt = 7,
-				.rnr_retry = 7,
+				.rnr_retry = rnr_retry >= 0 ? rnr_retry : 7,
 				.sq_psn = me->psn,
 				.max_rd_atomic = 4};
 	if (ibv_modify_qp(qp, &r,
@@ -236,6 +243,79 @@ static void post_send(enum ibv_wr_opcode op, size_t off, uint32_t len, const str
 	      ibv_wc_status_str(wc.status));
 }
 
+/* The RNR plan's initiator: one SEND of SEND_LEN bytes, which must succeed with rnr_retry 7
+ * and end in IBV_WC_RNR_RETRY_EXC_ERR with a smaller count (the target never posts then). */
+static void rnr_initiator(int fd)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = SEND_LEN, .lkey = mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = 1,
+				 .sg_list = &sge,
+				 .num_sge = 1,
+				 .opcode = IBV_WR_SEND,
+				 .send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (ibv_post_send(qp, &wr, &bad)) {
+		perror("ibv_post_send");
+		exit(1);
+	}
+	struct ibv_wc wc = wait_wc();
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	enum ibv_wc_status want = rnr_retry == 7 ? IBV_WC_SUCCESS : IBV_WC_RNR_RETRY_EXC_ERR;
+	const char *name = wc.status == IBV_WC_SUCCESS		 ? "IBV_WC_SUCCESS"
+			   : wc.status == IBV_WC_RNR_RETRY_EXC_ERR ? "IBV_WC_RNR_RETRY_EXC_ERR"
+								   : ibv_wc_status_str(wc.status);
+	long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+	CHECK(wc.status == want, "SEND with rnr_retry %d completed with %s", rnr_retry, name);
+	if (wc.status == want)
+		printf("RCOPS rnr: SEND with rnr_retry %d completed with %s after %ld ms\n", rnr_retry,
+		       name, ms);
+	char line[128];
+	if (write(fd, "done\n", 5) != 5)
+		perror("write");
+	read_line(fd, line, sizeof line);
+	CHECK(!strcmp(line, "target ok"), "the target says: %s", line);
+}
+
+/* The RNR plan's target: no receive until rnr_post_ms after the exchange (never if -1); then
+ * the SEND must arrive whole, or, never posted, nothing may complete. */
+static void rnr_target(int fd)
+{
+	struct ibv_wc wc;
+	char line[128];
+	if (rnr_post_ms >= 0) {
+		usleep(rnr_post_ms * 1000);
+		post_recv(1, RECV_OFF, 4096);
+		wc = wait_wc();
+		CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV &&
+			      wc.byte_len == SEND_LEN,
+		      "SEND after RNR: status %s opcode %d len %u", ibv_wc_status_str(wc.status),
+		      wc.opcode, wc.byte_len);
+	}
+	read_line(fd, line, sizeof line);
+	CHECK(!strcmp(line, "done"), "the initiator says: %s", line);
+	if (rnr_post_ms >= 0) {
+		int bad = 0;
+		for (size_t i = 0; i < SEND_LEN && !bad; i++)
+			bad = buf[RECV_OFF + i] != initiator_byte(i);
+		CHECK(!bad, "SEND after RNR: data differs");
+		if (!bad)
+			printf("RCOPS rnr: receive posted after %d ms, %d bytes checked\n", rnr_post_ms,
+			       SEND_LEN);
+	} else {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n == 0, "no receive was posted, yet a completion (status %s)",
+		      ibv_wc_status_str(wc.status));
+		if (n == 0)
+			printf("RCOPS rnr: no receive posted, none completed\n");
+	}
+	const char *verdict = failures ? "target failed\n" : "target ok\n";
+	if (write(fd, verdict, strlen(verdict)) < 0)
+		perror("write");
+	usleep(200000); /* let the last ACKs go before the QP does */
+}
+
 int main(int argc, char **argv)
 {
 	const char *dev = "rxe0", *host = NULL;
@@ -249,8 +329,15 @@ int main(int argc, char **argv)
 			initiator = 1, host = argv[++i];
 		else if (!strcmp(argv[i], "--target"))
 			initiator = 0;
+		else if (!strcmp(argv[i], "--rnr-retry") && i + 1 < argc)
+			rnr_retry = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--rnr-timer") && i + 1 < argc)
+			rnr_timer = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--rnr-post-ms") && i + 1 < argc)
+			rnr_post_ms = atoi(argv[++i]);
 		else {
-			fprintf(stderr, "usage: rc_ops [-d DEV] [-g GIDX] --initiator HOST | --target\n");
+			fprintf(stderr, "usage: rc_ops [-d DEV] [-g GIDX] --initiator HOST [--rnr-retry N] | "
+					"--target [--rnr-timer T [--rnr-post-ms MS]]\n");
 			return 2;
 		}
 	}
@@ -301,7 +388,14 @@ int main(int argc, char **argv)
 		perror("modify INIT");
 		return 1;
 	}
-	if (!initiator) {
+	int rnr_plan = rnr_retry >= 0 || rnr_timer >= 0;
+	if (rnr_retry > 7 || rnr_timer > 31 || (rnr_retry >= 0 && !initiator) ||
+	    (rnr_timer >= 0 && initiator) || (rnr_post_ms >= 0 && rnr_timer < 0)) {
+		fprintf(stderr, "rc_ops: --rnr-retry 0..7 with --initiator, --rnr-timer 0..31 "
+				"[--rnr-post-ms MS] with --target\n");
+		return 2;
+	}
+	if (!initiator && !rnr_plan) {
 		post_recv(1, RECV_OFF, 4096); /* WRITE_WITH_IMM consumes one */
 		post_recv(2, RECV_OFF, 4096); /* SEND */
 		post_recv(3, RECV_OFF + 4096, 4096); /* SEND_WITH_IMM */
@@ -352,7 +446,11 @@ int main(int argc, char **argv)
 		send_dest(fd, &me);
 
 	char line[128];
-	if (initiator) {
+	if (rnr_plan && initiator) {
+		rnr_initiator(fd);
+	} else if (rnr_plan) {
+		rnr_target(fd);
+	} else if (initiator) {
 		post_send(IBV_WR_RDMA_WRITE, WRITE_OFF, WRITE_LEN, &peer, peer.addr + WRITE_OFF, 0, 0,
 			  0);
 		post_send(IBV_WR_RDMA_WRITE_WITH_IMM, WIMM_OFF, WIMM_LEN, &peer,
