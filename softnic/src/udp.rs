@@ -19,6 +19,8 @@
 //! check on the far side (IPv6 masks every field a router may change). Sends are batched with
 //! `sendmmsg`, one call per run of packets sharing a source port; over IPv4 with UDP checksum 0
 //! as rxe sends them (`SO_NO_CHECK`), over IPv6 with the checksum IPv6 requires (RFC 8200).
+//! Over IPv6 a datagram with checksum 0 is accepted (`UDP_NO_CHECK6_RX`): Linux rxe sends 0
+//! there as well.
 
 use std::collections::HashMap;
 use std::io;
@@ -170,8 +172,11 @@ fn bound_socket(netdev: &str, addr: IpAddr, port: u16, reuse_port: bool) -> io::
         }
         IpAddr::V6(_) => {
             // This socket speaks IPv6 only (no IPv4-mapped peers), never fragments, and keeps
-            // the UDP checksum, which IPv6 receivers require.
+            // the UDP checksum, which IPv6 receivers require. It accepts checksum 0 all the
+            // same: Linux rxe sends 0 over IPv6 too (the ICRC protects the packet), and
+            // without this the kernel drops every such datagram (Udp6InCsumErrors).
             set_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+            set_int(raw, libc::IPPROTO_UDP, libc::UDP_NO_CHECK6_RX, 1)?;
             set_int(
                 raw,
                 libc::IPPROTO_IPV6,
