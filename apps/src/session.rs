@@ -23,8 +23,16 @@ pub const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often (in polling rounds) a run-to-completion loop runs the failover service's round:
 /// link watch, control QPs, timers. A round with nothing to do costs a lock and a look at
 /// each descriptor; every 64 polling rounds keeps it far below the polls themselves while a
-/// link event waits at most 64 rounds (tens of microseconds) for it.
+/// link event waits at most 64 rounds (tens of microseconds with one QP) for it.
 const SERVICE_EVERY: u32 = 64;
+/// ... and at the latest after this much time: a polling round over 1,000 QPs takes
+/// milliseconds (each empty poll drives the devices), so 64 rounds alone let a link-down wait
+/// ~0.6 s, past the RC timeout (the testbed's QP sweep at 1,000 QPs, 2026-11-25).
+const SERVICE_PERIOD: Duration = Duration::from_micros(200);
+/// ... but never more than one part in this many of the lcore's time: the service's round
+/// grows with the QPs it serves (it polls each one's control CQ), and a latency loop beside
+/// 1,000 idle QPs must not spend its time there.
+const SERVICE_SHARE: u32 = 20;
 
 /// How the polling loop waits when a round found nothing, and (run-to-completion) who does
 /// the failover service's work.
@@ -35,6 +43,10 @@ pub struct Idle {
     /// The failover service this lcore runs itself (run-to-completion), if any.
     service: Option<Arc<FailoverService>>,
     rounds: u32,
+    /// When the service last ran.
+    last_service: Instant,
+    /// How long its last round took.
+    service_cost: Duration,
 }
 
 impl Idle {
@@ -46,6 +58,8 @@ impl Idle {
             poller: Poller::new(IdlePolicy::default()),
             service: host.manual_service(),
             rounds: 0,
+            last_service: Instant::now(),
+            service_cost: Duration::ZERO,
         }
     }
 
@@ -72,8 +86,13 @@ impl Idle {
     fn run_service(&mut self) {
         if let Some(service) = &self.service {
             self.rounds = self.rounds.wrapping_add(1);
-            if self.rounds % SERVICE_EVERY == 0 {
+            let now = Instant::now();
+            let since = now.duration_since(self.last_service);
+            let due = self.rounds % SERVICE_EVERY == 0 || since >= SERVICE_PERIOD;
+            if due && since >= self.service_cost * SERVICE_SHARE {
                 service.run_once();
+                self.last_service = Instant::now();
+                self.service_cost = self.last_service.duration_since(now);
             }
         }
     }

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::control::{Context, Cq, Mr, Pd, Qp, SavedAttrs};
 use crate::failover::Path;
@@ -332,7 +332,7 @@ pub(crate) struct QpShadow {
     peer: Mutex<Option<PeerAttrs>>,
     setup: Mutex<Setup>,
     /// The control channel once created: the service polls it.
-    control: Mutex<Option<Arc<ControlChannel>>>,
+    control: OnceLock<Arc<ControlChannel>>,
     cancelled: AtomicBool,
 }
 
@@ -361,7 +361,7 @@ impl QpShadow {
                 control: None,
                 local: None,
             }),
-            control: Mutex::new(None),
+            control: OnceLock::new(),
             cancelled: AtomicBool::new(false),
         }
     }
@@ -398,12 +398,10 @@ impl QpShadow {
         }))
     }
 
-    /// The control channel, once it exists.
-    pub fn control(&self) -> Option<Arc<ControlChannel>> {
-        self.control
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// The control channel, once it exists (set once; read without a lock, since the
+    /// service looks at every QP's on each of its rounds).
+    pub fn control(&self) -> Option<&Arc<ControlChannel>> {
+        self.control.get()
     }
 
     /// The application dropped the QP: stop setting it up.
@@ -476,7 +474,10 @@ impl QpShadow {
                         }
                     }
                     tracing::debug!(qp = %self.shared.name, backup_qpn = qp.qpn(), control_qpn = control.qpn(), "failover: backup QP created");
-                    *self.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(control.clone());
+                    if self.control.set(control.clone()).is_err() {
+                        // Stage::Create runs once per QP; a second channel would be a bug.
+                        tracing::error!(qp = %self.shared.name, "failover: control channel created twice; keeping the first");
+                    }
                     setup.qp = Some(qp);
                     setup.cq = Some(cq);
                     setup.control = Some(control);
@@ -643,8 +644,8 @@ impl ServedQp for QpShadow {
         self.pd.ctx.config.link_watch
     }
 
-    fn control(&self) -> Option<Arc<ControlChannel>> {
-        QpShadow::control(self)
+    fn control(&self) -> Option<&ControlChannel> {
+        QpShadow::control(self).map(|c| &**c)
     }
 
     fn is_cancelled(&self) -> bool {
