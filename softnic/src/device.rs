@@ -297,9 +297,12 @@ impl Device {
     /// Manual progress: one round of work at `now` (the device clock's time). Harmless in auto
     /// mode (it runs a round on the caller's thread).
     pub fn progress(&self, now: Duration) -> Activity {
-        self.shared
-            .lock_core()
-            .round(now, &self.shared.waker, &self.shared.events)
+        self.shared.lock_core().round(
+            now,
+            &self.shared.clock,
+            &self.shared.waker,
+            &self.shared.events,
+        )
     }
 
     /// Allocates a protection domain.

@@ -105,7 +105,17 @@ impl Core {
 
     /// One round of work at time `now`: the port's state, new work, what arrived, then every
     /// QP's timers and requester.
-    pub fn round(&mut self, now: Duration, waker: &Waker, events: &EventQueue) -> Activity {
+    /// `clock` is read again when packets arrive, so that what they start (an RNR wait, an
+    /// ACK timer) counts from when they were read, not from the round's start: on a loaded
+    /// machine the two can be hundreds of microseconds apart (an RNR retry ~9 % early against
+    /// Linux rxe, docs/interop.md).
+    pub fn round(
+        &mut self,
+        now: Duration,
+        clock: &Clock,
+        waker: &Waker,
+        events: &EventQueue,
+    ) -> Activity {
         if self.dead {
             // No packet in or out, no completion, no timer: the wire's packets wait unread.
             return Activity::default();
@@ -139,6 +149,7 @@ impl Core {
             active,
             mrs,
             ectx: ErrorCtx { cqs, events },
+            clock,
             busy: false,
         };
         round.send_new_work(waker);
@@ -173,6 +184,8 @@ struct Round<'a> {
     active: &'a mut ActiveQps,
     mrs: &'a MrTable,
     ectx: ErrorCtx<'a>,
+    /// The device's clock, read again when packets arrive.
+    clock: &'a Clock,
     /// Work was done (or is known to be waiting).
     busy: bool,
 }
@@ -216,6 +229,7 @@ impl Round<'_> {
             if n == 0 {
                 break;
             }
+            self.out.now = self.out.now.max(self.clock.now());
             self.busy = true;
             if !self.out.port_up {
                 self.out.device.port_down_drops += n as u64;
@@ -405,7 +419,9 @@ pub(crate) fn run_engine(shared: Arc<Shared>, fds: Vec<std::os::fd::RawFd>, busy
     let mut idle_rounds = 0u32;
     while !shared.stop.load(Ordering::Acquire) {
         let now = shared.clock.now();
-        let activity = shared.lock_core().round(now, &shared.waker, &shared.events);
+        let activity = shared
+            .lock_core()
+            .round(now, &shared.clock, &shared.waker, &shared.events);
         if activity.busy {
             idle_rounds = 0;
             continue;
