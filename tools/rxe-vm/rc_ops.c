@@ -439,6 +439,9 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		fd = accept(ls, NULL, NULL);
+		/* One peer per run: closed now, a connection meant for the next run is refused
+		 * (and retried) instead of queueing here and being reset when this one exits. */
+		close(ls);
 		recv_dest(fd, &peer);
 	}
 	connect_qp(&me, &peer, gidx);
