@@ -33,6 +33,10 @@ const SERVICE_PERIOD: Duration = Duration::from_micros(200);
 /// grows with the QPs it serves (it polls each one's control CQ), and a latency loop beside
 /// 1,000 idle QPs must not spend its time there.
 const SERVICE_SHARE: u32 = 20;
+/// ... and never later than this after the last round, whatever that round cost: one round
+/// stretched by a preemption must not hold the next one (and a link-down) back for twenty
+/// times as long.
+const SERVICE_GAP_MAX: Duration = Duration::from_millis(2);
 
 /// How the polling loop waits when a round found nothing, and (run-to-completion) who does
 /// the failover service's work.
@@ -89,7 +93,8 @@ impl Idle {
             let now = Instant::now();
             let since = now.duration_since(self.last_service);
             let due = self.rounds % SERVICE_EVERY == 0 || since >= SERVICE_PERIOD;
-            if due && since >= self.service_cost * SERVICE_SHARE {
+            let gap = (self.service_cost * SERVICE_SHARE).min(SERVICE_GAP_MAX);
+            if due && since >= gap {
                 service.run_once();
                 self.last_service = Instant::now();
                 self.service_cost = self.last_service.duration_since(now);
