@@ -9,8 +9,8 @@ use crate::cqe::CqeInfo;
 use crate::memory::QueueMemory;
 use crate::waker::EventFd;
 
-/// Size of one CQE.
-pub const CQE_SIZE: usize = 64;
+/// Size of one CQE (hw-defs' mlx5 CQE64).
+pub const CQE_SIZE: usize = hw_defs::mlx5::cqe::SIZE;
 
 /// A CQ handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
