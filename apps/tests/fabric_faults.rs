@@ -11,6 +11,7 @@ use apps::cli;
 use apps::run::{self, RunOutcome};
 use apps::Tool;
 use pmd::provider::soft::{register_fabric, unregister_fabric};
+use softnic::{Fault, FaultRule};
 
 struct Fabric {
     name: String,
@@ -359,11 +360,40 @@ fn write_bw_without_failover_stops_with_the_error() {
     assert_eq!(check.notification_errors, 0);
 }
 
+/// Fabric packets after which the atomic stream is surely under way: far more than a
+/// resilient pair's set-up sends, a few hundred atomics and their responses.
+const ATOMIC_STREAM_PACKETS: u64 = 1000;
+
 #[test]
 fn atomic_bw_refuses_to_fail_over_with_an_atomic_in_flight_and_executes_nothing_twice() {
     let f = fabric();
+    // An atomic must be on the wire, unanswered, when the round looks. The link failing at
+    // some moment does not make sure of that: the responses already in flight may still
+    // complete every atomic posted, and the next batch then waits unrung behind the round,
+    // which moves it safely (that run failed over, rightly, about once in ten). So the
+    // server's answers to the default port stop first, once atomics flow; the client keeps
+    // up to 32 atomics posted that can never complete; then its default link fails.
     let (c, s) = run_pair(&f, Tool::AtomicBw, 3, &["-D", "4", "-t", "32"], || {
-        std::thread::sleep(Duration::from_millis(500));
+        let _ = f.wait_for_packets(ATOMIC_STREAM_PACKETS);
+        f.fabric.add_rule(FaultRule {
+            fault: Fault::Partition,
+            from: Some(2),
+            to: Some(0),
+            start: Duration::ZERO,
+            end: None,
+        });
+        // The requests still arrive until the window of 32 is full and unanswered: wait until
+        // nothing more is delivered for 20 ms (the first RC retransmission comes after 67 ms).
+        let mut delivered = f.fabric.stats().delivered;
+        let t0 = Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = f.fabric.stats().delivered;
+            if now == delivered || t0.elapsed() > Duration::from_secs(10) {
+                break;
+            }
+            delivered = now;
+        }
         f.fabric.set_link(0, false);
     });
     let e = c.error.expect("the atomic stream must stop");
