@@ -413,7 +413,8 @@ impl ControlChannel {
     }
 }
 
-#[cfg(test)]
+// They run two control channels over softnic's in-memory fabric.
+#[cfg(all(test, feature = "soft"))]
 mod tests {
     use super::*;
     use crate::failover::Epoch;
