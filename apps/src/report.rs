@@ -193,6 +193,8 @@ pub struct FailoverJson {
     pub failovers: u64,
     /// Switch-backs completed.
     pub switch_backs: u64,
+    /// Backup sides lost while idle and brought back (reset and reconnected).
+    pub backup_rearms: u64,
     /// Failures failover refused to hide.
     pub refusals: u64,
     /// Connection failures.
@@ -220,6 +222,7 @@ impl FailoverJson {
         FailoverJson {
             failovers: st.failovers,
             switch_backs: st.switch_backs,
+            backup_rearms: st.backup_rearms,
             refusals: st.refusals,
             errors: st.errors,
             wqes_retransmitted: st.wqes_retransmitted,
@@ -248,6 +251,7 @@ impl FailoverJson {
     pub fn merge(&mut self, other: FailoverJson) {
         self.failovers += other.failovers;
         self.switch_backs += other.switch_backs;
+        self.backup_rearms += other.backup_rearms;
         self.refusals += other.refusals;
         self.errors += other.errors;
         self.wqes_retransmitted += other.wqes_retransmitted;

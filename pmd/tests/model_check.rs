@@ -615,6 +615,28 @@ impl World {
                     self.control[host].push(message);
                 }
             }
+            // The model has no control channel on the default devices: a repair message is
+            // lost, so every repair attempt times out (the leader's side is reset and
+            // stays so). What it checks: a repair never resets a backup QP that holds work.
+            Action::SendControlOnDefault(_) => {}
+            Action::ResetBackup => {
+                let h = &mut self.hosts[host];
+                let qp = &mut h.qps[BACKUP];
+                let discards = qp.sq.iter().any(|e| matches!(e.wqe, Wqe::App(_)))
+                    || qp.rq.iter().any(|e| matches!(e, RqEntry::App(_)));
+                *qp = Qp {
+                    state: QpState::Reset,
+                    ..Qp::ready(qp.epoch)
+                };
+                // Its control QP is reset too: nothing goes through it until a bring-up.
+                h.control_dead = true;
+                if discards {
+                    self.violate(RESET_DISCARDED_WORK);
+                }
+            }
+            Action::BringUpBackup { epoch } => {
+                events.push_back(Event::BackupUp { epoch, ok: false })
+            }
             Action::DrainBackup => events.push_back(Event::BackupDrained {
                 progress: self.hosts[host].progress,
             }),

@@ -42,25 +42,37 @@ fn peer_attrs() -> impl Strategy<Value = PeerAttrs> {
         any::<u64>(),
         any::<u32>(),
         proptest::collection::vec(any::<(u32, u32)>(), 0..6),
+        (
+            0..=0x00ff_ffffu32,
+            0..=0x00ff_ffffu32,
+            any::<u64>(),
+            any::<u32>(),
+        ),
     )
-        .prop_map(|(dg, dq, bg, bq, cq, psn, addr, rkey, rkeys)| PeerAttrs {
-            default_gid: Gid(dg),
-            default_qpn: dq,
-            backup_gid: Gid(bg),
-            backup_qpn: bq,
-            control_qpn: cq,
-            control_psn: psn,
-            control_ring_addr: addr,
-            control_ring_rkey: rkey,
-            rkeys,
-        })
+        .prop_map(
+            |(dg, dq, bg, bq, cq, psn, addr, rkey, rkeys, dc)| PeerAttrs {
+                default_gid: Gid(dg),
+                default_qpn: dq,
+                backup_gid: Gid(bg),
+                backup_qpn: bq,
+                control_qpn: cq,
+                control_psn: psn,
+                control_ring_addr: addr,
+                control_ring_rkey: rkey,
+                default_control_qpn: dc.0,
+                default_control_psn: dc.1,
+                default_control_ring_addr: dc.2,
+                default_control_ring_rkey: dc.3,
+                rkeys,
+            },
+        )
 }
 
 /// Bytes that pass the magic and version checks more often than random ones: a message of
 /// any kind (known and unknown) with values around the edges the kinds allow.
 fn control_bytes() -> impl Strategy<Value = Vec<u8>> {
     (
-        0u8..10,
+        0u8..13,
         any::<u32>(),
         any::<u32>(),
         prop_oneof![Just(0u32), any::<u32>()],

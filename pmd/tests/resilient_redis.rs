@@ -55,6 +55,10 @@ fn attrs(qpn: u32) -> PeerAttrs {
         control_psn: qpn + 4,
         control_ring_addr: 0x7f00_0000_1000,
         control_ring_rkey: qpn + 3,
+        default_control_qpn: qpn + 5,
+        default_control_psn: qpn + 6,
+        default_control_ring_addr: 0x7f00_0000_2000,
+        default_control_ring_rkey: qpn + 7,
         rkeys: vec![(0x100, 0x200), (0x101, 0x2ff)],
     }
 }

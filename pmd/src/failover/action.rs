@@ -51,8 +51,25 @@ pub enum Action {
     /// Post a zero-length, signaled RDMA WRITE on the default QP and ring; report
     /// [`Event::ProbeCompleted`](super::Event::ProbeCompleted).
     PostProbe,
-    /// Send a control message to the peer on the control QP.
+    /// Send a control message to the peer on the control QP on the backup devices.
     SendControl(ControlMessage),
+    /// Send a control message to the peer on the control QP on the default devices: the
+    /// channel that repairs the backup side (`docs/failover.md` 5d), which cannot carry its
+    /// own repair.
+    SendControlOnDefault(ControlMessage),
+    /// Take the backup data QP and the control QP on the backup devices to RESET (they leave
+    /// their backup epoch; the backup rings go back to index 0, stale receive WQEs with them),
+    /// then the control QP to INIT with its receives posted.
+    ResetBackup,
+    /// Take the backup data QP from RESET through INIT and RTR to RTS, and the backup control
+    /// QP from INIT to RTS, with the PSNs of backup epoch `epoch` ([`Epoch::start_psn`] of
+    /// their saved starting PSNs); report [`Event::BackupUp`].
+    ///
+    /// [`Event::BackupUp`]: super::Event::BackupUp
+    BringUpBackup {
+        /// The backup-pair incarnation to bring up.
+        epoch: Epoch,
+    },
     /// Poll the backup CQ: successful completions to the WC buffer in order and into the
     /// counters; report [`Event::BackupDrained`](super::Event::BackupDrained).
     DrainBackup,

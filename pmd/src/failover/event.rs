@@ -67,6 +67,16 @@ pub enum Event {
     Control(ControlMessage),
     /// A control send completed in error: the control QP (and so the backup path) is gone.
     ControlSendFailed,
+    /// The control QP on the default devices failed: the backup side can no longer be
+    /// repaired (nothing else changes; it is not repaired itself).
+    DefaultControlFailed,
+    /// [`Action::BringUpBackup`](super::Action::BringUpBackup) is done.
+    BackupUp {
+        /// The backup epoch the QPs were brought up in.
+        epoch: Epoch,
+        /// Whether both reached RTS.
+        ok: bool,
+    },
     /// [`Action::BringUpDefaultQp`](super::Action::BringUpDefaultQp) is done.
     DefaultQpUp {
         /// The epoch the QP was brought up in.

@@ -39,8 +39,19 @@ pub struct Failover {
     default_link: Link,
     backup_link: Link,
     /// False once a backup QP or the control QP went to ERR: the backup pair cannot be
-    /// brought back without the peer, so the connection runs unprotected.
+    /// brought back without the peer, so the connection runs unprotected until the backup
+    /// side is repaired (`backup_repair`).
     backup_usable: bool,
+    /// The highest backup epoch this end has used or agreed to: the incarnation of its
+    /// backup data QP and backup control QP, which a repair resets and brings back.
+    backup_epoch: Epoch,
+    /// Bringing a lost backup side back while the connection runs on the default path.
+    backup_repair: BackupRepair,
+    /// Consecutive failed backup repair attempts (leader).
+    backup_repair_failures: u32,
+    /// False once the control QP on the default devices failed: the channel the repair
+    /// messages travel on is gone.
+    default_control_usable: bool,
     /// Stale receive WQEs left at the head of the backup RQ by the last receive switch-back.
     stale_backup_recvs: u64,
     /// The backup link is down while something needs it: the connection fails if it is not
@@ -145,6 +156,28 @@ enum DefaultQp {
     BringingUp,
 }
 
+/// Repairing the backup side (the backup data QP and the control QP on the backup devices,
+/// reset and brought up in a new backup epoch at both ends), over the control channel on the
+/// default devices. Led by the leader, as a rearm of the default pair is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum BackupRepair {
+    /// Nothing to repair, or nothing for this end to do.
+    Idle,
+    /// The backup side is lost. Leader: the next attempt, not before `not_before` (and the
+    /// backup link up for the hold-down). Follower: `tell_leader` means it owes the leader a
+    /// `BackupLost`, sent at the same conditions.
+    Lost {
+        not_before: Timestamp,
+        tell_leader: bool,
+    },
+    /// Leader: its backup side is reset; `BackupRearm` sent, waiting for `BackupRearmDone`.
+    AwaitingFollower { deadline: Timestamp },
+    /// Leader: the follower's backup side is up; bringing its own up.
+    BringingUp { deadline: Timestamp },
+    /// Follower: bringing its backup side up at the leader's request.
+    FollowerBringingUp,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum RearmStep {
     AwaitingFollower,
@@ -223,6 +256,10 @@ impl Failover {
                 since: now,
             },
             backup_usable: true,
+            backup_epoch: Epoch(0),
+            backup_repair: BackupRepair::Idle,
+            backup_repair_failures: 0,
+            default_control_usable: true,
             stale_backup_recvs: 0,
             backup_deadline: None,
             failed: None,
@@ -296,9 +333,28 @@ impl Failover {
                     up: false,
                     since: now,
                 };
+                if self.backup_repair_in_progress() {
+                    self.backup_repair_failed(now);
+                }
                 self.backup_failed(WcStatus::RetryExcErr, false, now, out)
             }
             Event::ControlSendFailed => self.backup_failed(WcStatus::RetryExcErr, true, now, out),
+            // Repairing a backup side lost while idle.
+            Event::DefaultControlFailed => {
+                tracing::warn!("failover: the control QP on the default devices failed; a lost backup side can no longer be repaired");
+                self.default_control_usable = false;
+                if self.backup_repair_in_progress() {
+                    self.backup_repair_failed(now);
+                }
+            }
+            Event::Control(Msg::BackupLost { epoch }) => self.peer_lost_backup(epoch, now, out),
+            Event::Control(Msg::BackupRearm { epoch }) => {
+                self.backup_rearm_requested(epoch, now, out)
+            }
+            Event::Control(Msg::BackupRearmDone { epoch, ok }) => {
+                self.backup_rearm_done(epoch, ok, now, out)
+            }
+            Event::BackupUp { epoch, ok } => self.backup_up(epoch, ok, now, out),
             Event::LinkUp {
                 path: Path::Default,
             } => {
@@ -387,10 +443,16 @@ impl Failover {
             DefaultQp::Dead { .. } => self.next_rearm().or(self.rearm_ready_at()),
             _ => None,
         };
-        [send, recv, rearm, self.backup_deadline]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            send,
+            recv,
+            rearm,
+            self.backup_deadline,
+            self.backup_repair_due(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Why the connection failed, if it did.
@@ -707,7 +769,7 @@ impl Failover {
         out: &mut Actions,
     ) {
         if qp_in_error {
-            self.backup_usable = false;
+            self.backup_lost(now);
         }
         match ErrorClass::of(status) {
             ErrorClass::Refusal => self.fail(FailReason::Refused { status }, out),
@@ -786,6 +848,9 @@ impl Failover {
                 }));
             }
             _ => {}
+        }
+        if self.backup_repair_due().is_some_and(|due| now >= due) {
+            self.backup_repair_tick(now, out);
         }
     }
 
@@ -1010,6 +1075,200 @@ impl Failover {
             self.observations
                 .push(Observation::SwitchBackStarted { epoch: self.epoch });
         }
+    }
+
+    // ---- Repairing a backup side lost while idle (docs/failover.md 5d) -------------------
+
+    /// A backup data QP or the backup control QP went to ERR: the backup side is lost until
+    /// both ends reset it and bring it up in a new backup epoch.
+    fn backup_lost(&mut self, now: Timestamp) {
+        self.backup_usable = false;
+        match self.backup_repair {
+            BackupRepair::Idle => {
+                self.backup_repair = BackupRepair::Lost {
+                    not_before: now,
+                    tell_leader: self.config.role == Role::Follower,
+                }
+            }
+            // An attempt under way: its QPs failed, or an old incarnation's error arrived
+            // late; either way the attempt does not stand.
+            _ if self.backup_repair_in_progress() => self.backup_repair_failed(now),
+            _ => {}
+        }
+    }
+
+    fn backup_repair_in_progress(&self) -> bool {
+        matches!(
+            self.backup_repair,
+            BackupRepair::AwaitingFollower { .. }
+                | BackupRepair::BringingUp { .. }
+                | BackupRepair::FollowerBringingUp
+        )
+    }
+
+    /// What a repair needs of this end: both links up, the default devices' channel working,
+    /// and nothing depending on the backup path (everything on a live default pair: the
+    /// backup side is reset, so nothing may be on it, and its last messages are not lost).
+    fn paths_allow_backup_repair(&self) -> bool {
+        self.backup_link.up
+            && self.default_link.up
+            && self.default_control_usable
+            && !self.needs_backup()
+    }
+
+    /// When the repair next needs this end to act: the leader's next attempt or its
+    /// deadline, the follower's `BackupLost`.
+    fn backup_repair_due(&self) -> Option<Timestamp> {
+        match self.backup_repair {
+            BackupRepair::Lost {
+                not_before,
+                tell_leader,
+            } => {
+                let acts = self.config.role == Role::Leader || tell_leader;
+                (acts && self.paths_allow_backup_repair())
+                    .then(|| not_before.max(self.backup_link.since + self.config.holddown))
+            }
+            BackupRepair::AwaitingFollower { deadline } | BackupRepair::BringingUp { deadline } => {
+                Some(deadline)
+            }
+            BackupRepair::Idle | BackupRepair::FollowerBringingUp => None,
+        }
+    }
+
+    fn backup_repair_tick(&mut self, now: Timestamp, out: &mut Actions) {
+        match self.backup_repair {
+            BackupRepair::Lost { .. } if self.config.role == Role::Leader => {
+                // Our backup side leaves its epoch (RESET) before the follower hears of the
+                // next one.
+                self.backup_epoch = self.backup_epoch.next();
+                self.stale_backup_recvs = 0;
+                tracing::info!(backup_epoch = %self.backup_epoch, "failover: repairing the backup side");
+                out.push(Action::ResetBackup);
+                out.push(Action::SendControlOnDefault(ControlMessage::BackupRearm {
+                    epoch: self.backup_epoch,
+                }));
+                self.backup_repair = BackupRepair::AwaitingFollower {
+                    deadline: now + self.config.handshake_timeout,
+                };
+            }
+            BackupRepair::Lost { not_before, .. } => {
+                out.push(Action::SendControlOnDefault(ControlMessage::BackupLost {
+                    epoch: self.backup_epoch,
+                }));
+                self.backup_repair = BackupRepair::Lost {
+                    not_before,
+                    tell_leader: false,
+                };
+            }
+            BackupRepair::AwaitingFollower { .. } | BackupRepair::BringingUp { .. } => {
+                tracing::debug!(backup_epoch = %self.backup_epoch, "failover: backup repair attempt timed out");
+                self.backup_repair_failed(now)
+            }
+            BackupRepair::Idle | BackupRepair::FollowerBringingUp => {}
+        }
+    }
+
+    fn backup_repair_failed(&mut self, now: Timestamp) {
+        self.backup_repair_failures = self.backup_repair_failures.saturating_add(1);
+        let not_before = now + self.config.backoff(self.backup_repair_failures);
+        tracing::debug!(backup_epoch = %self.backup_epoch, failures = self.backup_repair_failures, "failover: backup repair attempt failed");
+        self.backup_usable = false;
+        self.backup_repair = BackupRepair::Lost {
+            not_before,
+            tell_leader: false,
+        };
+    }
+
+    /// Leader: the follower lost its backup side; ours must be reset with it.
+    fn peer_lost_backup(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
+        if self.config.role == Role::Follower {
+            return self.protocol_violation("BackupLost to a follower", out);
+        }
+        if epoch > self.backup_epoch {
+            return self.protocol_violation("BackupLost for a backup epoch not begun", out);
+        }
+        if epoch == self.backup_epoch && !self.backup_repair_in_progress() {
+            tracing::warn!(backup_epoch = %epoch, "failover: the peer lost its backup side");
+            self.backup_lost(now);
+        }
+    }
+
+    /// Follower: the leader's backup side has left every backup epoch before `epoch`.
+    fn backup_rearm_requested(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
+        if self.config.role == Role::Leader || epoch <= self.backup_epoch {
+            return self.protocol_violation("BackupRearm to a leader or for an old epoch", out);
+        }
+        self.backup_epoch = epoch;
+        // The leader's backup side is in RESET: ours cannot carry anything now either.
+        self.backup_usable = false;
+        if !self.paths_allow_backup_repair() {
+            self.backup_repair = BackupRepair::Lost {
+                not_before: now,
+                tell_leader: false,
+            };
+            out.push(Action::SendControlOnDefault(
+                ControlMessage::BackupRearmDone { epoch, ok: false },
+            ));
+            return;
+        }
+        self.stale_backup_recvs = 0;
+        out.push(Action::ResetBackup);
+        out.push(Action::BringUpBackup { epoch });
+        self.backup_repair = BackupRepair::FollowerBringingUp;
+    }
+
+    /// Leader: the follower's backup side is in RTS in `epoch` (it left every earlier one).
+    fn backup_rearm_done(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Actions) {
+        if self.config.role == Role::Follower {
+            return self.protocol_violation("BackupRearmDone to a follower", out);
+        }
+        match self.backup_repair {
+            BackupRepair::AwaitingFollower { deadline } if epoch == self.backup_epoch => {
+                if ok && self.paths_allow_backup_repair() {
+                    out.push(Action::BringUpBackup { epoch });
+                    self.backup_repair = BackupRepair::BringingUp { deadline };
+                } else {
+                    self.backup_repair_failed(now);
+                }
+            }
+            // An abandoned attempt.
+            _ => {}
+        }
+    }
+
+    fn backup_up(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Actions) {
+        if epoch != self.backup_epoch {
+            return;
+        }
+        let up = ok && self.backup_link.up;
+        match self.backup_repair {
+            BackupRepair::BringingUp { .. } if up => self.backup_repaired(),
+            BackupRepair::BringingUp { .. } => self.backup_repair_failed(now),
+            BackupRepair::FollowerBringingUp => {
+                out.push(Action::SendControlOnDefault(
+                    ControlMessage::BackupRearmDone { epoch, ok: up },
+                ));
+                if up {
+                    self.backup_repaired();
+                } else {
+                    self.backup_repair = BackupRepair::Lost {
+                        not_before: now,
+                        tell_leader: false,
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn backup_repaired(&mut self) {
+        tracing::info!(backup_epoch = %self.backup_epoch, "failover: backup side repaired; the connection is protected again");
+        self.backup_usable = true;
+        self.backup_repair = BackupRepair::Idle;
+        self.backup_repair_failures = 0;
+        self.observations.push(Observation::BackupRepaired {
+            epoch: self.backup_epoch,
+        });
     }
 
     // ---- States 3 -> 4 -> 1: switch back behind a fence ----------------------------------

@@ -74,6 +74,28 @@ pub enum ControlMessage {
         /// The default-pair incarnation switched back to.
         epoch: Epoch,
     },
+    /// Follower to leader, on the control channel on the default devices: "my backup side (the
+    /// backup data QP or the control QP on the backup devices) went to ERR while we ran on
+    /// the default path; repair it." `epoch` is the follower's backup epoch.
+    BackupLost {
+        /// The backup-pair incarnation that failed.
+        epoch: Epoch,
+    },
+    /// Leader to follower, on the default devices' channel: "my backup data QP and backup
+    /// control QP have left every backup epoch before `epoch` (they are in RESET); bring
+    /// yours up in `epoch`."
+    BackupRearm {
+        /// The new backup-pair incarnation.
+        epoch: Epoch,
+    },
+    /// Follower to leader, on the default devices' channel: "my backup data QP and backup
+    /// control QP are in RTS in `epoch`" (or could not be, or may not be now).
+    BackupRearmDone {
+        /// The incarnation the leader asked for.
+        epoch: Epoch,
+        /// Whether the follower's backup side reached RTS.
+        ok: bool,
+    },
     /// "I failed the connection; fail yours."
     Abort {
         /// Why the sender failed.
@@ -137,6 +159,9 @@ mod kind {
     pub const SWITCH_BACK_READY: u8 = 6;
     pub const ABORT: u8 = 7;
     pub const REARM_READY: u8 = 8;
+    pub const BACKUP_LOST: u8 = 9;
+    pub const BACKUP_REARM: u8 = 10;
+    pub const BACKUP_REARM_DONE: u8 = 11;
 }
 
 /// A control message as bytes: a view over a buffer of at least [`CONTROL_MESSAGE_LEN`].
@@ -319,6 +344,25 @@ impl ControlRepr {
                 unused(b, "b")?;
                 ControlMessage::RearmReady { epoch }
             }
+            kind::BACKUP_LOST => {
+                unused(a, "a")?;
+                unused(b, "b")?;
+                ControlMessage::BackupLost { epoch }
+            }
+            kind::BACKUP_REARM => {
+                unused(a, "a")?;
+                unused(b, "b")?;
+                ControlMessage::BackupRearm { epoch }
+            }
+            kind::BACKUP_REARM_DONE => {
+                unused(a, "a")?;
+                let ok = match b {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(bad("ok")),
+                };
+                ControlMessage::BackupRearmDone { epoch, ok }
+            }
             kind::ABORT => {
                 let status = u8::try_from(a).map_err(|_| bad("status"))?;
                 let reason =
@@ -350,6 +394,11 @@ impl ControlRepr {
                 sends_before,
             } => (kind::SWITCH_BACK, epoch, sends_before, 0),
             ControlMessage::SwitchBackReady { epoch } => (kind::SWITCH_BACK_READY, epoch, 0, 0),
+            ControlMessage::BackupLost { epoch } => (kind::BACKUP_LOST, epoch, 0, 0),
+            ControlMessage::BackupRearm { epoch } => (kind::BACKUP_REARM, epoch, 0, 0),
+            ControlMessage::BackupRearmDone { epoch, ok } => {
+                (kind::BACKUP_REARM_DONE, epoch, 0, u64::from(ok))
+            }
             ControlMessage::Abort { reason } => {
                 let (code, status) = reason.code();
                 (kind::ABORT, Epoch(0), u64::from(u8::from(status)), code)
@@ -441,6 +490,10 @@ mod tests {
                 sends_before: 1 << 33,
             },
             ControlMessage::SwitchBackReady { epoch },
+            ControlMessage::BackupLost { epoch },
+            ControlMessage::BackupRearm { epoch },
+            ControlMessage::BackupRearmDone { epoch, ok: true },
+            ControlMessage::BackupRearmDone { epoch, ok: false },
             ControlMessage::Abort {
                 reason: FailReason::AtomicInFlight,
             },

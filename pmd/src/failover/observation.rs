@@ -22,6 +22,12 @@ pub enum Observation {
         /// The epoch the default pair came back in.
         epoch: Epoch,
     },
+    /// The backup side, lost while the connection ran on the default path, was brought back
+    /// (reset and reconnected with the peer): the connection is protected again.
+    BackupRepaired {
+        /// The backup epoch it came back in.
+        epoch: Epoch,
+    },
 }
 
 /// What started a failover round.
@@ -39,4 +45,4 @@ pub enum RoundTrigger {
 /// The machine's queue of observations not yet taken. Inline: a call of
 /// [`Failover::handle`](super::Failover::handle) observes at most one of each kind, and the
 /// driver takes them after every call, so nothing allocates.
-pub(super) type Observations = smallvec::SmallVec<[Observation; 2]>;
+pub(super) type Observations = smallvec::SmallVec<[Observation; 3]>;

@@ -697,6 +697,197 @@ fn losing_the_idle_backup_leaves_default_traffic_running() {
     );
 }
 
+// ---- Repairing a backup side lost while idle (docs/failover.md 5d) ---------------------------
+
+fn backup_msg(message: ControlMessage) -> Event {
+    Event::Control(message)
+}
+
+fn backup_up(epoch: u32, ok: bool) -> Event {
+    Event::BackupUp {
+        epoch: Epoch(epoch),
+        ok,
+    }
+}
+
+/// Takes every observation; whether one said the backup side was repaired.
+fn observed_repair(machine: &mut Failover) -> bool {
+    let mut repaired = false;
+    while let Some(o) = machine.poll_observation() {
+        repaired |= matches!(o, Observation::BackupRepaired { .. });
+    }
+    repaired
+}
+
+#[test]
+fn a_leader_repairs_a_backup_lost_while_idle_and_is_protected_again() {
+    let mut machine = end(Role::Leader);
+    assert_eq!(step(&mut machine, Event::ControlSendFailed, at(5)), []);
+    // The backup link has been up since the start: the hold-down is counted from there.
+    let due = machine.poll_timeout().expect("a repair is scheduled");
+    assert_eq!(due, at(1000));
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [
+            Action::ResetBackup,
+            Action::SendControlOnDefault(ControlMessage::BackupRearm { epoch: Epoch(1) })
+        ]
+    );
+    assert_eq!(
+        step(
+            &mut machine,
+            backup_msg(ControlMessage::BackupRearmDone {
+                epoch: Epoch(1),
+                ok: true
+            }),
+            at(1001)
+        ),
+        [Action::BringUpBackup { epoch: Epoch(1) }]
+    );
+    assert_eq!(step(&mut machine, backup_up(1, true), at(1001)), []);
+    assert!(observed_repair(&mut machine));
+    assert_eq!(machine.poll_timeout(), None);
+    // The next default failure fails over instead of failing the connection.
+    let actions = step(&mut machine, retry_exhausted(), at(2000));
+    assert_eq!(surfaced(&actions), None, "{actions:?}");
+    assert_eq!(machine.send_phase(), SendPhase::FailingOver);
+}
+
+#[test]
+fn a_follower_that_lost_its_backup_asks_the_leader_then_follows_its_repair() {
+    let mut machine = end(Role::Follower);
+    assert_eq!(step(&mut machine, Event::ControlSendFailed, at(5)), []);
+    let due = machine
+        .poll_timeout()
+        .expect("the follower tells the leader");
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [Action::SendControlOnDefault(ControlMessage::BackupLost {
+            epoch: Epoch(0)
+        })]
+    );
+    assert_eq!(machine.poll_timeout(), None, "told once");
+    assert_eq!(
+        step(
+            &mut machine,
+            backup_msg(ControlMessage::BackupRearm { epoch: Epoch(1) }),
+            at(1500)
+        ),
+        [
+            Action::ResetBackup,
+            Action::BringUpBackup { epoch: Epoch(1) }
+        ]
+    );
+    assert_eq!(
+        step(&mut machine, backup_up(1, true), at(1500)),
+        [Action::SendControlOnDefault(
+            ControlMessage::BackupRearmDone {
+                epoch: Epoch(1),
+                ok: true
+            }
+        )]
+    );
+    assert!(observed_repair(&mut machine));
+    let actions = step(&mut machine, retry_exhausted(), at(2000));
+    assert_eq!(surfaced(&actions), None, "{actions:?}");
+}
+
+#[test]
+fn a_leader_told_that_the_follower_lost_its_backup_repairs_both() {
+    let mut machine = end(Role::Leader);
+    let lost = backup_msg(ControlMessage::BackupLost { epoch: Epoch(0) });
+    assert_eq!(step(&mut machine, lost, at(5)), []);
+    let due = machine.poll_timeout().expect("a repair is scheduled");
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [
+            Action::ResetBackup,
+            Action::SendControlOnDefault(ControlMessage::BackupRearm { epoch: Epoch(1) })
+        ]
+    );
+}
+
+#[test]
+fn a_follower_carrying_traffic_on_the_backup_refuses_a_backup_repair() {
+    let mut machine = failed_over(Role::Follower);
+    assert_eq!(
+        step(
+            &mut machine,
+            backup_msg(ControlMessage::BackupRearm { epoch: Epoch(1) }),
+            at(20)
+        ),
+        [Action::SendControlOnDefault(
+            ControlMessage::BackupRearmDone {
+                epoch: Epoch(1),
+                ok: false
+            }
+        )]
+    );
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+}
+
+#[test]
+fn a_backup_repair_is_not_attempted_while_traffic_is_on_the_backup() {
+    let mut machine = failed_over(Role::Leader);
+    // The peer lost its backup side (its last message came): ours waits with it.
+    step(
+        &mut machine,
+        backup_msg(ControlMessage::BackupLost { epoch: Epoch(0) }),
+        at(20),
+    );
+    for t in [1000, 3000, 6000] {
+        let actions = step(&mut machine, Event::Tick, at(t));
+        assert!(
+            !actions.contains(&Action::ResetBackup),
+            "reset while on the backup: {actions:?}"
+        );
+    }
+}
+
+#[test]
+fn an_unanswered_or_refused_backup_repair_backs_off_and_tries_again() {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::ControlSendFailed, at(5));
+    step(&mut machine, Event::Tick, at(1000));
+    let deadline = machine.poll_timeout().unwrap();
+    assert_eq!(deadline, at(3000), "the handshake timeout");
+    assert_eq!(step(&mut machine, Event::Tick, deadline), []);
+    assert_eq!(
+        machine.poll_timeout(),
+        Some(at(3200)),
+        "backoff(1) = 200 ms"
+    );
+    let actions = step(&mut machine, Event::Tick, at(3200));
+    assert_eq!(
+        actions[1],
+        Action::SendControlOnDefault(ControlMessage::BackupRearm { epoch: Epoch(2) })
+    );
+    let refused = backup_msg(ControlMessage::BackupRearmDone {
+        epoch: Epoch(2),
+        ok: false,
+    });
+    assert_eq!(step(&mut machine, refused, at(3201)), []);
+    assert_eq!(
+        machine.poll_timeout(),
+        Some(at(3601)),
+        "backoff(2) = 400 ms"
+    );
+    // A default failure meanwhile cannot be hidden.
+    let actions = step(&mut machine, retry_exhausted(), at(3300));
+    assert_eq!(
+        surfaced(&actions).map(|(_, r)| r),
+        Some(FailReason::BackupUnavailable)
+    );
+}
+
+#[test]
+fn without_the_default_devices_channel_no_backup_repair_is_attempted() {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::ControlSendFailed, at(5));
+    step(&mut machine, Event::DefaultControlFailed, at(6));
+    assert_eq!(machine.poll_timeout(), None);
+}
+
 // ---- State 2: rearm the default pair and probe it -------------------------------------------
 
 #[test]

@@ -127,6 +127,18 @@ impl Book {
     }
 }
 
+impl Book {
+    /// The backup QP went to RESET (its rings back to index 0) for a repair: the stale
+    /// receives, burns and fences it held are gone with its rings.
+    pub fn backup_reset(&mut self) {
+        self.errored[1] = Errored::default();
+        self.backup_stale = 0;
+        self.burns.clear();
+        self.fence = None;
+        self.failed_fence = None;
+    }
+}
+
 fn path_index(path: Path) -> usize {
     match path {
         Path::Default => 0,

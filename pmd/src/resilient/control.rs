@@ -33,7 +33,9 @@ use std::sync::{Arc, Mutex};
 use crate::control::ModifyError;
 use crate::control::{Cq, Pd, Qp, RegisteredBuffer};
 use crate::datapath::wr::{RecvWr, Remote, SendOp, SendWr, WcOpcode, WorkCompletion};
-use crate::failover::{ControlMessage, ControlPacket, ControlRepr, Event, CONTROL_MESSAGE_LEN};
+use crate::failover::{
+    ControlMessage, ControlPacket, ControlRepr, Epoch, Event, Path, CONTROL_MESSAGE_LEN,
+};
 use crate::provider::VerbsError;
 use crate::qp_state::QpState;
 use crate::verbs::{random_psn, Access, AddressVector, Gid, QpAttr, QpCaps};
@@ -70,16 +72,33 @@ struct Inner {
     peer_default_qpn: u32,
     /// Our default QPN: what messages for us name.
     local_default_qpn: u32,
-    /// A send or receive failed: the channel is dead for good (it is never reset).
+    /// A send or receive failed: the channel is dead until a backup repair resets and
+    /// reconnects it (`docs/failover.md` 5d).
     broken: bool,
+    /// Where the peer is, kept from [`ControlChannel::connect`] for a reconnection.
+    peer: Option<PeerLink>,
     /// Messages dropped: out of sequence, not one whole slot, or not a ring write.
     dropped: u64,
     wcs: [WorkCompletion; 16],
 }
 
+/// What [`ControlChannel::connect`] was told of the peer, kept for a reconnection in a new
+/// backup epoch.
+struct PeerLink {
+    gid: Gid,
+    qpn: u32,
+    psn: u32,
+    template_rtr: QpAttr,
+    template_rts: QpAttr,
+    handshake_timeout: std::time::Duration,
+}
+
 /// One end of a control QP pair.
 pub(crate) struct ControlChannel {
     inner: Mutex<Inner>,
+    /// The devices the channel is on: the backup devices (the failover protocol's channel) or
+    /// the default devices (the channel that repairs the backup side).
+    path: Path,
     qpn: u32,
     /// The first PSN this end sends.
     send_psn: u32,
@@ -135,6 +154,18 @@ impl ControlChannel {
         depth: u32,
         local_default_qpn: u32,
     ) -> Result<ControlChannel, VerbsError> {
+        Self::create_on(Path::Backup, backup_pd, depth, local_default_qpn)
+    }
+
+    /// Creates a control QP, its CQ and its ring on the device of `pd`, which is `path`'s
+    /// device, in a protection domain of the channel's own.
+    pub fn create_on(
+        path: Path,
+        pd: &Arc<Pd>,
+        depth: u32,
+        local_default_qpn: u32,
+    ) -> Result<ControlChannel, VerbsError> {
+        let backup_pd = pd;
         // A power of two, so the slot of a message number stays consistent when the 32-bit
         // numbers wrap.
         let depth = depth.max(4).next_power_of_two();
@@ -170,9 +201,11 @@ impl ControlChannel {
                 peer_default_qpn: 0,
                 local_default_qpn,
                 broken: false,
+                peer: None,
                 dropped: 0,
                 wcs: [WorkCompletion::EMPTY; 16],
             }),
+            path,
             qpn,
             send_psn: random_psn(),
         })
@@ -241,22 +274,74 @@ impl ControlChannel {
         let mut c = self.lock();
         c.peer_default_qpn = peer_default_qpn;
         c.peer_ring = Some(peer_ring);
+        c.peer = Some(PeerLink {
+            gid: peer_gid,
+            qpn: peer_qpn,
+            psn: peer_psn,
+            template_rtr: template_rtr.clone(),
+            template_rts: template_rts.clone(),
+            handshake_timeout,
+        });
+        self.bring_up(&mut c, Epoch(0))
+    }
+
+    /// INIT -> RTR -> RTS towards the peer kept by `connect`, both directions' PSNs those of
+    /// `epoch` ([`Epoch::start_psn`] of the published ones).
+    fn bring_up(&self, c: &mut Inner, epoch: Epoch) -> Result<(), ModifyError> {
+        let Some(peer) = &c.peer else {
+            return Err(ModifyError::NotSaved {
+                qpn: self.qpn,
+                state: QpState::Rtr,
+            });
+        };
         let mut rtr = QpAttr::rtr(
-            AddressVector::to_gid(peer_gid),
-            peer_qpn,
-            peer_psn & 0x00ff_ffff,
-            template_rtr.path_mtu.unwrap_or(crate::verbs::Mtu::Mtu1024),
+            AddressVector::to_gid(peer.gid),
+            peer.qpn,
+            epoch.start_psn(peer.psn & 0x00ff_ffff),
+            peer.template_rtr
+                .path_mtu
+                .unwrap_or(crate::verbs::Mtu::Mtu1024),
         );
         rtr.max_dest_rd_atomic = Some(0);
-        if let Some(t) = template_rtr.min_rnr_timer {
+        if let Some(t) = peer.template_rtr.min_rnr_timer {
             rtr.min_rnr_timer = Some(t);
         }
-        c.qp.modify(QpState::Rtr, &rtr)?;
-        let mut rts = QpAttr::rts(self.send_psn);
-        rts.timeout = Some(control_ack_timeout(template_rts.timeout, handshake_timeout));
+        let mut rts = QpAttr::rts(epoch.start_psn(self.send_psn));
+        rts.timeout = Some(control_ack_timeout(
+            peer.template_rts.timeout,
+            peer.handshake_timeout,
+        ));
         rts.retry_cnt = Some(CONTROL_RETRY_CNT);
         rts.max_rd_atomic = Some(0);
-        c.qp.modify(QpState::Rts, &rts)
+        c.qp.modify(QpState::Rtr, &rtr)?;
+        c.qp.modify(QpState::Rts, &rts)?;
+        c.broken = false;
+        Ok(())
+    }
+
+    /// Takes the channel out of its epoch: the QP to RESET (what it had posted is gone, and
+    /// completions still in its CQ are discarded unread: they belong to the old
+    /// incarnation), message numbers back to 0 both ways, then INIT with the receives
+    /// posted again. The channel sends nothing until [`ControlChannel::reconnect`].
+    pub fn reset(&self) -> Result<(), ModifyError> {
+        {
+            let mut c = self.lock();
+            c.qp.modify(QpState::Reset, &QpAttr::default())?;
+            let c = &mut *c;
+            while c.cq.poll(&mut c.wcs) > 0 {}
+            c.next_send = 0;
+            c.next_recv = 0;
+            // Nothing may be sent before the reconnection.
+            c.broken = true;
+        }
+        self.init()
+    }
+
+    /// Connects the channel again, after [`ControlChannel::reset`], to the same peer in
+    /// backup epoch `epoch`: the peer's channel must have left every earlier epoch.
+    pub fn reconnect(&self, epoch: Epoch) -> Result<(), ModifyError> {
+        let mut c = self.lock();
+        self.bring_up(&mut c, epoch)
     }
 
     /// Sends `message` to the peer.
@@ -319,9 +404,12 @@ impl ControlChannel {
                 let wc = c.wcs[i];
                 if !wc.is_ok() {
                     if !c.broken {
-                        tracing::warn!(control_qpn = self.qpn, status = ?wc.status, "failover: control QP failed; the backup path is gone");
+                        tracing::warn!(control_qpn = self.qpn, path = ?self.path, status = ?wc.status, "failover: control QP failed");
                         c.broken = true;
-                        out.push(Event::ControlSendFailed);
+                        out.push(match self.path {
+                            Path::Backup => Event::ControlSendFailed,
+                            Path::Default => Event::DefaultControlFailed,
+                        });
                     }
                     continue;
                 }

@@ -216,6 +216,7 @@ impl ResilientQp {
             qp: parts.qp,
             cq: parts.cq,
             control: parts.control,
+            default_control: parts.default_control,
             peer_rkeys: parts.peer.rkeys.iter().copied().collect(),
             rkeys_confirmed: Default::default(),
             peer: parts.peer,
@@ -293,6 +294,7 @@ impl ResilientQp {
                 log.round_started(cause, now, epoch.0)
             }
             Observation::SwitchBackStarted { .. } => log.switch_started(now),
+            Observation::BackupRepaired { epoch } => log.backup_repaired(epoch.0),
         }
     }
 

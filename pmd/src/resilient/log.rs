@@ -138,6 +138,12 @@ impl FailoverLog {
         self.switch_started = Some(now);
     }
 
+    /// The backup side, lost while idle, is back in backup epoch `backup_epoch`.
+    pub fn backup_repaired(&mut self, backup_epoch: u32) {
+        self.stats.backup_rearms += 1;
+        tracing::info!(qp = %self.qp, backup_epoch, "failover: backup side repaired; protected again");
+    }
+
     /// Sends are back on the default QP at `now`, in `epoch`.
     pub fn switched_back(&mut self, now: Timestamp, epoch: u32) {
         self.stats.switch_backs += 1;

@@ -24,6 +24,8 @@ pub(crate) struct BackupParts {
     pub qp: Qp,
     pub cq: Cq,
     pub control: std::sync::Arc<ControlChannel>,
+    /// The control channel on the default devices (repairs a lost backup side).
+    pub default_control: std::sync::Arc<ControlChannel>,
     pub peer: PeerAttrs,
     /// The application's bring-up attributes of the default QP (PSN bases of every epoch).
     pub base: SavedAttrs,

@@ -59,6 +59,24 @@ impl ResilientQp {
                     self.enqueue(Event::ControlSendFailed);
                 }
             }
+            Action::SendControlOnDefault(message) => {
+                let Some(b) = &self.slow.backup else { return };
+                if let Err(e) = b.default_control.send(message) {
+                    tracing::warn!(qp = %self.shared.name, error = %e, ?message, "failover: control message on the default devices not sent");
+                    self.enqueue(Event::DefaultControlFailed);
+                }
+            }
+            Action::ResetBackup => self.reset_backup(),
+            Action::BringUpBackup { epoch } => {
+                let ok = match self.bring_up_backup(epoch) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(qp = %self.shared.name, backup_epoch = %epoch, error = %e, "failover: backup side not brought up");
+                        false
+                    }
+                };
+                self.enqueue(Event::BackupUp { epoch, ok });
+            }
             Action::DrainBackup => {
                 self.collect(Path::Backup);
                 let progress = self.progress_now();
@@ -127,6 +145,54 @@ impl ResilientQp {
         self.default.modify(QpState::Init, &init)?;
         self.default.modify(QpState::Rtr, &rtr)?;
         self.default.modify(QpState::Rts, &rts)
+    }
+
+    /// The backup data QP and the backup control QP leave their backup epoch: RESET (the
+    /// backup rings back to index 0, the old incarnation's completions discarded), the
+    /// control QP back to INIT with its receives posted.
+    fn reset_backup(&mut self) {
+        let s = &mut *self.slow;
+        let Some(b) = s.backup.as_mut() else { return };
+        if let Err(e) = b.qp.modify(QpState::Reset, &QpAttr::default()) {
+            tracing::warn!(qp = %self.shared.name, error = %e, "failover: backup QP not reset");
+        }
+        let qpn = b.qp.qpn();
+        b.cq.discard_qp(qpn);
+        if let Err(e) = b.control.reset() {
+            tracing::warn!(qp = %self.shared.name, error = %e, "failover: backup control QP not reset");
+        }
+        s.book.backup_reset();
+    }
+
+    /// The backup data QP RESET -> INIT -> RTR -> RTS towards the peer's backup QP, with the
+    /// application's attributes and the PSNs of backup epoch `epoch`; the backup control QP
+    /// INIT -> RTR -> RTS in the same epoch.
+    fn bring_up_backup(&mut self, epoch: Epoch) -> Result<(), ModifyError> {
+        let b = self.slow.backup.as_mut().ok_or(ModifyError::NotSaved {
+            qpn: self.slow.env.default_qpn,
+            state: QpState::Init,
+        })?;
+        let qpn = b.qp.qpn();
+        let missing = |state| ModifyError::NotSaved { qpn, state };
+        let init = b.base.init.clone().ok_or(missing(QpState::Init))?;
+        let mut rtr = b.base.rtr.clone().ok_or(missing(QpState::Rtr))?;
+        let mut rts = b.base.rts.clone().ok_or(missing(QpState::Rts))?;
+        // Towards the peer's backup QP, as the shadow verbs brought it up first.
+        let av = rtr.av.ok_or(missing(QpState::Rtr))?;
+        rtr.av = Some(crate::verbs::AddressVector {
+            dgid: b.peer.backup_gid,
+            ..av
+        });
+        rtr.dest_qpn = Some(b.peer.backup_qpn);
+        rtr.rq_psn = Some(epoch.start_psn(rtr.rq_psn.unwrap_or(0)));
+        rts.sq_psn = Some(epoch.start_psn(rts.sq_psn.unwrap_or(0)));
+        if b.qp.state() != QpState::Reset {
+            b.qp.modify(QpState::Reset, &QpAttr::default())?;
+        }
+        b.qp.modify(QpState::Init, &init)?;
+        b.qp.modify(QpState::Rtr, &rtr)?;
+        b.qp.modify(QpState::Rts, &rts)?;
+        b.control.reconnect(epoch)
     }
 
     fn post_probe(&mut self) {

@@ -97,6 +97,8 @@ pub(super) struct Backup {
     pub qp: Qp,
     pub cq: Cq,
     pub control: Arc<ControlChannel>,
+    /// The control channel on the default devices (repairs a lost backup side).
+    pub default_control: Arc<ControlChannel>,
     pub peer: PeerAttrs,
     /// The peer's backup rkey of each of its default rkeys: from its rendezvous, and from the
     /// store as lookups find them.

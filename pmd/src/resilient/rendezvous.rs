@@ -2,19 +2,27 @@
 //!
 //! To fail over, each end needs the peer's backup QP (its GID and QPN), the peer's control
 //! QP and the ring its control messages are written into, and for every rkey the application
-//! uses towards the peer, the rkey of the same memory on the peer's backup device.
-//! [`PeerAttrs`] is all of that for one end, with a byte format (big-endian, version 3):
+//! uses towards the peer, the rkey of the same memory on the peer's backup device; and the
+//! control QP on its default device with its ring, which repairs a lost backup side
+//! (`docs/failover.md` 5d). [`PeerAttrs`] is all of that for one end, with a byte format
+//! (big-endian, version 4; version 3 ended at byte 68 with the rkey list):
 //!
 //! ```text
 //!  0       4     5          8                 24      28                44      48      52
 //!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+
 //!  | "RSBK"| ver | c PSN    |   default GID   | d QPN |   backup GID    | b QPN | c QPN |
 //!  +-------+-----+----------+-----------------+-------+-----------------+-------+-------+
-//!  52                  60            64      68
-//!  +-------------------+-------------+-------+----
-//!  | control ring addr | c ring rkey |   n   | n x (default rkey, backup rkey)
-//!  +-------------------+-------------+-------+----
+//!  52                  60            64      68       72       76                  84
+//!  +-------------------+-------------+-------+--------+--------+-------------------+
+//!  | control ring addr | c ring rkey |   n   | dc QPN | dc PSN | dc ring addr      |
+//!  +-------------------+-------------+-------+--------+--------+-------------------+
+//!  84            88
+//!  +-------------+----
+//!  | dc ring rkey| n x (default rkey, backup rkey)
+//!  +-------------+----
 //! ```
+//!
+//! (`dc`: the control QP on the default device; its PSN is 24 bits in a 32-bit word.)
 //!
 //! Two ways to exchange it:
 //! - **inline** (the default): the application sends [`crate::resilient::ResilientQp::rendezvous_blob`]
@@ -61,14 +69,23 @@ pub struct PeerAttrs {
     pub control_ring_addr: u64,
     /// ... and its rkey there.
     pub control_ring_rkey: u32,
+    /// The control QP on the default device (it repairs a lost backup side).
+    pub default_control_qpn: u32,
+    /// The first PSN that control QP sends (24 bits, random per channel).
+    pub default_control_psn: u32,
+    /// Where the peer writes its messages on the default device's channel: the ring's
+    /// address...
+    pub default_control_ring_addr: u64,
+    /// ... and its rkey there.
+    pub default_control_ring_rkey: u32,
     /// For each MR of the end's PD registered with remote access (read, write or atomic):
     /// (default rkey, backup rkey). A local-only MR's keys are never published.
     pub rkeys: Vec<(u32, u32)>,
 }
 
 const MAGIC: u32 = 0x5253_424b; // "RSBK"
-const VERSION: u8 = 3;
-const HEADER: usize = 68;
+const VERSION: u8 = 4;
+const HEADER: usize = 88;
 
 mod field {
     use core::ops::Range;
@@ -83,6 +100,10 @@ mod field {
     pub const CONTROL_RING_ADDR: Range<usize> = 52..60;
     pub const CONTROL_RING_RKEY: Range<usize> = 60..64;
     pub const COUNT: Range<usize> = 64..68;
+    pub const DCONTROL_QPN: Range<usize> = 68..72;
+    pub const DCONTROL_PSN: Range<usize> = 72..76;
+    pub const DCONTROL_RING_ADDR: Range<usize> = 76..84;
+    pub const DCONTROL_RING_RKEY: Range<usize> = 84..88;
 }
 
 fn be32(b: &[u8]) -> u32 {
@@ -111,6 +132,13 @@ impl PeerAttrs {
         out[field::CONTROL_RING_ADDR].copy_from_slice(&self.control_ring_addr.to_be_bytes());
         out[field::CONTROL_RING_RKEY].copy_from_slice(&self.control_ring_rkey.to_be_bytes());
         out[field::COUNT].copy_from_slice(&(self.rkeys.len() as u32).to_be_bytes());
+        out[field::DCONTROL_QPN].copy_from_slice(&self.default_control_qpn.to_be_bytes());
+        out[field::DCONTROL_PSN]
+            .copy_from_slice(&(self.default_control_psn & 0x00ff_ffff).to_be_bytes());
+        out[field::DCONTROL_RING_ADDR]
+            .copy_from_slice(&self.default_control_ring_addr.to_be_bytes());
+        out[field::DCONTROL_RING_RKEY]
+            .copy_from_slice(&self.default_control_ring_rkey.to_be_bytes());
         for (i, (default, backup)) in self.rkeys.iter().enumerate() {
             let at = HEADER + 8 * i;
             out[at..at + 4].copy_from_slice(&default.to_be_bytes());
@@ -147,6 +175,8 @@ impl PeerAttrs {
         let default_qpn = qpn(field::DEFAULT_QPN, "default QPN")?;
         let backup_qpn = qpn(field::BACKUP_QPN, "backup QPN")?;
         let control_qpn = qpn(field::CONTROL_QPN, "control QPN")?;
+        let default_control_qpn = qpn(field::DCONTROL_QPN, "default control QPN")?;
+        let default_control_psn = qpn(field::DCONTROL_PSN, "default control PSN")?;
         let count = be32(&bytes[field::COUNT]) as usize;
         let needed = count
             .checked_mul(8)
@@ -181,6 +211,14 @@ impl PeerAttrs {
                     .expect("an 8-byte field"),
             ),
             control_ring_rkey: be32(&bytes[field::CONTROL_RING_RKEY]),
+            default_control_qpn,
+            default_control_psn,
+            default_control_ring_addr: u64::from_be_bytes(
+                bytes[field::DCONTROL_RING_ADDR]
+                    .try_into()
+                    .expect("an 8-byte field"),
+            ),
+            default_control_ring_rkey: be32(&bytes[field::DCONTROL_RING_RKEY]),
             rkeys,
         })
     }
@@ -244,7 +282,7 @@ pub trait Rendezvous: Send + Sync {
 /// The first field on which two ends' attributes disagree: every field but the rkey lists,
 /// which may have been taken at different times; an rkey both lists carry must map alike.
 fn first_difference(a: &PeerAttrs, b: &PeerAttrs) -> Option<&'static str> {
-    let fields: [(&'static str, bool); 8] = [
+    let fields: [(&'static str, bool); 12] = [
         ("default GID", a.default_gid == b.default_gid),
         ("default QPN", a.default_qpn == b.default_qpn),
         ("backup GID", a.backup_gid == b.backup_gid),
@@ -258,6 +296,22 @@ fn first_difference(a: &PeerAttrs, b: &PeerAttrs) -> Option<&'static str> {
         (
             "control ring rkey",
             a.control_ring_rkey == b.control_ring_rkey,
+        ),
+        (
+            "default control QPN",
+            a.default_control_qpn == b.default_control_qpn,
+        ),
+        (
+            "default control PSN",
+            a.default_control_psn == b.default_control_psn,
+        ),
+        (
+            "default control ring address",
+            a.default_control_ring_addr == b.default_control_ring_addr,
+        ),
+        (
+            "default control ring rkey",
+            a.default_control_ring_rkey == b.default_control_ring_rkey,
         ),
     ];
     if let Some((name, _)) = fields.iter().find(|(_, same)| !same) {
@@ -554,6 +608,10 @@ mod tests {
             control_psn: 0xab_cdef,
             control_ring_addr: 0x7f00_1234_5000,
             control_ring_rkey: 0x77,
+            default_control_qpn: 0x14,
+            default_control_psn: 0x12_3456,
+            default_control_ring_addr: 0x7f00_1234_6000,
+            default_control_ring_rkey: 0x78,
             rkeys: vec![(0x100, 0x200), (0x101, 0x2ff)],
         }
     }
@@ -561,8 +619,8 @@ mod tests {
     #[test]
     fn attributes_are_written_as_the_format_says() {
         let bytes = sample().to_bytes();
-        assert_eq!(bytes.len(), 68 + 16);
-        assert_eq!(&bytes[0..8], b"RSBK\x03\xab\xcd\xef");
+        assert_eq!(bytes.len(), 88 + 16);
+        assert_eq!(&bytes[0..8], b"RSBK\x04\xab\xcd\xef");
         assert_eq!(
             &bytes[8..24],
             &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 1]
@@ -571,7 +629,10 @@ mod tests {
         assert_eq!(&bytes[44..52], &[0, 0, 0, 0x12, 0, 0, 0, 0x13]);
         assert_eq!(&bytes[52..60], &[0, 0, 0x7f, 0, 0x12, 0x34, 0x50, 0]);
         assert_eq!(&bytes[60..68], &[0, 0, 0, 0x77, 0, 0, 0, 2]);
-        assert_eq!(&bytes[68..76], &[0, 0, 1, 0, 0, 0, 2, 0]);
+        assert_eq!(&bytes[68..76], &[0, 0, 0, 0x14, 0, 0x12, 0x34, 0x56]);
+        assert_eq!(&bytes[76..84], &[0, 0, 0x7f, 0, 0x12, 0x34, 0x60, 0]);
+        assert_eq!(&bytes[84..88], &[0, 0, 0, 0x78]);
+        assert_eq!(&bytes[88..96], &[0, 0, 1, 0, 0, 0, 2, 0]);
     }
 
     #[test]
@@ -587,8 +648,8 @@ mod tests {
             Err(RendezvousError::Truncated { len: 40, .. })
         ));
         assert!(matches!(
-            PeerAttrs::parse(&good[..72]),
-            Err(RendezvousError::Truncated { needed: 84, .. })
+            PeerAttrs::parse(&good[..92]),
+            Err(RendezvousError::Truncated { needed: 104, .. })
         ));
         let mut bad = good.clone();
         bad[0] = b'X';

@@ -72,6 +72,8 @@ pub(crate) trait ServedQp: Send + Sync {
     fn link_watch(&self) -> bool;
     /// The control channel, once it exists.
     fn control(&self) -> Option<&ControlChannel>;
+    /// The control channel on the default device, once it exists.
+    fn default_control(&self) -> Option<&ControlChannel>;
     /// The application dropped the QP.
     fn is_cancelled(&self) -> bool;
 }
@@ -458,8 +460,11 @@ impl ServiceHandle {
 
         // 4. Control messages.
         let mut events = std::mem::take(&mut st.events);
-        for qp in &qps {
-            let Some(control) = qp.control() else {
+        for (qp, control) in qps
+            .iter()
+            .flat_map(|qp| [qp.control(), qp.default_control()].map(|c| (qp, c)))
+        {
+            let Some(control) = control else {
                 continue;
             };
             events.clear();
@@ -518,8 +523,8 @@ impl ServiceHandle {
             l.fds(out);
         }
         for qp in st.qps.iter().filter_map(Weak::upgrade) {
-            if let Some(fd) = qp.control().and_then(|c| c.event_fd()) {
-                out.push(fd);
+            for control in [qp.control(), qp.default_control()].into_iter().flatten() {
+                out.extend(control.event_fd());
             }
         }
     }

@@ -295,6 +295,8 @@ struct Setup {
     qp: Option<Qp>,
     cq: Option<Cq>,
     control: Option<Arc<ControlChannel>>,
+    /// The control channel on the default device, which repairs a lost backup side.
+    default_control: Option<Arc<ControlChannel>>,
     /// This end's attributes for the peer, once the backup objects exist.
     local: Option<PeerAttrs>,
 }
@@ -333,6 +335,8 @@ pub(crate) struct QpShadow {
     setup: Mutex<Setup>,
     /// The control channel once created: the service polls it.
     control: OnceLock<Arc<ControlChannel>>,
+    /// The control channel on the default device, created with the other.
+    default_control: OnceLock<Arc<ControlChannel>>,
     cancelled: AtomicBool,
 }
 
@@ -359,9 +363,11 @@ impl QpShadow {
                 qp: None,
                 cq: None,
                 control: None,
+                default_control: None,
                 local: None,
             }),
             control: OnceLock::new(),
+            default_control: OnceLock::new(),
             cancelled: AtomicBool::new(false),
         }
     }
@@ -402,6 +408,11 @@ impl QpShadow {
     /// service looks at every QP's on each of its rounds).
     pub fn control(&self) -> Option<&Arc<ControlChannel>> {
         self.control.get()
+    }
+
+    /// The control channel on the default device, once it exists.
+    pub fn default_control(&self) -> Option<&Arc<ControlChannel>> {
+        self.default_control.get()
     }
 
     /// The application dropped the QP: stop setting it up.
@@ -448,6 +459,19 @@ impl QpShadow {
                         Ok(c) => Arc::new(c),
                         Err(e) => return self.fail(&mut setup, "control QP", e),
                     };
+                    // A second channel on the default device: the backup side's repair
+                    // cannot travel on the backup side (docs/failover.md 5d).
+                    let default_control = match ControlChannel::create_on(
+                        Path::Default,
+                        &self.pd.default,
+                        depth,
+                        self.default_qpn,
+                    ) {
+                        Ok(c) => Arc::new(c),
+                        Err(e) => return self.fail(&mut setup, "default control QP", e),
+                    };
+                    let (default_control_ring_addr, default_control_ring_rkey) =
+                        default_control.ring();
                     let backup_gid = match ctx.query_gid(0) {
                         Ok(g) => g,
                         Err(e) => return self.fail(&mut setup, "backup GID", e),
@@ -462,6 +486,10 @@ impl QpShadow {
                         control_psn: control.send_psn(),
                         control_ring_addr,
                         control_ring_rkey,
+                        default_control_qpn: default_control.qpn(),
+                        default_control_psn: default_control.send_psn(),
+                        default_control_ring_addr,
+                        default_control_ring_rkey,
                         rkeys: Vec::new(),
                     };
                     if let Some(store) = &self.pd.ctx.store {
@@ -480,7 +508,11 @@ impl QpShadow {
                     }
                     setup.qp = Some(qp);
                     setup.cq = Some(cq);
+                    if self.default_control.set(default_control.clone()).is_err() {
+                        tracing::error!(qp = %self.shared.name, "failover: default control channel created twice; keeping the first");
+                    }
                     setup.control = Some(control);
+                    setup.default_control = Some(default_control);
                     setup.local = Some(local);
                     setup.stage = Stage::Created;
                 }
@@ -494,6 +526,9 @@ impl QpShadow {
                     }
                     if let Err(e) = setup.control.as_ref().expect("created").init() {
                         return self.fail(&mut setup, "control QP to INIT", e);
+                    }
+                    if let Err(e) = setup.default_control.as_ref().expect("created").init() {
+                        return self.fail(&mut setup, "default control QP to INIT", e);
                     }
                     setup.stage = Stage::Init;
                 }
@@ -548,6 +583,22 @@ impl QpShadow {
                     ) {
                         return self.fail(&mut setup, "control QP to RTS", e);
                     }
+                    let default_control = setup.default_control.as_ref().expect("created");
+                    if let Err(e) = default_control.connect(
+                        peer.default_gid,
+                        peer.default_control_qpn,
+                        peer.default_control_psn,
+                        peer.default_qpn,
+                        (
+                            peer.default_control_ring_addr,
+                            peer.default_control_ring_rkey,
+                        ),
+                        &rtr,
+                        &rts,
+                        self.pd.ctx.config.handshake_timeout,
+                    ) {
+                        return self.fail(&mut setup, "default control QP to RTS", e);
+                    }
                     setup.stage = Stage::Rts;
                 }
                 Stage::Rts => {
@@ -560,6 +611,7 @@ impl QpShadow {
                         qp: setup.qp.take().expect("created"),
                         cq: setup.cq.take().expect("created"),
                         control: setup.control.clone().expect("created"),
+                        default_control: setup.default_control.clone().expect("created"),
                         peer,
                         base: SavedAttrs {
                             init: recorded.init,
@@ -646,6 +698,10 @@ impl ServedQp for QpShadow {
 
     fn control(&self) -> Option<&ControlChannel> {
         QpShadow::control(self).map(|c| &**c)
+    }
+
+    fn default_control(&self) -> Option<&ControlChannel> {
+        QpShadow::default_control(self).map(|c| &**c)
     }
 
     fn is_cancelled(&self) -> bool {

@@ -12,6 +12,9 @@ pub struct FailoverStats {
     pub failovers: u64,
     /// Send switch-backs completed (traffic back on the default QP).
     pub switch_backs: u64,
+    /// Backup sides lost while the connection ran on the default path and brought back
+    /// (backup data QP and backup control QP reset and reconnected with the peer).
+    pub backup_rearms: u64,
     /// Failures failover refused to hide (protection errors, an atomic in flight).
     pub refusals: u64,
     /// Connection failures for any other reason (both paths down, a peer that stopped
