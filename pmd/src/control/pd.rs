@@ -136,6 +136,8 @@ impl Pd {
             Ok(mr) => Ok(RegisteredBuffer {
                 mr,
                 block: ManuallyDrop::new(block),
+                refused: false,
+                also_reached_by: None,
             }),
             Err(failure) => {
                 if failure.still_registered {
@@ -230,7 +232,9 @@ impl Mr {
         self.release()
     }
 
-    fn release(&mut self) -> Result<(), VerbsError> {
+    /// Deregisters once (later calls return `Ok`): what `deregister`, a drop and the
+    /// resilient layer's revocation share.
+    pub(crate) fn release(&mut self) -> Result<(), VerbsError> {
         if !std::mem::replace(&mut self.registered, false) {
             return Ok(());
         }
@@ -258,20 +262,52 @@ pub struct RegisteredBuffer {
     mr: Mr,
     /// Taken only in `drop`, after the MR's deregistration.
     block: ManuallyDrop<Block>,
+    /// This device refused an early deregistration (`deregister_now`).
+    refused: bool,
+    /// Another device that may still reach the memory (a backup registration of the same
+    /// memory whose deregistration that device refused): the memory is quarantined there.
+    also_reached_by: Option<Arc<Context>>,
 }
 
 impl Drop for RegisteredBuffer {
     fn drop(&mut self) {
-        let refused = self.mr.release().is_err();
+        let refused = self.mr.release().is_err() || self.refused;
         // SAFETY: the block is taken once, here, and `self` is not used after.
         let block = unsafe { ManuallyDrop::take(&mut self.block) };
-        if refused {
-            self.mr.pd.context().quarantine(block);
+        match (refused, self.also_reached_by.take()) {
+            (false, None) => drop(block),
+            (true, None) => self.mr.pd.context().quarantine(block),
+            (false, Some(other)) => other.quarantine(block),
+            (true, Some(other)) => {
+                // Two devices may reach it and either may close first: held for good.
+                tracing::error!(
+                    device = %self.mr.pd.context().name(),
+                    other = %other.name(),
+                    addr = block.as_ptr() as usize,
+                    len = block.len(),
+                    "memory leaked: two devices refused its deregistration"
+                );
+                std::mem::forget(block);
+            }
         }
     }
 }
 
 impl RegisteredBuffer {
+    /// Deregisters the MR now, keeping the memory until the buffer drops; a refusal is
+    /// returned and remembered, and the drop then quarantines the memory.
+    pub(crate) fn deregister_now(&mut self) -> Result<(), VerbsError> {
+        let result = self.mr.release();
+        self.refused |= result.is_err();
+        result
+    }
+
+    /// `other` (another device that registered the same memory) refused to deregister it:
+    /// the drop quarantines the memory with `other` instead of returning it to the pool.
+    pub(crate) fn also_reached_by(&mut self, other: Arc<Context>) {
+        self.also_reached_by = Some(other);
+    }
+
     /// The MR.
     pub fn mr(&self) -> &Mr {
         &self.mr

@@ -12,6 +12,7 @@ use super::config::ResilientConfig;
 use super::mailbox::QpShared;
 use super::qp::ResilientQp;
 use super::rendezvous::Rendezvous;
+use super::revoke::DeregisterError;
 use super::service::FailoverService;
 use super::shadow::{CtxInner, MrShadow, PdShadow, QpShadow, Verb};
 
@@ -218,17 +219,39 @@ impl Deref for ResilientMr {
     }
 }
 
+impl ResilientMr {
+    /// Deregisters the MR on both devices now (`dereg_mr` on a protected PD): the backup
+    /// twin first (its keys leave the failover's key mappings and, with a store, the
+    /// store, then the backup device forgets it), then the default MR. When this returns,
+    /// no retransmission, failover or re-arm of this process maps a WQE through either
+    /// key, and neither device reaches the memory through them (unless one refused).
+    /// An error names each device that refused: it may still reach the memory, which must
+    /// then stay mapped while that device is open (as [`Mr::deregister`]).
+    pub fn deregister(mut self) -> Result<(), DeregisterError> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), DeregisterError> {
+        let backup = self.shadow.as_ref().map_or(Ok(()), |s| s.cancel());
+        let default = self.mr.release();
+        DeregisterError::check(default, backup)
+    }
+}
+
 impl Drop for ResilientMr {
     fn drop(&mut self) {
-        // The backup twin goes first: the memory must outlive every registration.
-        if let Some(s) = &self.shadow {
-            s.cancel();
-        }
+        // The backup twin goes first: the memory must outlive every registration. Refusals
+        // are logged and counted by each device.
+        let _ = self.release();
     }
 }
 
 /// A [`RegisteredBuffer`] registered on both devices. Derefs to the default registration:
 /// `sge`, `remote`, `write` and `read` work as on a plain buffer.
+///
+/// Dropping it deregisters the backup twin, then the default MR, then returns the memory to
+/// the pool; if either device refused its deregistration the memory is quarantined instead
+/// (never handed out again while that device is open): fail closed on both NICs.
 #[derive(Debug)]
 pub struct ResilientBuffer {
     shadow: Option<Arc<MrShadow>>,
@@ -242,10 +265,34 @@ impl Deref for ResilientBuffer {
     }
 }
 
+impl ResilientBuffer {
+    /// Deregisters the buffer's MR on both devices now, as [`ResilientMr::deregister`]; the
+    /// memory stays with the buffer (returned to the pool, or quarantined after a refusal,
+    /// when it drops), so work still in flight never finds it reused.
+    pub fn deregister_now(&mut self) -> Result<(), DeregisterError> {
+        let backup = self.cancel_backup();
+        let default = self.buffer.deregister_now();
+        DeregisterError::check(default, backup)
+    }
+
+    fn cancel_backup(&mut self) -> Result<(), VerbsError> {
+        let Some(shadow) = &self.shadow else {
+            return Ok(());
+        };
+        let result = shadow.cancel();
+        if result.is_err() {
+            if let Some(backup) = shadow.backup_context() {
+                self.buffer.also_reached_by(backup.clone());
+            }
+        }
+        result
+    }
+}
+
 impl Drop for ResilientBuffer {
     fn drop(&mut self) {
-        if let Some(s) = &self.shadow {
-            s.cancel();
-        }
+        // The backup twin first; the buffer's own drop deregisters the default MR and
+        // quarantines the memory if either refused.
+        let _ = self.cancel_backup();
     }
 }

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::control::{Context, Cq, Mr, Pd, Qp, SavedAttrs};
 use crate::failover::Path;
+use crate::provider::VerbsError;
 use crate::qp_state::QpState;
 use crate::verbs::{Access, Gid, QpAttr, QpCaps};
 
@@ -253,12 +254,16 @@ impl MrShadow {
         Outcome::Done
     }
 
-    /// The application drops its MR: deregister the backup twin first, and withdraw its
-    /// mapping from the store, so that no peer maps a retransmission through it.
-    pub fn cancel(&self) {
+    /// The application deregisters (or drops) its MR: first the backup keys leave the
+    /// failover's mappings and the store (so no failover maps a WQE through them, and no
+    /// peer learns them again), then the backup device deregisters its twin. Returns what
+    /// the backup device said; a refusal is final (the keys are gone from the mappings
+    /// either way: fail closed). Later calls return `Ok`.
+    pub fn cancel(&self) -> Result<(), VerbsError> {
         let mut state = self.lock();
         state.cancelled = true;
-        if state.backup.take().is_some() {
+        let mut result = Ok(());
+        if let Some(mut backup) = state.backup.take() {
             self.pd.keys.remove(self.default_lkey, self.default_rkey);
             let remote = grants_remote_access(self.access);
             if let Some(store) = self.pd.ctx.store.as_ref().filter(|_| remote) {
@@ -266,8 +271,15 @@ impl MrShadow {
                     tracing::warn!(error = %e, rkey = self.default_rkey, "failover: backup rkey not withdrawn from the store");
                 }
             }
+            result = backup.release();
         }
         self.finish(&mut state);
+        result
+    }
+
+    /// The backup device, which holds (or held) the twin.
+    pub fn backup_context(&self) -> Option<&Arc<Context>> {
+        self.pd.ctx.backup.as_ref()
     }
 }
 
