@@ -192,7 +192,7 @@ struct Round<'a> {
 
 impl Round<'_> {
     /// Takes the doorbells rung since the last round; each rung QP in RTS sends now, before
-    /// this round's receive syscall: that is the latency a driver sees between its doorbell
+    /// this round's receive: that is the latency a driver sees between its doorbell
     /// and the wire.
     fn send_new_work(&mut self, waker: &Waker) {
         if !waker.take_pending() {
@@ -240,7 +240,7 @@ impl Round<'_> {
             }
             self.out.flush();
             if n < rx.slots.len() {
-                // The socket is drained; another recvmmsg would only say so.
+                // The wire is drained; another read would only say so.
                 break;
             }
         }

@@ -42,6 +42,7 @@ pub mod qp;
 pub mod qp_attr;
 mod requester;
 mod responder;
+mod rx_ring;
 mod trace;
 mod tx;
 mod udp;

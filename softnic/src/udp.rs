@@ -2,16 +2,16 @@
 //!
 //! Receiving over IPv4 must see each packet's IP header: the ICRC covers the sender's IP
 //! identification and flags, which a UDP socket does not hand over, and Linux rxe numbers its
-//! packets. So an IPv4 device receives on a raw IPv4 socket (`SOCK_RAW`, `IPPROTO_UDP`) bound
-//! to the netdev and the address, whose classic BPF filter keeps unfragmented UDP to port
-//! 4791, read with `recvmmsg` into a header scratch and the packet buffer. Beside it a UDP
-//! socket stays bound to `addr:4791`, so the kernel has a listener (no ICMP port-unreachable
-//! goes out) and still does ARP for the sends; a filter that keeps nothing empties it. Without
-//! CAP_NET_RAW the device falls back to receiving on that UDP socket, rebuilding the IP header
-//! as rxe and railshift send it (ID 0, DF), and says so once: packets from senders that number
-//! their IDs then fail the ICRC check. IPv6 needs no header: the ICRC masks every IPv6 field a
-//! UDP socket does not give (traffic class, flow label, hop limit). Decisions and the
-//! measurement against a UDP receive: `docs/softnic.md`.
+//! packets. So an IPv4 device receives from a `PACKET_MMAP` ring on the netdev
+//! (`rx_ring::RxRing`), whose classic BPF filter keeps unfragmented UDP to the device's address
+//! and port 4791, polled in memory. Beside it a UDP socket stays bound to `addr:4791`, so the
+//! kernel has a listener (no ICMP port-unreachable goes out) and still does ARP for the sends;
+//! a filter that keeps nothing empties it. Without CAP_NET_RAW the device falls back to
+//! receiving on that UDP socket, rebuilding the IP header as rxe and railshift send it (ID 0,
+//! DF), and says so once: packets from senders that number their IDs then fail the ICRC
+//! check. IPv6 needs no header: the ICRC masks every IPv6 field a UDP socket does not give
+//! (traffic class, flow label, hop limit). Decisions and the measurements against a UDP and a
+//! raw-socket receive: `docs/softnic.md`.
 //!
 //! Sends leave from one socket per UDP source port (the port rxe would choose for the QPN),
 //! bound with SO_REUSEPORT, with path-MTU discovery "do" so Linux never fragments and, for
@@ -28,7 +28,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use crate::wire::{Batch, Ipv4Ident, PortState, ROCE_PORT};
+use crate::rx_ring::{attach_filter, bpf, RxRing, BPF_K, BPF_RET};
+use crate::wire::{Batch, PortState, ROCE_PORT};
 use netdev_link::LinkMonitor;
 
 /// The UDP source port rxe uses for a QP: `0xC000 + hash_32(qpn, 14)`.
@@ -201,62 +202,8 @@ fn bound_socket(netdev: &str, addr: IpAddr, port: u16, reuse_port: bool) -> io::
     Ok(fd)
 }
 
-/// An IPv4 header without options and a UDP header: what the raw receive socket reads before
-/// the RoCE packet.
-const RAW_HEADERS: usize = 20 + 8;
-
-// Classic BPF, as `linux/filter.h` spells it.
-const BPF_LD: u16 = 0x00;
-const BPF_LDX: u16 = 0x01;
-const BPF_JMP: u16 = 0x05;
-const BPF_RET: u16 = 0x06;
-const BPF_H: u16 = 0x08;
-const BPF_B: u16 = 0x10;
-const BPF_ABS: u16 = 0x20;
-const BPF_IND: u16 = 0x40;
-const BPF_MSH: u16 = 0xa0;
-const BPF_JEQ: u16 = 0x10;
-const BPF_JSET: u16 = 0x40;
-const BPF_K: u16 = 0x00;
-
-const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
-    libc::sock_filter { code, jt, jf, k }
-}
-
-/// On a raw IPv4 socket (its data starts at the IP header): keep UDP to port 4791 that is not
-/// a fragment; drop everything else. The destination address is the socket's bind.
-const ROCE_V4_FILTER: [libc::sock_filter; 9] = [
-    bpf(BPF_LD | BPF_B | BPF_ABS, 0, 0, 9),        // A = protocol
-    bpf(BPF_JMP | BPF_JEQ | BPF_K, 0, 6, 17),      // UDP, else drop
-    bpf(BPF_LD | BPF_H | BPF_ABS, 0, 0, 6),        // A = flags and fragment offset
-    bpf(BPF_JMP | BPF_JSET | BPF_K, 4, 0, 0x3fff), // a fragment (MF or offset): drop
-    bpf(BPF_LDX | BPF_B | BPF_MSH, 0, 0, 0),       // X = IP header length
-    bpf(BPF_LD | BPF_H | BPF_IND, 0, 0, 2),        // A = UDP destination port
-    bpf(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, ROCE_PORT as u32), // 4791, else drop
-    bpf(BPF_RET | BPF_K, 0, 0, 0x0004_0000),       // keep the whole packet
-    bpf(BPF_RET | BPF_K, 0, 0, 0),                 // drop
-];
-
-/// Keeps nothing: the UDP listener beside a raw receive socket queues no copies.
+/// Keeps nothing: the UDP listener beside a receive ring queues no copies.
 const DROP_ALL_FILTER: [libc::sock_filter; 1] = [bpf(BPF_RET | BPF_K, 0, 0, 0)];
-
-fn attach_filter(fd: RawFd, program: &[libc::sock_filter]) -> io::Result<()> {
-    let prog = libc::sock_fprog {
-        len: program.len() as u16,
-        filter: program.as_ptr() as *mut libc::sock_filter,
-    };
-    // SAFETY: a live sock_fprog pointing at a live program; the kernel copies it.
-    check(unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            (&prog as *const libc::sock_fprog).cast(),
-            std::mem::size_of::<libc::sock_fprog>() as u32,
-        )
-    })
-    .map(|_| ())
-}
 
 /// Reads and discards whatever `fd` queued (before its filter was attached).
 fn drain(fd: RawFd) {
@@ -273,46 +220,14 @@ fn drain(fd: RawFd) {
     {}
 }
 
-/// A nonblocking raw IPv4 socket for UDP bound to `netdev` and `addr`, filtered to RoCEv2.
-fn raw_v4_socket(netdev: &str, addr: Ipv4Addr) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall; checked and owned below.
-    let fd = check(unsafe {
-        libc::socket(
-            libc::AF_INET,
-            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_UDP,
-        )
-    })?;
-    // SAFETY: fresh descriptor.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let raw = fd.as_raw_fd();
-    attach_filter(raw, &ROCE_V4_FILTER)?;
-    // SAFETY: passes the name bytes with their length.
-    check(unsafe {
-        libc::setsockopt(
-            raw,
-            libc::SOL_SOCKET,
-            libc::SO_BINDTODEVICE,
-            netdev.as_ptr().cast(),
-            netdev.len() as u32,
-        )
-    })?;
-    if set_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, SOCKET_BUFFER).is_err() {
-        let _ = set_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, SOCKET_BUFFER);
-    }
-    let (sa, len) = sockaddr(IpAddr::V4(addr), 0);
-    // SAFETY: a valid socket address of the length passed.
-    check(unsafe { libc::bind(raw, (&sa as *const libc::sockaddr_storage).cast(), len) })?;
-    // Whatever arrived before the filter and the binding took effect.
-    drain(raw);
-    Ok(fd)
-}
-
 /// Where received packets come from.
 enum Receiver {
-    /// A raw IPv4 socket that sees the IP header; `listener` is the UDP socket on port 4791
-    /// beside it, filtered empty (it sends only as a fallback).
-    RawV4 { raw: OwnedFd, listener: OwnedFd },
+    /// A receive ring that sees the IP header (boxed: the wire enum stays small); `listener`
+    /// is the UDP socket on port 4791 beside it, filtered empty (it sends only as a fallback).
+    RingV4 {
+        ring: Box<RxRing>,
+        listener: OwnedFd,
+    },
     /// The UDP socket on port 4791 itself (IPv6, or IPv4 without CAP_NET_RAW).
     Udp(OwnedFd),
 }
@@ -320,7 +235,7 @@ enum Receiver {
 impl Receiver {
     fn fd(&self) -> RawFd {
         match self {
-            Receiver::RawV4 { raw, .. } => raw.as_raw_fd(),
+            Receiver::RingV4 { ring, .. } => ring.fd(),
             Receiver::Udp(fd) => fd.as_raw_fd(),
         }
     }
@@ -328,7 +243,7 @@ impl Receiver {
     /// The UDP socket on port 4791 (it can send, too).
     fn udp_fd(&self) -> RawFd {
         match self {
-            Receiver::RawV4 { listener, .. } => listener.as_raw_fd(),
+            Receiver::RingV4 { listener, .. } => listener.as_raw_fd(),
             Receiver::Udp(fd) => fd.as_raw_fd(),
         }
     }
@@ -338,17 +253,20 @@ impl Receiver {
         let IpAddr::V4(v4) = addr else {
             return Ok(Receiver::Udp(listener));
         };
-        match raw_v4_socket(netdev, v4) {
-            Ok(raw) => {
+        match RxRing::open(netdev, v4, SOCKET_BUFFER as usize) {
+            Ok(ring) => {
                 attach_filter(listener.as_raw_fd(), &DROP_ALL_FILTER)?;
                 drain(listener.as_raw_fd());
-                Ok(Receiver::RawV4 { raw, listener })
+                Ok(Receiver::RingV4 {
+                    ring: Box::new(ring),
+                    listener,
+                })
             }
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                 tracing::warn!(
                     netdev,
                     %addr,
-                    "no raw socket (needs CAP_NET_RAW): receiving on UDP, so packets whose \
+                    "no packet socket (needs CAP_NET_RAW): receiving on UDP, so packets whose \
                      sender numbers its IPv4 IDs (Linux rxe) fail the ICRC check"
                 );
                 Ok(Receiver::Udp(listener))
@@ -356,32 +274,6 @@ impl Receiver {
             Err(e) => Err(e),
         }
     }
-}
-
-/// The IPv4 and UDP headers a raw socket read ahead of a RoCE packet: the sender, its UDP
-/// source port, what the ICRC needs of the IP header, and the RoCE packet's length by the UDP
-/// header. `None` for anything this device does not take (IP options, not to port 4791, a
-/// length that does not add up).
-fn parse_raw_headers(
-    h: &[u8; RAW_HEADERS],
-    read: usize,
-) -> Option<(IpAddr, u16, Ipv4Ident, usize)> {
-    if h[0] != 0x45 || h[9] != 17 || read < RAW_HEADERS {
-        return None;
-    }
-    let total = usize::from(u16::from_be_bytes([h[2], h[3]]));
-    let udp_len = usize::from(u16::from_be_bytes([h[24], h[25]]));
-    let dst_port = u16::from_be_bytes([h[22], h[23]]);
-    if dst_port != ROCE_PORT || total != read || udp_len != total - 20 || udp_len < 8 {
-        return None;
-    }
-    let src = IpAddr::V4(Ipv4Addr::new(h[12], h[13], h[14], h[15]));
-    let src_port = u16::from_be_bytes([h[20], h[21]]);
-    let ident = Ipv4Ident {
-        ident: u16::from_be_bytes([h[4], h[5]]),
-        dont_frag: h[6] & 0x40 != 0,
-    };
-    Some((src, src_port, ident, udp_len - 8))
 }
 
 /// The UDP wire of a device.
@@ -400,8 +292,6 @@ pub(crate) struct UdpWire {
     hdrs: Vec<libc::mmsghdr>,
     iovs: Vec<libc::iovec>,
     names: Vec<libc::sockaddr_storage>,
-    /// The IPv4 and UDP headers of each packet a raw receive read.
-    raw_headers: Vec<[u8; RAW_HEADERS]>,
 }
 
 // SAFETY: the raw pointers in the scratch arrays are rewritten before every use and never
@@ -433,7 +323,6 @@ impl UdpWire {
             hdrs: Vec::new(),
             iovs: Vec::new(),
             names: Vec::new(),
-            raw_headers: Vec::new(),
         })
     }
 
@@ -580,44 +469,33 @@ impl UdpWire {
         sent
     }
 
-    /// Receives up to the batch's capacity with one `recvmmsg`.
+    /// Receives up to the batch's capacity: from the ring's memory, or with one `recvmmsg`.
     pub(crate) fn recv(&mut self, batch: &mut Batch) -> usize {
+        let fd = match &mut self.rx {
+            Receiver::RingV4 { ring, .. } => return ring.recv(batch),
+            Receiver::Udp(fd) => fd.as_raw_fd(),
+        };
         let cap = batch.slots.len();
-        let raw = matches!(self.rx, Receiver::RawV4 { .. });
-        // A raw read scatters each packet over two iovecs: its headers, then its RoCE bytes.
-        let per = if raw { 2 } else { 1 };
-        self.scratch(cap * per);
-        if raw && self.raw_headers.len() < cap {
-            self.raw_headers.resize(cap, [0; RAW_HEADERS]);
-        }
+        self.scratch(cap);
         for i in 0..cap {
             let slot = &mut batch.slots[i];
-            let data = libc::iovec {
+            self.iovs[i] = libc::iovec {
                 iov_base: slot.data.as_mut_ptr().cast(),
                 iov_len: slot.data.len(),
             };
-            if raw {
-                self.iovs[2 * i] = libc::iovec {
-                    iov_base: self.raw_headers[i].as_mut_ptr().cast(),
-                    iov_len: RAW_HEADERS,
-                };
-                self.iovs[2 * i + 1] = data;
-            } else {
-                self.iovs[i] = data;
-            }
             let h = &mut self.hdrs[i].msg_hdr;
             h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
             h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
-            h.msg_iov = &mut self.iovs[per * i];
-            h.msg_iovlen = per;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
             h.msg_control = std::ptr::null_mut();
             h.msg_controllen = 0;
             h.msg_flags = 0;
         }
-        // SAFETY: hdrs[..cap] point at live names, iovecs, header scratch and batch buffers.
+        // SAFETY: hdrs[..cap] point at live names, iovecs and batch buffers.
         let n = unsafe {
             libc::recvmmsg(
-                self.rx.fd(),
+                fd,
                 self.hdrs.as_mut_ptr(),
                 cap as u32,
                 libc::MSG_DONTWAIT,
@@ -631,26 +509,16 @@ impl UdpWire {
         for i in 0..n {
             let slot = &mut batch.slots[i];
             let truncated = self.hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            let read = self.hdrs[i].msg_len as usize;
             // Anything this device does not take gets length 0, which parsing drops and counts.
             slot.len = 0;
             slot.ipv4 = None;
             if truncated {
                 continue;
             }
-            if raw {
-                if let Some((peer, port, ident, len)) =
-                    parse_raw_headers(&self.raw_headers[i], read)
-                {
-                    slot.peer = peer;
-                    slot.src_port = port;
-                    slot.ipv4 = Some(ident);
-                    slot.len = len;
-                }
-            } else if let Some((peer, port)) = from_sockaddr(&self.names[i]) {
+            if let Some((peer, port)) = from_sockaddr(&self.names[i]) {
                 slot.peer = peer;
                 slot.src_port = port;
-                slot.len = read;
+                slot.len = self.hdrs[i].msg_len as usize;
             }
         }
         batch.count = n;
@@ -693,95 +561,6 @@ mod tests {
         // SAFETY: all-zero is a valid sockaddr_storage (family AF_UNSPEC).
         let unspec: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         assert_eq!(from_sockaddr(&unspec), None);
-    }
-
-    /// IPv4 + UDP headers as a raw socket reads them: from 198.18.0.2:0xc123 to port `dst_port`,
-    /// `roce_len` bytes of RoCE packet behind them.
-    fn raw_headers(ident: u16, flags: u8, dst_port: u16, roce_len: usize) -> [u8; RAW_HEADERS] {
-        let mut h = [0u8; RAW_HEADERS];
-        h[0] = 0x45;
-        h[2..4].copy_from_slice(&((RAW_HEADERS + roce_len) as u16).to_be_bytes());
-        h[4..6].copy_from_slice(&ident.to_be_bytes());
-        h[6] = flags;
-        h[8] = 64;
-        h[9] = 17;
-        h[12..16].copy_from_slice(&[198, 18, 0, 2]);
-        h[16..20].copy_from_slice(&[198, 18, 0, 1]);
-        h[20..22].copy_from_slice(&0xc123u16.to_be_bytes());
-        h[22..24].copy_from_slice(&dst_port.to_be_bytes());
-        h[24..26].copy_from_slice(&((8 + roce_len) as u16).to_be_bytes());
-        h
-    }
-
-    #[test]
-    fn raw_headers_give_the_sender_its_port_and_what_the_icrc_covers() {
-        let h = raw_headers(0x4153, 0x40, ROCE_PORT, 16);
-        assert_eq!(
-            parse_raw_headers(&h, RAW_HEADERS + 16),
-            Some((
-                IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
-                0xc123,
-                Ipv4Ident {
-                    ident: 0x4153,
-                    dont_frag: true
-                },
-                16
-            ))
-        );
-        let h = raw_headers(7, 0, ROCE_PORT, 16);
-        assert_eq!(
-            parse_raw_headers(&h, RAW_HEADERS + 16).map(|p| p.2),
-            Some(Ipv4Ident {
-                ident: 7,
-                dont_frag: false
-            })
-        );
-    }
-
-    #[test]
-    fn raw_headers_that_do_not_add_up_are_refused() {
-        let good = raw_headers(1, 0x40, ROCE_PORT, 16);
-        // Fewer bytes read than the IP header states, and more.
-        assert_eq!(parse_raw_headers(&good, RAW_HEADERS + 15), None);
-        assert_eq!(parse_raw_headers(&good, RAW_HEADERS + 17), None);
-        // IP options (IHL 6), not UDP, another port, a UDP length that disagrees.
-        let mut options = good;
-        options[0] = 0x46;
-        assert_eq!(parse_raw_headers(&options, RAW_HEADERS + 16), None);
-        let mut tcp = good;
-        tcp[9] = 6;
-        assert_eq!(parse_raw_headers(&tcp, RAW_HEADERS + 16), None);
-        let other = raw_headers(1, 0x40, 4792, 16);
-        assert_eq!(parse_raw_headers(&other, RAW_HEADERS + 16), None);
-        let mut udp_len = good;
-        udp_len[24..26].copy_from_slice(&30u16.to_be_bytes());
-        assert_eq!(parse_raw_headers(&udp_len, RAW_HEADERS + 16), None);
-        // A read shorter than the headers themselves.
-        assert_eq!(parse_raw_headers(&good, 10), None);
-    }
-
-    #[test]
-    fn the_roce_filter_jumps_land_on_its_two_returns() {
-        // Every conditional jump of the classic BPF program must land inside it, and every
-        // path must end in a return: the kernel refuses a program otherwise, and a wrong
-        // offset would keep or drop the wrong packets.
-        let prog = &ROCE_V4_FILTER;
-        let last = prog.len() - 1;
-        assert_eq!(prog[last].code, BPF_RET | BPF_K);
-        assert_eq!(prog[last].k, 0, "the last instruction drops");
-        assert_eq!(prog[last - 1].code, BPF_RET | BPF_K);
-        assert!(prog[last - 1].k > 0, "the one before keeps");
-        for (i, insn) in prog.iter().enumerate() {
-            if insn.code & 0x07 == BPF_JMP {
-                for off in [insn.jt, insn.jf] {
-                    let to = i + 1 + usize::from(off);
-                    assert!(to <= last, "instruction {i} jumps past the end");
-                    if off != 0 {
-                        assert_eq!(to, last, "instruction {i} jumps elsewhere than to drop");
-                    }
-                }
-            }
-        }
     }
 
     #[test]
