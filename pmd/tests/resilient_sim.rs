@@ -931,3 +931,43 @@ fn a_fence_flushed_by_a_failing_backup_never_reaches_the_application() {
     let got: Vec<_> = wcs.iter().map(|w| w.wr_id).collect();
     assert_eq!(got, vec![1], "only the application's SEND: {wcs:?}");
 }
+
+#[test]
+fn a_backup_side_whose_qps_failed_while_idle_is_repaired_and_the_next_failover_works() {
+    let mut sim = Sim::new(31, config());
+    let mut t = nccl(&sim, 300);
+    let mut phase = 0;
+    let done = sim.run_until(Duration::from_secs(20), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            // Host A's backup device fails its QPs (the backup data QP and the control QP)
+            // while everything runs on the default path; its link stays up.
+            s.a.devices[1].inject_fault(DeviceFault::QpsFailed).unwrap();
+            phase = 1;
+        }
+        if phase == 1 && s.a.qp.stats().backup_rearms == 1 && s.b.qp.stats().backup_rearms == 1 {
+            s.link_down(A_DEFAULT, None);
+            phase = 2;
+        }
+        // Traffic done, and the failover after the repair completed at both ends.
+        step(&mut t, s)
+            && phase == 2
+            && s.a.qp.state() == ResilientState::Fallback
+            && s.b.qp.state() == ResilientState::Fallback
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: {} of 300 completed, states {:?} {:?}, stats {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.stats(),
+        sim.b.qp.stats()
+    );
+    assert_clean(&mut t, &mut sim);
+    assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
+    for h in [&sim.a, &sim.b] {
+        let stats = h.qp.stats();
+        assert_eq!((stats.backup_rearms, stats.failovers), (1, 1), "{stats:?}");
+        assert_eq!(stats.errors, 0, "{stats:?}");
+    }
+}

@@ -289,6 +289,31 @@ impl Device {
         self.shared.events.push(crate::AsyncEvent::DeviceFatal);
     }
 
+    /// Every QP that is not in RESET or ERR enters ERR, flushing what is posted on it, while
+    /// the device and its link stay up: a NIC that recovered from an internal error by
+    /// failing its QPs. For failure injection.
+    pub fn fail_qps(&self) {
+        let mut guard = self.shared.lock_core();
+        let core = &mut *guard;
+        let mut ectx = ErrorCtx {
+            cqs: &mut core.cqs,
+            events: &self.shared.events,
+        };
+        let mut failed = 0usize;
+        for qp in core.qps.iter_mut().flatten() {
+            if matches!(qp.state, QpState::Reset | QpState::Err) {
+                continue;
+            }
+            qp.enter_error(None, &mut ectx);
+            // Rounds flush what is posted.
+            core.active.mark(qp);
+            failed += 1;
+        }
+        drop(guard);
+        tracing::warn!(device = %self.shared.name, qps = failed, "softnic: every QP moved to ERR (injected)");
+        self.shared.waker.wake();
+    }
+
     /// Whether [`Device::kill`] was called.
     pub fn is_dead(&self) -> bool {
         self.shared.lock_core().dead

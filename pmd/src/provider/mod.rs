@@ -54,6 +54,9 @@ pub enum DeviceFault {
     /// The device dies silently: no completion (no flush either), no packet, its port state
     /// left alone; it raises its device-fatal event and never comes back.
     Dead,
+    /// Every QP of the device goes to ERR, flushing what is posted on it, while the device and
+    /// its link stay up (a NIC that recovered from an internal error by failing its QPs).
+    QpsFailed,
 }
 
 /// What one round of device work did, and when the device next needs one (a manual-progress

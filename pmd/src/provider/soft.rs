@@ -611,6 +611,7 @@ impl Provider for SoftProvider {
     fn inject_fault(&self, fault: DeviceFault) -> Result<(), VerbsError> {
         match fault {
             DeviceFault::Dead => self.device.kill(),
+            DeviceFault::QpsFailed => self.device.fail_qps(),
         }
         Ok(())
     }
