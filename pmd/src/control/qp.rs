@@ -61,6 +61,40 @@ pub struct SavedAttrs {
     pub rts: Option<QpAttr>,
 }
 
+impl SavedAttrs {
+    /// Records a transition the QP went through so that bringing it up again gives it the
+    /// attributes it has now: a bring-up transition's attributes are kept, an INIT -> INIT
+    /// or RTS -> RTS change is merged in, and remote access flags given on any transition
+    /// replace those of every recorded one (INIT needs them; RTR and RTS take them), so a
+    /// QP brought up again never holds, even between INIT and RTS, access that was cut.
+    pub fn record(&mut self, from: QpState, to: QpState, attr: &QpAttr) {
+        match (from, to) {
+            (QpState::Reset, QpState::Init) => self.init = Some(attr.clone()),
+            (QpState::Init, QpState::Init) => merge(&mut self.init, attr),
+            (QpState::Init, QpState::Rtr) => self.rtr = Some(attr.clone()),
+            (QpState::Rtr, QpState::Rts) => self.rts = Some(attr.clone()),
+            (QpState::Rts, QpState::Rts) => merge(&mut self.rts, attr),
+            _ => return,
+        }
+        if let Some(access) = attr.access {
+            for saved in [&mut self.init, &mut self.rtr, &mut self.rts]
+                .into_iter()
+                .flatten()
+            {
+                saved.access = Some(access);
+            }
+        }
+    }
+
+    /// The remote access the QP was last given (what a bring-up again grants).
+    pub fn access(&self) -> Option<crate::verbs::Access> {
+        [&self.rts, &self.rtr, &self.init]
+            .into_iter()
+            .flatten()
+            .find_map(|a| a.access)
+    }
+}
+
 fn merge(into: &mut Option<QpAttr>, attr: &QpAttr) {
     let target = into.get_or_insert_with(QpAttr::default);
     macro_rules! take {
@@ -114,14 +148,7 @@ impl QpControl {
             .provider()
             .modify_qp(self.handle, to, attr)?;
         self.gate.set_state(to);
-        match (from, to) {
-            (QpState::Reset, QpState::Init) => saved.init = Some(attr.clone()),
-            (QpState::Init, QpState::Init) => merge(&mut saved.init, attr),
-            (QpState::Init, QpState::Rtr) => saved.rtr = Some(attr.clone()),
-            (QpState::Rtr, QpState::Rts) => saved.rts = Some(attr.clone()),
-            (QpState::Rts, QpState::Rts) => merge(&mut saved.rts, attr),
-            _ => {}
-        }
+        saved.record(from, to, attr);
         tracing::debug!(device = %self.pd.context().name(), qpn = self.qpn, %from, %to, "QP state change");
         Ok(())
     }

@@ -21,6 +21,7 @@ use crate::failover::{
     Timestamp,
 };
 use crate::qp_state::QpState;
+use crate::verbs::QpAttr;
 
 use super::mailbox::{BackupParts, Mail};
 use super::plan::sends_before_first_read;
@@ -179,13 +180,29 @@ impl ResilientQp {
     }
 
     /// The backup side is ready: arm failover.
-    fn install(&mut self, parts: BackupParts) {
+    fn install(&mut self, mut parts: BackupParts) {
         if self.slow.book.errored[0].reported
             || self.default.state() != QpState::Rts
             || self.slow.failed.is_some()
         {
             tracing::warn!(qp = %self.shared.name, state = %self.default.state(), "failover: the default QP failed before the backup side was ready; it stays unprotected");
             return;
+        }
+        // The application may have changed the QP after the shadow handed the backup side
+        // over (an access-flag cut): the backup QP takes the access it has now.
+        if let Some(shadow) = &self.slow.env.shadow {
+            let latest = shadow.recorded();
+            if latest.access() != parts.base.access() {
+                let cut = QpAttr {
+                    access: latest.access(),
+                    ..QpAttr::default()
+                };
+                if let Err(e) = parts.qp.modify(QpState::Rts, &cut) {
+                    tracing::error!(qp = %self.shared.name, error = %e, "failover: the backup QP refused the application's access change; the QP stays unprotected");
+                    return;
+                }
+            }
+            parts.base = latest;
         }
         let s = &mut *self.slow;
         let local = (

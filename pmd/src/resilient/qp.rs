@@ -379,26 +379,63 @@ impl ResilientQp {
 
     /// Moves the default QP through the application's bring-up (RESET -> INIT -> RTR -> RTS),
     /// recording each transition for the backup QP's shadow bring-up on the service lcore.
-    /// Other transitions are refused once the QP is protected: failover owns the QPs then.
+    /// Once the QP is protected only RTS -> RTS is taken (failover owns the QPs' states).
+    ///
+    /// An INIT -> INIT or RTS -> RTS change (an access-flag cut) covers both paths: it
+    /// applies at once to the default QP and to the backup QP (whichever of them is in that
+    /// state; one a failover took out of RTS gets it when brought up again), and every
+    /// later bring-up of either QP (a re-arm of the default QP, a repair of the backup
+    /// side) uses the merged attributes, never the first ones. If the backup QP refuses the
+    /// change it is moved to ERR (fail closed: it must not carry traffic with the access
+    /// the application cut) and the error is returned.
     pub fn modify(
         &mut self,
         to: QpState,
         attr: &crate::verbs::QpAttr,
     ) -> Result<(), crate::control::ModifyError> {
-        if self.slow.machine.is_some() && to != QpState::Rts {
-            return Err(crate::control::ModifyError::Transition(
-                crate::qp_state::TransitionError::Illegal {
-                    from: self.default.state(),
-                    to,
-                },
-            ));
+        let from = self.default.state();
+        if self.slow.machine.is_some() {
+            if to != QpState::Rts {
+                return Err(crate::control::ModifyError::Transition(
+                    crate::qp_state::TransitionError::Illegal { from, to },
+                ));
+            }
+            return self.change_protected(attr);
         }
         self.default.modify(to, attr)?;
         if let Some(shadow) = &self.slow.env.shadow {
-            shadow.record(to, attr);
+            let recorded = shadow.record(from, to, attr);
             if let Some(ctx) = &self.slow.env.ctx {
                 ctx.service.nudge();
             }
+            recorded?;
+        }
+        Ok(())
+    }
+
+    /// RTS -> RTS on a protected QP: the default QP if it is in RTS, the recorded attributes
+    /// of every later bring-up, the backup QP if it is in RTS.
+    fn change_protected(
+        &mut self,
+        attr: &crate::verbs::QpAttr,
+    ) -> Result<(), crate::control::ModifyError> {
+        crate::qp_state::check_transition(QpState::Rts, QpState::Rts, attr.mask())?;
+        if self.default.state() == QpState::Rts {
+            self.default.modify(QpState::Rts, attr)?;
+        }
+        let Some(b) = self.slow.backup.as_mut() else {
+            return Ok(());
+        };
+        b.base.record(QpState::Rts, QpState::Rts, attr);
+        if b.qp.state() != QpState::Rts {
+            return Ok(());
+        }
+        if let Err(e) = b.qp.modify(QpState::Rts, attr) {
+            tracing::error!(qp = %self.shared.name, error = %e, "failover: the backup QP refused the application's RTS -> RTS; moving it to ERR");
+            if let Err(err) = b.qp.modify(QpState::Err, &crate::verbs::QpAttr::default()) {
+                tracing::error!(qp = %self.shared.name, error = %err, "failover: backup QP not moved to ERR");
+            }
+            return Err(e);
         }
         Ok(())
     }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crate::control::{Context, Cq, Mr, Pd, Qp, SavedAttrs};
+use crate::control::{Context, Cq, ModifyError, Mr, Pd, Qp, SavedAttrs};
 use crate::failover::Path;
 use crate::provider::VerbsError;
 use crate::qp_state::QpState;
@@ -283,14 +283,6 @@ impl MrShadow {
     }
 }
 
-/// The application's transitions of the default QP, as the shadow replays them.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Recorded {
-    pub init: Option<QpAttr>,
-    pub rtr: Option<QpAttr>,
-    pub rts: Option<QpAttr>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     Create,
@@ -342,7 +334,8 @@ pub(crate) struct QpShadow {
     pub default_qpn: u32,
     pub default_gid: Gid,
     pub shared: Arc<QpShared>,
-    recorded: Mutex<Recorded>,
+    /// The application's transitions of the default QP, as the shadow replays them.
+    recorded: Mutex<SavedAttrs>,
     peer: Mutex<Option<PeerAttrs>>,
     setup: Mutex<Setup>,
     /// The control channel once created: the service polls it.
@@ -368,7 +361,7 @@ impl QpShadow {
             default_qpn,
             default_gid,
             shared,
-            recorded: Mutex::new(Recorded::default()),
+            recorded: Mutex::new(SavedAttrs::default()),
             peer: Mutex::new(None),
             setup: Mutex::new(Setup {
                 stage: Stage::Create,
@@ -384,15 +377,33 @@ impl QpShadow {
         }
     }
 
-    /// Records one of the application's transitions of the default QP.
-    pub fn record(&self, to: QpState, attr: &QpAttr) {
-        let mut r = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
-        match to {
-            QpState::Init if r.init.is_none() => r.init = Some(attr.clone()),
-            QpState::Rtr => r.rtr = Some(attr.clone()),
-            QpState::Rts if r.rts.is_none() => r.rts = Some(attr.clone()),
-            _ => {}
+    /// Records one of the application's transitions of the default QP (`from` -> `to`). An
+    /// INIT -> INIT or RTS -> RTS change (an access-flag cut) also applies at once to a
+    /// backup QP the bring-up has already taken to that state; one it has not reached
+    /// gets the change with the transition that reaches it (the recorded attributes carry
+    /// it). An error is the backup QP's refusal; the QP is then moved to ERR (fail closed:
+    /// a backup QP that keeps access the application cut must never carry traffic) and
+    /// the bring-up fails.
+    pub fn record(&self, from: QpState, to: QpState, attr: &QpAttr) -> Result<(), ModifyError> {
+        self.recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(from, to, attr);
+        if from != to {
+            return Ok(());
         }
+        let mut setup = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(qp) = setup.qp.as_mut().filter(|qp| qp.state() == to) else {
+            return Ok(());
+        };
+        if let Err(e) = qp.modify(to, attr) {
+            if let Err(err) = qp.modify(QpState::Err, &QpAttr::default()) {
+                tracing::error!(qp = %self.shared.name, error = %err, "failover: backup QP not moved to ERR");
+            }
+            self.fail(&mut setup, "the application's change of the backup QP", &e);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// The peer's attributes, from the application's exchange (inline rendezvous).
@@ -625,11 +636,7 @@ impl QpShadow {
                         control: setup.control.clone().expect("created"),
                         default_control: setup.default_control.clone().expect("created"),
                         peer,
-                        base: SavedAttrs {
-                            init: recorded.init,
-                            rtr: recorded.rtr,
-                            rts: recorded.rts,
-                        },
+                        base: recorded,
                     };
                     tracing::info!(qp = %self.shared.name, backup_qpn = parts.qp.qpn(), "failover: backup QP connected; the QP is protected");
                     self.shared.post(Mail::Protected(Box::new(parts)));
@@ -650,7 +657,7 @@ impl QpShadow {
             .expect("found at RTR")
     }
 
-    fn recorded(&self) -> Recorded {
+    pub fn recorded(&self) -> SavedAttrs {
         self.recorded
             .lock()
             .unwrap_or_else(|p| p.into_inner())
