@@ -634,7 +634,7 @@ impl Window {
         let nq = self.nq;
         let mut polled = 0;
         for q in 0..nq as usize {
-            let n = s.conns[q].poll(wcs);
+            let n = s.poll_qp(q, wcs);
             polled += n;
             for wc in &wcs[..n] {
                 if !wc.is_ok() {
@@ -748,7 +748,7 @@ fn serve_until_peer_done(
     loop {
         let mut polled = 0;
         for q in 0..s.conns.len() {
-            let n = s.conns[q].poll(&mut wcs);
+            let n = s.poll_qp(q, &mut wcs);
             polled += n;
             for wc in &wcs[..n] {
                 if !wc.is_ok() {
@@ -1010,7 +1010,7 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
     loop {
         let mut polled = 0;
         for q in 0..s.conns.len() {
-            let n = s.conns[q].poll(&mut wcs);
+            let n = s.poll_qp(q, &mut wcs);
             polled += n;
             for wc in &wcs[..n] {
                 if !wc.is_ok() {

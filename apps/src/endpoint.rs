@@ -119,6 +119,16 @@ impl Host {
         self.active_mtu
     }
 
+    /// One round of each of this host's devices that progress manually (default, then
+    /// backup); a no-op for devices with engine threads. Returns whether anything happened.
+    pub fn progress(&self) -> bool {
+        let mut moved = self.context().progress();
+        if let Some(backup) = self.backup_context() {
+            moved |= backup.progress();
+        }
+        moved
+    }
+
     /// The failover service when the polling lcore runs it (run-to-completion).
     pub fn manual_service(&self) -> Option<Arc<FailoverService>> {
         match &self.kind {
@@ -263,6 +273,16 @@ impl Conn {
         match self {
             Conn::Plain { cq, .. } => cq.poll_with_progress(wcs),
             Conn::Resilient(qp) => qp.poll_with_progress(wcs),
+        }
+    }
+
+    /// Polls completions without driving the devices (also runs due failover work): for a
+    /// loop over many QPs, which drives them itself ([`crate::session::Session::poll_qp`]).
+    #[inline]
+    pub fn poll_only(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        match self {
+            Conn::Plain { cq, .. } => cq.poll(wcs),
+            Conn::Resilient(qp) => qp.poll(wcs),
         }
     }
 
