@@ -56,6 +56,9 @@ pub struct Counters {
     pub naks_received: NakCounts,
     /// Duplicate requests received (re-ACKed, re-read or replayed, never re-executed).
     pub duplicate_requests: u64,
+    /// Duplicate READs and atomics dropped because no recorded READ or atomic (the last
+    /// `max_dest_rd_atomic`) matches what they ask for.
+    pub unmatched_duplicates: u64,
     /// Packets dropped silently while a PSN gap was open (after its one NAK).
     pub out_of_sequence_drops: u64,
     /// RNR waits this side's requester went through (one per RNR NAK acted on).
@@ -89,6 +92,7 @@ impl Counters {
         self.naks_sent.add(&o.naks_sent);
         self.naks_received.add(&o.naks_received);
         self.duplicate_requests += o.duplicate_requests;
+        self.unmatched_duplicates += o.unmatched_duplicates;
         self.out_of_sequence_drops += o.out_of_sequence_drops;
         self.rnr_waits += o.rnr_waits;
         self.icrc_errors += o.icrc_errors;

@@ -34,6 +34,9 @@ pub(crate) const QPN_BASE: u32 = 0x11;
 const RX_BATCHES_PER_ROUND: usize = 4;
 /// Packets one QP's requester may send per round, for fairness between QPs.
 const REQ_BUDGET: usize = 2 * BATCH;
+/// READ response packets (and atomic ACKs) one QP's responder may send per pass, for the same
+/// fairness: a long READ is answered over many rounds, the device lock released between them.
+const ANSWER_BUDGET: usize = 2 * BATCH;
 
 /// What a round did and when the device next needs attention.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -221,8 +224,9 @@ impl Round<'_> {
         }
     }
 
-    /// Receives up to `RX_BATCHES_PER_ROUND` batches and delivers every packet. Read
-    /// responses and NAKs go out after each batch; coalesced ACKs wait for `service_qps`.
+    /// Receives up to `RX_BATCHES_PER_ROUND` batches and delivers every packet. NAKs go out
+    /// after each batch; READ responses, atomic ACKs and coalesced ACKs wait for
+    /// `service_qps`.
     fn receive(&mut self, rx: &mut Batch) {
         for _ in 0..RX_BATCHES_PER_ROUND {
             let n = self.out.wire.recv(rx, self.out.now);
@@ -368,19 +372,22 @@ fn transmit(
     ectx: &mut ErrorCtx<'_>,
     last_pass: bool,
 ) -> bool {
+    let answering = responder::answer(qp, mrs, out, ectx, ANSWER_BUDGET);
     let r = requester::run(qp, mrs, out, ectx, REQ_BUDGET);
-    if !qp.resp.ack_pending {
-        return r.more;
+    let more = r.more || answering;
+    if !qp.resp.ack_pending || answering {
+        // An owed ACK waits behind the responses still to send.
+        return more;
     }
     if r.packets > 0 || (last_pass && qp.resp.ack_deferred) {
         qp.resp.ack_deferred = false;
         responder::flush_ack(qp, out);
-        r.more
+        more
     } else if last_pass {
         qp.resp.ack_deferred = true;
         true
     } else {
-        r.more
+        more
     }
 }
 

@@ -41,6 +41,7 @@ mod packet;
 pub mod qp;
 pub mod qp_attr;
 mod requester;
+mod resources;
 mod responder;
 mod rx_ring;
 mod trace;

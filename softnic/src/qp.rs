@@ -16,7 +16,9 @@ use crate::dma::Sge;
 use crate::events::{AsyncEvent, EventQueue};
 use crate::memory::QueueMemory;
 use crate::mr::{Access, PdId};
+use crate::packet::AckKind;
 use crate::qp_attr::{QpAttrs, QpState};
+use crate::resources::Resources;
 use crate::waker::Waker;
 use crate::wqe::SendWqe;
 
@@ -297,9 +299,12 @@ pub(crate) struct Responder {
     pub write_rkey: u32,
     pub write_left: u64,
     pub write_len: u32,
-    /// Results of executed atomics by PSN, for replay (max_dest_rd_atomic entries).
-    pub atomic_cache: Vec<(u32, u64)>,
-    pub atomic_next: usize,
+    /// The READs and atomics executed (max_dest_rd_atomic of them), for replay, and the
+    /// responses still to send.
+    pub resources: Resources,
+    /// A PSN-sequence or RNR NAK held back until the pending responses are sent (a NAK
+    /// overtaking them would tell the requester they were lost).
+    pub owed_nak: Option<AckKind>,
 }
 
 /// A QP.
@@ -449,8 +454,7 @@ impl Qp {
             self.req.high_psn = p;
         }
         if let Some(n) = given.max_dest_rd_atomic {
-            self.resp.atomic_cache = vec![(u32::MAX, 0); n.max(1) as usize];
-            self.resp.atomic_next = 0;
+            self.resp.resources = Resources::with_capacity(n as usize);
         }
         if let Some(r) = given.retry_cnt {
             self.req.retry_left = r;
@@ -560,6 +564,8 @@ impl Qp {
         }
         self.resp.in_send = false;
         self.resp.in_write = false;
+        self.resp.resources.abandon();
+        self.resp.owed_nak = None;
         let posted = self.rwqe_db_pi();
         while self.rq.rwqe_ci != posted {
             let info = CqeInfo {

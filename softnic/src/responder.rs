@@ -1,16 +1,24 @@
 //! The responder: PSN checking (one NAK per gap, then silence until it fills), duplicate
-//! handling (re-ACK, re-read, replay atomics from the cache), receive WQEs, RDMA WRITE/READ and
-//! atomics on registered memory with rkey, bounds and access checks, and the matching NAKs.
+//! handling (re-ACK; READs and atomics replayed from the recorded resources, never from what
+//! the duplicate asks), receive WQEs, RDMA WRITE/READ and atomics on registered memory with
+//! rkey, bounds and access checks, and the matching NAKs. READ responses and atomic ACKs go
+//! out from [`answer`], a budget per engine round, in PSN order; ACKs and NAKs that would
+//! overtake them wait.
 
 use crate::codec::{psn_add, psn_delta};
 use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma::{self, AtomicOp};
 use crate::events::AsyncEvent;
 use crate::mr::{Access, MrTable};
-use crate::packet::{AckKind, Header, Kind, NakCode, OutHeader, Reth};
+use crate::packet::{AckKind, Header, Kind, NakCode, OutHeader};
 use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp};
 use crate::qp_attr::QpState;
+use crate::resources::{Answer, Resource};
 use crate::tx::Tx;
+
+/// The longest message the responder takes, as rxe (`RXE_MAX_MSG_SZ`): 2^31 bytes. A longer
+/// SEND, WRITE or READ is an invalid request, and no offset into a message can overflow.
+pub(crate) const MAX_MESSAGE: u64 = 1 << 31;
 
 /// Handles one request packet for `qp`.
 pub(crate) fn handle(
@@ -29,8 +37,7 @@ pub(crate) fn handle(
         if !qp.resp.nak_sent {
             qp.resp.nak_sent = true;
             qp.counters.naks_sent.psn_sequence += 1;
-            let epsn = qp.resp.epsn;
-            send_ack(qp, tx, AckKind::Nak(NakCode::PsnSequence), epsn);
+            nak_at_epsn(qp, tx, AckKind::Nak(NakCode::PsnSequence));
         } else {
             qp.counters.out_of_sequence_drops += 1;
         }
@@ -38,10 +45,11 @@ pub(crate) fn handle(
     }
     if d < 0 {
         qp.counters.duplicate_requests += 1;
-        duplicate(qp, h, mrs, tx);
+        duplicate(qp, h);
         return;
     }
     qp.resp.nak_sent = false;
+    qp.resp.owed_nak = None;
     let payload = packet.get(h.payload.clone()).unwrap_or(&[]);
     let mtu = qp.mtu() as usize;
     // Every packet but the last of a message carries exactly one MTU.
@@ -60,6 +68,12 @@ pub(crate) fn handle(
             let Some(reth) = h.reth else {
                 return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
             };
+            // Longer than a message may be, or more READs and atomics outstanding than
+            // max_dest_rd_atomic allows: an invalid request (as rxe's "too many RDMA READ or
+            // atomic requests").
+            if u64::from(reth.len) > MAX_MESSAGE || !qp.resp.resources.has_room() {
+                return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
+            }
             if reth.len > 0
                 && (!qp.allows(Access::REMOTE_READ)
                     || mrs
@@ -74,13 +88,23 @@ pub(crate) fn handle(
             {
                 return fatal(qp, tx, ectx, NakCode::RemoteAccess, None);
             }
+            // What is acknowledged before the READ goes out before its responses.
+            flush_ack(qp, tx);
             let packets = reth.len.div_ceil(mtu as u32).max(1);
+            let msn = (qp.resp.msn + 1) & 0x00ff_ffff;
+            let read = Resource {
+                psn: h.psn,
+                msn,
+                answer: Answer::Read { reth, packets },
+            };
+            if qp.resp.resources.record(read).is_err() {
+                return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
+            }
             qp.resp.epsn = psn_add(qp.resp.epsn, packets);
-            qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
-            read_response(qp, h.psn, reth, mrs, tx);
+            qp.resp.msn = msn;
         }
         Kind::CompareSwap | Kind::FetchAdd => {
-            if qp.resp.in_send || qp.resp.in_write {
+            if qp.resp.in_send || qp.resp.in_write || !qp.resp.resources.has_room() {
                 return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
             }
             let Some(a) = h.atomic else {
@@ -104,15 +128,20 @@ pub(crate) fn handle(
             } else {
                 AtomicOp::FetchAdd { add: a.swap_add }
             };
+            flush_ack(qp, tx);
             let orig = dma::atomic(a.va, op);
-            let slot = qp.resp.atomic_next;
-            if let Some(e) = qp.resp.atomic_cache.get_mut(slot) {
-                *e = (h.psn, orig);
-                qp.resp.atomic_next = (slot + 1) % qp.resp.atomic_cache.len();
+            let msn = (qp.resp.msn + 1) & 0x00ff_ffff;
+            let atomic = Resource {
+                psn: h.psn,
+                msn,
+                answer: Answer::Atomic { orig },
+            };
+            if qp.resp.resources.record(atomic).is_err() {
+                // Room was checked before the atomic ran; nothing between took it.
+                return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
             }
             qp.resp.epsn = psn_add(qp.resp.epsn, 1);
-            qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
-            atomic_ack(qp, h.psn, orig, tx);
+            qp.resp.msn = msn;
         }
         _ => qp.counters.malformed_drops += 1,
     }
@@ -148,6 +177,15 @@ fn send(
         }
         qp.resp.in_send = true;
         qp.resp.recv_offset = 0;
+    }
+    if u64::from(qp.resp.recv_offset) + payload.len() as u64 > MAX_MESSAGE {
+        return fatal(
+            qp,
+            tx,
+            ectx,
+            NakCode::InvalidRequest,
+            Some(syndrome::LOCAL_LENGTH),
+        );
     }
     match dma::scatter(
         mrs,
@@ -211,6 +249,9 @@ fn write(
         let Some(reth) = h.reth else {
             return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
         };
+        if u64::from(reth.len) > MAX_MESSAGE {
+            return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
+        }
         // A zero-length WRITE touches no memory and needs no valid rkey (IBA 9.4.4).
         if reth.len > 0
             && (!qp.allows(Access::REMOTE_WRITE)
@@ -278,81 +319,145 @@ fn write(
     }
 }
 
-fn duplicate(qp: &mut Qp, h: &Header, mrs: &MrTable, tx: &mut Tx<'_>) {
+fn duplicate(qp: &mut Qp, h: &Header) {
     match h.kind {
         // Already executed: acknowledge again, do not execute again.
         Kind::Send | Kind::Write => qp.resp.ack_pending = true,
-        // Reads have no side effects: execute again from the request's own parameters.
+        // Answered again from the READ recorded at that PSN, from the duplicate's PSN on, if
+        // the duplicate asks for just that (the recorded READ, or its tail: what a requester's
+        // go-back-N asks); anything else is dropped and counted, so a duplicate never reads
+        // what no READ was granted, nor makes the responder send more than recorded READs.
         Kind::ReadRequest => {
-            if let Some(reth) = h.reth {
-                let ok = reth.len == 0
-                    || (qp.allows(Access::REMOTE_READ)
-                        && mrs
-                            .check(
-                                reth.rkey,
-                                qp.pd,
-                                reth.va,
-                                reth.len as u64,
-                                Access::REMOTE_READ,
-                            )
-                            .is_ok());
-                if ok {
-                    flush_ack(qp, tx);
-                    read_response(qp, h.psn, reth, mrs, tx);
-                }
+            let mtu = u64::from(qp.mtu());
+            let found = qp.resp.resources.find(h.psn).filter(|(_, r)| {
+                let (Answer::Read { reth: rec, .. }, Some(dup)) = (r.answer, h.reth) else {
+                    return false;
+                };
+                let offset = psn_delta(h.psn, r.psn) as u64 * mtu;
+                dup.rkey == rec.rkey
+                    && Some(dup.va) == rec.va.checked_add(offset)
+                    && Some(u64::from(dup.len)) == u64::from(rec.len).checked_sub(offset)
+            });
+            match found {
+                Some((i, _)) => qp.resp.resources.replay(i, h.psn),
+                None => qp.counters.unmatched_duplicates += 1,
             }
         }
-        // Atomics must not run twice: answer from the result cache, or not at all.
+        // Atomics must not run twice: answered again from the recorded result, or not at all.
         Kind::CompareSwap | Kind::FetchAdd => {
-            if let Some(&(_, orig)) = qp.resp.atomic_cache.iter().find(|(psn, _)| *psn == h.psn) {
-                flush_ack(qp, tx);
-                atomic_ack(qp, h.psn, orig, tx);
+            let found = qp
+                .resp
+                .resources
+                .find(h.psn)
+                .filter(|(_, r)| r.psn == h.psn && matches!(r.answer, Answer::Atomic { .. }));
+            match found {
+                Some((i, _)) => qp.resp.resources.replay(i, h.psn),
+                None => qp.counters.unmatched_duplicates += 1,
             }
         }
         _ => {}
     }
 }
 
-fn read_response(qp: &mut Qp, psn: u32, reth: Reth, mrs: &MrTable, tx: &mut Tx<'_>) {
-    flush_ack(qp, tx);
+/// Sends up to `budget` pending READ response packets and atomic ACKs, in PSN order, then a
+/// NAK that waited for them. Returns whether more responses are pending.
+///
+/// Each READ response is read from registered memory when it is sent, the rkey, bounds and
+/// access checked again: an MR deregistered while its READ is answered yields no more bytes;
+/// a remote access NAK with the PSN of the response it replaces ends the READ and the QP.
+pub(crate) fn answer(
+    qp: &mut Qp,
+    mrs: &MrTable,
+    tx: &mut Tx<'_>,
+    ectx: &mut ErrorCtx<'_>,
+    budget: usize,
+) -> bool {
+    if !qp.resp.resources.pending() {
+        return false;
+    }
+    if !matches!(qp.state, QpState::Rtr | QpState::Rts) {
+        qp.resp.resources.abandon();
+        return false;
+    }
     let Some((peer, dest_qpn)) = qp.peer() else {
-        return;
+        return false;
     };
     let mtu = qp.mtu();
-    let packets = reth.len.div_ceil(mtu).max(1);
-    let msn = qp.resp.msn;
-    for i in 0..packets {
-        let offset = i as u64 * mtu as u64;
-        let n = (reth.len as u64 - offset.min(reth.len as u64)).min(mtu as u64) as u32;
-        let mut hdr = OutHeader::new(Kind::ReadResponse, dest_qpn, psn_add(psn, i));
-        hdr.first = i == 0;
-        hdr.last = i + 1 == packets;
-        if hdr.first || hdr.last {
-            hdr.aeth = Some((AckKind::Ack, msn));
+    for _ in 0..budget {
+        let Some((r, psn)) = qp.resp.resources.next() else {
+            break;
+        };
+        match r.answer {
+            Answer::Atomic { orig } => {
+                let mut hdr = OutHeader::new(Kind::AtomicAck, dest_qpn, psn);
+                hdr.aeth = Some((AckKind::Ack, r.msn));
+                hdr.atomic_ack = Some(orig);
+                tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
+            }
+            Answer::Read { reth, packets } => {
+                let i = psn_delta(psn, r.psn) as u32;
+                let offset = u64::from(i) * u64::from(mtu);
+                let n = u64::from(reth.len)
+                    .saturating_sub(offset)
+                    .min(u64::from(mtu)) as u32;
+                let mut hdr = OutHeader::new(Kind::ReadResponse, dest_qpn, psn);
+                hdr.first = i == 0;
+                hdr.last = i + 1 == packets;
+                if hdr.first || hdr.last {
+                    hdr.aeth = Some((AckKind::Ack, r.msn));
+                }
+                hdr.payload_len = n;
+                let (rkey, pd, va) = (reth.rkey, qp.pd, reth.va + offset);
+                // The QP's own access may have been cut since (RTS->RTS) as well.
+                let mut readable = qp.allows(Access::REMOTE_READ) || n == 0;
+                if readable {
+                    tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |buf| {
+                        readable = n == 0
+                            || dma::read_mem(mrs, rkey, pd, va, buf, Access::REMOTE_READ).is_ok();
+                        readable
+                    });
+                }
+                if !readable {
+                    qp.counters.naks_sent.remote_access += 1;
+                    qp.resp.resources.abandon();
+                    // Nothing acknowledged past the failed response goes before its NAK.
+                    qp.resp.ack_pending = false;
+                    send_ack(qp, tx, AckKind::Nak(NakCode::RemoteAccess), psn);
+                    ectx.events.push(AsyncEvent::QpAccessError { qpn: qp.qpn });
+                    qp.enter_error(None, ectx);
+                    return false;
+                }
+            }
         }
-        hdr.payload_len = n;
-        let (rkey, pd, va) = (reth.rkey, qp.pd, reth.va + offset);
-        tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |buf| {
-            n == 0 || dma::read_mem(mrs, rkey, pd, va, buf, Access::REMOTE_READ).is_ok()
-        });
+        qp.resp.resources.sent();
     }
+    if qp.resp.resources.pending() {
+        return true;
+    }
+    if let Some(nak) = qp.resp.owed_nak.take() {
+        let epsn = qp.resp.epsn;
+        send_ack(qp, tx, nak, epsn);
+    }
+    false
 }
 
-fn atomic_ack(qp: &mut Qp, psn: u32, orig: u64, tx: &mut Tx<'_>) {
-    flush_ack(qp, tx);
-    let Some((peer, dest_qpn)) = qp.peer() else {
-        return;
-    };
-    let mut hdr = OutHeader::new(Kind::AtomicAck, dest_qpn, psn);
-    hdr.aeth = Some((AckKind::Ack, qp.resp.msn));
-    hdr.atomic_ack = Some(orig);
-    tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
-}
-
+/// An RNR NAK for `psn` (the expected PSN: the request it refuses was not executed).
 fn rnr(qp: &mut Qp, psn: u32, tx: &mut Tx<'_>) {
+    debug_assert_eq!(psn, qp.resp.epsn);
     qp.counters.naks_sent.rnr += 1;
     let timer = qp.attrs.min_rnr_timer.unwrap_or(0);
-    send_ack(qp, tx, AckKind::Rnr(timer), psn);
+    nak_at_epsn(qp, tx, AckKind::Rnr(timer));
+}
+
+/// A PSN-sequence or RNR NAK for the expected PSN: now, or once the pending responses (which
+/// come before it in PSN order) are sent.
+fn nak_at_epsn(qp: &mut Qp, tx: &mut Tx<'_>, nak: AckKind) {
+    if qp.resp.resources.pending() {
+        qp.resp.owed_nak.get_or_insert(nak);
+    } else {
+        let epsn = qp.resp.epsn;
+        send_ack(qp, tx, nak, epsn);
+    }
 }
 
 /// Sends an ACK or NAK now (after any pending ACK, to keep PSN order on the wire).
@@ -366,9 +471,10 @@ fn send_ack(qp: &mut Qp, tx: &mut Tx<'_>, ack: AckKind, psn: u32) {
     tx.emit(&hdr, peer, qp.src_port, &mut qp.counters, |_| true);
 }
 
-/// Sends the coalesced ACK for everything received so far, if one is owed.
+/// Sends the coalesced ACK for everything received so far, if one is owed and no response
+/// before it is still to be sent.
 pub(crate) fn flush_ack(qp: &mut Qp, tx: &mut Tx<'_>) {
-    if !qp.resp.ack_pending {
+    if !qp.resp.ack_pending || qp.resp.resources.pending() {
         return;
     }
     qp.resp.ack_pending = false;
@@ -401,6 +507,8 @@ fn fatal(
         NakCode::RemoteAccess => qp.counters.naks_sent.remote_access += 1,
         _ => qp.counters.naks_sent.remote_operational += 1,
     }
+    // The QP fails: responses not yet sent never will be, and the NAK goes now.
+    qp.resp.resources.abandon();
     let epsn = qp.resp.epsn;
     send_ack(qp, tx, AckKind::Nak(nak), epsn);
     if let Some(s) = recv_syndrome {

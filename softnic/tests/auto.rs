@@ -172,3 +172,87 @@ fn busy_poll_engines_complete_work_too() {
     a.qp.ring();
     assert_eq!(wait(&mut a.scq).status, WcStatus::Success);
 }
+
+/// With engine threads: while a 1 GiB READ is being answered, another QP's WRITE completes and
+/// `dereg_mr` of the READ's MR returns promptly (the READ is answered a budget per round, the
+/// device lock released between rounds), and the READ then fails with a remote access error.
+#[test]
+fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
+    const LEN: usize = 1 << 30;
+    let (_fabric, mut a, b) = auto_pair();
+    let (acq, bcq) = (
+        HarnessCq::new(&a.dev, 64, None).unwrap(),
+        HarnessCq::new(&b.dev, 64, None).unwrap(),
+    );
+    let mut acq = acq;
+    let mut qa = HarnessQp::new(&a.dev, a.pd, &acq, &acq, QpSizes::default()).unwrap();
+    let qb = HarnessQp::new(&b.dev, b.pd, &bcq, &bcq, QpSizes::default()).unwrap();
+    connect(&a.dev, &qa, &b.dev, &qb, &ConnectOptions::default()).unwrap();
+    // calloc'd: only the pages the READ reaches are touched.
+    let mut src = vec![0u8; LEN];
+    let mut dst = vec![0u8; LEN];
+    // SAFETY: both vectors outlive their registrations (deregistered below).
+    let (skeys, dkeys) = unsafe {
+        (
+            b.dev
+                .reg_mr(b.pd, src.as_mut_ptr(), LEN, softnic::Access::REMOTE_READ)
+                .unwrap(),
+            a.dev
+                .reg_mr(a.pd, dst.as_mut_ptr(), LEN, softnic::Access::LOCAL_WRITE)
+                .unwrap(),
+        )
+    };
+    let sge = [hw_defs::mlx5::DataSegRepr {
+        byte_count: LEN as u32,
+        lkey: dkeys.lkey,
+        addr: dst.as_ptr() as u64,
+    }];
+    a.qp.post(
+        Op::Read {
+            raddr: src.as_ptr() as u64,
+            rkey: skeys.rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
+    a.qp.ring();
+    let read_tx = || b.dev.qp_counters(b.qp.qpn).unwrap().tx_packets;
+    let end = Instant::now() + Duration::from_secs(10);
+    while read_tx() < 1000 {
+        assert!(Instant::now() < end, "the READ did not start");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let t = Instant::now();
+    qa.post(
+        Op::Write {
+            raddr: b.buf.addr(0),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&[a.buf.sge(0, 4096)]),
+        true,
+    );
+    qa.ring();
+    assert_eq!(wait(&mut acq).status, WcStatus::Success);
+    let write_time = t.elapsed();
+    let t = Instant::now();
+    b.dev.dereg_mr(skeys.lkey).unwrap();
+    let dereg_time = t.elapsed();
+    let at_dereg = read_tx();
+    assert_eq!(wait(&mut a.scq).status, WcStatus::RemAccessErr);
+    let after = b.dev.qp_counters(b.qp.qpn).unwrap();
+    eprintln!(
+        "WRITE beside the READ {write_time:?}, dereg_mr {dereg_time:?}, READ responses sent \
+         {at_dereg} of {}",
+        LEN / 1024
+    );
+    // Generous bounds for a loaded 2-core machine: built whole, the READ held the lock for
+    // its whole 1 GiB (seconds).
+    assert!(write_time < Duration::from_secs(2), "{write_time:?}");
+    assert!(dereg_time < Duration::from_millis(500), "{dereg_time:?}");
+    assert!(at_dereg < (LEN / 1024) as u64);
+    // Read after dereg_mr returned: at most the NAK came after.
+    assert!(after.tx_packets <= at_dereg + 1, "{after:?}");
+    assert_eq!(after.naks_sent.remote_access, 1, "{after:?}");
+    a.dev.dereg_mr(dkeys.lkey).unwrap();
+    drop((src, dst));
+}
