@@ -39,8 +39,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use pmd::failover::{
-    Action, Config, ControlMessage, Epoch, Event, Failover, Path, Progress, Role, Route, Timestamp,
-    WcStatus, EPOCH_PSN_STRIDE, MAX_ACTIONS_PER_EVENT,
+    Action, Config, ControlMessage, Epoch, Event, Failover, Observation, Path, Progress, Role,
+    Route, Timestamp, WcStatus, EPOCH_PSN_STRIDE, MAX_ACTIONS_PER_EVENT,
 };
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -142,6 +142,8 @@ struct Budget {
     default_failures: u8,
     default_repairs: u8,
     backup_failures: u8,
+    /// A backup device fails its QPs (backup data QP and control QP to ERR, link up).
+    backup_qp_failures: u8,
     losses: u8,
     ticks: u8,
     waits: u8,
@@ -164,6 +166,7 @@ impl Scenario {
     /// No atomics and no backup failure: failover must hide every default failure.
     fn expects_success(&self) -> bool {
         self.budget.backup_failures == 0
+            && self.budget.backup_qp_failures == 0
             && self
                 .programs
                 .iter()
@@ -190,7 +193,7 @@ impl fmt::Display for Scenario {
         write!(
             f,
             "{}: A posts [{}] and {} recvs ({:?}); B posts [{}] and {} recvs ({:?}); recvs {}; \
-             default path fails <= {}x, repaired <= {}x; backup fails <= {}x; \
+             default path fails <= {}x, repaired <= {}x; backup fails <= {}x, its QPs fail <= {}x; \
              packets lost <= {}; timer ticks <= {}; quiet-time timeouts <= {}; retry_cnt {}",
             self.name,
             program(self.programs[A]),
@@ -207,6 +210,7 @@ impl fmt::Display for Scenario {
             b.default_failures,
             b.default_repairs,
             b.backup_failures,
+            b.backup_qp_failures,
             b.losses,
             b.ticks,
             b.waits,
@@ -392,6 +396,8 @@ struct World {
     acks: [[Vec<Ack>; 2]; 2],
     /// `[sender]`: control messages on the control QP pair, in order.
     control: [Vec<ControlMessage>; 2],
+    /// `[sender]`: control messages on the default devices' control QP pair, in order.
+    default_control: [Vec<ControlMessage>; 2],
     paths: [PathState; 2],
     budget: Budget,
     now: u64,
@@ -432,6 +438,10 @@ const SEEN_FENCE_IN_BATCH: u16 = 1 << 7;
 const SEEN_READ_ON_BACKUP: u16 = 1 << 8;
 /// A default QP came up in an epoch whose PSNs start where epoch 0's did (epoch 4 or later).
 const SEEN_PSN_WRAP: u16 = 1 << 9;
+/// A backup side lost while idle was repaired (both ends' backup QPs in a new backup epoch).
+const SEEN_BACKUP_REPAIRED: u16 = 1 << 10;
+/// A failover round completed after a backup repair (over the repaired backup pair).
+const SEEN_FAILOVER_AFTER_REPAIR: u16 = 1 << 11;
 
 /// One step of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -459,6 +469,12 @@ enum Step {
     PathDown { path: usize, notified: Notified },
     /// A failed path recovers.
     PathUp { path: usize },
+    /// `host`'s backup device fails its QPs: the backup data QP and the control QP go to ERR
+    /// (the link stays up).
+    BackupQpsFail { host: usize },
+    /// The oldest message `from` sent on the control channel on the default devices arrives
+    /// (it waits while the default path is down: the model does not exhaust its retries).
+    DeliverDefaultControl { from: usize },
     /// A due timer of `host` fires.
     Tick { host: usize },
     /// `host`'s driver finishes draining the default CQ.
@@ -517,7 +533,11 @@ impl World {
             let actions = self.hosts[host].machine.handle(event, now);
             // What the machine observed is for the driver's log: the model has none, and
             // leaving it queued would split equal states.
-            while self.hosts[host].machine.poll_observation().is_some() {}
+            while let Some(observed) = self.hosts[host].machine.poll_observation() {
+                if matches!(observed, Observation::BackupRepaired { .. }) {
+                    self.seen |= SEEN_BACKUP_REPAIRED;
+                }
+            }
             if actions.len() > MAX_ACTIONS_PER_EVENT {
                 self.violate(TOO_MANY_ACTIONS);
             }
@@ -615,10 +635,7 @@ impl World {
                     self.control[host].push(message);
                 }
             }
-            // The model has no control channel on the default devices: a repair message is
-            // lost, so every repair attempt times out (the leader's side is reset and
-            // stays so). What it checks: a repair never resets a backup QP that holds work.
-            Action::SendControlOnDefault(_) => {}
+            Action::SendControlOnDefault(message) => self.default_control[host].push(message),
             Action::ResetBackup => {
                 let h = &mut self.hosts[host];
                 let qp = &mut h.qps[BACKUP];
@@ -628,14 +645,22 @@ impl World {
                     state: QpState::Reset,
                     ..Qp::ready(qp.epoch)
                 };
-                // Its control QP is reset too: nothing goes through it until a bring-up.
+                // Its control QP is reset too: what it had not delivered is gone, and nothing
+                // goes through it until the bring-up.
                 h.control_dead = true;
+                self.control[host].clear();
                 if discards {
                     self.violate(RESET_DISCARDED_WORK);
                 }
             }
             Action::BringUpBackup { epoch } => {
-                events.push_back(Event::BackupUp { epoch, ok: false })
+                if self.hosts[host].qps[BACKUP].state != QpState::Reset {
+                    self.violate(ILLEGAL_QP_TRANSITION);
+                }
+                // Backup epochs tell incarnations apart by their PSNs, as the default pair's.
+                self.hosts[host].qps[BACKUP] = Qp::ready(epoch.0 as u8);
+                self.hosts[host].control_dead = false;
+                events.push_back(Event::BackupUp { epoch, ok: true });
             }
             Action::DrainBackup => events.push_back(Event::BackupDrained {
                 progress: self.hosts[host].progress,
@@ -701,6 +726,9 @@ impl World {
 
     fn copy_sends(&mut self, model: &FailoverModel, host: usize, burn: u64, skip_through: u64) {
         self.seen |= SEEN_FAILOVER;
+        if self.seen & SEEN_BACKUP_REPAIRED != 0 {
+            self.seen |= SEEN_FAILOVER_AFTER_REPAIR;
+        }
         let mut outstanding: Vec<SqEntry> = self.host(host).qps[DEFAULT].sq.drain(..).collect();
         // Everything up to the last send the peer consumed was executed (RC executes in order).
         let skip = match model.policy {
@@ -1340,6 +1368,7 @@ impl Model for FailoverModel {
             requests: Default::default(),
             acks: Default::default(),
             control: Default::default(),
+            default_control: Default::default(),
             paths: [up, up],
             budget: self.scenario.budget,
             now: 0,
@@ -1365,6 +1394,14 @@ impl Model for FailoverModel {
                 if world.can_time_out(host, path) {
                     steps.push(Step::Timeout { host, path });
                 }
+            }
+            if !world.default_control[host].is_empty() && world.paths[DEFAULT].up {
+                steps.push(Step::DeliverDefaultControl { from: host });
+            }
+            if world.budget.backup_qp_failures > 0
+                && world.hosts[host].qps[BACKUP].state == QpState::Rts
+            {
+                steps.push(Step::BackupQpsFail { host });
             }
             if !world.control[host].is_empty() {
                 if world.paths[BACKUP].up {
@@ -1451,6 +1488,18 @@ impl Model for FailoverModel {
             }
             Step::Timeout { host, path } => next.timeout(self, host, path),
             Step::DeliverControl { from } => next.deliver_control(self, from),
+            Step::DeliverDefaultControl { from } => {
+                let message = next.default_control[from].remove(0);
+                next.feed(self, 1 - from, Event::Control(message));
+            }
+            Step::BackupQpsFail { host } => {
+                next.budget.backup_qp_failures -= 1;
+                let h = &mut next.hosts[host];
+                h.qps[BACKUP].state = QpState::Err;
+                h.control_dead = true;
+                next.control[host].clear();
+                next.feed(self, host, Event::ControlSendFailed);
+            }
             Step::ControlTimeout {
                 from,
                 head_delivered,
@@ -1595,7 +1644,7 @@ impl Model for FailoverModel {
         ];
         // What the scenario must reach, so that a pass cannot come from a model that never
         // gets there.
-        let coverage: [(u16, &'static str, Condition); 10] = [
+        let coverage: [(u16, &'static str, Condition); 12] = [
             (SEEN_FAILOVER, "a failover completes", |_, w| {
                 w.seen & SEEN_FAILOVER != 0
             }),
@@ -1631,6 +1680,16 @@ impl Model for FailoverModel {
                 SEEN_READ_ON_BACKUP,
                 "a READ executes on the backup path",
                 |_, w| w.seen & SEEN_READ_ON_BACKUP != 0,
+            ),
+            (
+                SEEN_BACKUP_REPAIRED,
+                "a backup side lost while idle is repaired",
+                |_, w| w.seen & SEEN_BACKUP_REPAIRED != 0,
+            ),
+            (
+                SEEN_FAILOVER_AFTER_REPAIR,
+                "a failover completes over a repaired backup pair",
+                |_, w| w.seen & SEEN_FAILOVER_AFTER_REPAIR != 0,
             ),
             (
                 SEEN_PSN_WRAP,
@@ -1678,6 +1737,7 @@ impl FailoverModel {
                     | Step::DeliverAck { .. }
                     | Step::Timeout { .. }
                     | Step::DeliverControl { .. }
+                    | Step::DeliverDefaultControl { .. }
                     | Step::ControlTimeout { .. }
                     | Step::Tick { .. }
                     | Step::Drained { .. }
@@ -1752,6 +1812,7 @@ const fn budget(
         default_failures,
         default_repairs,
         backup_failures,
+        backup_qp_failures: 0,
         losses,
         ticks,
         waits: 1,
@@ -1870,6 +1931,24 @@ fn psn_wrap() -> Scenario {
     }
 }
 
+/// A backup device fails its QPs at any point (idle, carrying traffic, during a switch-back):
+/// lost while idle, the backup side is repaired over the default devices' channel and the
+/// next default failure fails over; otherwise the connection fails. Nothing may hang.
+fn backup_qps_fail() -> Scenario {
+    Scenario {
+        name: "one notification A -> B, a backup device fails its QPs",
+        programs: [ONE_WRITE_IMM, NOTHING],
+        recvs: [0, 1],
+        recvs_up_front: true,
+        roles: [Role::Leader, Role::Follower],
+        budget: Budget {
+            backup_qp_failures: 1,
+            ..budget(1, 1, 0, 0, 3)
+        },
+        coverage: SEEN_FAILOVER | SEEN_BACKUP_REPAIRED | SEEN_FAILOVER_AFTER_REPAIR,
+    }
+}
+
 /// The backup path fails too, at any point: nothing may hang.
 fn backup_fails_too() -> Scenario {
     Scenario {
@@ -1918,6 +1997,11 @@ fn shift_holds_across_the_psn_wrap_of_the_fourth_epoch() {
 #[test]
 fn shift_reports_errors_and_never_hangs_when_both_paths_fail() {
     verify(backup_fails_too());
+}
+
+#[test]
+fn shift_repairs_a_backup_whose_qps_failed_while_idle_and_fails_over_through_it() {
+    verify(backup_qps_fail());
 }
 
 #[test]

@@ -28,6 +28,12 @@
 //! A READ never returns changed data as a success, and a fenced one is never overtaken
 //! (`read-overtaken` fails the run); a dead device never comes back, so no switch-back is
 //! expected.
+//!
+//! Since 2026-11-25 (issue 15) one schedule in five also makes host A's or B's backup device
+//! fail its QPs (the backup data QP and the backup control QP go to ERR, the device and its
+//! link stay up) at a time anywhere in the run: while the connection is idle on the default
+//! path (the backup side is then repaired, `docs/failover.md` 5d), while traffic is on the
+//! backup, or during a switch-back (the connection then fails). From a generator of its own.
 
 mod sim;
 
@@ -71,6 +77,9 @@ enum Hurt {
         at: Duration,
         announced: bool,
     },
+    /// Host A's (or B's) backup device fails its QPs at `at` (they go to ERR, flushing what
+    /// is posted; the device and its link stay up).
+    BackupQpsFailed { a: bool, at: Duration },
     /// Packets between the two ports of a path are dropped with probability `p` (both ways,
     /// or only the receiver's direction: ACKs).
     Loss {
@@ -88,7 +97,7 @@ impl Hurt {
             Hurt::LinkDown { at, for_, .. }
             | Hurt::Loss { at, for_, .. }
             | Hurt::Delay { at, for_, .. } => *at + *for_,
-            Hurt::DeviceDead { at, .. } => *at,
+            Hurt::DeviceDead { at, .. } | Hurt::BackupQpsFailed { at, .. } => *at,
         }
     }
 
@@ -96,14 +105,15 @@ impl Hurt {
         match self {
             Hurt::LinkDown { port, .. } => *port == A_BACKUP || *port == B_BACKUP,
             Hurt::Loss { backup, .. } => *backup,
+            Hurt::BackupQpsFailed { .. } => true,
             Hurt::Delay { .. } | Hurt::DeviceDead { .. } => false,
         }
     }
 
     fn rules(&self, start: Duration) -> Vec<FaultRule> {
         match *self {
-            // Not a fabric rule: the run kills the device when its time comes.
-            Hurt::DeviceDead { .. } => Vec::new(),
+            // Not fabric rules: the run injects the fault when its time comes.
+            Hurt::DeviceDead { .. } | Hurt::BackupQpsFailed { .. } => Vec::new(),
             Hurt::LinkDown { port, at, for_ } => {
                 vec![FaultRule::link_down(
                     port,
@@ -289,6 +299,14 @@ impl Schedule {
                 announced,
             });
         }
+        // Issue 15's addition, from a generator of its own: the backup device fails its QPs.
+        let mut backup_qps = ChaCha8Rng::seed_from_u64(seed ^ 0x1515_1515_1515);
+        if backup_qps.random_bool(1.0 / 5.0) {
+            schedule.hurts.push(Hurt::BackupQpsFailed {
+                a: backup_qps.random_bool(0.5),
+                at: ms(&mut backup_qps, 0, 300),
+            });
+        }
         // One schedule in four fails the default path again
         // once the ends have had time to switch back (hold-down 50 ms), under traffic long
         // enough to span it: the second round meets the stale receives and burns the first
@@ -345,6 +363,7 @@ impl Schedule {
 struct Outcome {
     failovers: u64,
     switch_backs: u64,
+    backup_rearms: u64,
     failed: bool,
     /// An end failed over again after it had switched back.
     refailed: bool,
@@ -383,6 +402,14 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
             _ => None,
         })
         .collect();
+    let mut backup_faults: Vec<(bool, Duration)> = schedule
+        .hurts
+        .iter()
+        .filter_map(|h| match *h {
+            Hurt::BackupQpsFailed { a, at } => Some((a, start + at)),
+            _ => None,
+        })
+        .collect();
     let mut t = Traffic::new(dirs, start);
     let failed = |s: &Sim| {
         s.a.qp.state() == ResilientState::Failed || s.b.qp.state() == ResilientState::Failed
@@ -399,6 +426,16 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
                 // Read away before the service sees it: only the drain deadline is left.
                 while device.poll_port_event().is_some() {}
             }
+            false
+        });
+        backup_faults.retain(|&(a, at)| {
+            if s.now() < at {
+                s.wake_at = Some(s.wake_at.map_or(at, |w| w.min(at)));
+                return true;
+            }
+            s.host(a).devices[1]
+                .inject_fault(DeviceFault::QpsFailed)
+                .unwrap();
             false
         });
         t.step(s);
@@ -475,6 +512,7 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
         let stats = h.qp.stats();
         outcome.failovers += stats.failovers;
         outcome.switch_backs += stats.switch_backs;
+        outcome.backup_rearms += stats.backup_rearms;
         let events = h.qp.events();
         outcome.refailed |= events.iter().enumerate().any(|(k, e)| {
             e.kind == EventKind::SwitchBack
@@ -556,6 +594,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
     let started = std::time::Instant::now();
     let mut failures = String::new();
     let (mut failovers, mut switch_backs, mut failed, mut backup_hurt) = (0, 0, 0, 0);
+    let (mut backup_qps_failed, mut backup_rearms) = (0, 0);
     let mut refailed = 0;
     let (mut sends, mut reads, mut deaths) = (0, 0, 0);
     let mut latencies = Vec::new();
@@ -568,10 +607,17 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
         sends += u64::from(schedule.kind == Kind::Send);
         reads += u64::from(schedule.kind == Kind::Read);
         deaths += u64::from(schedule.device_dies());
+        backup_qps_failed += u64::from(
+            schedule
+                .hurts
+                .iter()
+                .any(|h| matches!(h, Hurt::BackupQpsFailed { .. })),
+        );
         match run(&schedule) {
             Ok(o) => {
                 failovers += o.failovers;
                 switch_backs += o.switch_backs;
+                backup_rearms += o.backup_rearms;
                 failed += u64::from(o.failed);
                 refailed += u64::from(o.refailed);
                 latencies.extend(o.latencies_us);
@@ -582,7 +628,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
         }
     }
     eprintln!(
-        "{} schedules in {:.1} s ({} hurt the backup path too; {sends} SEND/RECV, {reads} READ, {deaths} kill a default device): {failovers} failovers, {switch_backs} switch-backs, {refailed} schedules failed over again after a switch-back, {failed} connections failed",
+        "{} schedules in {:.1} s ({} hurt the backup path too, {backup_qps_failed} of them failing the backup device's QPs; {sends} SEND/RECV, {reads} READ, {deaths} kill a default device): {failovers} failovers, {switch_backs} switch-backs, {backup_rearms} backup repairs (QP ends), {refailed} schedules failed over again after a switch-back, {failed} connections failed",
         seeds.len(),
         started.elapsed().as_secs_f64(),
         backup_hurt,
