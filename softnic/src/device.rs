@@ -185,6 +185,7 @@ impl Device {
             None => None,
         };
         let fds = wire.poll_fds();
+        let error_notice_fds = wire.error_notice_fds();
         let core = Core {
             wire,
             local_addr,
@@ -220,7 +221,9 @@ impl Device {
                 Some(
                     std::thread::Builder::new()
                         .name(format!("softnic-{}", cfg.name))
-                        .spawn(move || crate::engine::run_engine(s, fds, busy))?,
+                        .spawn(move || {
+                            crate::engine::run_engine(s, fds, &error_notice_fds, busy)
+                        })?,
                 )
             }
         };

@@ -415,8 +415,15 @@ impl Shared {
 }
 
 /// The auto-mode engine thread body.
-pub(crate) fn run_engine(shared: Arc<Shared>, fds: Vec<std::os::fd::RawFd>, busy_poll: bool) {
-    let epoll = match Epoll::new(&fds) {
+/// `error_notice_fds` are those of `fds` whose socket error only repeats the port state: read
+/// when epoll reports it, or the engine would never sleep again.
+pub(crate) fn run_engine(
+    shared: Arc<Shared>,
+    fds: Vec<std::os::fd::RawFd>,
+    error_notice_fds: &[std::os::fd::RawFd],
+    busy_poll: bool,
+) {
+    let epoll = match Epoll::new(&fds, error_notice_fds) {
         Ok(e) => e,
         Err(e) => {
             tracing::error!(error = %e, "engine cannot create its epoll set; the device is dead");
@@ -463,10 +470,15 @@ pub(crate) fn run_engine(shared: Arc<Shared>, fds: Vec<std::os::fd::RawFd>, busy
 /// A minimal epoll set.
 struct Epoll {
     fd: std::os::fd::OwnedFd,
+    /// Sockets whose pending error is read (and so cleared) when epoll reports it.
+    error_notice_fds: Vec<std::os::fd::RawFd>,
 }
 
 impl Epoll {
-    fn new(fds: &[std::os::fd::RawFd]) -> std::io::Result<Epoll> {
+    fn new(
+        fds: &[std::os::fd::RawFd],
+        error_notice_fds: &[std::os::fd::RawFd],
+    ) -> std::io::Result<Epoll> {
         use std::os::fd::FromRawFd;
         // SAFETY: plain syscall; the fd is checked and owned.
         let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -485,13 +497,35 @@ impl Epoll {
                 return Err(std::io::Error::last_os_error());
             }
         }
-        Ok(Epoll { fd })
+        Ok(Epoll {
+            fd,
+            error_notice_fds: error_notice_fds.to_vec(),
+        })
     }
 
     fn wait(&self, timeout_ms: i32) {
         use std::os::fd::AsRawFd;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
         // SAFETY: writes at most 8 events into a live array.
-        unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), 8, timeout_ms) };
+        let n =
+            unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), 8, timeout_ms) };
+        for ev in events.iter().take(n.max(0) as usize) {
+            let fd = ev.u64 as std::os::fd::RawFd;
+            if ev.events & libc::EPOLLERR as u32 != 0 && self.error_notice_fds.contains(&fd) {
+                let mut err: libc::c_int = 0;
+                let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                // SAFETY: reads the socket's error into a live c_int of the stated length;
+                // reading it clears it.
+                unsafe {
+                    libc::getsockopt(
+                        fd,
+                        libc::SOL_SOCKET,
+                        libc::SO_ERROR,
+                        (&mut err as *mut libc::c_int).cast(),
+                        &mut len,
+                    )
+                };
+            }
+        }
     }
 }

@@ -69,6 +69,16 @@ impl WireImpl {
         }
     }
 
+    /// Those of `poll_fds` whose pending socket error epoll reports until it is read, and
+    /// which only repeats what the port state says (a receive ring's `ENETDOWN` after its
+    /// netdev went down): the engine reads it to sleep again.
+    pub fn error_notice_fds(&self) -> Vec<std::os::fd::RawFd> {
+        match self {
+            WireImpl::Udp(w) => w.error_notice_fds(),
+            WireImpl::Fabric(_) => Vec::new(),
+        }
+    }
+
     /// Lets the wire wake the engine when a packet arrives (fabric only; sockets use epoll).
     pub fn attach_waker(&mut self, waker: Arc<Waker>) {
         if let WireImpl::Fabric(p) = self {

@@ -334,6 +334,15 @@ impl UdpWire {
         vec![self.rx.fd(), self.monitor.fd()]
     }
 
+    /// The receive ring's socket: taking the netdev down sets `ENETDOWN` on it, which epoll
+    /// reports until read; the link monitor reports the same as the port state.
+    pub(crate) fn error_notice_fds(&self) -> Vec<RawFd> {
+        match &self.rx {
+            Receiver::RingV4 { ring, .. } => vec![ring.fd()],
+            Receiver::Udp(_) => Vec::new(),
+        }
+    }
+
     pub(crate) fn port_state(&mut self) -> PortState {
         if self.last_link_poll.elapsed() >= LINK_POLL_INTERVAL {
             self.last_link_poll = Instant::now();

@@ -453,3 +453,67 @@ fn root_only_a_link_flapping_ends_reported_in_its_last_state_within_the_kernels_
         "active only after {after:?}"
     );
 }
+
+/// CPU time (user + system, in clock ticks) of this process's thread named `comm`.
+fn thread_cpu_ticks(comm: &str) -> u64 {
+    for task in std::fs::read_dir("/proc/self/task").expect("tasks") {
+        let dir = task.expect("task").path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if name.trim_end() != comm {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).expect("stat");
+        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+        let rest = &stat[stat.rfind(')').expect("comm ends") + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        return fields[11].parse::<u64>().expect("utime")
+            + fields[12].parse::<u64>().expect("stime");
+    }
+    panic!("no thread named {comm}");
+}
+
+#[test]
+fn root_only_an_idle_engine_sleeps_after_its_netdev_went_down_and_up() {
+    if skip_unless_root("root_only_an_idle_engine_sleeps_after_its_netdev_went_down_and_up") {
+        return;
+    }
+    // Taking a netdev down marks a packet socket bound to it with ENETDOWN, which epoll then
+    // reports as an error until someone reads it: an engine that never did spun on its epoll
+    // set from the first link-down on, a core's worth of CPU for an idle device.
+    let pair = NetnsPair::create(1500).expect("namespaces");
+    let a = open(&pair.a, "idledown");
+    let flip = |up: bool| {
+        let state = if up { "up" } else { "down" };
+        let ok = Command::new("ip")
+            .args([
+                "-n",
+                &pair.a.netns,
+                "link",
+                "set",
+                "dev",
+                &pair.a.netdev,
+                state,
+            ])
+            .status()
+            .expect("ip")
+            .success();
+        assert!(ok, "ip link set {state}");
+    };
+    flip(false);
+    std::thread::sleep(Duration::from_millis(50));
+    flip(true);
+    let end = Instant::now() + Duration::from_secs(5);
+    while a.port_state() != softnic::PortState::Active && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(a.port_state(), softnic::PortState::Active);
+    // An idle engine wakes every 100 ms for a few microseconds: 0 or 1 tick in 2 s. One that
+    // spins gets its share of the cores, well over 25 ticks (250 ms) even when two other
+    // processes per core compete with it.
+    let comm = "softnic-idledow"; // the thread's name, cut to 15 bytes by the kernel
+    let before = thread_cpu_ticks(comm);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = thread_cpu_ticks(comm) - before;
+    println!("the idle engine used {used} ticks of CPU in 2 s after its link went down and up");
+    assert!(used < 25, "the idle engine used {used} ticks of CPU in 2 s");
+}
