@@ -79,6 +79,10 @@ struct Inner {
     peer: Option<PeerLink>,
     /// Messages dropped: out of sequence, not one whole slot, or not a ring write.
     dropped: u64,
+    /// The CQ was armed once: from then on it is either armed or its event is pending (its
+    /// descriptor readable), so a service thread that sleeps on it need not touch it until
+    /// the descriptor says so.
+    armed: bool,
     wcs: [WorkCompletion; 16],
 }
 
@@ -198,6 +202,7 @@ impl ControlChannel {
                 peer_ring: None,
                 next_send: 0,
                 next_recv: 0,
+                armed: false,
                 peer_default_qpn: 0,
                 local_default_qpn,
                 broken: false,
@@ -485,9 +490,25 @@ impl ControlChannel {
     /// Arms the CQ's completion event: the next completion makes [`ControlChannel::event_fd`]
     /// readable. Poll again after arming, or a completion written just before is missed.
     pub fn arm(&self) {
-        if let Err(e) = self.lock().cq.arm() {
-            tracing::warn!(control_qpn = self.qpn, error = %e, "failover: cannot arm the control CQ");
+        let mut c = self.lock();
+        match c.cq.arm() {
+            Ok(()) => c.armed = true,
+            Err(e) => {
+                tracing::warn!(control_qpn = self.qpn, error = %e, "failover: cannot arm the control CQ")
+            }
         }
+    }
+
+    /// Whether a service thread sleeping on the channel's descriptor must take its event,
+    /// poll and re-arm it now: it was never armed, its CQ has no descriptor, or the
+    /// descriptor was readable at the last `poll(2)` (`ready`, sorted). An armed channel
+    /// whose descriptor was quiet has had no completion since it was armed and polled.
+    pub fn needs_rearm(&self, ready: &[std::os::fd::RawFd]) -> bool {
+        let c = self.lock();
+        !c.armed
+            || c.cq
+                .event_fd()
+                .is_none_or(|fd| ready.binary_search(&fd).is_ok())
     }
 
     /// Consumes a pending completion event without waiting.
@@ -591,6 +612,58 @@ mod tests {
             assert_eq!(to_a, []);
             to_b
         }
+    }
+
+    /// Whether `fd` is readable now (`poll(2)` without waiting).
+    fn readable(fd: std::os::fd::RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn a_sleeping_service_rearms_a_channel_only_once_its_descriptor_signalled() {
+        let name = format!("control-rearm-{}", std::process::id());
+        let (a, b) = pair(&name);
+        let fd = b
+            .channel
+            .event_fd()
+            .expect("control CQs have completion events");
+        // Never armed: it must be, whatever poll(2) found.
+        assert!(b.channel.needs_rearm(&[]));
+        b.channel.arm();
+        // Armed, its descriptor quiet: the round leaves it alone (no system call).
+        assert!(!b.channel.needs_rearm(&[]));
+        assert!(!b.channel.needs_rearm(&[fd + 1]));
+        // A message's completion signals the armed channel: the round must take it.
+        a.channel
+            .send(ControlMessage::Rearm { epoch: Epoch(3) })
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !readable(fd) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            a.ctx.progress();
+            b.ctx.progress();
+        }
+        assert!(
+            readable(fd),
+            "the armed control CQ did not signal its descriptor"
+        );
+        assert!(b.channel.needs_rearm(&[fd - 1, fd]));
+        b.channel.clear_event();
+        let mut events = Vec::new();
+        b.channel.poll(&mut events);
+        b.channel.arm();
+        assert_eq!(
+            events,
+            [Event::Control(ControlMessage::Rearm { epoch: Epoch(3) })]
+        );
+        assert!(!b.channel.needs_rearm(&[]));
+        unregister_fabric(&name);
     }
 
     #[test]
