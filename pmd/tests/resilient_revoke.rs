@@ -6,7 +6,7 @@ mod sim;
 
 use std::time::Duration;
 
-use pmd::resilient::ResilientState;
+use pmd::resilient::{Grant, LeaseId, Leases, ResilientState, RevokeOutcome};
 use pmd::{Access, QpAttr, QpState, SendOp, SendWr, WcStatus, WorkCompletion};
 use sim::*;
 
@@ -102,4 +102,118 @@ fn a_rearm_rebuilds_the_default_qp_with_the_cut_access() {
         !b_got_the_bytes(&sim),
         "the WRITE landed through the re-armed default QP"
     );
+}
+
+/// Moves B's QP and buffer into a lease table (the sim drives a spare QP in their place) and
+/// returns the table, the lease and the buffer's remote address.
+fn lease_b(sim: &mut Sim) -> (Leases, LeaseId, pmd::Remote) {
+    let spare_qp = sim.b.pd.create_qp(caps()).unwrap();
+    let spare_buf = sim.b.pd.alloc_buffer(4096, Access::ALL).unwrap();
+    let qp = std::mem::replace(&mut sim.b.qp, spare_qp);
+    let buf = std::mem::replace(&mut sim.b.buf, spare_buf);
+    let remote = buf.remote(4096);
+    let mut leases = Leases::new(sim.b.service.clock().clone(), Duration::from_millis(100));
+    let id = leases.grant(qp, vec![Grant::Buffer(buf)]);
+    (leases, id, remote)
+}
+
+/// A WRITEs 64 bytes of `byte` to `remote` and runs (B's leased QP progressing too) until it
+/// completes; returns its status.
+fn write_leased(
+    sim: &mut Sim,
+    leases: &mut Leases,
+    id: LeaseId,
+    remote: pmd::Remote,
+    byte: u8,
+) -> WcStatus {
+    sim.a.buf.write(0, &[byte; 64]);
+    let wr = SendWr::new(
+        u64::from(byte),
+        SendOp::Write { remote },
+        &[sim.a.buf.sge(0, 64)],
+    )
+    .signaled();
+    sim.a.qp.post_send(&wr).unwrap();
+    sim.a.qp.ring_doorbell();
+    let mut got = Vec::new();
+    sim.run_until(Duration::from_secs(5), |s| {
+        if let Some(qp) = leases.qp(id) {
+            qp.progress();
+        }
+        s.poll(true);
+        got.append(&mut s.a.wcs);
+        !got.is_empty()
+    });
+    assert!(!got.is_empty(), "the WRITE never completed");
+    got[0].status
+}
+
+fn leased_bytes(leases: &Leases, id: LeaseId) -> Option<[u8; 64]> {
+    let Grant::Buffer(b) = &leases.memory(id)?[0] else {
+        return None;
+    };
+    let mut got = [0u8; 64];
+    b.read(4096, &mut got);
+    Some(got)
+}
+
+#[test]
+fn a_revoked_lease_is_torn_down_on_both_nics_and_a_failover_never_undoes_it() {
+    let mut sim = Sim::new(23, config());
+    let (mut leases, id, remote) = lease_b(&mut sim);
+    assert_eq!(
+        write_leased(&mut sim, &mut leases, id, remote, 1),
+        WcStatus::Success
+    );
+    assert_eq!(leased_bytes(&leases, id), Some([1; 64]));
+    let Some(Grant::Buffer(buf)) = leases.memory(id).map(|m| &m[0]) else {
+        unreachable!()
+    };
+    let addr = buf.as_ptr();
+    assert_eq!(leases.revoke(id), RevokeOutcome::TornDown);
+    assert_eq!(leases.revoke(id), RevokeOutcome::NotFound);
+    // A non-cooperating peer keeps writing: the default path refuses it, A fails over, and
+    // the backup path must refuse it too (B never answers a handshake again).
+    let status = write_leased(&mut sim, &mut leases, id, remote, 2);
+    assert_ne!(status, WcStatus::Success);
+    sim.run_for(Duration::from_millis(200));
+    // SAFETY: the memory is held by the draining lease until the sweep; nothing writes it.
+    let after = unsafe { std::slice::from_raw_parts(addr, 4096 + 64) };
+    assert_eq!(&after[4096..], &[1; 64], "a WRITE landed after the revoke");
+    assert_eq!(sim.a.qp.state(), ResilientState::Failed);
+    assert_eq!(leases.draining(), 1);
+    assert_eq!(leases.sweep(), 1, "the grace period has passed");
+    assert_eq!(leases.fenced().count(), 0);
+}
+
+#[test]
+fn a_lease_revoked_on_the_backup_path_is_refused_there() {
+    let mut sim = Sim::new(24, config());
+    let (mut leases, id, remote) = lease_b(&mut sim);
+    sim.link_down(A_DEFAULT, None);
+    let failed_over = sim.run_until(Duration::from_secs(2), |s| {
+        if let Some(qp) = leases.qp(id) {
+            qp.progress();
+        }
+        s.poll(true);
+        s.a.qp.state() == ResilientState::Fallback
+            && leases
+                .qp(id)
+                .is_some_and(|q| q.state() == ResilientState::Fallback)
+    });
+    assert!(failed_over, "no failover: {:?}", sim.a.qp.state());
+    assert_eq!(
+        write_leased(&mut sim, &mut leases, id, remote, 1),
+        WcStatus::Success
+    );
+    let Some(Grant::Buffer(buf)) = leases.memory(id).map(|m| &m[0]) else {
+        unreachable!()
+    };
+    let addr = buf.as_ptr();
+    assert_eq!(leases.revoke(id), RevokeOutcome::TornDown);
+    let status = write_leased(&mut sim, &mut leases, id, remote, 2);
+    assert_ne!(status, WcStatus::Success);
+    // SAFETY: as above.
+    let after = unsafe { std::slice::from_raw_parts(addr, 4096 + 64) };
+    assert_eq!(&after[4096..], &[1; 64], "a WRITE landed after the revoke");
 }

@@ -39,6 +39,9 @@ pub enum FailReason {
     HandshakeTimeout,
     /// The peer said something the protocol does not allow in this state.
     ProtocolViolation,
+    /// The application revoked the connection (`pmd::resilient::Leases::revoke`): it ends
+    /// here and never fails over or re-arms. The machine never decides this itself.
+    Revoked,
 }
 
 impl FailReason {
@@ -60,6 +63,7 @@ impl FailReason {
             FailReason::HandshakeTimeout => (5, WcStatus::Success),
             FailReason::ProtocolViolation => (6, WcStatus::Success),
             FailReason::ReadOvertaken => (7, WcStatus::Success),
+            FailReason::Revoked => (8, WcStatus::Success),
         }
     }
 
@@ -73,6 +77,7 @@ impl FailReason {
             5 => FailReason::HandshakeTimeout,
             6 => FailReason::ProtocolViolation,
             7 => FailReason::ReadOvertaken,
+            8 => FailReason::Revoked,
             _ => return None,
         })
     }
@@ -93,6 +98,7 @@ impl core::fmt::Display for FailReason {
                 f.write_str("the peer did not answer the failover handshake")
             }
             FailReason::ProtocolViolation => f.write_str("the peer broke the failover protocol"),
+            FailReason::Revoked => f.write_str("the application revoked the connection"),
             FailReason::ReadOvertaken => f.write_str(
                 "a READ was in flight and the peer executed a later send; it cannot be executed again",
             ),

@@ -9,10 +9,10 @@ use crate::provider::VerbsError;
 use crate::verbs::{Access, QpCaps};
 
 use super::config::ResilientConfig;
+use super::dereg_error::DeregisterError;
 use super::mailbox::QpShared;
 use super::qp::ResilientQp;
 use super::rendezvous::Rendezvous;
-use super::revoke::DeregisterError;
 use super::service::FailoverService;
 use super::shadow::{CtxInner, MrShadow, PdShadow, QpShadow, Verb};
 
@@ -228,6 +228,12 @@ impl ResilientMr {
     /// An error names each device that refused: it may still reach the memory, which must
     /// then stay mapped while that device is open (as [`Mr::deregister`]).
     pub fn deregister(mut self) -> Result<(), DeregisterError> {
+        self.release()
+    }
+
+    /// As [`ResilientMr::deregister`], keeping the (already deregistered) object: what a
+    /// revocation does to memory the application registered itself.
+    pub fn deregister_now(&mut self) -> Result<(), DeregisterError> {
         self.release()
     }
 

@@ -13,6 +13,7 @@
 //! | [`FailoverService`] | the service lcore: shadow verbs, link watch, control messages, timers, adopted QPs |
 //! | [`PeerAttrs`], [`Rendezvous`], [`RedisRendezvous`], [`RendezvousKey`] | backup attributes, how the two ends exchange them, the secret Redis entries are sealed with |
 //! | [`FailoverStats`], [`FailoverEvent`] | per-QP counters and the event log the apps put in their JSON |
+//! | [`Leases`], [`RevokeOutcome`] | remote access granted to a peer, revoked on both devices (seed 003) |
 //! | [`Clock`] | real or virtual time |
 //!
 //! Setting up a resilient connection with the inline rendezvous:
@@ -47,6 +48,7 @@ mod clock;
 mod config;
 mod context;
 mod control;
+mod dereg_error;
 mod driver;
 mod link;
 mod log;
@@ -68,10 +70,11 @@ pub use clock::Clock;
 pub use config::{LinkSource, ResilientConfig};
 pub use context::{ResilientBuffer, ResilientContext, ResilientMr, ResilientPd};
 pub use control::ControlError;
+pub use dereg_error::DeregisterError;
 pub use qp::{ConnectError, ResilientQp, ResilientState};
 pub use rendezvous::{PeerAttrs, RedisRendezvous, Rendezvous};
 pub use rendezvous_auth::{RefusalCounts, RendezvousKey, KEY_FILE_VAR, MIN_KEY_LEN};
 pub use rendezvous_error::RendezvousError;
-pub use revoke::DeregisterError;
+pub use revoke::{Fence, FenceOrigin, Grant, LeaseId, Leases, RevokeOutcome, DEFAULT_GRACE};
 pub use service::{FailoverService, ServiceConfig, ShadowOrder};
 pub use stats::{Cause, EventKind, FailoverEvent, FailoverStats, EVENT_LOG_CAPACITY};

@@ -465,7 +465,7 @@ impl ResilientQp {
     /// application, then every outstanding WR completes in error as
     /// [`plan_error_completions`] plans it (the first with `status`, or the refusing
     /// completion itself), as a plain RC QP in ERR fails.
-    fn surface(&mut self, status: WcStatus, reason: FailReason, now: Timestamp) {
+    pub(super) fn surface(&mut self, status: WcStatus, reason: FailReason, now: Timestamp) {
         self.move_to_err(Path::Default);
         self.move_to_err(Path::Backup);
         self.collect(Path::Backup);

@@ -440,6 +440,44 @@ impl ResilientQp {
         Ok(())
     }
 
+    /// Revokes the connection for good (the QP half of [`super::Leases::revoke`]): the
+    /// default and the backup QP (and a backup QP still being brought up) move to ERR, the
+    /// failover machine is dropped, so no failover, switch-back, re-arm or repair ever
+    /// brings either QP back, and every outstanding work request completes with
+    /// `WR_FLUSH_ERR` (later posts are refused). Returns each move to ERR a device refused,
+    /// as (what, error); the connection is closed either way.
+    pub fn revoke(&mut self) -> Vec<(&'static str, String)> {
+        let mut refused = Vec::new();
+        if let Some(shadow) = &self.slow.env.shadow {
+            if let Err(e) = shadow.revoke() {
+                refused.push(("backup QP (bring-up) to ERR", e.to_string()));
+            }
+        }
+        let err = crate::verbs::QpAttr::default();
+        if let Err(e) = self.default.handle().modify(QpState::Err, &err) {
+            refused.push(("default QP to ERR", e.to_string()));
+        }
+        if let Some(b) = &mut self.slow.backup {
+            if let Err(e) = b.qp.handle().modify(QpState::Err, &err) {
+                refused.push(("backup QP to ERR", e.to_string()));
+            }
+        }
+        if self.slow.failed.is_none() {
+            let now = self.slow.env.clock.now();
+            self.surface(WcStatus::WrFlushErr, FailReason::Revoked, now);
+        }
+        self.slow.machine = None;
+        self.slow.events.clear();
+        self.slow.early.clear();
+        self.refresh_fast();
+        refused
+    }
+
+    /// The backup device, once the QP is protected.
+    pub(crate) fn backup_context(&self) -> Option<&Arc<Context>> {
+        self.slow.backup.as_ref().map(|b| b.qp.pd().context())
+    }
+
     /// The shadow of this QP's backup side, if it has one.
     fn shadow(&self) -> Result<&Arc<QpShadow>, ConnectError> {
         self.slow.env.shadow.as_ref().ok_or(ConnectError::NoBackup)

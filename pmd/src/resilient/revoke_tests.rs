@@ -148,3 +148,54 @@ fn an_explicit_deregister_names_the_device_that_refused_and_unpublishes_the_keys
     assert!(after.contains(&kept.rkey()));
     qp.progress();
 }
+
+#[test]
+fn a_revoke_a_device_refuses_is_fenced_with_its_context_and_never_destroyed() {
+    use crate::resilient::{FenceOrigin, Grant, Leases, RevokeOutcome};
+    let r = rig();
+    let pd = r.ctx.alloc_pd().unwrap();
+    r.settle();
+    let buf = pd.alloc_buffer(4096, Access::ALL).unwrap();
+    let qp = pd.create_qp(caps()).unwrap();
+    r.settle();
+    let mut leases = Leases::new(Clock::real(), std::time::Duration::ZERO);
+    let id = leases.grant(qp, vec![Grant::Buffer(buf)]);
+    let objects = r.backup_fake.live_objects();
+    r.refuse(true, false);
+    let outcome = leases.revoke(id);
+    r.refuse(false, false);
+    let RevokeOutcome::Fenced(fence) = outcome else {
+        panic!("not fenced: {outcome:?}");
+    };
+    assert_eq!((fence.lease, fence.origin), (id, FenceOrigin::Revoke));
+    assert!(
+        fence
+            .failures
+            .iter()
+            .any(|(step, error)| step.contains("backup device") && error.contains("dereg_mr")),
+        "{:?}",
+        fence.failures
+    );
+    assert_eq!(leases.revoke(id), RevokeOutcome::NotFound);
+    // Never swept: the backup device keeps everything it held, the failure context stays.
+    assert_eq!(leases.sweep(), 0);
+    assert_eq!(r.backup_fake.live_objects(), objects);
+    assert_eq!(leases.fenced().count(), 1);
+}
+
+#[test]
+fn a_clean_revoke_is_torn_down_and_swept_after_the_grace_period() {
+    use crate::resilient::{Grant, Leases, RevokeOutcome};
+    let r = rig();
+    let pd = r.ctx.alloc_pd().unwrap();
+    r.settle();
+    let buf = pd.alloc_buffer(4096, Access::ALL).unwrap();
+    let qp = pd.create_qp(caps()).unwrap();
+    r.settle();
+    let mut leases = Leases::new(Clock::real(), std::time::Duration::from_secs(3600));
+    let id = leases.grant(qp, vec![Grant::Buffer(buf)]);
+    assert_eq!(leases.revoke(id), RevokeOutcome::TornDown);
+    // Deferred: within the grace period nothing is destroyed.
+    assert_eq!((leases.sweep(), leases.draining()), (0, 1));
+    assert!(leases.qp(id).is_none() && leases.memory(id).is_none());
+}

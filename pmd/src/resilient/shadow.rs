@@ -443,6 +443,17 @@ impl QpShadow {
         self.cancelled.store(true, Ordering::Release);
     }
 
+    /// The application revoked the QP: stop setting it up, and move a backup QP the
+    /// bring-up holds (not yet handed over) to ERR.
+    pub fn revoke(&self) -> Result<(), ModifyError> {
+        self.cancel();
+        let mut setup = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        match setup.qp.as_mut() {
+            Some(qp) => qp.modify(QpState::Err, &QpAttr::default()),
+            None => Ok(()),
+        }
+    }
+
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
     }

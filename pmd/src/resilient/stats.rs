@@ -102,6 +102,8 @@ pub enum Cause {
     HandshakeTimeout,
     /// The peer broke the protocol.
     ProtocolViolation,
+    /// The application revoked the connection (its lease).
+    Revoked,
 }
 
 impl Cause {
@@ -126,6 +128,7 @@ impl Cause {
             FailReason::PeerAborted => Cause::PeerAborted,
             FailReason::HandshakeTimeout => Cause::HandshakeTimeout,
             FailReason::ProtocolViolation => Cause::ProtocolViolation,
+            FailReason::Revoked => Cause::Revoked,
         }
     }
 
@@ -157,6 +160,7 @@ impl Cause {
             Cause::PeerAborted => "peer-aborted",
             Cause::HandshakeTimeout => "handshake-timeout",
             Cause::ProtocolViolation => "protocol-violation",
+            Cause::Revoked => "revoked",
         }
     }
 }
