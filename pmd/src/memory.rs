@@ -140,7 +140,12 @@ impl Mapping {
     }
 
     fn map(len: usize, page: PageSize) -> Result<Mapping, nix::errno::Errno> {
-        let mut flags = MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE;
+        let mut flags = MapFlags::MAP_PRIVATE;
+        // Pre-faulting is an optimisation; Miri (which checks the shared-memory copies, docs/
+        // security.md) takes no mmap flags but MAP_PRIVATE|MAP_ANONYMOUS.
+        if !cfg!(miri) {
+            flags |= MapFlags::MAP_POPULATE;
+        }
         if page == PageSize::Huge {
             flags |= MapFlags::MAP_HUGETLB;
         }

@@ -66,17 +66,18 @@ pub fn from_device() {
 /// next one.
 #[inline(always)]
 pub fn wc_flush() {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         // SAFETY: sfence has no operands and no effect on memory safety.
         unsafe { core::arch::x86_64::_mm_sfence() }
     }
-    #[cfg(target_arch = "aarch64")]
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
     {
         // SAFETY: a barrier instruction: no operands, no effect on memory safety.
         unsafe { core::arch::asm!("dsb st", options(nostack, preserves_flags)) }
     }
-    #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
+    // Miri runs no barrier instruction (docs/security.md: what runs under Miri).
+    #[cfg(any(miri, not(any(target_arch = "aarch64", target_arch = "x86_64"))))]
     {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }

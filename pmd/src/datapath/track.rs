@@ -80,9 +80,11 @@ impl SendTrack {
     }
 
     /// The slot table, for the send queue's fast path, which writes slot `counter & wqe_m`
-    /// through it. The table lives as long as the track.
+    /// through it. The table lives as long as the track. Taken from the whole table, not its
+    /// first element: a pointer from `&slots[0]` may reach that slot only, and writing the
+    /// others through it was undefined behaviour (Miri, Stacked Borrows, 2026-11-25).
     pub fn slots_ptr(&self) -> std::ptr::NonNull<Slot> {
-        std::ptr::NonNull::from(&self.slots[0])
+        std::ptr::NonNull::from(&self.slots[..]).cast()
     }
 
     /// The slot of producer counter `at`.
