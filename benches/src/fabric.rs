@@ -22,7 +22,7 @@ pub const B_BACKUP: u32 = 3;
 /// A registered fabric of four ports.
 pub struct Fabric {
     name: String,
-    _fabric: softnic::Fabric,
+    fabric: softnic::Fabric,
 }
 
 impl Fabric {
@@ -39,10 +39,12 @@ impl Fabric {
             fabric.add_port(addr.parse().expect("an address"));
         }
         register_fabric(&name, &fabric);
-        Fabric {
-            name,
-            _fabric: fabric,
-        }
+        Fabric { name, fabric }
+    }
+
+    /// Takes `port`'s link down or up (a failed NIC port or cable).
+    pub fn set_link(&self, port: u32, up: bool) {
+        self.fabric.set_link(port as usize, up);
     }
 
     /// Opens the device on `port` (see the port constants).
