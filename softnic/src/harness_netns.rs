@@ -141,18 +141,19 @@ impl NetnsPair {
         Ok(pair)
     }
 
+    /// Sets side `a`'s veth end down or up (which takes the carrier of `b`'s end with it).
+    pub fn set_a_link(&self, up: bool) -> io::Result<()> {
+        Self::set_link(&self.a, up)
+    }
+
     /// Sets side `b`'s veth end down or up (which takes the carrier of `a`'s end with it).
     pub fn set_b_link(&self, up: bool) -> io::Result<()> {
+        Self::set_link(&self.b, up)
+    }
+
+    fn set_link(side: &Side, up: bool) -> io::Result<()> {
         let state = if up { "up" } else { "down" };
-        ip(&[
-            "-n",
-            &self.b.netns,
-            "link",
-            "set",
-            "dev",
-            &self.b.netdev,
-            state,
-        ])
+        ip(&["-n", &side.netns, "link", "set", "dev", &side.netdev, state])
     }
 }
 

@@ -395,23 +395,7 @@ fn root_only_a_link_flapping_ends_reported_in_its_last_state_within_the_kernels_
     }
     let pair = NetnsPair::create(1500).expect("namespaces");
     let a = open(&pair.a, "a");
-    let flip = |up: bool| {
-        let state = if up { "up" } else { "down" };
-        let ok = Command::new("ip")
-            .args([
-                "-n",
-                &pair.a.netns,
-                "link",
-                "set",
-                "dev",
-                &pair.a.netdev,
-                state,
-            ])
-            .status()
-            .expect("ip")
-            .success();
-        assert!(ok, "ip link set {state}");
-    };
+    let flip = |up: bool| pair.set_a_link(up).expect("ip link set");
     // A schedule from the testbed's soak: down, up 40 ms later, down again 26 ms after that,
     // up 225 ms later. After `ip link set up` the kernel first reports the link UP with
     // carrier but not RUNNING (operstate still down: its linkwatch work, which also
@@ -482,23 +466,7 @@ fn root_only_an_idle_engine_sleeps_after_its_netdev_went_down_and_up() {
     // set from the first link-down on, a core's worth of CPU for an idle device.
     let pair = NetnsPair::create(1500).expect("namespaces");
     let a = open(&pair.a, "idledown");
-    let flip = |up: bool| {
-        let state = if up { "up" } else { "down" };
-        let ok = Command::new("ip")
-            .args([
-                "-n",
-                &pair.a.netns,
-                "link",
-                "set",
-                "dev",
-                &pair.a.netdev,
-                state,
-            ])
-            .status()
-            .expect("ip")
-            .success();
-        assert!(ok, "ip link set {state}");
-    };
+    let flip = |up: bool| pair.set_a_link(up).expect("ip link set");
     flip(false);
     std::thread::sleep(Duration::from_millis(50));
     flip(true);
