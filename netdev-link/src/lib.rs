@@ -23,7 +23,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use netlink_packet_core::{
     ErrorBuffer, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLMSG_ERROR,
-    NLM_F_REQUEST,
+    NLM_F_ACK, NLM_F_REQUEST,
 };
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkHeader, LinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
@@ -67,31 +67,36 @@ pub struct Link {
     pub state: LinkState,
 }
 
-/// Asks the kernel for `netdev` by name (`RTM_GETLINK` with `IFLA_IFNAME`): its index and its
-/// state now. A netdev that does not exist is an error of kind `NotFound` naming it.
-pub fn query(netdev: &str) -> io::Result<Link> {
+/// Checks that `netdev` can be an interface name: not empty, shorter than `IFNAMSIZ`, no NUL.
+fn check_name(netdev: &str) -> io::Result<()> {
     if netdev.is_empty() || netdev.len() >= libc::IFNAMSIZ || netdev.contains('\0') {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("{netdev:?} is not a netdev name"),
         ));
     }
-    let mut request = LinkMessage::default();
-    request
-        .attributes
-        .push(LinkAttribute::IfName(netdev.to_string()));
+    Ok(())
+}
+
+/// Sends `request` about `netdev` on `socket` (rtnetlink) and reads the answer until
+/// `done` takes a payload of the kind it wants (returning `Some`), or the kernel answers with
+/// an error message: an error code, or (for code 0, an ACK) what `ack` says.
+fn exchange<T>(
+    socket: &Socket,
+    netdev: &str,
+    request: RouteNetlinkMessage,
+    flags: u16,
+    mut done: impl FnMut(u16, &[u8]) -> Option<T>,
+    ack: impl Fn() -> io::Result<T>,
+) -> io::Result<T> {
     let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST;
+    header.flags = flags;
     header.sequence_number = 1;
-    let mut message = NetlinkMessage::new(
-        header,
-        NetlinkPayload::InnerMessage(RouteNetlinkMessage::GetLink(request)),
-    );
+    let mut message = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(request));
     message.finalize();
     let mut bytes = vec![0u8; message.buffer_len()];
     message.serialize(&mut bytes);
 
-    let socket = Socket::new(NETLINK_ROUTE)?;
     socket.send_to(&bytes, &SocketAddr::new(0, 0), 0)?;
     let mut buf = vec![0u8; RECV_BUFFER];
     loop {
@@ -102,26 +107,105 @@ pub fn query(netdev: &str) -> io::Result<Link> {
                     .ok()
                     .and_then(|e| e.code())
                     .map_or(0, |c| -c.get());
-                return Err(match code {
-                    libc::ENODEV => {
-                        io::Error::new(io::ErrorKind::NotFound, format!("no netdev named {netdev}"))
-                    }
-                    0 => io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("rtnetlink answered the query for {netdev} with no link"),
-                    ),
-                    errno => io::Error::from_raw_os_error(errno),
-                });
+                return match code {
+                    libc::ENODEV => Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("no netdev named {netdev}"),
+                    )),
+                    0 => ack(),
+                    errno => Err(io::Error::from_raw_os_error(errno)),
+                };
             }
-            if kind == libc::RTM_NEWLINK {
-                if let Ok(link) = LinkHeader::parse(payload) {
-                    return Ok(Link {
-                        index: link.index,
-                        state: LinkState::from_flags(link.flags),
-                    });
-                }
+            if let Some(answer) = done(kind, payload) {
+                return Ok(answer);
             }
         }
+    }
+}
+
+/// Asks the kernel for `netdev` by name (`RTM_GETLINK` with `IFLA_IFNAME`): its index and its
+/// state now. A netdev that does not exist is an error of kind `NotFound` naming it.
+pub fn query(netdev: &str) -> io::Result<Link> {
+    check_name(netdev)?;
+    let mut request = LinkMessage::default();
+    request
+        .attributes
+        .push(LinkAttribute::IfName(netdev.to_string()));
+    exchange(
+        &Socket::new(NETLINK_ROUTE)?,
+        netdev,
+        RouteNetlinkMessage::GetLink(request),
+        NLM_F_REQUEST,
+        |kind, payload| {
+            if kind != libc::RTM_NEWLINK {
+                return None;
+            }
+            LinkHeader::parse(payload).ok().map(|link| Link {
+                index: link.index,
+                state: LinkState::from_flags(link.flags),
+            })
+        },
+        || {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("rtnetlink answered the query for {netdev} with no link"),
+            ))
+        },
+    )
+}
+
+/// Sets `netdev`'s administrative state (IFF_UP), as `ip link set dev <netdev> up|down` does,
+/// in the calling thread's network namespace: [`LinkControl::set_admin_state`] on a socket
+/// opened for the one request.
+pub fn set_admin_state(netdev: &str, up: bool) -> io::Result<()> {
+    LinkControl::open()?.set_admin_state(netdev, up)
+}
+
+/// An rtnetlink socket for changing links, bound to the network namespace it was opened in
+/// for its whole life: open one inside each namespace ahead of time, then change links there
+/// from any thread without entering the namespace.
+#[derive(Debug)]
+pub struct LinkControl {
+    socket: Socket,
+}
+
+impl LinkControl {
+    /// A socket in the calling thread's network namespace.
+    pub fn open() -> io::Result<LinkControl> {
+        Ok(LinkControl {
+            socket: Socket::new(NETLINK_ROUTE)?,
+        })
+    }
+
+    /// Sets `netdev`'s administrative state (IFF_UP), as `ip link set dev <netdev> up|down`
+    /// does, in the socket's namespace, and returns once the kernel acknowledged it: one
+    /// `RTM_SETLINK` by name, with IFF_UP alone in the change mask.
+    ///
+    /// Why not `ip`: spawning `ip netns exec` is a fork and two execs, a few milliseconds of
+    /// CPU that, on a machine whose cores are taken by busy-polling lcores, stretched to 8 to
+    /// 13 ms between the testbed deciding to cut a link and the link going down
+    /// (`docs/testbed.md`, issue 17); and a thread spawned to enter the namespace waited up to
+    /// a scheduler tick for a core, which a socket opened there beforehand does not.
+    pub fn set_admin_state(&mut self, netdev: &str, up: bool) -> io::Result<()> {
+        check_name(netdev)?;
+        let mut request = LinkMessage::default();
+        request.header.flags = if up {
+            LinkFlags::Up
+        } else {
+            LinkFlags::empty()
+        };
+        request.header.change_mask = LinkFlags::Up;
+        request
+            .attributes
+            .push(LinkAttribute::IfName(netdev.to_string()));
+        exchange(
+            &self.socket,
+            netdev,
+            RouteNetlinkMessage::SetLink(request),
+            NLM_F_REQUEST | NLM_F_ACK,
+            |_, _| None,
+            || Ok(()),
+        )
     }
 }
 
@@ -346,6 +430,21 @@ mod tests {
         assert!(e.to_string().contains("railshift-none0"), "{e}");
         let e = query("a-name-longer-than-ifnamsiz").unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    }
+
+    #[test]
+    fn setting_the_state_of_a_netdev_that_does_not_exist_is_not_found_by_name() {
+        let e = set_admin_state("rs-no-such-dev", false).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        assert!(e.to_string().contains("rs-no-such-dev"), "{e}");
+    }
+
+    #[test]
+    fn setting_the_state_of_a_bad_name_is_refused_before_asking() {
+        for bad in ["", "a-name-longer-than-ifnamsiz", "nul\0"] {
+            let e = set_admin_state(bad, true).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}: {e}");
+        }
     }
 
     #[test]

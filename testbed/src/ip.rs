@@ -1,7 +1,10 @@
 //! Running iproute2's `ip` and reading what the kernel says about namespaces.
 //!
 //! The testbed drives the kernel through `ip` rather than raw netlink so that every action it
-//! takes is a command a person can paste into a shell to reproduce it.
+//! takes is a command a person can paste into a shell to reproduce it. One exception: the
+//! link changes of a failure schedule go out as rtnetlink requests, because spawning `ip`
+//! delayed them by milliseconds on a busy machine (`crate::fail`); the debug log still names
+//! the `ip` command each one stands for.
 
 use std::process::Command;
 
