@@ -1,8 +1,8 @@
 //! The fault channel (`--fault-fifo`, `docs/apps-json.md` "Fault channel"): a named pipe the
 //! testbed writes commands into, one line each, to make this process's own devices fail in
-//! ways `ip link` cannot (a NIC that dies silently). A thread of its own waits on the pipe in
-//! `poll(2)`, so a command takes effect within a millisecond whatever the polling lcore is
-//! doing, and the lcore makes no system call for it. What each command did goes into the
+//! ways `ip link` cannot (a NIC that dies silently, or fails its QPs). A thread of its own
+//! waits on the pipe in `poll(2)`, so a command takes effect within a millisecond whatever
+//! the polling lcore is doing, and the lcore makes no system call for it. What each command did goes into the
 //! JSON report (`faults`).
 
 use std::ffi::CString;
@@ -43,6 +43,8 @@ pub struct FaultJson {
 enum Command {
     /// `device-dead <device>`.
     DeviceDead(String),
+    /// `qps-failed <device>`: every QP of the device to ERR, the device and its link up.
+    QpsFailed(String),
 }
 
 /// Parses one line (without its newline).
@@ -50,8 +52,13 @@ fn parse(line: &str) -> Result<Command, String> {
     let mut words = line.split_whitespace();
     match (words.next(), words.next(), words.next()) {
         (Some("device-dead"), Some(device), None) => Ok(Command::DeviceDead(device.to_owned())),
-        (Some("device-dead"), _, _) => Err("usage: device-dead <device>".to_owned()),
-        (Some(other), _, _) => Err(format!("unknown command {other:?} (known: device-dead)")),
+        (Some("qps-failed"), Some(device), None) => Ok(Command::QpsFailed(device.to_owned())),
+        (Some(verb @ ("device-dead" | "qps-failed")), _, _) => {
+            Err(format!("usage: {verb} <device>"))
+        }
+        (Some(other), _, _) => Err(format!(
+            "unknown command {other:?} (known: device-dead, qps-failed)"
+        )),
         (None, _, _) => Err("empty command".to_owned()),
     }
 }
@@ -206,18 +213,19 @@ fn apply(line: &[u8], devices: &Devices) -> FaultJson {
     let command = String::from_utf8_lossy(line)
         .trim_end_matches('\r')
         .to_owned();
-    let result = parse(&command).and_then(|c| match c {
-        Command::DeviceDead(name) => {
-            let ctx = devices
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, c)| c.clone())
-                .ok_or_else(|| format!("no device {name} is open in this process"))?;
-            ctx.inject_fault(DeviceFault::Dead)
-                .map_err(|e| e.to_string())
-        }
+    let result = parse(&command).and_then(|c| {
+        let (name, fault) = match c {
+            Command::DeviceDead(name) => (name, DeviceFault::Dead),
+            Command::QpsFailed(name) => (name, DeviceFault::QpsFailed),
+        };
+        let ctx = devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, c)| c.clone())
+            .ok_or_else(|| format!("no device {name} is open in this process"))?;
+        ctx.inject_fault(fault).map_err(|e| e.to_string())
     });
     let (applied_unix_ms, error) = match result {
         Ok(()) => (Some(unix_ms_now()), None),
@@ -244,7 +252,14 @@ mod tests {
             parse("device-dead soft:nic0"),
             Ok(Command::DeviceDead("soft:nic0".into()))
         );
+        assert_eq!(
+            parse("qps-failed soft:nic1"),
+            Ok(Command::QpsFailed("soft:nic1".into()))
+        );
         assert!(parse("device-dead").unwrap_err().contains("usage"));
+        assert!(parse("qps-failed")
+            .unwrap_err()
+            .contains("usage: qps-failed"));
         assert!(parse("device-dead a b").unwrap_err().contains("usage"));
         assert!(parse("reboot").unwrap_err().contains("unknown command"));
         assert!(parse("").unwrap_err().contains("empty"));

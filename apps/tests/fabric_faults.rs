@@ -324,6 +324,65 @@ fn write_bw_check_fails_over_when_the_default_device_dies_through_the_fault_chan
     assert!(c.report.iterations > 0);
 }
 
+/// Issue 15 item 1 through the fault channel, as the testbed's `initiator-dev1-qps-failed`
+/// does it: the client's backup device fails every QP while traffic runs on the default
+/// path; the pair repairs its backup side (one re-arm on each end), nothing reaches the
+/// application, and a default failure after the repair fails over through the repaired
+/// backup with every byte intact.
+#[test]
+fn write_bw_check_repairs_a_backup_whose_qps_failed_through_the_fault_channel() {
+    let f = fabric();
+    let fifo = std::env::temp_dir().join(format!("r15-apps-{}-8.fifo", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    let fifo_arg = fifo.display().to_string();
+    let backup = format!("fabric:{}/1", f.name);
+    let (c, s) = run_pair_with(
+        &f,
+        Tool::WriteBw,
+        8,
+        &["-s", "16384", "-D", "4", "--check", "--holddown-ms", "100"],
+        &["--fault-fifo", &fifo_arg],
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            use std::io::Write;
+            let mut w = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&fifo)
+                .expect("the client made its fault channel");
+            w.write_all(format!("qps-failed {backup}\n").as_bytes())
+                .unwrap();
+            // The repair needs a handshake on the default devices' channel; then the default
+            // link fails, for longer than the budget would forgive a missing backup.
+            std::thread::sleep(Duration::from_millis(1200));
+            f.fabric.set_link(0, false);
+            std::thread::sleep(Duration::from_millis(600));
+            f.fabric.set_link(0, true);
+        },
+    );
+    let _ = std::fs::remove_file(&fifo);
+    assert!(c.error.is_none(), "client stopped: {:?}", c.error);
+    assert!(s.error.is_none(), "server stopped: {:?}", s.error);
+    let faults = c.report.faults.as_ref().expect("a fault channel was given");
+    assert_eq!(faults.len(), 1, "{faults:?}");
+    assert!(faults[0].applied_unix_ms.is_some(), "{faults:?}");
+    assert_eq!(
+        c.report.failover.backup_rearms, 1,
+        "{:?}",
+        c.report.failover
+    );
+    assert_eq!(
+        s.report.failover.backup_rearms, 1,
+        "{:?}",
+        s.report.failover
+    );
+    assert!(c.report.failover.failovers >= 1, "{:?}", c.report.failover);
+    let check = s.report.check.as_ref().unwrap();
+    assert_eq!(check.errors, 0);
+    assert_eq!(check.notification_errors, 0);
+    assert_eq!(check.notifications_checked, c.report.iterations);
+    assert!(c.report.iterations > 0);
+}
+
 #[test]
 fn write_bw_without_failover_stops_with_the_error() {
     let f = fabric();

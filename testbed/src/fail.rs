@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::faults::{self, FaultCommand};
+use crate::faults;
 use crate::ip::ip_in;
 use crate::netns;
 use crate::schedule::{LinkAction, Step};
@@ -35,7 +35,7 @@ pub fn interfaces(target: &FailTarget, info: &TestbedInfo) -> Vec<(String, Strin
         FailTarget::BothNics { rail } => {
             vec![nic(Role::Initiator, rail), nic(Role::Responder, rail)]
         }
-        FailTarget::DeviceDead { host, rail } => {
+        FailTarget::DeviceDead { host, rail } | FailTarget::DeviceQpsFailed { host, rail } => {
             let h = info.host(host);
             vec![(h.netns.clone(), h.nics[usize::from(rail)].device.clone())]
         }
@@ -135,7 +135,8 @@ impl LinkControls {
     pub fn open(info: &TestbedInfo, steps: &[Step]) -> Result<LinkControls, String> {
         let mut controls = LinkControls::none();
         for step in steps {
-            if matches!(step.target, FailTarget::DeviceDead { .. }) {
+            // Device faults go through the application's fault channel.
+            if step.target.fault_host().is_some() {
                 continue;
             }
             for (ns, _) in interfaces(&step.target, info) {
@@ -165,15 +166,21 @@ pub fn apply_with(
     target: FailTarget,
     action: LinkAction,
 ) -> Result<(), String> {
-    if let FailTarget::DeviceDead { host, .. } = target {
+    if let Some(host) = target.fault_host() {
         return match action {
             LinkAction::Down => {
                 let device = interfaces(&target, info).remove(0).1;
+                let command = target
+                    .fault_command(&device)
+                    .ok_or_else(|| format!("{target} has no fault-channel command"))?;
                 let path = faults::channel_path(info, host);
-                faults::send(&path, &FaultCommand::DeviceDead { device }).map_err(|e| e.to_string())
+                faults::send(&path, &command).map_err(|e| e.to_string())
             }
-            LinkAction::Up => Err(format!(
+            LinkAction::Up if !target.recovers() => Err(format!(
                 "{target} does not come back: a dead device stays dead"
+            )),
+            LinkAction::Up => Err(format!(
+                "{target} has no up step: the device never went down, the driver repairs its QPs"
             )),
         };
     }
@@ -404,5 +411,15 @@ mod tests {
         };
         let err = apply(&info, dead, LinkAction::Up).unwrap_err();
         assert!(err.contains("stays dead"), "{err}");
+        let failed = FailTarget::DeviceQpsFailed {
+            host: Role::Initiator,
+            rail: 1,
+        };
+        assert_eq!(
+            interfaces(&failed, &info),
+            vec![("rs-a".to_owned(), "soft:nic1".to_owned())]
+        );
+        let err = apply(&info, failed, LinkAction::Up).unwrap_err();
+        assert!(err.contains("no up step"), "{err}");
     }
 }

@@ -10,6 +10,7 @@
 //!
 //! ```text
 //! device-dead soft:nic0
+//! qps-failed soft:nic1
 //! ```
 
 use std::fmt;
@@ -32,12 +33,19 @@ pub enum FaultCommand {
         /// The device's name.
         device: String,
     },
+    /// Every QP of the device named `device` goes to ERR, flushing what is posted on it;
+    /// the device and its netdev stay up (`DeviceFault::QpsFailed`).
+    QpsFailed {
+        /// The device's name.
+        device: String,
+    },
 }
 
 impl fmt::Display for FaultCommand {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FaultCommand::DeviceDead { device } => write!(f, "device-dead {device}"),
+            FaultCommand::QpsFailed { device } => write!(f, "qps-failed {device}"),
         }
     }
 }

@@ -2,6 +2,12 @@
 //! both hosts' devices and NICs on that rail and both of its switch ports are up. A lost
 //! connection is the driver's fault when some rail's path was up, or came back, within the
 //! RC retry budget of the failure that ended it (issue 15).
+//!
+//! A device whose QPs failed (`initiator-dev1-qps-failed`) takes no cable down, but its
+//! rail's path cannot carry anything until the driver repairs the QPs, and the repair's
+//! handshake runs over the other rail (`docs/failover.md` 5d). So that rail counts down from
+//! the fault until the other rail's path is up (at once, when it is up then); the repair's
+//! own time (a handshake, milliseconds) counts as up, which judges the driver strictly.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -32,6 +38,8 @@ impl Availability {
     pub fn from_log(log: &[LogEntry]) -> Availability {
         let mut open: BTreeMap<Link, f64> = BTreeMap::new();
         let mut intervals: BTreeMap<u8, Vec<(f64, f64)>> = BTreeMap::new();
+        // Devices whose QPs failed: (rail, when).
+        let mut qps_failed: Vec<(u8, f64)> = Vec::new();
         for e in log.iter().filter(|e| e.error.is_none()) {
             let target = match FailTarget::parse(&e.target, None) {
                 Ok(t) => t,
@@ -40,6 +48,12 @@ impl Availability {
                     continue;
                 }
             };
+            if let FailTarget::DeviceQpsFailed { rail, .. } = target {
+                if e.action == LinkAction::Down {
+                    qps_failed.push((rail, e.issued_unix_ms));
+                }
+                continue;
+            }
             for link in target.links() {
                 match e.action {
                     LinkAction::Down => {
@@ -62,21 +76,37 @@ impl Availability {
                 .or_default()
                 .push((from, f64::INFINITY));
         }
-        let down = intervals
-            .into_iter()
-            .map(|(rail, mut v)| {
-                v.sort_by(|a, b| a.0.total_cmp(&b.0));
-                let mut merged: Vec<(f64, f64)> = Vec::with_capacity(v.len());
-                for (d, u) in v {
-                    match merged.last_mut() {
-                        Some(last) if d <= last.1 => last.1 = last.1.max(u),
-                        _ => merged.push((d, u)),
-                    }
-                }
-                (rail, merged)
-            })
-            .collect();
-        Availability { down }
+        let links = Availability {
+            down: merge(intervals.clone()),
+        };
+        for (rail, at) in qps_failed {
+            // Repairable once some other rail's path is up: the first such instant.
+            let repairable = (0..RAILS)
+                .filter(|&r| r != rail)
+                .map(|r| links.next_up(r, at))
+                .fold(f64::INFINITY, f64::min);
+            if repairable > at {
+                intervals.entry(rail).or_default().push((at, repairable));
+            }
+        }
+        Availability {
+            down: merge(intervals),
+        }
+    }
+
+    /// The first instant at or after `at` when `rail`'s path is up (infinite if never).
+    fn next_up(&self, rail: u8, at: f64) -> f64 {
+        let mut cursor = at;
+        for &(d, u) in self.down.get(&rail).map(Vec::as_slice).unwrap_or_default() {
+            if u <= cursor {
+                continue;
+            }
+            if d > cursor {
+                break;
+            }
+            cursor = u;
+        }
+        cursor
     }
 
     /// Whether `rail`'s path was up at some instant of `[from, to]`.
@@ -107,6 +137,24 @@ impl Availability {
             .filter(|&r| self.rail_up_during(r, from, to))
             .collect()
     }
+}
+
+/// Sorts and merges each rail's `[down, up)` intervals.
+fn merge(intervals: BTreeMap<u8, Vec<(f64, f64)>>) -> BTreeMap<u8, Vec<(f64, f64)>> {
+    intervals
+        .into_iter()
+        .map(|(rail, mut v)| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut merged: Vec<(f64, f64)> = Vec::with_capacity(v.len());
+            for (d, u) in v {
+                match merged.last_mut() {
+                    Some(last) if d <= last.1 => last.1 = last.1.max(u),
+                    _ => merged.push((d, u)),
+                }
+            }
+            (rail, merged)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -166,6 +214,32 @@ mod tests {
             !a.rail_up_during(1, 130.0, 1e12),
             "a dead device never comes back"
         );
+    }
+
+    #[test]
+    fn failed_qps_take_their_rail_down_until_the_other_rail_can_carry_the_repair() {
+        // Idle backup QPs failing while rail 0 is up: repairable at once, rail 1 never
+        // counts down.
+        let log = vec![entry("initiator-dev1-qps-failed", LinkAction::Down, 100.0)];
+        let a = Availability::from_log(&log);
+        assert_eq!(a.rails_up_during(100.0, 100.0), vec![0, 1]);
+        // The same while rail 0 is down (traffic on the backup): nothing can carry the
+        // repair until rail 0 is back at 400, so neither rail is up from 150 to 399.
+        let log = vec![
+            entry("initiator-nic0", LinkAction::Down, 100.0),
+            entry("responder-dev1-qps-failed", LinkAction::Down, 150.0),
+            entry("initiator-nic0", LinkAction::Up, 400.0),
+        ];
+        let a = Availability::from_log(&log);
+        assert_eq!(a.rails_up_during(150.0, 399.0), Vec::<u8>::new());
+        assert_eq!(a.rails_up_during(150.0, 400.0), vec![0, 1]);
+        assert!(
+            a.rail_up_during(1, 120.0, 149.0),
+            "up before its QPs failed"
+        );
+        // Rail 0 never back: rail 1 stays down too.
+        let a = Availability::from_log(&log[..2]);
+        assert_eq!(a.rails_up_during(150.0, 1e12), Vec::<u8>::new());
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::fail::LogEntry;
 use crate::paths::Availability;
 use crate::schedule::LinkAction;
+use crate::target::FailTarget;
 
 /// One timeline sample of an application (`docs/apps-json.md`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -68,6 +69,10 @@ pub struct FailoverSummary {
     pub failovers: u64,
     /// Switch-backs completed.
     pub switch_backs: u64,
+    /// Failbacks: traffic moved from a failing backup back to the recovered default path
+    /// (issue 15 item 2). 0 when absent: the apps write it once the pmd can fail back, and a
+    /// build that cannot has made none.
+    pub failbacks: u64,
     /// Backup paths brought back after they failed (issue 15). Optional: the apps report it
     /// once the pmd counts it; `None` until then.
     pub backup_rearms: Option<u64>,
@@ -201,8 +206,12 @@ pub struct Figures {
     pub notifications_checked: u64,
     /// Failovers the application completed.
     pub failovers: u64,
-    /// Switch-backs (failbacks to the default path) the application completed.
+    /// Switch-backs (back to the default path after its hold-down) the application
+    /// completed.
     pub switch_backs: u64,
+    /// Failbacks: traffic moved back to the recovered default path because the backup
+    /// failed under it (the apps' `failover.failbacks`, 0 when they do not write it).
+    pub failbacks: u64,
     /// Backup paths brought back after they failed; `null` until the apps report it.
     pub backup_rearms: Option<u64>,
     /// QPs the client ran.
@@ -250,11 +259,16 @@ pub struct Window {
 }
 
 /// The down/up windows in a failure log (several targets may overlap; each down opens a
-/// window closed by the next up of the same target).
+/// window closed by the next up of the same target). A device's QPs failing is an instant,
+/// not a window (the device and its link stay up, the driver repairs the QPs): it opens
+/// none, and counts only in the judgement of lost connections ([`Availability`]).
 pub fn windows(log: &[LogEntry]) -> Vec<Window> {
     let mut open: Vec<(String, f64, u8)> = Vec::new();
     let mut out = Vec::new();
-    for e in log.iter().filter(|e| e.error.is_none()) {
+    let instant = |e: &LogEntry| {
+        FailTarget::parse(&e.target, None).is_ok_and(|t| t.recovers() && !t.has_up_step())
+    };
+    for e in log.iter().filter(|e| e.error.is_none() && !instant(e)) {
         match e.action {
             LinkAction::Down => open.push((e.target.clone(), e.issued_unix_ms, e.rail)),
             LinkAction::Up => {
@@ -416,6 +430,7 @@ pub fn figures(
         notifications_checked,
         failovers: client.failover.failovers,
         switch_backs: client.failover.switch_backs,
+        failbacks: client.failover.failbacks,
         backup_rearms: client.failover.backup_rearms,
         qps,
         all_on_backup_ms,
@@ -813,6 +828,45 @@ mod tests {
             figures(&old, None, &[], &[], 100.0, 537.0).backup_rearms,
             None
         );
+    }
+
+    #[test]
+    fn failbacks_are_read_when_present_and_zero_when_absent() {
+        let r: AppReport =
+            serde_json::from_str(r#"{"failover":{"failovers":3,"switch_backs":1,"failbacks":2}}"#)
+                .unwrap();
+        let f = figures(&r, None, &[], &[], 100.0, 537.0);
+        assert_eq!((f.failovers, f.switch_backs, f.failbacks), (3, 1, 2));
+        let old: AppReport = serde_json::from_str(r#"{"failover":{"failovers":1}}"#).unwrap();
+        assert_eq!(figures(&old, None, &[], &[], 100.0, 537.0).failbacks, 0);
+    }
+
+    #[test]
+    fn failed_qps_open_no_window_but_judge_the_loss_they_cause() {
+        let (mut app, _) = story();
+        // Host B's backup device fails its QPs while traffic is on the backup (host A's
+        // default NIC down); the connection is lost at once; rail 0 is back 250 ms later.
+        let mut qps = entry("responder-dev1-qps-failed", LinkAction::Down, 1100.0);
+        qps.rail = 1;
+        let log = vec![
+            entry("initiator-nic0", LinkAction::Down, 1000.0),
+            qps,
+            entry("initiator-nic0", LinkAction::Up, 1350.0),
+        ];
+        let w = windows(&log);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!((w[0].down, w[0].up), (1000.0, Some(1350.0)));
+        app.failover.events = vec![lost_at(1100.0, 1100.5)];
+        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        // Rail 0 back within the budget: the driver could have waited for it.
+        assert_eq!(f.connections_lost_with_path_up, 1);
+        assert_eq!(f.losses[0].rails_up_within_budget, vec![0, 1]);
+        // Rail 0 back only after the budget: neither path could carry anything.
+        let mut late = log.clone();
+        late[2].issued_unix_ms = 1900.0;
+        let f = figures(&app, None, &late, &[], 100.0, 537.0);
+        assert_eq!(f.connections_lost_with_path_up, 0);
+        assert!(f.losses[0].rails_up_within_budget.is_empty());
     }
 
     #[test]

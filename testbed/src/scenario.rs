@@ -342,11 +342,12 @@ impl ScenarioOptions {
             .unwrap_or(1)
     }
 
-    /// Hosts whose application must read a fault channel: those with a device that dies.
+    /// Hosts whose application must read a fault channel: those with a device that dies or
+    /// fails its QPs.
     fn fault_hosts(&self) -> Vec<Role> {
         let mut hosts = Vec::new();
         for step in self.schedule().steps() {
-            if let FailTarget::DeviceDead { host, .. } = step.target {
+            if let Some(host) = step.target.fault_host() {
                 if !hosts.contains(&host) {
                     hosts.push(host);
                 }
@@ -790,19 +791,31 @@ fn unapplied_faults(r: &RunResult) -> Vec<String> {
     r.failures
         .iter()
         .filter(|e| e.error.is_none() && e.action == LinkAction::Down)
-        .filter(|e| e.target.ends_with("-dead"))
         .filter_map(|e| {
-            let command = format!("device-dead {}", e.dev);
-            let role = if e.target.starts_with("initiator") {
-                0
-            } else {
-                1
+            let target = FailTarget::parse(&e.target, None).ok()?;
+            let command = target.fault_command(&e.dev)?.to_string();
+            let role = match target.fault_host()? {
+                Role::Initiator => 0,
+                Role::Responder => 1,
             };
             let acks: Vec<report::FaultAck> = reports[role]
                 .and_then(|v| v.get("faults").cloned())
                 .and_then(|v| serde_json::from_value(v).ok())
                 .unwrap_or_default();
-            match acks.iter().find(|a| a.command == command) {
+            // The same command may be sent several times (a device failing its QPs again):
+            // each one sent needs an acknowledgement of its own.
+            let sent_before = r
+                .failures
+                .iter()
+                .take_while(|other| !std::ptr::eq(*other, e))
+                .filter(|o| o.error.is_none() && o.action == LinkAction::Down)
+                .filter(|o| o.target == e.target && o.dev == e.dev)
+                .count();
+            match acks
+                .iter()
+                .filter(|a| a.command == command)
+                .nth(sent_before)
+            {
                 Some(a) if a.applied_unix_ms.is_some() => None,
                 Some(a) => Some(format!(
                     "the application did not apply `{command}`: {}",
@@ -968,9 +981,10 @@ pub fn print_summary(r: &ScenarioResult) {
         opt(f.switchback_ms.p50, "ms"),
     );
     println!(
-        "  failovers {}, switch-backs {}, backup re-arms {}, data errors {} ({} bytes and {} notifications checked)",
+        "  failovers {}, switch-backs {}, failbacks to the default {}, backup re-arms {}, data errors {} ({} bytes and {} notifications checked)",
         f.failovers,
         f.switch_backs,
+        f.failbacks,
         f.backup_rearms
             .map_or("n/a (not reported by the apps)".to_owned(), |n| n.to_string()),
         f.data_errors,
@@ -1118,6 +1132,37 @@ mod tests {
         run.figures.notifications_checked = 0;
         let err = result_of(ScenarioName::Flap, run).verdict().unwrap_err();
         assert!(err.contains("verified nothing"), "{err}");
+    }
+
+    #[test]
+    fn each_device_fault_sent_needs_its_own_applied_acknowledgement() {
+        let fault = |at: f64| LogEntry {
+            t_ms: at,
+            unix_ms: at,
+            planned_ms: at,
+            target: "initiator-dev1-qps-failed".into(),
+            rail: 1,
+            action: LinkAction::Down,
+            netns: "rs-a".into(),
+            dev: "soft:nic1".into(),
+            error: None,
+            issued_unix_ms: at,
+        };
+        let ack = serde_json::json!({"command": "qps-failed soft:nic1", "applied_unix_ms": 5.0});
+        let mut run = clean_run();
+        run.failures = vec![fault(1.0), fault(2.0)];
+        run.client_report = serde_json::json!({ "faults": [ack.clone(), ack.clone()] });
+        assert_eq!(result_of(ScenarioName::Soak, run.clone()).verdict(), Ok(()));
+        // Sent twice, applied once: the second fault never happened.
+        run.client_report = serde_json::json!({ "faults": [ack] });
+        let err = result_of(ScenarioName::Soak, run.clone())
+            .verdict()
+            .unwrap_err();
+        assert!(err.contains("qps-failed soft:nic1"), "{err}");
+        // Reported by the wrong host's application: not applied where it was meant to be.
+        run.server_report = Some(run.client_report.clone());
+        run.client_report = serde_json::json!({ "faults": [] });
+        assert!(result_of(ScenarioName::Soak, run).verdict().is_err());
     }
 
     #[test]

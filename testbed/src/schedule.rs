@@ -83,6 +83,9 @@ pub enum Schedule {
     /// after it, the next failure either overlaps it (with probability `overlap`: it starts
     /// while this one is still down, on a target that shares no link with any failure still
     /// down) or follows an up time drawn from `up` after every failure so far has recovered.
+    /// A failure without an up step that recovers (a device's QPs failing) is an instant:
+    /// its drawn down time is the time left to the driver to repair it, a window later
+    /// failures follow or overlap as they do a link's, but no step ends it.
     /// The soak test's schedule.
     Random {
         /// The targets to draw from.
@@ -148,7 +151,7 @@ impl Schedule {
                     target: *target,
                     action: LinkAction::Down,
                 }];
-                if let Some(d) = duration.filter(|_| target.recovers()) {
+                if let Some(d) = duration.filter(|_| target.has_up_step()) {
                     steps.push(Step {
                         at: *at + d,
                         target: *target,
@@ -196,7 +199,7 @@ impl Schedule {
                 target: p.target,
                 action: LinkAction::Down,
             });
-            if p.target.recovers() {
+            if p.target.has_up_step() {
                 steps.push(Step {
                     at: p.up,
                     target: p.target,
@@ -379,6 +382,8 @@ mod tests {
         let mut out = Vec::new();
         for s in steps {
             match s.action {
+                // An instant (a device's QPs failing) opens no window.
+                LinkAction::Down if !s.target.has_up_step() => {}
                 LinkAction::Down => open.push((s.target, s.at)),
                 LinkAction::Up => {
                     let i = open
@@ -528,10 +533,44 @@ mod tests {
         }
     }
 
+    /// `all` without the instants (a device's QPs failing): the targets whose failures are
+    /// windows.
+    fn link_targets() -> Vec<FailTarget> {
+        TargetSet::ALL
+            .into_iter()
+            .filter(FailTarget::has_up_step)
+            .collect()
+    }
+
+    #[test]
+    fn a_device_whose_qps_failed_is_an_instant_the_next_failure_follows() {
+        let qps_failed = FailTarget::DeviceQpsFailed {
+            host: Role::Initiator,
+            rail: 1,
+        };
+        let nic = FailTarget::InitiatorNic { rail: 0 };
+        let steps =
+            random_schedule(vec![qps_failed, nic], vec![(ms(100), ms(200))], 0.0, 4).steps();
+        let faults: Vec<&Step> = steps.iter().filter(|s| s.target == qps_failed).collect();
+        assert!(faults.len() > 50, "{} drawn", faults.len());
+        assert!(faults.iter().all(|s| s.action == LinkAction::Down));
+        // Without overlap nothing else fails within its down time (the driver's time to
+        // repair it) and the up time after that.
+        for f in faults {
+            let next = steps.iter().find(|s| s.at > f.at).map(|s| s.at);
+            if let Some(next) = next {
+                assert!(next - f.at >= ms(150), "{:?} after {:?}", next, f.at);
+            }
+        }
+        assert_eq!(
+            windows(&steps).len(),
+            200 - steps.iter().filter(|s| s.target == qps_failed).count()
+        );
+    }
+
     #[test]
     fn without_overlap_failures_follow_one_another() {
-        let steps =
-            random_schedule(TargetSet::ALL.to_vec(), vec![(ms(100), ms(200))], 0.0, 5).steps();
+        let steps = random_schedule(link_targets(), vec![(ms(100), ms(200))], 0.0, 5).steps();
         let w = windows(&steps);
         for pair in w.windows(2) {
             let gap = pair[1].1 - pair[0].2;
@@ -542,8 +581,7 @@ mod tests {
     #[test]
     fn overlap_starts_a_failure_inside_the_previous_one_on_a_target_free_to_fail() {
         let seed = 11;
-        let steps =
-            random_schedule(TargetSet::ALL.to_vec(), vec![(ms(100), ms(200))], 0.5, seed).steps();
+        let steps = random_schedule(link_targets(), vec![(ms(100), ms(200))], 0.5, seed).steps();
         let w = windows(&steps);
         assert_eq!(w.len(), 200, "seed {seed}");
         let mut overlapping = 0;

@@ -1,6 +1,6 @@
 //! What the testbed can fail: host NICs, switch ports, both hosts' NICs of a rail at once,
-//! and a device that dies silently; their command-line names, the links each one cuts, and
-//! the sets the `flap` and `soak` scenarios draw from.
+//! a device that dies silently, and a device that fails its QPs; their command-line names,
+//! the links each one cuts, and the sets the `flap` and `soak` scenarios draw from.
 //!
 //! Names (`docs/testbed.md`, "Failure targets"):
 //!
@@ -12,6 +12,7 @@
 //! | `switch0-port-b`, `switch1-port-b` | the port of that switch that faces host B |
 //! | `both-nic0`, `both-nic1` | host A's and host B's NIC of the rail, at once |
 //! | `initiator-dev-dead`, `responder-dev-dead` | host A's or B's default device dies silently (no CQEs, no packets; the netdev stays up), through the application's fault channel (`docs/apps-json.md`); `...-dev1-dead` is the backup device |
+//! | `initiator-dev1-qps-failed`, `responder-dev1-qps-failed` | every QP of host A's or B's backup device goes to ERR (flushing what is posted) while the device and its link stay up, through the fault channel; an instant, not a window: nothing is brought back, the driver repairs the QPs (`docs/failover.md` 5d); `...-dev-qps-failed` is the default device |
 //!
 //! The names without a rail (`initiator-nic`, `responder-nic`, `switch-port`) are the rail
 //! given separately (`--rail`, default 0), as before rails were part of the name.
@@ -55,6 +56,17 @@ pub enum FailTarget {
         /// The host whose device dies.
         host: Role,
         /// The rail of the device (0: the default device).
+        rail: u8,
+    },
+    /// Every QP of `host`'s device on `rail` goes to ERR, flushing what is posted on it,
+    /// while the device and its link stay up (a NIC that recovered from an internal error by
+    /// failing its QPs): the application injects it through its fault channel. It happens
+    /// at an instant; nothing is brought back by the testbed, the driver has to repair the
+    /// QPs itself (issue 15 item 1).
+    DeviceQpsFailed {
+        /// The host whose device fails its QPs.
+        host: Role,
+        /// The rail of the device (1: the backup device).
         rail: u8,
     },
 }
@@ -119,11 +131,13 @@ impl FailTarget {
             | FailTarget::ResponderNic { rail }
             | FailTarget::SwitchPort { rail, .. }
             | FailTarget::BothNics { rail }
-            | FailTarget::DeviceDead { rail, .. } => rail,
+            | FailTarget::DeviceDead { rail, .. }
+            | FailTarget::DeviceQpsFailed { rail, .. } => rail,
         }
     }
 
-    /// The links this target takes down.
+    /// The links this target takes down. A device whose QPs failed takes its device's link
+    /// down for as long as nothing can repair them: see [`crate::paths::Availability`].
     pub fn links(&self) -> Vec<Link> {
         match *self {
             FailTarget::InitiatorNic { rail } => vec![Link::HostNic {
@@ -145,7 +159,9 @@ impl FailTarget {
                     rail,
                 },
             ],
-            FailTarget::DeviceDead { host, rail } => vec![Link::Device { host, rail }],
+            FailTarget::DeviceDead { host, rail } | FailTarget::DeviceQpsFailed { host, rail } => {
+                vec![Link::Device { host, rail }]
+            }
         }
     }
 
@@ -159,8 +175,45 @@ impl FailTarget {
 
     /// Whether the failure ends when its schedule says so. A dead device does not come
     /// back: a ConnectX after a fatal error needs a driver reload, which a run never sees.
+    /// A device whose QPs failed recovers too: the device stays up and the driver repairs
+    /// the QPs, so it can be drawn again and again.
     pub fn recovers(&self) -> bool {
         !matches!(self, FailTarget::DeviceDead { .. })
+    }
+
+    /// Whether the failure is a window the testbed ends with an `up` step. A dead device has
+    /// none (it never comes back); a device whose QPs failed has none either (the fault is an
+    /// instant: the device and its link never went down, and what brings the QPs back is the
+    /// driver's repair, not the testbed).
+    pub fn has_up_step(&self) -> bool {
+        !matches!(
+            self,
+            FailTarget::DeviceDead { .. } | FailTarget::DeviceQpsFailed { .. }
+        )
+    }
+
+    /// The fault-channel command that injects this target's failure into the application
+    /// that owns `device` (the device's name as the application opened it, `soft:nic1`);
+    /// `None` for the targets `ip link` fails.
+    pub fn fault_command(&self, device: &str) -> Option<crate::faults::FaultCommand> {
+        use crate::faults::FaultCommand;
+        let device = device.to_owned();
+        match self {
+            FailTarget::DeviceDead { .. } => Some(FaultCommand::DeviceDead { device }),
+            FailTarget::DeviceQpsFailed { .. } => Some(FaultCommand::QpsFailed { device }),
+            _ => None,
+        }
+    }
+
+    /// The host whose application injects this target's failure through its fault channel;
+    /// `None` for the targets `ip link` fails.
+    pub fn fault_host(&self) -> Option<Role> {
+        match *self {
+            FailTarget::DeviceDead { host, .. } | FailTarget::DeviceQpsFailed { host, .. } => {
+                Some(host)
+            }
+            _ => None,
+        }
     }
 
     /// Parses a target name (see the module documentation). `rail` is the rail of the names
@@ -169,7 +222,8 @@ impl FailTarget {
         let unknown = || {
             format!(
                 "unknown failure target {name:?}: use initiator-nic0|1, responder-nic0|1, \
-                 switch0|1-port[-b], both-nic0|1, initiator-dev-dead, responder-dev-dead \
+                 switch0|1-port[-b], both-nic0|1, initiator-dev-dead, responder-dev-dead, \
+                 initiator-dev1-qps-failed, responder-dev1-qps-failed \
                  (or initiator-nic, responder-nic, switch-port with --rail)"
             )
         };
@@ -203,6 +257,16 @@ impl FailTarget {
             };
             Ok((stem.to_owned(), named))
         };
+        // `initiator-dev1` -> (host A, rail 1).
+        let device_of = |s: &str| -> Result<(Role, u8), String> {
+            let (stem, named) = split_rail(s)?;
+            let host = match stem.as_str() {
+                "initiator-dev" => Role::Initiator,
+                "responder-dev" => Role::Responder,
+                _ => return Err(unknown()),
+            };
+            Ok((host, checked(pick(named)?)?))
+        };
         let target = if let Some(rest) = name.strip_prefix("switch") {
             // switch-port, switch0-port, switch1-port-b, switch0-port-a
             let (digits, tail) = rest.split_at(rest.find('-').ok_or_else(unknown)?);
@@ -219,18 +283,14 @@ impl FailTarget {
                 rail: checked(pick(named)?)?,
                 host,
             }
+        } else if let Some(host) = name.strip_suffix("-qps-failed") {
+            // initiator-dev1-qps-failed, responder-dev-qps-failed
+            let (host, rail) = device_of(host)?;
+            FailTarget::DeviceQpsFailed { host, rail }
         } else if let Some(host) = name.strip_suffix("-dead") {
             // initiator-dev-dead, responder-dev1-dead
-            let (stem, named) = split_rail(host)?;
-            let host = match stem.as_str() {
-                "initiator-dev" => Role::Initiator,
-                "responder-dev" => Role::Responder,
-                _ => return Err(unknown()),
-            };
-            FailTarget::DeviceDead {
-                host,
-                rail: checked(pick(named)?)?,
-            }
+            let (host, rail) = device_of(host)?;
+            FailTarget::DeviceDead { host, rail }
         } else {
             let (stem, named) = split_rail(name)?;
             let rail = checked(pick(named)?)?;
@@ -262,6 +322,8 @@ impl fmt::Display for FailTarget {
             FailTarget::BothNics { rail } => write!(f, "both-nic{rail}"),
             FailTarget::DeviceDead { host, rail: 0 } => write!(f, "{host}-dev-dead"),
             FailTarget::DeviceDead { host, rail } => write!(f, "{host}-dev{rail}-dead"),
+            FailTarget::DeviceQpsFailed { host, rail: 0 } => write!(f, "{host}-dev-qps-failed"),
+            FailTarget::DeviceQpsFailed { host, rail } => write!(f, "{host}-dev{rail}-qps-failed"),
         }
     }
 }
@@ -278,10 +340,14 @@ pub enum TargetSet {
 }
 
 impl TargetSet {
-    /// What `all` means: the three kinds the paper injects on each rail, and both default
-    /// NICs at once. Dead devices are not in it: they never come back, so one draw would
-    /// end the rotation for the rest of the run.
-    pub const ALL: [FailTarget; 7] = [
+    /// What `all` means: the three kinds the paper injects on each rail, both default NICs
+    /// at once, and each host's default and backup device failing its QPs (the backup's is
+    /// the one failure the backup repair of issue 15 item 1 needs: a link failure leaves an
+    /// idle backup QP out of ERR; the default's is a default failure without a link-down).
+    /// A device whose QPs failed is in it because it recovers (the device stays up and the
+    /// driver repairs the QPs), so drawing it again later is meaningful. Dead devices are
+    /// not: they never come back, so one draw would end the rotation for the rest of the run.
+    pub const ALL: [FailTarget; 11] = [
         FailTarget::InitiatorNic { rail: 0 },
         FailTarget::ResponderNic { rail: 0 },
         FailTarget::SwitchPort {
@@ -295,6 +361,22 @@ impl TargetSet {
             host: Role::Initiator,
         },
         FailTarget::BothNics { rail: 0 },
+        FailTarget::DeviceQpsFailed {
+            host: Role::Initiator,
+            rail: 1,
+        },
+        FailTarget::DeviceQpsFailed {
+            host: Role::Responder,
+            rail: 1,
+        },
+        FailTarget::DeviceQpsFailed {
+            host: Role::Initiator,
+            rail: 0,
+        },
+        FailTarget::DeviceQpsFailed {
+            host: Role::Responder,
+            rail: 0,
+        },
     ];
 
     /// The targets, with `default` standing for [`TargetSet::Default`].
@@ -393,6 +475,64 @@ mod tests {
     }
 
     #[test]
+    fn a_device_failing_its_qps_parses_by_name_and_recovers_without_an_up_step() {
+        let backup = FailTarget::parse("initiator-dev1-qps-failed", None).unwrap();
+        assert_eq!(
+            backup,
+            FailTarget::DeviceQpsFailed {
+                host: Role::Initiator,
+                rail: 1
+            }
+        );
+        assert_eq!(
+            FailTarget::parse("responder-dev1-qps-failed", None),
+            Ok(FailTarget::DeviceQpsFailed {
+                host: Role::Responder,
+                rail: 1
+            })
+        );
+        // Without a rail in the name: the default device, or the rail given beside it.
+        assert_eq!(
+            FailTarget::parse("responder-dev-qps-failed", None),
+            Ok(FailTarget::DeviceQpsFailed {
+                host: Role::Responder,
+                rail: 0
+            })
+        );
+        assert_eq!(
+            FailTarget::parse("initiator-dev-qps-failed", Some(1)),
+            Ok(backup)
+        );
+        assert!(backup.recovers() && !backup.has_up_step());
+        assert_eq!(backup.fault_host(), Some(Role::Initiator));
+        assert_eq!(
+            backup.fault_command("soft:nic1").map(|c| c.to_string()),
+            Some("qps-failed soft:nic1".to_owned())
+        );
+        // Drawn repeatedly: a list may name it, unlike a dead device.
+        assert_eq!(
+            TargetSet::parse("initiator-dev1-qps-failed,initiator-nic0"),
+            Ok(TargetSet::List(vec![
+                backup,
+                FailTarget::InitiatorNic { rail: 0 }
+            ]))
+        );
+        for bad in [
+            "initiator-dev2-qps-failed",
+            "initiator-nic1-qps-failed",
+            "dev1-qps-failed",
+            "initiator-dev1-qps-fail",
+            "qps-failed",
+        ] {
+            assert!(FailTarget::parse(bad, None).is_err(), "{bad}");
+        }
+        let err = FailTarget::parse("initiator-dev1-qps-failed", Some(0)).unwrap_err();
+        assert!(err.contains("rail 1") && err.contains("rail 0"), "{err}");
+        let err = FailTarget::parse("bogus", None).unwrap_err();
+        assert!(err.contains("initiator-dev1-qps-failed"), "{err}");
+    }
+
+    #[test]
     fn names_without_a_rail_take_the_rail_given_beside_them() {
         assert_eq!(
             FailTarget::parse("initiator-nic", Some(1)),
@@ -458,7 +598,7 @@ mod tests {
             .contains("never recovers"));
         let default = [FailTarget::InitiatorNic { rail: 0 }];
         assert_eq!(TargetSet::Default.resolve(&default), default.to_vec());
-        assert_eq!(TargetSet::All.resolve(&default).len(), 7);
+        assert_eq!(TargetSet::All.resolve(&default).len(), 11);
     }
 
     #[test]
@@ -476,6 +616,12 @@ mod tests {
             }
         }
         assert!(TargetSet::ALL.contains(&FailTarget::BothNics { rail: 0 }));
+        for host in [Role::Initiator, Role::Responder] {
+            for rail in 0..RAILS {
+                let t = FailTarget::DeviceQpsFailed { host, rail };
+                assert!(TargetSet::ALL.contains(&t), "{t}");
+            }
+        }
         assert!(TargetSet::ALL.iter().all(FailTarget::recovers));
     }
 

@@ -201,7 +201,8 @@ struct ScenarioArgs {
     #[arg(long, default_value = "1200ms..1600ms", value_parser = schedule::parse_ranges)]
     up: TimeRanges,
     /// What `flap` and `soak` fail: `default` (soak: the three kinds on rail 0; flap:
-    /// initiator-nic0), `all` (both rails and both default NICs at once) or a list of names.
+    /// initiator-nic0), `all` (both rails, both default NICs at once, and each device failing
+    /// its QPs) or a list of names.
     #[arg(long, default_value = "default", value_parser = TargetSet::parse)]
     targets: TargetSet,
     /// Probability that a `soak` failure starts while the previous one is still down
@@ -469,6 +470,12 @@ fn run(cli: Cli) -> Result<(), String> {
             if !target.recovers() && (duration.is_some() || flap.is_some()) {
                 return Err(format!(
                     "{target} does not come back: --duration and --flap do not apply"
+                ));
+            }
+            if !target.has_up_step() && duration.is_some() {
+                return Err(format!(
+                    "{target} is an instant (the device stays up; the driver repairs its \
+                     QPs): --duration does not apply (--flap repeats it)"
                 ));
             }
             let schedule = match flap {
