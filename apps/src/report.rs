@@ -195,6 +195,9 @@ pub struct FailoverJson {
     pub switch_backs: u64,
     /// Backup sides lost while idle and brought back (reset and reconnected).
     pub backup_rearms: u64,
+    /// Failbacks: the backup failed with traffic on it and the traffic moved back to the
+    /// default path (`docs/failover.md` 5e).
+    pub failbacks: u64,
     /// Failures failover refused to hide.
     pub refusals: u64,
     /// Connection failures.
@@ -223,6 +226,7 @@ impl FailoverJson {
             failovers: st.failovers,
             switch_backs: st.switch_backs,
             backup_rearms: st.backup_rearms,
+            failbacks: st.failbacks,
             refusals: st.refusals,
             errors: st.errors,
             wqes_retransmitted: st.wqes_retransmitted,
@@ -252,6 +256,7 @@ impl FailoverJson {
         self.failovers += other.failovers;
         self.switch_backs += other.switch_backs;
         self.backup_rearms += other.backup_rearms;
+        self.failbacks += other.failbacks;
         self.refusals += other.refusals;
         self.errors += other.errors;
         self.wqes_retransmitted += other.wqes_retransmitted;

@@ -442,6 +442,8 @@ const SEEN_PSN_WRAP: u16 = 1 << 9;
 const SEEN_BACKUP_REPAIRED: u16 = 1 << 10;
 /// A failover round completed after a backup repair (over the repaired backup pair).
 const SEEN_FAILOVER_AFTER_REPAIR: u16 = 1 << 11;
+/// Traffic moved back to the default pair after the backup failed under it (5e).
+const SEEN_FAILBACK: u16 = 1 << 12;
 
 /// One step of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -533,16 +535,24 @@ impl World {
             let actions = self.hosts[host].machine.handle(event, now);
             // What the machine observed is for the driver's log: the model has none, and
             // leaving it queued would split equal states.
+            let mut failed_back = false;
             while let Some(observed) = self.hosts[host].machine.poll_observation() {
-                if matches!(observed, Observation::BackupRepaired { .. }) {
-                    self.seen |= SEEN_BACKUP_REPAIRED;
+                match observed {
+                    Observation::BackupRepaired { .. } => self.seen |= SEEN_BACKUP_REPAIRED,
+                    Observation::FailedBack { .. } => failed_back = true,
+                    _ => {}
                 }
             }
             if actions.len() > MAX_ACTIONS_PER_EVENT {
                 self.violate(TOO_MANY_ACTIONS);
             }
+            let switched_back = self.seen & SEEN_SWITCH_BACK;
             for action in actions {
                 self.perform(model, host, action, &mut events);
+            }
+            if failed_back {
+                // The doorbell it released ends the failback, not a switch-back.
+                self.seen = (self.seen & !SEEN_SWITCH_BACK) | switched_back | SEEN_FAILBACK;
             }
             self.maybe_fence(model, host, &mut events);
         }
@@ -693,8 +703,113 @@ impl World {
                 }
                 self.seen |= SEEN_SWITCH_BACK;
             }
+            Action::DrainForFailback => {
+                // Both QPs are in ERR (the machine moved them just before): what the model's
+                // NIC completed is polled already.
+                let event = self.failback_drained(model, host);
+                events.push_back(event);
+            }
+            Action::FailBack {
+                epoch,
+                skip_through,
+            } => {
+                let ok = self.fail_back(model, host, epoch, skip_through);
+                events.push_back(Event::DefaultQpUp { epoch, ok });
+            }
             Action::SurfaceError { .. } => self.surface_error(host),
         }
+    }
+
+    /// The failback drain: what was sent on either QP and has not completed.
+    fn failback_drained(&mut self, model: &FailoverModel, host: usize) -> Event {
+        let h = &self.hosts[host];
+        let sent = || {
+            h.qps[BACKUP]
+                .sq
+                .iter()
+                .chain(h.qps[DEFAULT].sq.iter())
+                .filter(|e| e.psn.is_some())
+        };
+        let atomic_in_flight =
+            sent().any(|e| matches!(e.wqe, Wqe::App(n) if model.wr(host, n).op == Op::FetchAdd));
+        let sends_before_first_read = sent().find_map(|e| match e.wqe {
+            Wqe::App(n) if model.wr(host, n).op == Op::Read => {
+                Some(u64::from(two_sided_ordinal(model.program(host), n)))
+            }
+            _ => None,
+        });
+        if atomic_in_flight {
+            self.seen |= SEEN_ATOMIC_REFUSED;
+        }
+        Event::FailbackDrained {
+            progress: h.progress,
+            atomic_in_flight,
+            sends_before_first_read,
+        }
+    }
+
+    /// The failback's ring work: the default QP reset and up in `epoch`; the backup's receives
+    /// then the default's on its RQ; the backup's application WQEs then the default's on its
+    /// SQ, those through the peer's `skip_through`-th two-sided send completed, the rest
+    /// withheld. Whether the QP came up (not while its link is known down).
+    fn fail_back(
+        &mut self,
+        model: &FailoverModel,
+        host: usize,
+        epoch: Epoch,
+        skip_through: u64,
+    ) -> bool {
+        let link_down = !self.paths[DEFAULT].up && self.paths[DEFAULT].notified.includes(host);
+        if link_down {
+            return false;
+        }
+        let h = &mut self.hosts[host];
+        let [default, backup] = &mut h.qps;
+        let mut outstanding: Vec<SqEntry> = backup.sq.drain(..).collect();
+        outstanding.append(&mut default.sq);
+        outstanding.retain(|e| matches!(e.wqe, Wqe::App(_)));
+        let mut recvs: Vec<RqEntry> = backup
+            .rq
+            .drain(..)
+            .filter(|e| matches!(e, RqEntry::App(_)))
+            .collect();
+        recvs.extend(
+            default
+                .rq
+                .drain(..)
+                .filter(|e| matches!(e, RqEntry::App(_))),
+        );
+        // The driver's fence was the backup SQ's: gone with it.
+        h.fence = false;
+        h.first_default_error = None;
+        let e = epoch.0 as u8;
+        h.qps[DEFAULT] = Qp::ready(e);
+        h.qps[DEFAULT].rq = recvs;
+        if e >= 4 {
+            self.seen |= SEEN_PSN_WRAP;
+        }
+        if model.policy != Policy::UnboundedPacketLifetime {
+            self.expire_packets(e);
+        }
+        let skip = outstanding
+            .iter()
+            .rposition(|entry| match entry.wqe {
+                Wqe::App(n) => {
+                    model.wr(host, n).op.two_sided()
+                        && u64::from(two_sided_ordinal(model.program(host), n)) < skip_through
+                }
+                _ => false,
+            })
+            .map_or(0, |at| at + 1);
+        for entry in &outstanding[..skip] {
+            if let Wqe::App(n) = entry.wqe {
+                self.complete(model, host, n);
+            }
+        }
+        for entry in &outstanding[skip..] {
+            self.post(model, host, DEFAULT, entry.wqe, false);
+        }
+        true
     }
 
     /// The drain finishes: every completion of the default QP has been polled.
@@ -1644,7 +1759,7 @@ impl Model for FailoverModel {
         ];
         // What the scenario must reach, so that a pass cannot come from a model that never
         // gets there.
-        let coverage: [(u16, &'static str, Condition); 12] = [
+        let coverage: [(u16, &'static str, Condition); 13] = [
             (SEEN_FAILOVER, "a failover completes", |_, w| {
                 w.seen & SEEN_FAILOVER != 0
             }),
@@ -1690,6 +1805,11 @@ impl Model for FailoverModel {
                 SEEN_FAILOVER_AFTER_REPAIR,
                 "a failover completes over a repaired backup pair",
                 |_, w| w.seen & SEEN_FAILOVER_AFTER_REPAIR != 0,
+            ),
+            (
+                SEEN_FAILBACK,
+                "traffic fails back to the default pair when the backup dies under it",
+                |_, w| w.seen & SEEN_FAILBACK != 0,
             ),
             (
                 SEEN_PSN_WRAP,
@@ -1933,7 +2053,8 @@ fn psn_wrap() -> Scenario {
 
 /// A backup device fails its QPs at any point (idle, carrying traffic, during a switch-back):
 /// lost while idle, the backup side is repaired over the default devices' channel and the
-/// next default failure fails over; otherwise the connection fails. Nothing may hang.
+/// next default failure fails over; lost under traffic, the traffic fails back to the
+/// default pair (5e) when its path is up, otherwise the connection fails. Nothing may hang.
 fn backup_qps_fail() -> Scenario {
     Scenario {
         name: "one notification A -> B, a backup device fails its QPs",
@@ -1945,16 +2066,21 @@ fn backup_qps_fail() -> Scenario {
             backup_qp_failures: 1,
             ..budget(1, 1, 0, 0, 3)
         },
-        coverage: SEEN_FAILOVER | SEEN_BACKUP_REPAIRED | SEEN_FAILOVER_AFTER_REPAIR,
+        coverage: SEEN_FAILOVER | SEEN_BACKUP_REPAIRED | SEEN_FAILOVER_AFTER_REPAIR | SEEN_FAILBACK,
     }
 }
 
-/// The backup path fails too, at any point: nothing may hang.
+/// The backup path fails too, at any point: nothing may hang; under traffic with the default
+/// path back, the traffic fails back to it (5e). One notification rather than the NCCL
+/// program: the failback's interleavings made that one four times larger (25.6 million
+/// states, 104 s).
 fn backup_fails_too() -> Scenario {
     Scenario {
-        name: "NCCL-Simple writes A -> B, backup path fails too",
+        name: "one notification A -> B, backup path fails too",
+        programs: [ONE_WRITE_IMM, NOTHING],
+        recvs: [0, 1],
         budget: budget(1, 1, 1, 0, 1),
-        coverage: SEEN_FAILOVER | SEEN_SWITCH_BACK,
+        coverage: SEEN_FAILOVER | SEEN_SWITCH_BACK | SEEN_FAILBACK,
         ..nccl_one_way()
     }
 }

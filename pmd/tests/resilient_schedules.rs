@@ -364,6 +364,9 @@ struct Outcome {
     failovers: u64,
     switch_backs: u64,
     backup_rearms: u64,
+    /// Failbacks: the backup failed with traffic on it and the traffic went back to the
+    /// default pair (QP ends).
+    failbacks: u64,
     failed: bool,
     /// An end failed over again after it had switched back.
     refailed: bool,
@@ -513,6 +516,7 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
         outcome.failovers += stats.failovers;
         outcome.switch_backs += stats.switch_backs;
         outcome.backup_rearms += stats.backup_rearms;
+        outcome.failbacks += stats.failbacks;
         let events = h.qp.events();
         outcome.refailed |= events.iter().enumerate().any(|(k, e)| {
             e.kind == EventKind::SwitchBack
@@ -594,7 +598,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
     let started = std::time::Instant::now();
     let mut failures = String::new();
     let (mut failovers, mut switch_backs, mut failed, mut backup_hurt) = (0, 0, 0, 0);
-    let (mut backup_qps_failed, mut backup_rearms) = (0, 0);
+    let (mut backup_qps_failed, mut backup_rearms, mut failbacks) = (0, 0, 0);
     let mut refailed = 0;
     let (mut sends, mut reads, mut deaths) = (0, 0, 0);
     let mut latencies = Vec::new();
@@ -618,6 +622,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
                 failovers += o.failovers;
                 switch_backs += o.switch_backs;
                 backup_rearms += o.backup_rearms;
+                failbacks += o.failbacks;
                 failed += u64::from(o.failed);
                 refailed += u64::from(o.refailed);
                 latencies.extend(o.latencies_us);
@@ -628,7 +633,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
         }
     }
     eprintln!(
-        "{} schedules in {:.1} s ({} hurt the backup path too, {backup_qps_failed} of them failing the backup device's QPs; {sends} SEND/RECV, {reads} READ, {deaths} kill a default device): {failovers} failovers, {switch_backs} switch-backs, {backup_rearms} backup repairs (QP ends), {refailed} schedules failed over again after a switch-back, {failed} connections failed",
+        "{} schedules in {:.1} s ({} hurt the backup path too, {backup_qps_failed} of them failing the backup device's QPs; {sends} SEND/RECV, {reads} READ, {deaths} kill a default device): {failovers} failovers, {switch_backs} switch-backs, {backup_rearms} backup repairs (QP ends), {failbacks} failbacks to the default (QP ends), {refailed} schedules failed over again after a switch-back, {failed} connections failed",
         seeds.len(),
         started.elapsed().as_secs_f64(),
         backup_hurt,
@@ -676,6 +681,10 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
         assert!(
             refailed > 0,
             "no schedule failed over again after a switch-back"
+        );
+        assert!(
+            failbacks > 0,
+            "no schedule moved its traffic back to the default when the backup failed"
         );
     }
 }

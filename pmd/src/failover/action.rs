@@ -81,6 +81,27 @@ pub enum Action {
         /// Application receives completed so far.
         consumed_through: u64,
     },
+    /// Failback (`docs/failover.md` 5e): poll both CQs until both QPs (moved to ERR just
+    /// before) have completed or flushed every WQE and receive they were told about (or the
+    /// drain deadline passed, for a device that died without flushing): successful
+    /// completions to the WC buffer in order and into the counters, flushes swallowed (the
+    /// WQEs stay in the rings to be moved). Scan the rung, uncompleted send WQEs of both SQs
+    /// for atomics and READs. Report [`Event::FailbackDrained`](super::Event::FailbackDrained).
+    DrainForFailback,
+    /// Failback: take the default QP to RESET and up to RTS in `epoch` (as
+    /// [`Action::BringUpDefaultQp`]), then re-post on it, in order, what was outstanding
+    /// before the reset: the backup RQ's application receives, then the default RQ's (lkeys
+    /// mapped back to the default device; published); the backup SQ's application WQEs, then
+    /// the default SQ's (rung or withheld), keys mapped back, the ones up to and including
+    /// the `skip_through`-th two-sided send completed to the application and not sent again,
+    /// the rest written with the doorbell withheld. Report
+    /// [`Event::DefaultQpUp`](super::Event::DefaultQpUp).
+    FailBack {
+        /// The incarnation both ends bring their default QP up in.
+        epoch: Epoch,
+        /// Two-sided sends the peer has consumed, counted since the connection began.
+        skip_through: u64,
+    },
     /// Ring the default SQ doorbell for every WQE withheld there.
     ReleaseDefaultDoorbell,
     /// Fail the resilient QP, as a plain QP in ERR fails: outstanding WRs (on either QP, rung

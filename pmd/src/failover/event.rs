@@ -102,6 +102,17 @@ pub enum Event {
         /// The counters after the drain.
         progress: Progress,
     },
+    /// [`Action::DrainForFailback`](super::Action::DrainForFailback) is done: both QPs are
+    /// in ERR and flushed, every successful completion is in the WC buffer and counted.
+    FailbackDrained {
+        /// The counters after the drain.
+        progress: Progress,
+        /// An atomic WR was rung (on either QP) and has not completed.
+        atomic_in_flight: bool,
+        /// The two-sided sends posted before the oldest READ that was rung (on either QP) and
+        /// has not completed, if there is one (as [`Event::DefaultDrained`]).
+        sends_before_first_read: Option<u64>,
+    },
     /// Time passed; due at [`Failover::poll_timeout`](super::Failover::poll_timeout).
     Tick,
 }

@@ -31,6 +31,9 @@ pub struct Failover {
     epoch: Epoch,
     /// The epoch of the last failover round this end sent its `Failover` message for.
     last_round: Option<Epoch>,
+    /// The epoch the last failback brought the default pair up in: rearm messages of the
+    /// backup channel for it or earlier ones are stale.
+    last_failback: Option<Epoch>,
     /// Consecutive failed rearm attempts (leader).
     rearm_failures: u32,
     /// Follower: it refused the leader's last rearm attempt and owes it a `RearmReady` once
@@ -90,6 +93,48 @@ enum SendState {
         sends_before: u64,
         notified: Option<Timestamp>,
     },
+    /// The backup failed while traffic depended on it: both directions move to the default
+    /// pair in a new epoch (`docs/failover.md` 5e); sends are withheld on the default QP.
+    FailingBack(FailbackRound),
+}
+
+/// One failback round: both ends put their backup QP and default QP in ERR, drain them,
+/// exchange `Failback` messages on the default devices' channel (an epoch proposal and a
+/// receive counter), bring their default QP up in the higher proposal with their receives on
+/// it, tell each other (`FailbackReady`) and ring the sends the peer did not consume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FailbackRound {
+    step: FailbackStep,
+    /// The peer's `Failback` message, once it arrived.
+    peer: Option<PeerFailback>,
+    /// The peer's `FailbackReady` arrived before this end's default QP was up.
+    peer_ready: bool,
+    /// Past it the connection fails: the handshake timeout while the default link is up, the
+    /// RC retry budget while it is down.
+    deadline: Timestamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PeerFailback {
+    epoch: Epoch,
+    recvs_completed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum FailbackStep {
+    /// Waiting for the driver to drain both QPs.
+    Draining,
+    /// Our `Failback` is sent; waiting for the peer's, and for the default link.
+    AwaitingPeer {
+        drained: Progress,
+        proposed: Epoch,
+        sends_before_first_read: Option<u64>,
+    },
+    /// The default QP is being brought up in `epoch` with the work moved onto it.
+    BringingUp { epoch: Epoch },
+    /// Our receives are on the default QP in `epoch` and the peer was told; waiting for its
+    /// `FailbackReady` to ring our sends.
+    AwaitingReady { epoch: Epoch },
 }
 
 /// One failover round: both ends put their default QP in ERR, drain it, move receives to the
@@ -139,6 +184,9 @@ enum RecvState {
         sends_before: u64,
         redrain_at: Timestamp,
     },
+    /// A failback round: receives are written to the default RQ without being published,
+    /// behind what the round moves there.
+    FailingBack,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -154,6 +202,8 @@ enum DefaultQp {
     },
     /// Follower: being brought up into the current epoch at the leader's request.
     BringingUp,
+    /// Out of its epoch (ERR, then RESET) and brought up again by a failback round.
+    FailingBack,
 }
 
 /// Repairing the backup side (the backup data QP and the control QP on the backup devices,
@@ -204,6 +254,8 @@ pub enum SendPhase {
     WaitSignaled,
     /// State 4: waiting for the fence to complete and the peer to follow.
     WaitDrained,
+    /// A failback round is running: traffic moves from a dead backup to the default pair.
+    FailingBack,
     /// The connection failed.
     Failed,
 }
@@ -245,6 +297,7 @@ impl Failover {
             default_qp: DefaultQp::Live { confirmed: true },
             epoch: Epoch(0),
             last_round: None,
+            last_failback: None,
             rearm_failures: 0,
             owes_rearm_ready: false,
             default_link: Link {
@@ -339,10 +392,31 @@ impl Failover {
                 self.backup_failed(WcStatus::RetryExcErr, false, now, out)
             }
             Event::ControlSendFailed => self.backup_failed(WcStatus::RetryExcErr, true, now, out),
+            // Back to the default pair when the backup dies with traffic on it.
+            Event::Control(Msg::Failback {
+                epoch,
+                recvs_completed,
+            }) => self.peer_failing_back(
+                PeerFailback {
+                    epoch,
+                    recvs_completed,
+                },
+                now,
+                out,
+            ),
+            Event::FailbackDrained {
+                progress,
+                atomic_in_flight,
+                sends_before_first_read,
+            } => self.failback_drained(progress, atomic_in_flight, sends_before_first_read, out),
+            Event::Control(Msg::FailbackReady { epoch }) => self.peer_failback_ready(epoch, out),
             // Repairing a backup side lost while idle.
             Event::DefaultControlFailed => {
                 tracing::warn!("failover: the control QP on the default devices failed; a lost backup side can no longer be repaired");
                 self.default_control_usable = false;
+                if self.failing_back() {
+                    return self.fail(FailReason::BackupUnavailable, out);
+                }
                 if self.backup_repair_in_progress() {
                     self.backup_repair_failed(now);
                 }
@@ -361,7 +435,8 @@ impl Failover {
                 self.default_link = Link {
                     up: true,
                     since: now,
-                }
+                };
+                self.failback_link_up(now, out);
             }
             Event::LinkUp { path: Path::Backup } => {
                 self.backup_link = Link {
@@ -402,7 +477,9 @@ impl Failover {
         }
         match self.send {
             SendState::Default => Route::Default,
-            SendState::FailingOver(_) | SendState::WaitDrained { .. } => Route::DefaultWithheld,
+            SendState::FailingOver(_)
+            | SendState::WaitDrained { .. }
+            | SendState::FailingBack(_) => Route::DefaultWithheld,
             SendState::Fallback | SendState::WaitSignaled => Route::Backup,
         }
     }
@@ -413,7 +490,9 @@ impl Failover {
             return Route::Closed;
         }
         match (self.recv, self.send) {
-            (RecvState::Default, SendState::FailingOver(_)) => Route::DefaultWithheld,
+            (RecvState::Default, SendState::FailingOver(_)) | (RecvState::FailingBack, _) => {
+                Route::DefaultWithheld
+            }
             (RecvState::Default, _) => Route::Default,
             (RecvState::Fallback | RecvState::SwitchingBack { .. }, _) => Route::Backup,
         }
@@ -431,6 +510,7 @@ impl Failover {
         }
         let send = match self.send {
             SendState::FailingOver(round) => Some(round.deadline),
+            SendState::FailingBack(round) => Some(round.deadline),
             SendState::WaitDrained { notified, .. } => notified,
             _ => None,
         };
@@ -476,6 +556,7 @@ impl Failover {
             SendState::Fallback => SendPhase::Fallback,
             SendState::WaitSignaled => SendPhase::WaitSignaled,
             SendState::WaitDrained { .. } => SendPhase::WaitDrained,
+            SendState::FailingBack(_) => SendPhase::FailingBack,
         }
     }
 
@@ -487,7 +568,7 @@ impl Failover {
         match self.recv {
             RecvState::Default => RecvPhase::Default,
             RecvState::Fallback => RecvPhase::Fallback,
-            RecvState::SwitchingBack { .. } => RecvPhase::SwitchingBack,
+            RecvState::SwitchingBack { .. } | RecvState::FailingBack => RecvPhase::SwitchingBack,
         }
     }
 
@@ -497,7 +578,9 @@ impl Failover {
             DefaultQp::Live { confirmed: true } => DefaultQpPhase::Live,
             DefaultQp::Live { confirmed: false } => DefaultQpPhase::Unconfirmed,
             DefaultQp::Dead { .. } => DefaultQpPhase::Dead,
-            DefaultQp::Rearming { .. } | DefaultQp::BringingUp => DefaultQpPhase::Rearming,
+            DefaultQp::Rearming { .. } | DefaultQp::BringingUp | DefaultQp::FailingBack => {
+                DefaultQpPhase::Rearming
+            }
         }
     }
 
@@ -534,6 +617,7 @@ impl Failover {
                 });
                 self.rearm_failed(now);
             }
+            DefaultQp::FailingBack => self.failback_link_down(now),
             _ => {}
         }
     }
@@ -768,11 +852,20 @@ impl Failover {
         now: Timestamp,
         out: &mut Actions,
     ) {
+        if self.failing_back() {
+            // The round moved the backup QP to ERR itself: its flushes, a link that follows.
+            return;
+        }
         if qp_in_error {
             self.backup_lost(now);
         }
         match ErrorClass::of(status) {
             ErrorClass::Refusal => self.fail(FailReason::Refused { status }, out),
+            // The backup QP cannot come back without the peer: move the traffic to the
+            // default pair, at once.
+            _ if self.needs_backup() && qp_in_error && self.may_fail_back() => {
+                self.start_failback(None, now, out)
+            }
             _ if self.needs_backup() && (qp_in_error || self.config.backup_wait.is_zero()) => {
                 self.fail(FailReason::BackupUnavailable, out)
             }
@@ -808,6 +901,9 @@ impl Failover {
                 tracing::warn!(
                     "failover: the backup link did not come back within the RC retry budget"
                 );
+                if self.may_fail_back() && self.default_link.up {
+                    return self.start_failback(None, now, out);
+                }
                 return self.fail(FailReason::BackupUnavailable, out);
             } else if now >= deadline {
                 self.backup_deadline = None;
@@ -821,6 +917,13 @@ impl Failover {
                 notified: Some(deadline),
                 ..
             } if now >= deadline => return self.fail(FailReason::HandshakeTimeout, out),
+            SendState::FailingBack(_) if !self.default_link.up && self.failback_due(now) => {
+                tracing::warn!("failover: failing back, and the default link did not come back within the RC retry budget");
+                return self.fail(FailReason::BackupUnavailable, out);
+            }
+            SendState::FailingBack(_) if self.failback_due(now) => {
+                return self.fail(FailReason::HandshakeTimeout, out)
+            }
             _ => {}
         }
         if let RecvState::SwitchingBack {
@@ -869,7 +972,10 @@ impl Failover {
         self.default_link.up
             && self.backup_link.up
             && self.backup_usable
-            && !matches!(self.send, SendState::FailingOver(_))
+            && !matches!(
+                self.send,
+                SendState::FailingOver(_) | SendState::FailingBack(_)
+            )
     }
 
     /// Leader: the follower refused `epoch` and is ready now; try again without waiting out
@@ -923,6 +1029,11 @@ impl Failover {
 
     /// Follower: the leader's QP has left every epoch before `epoch`.
     fn rearm_requested(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
+        if self.failing_back() || self.last_failback.is_some_and(|last| epoch <= last) {
+            // An attempt of the leader's from before the failback, late on the backup
+            // channel: the failback's epoch is above it, and our QP never enters it.
+            return;
+        }
         if self.config.role == Role::Leader || epoch <= self.epoch {
             return self.protocol_violation("Rearm to a leader or for an old epoch", out);
         }
@@ -932,7 +1043,9 @@ impl Failover {
             && now >= self.default_link.since + self.config.holddown
             && !matches!(self.send, SendState::FailingOver(_));
         match self.default_qp {
-            DefaultQp::Live { confirmed: true } | DefaultQp::Rearming { .. } => {
+            DefaultQp::Live { confirmed: true }
+            | DefaultQp::Rearming { .. }
+            | DefaultQp::FailingBack => {
                 self.protocol_violation("Rearm while the default pair is confirmed", out)
             }
             _ if !ready => {
@@ -1008,6 +1121,7 @@ impl Failover {
                 });
                 self.rearm_failed(now);
             }
+            DefaultQp::FailingBack => self.failback_up(epoch, up, out),
             _ => {}
         }
     }
@@ -1271,6 +1385,254 @@ impl Failover {
         });
     }
 
+    // ---- Failback: the backup dies with traffic on it (docs/failover.md 5e) --------------
+
+    fn failing_back(&self) -> bool {
+        matches!(self.send, SendState::FailingBack(_))
+    }
+
+    /// Whether a backup failure can be answered by moving the traffic to the default pair:
+    /// the default devices' channel works and no failover round is running (the default
+    /// pair failed too: no path is left that the protocol can use).
+    fn may_fail_back(&self) -> bool {
+        self.default_control_usable
+            && !matches!(
+                self.send,
+                SendState::FailingOver(_) | SendState::FailingBack(_)
+            )
+    }
+
+    fn failback_due(&self, now: Timestamp) -> bool {
+        matches!(self.send, SendState::FailingBack(round) if now >= round.deadline)
+    }
+
+    /// The backup failed while traffic depended on it (or the peer said so): both QPs to ERR
+    /// (this end leaves every epoch of both pairs) and drained.
+    fn start_failback(&mut self, peer: Option<PeerFailback>, now: Timestamp, out: &mut Actions) {
+        // The backup pair is gone for this round; the repair brings it back later (5d).
+        self.backup_lost(now);
+        self.backup_deadline = None;
+        let deadline = if self.default_link.up {
+            now + self.config.handshake_timeout
+        } else {
+            // The default link is down too: it may come back within the RC budget (5b).
+            now + self.config.backup_wait
+        };
+        tracing::warn!(epoch = %self.epoch, started_by_peer = peer.is_some(), default_link_up = self.default_link.up, "failover: the backup path failed with traffic on it; failing back to the default path");
+        self.observations
+            .push(Observation::FailbackStarted { epoch: self.epoch });
+        self.send = SendState::FailingBack(FailbackRound {
+            step: FailbackStep::Draining,
+            peer,
+            peer_ready: false,
+            deadline,
+        });
+        self.recv = RecvState::FailingBack;
+        self.default_qp = DefaultQp::FailingBack;
+        self.owes_rearm_ready = false;
+        self.rearm_failures = 0;
+        out.push(Action::MoveQpToErr { path: Path::Backup });
+        out.push(Action::MoveQpToErr {
+            path: Path::Default,
+        });
+        out.push(Action::DrainForFailback);
+    }
+
+    /// The peer's `Failback`: it starts our round, or completes what our round waits for.
+    fn peer_failing_back(&mut self, peer: PeerFailback, now: Timestamp, out: &mut Actions) {
+        if self.last_failback.is_some_and(|last| peer.epoch <= last) {
+            return self.protocol_violation("Failback for an epoch already failed back to", out);
+        }
+        match self.send {
+            SendState::FailingBack(round) if round.peer.is_none() => {
+                self.send = SendState::FailingBack(FailbackRound {
+                    peer: Some(peer),
+                    ..round
+                });
+                self.maybe_bring_up_failback(out);
+            }
+            SendState::FailingBack(_) => {
+                self.protocol_violation("a second Failback in one failback round", out)
+            }
+            // Our default pair failed too: no path is left that the protocol can use.
+            SendState::FailingOver(_) => self.fail(FailReason::BackupUnavailable, out),
+            _ => self.start_failback(Some(peer), now, out),
+        }
+    }
+
+    fn failback_drained(
+        &mut self,
+        progress: Progress,
+        atomic: bool,
+        sends_before_first_read: Option<u64>,
+        out: &mut Actions,
+    ) {
+        let SendState::FailingBack(
+            round @ FailbackRound {
+                step: FailbackStep::Draining,
+                ..
+            },
+        ) = self.send
+        else {
+            return;
+        };
+        if atomic {
+            return self.fail(FailReason::AtomicInFlight, out);
+        }
+        // One past every epoch our default QP was in (it is in ERR now).
+        let proposed = self.epoch.next();
+        out.push(Action::SendControlOnDefault(ControlMessage::Failback {
+            epoch: proposed,
+            recvs_completed: progress.recvs_completed,
+        }));
+        self.send = SendState::FailingBack(FailbackRound {
+            step: FailbackStep::AwaitingPeer {
+                drained: progress,
+                proposed,
+                sends_before_first_read,
+            },
+            ..round
+        });
+        self.maybe_bring_up_failback(out);
+    }
+
+    /// Both `Failback`s known and the default link up: bring the default QP up in the higher
+    /// proposal. Both QPs were in ERR when their message left (H1: neither is in an earlier
+    /// epoch any more), and each proposal is above every epoch its end's QP was in.
+    fn maybe_bring_up_failback(&mut self, out: &mut Actions) {
+        let SendState::FailingBack(round) = self.send else {
+            return;
+        };
+        let (
+            FailbackStep::AwaitingPeer {
+                drained,
+                proposed,
+                sends_before_first_read,
+            },
+            Some(peer),
+        ) = (round.step, round.peer)
+        else {
+            return;
+        };
+        if !self.default_link.up {
+            return;
+        }
+        if peer.recvs_completed > drained.sends_posted {
+            return self.protocol_violation("peer consumed more sends than were posted", out);
+        }
+        if sends_before_first_read.is_some_and(|before| peer.recvs_completed > before) {
+            return self.fail(FailReason::ReadOvertaken, out);
+        }
+        let epoch = proposed.max(peer.epoch);
+        self.epoch = epoch;
+        self.last_failback = Some(epoch);
+        // The backup RQ is left in ERR; the repair resets it, its stale receives with it.
+        self.stale_backup_recvs = 0;
+        out.push(Action::FailBack {
+            epoch,
+            skip_through: peer.recvs_completed,
+        });
+        self.send = SendState::FailingBack(FailbackRound {
+            step: FailbackStep::BringingUp { epoch },
+            ..round
+        });
+    }
+
+    /// The default QP is up in `epoch` with everything moved onto it: receives may be
+    /// posted there directly, and the peer may ring its sends.
+    fn failback_up(&mut self, epoch: Epoch, up: bool, out: &mut Actions) {
+        let SendState::FailingBack(round) = self.send else {
+            return;
+        };
+        if round.step != (FailbackStep::BringingUp { epoch }) {
+            return;
+        }
+        if !up {
+            tracing::warn!(%epoch, "failover: failing back, the default QP did not come up");
+            return self.fail(FailReason::BackupUnavailable, out);
+        }
+        self.recv = RecvState::Default;
+        out.push(Action::SendControlOnDefault(
+            ControlMessage::FailbackReady { epoch },
+        ));
+        if round.peer_ready {
+            return self.finish_failback(epoch, out);
+        }
+        self.send = SendState::FailingBack(FailbackRound {
+            step: FailbackStep::AwaitingReady { epoch },
+            ..round
+        });
+    }
+
+    /// The peer's receives are on its default QP in `epoch`.
+    fn peer_failback_ready(&mut self, epoch: Epoch, out: &mut Actions) {
+        let SendState::FailingBack(round) = self.send else {
+            return self.protocol_violation("FailbackReady outside a failback round", out);
+        };
+        let agreed = match (round.step, round.peer) {
+            (
+                FailbackStep::AwaitingReady { epoch: e } | FailbackStep::BringingUp { epoch: e },
+                _,
+            ) => Some(e),
+            (FailbackStep::AwaitingPeer { proposed, .. }, Some(peer)) => {
+                Some(proposed.max(peer.epoch))
+            }
+            _ => None,
+        };
+        if agreed != Some(epoch) {
+            return self.protocol_violation("FailbackReady for another epoch", out);
+        }
+        match round.step {
+            FailbackStep::AwaitingReady { .. } => self.finish_failback(epoch, out),
+            _ => {
+                self.send = SendState::FailingBack(FailbackRound {
+                    peer_ready: true,
+                    ..round
+                })
+            }
+        }
+    }
+
+    fn finish_failback(&mut self, epoch: Epoch, out: &mut Actions) {
+        out.push(Action::ReleaseDefaultDoorbell);
+        self.send = SendState::Default;
+        self.default_qp = DefaultQp::Live { confirmed: true };
+        tracing::info!(%epoch, "failover: traffic back on the default path after the backup failed");
+        self.observations.push(Observation::FailedBack { epoch });
+    }
+
+    /// The default link went down during a failback: before the default QP is up, the round
+    /// waits for it no longer than the RC retry budget (5b).
+    fn failback_link_down(&mut self, now: Timestamp) {
+        if let SendState::FailingBack(round) = self.send {
+            if matches!(
+                round.step,
+                FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
+            ) {
+                self.send = SendState::FailingBack(FailbackRound {
+                    deadline: round.deadline.min(now + self.config.backup_wait),
+                    ..round
+                });
+            }
+        }
+    }
+
+    /// The default link is back during a failback: the handshake may proceed.
+    fn failback_link_up(&mut self, now: Timestamp, out: &mut Actions) {
+        if let SendState::FailingBack(round) = self.send {
+            if matches!(
+                round.step,
+                FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
+            ) {
+                self.send = SendState::FailingBack(FailbackRound {
+                    deadline: now + self.config.handshake_timeout,
+                    ..round
+                });
+                self.maybe_bring_up_failback(out);
+            }
+        }
+    }
+
     // ---- States 3 -> 4 -> 1: switch back behind a fence ----------------------------------
 
     /// State 3 -> 4: the application's signaled WR on the backup QP is the fence.
@@ -1324,7 +1686,7 @@ impl Failover {
                     redrain_at: now + self.config.redrain_interval,
                 };
             }
-            RecvState::Default | RecvState::SwitchingBack { .. } => {
+            RecvState::Default | RecvState::SwitchingBack { .. } | RecvState::FailingBack => {
                 self.protocol_violation("SwitchBack while receives are not on the backup QP", out)
             }
         }
@@ -1391,7 +1753,14 @@ impl Failover {
             reason,
             FailReason::PeerAborted | FailReason::BackupUnavailable
         );
-        if peer_may_hear {
+        if self.failing_back() || !self.backup_usable && self.last_failback.is_some() {
+            // The backup channel is gone; the default devices' one may still carry it.
+            if reason != FailReason::PeerAborted && self.default_control_usable {
+                out.push(Action::SendControlOnDefault(ControlMessage::Abort {
+                    reason,
+                }));
+            }
+        } else if peer_may_hear {
             out.push(Action::SendControl(ControlMessage::Abort { reason }));
         }
     }

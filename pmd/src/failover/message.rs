@@ -96,6 +96,23 @@ pub enum ControlMessage {
         /// Whether the follower's backup side reached RTS.
         ok: bool,
     },
+    /// On the default devices' channel: "my backup side failed while traffic was on it; my
+    /// backup QP and my default QP are in ERR (they left every epoch), drained: I have
+    /// consumed `recvs_completed` of your two-sided sends. Bring your default QP up in the
+    /// higher of our two `epoch`s." Each end sends it once per failback round; it starts the
+    /// peer's round if the peer had not detected the failure (`docs/failover.md` 5e).
+    Failback {
+        /// The epoch this end proposes: one past every epoch its default QP was in.
+        epoch: Epoch,
+        /// Application receives the sender has completed, counted since the connection began.
+        recvs_completed: u64,
+    },
+    /// On the default devices' channel: "my default QP is in RTS in `epoch` and my receive
+    /// WQEs are on it: ring what you moved there."
+    FailbackReady {
+        /// The incarnation both ends agreed on.
+        epoch: Epoch,
+    },
     /// "I failed the connection; fail yours."
     Abort {
         /// Why the sender failed.
@@ -162,6 +179,8 @@ mod kind {
     pub const BACKUP_LOST: u8 = 9;
     pub const BACKUP_REARM: u8 = 10;
     pub const BACKUP_REARM_DONE: u8 = 11;
+    pub const FAILBACK: u8 = 12;
+    pub const FAILBACK_READY: u8 = 13;
 }
 
 /// A control message as bytes: a view over a buffer of at least [`CONTROL_MESSAGE_LEN`].
@@ -363,6 +382,18 @@ impl ControlRepr {
                 };
                 ControlMessage::BackupRearmDone { epoch, ok }
             }
+            kind::FAILBACK => {
+                unused(b, "b")?;
+                ControlMessage::Failback {
+                    epoch,
+                    recvs_completed: a,
+                }
+            }
+            kind::FAILBACK_READY => {
+                unused(a, "a")?;
+                unused(b, "b")?;
+                ControlMessage::FailbackReady { epoch }
+            }
             kind::ABORT => {
                 let status = u8::try_from(a).map_err(|_| bad("status"))?;
                 let reason =
@@ -399,6 +430,11 @@ impl ControlRepr {
             ControlMessage::BackupRearmDone { epoch, ok } => {
                 (kind::BACKUP_REARM_DONE, epoch, 0, u64::from(ok))
             }
+            ControlMessage::Failback {
+                epoch,
+                recvs_completed,
+            } => (kind::FAILBACK, epoch, recvs_completed, 0),
+            ControlMessage::FailbackReady { epoch } => (kind::FAILBACK_READY, epoch, 0, 0),
             ControlMessage::Abort { reason } => {
                 let (code, status) = reason.code();
                 (kind::ABORT, Epoch(0), u64::from(u8::from(status)), code)
@@ -494,6 +530,11 @@ mod tests {
             ControlMessage::BackupRearm { epoch },
             ControlMessage::BackupRearmDone { epoch, ok: true },
             ControlMessage::BackupRearmDone { epoch, ok: false },
+            ControlMessage::Failback {
+                epoch,
+                recvs_completed: (1 << 40) + 3,
+            },
+            ControlMessage::FailbackReady { epoch },
             ControlMessage::Abort {
                 reason: FailReason::AtomicInFlight,
             },

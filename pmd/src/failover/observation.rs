@@ -28,6 +28,17 @@ pub enum Observation {
         /// The backup epoch it came back in.
         epoch: Epoch,
     },
+    /// The backup failed while traffic depended on it and the default path is up: a failback
+    /// round started (`docs/failover.md` 5e).
+    FailbackStarted {
+        /// The epoch this end was in when the round started.
+        epoch: Epoch,
+    },
+    /// Traffic is back on the default pair after a failback, in `epoch`.
+    FailedBack {
+        /// The epoch the default pair came back in.
+        epoch: Epoch,
+    },
 }
 
 /// What started a failover round.
@@ -45,4 +56,4 @@ pub enum RoundTrigger {
 /// The machine's queue of observations not yet taken. Inline: a call of
 /// [`Failover::handle`](super::Failover::handle) observes at most one of each kind, and the
 /// driver takes them after every call, so nothing allocates.
-pub(super) type Observations = smallvec::SmallVec<[Observation; 3]>;
+pub(super) type Observations = smallvec::SmallVec<[Observation; 4]>;

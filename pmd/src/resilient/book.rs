@@ -34,6 +34,11 @@ pub(super) struct Book {
     pub errored: [Errored; 2],
     /// A drain of the default QP is running.
     pub draining: bool,
+    /// A failback drain of both QPs is running.
+    pub failback_draining: bool,
+    /// A failback moved work onto the default SQ, withheld until the peer is ready: the next
+    /// doorbell release ends the failback, not a switch-back.
+    pub failing_back: bool,
     /// When the running drain stops waiting for flushes (`ResilientConfig::drain_timeout`).
     pub drain_deadline: Option<crate::failover::Timestamp>,
     /// The default device raised its device-fatal event: no flush will ever come.

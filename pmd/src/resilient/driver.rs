@@ -87,7 +87,7 @@ impl ResilientQp {
             Source::Timer => self.tick(),
             Source::BackupCq => self.collect(Path::Backup),
             Source::DefaultCq => self.collect(Path::Default),
-            Source::Drain => self.check_drain(),
+            Source::Drain => self.check_drain() | self.check_failback_drain(),
         }
     }
 
@@ -97,7 +97,10 @@ impl ResilientQp {
             None
         } else {
             let machine = s.machine.as_ref().and_then(|m| m.poll_timeout());
-            let drain = s.book.drain_deadline.filter(|_| s.book.draining);
+            let drain = s
+                .book
+                .drain_deadline
+                .filter(|_| s.book.draining || s.book.failback_draining);
             match (machine, drain) {
                 (Some(m), Some(d)) => Some(m.min(d)),
                 (m, d) => m.or(d),
@@ -108,11 +111,18 @@ impl ResilientQp {
                 matches!(
                     m.default_qp_phase(),
                     DefaultQpPhase::Live | DefaultQpPhase::Unconfirmed
-                ) && m.send_phase() != SendPhase::FailingOver
+                ) && !matches!(
+                    m.send_phase(),
+                    SendPhase::FailingOver | SendPhase::FailingBack
+                )
             });
         let b = &s.book;
         let busy = s.failed.is_none()
-            && (b.draining || b.fence.is_some() || b.probe.is_some() || !s.events.is_empty());
+            && (b.draining
+                || b.failback_draining
+                || b.fence.is_some()
+                || b.probe.is_some()
+                || !s.events.is_empty());
         self.shared.publish(deadline, armed, busy);
     }
 
@@ -312,6 +322,8 @@ impl ResilientQp {
             }
             Observation::SwitchBackStarted { .. } => log.switch_started(now),
             Observation::BackupRepaired { epoch } => log.backup_repaired(epoch.0),
+            Observation::FailbackStarted { epoch } => log.failback_started(now, epoch.0),
+            Observation::FailedBack { epoch } => log.failed_back(now, epoch.0),
         }
     }
 

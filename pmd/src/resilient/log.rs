@@ -28,6 +28,8 @@ pub(super) struct FailoverLog {
     awaiting_success: Option<usize>,
     /// When the send queue started switching back.
     switch_started: Option<Timestamp>,
+    /// When the failback in progress started.
+    failback_started: Option<Timestamp>,
     /// Receives moved by the round in progress, for its entry.
     round_recvs_copied: u64,
     clock: Clock,
@@ -46,6 +48,7 @@ impl FailoverLog {
             round: None,
             awaiting_success: None,
             switch_started: None,
+            failback_started: None,
             round_recvs_copied: 0,
             clock,
             device,
@@ -136,6 +139,43 @@ impl FailoverLog {
     /// The send queue started switching back at `now`.
     pub fn switch_started(&mut self, now: Timestamp) {
         self.switch_started = Some(now);
+    }
+
+    /// A failback round started at `now` in `epoch`: the backup failed with traffic on it.
+    pub fn failback_started(&mut self, now: Timestamp, epoch: u32) {
+        tracing::warn!(qp = %self.qp, device = %self.device, epoch, "failover: the backup failed with traffic on it; failing back");
+        self.failback_started = Some(now);
+        // A switch-back under way is replaced by the failback.
+        self.switch_started = None;
+    }
+
+    /// The failback moved `reposted` sends and `recvs` receives to the default QP and
+    /// completed `skipped` sends the peer had consumed.
+    pub fn failback_moved(
+        &mut self,
+        now: Timestamp,
+        reposted: u64,
+        skipped: u64,
+        recvs: u64,
+        epoch: u32,
+    ) {
+        self.stats.wqes_copied += reposted + recvs;
+        self.stats.wqes_retransmitted += reposted;
+        self.stats.wqes_skipped += skipped;
+        tracing::debug!(qp = %self.qp, epoch, reposted, skipped, recvs, elapsed_us = self.failback_started.map_or(0.0, |t| now.saturating_since(t).as_secs_f64() * 1e6), "failover: failback moved the work");
+    }
+
+    /// The failback ended at `now`: traffic is back on the default QP in `epoch`.
+    pub fn failed_back(&mut self, now: Timestamp, epoch: u32) {
+        self.stats.failbacks += 1;
+        let started = self.failback_started.take().unwrap_or(now);
+        tracing::info!(
+            qp = %self.qp,
+            device = %self.device,
+            epoch,
+            elapsed_us = now.saturating_since(started).as_secs_f64() * 1e6,
+            "failover: traffic back on the default QP after the backup failed"
+        );
     }
 
     /// The backup side, lost while idle, is back in backup epoch `backup_epoch`.

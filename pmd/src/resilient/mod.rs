@@ -50,6 +50,7 @@ mod context;
 mod control;
 mod dereg_error;
 mod driver;
+mod failback;
 mod link;
 mod log;
 mod mailbox;

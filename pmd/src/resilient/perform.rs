@@ -85,9 +85,18 @@ impl ResilientQp {
             Action::MoveRecvsToDefault { consumed_through } => {
                 self.move_recvs_to_default(consumed_through)
             }
+            Action::DrainForFailback => self.drain_for_failback(now),
+            Action::FailBack {
+                epoch,
+                skip_through,
+            } => self.fail_back(epoch, skip_through, now),
             Action::ReleaseDefaultDoorbell => {
                 self.default.ring_doorbell();
                 let epoch = self.epoch();
+                if std::mem::take(&mut self.slow.book.failing_back) {
+                    // The end of a failback, counted by its observation, not a switch-back.
+                    return;
+                }
                 self.slow.log.switched_back(now, epoch);
             }
             Action::SurfaceError { status, reason } => self.surface(status, reason, now),
@@ -114,7 +123,7 @@ impl ResilientQp {
         }
     }
 
-    fn reset_default(&mut self) {
+    pub(super) fn reset_default(&mut self) {
         // Read before the reset takes the rings back to index 0.
         let rq_completed = self.default.recv_queue().completed();
         if let Err(e) = self.default.modify(QpState::Reset, &QpAttr::default()) {
@@ -125,7 +134,7 @@ impl ResilientQp {
     }
 
     /// RESET -> INIT -> RTR -> RTS with the application's attributes and the PSNs of `epoch`.
-    fn bring_up_default(&mut self, epoch: Epoch) -> Result<(), ModifyError> {
+    pub(super) fn bring_up_default(&mut self, epoch: Epoch) -> Result<(), ModifyError> {
         let qpn = self.slow.env.default_qpn;
         let missing = |state| ModifyError::NotSaved { qpn, state };
         let base = &self
@@ -472,6 +481,8 @@ impl ResilientQp {
         self.collect(Path::Default);
         self.slow.failed = Some(reason);
         self.slow.book.draining = false;
+        self.slow.book.failback_draining = false;
+        self.slow.book.failing_back = false;
         let refusing = match reason {
             FailReason::Refused { .. } => [Path::Default, Path::Backup].into_iter().find_map(|p| {
                 let wc = self.slow.book.errored(p).error_wc?;
@@ -555,7 +566,10 @@ fn empty_write() -> SendWr<'static> {
 
 /// Rewrites the lkeys of a receive WQE's data segments (up to the terminator) through `map`;
 /// the first lkey without a mapping is the error.
-fn rewrite_recv_keys(bytes: &mut [u8], map: impl Fn(u32) -> Option<u32>) -> Result<(), u32> {
+pub(super) fn rewrite_recv_keys(
+    bytes: &mut [u8],
+    map: impl Fn(u32) -> Option<u32>,
+) -> Result<(), u32> {
     for seg in bytes.chunks_exact_mut(hw_defs::mlx5::data_seg::SIZE) {
         let mut seg = DataSeg::new_unchecked(seg);
         if seg.is_terminator() {
@@ -572,7 +586,7 @@ fn rewrite_recv_keys(bytes: &mut [u8], map: impl Fn(u32) -> Option<u32>) -> Resu
 
 /// The rkey of a raw send WQE that has a remote-address segment, and whether the WQE names
 /// remote memory (it carries data, or is an atomic): a zero-length WRITE does not.
-fn wqe_rkey(wqe: &[u8]) -> Option<(u32, bool)> {
+pub(super) fn wqe_rkey(wqe: &[u8]) -> Option<(u32, bool)> {
     use hw_defs::mlx5::{ctrl_seg, raddr_seg, wqe, CtrlSeg, RaddrSeg};
     let ctrl = CtrlSeg::new_checked(wqe).ok()?;
     let opcode = ctrl.opcode();

@@ -53,18 +53,22 @@ pub enum ResilientState {
     WaitSignaled,
     /// The fence is on the backup QP; later sends wait on the default QP.
     WaitDrained,
+    /// The backup failed with traffic on it; the traffic is moving to the default QP.
+    FailingBack,
     /// The connection failed.
     Failed,
 }
 
 impl ResilientState {
     /// The name the apps' JSON timeline uses (`default | fallback | wait-signaled |
-    /// wait-drained | failed`; a running round counts as fallback, an unprotected QP as
-    /// default).
+    /// wait-drained | failed`; a running round, failover or failback, counts as fallback, an
+    /// unprotected QP as default).
     pub fn as_str(self) -> &'static str {
         match self {
             ResilientState::Unprotected | ResilientState::Default => "default",
-            ResilientState::FailingOver | ResilientState::Fallback => "fallback",
+            ResilientState::FailingOver
+            | ResilientState::Fallback
+            | ResilientState::FailingBack => "fallback",
             ResilientState::WaitSignaled => "wait-signaled",
             ResilientState::WaitDrained => "wait-drained",
             ResilientState::Failed => "failed",
@@ -563,6 +567,7 @@ impl ResilientQp {
                 SendPhase::Fallback => ResilientState::Fallback,
                 SendPhase::WaitSignaled => ResilientState::WaitSignaled,
                 SendPhase::WaitDrained => ResilientState::WaitDrained,
+                SendPhase::FailingBack => ResilientState::FailingBack,
                 SendPhase::Failed => ResilientState::Failed,
             },
         }
@@ -863,6 +868,7 @@ impl ResilientQp {
             && s.wcs.is_empty()
             && s.events.is_empty()
             && !s.book.draining
+            && !s.book.failback_draining
             && s.book.fence.is_none()
             && s.book.probe.is_none();
     }

@@ -15,6 +15,9 @@ pub struct FailoverStats {
     /// Backup sides lost while the connection ran on the default path and brought back
     /// (backup data QP and backup control QP reset and reconnected with the peer).
     pub backup_rearms: u64,
+    /// Failbacks completed: the backup failed while traffic depended on it and the traffic
+    /// moved back to the default QP in a new epoch (`docs/failover.md` 5e).
+    pub failbacks: u64,
     /// Failures failover refused to hide (protection errors, an atomic in flight).
     pub refusals: u64,
     /// Connection failures for any other reason (both paths down, a peer that stopped
