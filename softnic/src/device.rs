@@ -494,6 +494,42 @@ impl Device {
         Ok(())
     }
 
+    /// Moves every QP of `qpns` to ERR (as [`Device::modify_qp`] to ERR does, flushing what
+    /// is posted), under one lock of the device: what a link-down does to every QP of the
+    /// device at once. One result per QP, in order, in `out` (cleared first).
+    pub fn set_qps_error(&self, qpns: &[u32], out: &mut Vec<Result<(), DeviceError>>) {
+        out.clear();
+        let attrs = QpAttrs::default();
+        let mut guard = self.shared.lock_core();
+        let core = &mut *guard;
+        for &qpn in qpns {
+            let Some(qp) = Core::qp_index(qpn)
+                .and_then(|i| core.qps.get_mut(i))
+                .and_then(|q| q.as_mut())
+            else {
+                out.push(Err(DeviceError::UnknownQp(qpn)));
+                continue;
+            };
+            if let Err(e) = check_transition(qp.state, QpState::Err, &attrs) {
+                out.push(Err(e.into()));
+                continue;
+            }
+            if core.dead {
+                // A dead device flushes nothing.
+                qp.state = QpState::Err;
+            } else {
+                let mut ectx = ErrorCtx {
+                    cqs: &mut core.cqs,
+                    events: &self.shared.events,
+                };
+                qp.enter_error(None, &mut ectx);
+                // Rounds flush what is posted from now on.
+                core.active.mark(qp);
+            }
+            out.push(Ok(()));
+        }
+    }
+
     /// The QP's state and attributes (`ibv_query_qp`).
     pub fn query_qp(&self, qpn: u32) -> Result<(QpState, QpAttrs), DeviceError> {
         let mut core = self.shared.lock_core();

@@ -218,6 +218,54 @@ impl QpHandle {
         self.ctl.modify(QpState::Err, &QpAttr::default())
     }
 
+    /// Moves every QP of `handles` to ERR now, as [`QpHandle::set_error`] does, one result per
+    /// QP in order in `out`: the QPs of one device in one call to the device (softnic takes
+    /// its lock once, not once per QP against an engine that holds it for whole rounds).
+    /// What the link watch does to every default QP of a device that went down. QPs of
+    /// different devices are moved one at a time.
+    pub fn set_error_all(handles: &[&QpHandle], out: &mut Vec<Result<(), ModifyError>>) {
+        out.clear();
+        let Some(first) = handles.first() else {
+            return;
+        };
+        let ctx = first.ctl.pd.context();
+        if handles
+            .iter()
+            .any(|h| !Arc::ptr_eq(h.ctl.pd.context(), ctx))
+        {
+            out.extend(handles.iter().map(|h| h.set_error()));
+            return;
+        }
+        let attr = QpAttr::default();
+        // Each QP's `saved` lock is held from its check to its record, as `modify` does, so
+        // no transition of the owner's can come between.
+        let mut checked = Vec::with_capacity(handles.len());
+        let mut raw = Vec::with_capacity(handles.len());
+        for (i, h) in handles.iter().enumerate() {
+            let saved = h.ctl.saved.lock().unwrap_or_else(|p| p.into_inner());
+            let from = h.ctl.state();
+            match check_transition(from, QpState::Err, attr.mask()) {
+                Ok(()) => {
+                    out.push(Ok(()));
+                    raw.push(h.ctl.handle);
+                    checked.push((i, from, saved));
+                }
+                Err(e) => out.push(Err(e.into())),
+            }
+        }
+        let mut done = Vec::with_capacity(raw.len());
+        ctx.provider().set_qps_error(&raw, &mut done);
+        for ((i, from, mut saved), result) in checked.into_iter().zip(done) {
+            match result {
+                Ok(()) => {
+                    handles[i].ctl.gate.set_state(QpState::Err);
+                    saved.record(from, QpState::Err, &attr);
+                }
+                Err(e) => out[i] = Err(e.into()),
+            }
+        }
+    }
+
     /// Moves the QP to `to` with `attr`, through the transition table, from any thread: what
     /// the service lcore uses to bring up a QP whose datapath belongs to another lcore. A
     /// move to RESET is refused ([`ModifyError::ResetNeedsQp`]): it resets ring indices that

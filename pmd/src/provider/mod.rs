@@ -284,6 +284,17 @@ pub trait Provider: Send + Sync + 'static {
     /// Moves a QP to `to` with `attr`. The caller has checked the transition against
     /// [`crate::qp_state::check_transition`]. A move to RESET returns the rings to index 0.
     fn modify_qp(&self, qp: Handle, to: QpState, attr: &QpAttr) -> Result<(), VerbsError>;
+    /// Moves every QP of `qps` to ERR, one result per QP in order in `out` (cleared first):
+    /// what a link-down does to every QP of a device at once. The caller has checked each
+    /// transition. The default moves them one at a time; a provider whose modify takes a
+    /// device-wide lock (softnic) takes it once.
+    fn set_qps_error(&self, qps: &[Handle], out: &mut Vec<Result<(), VerbsError>>) {
+        out.clear();
+        out.extend(
+            qps.iter()
+                .map(|&qp| self.modify_qp(qp, QpState::Err, &QpAttr::default())),
+        );
+    }
     /// The QP's state as the device sees it (it may have moved to ERR on its own).
     fn query_qp(&self, qp: Handle) -> Result<QpState, VerbsError>;
     /// Destroys a QP; its rings must not be touched afterwards.

@@ -542,6 +542,17 @@ impl Provider for SoftProvider {
             .map_err(|e| verbs(&self.name, "modify_qp", e))
     }
 
+    fn set_qps_error(&self, qps: &[Handle], out: &mut Vec<Result<(), VerbsError>>) {
+        let qpns: Vec<u32> = qps.iter().map(|qp| qp.0 as u32).collect();
+        let mut done = Vec::with_capacity(qpns.len());
+        self.device.set_qps_error(&qpns, &mut done);
+        out.clear();
+        out.extend(
+            done.into_iter()
+                .map(|r| r.map_err(|e| verbs(&self.name, "modify_qp (ERR, batched)", e))),
+        );
+    }
+
     fn query_qp(&self, qp: Handle) -> Result<QpState, VerbsError> {
         self.device
             .query_qp(qp.0 as u32)

@@ -23,15 +23,16 @@
 //! read; so no message overwrites a slot before it is read, even on a NIC that places a
 //! WRITE_WITH_IMM's data before it finds the receive WQE missing (softnic checks first).
 //!
-//! The service lcore polls the channel (its CQ has completion events, so an idle service
-//! sleeps until a message comes) and hands messages to the resilient QP's mailbox; the QP's
-//! own lcore sends. Both take the channel's lock: control messages are rare, and the lock
-//! never sits on the application's datapath.
+//! The service lcore polls the channel's CQ, which it shares with the other channels of its
+//! device ([`super::control_cq`]; the CQ has completion events, so an idle service sleeps
+//! until a message comes), and hands messages to the resilient QP's mailbox; the QP's own
+//! lcore sends. Both take the channel's lock: control messages are rare, and the lock never
+//! sits on the application's datapath.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::control::ModifyError;
-use crate::control::{Cq, Pd, Qp, RegisteredBuffer};
+use crate::control::{Pd, Qp, RegisteredBuffer};
 use crate::datapath::wr::{RecvWr, Remote, SendOp, SendWr, WcOpcode, WorkCompletion};
 use crate::failover::{
     ControlMessage, ControlPacket, ControlRepr, Epoch, Event, Path, CONTROL_MESSAGE_LEN,
@@ -39,6 +40,9 @@ use crate::failover::{
 use crate::provider::VerbsError;
 use crate::qp_state::QpState;
 use crate::verbs::{random_psn, Access, AddressVector, Gid, QpAttr, QpCaps};
+
+use super::control_cq::{ControlCqs, Reservation};
+use super::mailbox::QpShared;
 
 /// Why a control message could not be sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,7 +61,6 @@ struct Inner {
     /// In the channel's own protection domain (the QP and the ring's MR keep it alive), which
     /// holds only the ring.
     qp: Qp,
-    cq: Cq,
     /// This end's control ring: where the peer writes its messages.
     ring: RegisteredBuffer,
     /// Receive WQEs kept posted; the ring has twice as many slots.
@@ -79,11 +82,6 @@ struct Inner {
     peer: Option<PeerLink>,
     /// Messages dropped: out of sequence, not one whole slot, or not a ring write.
     dropped: u64,
-    /// The CQ was armed once: from then on it is either armed or its event is pending (its
-    /// descriptor readable), so a service thread that sleeps on it need not touch it until
-    /// the descriptor says so.
-    armed: bool,
-    wcs: [WorkCompletion; 16],
 }
 
 /// What [`ControlChannel::connect`] was told of the peer, kept for a reconnection in a new
@@ -106,6 +104,11 @@ pub(crate) struct ControlChannel {
     qpn: u32,
     /// The first PSN this end sends.
     send_psn: u32,
+    /// Its place in the device's shared control CQ, where its completions arrive.
+    cq: Reservation,
+    /// The mailbox of the resilient QP the channel serves: where the service puts what it
+    /// polls for the channel.
+    owner: OnceLock<Weak<QpShared>>,
 }
 
 impl std::fmt::Debug for ControlChannel {
@@ -151,69 +154,91 @@ const SEND_WR_ID: u64 = u64::MAX;
 const RECV_WR_ID: u64 = 0;
 
 impl ControlChannel {
-    /// Creates the control QP, its CQ (with completion events) and its ring on the device of
-    /// the backup PD `backup_pd`, in a protection domain of the channel's own.
+    /// Creates the control QP and its ring on the device of the backup PD `backup_pd`, in a
+    /// protection domain of the channel's own, its completions going to a CQ of `cqs` shared
+    /// with the device's other channels.
     pub fn create(
         backup_pd: &Arc<Pd>,
         depth: u32,
         local_default_qpn: u32,
-    ) -> Result<ControlChannel, VerbsError> {
-        Self::create_on(Path::Backup, backup_pd, depth, local_default_qpn)
+        cqs: &ControlCqs,
+    ) -> Result<Arc<ControlChannel>, VerbsError> {
+        Self::create_on(Path::Backup, backup_pd, depth, local_default_qpn, cqs)
     }
 
-    /// Creates a control QP, its CQ and its ring on the device of `pd`, which is `path`'s
-    /// device, in a protection domain of the channel's own.
+    /// Creates a control QP and its ring on the device of `pd`, which is `path`'s device, in
+    /// a protection domain of the channel's own, its completions going to a CQ of `cqs`
+    /// shared with the device's other channels.
     pub fn create_on(
         path: Path,
         pd: &Arc<Pd>,
         depth: u32,
         local_default_qpn: u32,
-    ) -> Result<ControlChannel, VerbsError> {
-        let backup_pd = pd;
+        cqs: &ControlCqs,
+    ) -> Result<Arc<ControlChannel>, VerbsError> {
         // A power of two, so the slot of a message number stays consistent when the 32-bit
         // numbers wrap.
         let depth = depth.max(4).next_power_of_two();
-        let ctx = backup_pd.context();
-        let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(2 * depth, true)?;
-        let qp = pd.create_qp(
-            &cq,
-            &cq,
-            QpCaps {
-                max_send_wr: depth,
-                max_recv_wr: depth,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: CONTROL_MESSAGE_LEN as u32,
-            },
-        )?;
-        let ring = pd.alloc_buffer(
+        let ctx = pd.context();
+        let own_pd = ctx.alloc_pd()?;
+        let cq = cqs.reserve(ctx, depth)?;
+        let qp = cq.cq.with_cq(|shared| {
+            own_pd.create_qp(
+                shared,
+                shared,
+                QpCaps {
+                    max_send_wr: depth,
+                    max_recv_wr: depth,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: CONTROL_MESSAGE_LEN as u32,
+                },
+            )
+        })?;
+        let ring = own_pd.alloc_buffer(
             2 * depth as usize * CONTROL_MESSAGE_LEN,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )?;
         // Receives may be posted from INIT on: `init` posts them.
         let qpn = qp.qpn();
-        Ok(ControlChannel {
+        let channel = Arc::new(ControlChannel {
             inner: Mutex::new(Inner {
                 qp,
-                cq,
                 ring,
                 depth,
                 peer_ring: None,
                 next_send: 0,
                 next_recv: 0,
-                armed: false,
                 peer_default_qpn: 0,
                 local_default_qpn,
                 broken: false,
                 peer: None,
                 dropped: 0,
-                wcs: [WorkCompletion::EMPTY; 16],
             }),
             path,
             qpn,
             send_psn: random_psn(),
-        })
+            cq,
+            owner: OnceLock::new(),
+        });
+        channel.cq.cq.attach(qpn, &channel);
+        Ok(channel)
+    }
+
+    /// Names the mailbox of the QP the channel serves (once).
+    pub fn set_owner(&self, owner: &Arc<QpShared>) {
+        let _ = self.owner.set(Arc::downgrade(owner));
+    }
+
+    /// The mailbox of the QP the channel serves, while it lives.
+    pub fn owner(&self) -> Option<Arc<QpShared>> {
+        self.owner.get().and_then(Weak::upgrade)
+    }
+
+    /// The shared CQ the channel's completions arrive on.
+    #[cfg(test)]
+    pub fn control_cq(&self) -> &Arc<super::control_cq::ControlCq> {
+        &self.cq.cq
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -330,10 +355,12 @@ impl ControlChannel {
     /// posted again. The channel sends nothing until [`ControlChannel::reconnect`].
     pub fn reset(&self) -> Result<(), ModifyError> {
         {
+            // The shared CQ's lock first (`control_cq`'s lock order): a completion the
+            // service polled before the reset is handed over before it, and the reset has the
+            // QP's CQEs still in the ring dropped at the next poll.
+            let _polling = self.cq.cq.polling();
             let mut c = self.lock();
             c.qp.modify(QpState::Reset, &QpAttr::default())?;
-            let c = &mut *c;
-            while c.cq.poll(&mut c.wcs) > 0 {}
             c.next_send = 0;
             c.next_recv = 0;
             // Nothing may be sent before the reconnection.
@@ -392,87 +419,92 @@ impl ControlChannel {
         Ok(())
     }
 
-    /// Polls the channel: messages for us become [`Event::Control`], a failed completion
-    /// becomes one [`Event::ControlSendFailed`] (the channel is then dead). Returns whether
-    /// anything was polled.
-    pub fn poll(&self, out: &mut Vec<Event>) -> bool {
-        let mut c = self.lock();
-        let mut any = false;
-        loop {
-            let c = &mut *c;
-            let n = c.cq.poll(&mut c.wcs);
-            if n == 0 {
-                break;
+    /// Takes one completion of the channel's QP (the shared CQ's poll hands it over): a
+    /// message for us becomes [`Event::Control`], a failed completion one
+    /// [`Event::ControlSendFailed`] (the channel is then dead).
+    pub fn take(&self, wc: &WorkCompletion, out: &mut Vec<Event>) {
+        let mut guard = self.lock();
+        let c = &mut *guard;
+        if !wc.is_ok() {
+            if !c.broken {
+                tracing::warn!(control_qpn = self.qpn, path = ?self.path, status = ?wc.status, "failover: control QP failed");
+                c.broken = true;
+                out.push(match self.path {
+                    Path::Backup => Event::ControlSendFailed,
+                    Path::Default => Event::DefaultControlFailed,
+                });
             }
-            any = true;
-            for i in 0..n {
-                let wc = c.wcs[i];
-                if !wc.is_ok() {
-                    if !c.broken {
-                        tracing::warn!(control_qpn = self.qpn, path = ?self.path, status = ?wc.status, "failover: control QP failed");
-                        c.broken = true;
-                        out.push(match self.path {
-                            Path::Backup => Event::ControlSendFailed,
-                            Path::Default => Event::DefaultControlFailed,
-                        });
-                    }
-                    continue;
-                }
-                if wc.wr_id == SEND_WR_ID {
-                    continue;
-                }
-                let (Some(number), WcOpcode::RecvRdmaWithImm) = (wc.imm, wc.opcode) else {
-                    // A SEND from a peer that does not write: nothing to read.
-                    tracing::warn!(control_qpn = self.qpn, opcode = ?wc.opcode, "failover: control message without a ring slot dropped");
-                    Self::drop_unread(c, self.qpn);
-                    continue;
-                };
-                if wc.byte_len != CONTROL_MESSAGE_LEN as u32 {
-                    // Every message is one whole slot; a shorter or longer write is not ours
-                    // (and a longer one already hit the next slot: only its own slot is read).
-                    tracing::warn!(
-                        control_qpn = self.qpn,
-                        number,
-                        bytes = wc.byte_len,
-                        "failover: control message that is not one whole slot dropped"
-                    );
-                    Self::drop_unread(c, self.qpn);
-                    continue;
-                }
-                if number != c.next_recv {
-                    // RC delivers in order: a gap or a repeat means a peer that does not follow
-                    // the format, or a forged packet; the slot it names is not read.
-                    tracing::warn!(
-                        control_qpn = self.qpn,
-                        number,
-                        expected = c.next_recv,
-                        "failover: control message out of sequence dropped"
-                    );
-                    Self::drop_unread(c, self.qpn);
-                    continue;
-                }
-                c.next_recv = number.wrapping_add(1);
-                let slot = (number % (2 * c.depth)) as usize;
-                let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
-                c.ring.read(slot * CONTROL_MESSAGE_LEN, &mut bytes);
-                match ControlPacket::new_checked(&bytes[..]).and_then(|p| ControlRepr::parse(&p)) {
-                    Ok(repr) if repr.dest_qpn == c.local_default_qpn => {
-                        out.push(Event::Control(repr.message))
-                    }
-                    Ok(repr) => tracing::warn!(
-                        control_qpn = self.qpn,
-                        dest_qpn = repr.dest_qpn,
-                        "failover: control message for another QP dropped"
-                    ),
-                    Err(e) => {
-                        tracing::warn!(control_qpn = self.qpn, error = %e, "failover: malformed control message dropped")
-                    }
-                }
-                // Only now may the peer's message `number + 2 x depth` reuse the slot.
-                Self::repost(c, self.qpn);
+            return;
+        }
+        if wc.wr_id == SEND_WR_ID {
+            return;
+        }
+        let (Some(number), WcOpcode::RecvRdmaWithImm) = (wc.imm, wc.opcode) else {
+            // A SEND from a peer that does not write: nothing to read.
+            tracing::warn!(control_qpn = self.qpn, opcode = ?wc.opcode, "failover: control message without a ring slot dropped");
+            Self::drop_unread(c, self.qpn);
+            return;
+        };
+        if wc.byte_len != CONTROL_MESSAGE_LEN as u32 {
+            // Every message is one whole slot; a shorter or longer write is not ours (and a
+            // longer one already hit the next slot: only its own slot is read).
+            tracing::warn!(
+                control_qpn = self.qpn,
+                number,
+                bytes = wc.byte_len,
+                "failover: control message that is not one whole slot dropped"
+            );
+            Self::drop_unread(c, self.qpn);
+            return;
+        }
+        if number != c.next_recv {
+            // RC delivers in order: a gap or a repeat means a peer that does not follow the
+            // format, or a forged packet; the slot it names is not read.
+            tracing::warn!(
+                control_qpn = self.qpn,
+                number,
+                expected = c.next_recv,
+                "failover: control message out of sequence dropped"
+            );
+            Self::drop_unread(c, self.qpn);
+            return;
+        }
+        c.next_recv = number.wrapping_add(1);
+        let slot = (number % (2 * c.depth)) as usize;
+        let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
+        c.ring.read(slot * CONTROL_MESSAGE_LEN, &mut bytes);
+        match ControlPacket::new_checked(&bytes[..]).and_then(|p| ControlRepr::parse(&p)) {
+            Ok(repr) if repr.dest_qpn == c.local_default_qpn => {
+                out.push(Event::Control(repr.message))
+            }
+            Ok(repr) => tracing::warn!(
+                control_qpn = self.qpn,
+                dest_qpn = repr.dest_qpn,
+                "failover: control message for another QP dropped"
+            ),
+            Err(e) => {
+                tracing::warn!(control_qpn = self.qpn, error = %e, "failover: malformed control message dropped")
             }
         }
-        any
+        // Only now may the peer's message `number + 2 x depth` reuse the slot.
+        Self::repost(c, self.qpn);
+    }
+
+    /// Polls the channel's shared CQ; what it brings for this channel goes to `out`, what it
+    /// brings for another channel to that channel's owner. Returns whether anything was
+    /// polled. (The service polls the shared CQs themselves.)
+    #[cfg(test)]
+    pub fn poll(&self, out: &mut Vec<Event>) -> bool {
+        let mut scratch = Vec::new();
+        self.cq.cq.poll(&mut scratch, |channel, events| {
+            if std::ptr::eq(channel, self) {
+                out.append(events);
+            } else if let Some(owner) = channel.owner() {
+                for e in events.drain(..) {
+                    owner.post(super::mailbox::Mail::Event(e));
+                }
+            }
+        })
     }
 
     /// A message not taken: counted, and its receive WQE posted again.
@@ -485,40 +517,6 @@ impl ControlChannel {
         if let Err(e) = c.qp.post_recv(&RecvWr::new(RECV_WR_ID, &[])) {
             tracing::warn!(control_qpn = qpn, error = %e, "failover: control receive not reposted");
         }
-    }
-
-    /// Arms the CQ's completion event: the next completion makes [`ControlChannel::event_fd`]
-    /// readable. Poll again after arming, or a completion written just before is missed.
-    pub fn arm(&self) {
-        let mut c = self.lock();
-        match c.cq.arm() {
-            Ok(()) => c.armed = true,
-            Err(e) => {
-                tracing::warn!(control_qpn = self.qpn, error = %e, "failover: cannot arm the control CQ")
-            }
-        }
-    }
-
-    /// Whether a service thread sleeping on the channel's descriptor must take its event,
-    /// poll and re-arm it now: it was never armed, its CQ has no descriptor, or the
-    /// descriptor was readable at the last `poll(2)` (`ready`, sorted). An armed channel
-    /// whose descriptor was quiet has had no completion since it was armed and polled.
-    pub fn needs_rearm(&self, ready: &[std::os::fd::RawFd]) -> bool {
-        let c = self.lock();
-        !c.armed
-            || c.cq
-                .event_fd()
-                .is_none_or(|fd| ready.binary_search(&fd).is_ok())
-    }
-
-    /// Consumes a pending completion event without waiting.
-    pub fn clear_event(&self) {
-        let _ = self.lock().cq.wait_event(Some(std::time::Duration::ZERO));
-    }
-
-    /// The descriptor that becomes readable on a completion event.
-    pub fn event_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.lock().cq.event_fd()
     }
 }
 
@@ -535,7 +533,9 @@ mod tests {
         ctx: Arc<Context>,
         /// The backup PD the channel was created beside (the application's memory).
         backup_pd: Arc<Pd>,
-        channel: ControlChannel,
+        /// The shared control CQs of the end's device.
+        cqs: ControlCqs,
+        channel: Arc<ControlChannel>,
     }
 
     /// Two control channels on two softnic devices of one fabric, connected; default QPNs
@@ -552,11 +552,13 @@ mod tests {
         let end = |port: u32, default_qpn: u32| {
             let ctx = Context::open(&format!("fabric:{fabric}/{port}"), &config).unwrap();
             let backup_pd = ctx.alloc_pd().unwrap();
-            let channel = ControlChannel::create(&backup_pd, 4, default_qpn).unwrap();
+            let cqs = ControlCqs::default();
+            let channel = ControlChannel::create(&backup_pd, 4, default_qpn, &cqs).unwrap();
             channel.init().unwrap();
             End {
                 ctx,
                 backup_pd,
+                cqs,
                 channel,
             }
         };
@@ -629,16 +631,14 @@ mod tests {
     fn a_sleeping_service_rearms_a_channel_only_once_its_descriptor_signalled() {
         let name = format!("control-rearm-{}", std::process::id());
         let (a, b) = pair(&name);
-        let fd = b
-            .channel
-            .event_fd()
-            .expect("control CQs have completion events");
+        let cq = b.channel.control_cq().clone();
+        let fd = cq.event_fd().expect("control CQs have completion events");
         // Never armed: it must be, whatever poll(2) found.
-        assert!(b.channel.needs_rearm(&[]));
-        b.channel.arm();
+        assert!(cq.needs_rearm(&[]));
+        cq.arm();
         // Armed, its descriptor quiet: the round leaves it alone (no system call).
-        assert!(!b.channel.needs_rearm(&[]));
-        assert!(!b.channel.needs_rearm(&[fd + 1]));
+        assert!(!cq.needs_rearm(&[]));
+        assert!(!cq.needs_rearm(&[fd + 1]));
         // A message's completion signals the armed channel: the round must take it.
         a.channel
             .send(ControlMessage::Rearm { epoch: Epoch(3) })
@@ -653,16 +653,85 @@ mod tests {
             readable(fd),
             "the armed control CQ did not signal its descriptor"
         );
-        assert!(b.channel.needs_rearm(&[fd - 1, fd]));
-        b.channel.clear_event();
+        assert!(cq.needs_rearm(&[fd - 1, fd]));
+        cq.clear_event();
         let mut events = Vec::new();
         b.channel.poll(&mut events);
-        b.channel.arm();
+        cq.arm();
         assert_eq!(
             events,
             [Event::Control(ControlMessage::Rearm { epoch: Epoch(3) })]
         );
-        assert!(!b.channel.needs_rearm(&[]));
+        assert!(!cq.needs_rearm(&[]));
+        unregister_fabric(&name);
+    }
+
+    #[test]
+    fn channels_of_one_device_share_a_cq_and_each_gets_its_own_messages() {
+        let name = format!("control-shared-{}", std::process::id());
+        let (a, b) = pair(&name);
+        // A second pair of channels on the same two devices, from the same CQ pools.
+        let a2 = ControlChannel::create(&a.backup_pd, 4, 0x33, &a.cqs).unwrap();
+        let b2 = ControlChannel::create(&b.backup_pd, 4, 0x44, &b.cqs).unwrap();
+        assert!(Arc::ptr_eq(a.channel.control_cq(), a2.control_cq()));
+        assert!(Arc::ptr_eq(b.channel.control_cq(), b2.control_cq()));
+        let rtr = QpAttr::rtr(
+            AddressVector::to_gid(Gid::default()),
+            0,
+            0,
+            crate::verbs::Mtu::Mtu1024,
+        );
+        let rts = QpAttr::rts(0);
+        for (me, peer, peer_ctx, peer_default) in
+            [(&a2, &b2, &b.ctx, 0x44), (&b2, &a2, &a.ctx, 0x33)]
+        {
+            me.init().unwrap();
+            me.connect(
+                peer_ctx.query_gid(0).unwrap(),
+                peer.qpn(),
+                peer.send_psn(),
+                peer_default,
+                peer.ring(),
+                &rtr,
+                &rts,
+                std::time::Duration::from_secs(2),
+            )
+            .unwrap();
+        }
+        a.channel
+            .send(ControlMessage::PathUp { epoch: Epoch(1) })
+            .unwrap();
+        a2.send(ControlMessage::PathUp { epoch: Epoch(2) }).unwrap();
+        a2.send(ControlMessage::PathUp { epoch: Epoch(3) }).unwrap();
+        // One poll of b's shared CQ hands each message to its own channel.
+        let mut got: Vec<(u32, Event)> = Vec::new();
+        let mut scratch = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < 3 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            a.ctx.progress();
+            b.ctx.progress();
+            a.channel.control_cq().poll(&mut scratch, |_, _| {});
+            b.channel
+                .control_cq()
+                .poll(&mut scratch, |channel, events| {
+                    got.extend(events.drain(..).map(|e| (channel.qpn(), e)));
+                });
+        }
+        let message = |epoch| {
+            Event::Control(ControlMessage::PathUp {
+                epoch: Epoch(epoch),
+            })
+        };
+        let mut for_b: Vec<_> = got.iter().filter(|(q, _)| *q == b.channel.qpn()).collect();
+        let for_b2: Vec<_> = got.iter().filter(|(q, _)| *q == b2.qpn()).collect();
+        for_b.sort_by_key(|(q, _)| *q);
+        assert_eq!(for_b, [&(b.channel.qpn(), message(1))], "{got:?}");
+        assert_eq!(
+            for_b2,
+            [&(b2.qpn(), message(2)), &(b2.qpn(), message(3))],
+            "{got:?}"
+        );
         unregister_fabric(&name);
     }
 
@@ -766,7 +835,7 @@ mod tests {
         // were all the same would be a fixed PSN (the odds of a false alarm: 2^-168).
         let psns: std::collections::BTreeSet<u32> = (0..8)
             .map(|_| {
-                ControlChannel::create(&a.backup_pd, 4, 0x33)
+                ControlChannel::create(&a.backup_pd, 4, 0x33, &a.cqs)
                     .unwrap()
                     .send_psn()
             })

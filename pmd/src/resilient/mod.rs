@@ -48,6 +48,7 @@ mod clock;
 mod config;
 mod context;
 mod control;
+mod control_cq;
 mod dereg_error;
 mod driver;
 mod failback;

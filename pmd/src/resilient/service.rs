@@ -25,7 +25,7 @@ use crate::failover::{Event, Path, Timestamp};
 
 use super::clock::Clock;
 use super::config::LinkSource;
-use super::control::ControlChannel;
+use super::control_cq::{ControlCq, ControlCqs};
 use super::link::{LinkChange, LinkWatch};
 use super::mailbox::{Mail, QpShared};
 
@@ -62,7 +62,8 @@ pub(crate) trait PendingVerb: Send {
 }
 
 /// What the service needs of a registered resilient QP (the shadow module's `QpShadow`):
-/// where its mail goes, which of its paths a device carries, its control channel.
+/// where its mail goes, which of its paths a device carries. (Its control channels' messages
+/// reach it through the shared control CQs, [`super::control_cq`].)
 pub(crate) trait ServedQp: Send + Sync {
     /// The QP's mailbox.
     fn mailbox(&self) -> &QpShared;
@@ -70,10 +71,6 @@ pub(crate) trait ServedQp: Send + Sync {
     fn path_on(&self, device: &Arc<Context>) -> Option<Path>;
     /// Whether a link-down moves the default QP to ERR at once.
     fn link_watch(&self) -> bool;
-    /// The control channel, once it exists.
-    fn control(&self) -> Option<&ControlChannel>;
-    /// The control channel on the default device, once it exists.
-    fn default_control(&self) -> Option<&ControlChannel>;
     /// The application dropped the QP.
     fn is_cancelled(&self) -> bool;
 }
@@ -147,8 +144,12 @@ pub(crate) struct ServiceInner {
     wake: WakeFd,
     stop: AtomicBool,
     /// The descriptors the service thread's last `poll(2)` found readable (sorted), for the
-    /// next round to take: which control channels signalled.
+    /// next round to take: which control CQs signalled.
     ready: Mutex<Vec<RawFd>>,
+    /// The control CQs, shared by the control channels of each device.
+    control_cqs: ControlCqs,
+    /// The round's list of live control CQs (taken under the state's lock).
+    control_cq_scratch: Mutex<Vec<Arc<ControlCq>>>,
 }
 
 /// What contexts and QPs hold of the service.
@@ -302,6 +303,8 @@ impl ServiceHandle {
                 wake: WakeFd::new()?,
                 stop: AtomicBool::new(false),
                 ready: Mutex::new(Vec::new()),
+                control_cqs: ControlCqs::default(),
+                control_cq_scratch: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -312,6 +315,11 @@ impl ServiceHandle {
 
     pub fn clock(&self) -> &Clock {
         &self.inner.clock
+    }
+
+    /// The control CQs new control channels take their place in.
+    pub fn control_cqs(&self) -> &ControlCqs {
+        &self.inner.control_cqs
     }
 
     /// Queues a shadow verb.
@@ -433,18 +441,35 @@ impl ServiceHandle {
                 tracing::info!(device = %ctx.name(), ?change, "failover service: link changed");
                 let started = std::time::Instant::now();
                 let mut told = 0usize;
+                if !up {
+                    // At once, not at each owner's next poll: the NIC stops working on the QPs
+                    // and flushes them, so nothing waits for retry exhaustion. Every default
+                    // QP of the device in one call: one device lock, not one per QP.
+                    let to_err: Vec<&Arc<dyn ServedQp>> = qps
+                        .iter()
+                        .filter(|qp| {
+                            qp.path_on(&ctx) == Some(Path::Default)
+                                && qp.link_watch()
+                                && qp.mailbox().watch_armed()
+                        })
+                        .collect();
+                    let handles: Vec<&crate::control::QpHandle> = to_err
+                        .iter()
+                        .map(|qp| &qp.mailbox().default_handle)
+                        .collect();
+                    let mut results = Vec::with_capacity(handles.len());
+                    crate::control::QpHandle::set_error_all(&handles, &mut results);
+                    for (qp, result) in to_err.iter().zip(results) {
+                        if let Err(e) = result {
+                            tracing::debug!(qp = %qp.mailbox().name, error = %e, "link watch: default QP not moved to ERR");
+                        }
+                    }
+                }
                 for qp in &qps {
                     let Some(path) = qp.path_on(&ctx) else {
                         continue;
                     };
                     let mailbox = qp.mailbox();
-                    if !up && path == Path::Default && qp.link_watch() && mailbox.watch_armed() {
-                        // At once, not at the owner's next poll: the NIC stops working on the
-                        // QP and flushes it, so nothing waits for retry exhaustion.
-                        if let Err(e) = mailbox.default_handle.set_error() {
-                            tracing::debug!(qp = %mailbox.name, error = %e, "link watch: default QP not moved to ERR");
-                        }
-                    }
                     if change == LinkChange::DeviceFatal {
                         // Before the link-down: the round it starts must not wait for flushes.
                         mailbox.post(Mail::DeviceDead(path));
@@ -462,41 +487,52 @@ impl ServiceHandle {
             st.changes = changes;
         }
 
-        // 4. Control messages.
+        // 4. Control messages: a poll of each shared control CQ (a few per device), each
+        //    completion handed to its channel and what it brings to the channel's QP.
         let mut events = std::mem::take(&mut st.events);
         let ready =
             std::mem::take(&mut *self.inner.ready.lock().unwrap_or_else(|p| p.into_inner()));
-        for (qp, control) in qps
-            .iter()
-            .flat_map(|qp| [qp.control(), qp.default_control()].map(|c| (qp, c)))
-        {
-            let Some(control) = control else {
-                continue;
-            };
-            events.clear();
+        let mut cqs = std::mem::take(
+            &mut *self
+                .inner
+                .control_cq_scratch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        self.inner.control_cqs.live(&mut cqs);
+        let deliver = |channel: &super::control::ControlChannel, events: &mut Vec<Event>| {
+            if let Some(owner) = channel.owner() {
+                for e in events.drain(..) {
+                    owner.post(Mail::Event(e));
+                }
+            }
+        };
+        for cq in &cqs {
             if self.inner.threaded {
-                if !control.needs_rearm(&ready) {
+                if !cq.needs_rearm(&ready) {
                     // Armed, and its descriptor was quiet: nothing came since the last poll.
-                    // Only the channels that signalled cost system calls, not every
-                    // channel every round (two each, 4,000 per round at 1,000 QPs).
+                    // Only the CQs that signalled cost system calls.
                     continue;
                 }
-                // The thread sleeps on the channel: take its event, poll, arm, and poll
-                // again for what came before the arm.
-                control.clear_event();
-                control.poll(&mut events);
-                control.arm();
-                control.poll(&mut events);
+                // The thread sleeps on the CQ: take its event, poll, arm, and poll again for
+                // what came before the arm.
+                cq.clear_event();
+                cq.poll(&mut events, deliver);
+                cq.arm();
+                cq.poll(&mut events, deliver);
             } else {
                 // Nobody sleeps on it (a simulation or a run-to-completion lcore): a poll of
-                // the CQ is all, without the two system calls per channel that made a round
-                // over 1,000 QPs cost ~0.6 ms.
-                control.poll(&mut events);
-            }
-            for e in events.drain(..) {
-                qp.mailbox().post(Mail::Event(e));
+                // the CQ is all, without system calls.
+                cq.poll(&mut events, deliver);
             }
         }
+        cqs.clear();
+        *self
+            .inner
+            .control_cq_scratch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = cqs;
+        events.clear();
         st.events = events;
 
         // 5. Owners whose timers are due.
@@ -534,11 +570,10 @@ impl ServiceHandle {
         for l in &st.links {
             l.fds(out);
         }
-        for qp in st.qps.iter().filter_map(Weak::upgrade) {
-            for control in [qp.control(), qp.default_control()].into_iter().flatten() {
-                out.extend(control.event_fd());
-            }
-        }
+        drop(st);
+        let mut cqs = Vec::new();
+        self.inner.control_cqs.live(&mut cqs);
+        out.extend(cqs.iter().filter_map(|cq| cq.event_fd()));
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::control::{Context, Cq, ModifyError, Mr, Pd, Qp, SavedAttrs};
 use crate::failover::Path;
@@ -338,10 +338,6 @@ pub(crate) struct QpShadow {
     recorded: Mutex<SavedAttrs>,
     peer: Mutex<Option<PeerAttrs>>,
     setup: Mutex<Setup>,
-    /// The control channel once created: the service polls it.
-    control: OnceLock<Arc<ControlChannel>>,
-    /// The control channel on the default device, created with the other.
-    default_control: OnceLock<Arc<ControlChannel>>,
     cancelled: AtomicBool,
 }
 
@@ -371,8 +367,6 @@ impl QpShadow {
                 default_control: None,
                 local: None,
             }),
-            control: OnceLock::new(),
-            default_control: OnceLock::new(),
             cancelled: AtomicBool::new(false),
         }
     }
@@ -427,17 +421,6 @@ impl QpShadow {
         }))
     }
 
-    /// The control channel, once it exists (set once; read without a lock, since the
-    /// service looks at every QP's on each of its rounds).
-    pub fn control(&self) -> Option<&Arc<ControlChannel>> {
-        self.control.get()
-    }
-
-    /// The control channel on the default device, once it exists.
-    pub fn default_control(&self) -> Option<&Arc<ControlChannel>> {
-        self.default_control.get()
-    }
-
     /// The application dropped the QP: stop setting it up.
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::Release);
@@ -489,10 +472,12 @@ impl QpShadow {
                         Err(e) => return self.fail(&mut setup, "backup QP", e),
                     };
                     let depth = self.pd.ctx.config.control_depth;
-                    let control = match ControlChannel::create(&pd, depth, self.default_qpn) {
-                        Ok(c) => Arc::new(c),
+                    let cqs = self.pd.ctx.service.control_cqs();
+                    let control = match ControlChannel::create(&pd, depth, self.default_qpn, cqs) {
+                        Ok(c) => c,
                         Err(e) => return self.fail(&mut setup, "control QP", e),
                     };
+                    control.set_owner(&self.shared);
                     // A second channel on the default device: the backup side's repair
                     // cannot travel on the backup side (docs/failover.md 5d).
                     let default_control = match ControlChannel::create_on(
@@ -500,10 +485,12 @@ impl QpShadow {
                         &self.pd.default,
                         depth,
                         self.default_qpn,
+                        cqs,
                     ) {
-                        Ok(c) => Arc::new(c),
+                        Ok(c) => c,
                         Err(e) => return self.fail(&mut setup, "default control QP", e),
                     };
+                    default_control.set_owner(&self.shared);
                     let (default_control_ring_addr, default_control_ring_rkey) =
                         default_control.ring();
                     let backup_gid = match ctx.query_gid(0) {
@@ -536,15 +523,8 @@ impl QpShadow {
                         }
                     }
                     tracing::debug!(qp = %self.shared.name, backup_qpn = qp.qpn(), control_qpn = control.qpn(), "failover: backup QP created");
-                    if self.control.set(control.clone()).is_err() {
-                        // Stage::Create runs once per QP; a second channel would be a bug.
-                        tracing::error!(qp = %self.shared.name, "failover: control channel created twice; keeping the first");
-                    }
                     setup.qp = Some(qp);
                     setup.cq = Some(cq);
-                    if self.default_control.set(default_control.clone()).is_err() {
-                        tracing::error!(qp = %self.shared.name, "failover: default control channel created twice; keeping the first");
-                    }
                     setup.control = Some(control);
                     setup.default_control = Some(default_control);
                     setup.local = Some(local);
@@ -724,14 +704,6 @@ impl ServedQp for QpShadow {
 
     fn link_watch(&self) -> bool {
         self.pd.ctx.config.link_watch
-    }
-
-    fn control(&self) -> Option<&ControlChannel> {
-        QpShadow::control(self).map(|c| &**c)
-    }
-
-    fn default_control(&self) -> Option<&ControlChannel> {
-        QpShadow::default_control(self).map(|c| &**c)
     }
 
     fn is_cancelled(&self) -> bool {
