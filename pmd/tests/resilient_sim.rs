@@ -1083,3 +1083,54 @@ fn a_backup_side_whose_qps_failed_while_idle_is_repaired_and_the_next_failover_w
         assert_eq!(stats.errors, 0, "{stats:?}");
     }
 }
+
+/// Traffic on the backup since B's default link went down; then both backup links go down,
+/// A's for 7 ms, B's for 12.7 ms, within the 16.8 ms budget. A's backup QP exhausts its
+/// retries anyway (its last retry, at 12.6 ms, fell inside B's outage: RC tolerates outages
+/// shorter than `retry_cnt` timeouts, not the whole budget) and A fails back; B's round was
+/// still waiting for A's `Failover` (lost with the backup links) and follows A's
+/// `Failback`. The second loss shape of docs/failover.md 5c, scaled to the simulation.
+#[test]
+fn a_round_waiting_for_the_peers_failover_follows_its_failback() {
+    let mut config = config();
+    config.holddown = Duration::from_millis(100);
+    config.handshake_timeout = Duration::from_secs(2);
+    let mut sim = Sim::new(119, config);
+    let mut d = Dir::new(true, 1000);
+    d.interval = Duration::from_micros(100);
+    let mut t = Traffic::new(vec![d], sim.now());
+    let mut phase = 0;
+    let done = sim.run_until(Duration::from_secs(2), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            s.link_down(B_DEFAULT, Some(Duration::from_millis(7)));
+            phase = 1;
+        }
+        if phase == 1 && s.a.qp.state() == ResilientState::Fallback {
+            s.link_down(A_BACKUP, Some(Duration::from_millis(7)));
+            s.link_down(B_BACKUP, Some(Duration::from_micros(12_700)));
+            phase = 2;
+        }
+        step(&mut t, s) && phase == 2
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: {} completed, states {:?} {:?}, stats {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.stats(),
+        sim.b.qp.stats()
+    );
+    assert_clean(&mut t, &mut sim);
+    for h in [&sim.a, &sim.b] {
+        let stats = h.qp.stats();
+        assert_eq!(
+            (stats.failbacks, stats.errors),
+            (1, 0),
+            "{stats:?} {:?}",
+            h.qp.events()
+        );
+    }
+    // B's round never completed: the failback took its place.
+    assert_eq!(sim.b.qp.stats().failovers, 0);
+}

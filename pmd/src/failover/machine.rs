@@ -109,6 +109,10 @@ struct FailbackRound {
     peer: Option<PeerFailback>,
     /// The peer's `FailbackReady` arrived before this end's default QP was up.
     peer_ready: bool,
+    /// The default pair failed too (the round replaced a failover round, or started from a
+    /// default failure with the backup lost): past the deadline both paths were down for
+    /// the RC budget, `backup-unavailable`, not a handshake timeout.
+    default_failed: bool,
     /// Past it the connection fails: the handshake timeout while the default link is up, the
     /// RC retry budget while it is down.
     deadline: Timestamp,
@@ -437,6 +441,7 @@ impl Failover {
                     since: now,
                 };
                 self.failback_link_up(now, out);
+                self.default_back_first(now, out);
             }
             Event::LinkUp { path: Path::Backup } => {
                 self.backup_link = Link {
@@ -631,6 +636,11 @@ impl Failover {
         now: Timestamp,
         out: &mut Actions,
     ) {
+        if self.failing_back() || self.last_failback.is_some_and(|last| epoch < last) {
+            // The peer's round from before a failback, late on the backup channel: the
+            // failback took its place (the peer follows our `Failback`).
+            return;
+        }
         match self.send {
             SendState::FailingOver(round) if round.epoch == epoch && round.peer.is_none() => {
                 match round.step {
@@ -684,6 +694,13 @@ impl Failover {
         now: Timestamp,
         out: &mut Actions,
     ) {
+        if !self.backup_usable && self.may_fail_back() && !self.config.backup_wait.is_zero() {
+            // The backup side is lost (being repaired): wait for whichever comes back first,
+            // the default path, within the RC budget, by a failback round (5e). A peer whose
+            // backup works follows on our `Failback`.
+            tracing::warn!(%epoch, "failover: default path failed and the backup side is lost; waiting for the default path");
+            return self.start_failback(None, true, now, out);
+        }
         if !self.backup_usable || (!self.backup_link.up && self.config.backup_wait.is_zero()) {
             tracing::warn!(%epoch, "failover: default path failed and the backup path is down");
             return self.fail(FailReason::BackupUnavailable, out);
@@ -864,7 +881,7 @@ impl Failover {
             // The backup QP cannot come back without the peer: move the traffic to the
             // default pair, at once.
             _ if self.needs_backup() && qp_in_error && self.may_fail_back() => {
-                self.start_failback(None, now, out)
+                self.start_failback(None, false, now, out)
             }
             _ if self.needs_backup() && (qp_in_error || self.config.backup_wait.is_zero()) => {
                 self.fail(FailReason::BackupUnavailable, out)
@@ -901,8 +918,11 @@ impl Failover {
                 tracing::warn!(
                     "failover: the backup link did not come back within the RC retry budget"
                 );
-                if self.may_fail_back() && self.default_link.up {
-                    return self.start_failback(None, now, out);
+                if self.may_fail_back()
+                    && self.default_link.up
+                    && !matches!(self.send, SendState::FailingOver(_))
+                {
+                    return self.start_failback(None, false, now, out);
                 }
                 return self.fail(FailReason::BackupUnavailable, out);
             } else if now >= deadline {
@@ -917,8 +937,10 @@ impl Failover {
                 notified: Some(deadline),
                 ..
             } if now >= deadline => return self.fail(FailReason::HandshakeTimeout, out),
-            SendState::FailingBack(_) if !self.default_link.up && self.failback_due(now) => {
-                tracing::warn!("failover: failing back, and the default link did not come back within the RC retry budget");
+            SendState::FailingBack(round)
+                if (!self.default_link.up || round.default_failed) && self.failback_due(now) =>
+            {
+                tracing::warn!("failover: failing back, and the default path did not come back within the RC retry budget");
                 return self.fail(FailReason::BackupUnavailable, out);
             }
             SendState::FailingBack(_) if self.failback_due(now) => {
@@ -1392,14 +1414,11 @@ impl Failover {
     }
 
     /// Whether a backup failure can be answered by moving the traffic to the default pair:
-    /// the default devices' channel works and no failover round is running (the default
-    /// pair failed too: no path is left that the protocol can use).
+    /// the default devices' channel works and no failback is running. During a failover
+    /// round (the default pair failed too) the failback waits for the default path within
+    /// the RC budget: whichever path comes back first.
     fn may_fail_back(&self) -> bool {
-        self.default_control_usable
-            && !matches!(
-                self.send,
-                SendState::FailingOver(_) | SendState::FailingBack(_)
-            )
+        self.default_control_usable && !self.failing_back()
     }
 
     fn failback_due(&self, now: Timestamp) -> bool {
@@ -1408,16 +1427,28 @@ impl Failover {
 
     /// The backup failed while traffic depended on it (or the peer said so): both QPs to ERR
     /// (this end leaves every epoch of both pairs) and drained.
-    fn start_failback(&mut self, peer: Option<PeerFailback>, now: Timestamp, out: &mut Actions) {
+    /// `default_failed`: the default pair failed too (a failover round was running or is
+    /// starting): the round waits for it no longer than the RC budget, whatever its link
+    /// says.
+    fn start_failback(
+        &mut self,
+        peer: Option<PeerFailback>,
+        default_failed: bool,
+        now: Timestamp,
+        out: &mut Actions,
+    ) {
+        let default_failed = default_failed || matches!(self.send, SendState::FailingOver(_));
+        let deadline = if self.default_link.up && !default_failed {
+            now + self.config.handshake_timeout
+        } else {
+            // The default path is down too: it may come back within the RC budget (5b),
+            // counted from the first of the failures that are waiting.
+            let budget = now + self.config.backup_wait;
+            self.backup_deadline.map_or(budget, |d| d.min(budget))
+        };
         // The backup pair is gone for this round; the repair brings it back later (5d).
         self.backup_lost(now);
         self.backup_deadline = None;
-        let deadline = if self.default_link.up {
-            now + self.config.handshake_timeout
-        } else {
-            // The default link is down too: it may come back within the RC budget (5b).
-            now + self.config.backup_wait
-        };
         tracing::warn!(epoch = %self.epoch, started_by_peer = peer.is_some(), default_link_up = self.default_link.up, "failover: the backup path failed with traffic on it; failing back to the default path");
         self.observations
             .push(Observation::FailbackStarted { epoch: self.epoch });
@@ -1425,6 +1456,7 @@ impl Failover {
             step: FailbackStep::Draining,
             peer,
             peer_ready: false,
+            default_failed,
             deadline,
         });
         self.recv = RecvState::FailingBack;
@@ -1454,9 +1486,9 @@ impl Failover {
             SendState::FailingBack(_) => {
                 self.protocol_violation("a second Failback in one failback round", out)
             }
-            // Our default pair failed too: no path is left that the protocol can use.
-            SendState::FailingOver(_) => self.fail(FailReason::BackupUnavailable, out),
-            _ => self.start_failback(Some(peer), now, out),
+            // Our default pair failed too, and the peer's backup side is gone: the round
+            // becomes a failback, waiting for the default path within the RC budget.
+            _ => self.start_failback(Some(peer), false, now, out),
         }
     }
 
@@ -1601,6 +1633,23 @@ impl Failover {
         self.observations.push(Observation::FailedBack { epoch });
     }
 
+    /// The default link came back while a failover round waits for the backup link: the
+    /// default path came back first, so the round becomes a failback (our `Failover` has
+    /// not left: the peer moved nothing on its strength).
+    fn default_back_first(&mut self, now: Timestamp, out: &mut Actions) {
+        let SendState::FailingOver(round) = self.send else {
+            return;
+        };
+        let waiting = matches!(
+            round.step,
+            RoundStep::Draining | RoundStep::AwaitingBackup { .. }
+        );
+        if waiting && !self.backup_link.up && self.may_fail_back() {
+            tracing::info!(epoch = %round.epoch, "failover: the default link came back before the backup link; failing back");
+            self.start_failback(None, true, now, out);
+        }
+    }
+
     /// The default link went down during a failback: before the default QP is up, the round
     /// waits for it no longer than the RC retry budget (5b).
     fn failback_link_down(&mut self, now: Timestamp) {
@@ -1624,10 +1673,14 @@ impl Failover {
                 round.step,
                 FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
             ) {
-                self.send = SendState::FailingBack(FailbackRound {
-                    deadline: now + self.config.handshake_timeout,
-                    ..round
-                });
+                // A round waiting for the default path keeps its RC budget; one that only
+                // lost the default link on the way gets the handshake's time.
+                if !round.default_failed {
+                    self.send = SendState::FailingBack(FailbackRound {
+                        deadline: now + self.config.handshake_timeout,
+                        ..round
+                    });
+                }
                 self.maybe_bring_up_failback(out);
             }
         }

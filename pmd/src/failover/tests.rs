@@ -698,9 +698,13 @@ fn losing_the_idle_backup_leaves_default_traffic_running() {
     let mut machine = end(Role::Leader);
     assert_eq!(step(&mut machine, Event::ControlSendFailed, at(5)), []);
     assert_eq!(machine.send_route(), Route::Default);
-    // But a later default failure can no longer be hidden, even once the link is up.
+    // A later default failure can no longer fail over, even once the link is up: it waits
+    // for the default path within the RC budget (a failback round, 5e), then fails.
     step(&mut machine, Event::LinkUp { path: Path::Backup }, at(6));
     let actions = step(&mut machine, retry_exhausted(), at(10));
+    assert_eq!(actions, FAILBACK_START);
+    assert_eq!(machine.poll_timeout(), Some(at(10) + budget()));
+    let actions = step(&mut machine, Event::Tick, at(10) + budget());
     assert_eq!(
         surfaced(&actions).map(|(_, r)| r),
         Some(FailReason::BackupUnavailable)
@@ -882,8 +886,11 @@ fn an_unanswered_or_refused_backup_repair_backs_off_and_tries_again() {
         Some(at(3601)),
         "backoff(2) = 400 ms"
     );
-    // A default failure meanwhile cannot be hidden.
+    // A default failure meanwhile waits for the default path within the RC budget (a
+    // failback round, 5e), then fails.
     let actions = step(&mut machine, retry_exhausted(), at(3300));
+    assert_eq!(actions, FAILBACK_START);
+    let actions = step(&mut machine, Event::Tick, at(3300) + budget());
     assert_eq!(
         surfaced(&actions).map(|(_, r)| r),
         Some(FailReason::BackupUnavailable)
@@ -1687,7 +1694,9 @@ fn rounds_started_by_link_down_and_by_the_peer_are_observed_as_such() {
 #[test]
 fn a_round_that_cannot_start_is_not_observed() {
     let mut machine = end(Role::Leader);
-    // The control QP went to ERR: the backup pair cannot come back without the peer.
+    // The control QP went to ERR: the backup pair cannot come back without the peer, and
+    // with the default devices' channel gone no failback can wait for the default either.
+    step(&mut machine, Event::DefaultControlFailed, at(4));
     step(&mut machine, Event::ControlSendFailed, at(5));
     let actions = step(&mut machine, retry_exhausted(), at(10));
     assert!(surfaced(&actions).is_some());
@@ -2116,4 +2125,123 @@ fn a_second_failback_message_in_one_round_is_a_protocol_violation() {
         surfaced(&step(&mut machine, peer_failback(1, 3), at(21))).map(|(_, r)| r),
         Some(FailReason::ProtocolViolation)
     );
+}
+
+// ---- A default failure waits for whichever path comes back first (5e) ----------------------
+
+#[test]
+fn a_default_failure_with_the_backup_lost_fails_back_when_the_default_returns_in_time() {
+    // The backup side lost while idle, not yet repaired; then the default link goes down.
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::ControlSendFailed, at(5));
+    let actions = step(
+        &mut machine,
+        Event::LinkDown {
+            path: Path::Default,
+        },
+        at(100),
+    );
+    // Before: backup-unavailable at once.
+    assert_eq!(actions, FAILBACK_START);
+    step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
+    step(&mut machine, peer_failback(1, 2), at(102));
+    assert_eq!(
+        step(
+            &mut machine,
+            Event::LinkUp {
+                path: Path::Default
+            },
+            at(300)
+        ),
+        [Action::FailBack {
+            epoch: Epoch(1),
+            skip_through: 2
+        }]
+    );
+    step(&mut machine, qp_up(1, true), at(301));
+    step(&mut machine, failback_ready(1), at(302));
+    assert_eq!(machine.send_route(), Route::Default);
+    assert_eq!(machine.failed(), None);
+    assert_eq!(observed_failback(&mut machine), Some(Epoch(1)));
+}
+
+#[test]
+fn backup_qps_failing_while_a_round_waits_for_the_backup_link_fail_back_instead() {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    step(
+        &mut machine,
+        Event::LinkDown {
+            path: Path::Default,
+        },
+        at(10),
+    );
+    step(&mut machine, drained(progress(4, 4, 2)), at(11));
+    assert_eq!(machine.send_phase(), SendPhase::FailingOver);
+    // Before: backup-unavailable at once, although the default came back 159 ms later.
+    assert_eq!(step(&mut machine, backup_error(), at(50)), FAILBACK_START);
+    // The wait is the budget counted from the first failure that waits (the round's).
+    assert_eq!(machine.poll_timeout(), Some(at(10) + budget()));
+    step(&mut machine, failback_drained(progress(4, 4, 2)), at(51));
+    step(
+        &mut machine,
+        Event::LinkUp {
+            path: Path::Default,
+        },
+        at(169),
+    );
+    step(&mut machine, peer_failback(1, 3), at(170));
+    step(&mut machine, qp_up(1, true), at(170));
+    step(&mut machine, failback_ready(1), at(171));
+    assert_eq!(machine.send_route(), Route::Default);
+    assert_eq!(machine.failed(), None);
+}
+
+#[test]
+fn the_default_link_back_before_the_backup_link_turns_the_round_into_a_failback() {
+    let mut machine = end(Role::Follower);
+    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    step(
+        &mut machine,
+        Event::LinkDown {
+            path: Path::Default,
+        },
+        at(10),
+    );
+    step(&mut machine, drained(progress(4, 4, 2)), at(11));
+    // Our Failover never left; the default path is back first.
+    assert_eq!(
+        step(
+            &mut machine,
+            Event::LinkUp {
+                path: Path::Default
+            },
+            at(200)
+        ),
+        FAILBACK_START
+    );
+    assert_eq!(machine.send_phase(), SendPhase::FailingBack);
+    // Still within the budget of the round's wait for the backup link.
+    assert_eq!(machine.poll_timeout(), Some(at(10) + budget()));
+}
+
+#[test]
+fn a_round_waiting_for_the_peers_failover_follows_its_failback() {
+    // Our Failover left, the peer's did not come (its backup died): its Failback does.
+    let mut machine = end(Role::Follower);
+    step(&mut machine, retry_exhausted(), at(10));
+    let actions = step(&mut machine, drained(progress(4, 4, 2)), at(11));
+    assert!(actions.contains(&Action::CopyRecvsToBackup), "{actions:?}");
+    assert_eq!(
+        step(&mut machine, peer_failback(1, 3), at(20)),
+        FAILBACK_START
+    );
+    step(&mut machine, failback_drained(progress(4, 4, 2)), at(21));
+    step(&mut machine, qp_up(1, true), at(22));
+    step(&mut machine, failback_ready(1), at(23));
+    assert_eq!(machine.send_route(), Route::Default);
+    assert_eq!(machine.failed(), None);
+    // The peer's Failover of the abandoned round, late on the backup channel: ignored.
+    assert_eq!(step(&mut machine, peer_failover(0, 3, 0), at(24)), []);
+    assert_eq!(machine.failed(), None);
 }

@@ -36,6 +36,10 @@ pub(super) struct Book {
     pub draining: bool,
     /// A failback drain of both QPs is running.
     pub failback_draining: bool,
+    /// A failover round copied the default RQ's receives to the backup RQ and the default QP
+    /// was not reset since: its ring still holds the originals, which a failback must not
+    /// move a second time.
+    pub default_recvs_copied: bool,
     /// A failback moved work onto the default SQ, withheld until the peer is ready: the next
     /// doorbell release ends the failback, not a switch-back.
     pub failing_back: bool,
@@ -126,6 +130,7 @@ impl Book {
         let done = self.errored[0].recv_start.unwrap_or(default_rq_completed);
         self.recvs_before_reset += u64::from(done);
         self.errored[0] = Errored::default();
+        self.default_recvs_copied = false;
         self.probe = None;
         self.moving = None;
         self.draining = false;

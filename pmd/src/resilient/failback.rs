@@ -202,6 +202,11 @@ impl ResilientQp {
                 recvs.push((bytes, wr_id));
             }
         }
+        if self.slow.book.default_recvs_copied {
+            // A failover round that became this failback had copied them to the backup RQ,
+            // read above.
+            return (sends, recvs, failure);
+        }
         let rq = self.default.recv_queue();
         let start = self.slow.book.errored[0]
             .recv_start

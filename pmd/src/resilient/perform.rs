@@ -271,6 +271,7 @@ impl ResilientQp {
         s.scratch.wqe_bytes = bytes;
         s.scratch.recv_list = list;
         s.log.recvs_copied(moved);
+        s.book.default_recvs_copied = true;
         match failure {
             Some(RecvCopyError::NoKey(key)) => self.cannot_copy(
                 WcStatus::LocProtErr,
