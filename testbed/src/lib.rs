@@ -14,6 +14,7 @@
 //! - [`fail`]: executing a schedule against the clock, every action logged.
 //! - [`faults`]: the fault channel through which an application injects a device fault.
 //! - [`paths`]: which rails had a path between the hosts when, from the failure log.
+//! - [`linkwatch`]: when the kernel reported each rail link running, during a run.
 //! - [`report`]: scenario figures from an app report and the failure log.
 //! - [`plot`]: the bandwidth timeline as a PNG with failure windows.
 //! - [`netns`]: run code of this process inside one of the namespaces.
@@ -26,6 +27,7 @@ pub mod fail;
 pub mod faults;
 pub mod idle_lat;
 pub mod ip;
+pub mod linkwatch;
 pub mod medium;
 pub mod netns;
 pub mod paths;

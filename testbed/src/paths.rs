@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::fail::LogEntry;
+use crate::linkwatch::LinkChange;
 use crate::schedule::LinkAction;
 use crate::target::{FailTarget, Link};
 use crate::topology::RAILS;
@@ -36,6 +37,13 @@ impl Availability {
     /// Reads the log's successful actions (from when each was issued); entries whose target
     /// the testbed does not know are skipped with a warning.
     pub fn from_log(log: &[LogEntry]) -> Availability {
+        Availability::from_log_and_reports(log, &[])
+    }
+
+    /// As [`Availability::from_log`], and a link is also down while the kernel reported it
+    /// down (`reports`, [`crate::linkwatch`]): after `up` it counts from when the kernel
+    /// reported it running, as the driver does.
+    pub fn from_log_and_reports(log: &[LogEntry], reports: &[LinkChange]) -> Availability {
         let mut open: BTreeMap<Link, f64> = BTreeMap::new();
         let mut intervals: BTreeMap<u8, Vec<(f64, f64)>> = BTreeMap::new();
         // Devices whose QPs failed: (rail, when).
@@ -71,6 +79,22 @@ impl Availability {
             }
         }
         for (link, from) in open {
+            intervals
+                .entry(link.rail())
+                .or_default()
+                .push((from, f64::INFINITY));
+        }
+        let mut reported_down: BTreeMap<Link, f64> = BTreeMap::new();
+        for r in reports {
+            if r.up {
+                if let Some(from) = reported_down.remove(&r.link) {
+                    intervals.entry(r.rail).or_default().push((from, r.unix_ms));
+                }
+            } else {
+                reported_down.entry(r.link).or_insert(r.unix_ms);
+            }
+        }
+        for (link, from) in reported_down {
             intervals
                 .entry(link.rail())
                 .or_default()
@@ -240,6 +264,35 @@ mod tests {
         // Rail 0 never back: rail 1 stays down too.
         let a = Availability::from_log(&log[..2]);
         assert_eq!(a.rails_up_during(150.0, 1e12), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn a_link_counts_up_only_once_the_kernel_reported_it_running() {
+        let log = vec![
+            entry("initiator-nic0", LinkAction::Down, 100.0),
+            entry("initiator-nic0", LinkAction::Up, 200.0),
+        ];
+        let report = |up: bool, at: f64| LinkChange {
+            link: Link::HostNic {
+                host: crate::topology::Role::Initiator,
+                rail: 0,
+            },
+            netns: "rs-a".into(),
+            dev: "nic0".into(),
+            rail: 0,
+            up,
+            unix_ms: at,
+        };
+        // The kernel saw it go at 101 and reported it running only at 900.
+        let reports = [report(false, 101.0), report(true, 900.0)];
+        let a = Availability::from_log_and_reports(&log, &reports);
+        assert!(!a.rail_up_during(0, 150.0, 899.0));
+        assert!(a.rail_up_during(0, 150.0, 900.0));
+        // By the log alone it was up at 200.
+        assert!(Availability::from_log(&log).rail_up_during(0, 150.0, 250.0));
+        // Never reported running again: down to the end.
+        let a = Availability::from_log_and_reports(&log, &reports[..1]);
+        assert!(!a.rail_up_during(0, 150.0, 1e12));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::fail::LogEntry;
+use crate::linkwatch::LinkChange;
 use crate::paths::Availability;
 use crate::schedule::LinkAction;
 use crate::target::FailTarget;
@@ -304,7 +305,9 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 /// Computes the figures of a run: `client` is the report of the side that posts the work,
 /// `server` the other side's (its data check counts), `log` the failure actions.
 /// `not_reached` the steps the schedule did not get to because the client had exited, at
-/// their planned times: lost connections are judged against the whole schedule.
+/// their planned times: lost connections are judged against the whole schedule, and against
+/// `link_reports`, when the kernel reported each rail link down and running again
+/// ([`crate::linkwatch`]).
 /// `interval_ms` is the timeline interval; `rc_budget_ms` the RC retry budget of the apps'
 /// QPs ([`crate::paths::rc_retry_budget`]), against which lost connections are judged.
 ///
@@ -315,6 +318,7 @@ pub fn figures(
     server: Option<&AppReport>,
     log: &[LogEntry],
     not_reached: &[LogEntry],
+    link_reports: &[LinkChange],
     interval_ms: f64,
     rc_budget_ms: f64,
 ) -> Figures {
@@ -416,7 +420,7 @@ pub fn figures(
     let qps = client.qps.unwrap_or(1).max(1);
     let (all_on_backup_ms, all_on_backup_basis) = all_on_backup(events, &default_wins, qps);
     let whole_schedule: Vec<LogEntry> = log.iter().chain(not_reached).cloned().collect();
-    let losses = losses(client, &whole_schedule, rc_budget_ms);
+    let losses = losses(client, &whole_schedule, link_reports, rc_budget_ms);
     Figures {
         bw_before_gbps: bw_before,
         bw_during_gbps: bw_during,
@@ -489,7 +493,12 @@ fn all_on_backup(
 }
 
 /// The client's lost connections, each judged against the paths up around it.
-fn losses(client: &AppReport, log: &[LogEntry], rc_budget_ms: f64) -> Vec<Loss> {
+fn losses(
+    client: &AppReport,
+    log: &[LogEntry],
+    link_reports: &[LinkChange],
+    rc_budget_ms: f64,
+) -> Vec<Loss> {
     let mut lost: Vec<(f64, f64, String)> = client
         .failover
         .events
@@ -508,7 +517,7 @@ fn losses(client: &AppReport, log: &[LogEntry], rc_budget_ms: f64) -> Vec<Loss> 
             lost.push((end, end, err.clone()));
         }
     }
-    let paths = Availability::from_log(log);
+    let paths = Availability::from_log_and_reports(log, link_reports);
     lost.into_iter()
         .map(|(at, detected, cause)| {
             let until = at.max(detected + rc_budget_ms);
@@ -605,7 +614,7 @@ mod tests {
     #[test]
     fn bandwidth_is_split_around_the_failure_window() {
         let (app, log) = story();
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.bw_before_gbps, 4.0);
         assert_eq!(f.bw_during_gbps, 2.0);
         assert_eq!(f.bw_after_gbps, 4.0);
@@ -614,7 +623,7 @@ mod tests {
     #[test]
     fn detection_fallback_and_switchback_are_measured_from_the_log() {
         let (app, log) = story();
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.detection_ms, Some(1.5));
         assert_eq!(f.backup_traffic_ms.p50, Some(3.0));
         assert_eq!(f.fallback_latency_us.p50, Some(1500.0));
@@ -626,7 +635,7 @@ mod tests {
         let (app, mut log) = story();
         // `ip` returned 3 ms after it was issued; the app saw the link go at 2001.5.
         log[0].unix_ms = 2003.0;
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.detection_ms, Some(1.5));
     }
 
@@ -643,7 +652,7 @@ mod tests {
             ..AppReport::default()
         };
         assert_eq!(
-            figures(&app, Some(&server), &log, &[], 100.0, 537.0).data_errors,
+            figures(&app, Some(&server), &log, &[], &[], 100.0, 537.0).data_errors,
             4
         );
     }
@@ -653,7 +662,7 @@ mod tests {
         let (mut app, log) = story();
         app.timeline.retain(|s| s.unix_ms <= 2000.0);
         app.failover = FailoverSummary::default();
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.bw_before_gbps, 4.0);
         assert_eq!(f.bw_during_gbps, 0.0);
         assert_eq!(f.bw_after_gbps, 0.0);
@@ -716,7 +725,7 @@ mod tests {
             failover_at(2015.0, Some(1)),
             failover_at(2040.0, Some(2)),
         ];
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.qps, 3);
         assert_eq!(f.all_on_backup_ms.p50, Some(40.0));
         assert_eq!(f.all_on_backup_basis.as_deref(), Some("qp"));
@@ -727,7 +736,7 @@ mod tests {
         let (mut app, log) = story();
         app.qps = Some(2);
         app.failover.events = vec![failover_at(2030.0, None), failover_at(2010.0, None)];
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.all_on_backup_ms.p50, Some(30.0));
         assert_eq!(f.all_on_backup_basis.as_deref(), Some("event-count"));
     }
@@ -737,11 +746,11 @@ mod tests {
         let (mut app, log) = story();
         app.qps = Some(3);
         app.failover.events = vec![failover_at(2010.0, Some(0)), failover_at(2012.0, Some(1))];
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.all_on_backup_ms.samples, 0);
         // One QP, the single failover of the story: the same as traffic on the backup.
         let (app, log) = story();
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.all_on_backup_ms.p50, f.backup_traffic_ms.p50);
     }
 
@@ -768,7 +777,7 @@ mod tests {
             entry("initiator-nic1", LinkAction::Up, 2400.0),
         ];
         app.failover.events = vec![lost_at(1781.0, 1781.5)];
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(
             (f.connections_lost, f.connections_lost_with_path_up),
             (1, 1)
@@ -787,7 +796,7 @@ mod tests {
             entry("initiator-nic1", LinkAction::Up, 3000.0),
         ];
         app.failover.events = vec![lost_at(1010.0, 1560.0)];
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(
             (f.connections_lost, f.connections_lost_with_path_up),
             (1, 0)
@@ -795,7 +804,7 @@ mod tests {
         // The same loss, but rail 0 is back 500 ms after the detection: within the budget.
         let mut log = log;
         log[2].issued_unix_ms = 1510.0;
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.connections_lost_with_path_up, 1);
     }
 
@@ -805,7 +814,7 @@ mod tests {
         app.failover = FailoverSummary::default();
         app.error = Some("RetryExcErr on wr 7".into());
         app.timeline.retain(|s| s.unix_ms <= 2600.0);
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.connections_lost, 1);
         assert_eq!(f.losses[0].unix_ms, 2600.0);
         // Rail 1 never failed in the story.
@@ -821,11 +830,11 @@ mod tests {
         assert_eq!(r.failover.backup_rearms, Some(3));
         assert_eq!(r.failover.events[0].qp, Some(5));
         assert_eq!(r.faults[0].applied_unix_ms, Some(12.5));
-        let f = figures(&r, None, &[], &[], 100.0, 537.0);
+        let f = figures(&r, None, &[], &[], &[], 100.0, 537.0);
         assert_eq!(f.backup_rearms, Some(3));
         let old: AppReport = serde_json::from_str(r#"{"failover":{"failovers":1}}"#).unwrap();
         assert_eq!(
-            figures(&old, None, &[], &[], 100.0, 537.0).backup_rearms,
+            figures(&old, None, &[], &[], &[], 100.0, 537.0).backup_rearms,
             None
         );
     }
@@ -835,10 +844,13 @@ mod tests {
         let r: AppReport =
             serde_json::from_str(r#"{"failover":{"failovers":3,"switch_backs":1,"failbacks":2}}"#)
                 .unwrap();
-        let f = figures(&r, None, &[], &[], 100.0, 537.0);
+        let f = figures(&r, None, &[], &[], &[], 100.0, 537.0);
         assert_eq!((f.failovers, f.switch_backs, f.failbacks), (3, 1, 2));
         let old: AppReport = serde_json::from_str(r#"{"failover":{"failovers":1}}"#).unwrap();
-        assert_eq!(figures(&old, None, &[], &[], 100.0, 537.0).failbacks, 0);
+        assert_eq!(
+            figures(&old, None, &[], &[], &[], 100.0, 537.0).failbacks,
+            0
+        );
     }
 
     #[test]
@@ -857,14 +869,14 @@ mod tests {
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!((w[0].down, w[0].up), (1000.0, Some(1350.0)));
         app.failover.events = vec![lost_at(1100.0, 1100.5)];
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         // Rail 0 back within the budget: the driver could have waited for it.
         assert_eq!(f.connections_lost_with_path_up, 1);
         assert_eq!(f.losses[0].rails_up_within_budget, vec![0, 1]);
         // Rail 0 back only after the budget: neither path could carry anything.
         let mut late = log.clone();
         late[2].issued_unix_ms = 1900.0;
-        let f = figures(&app, None, &late, &[], 100.0, 537.0);
+        let f = figures(&app, None, &late, &[], &[], 100.0, 537.0);
         assert_eq!(f.connections_lost_with_path_up, 0);
         assert!(f.losses[0].rails_up_within_budget.is_empty());
     }
@@ -878,7 +890,7 @@ mod tests {
         let mut backup_up = entry("initiator-nic1", LinkAction::Up, 1500.0);
         backup_up.rail = 1;
         log.splice(0..0, [backup_down, backup_up]);
-        let f = figures(&app, None, &log, &[], 100.0, 537.0);
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
         assert_eq!(f.detection_ms, Some(1.5));
         assert_eq!(f.backup_traffic_ms.samples, 1);
         assert_eq!(f.switchback_ms.samples, 1);
@@ -895,10 +907,10 @@ mod tests {
         // The client exited at once; the plan had the default NICs back 300 ms later.
         let planned = vec![entry("both-nic0", LinkAction::Up, 1400.0)];
         assert_eq!(
-            figures(&app, None, &log, &[], 100.0, 537.0).connections_lost_with_path_up,
+            figures(&app, None, &log, &[], &[], 100.0, 537.0).connections_lost_with_path_up,
             0
         );
-        let f = figures(&app, None, &log, &planned, 100.0, 537.0);
+        let f = figures(&app, None, &log, &planned, &[], 100.0, 537.0);
         assert_eq!(f.connections_lost_with_path_up, 1);
         assert_eq!(f.losses[0].rails_up_within_budget, vec![0]);
     }

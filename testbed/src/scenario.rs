@@ -12,6 +12,7 @@ use crate::apprun::{self, AppRunError, PairOutcome, PairSpec};
 use crate::baseline::{self, Baseline};
 use crate::fail::{self, LogEntry};
 use crate::faults;
+use crate::linkwatch::{LinkChange, LinkWatch};
 use crate::paths;
 use crate::plot;
 use crate::report::{self, Figures};
@@ -417,6 +418,8 @@ pub struct RunResult {
     /// The schedule's steps not taken because the client had exited, at their planned
     /// times (lost connections are judged against the whole schedule).
     pub not_reached: Vec<LogEntry>,
+    /// Every change of a rail link's state the kernel reported during the schedule.
+    pub link_reports: Vec<LinkChange>,
     /// The client's whole report.
     pub client_report: serde_json::Value,
     /// The server's whole report, when it wrote one.
@@ -575,6 +578,9 @@ fn run_once(
         client_timeout: o.run_length() + o.setup_allowance() + Duration::from_secs(30),
     };
     let steps = o.schedule().steps();
+    // From here every rail link is up; what the kernel reports from now on judges the
+    // losses (a link set up counts from when it is reported running).
+    let watch = LinkWatch::start(info).map_err(|detail| ScenarioError::Links { detail })?;
     let mut pair = apprun::start(info, &spec)?;
     let start = pair.wait_for_traffic(o.setup_allowance());
     let start_unix_ms = fail::unix_ms_now() - start.elapsed().as_secs_f64() * 1e3;
@@ -598,6 +604,7 @@ fn run_once(
         }
         runner.join().unwrap_or_default()
     });
+    let link_reports = watch.finish();
     fail::restore_all(info);
     let PairOutcome {
         client,
@@ -613,6 +620,7 @@ fn run_once(
         server.as_ref(),
         &log,
         &not_reached,
+        &link_reports,
         o.timeline_ms as f64,
         o.rc_budget().as_secs_f64() * 1e3,
     );
@@ -623,6 +631,7 @@ fn run_once(
         client_ok: client_exit.is_some_and(|s| s.success()),
         failures: log,
         not_reached,
+        link_reports,
         client_report: client_raw,
         server_report: server_raw,
     })
@@ -1105,6 +1114,7 @@ mod tests {
             client_ok: true,
             failures: Vec::new(),
             not_reached: Vec::new(),
+            link_reports: Vec::new(),
             client_report: serde_json::Value::Null,
             server_report: None,
         }
