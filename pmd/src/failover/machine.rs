@@ -1449,7 +1449,7 @@ impl Failover {
         // The backup pair is gone for this round; the repair brings it back later (5d).
         self.backup_lost(now);
         self.backup_deadline = None;
-        tracing::warn!(epoch = %self.epoch, started_by_peer = peer.is_some(), default_link_up = self.default_link.up, "failover: the backup path failed with traffic on it; failing back to the default path");
+        tracing::warn!(epoch = %self.epoch, started_by_peer = peer.is_some(), default_link_up = self.default_link.up, "failover: traffic needs a path and the backup is gone; failing back to the default path");
         self.observations
             .push(Observation::FailbackStarted { epoch: self.epoch });
         self.send = SendState::FailingBack(FailbackRound {
@@ -1475,6 +1475,7 @@ impl Failover {
         if self.last_failback.is_some_and(|last| peer.epoch <= last) {
             return self.protocol_violation("Failback for an epoch already failed back to", out);
         }
+        self.default_path_carried(now);
         match self.send {
             SendState::FailingBack(round) if round.peer.is_none() => {
                 self.send = SendState::FailingBack(FailbackRound {
@@ -1594,6 +1595,22 @@ impl Failover {
             step: FailbackStep::AwaitingReady { epoch },
             ..round
         });
+    }
+
+    /// A failback message came over the default devices' channel: the default path carries
+    /// packets, whatever the link watch said (a netdev can be reported running up to a
+    /// second after it is up again, `docs/testbed.md` "Known problems"). As a `Failover`
+    /// arriving over the backup path resumes a round that waits for the backup link.
+    fn default_path_carried(&mut self, now: Timestamp) {
+        if !self.default_link.up {
+            tracing::info!(
+                "failover: a failback message came over the default path; its link is taken as up"
+            );
+            self.default_link = Link {
+                up: true,
+                since: now,
+            };
+        }
     }
 
     /// The peer's receives are on its default QP in `epoch`.

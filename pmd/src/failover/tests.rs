@@ -2011,8 +2011,7 @@ fn a_failback_with_the_default_link_down_waits_the_rc_budget_then_fails() {
     );
     assert_eq!(step(&mut machine, backup_error(), at(100)), FAILBACK_START);
     step(&mut machine, failback_drained(progress(4, 4, 2)), at(101));
-    // The peer's message may come; the bring-up waits for the default link.
-    assert_eq!(step(&mut machine, peer_failback(1, 3), at(102)), []);
+    // Nothing comes over the default path while it is down.
     let deadline = machine.poll_timeout().unwrap();
     assert_eq!(deadline, at(100) + budget());
     assert_eq!(step(&mut machine, Event::Tick, at(400)), []);
@@ -2045,15 +2044,16 @@ fn a_failback_proceeds_when_the_default_link_returns_within_the_budget() {
     );
     step(&mut machine, backup_error(), at(100));
     step(&mut machine, failback_drained(progress(4, 4, 2)), at(101));
-    step(&mut machine, peer_failback(1, 3), at(102));
+    step(
+        &mut machine,
+        Event::LinkUp {
+            path: Path::Default,
+        },
+        at(500),
+    );
+    // The peer's message comes once the path is back.
     assert_eq!(
-        step(
-            &mut machine,
-            Event::LinkUp {
-                path: Path::Default
-            },
-            at(500)
-        ),
+        step(&mut machine, peer_failback(1, 3), at(502)),
         [Action::FailBack {
             epoch: Epoch(1),
             skip_through: 3
@@ -2144,15 +2144,15 @@ fn a_default_failure_with_the_backup_lost_fails_back_when_the_default_returns_in
     // Before: backup-unavailable at once.
     assert_eq!(actions, FAILBACK_START);
     step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
-    step(&mut machine, peer_failback(1, 2), at(102));
+    step(
+        &mut machine,
+        Event::LinkUp {
+            path: Path::Default,
+        },
+        at(300),
+    );
     assert_eq!(
-        step(
-            &mut machine,
-            Event::LinkUp {
-                path: Path::Default
-            },
-            at(300)
-        ),
+        step(&mut machine, peer_failback(1, 2), at(301)),
         [Action::FailBack {
             epoch: Epoch(1),
             skip_through: 2
@@ -2243,5 +2243,31 @@ fn a_round_waiting_for_the_peers_failover_follows_its_failback() {
     assert_eq!(machine.failed(), None);
     // The peer's Failover of the abandoned round, late on the backup channel: ignored.
     assert_eq!(step(&mut machine, peer_failover(0, 3, 0), at(24)), []);
+    assert_eq!(machine.failed(), None);
+}
+
+#[test]
+fn the_peers_failback_over_the_default_path_proves_it_up_before_the_link_watch_does() {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::ControlSendFailed, at(5));
+    step(
+        &mut machine,
+        Event::LinkDown {
+            path: Path::Default,
+        },
+        at(100),
+    );
+    step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
+    // The link is up again but not yet reported; the peer's message came over it.
+    assert_eq!(
+        step(&mut machine, peer_failback(1, 2), at(300)),
+        [Action::FailBack {
+            epoch: Epoch(1),
+            skip_through: 2
+        }]
+    );
+    step(&mut machine, qp_up(1, true), at(301));
+    step(&mut machine, failback_ready(1), at(302));
+    assert_eq!(machine.send_route(), Route::Default);
     assert_eq!(machine.failed(), None);
 }
