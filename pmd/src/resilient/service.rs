@@ -131,6 +131,8 @@ struct State {
     order: ShadowOrder,
     links: Vec<LinkWatch>,
     qps: Vec<Weak<dyn ServedQp>>,
+    /// The round's registered QPs that are still there (kept to reuse its allocation).
+    live: Vec<Arc<dyn ServedQp>>,
     adopted: Vec<Adopted>,
     next_id: u64,
     changes: Vec<LinkChange>,
@@ -295,6 +297,7 @@ impl ServiceHandle {
                     order,
                     links: Vec::new(),
                     qps: Vec::new(),
+                    live: Vec::new(),
                     adopted: Vec::new(),
                     next_id: 0,
                     changes: Vec::new(),
@@ -426,9 +429,16 @@ impl ServiceHandle {
         }
 
         // 2. Registered QPs that are gone.
-        st.qps
-            .retain(|w| w.upgrade().is_some_and(|q| !q.is_cancelled()));
-        let qps: Vec<Arc<dyn ServedQp>> = st.qps.iter().filter_map(Weak::upgrade).collect();
+        //    One upgrade per QP: at 1,000 QPs the round's atomics on the QPs' counts are
+        //    most of what is left of it once the control CQs are shared.
+        let mut qps = std::mem::take(&mut st.live);
+        st.qps.retain(|w| match w.upgrade() {
+            Some(q) if !q.is_cancelled() => {
+                qps.push(q);
+                true
+            }
+            _ => false,
+        });
 
         // 3. Link changes.
         for li in 0..st.links.len() {
@@ -559,6 +569,8 @@ impl ServiceHandle {
                 soon(t);
             }
         }
+        qps.clear();
+        st.live = qps;
         next
     }
 
