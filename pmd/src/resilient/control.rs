@@ -41,8 +41,10 @@ use crate::provider::VerbsError;
 use crate::qp_state::QpState;
 use crate::verbs::{random_psn, Access, AddressVector, Gid, QpAttr, QpCaps};
 
-use super::control_cq::{ControlCqs, Reservation};
-use super::mailbox::QpShared;
+use super::control_cq::{Reservation, TakesCompletions};
+
+/// The shared control CQs of a service, whose members are control channels.
+pub(crate) type ChannelCqs = super::control_cq::ControlCqs<ControlChannel>;
 
 /// Why a control message could not be sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,10 +107,10 @@ pub(crate) struct ControlChannel {
     /// The first PSN this end sends.
     send_psn: u32,
     /// Its place in the device's shared control CQ, where its completions arrive.
-    cq: Reservation,
+    cq: Reservation<ControlChannel>,
     /// The mailbox of the resilient QP the channel serves: where the service puts what it
     /// polls for the channel.
-    owner: OnceLock<Weak<QpShared>>,
+    owner: OnceLock<Weak<dyn ChannelOwner>>,
 }
 
 impl std::fmt::Debug for ControlChannel {
@@ -153,6 +155,19 @@ const SEND_WR_ID: u64 = u64::MAX;
 /// wr_id of control receives (zero-length: the data goes to the ring).
 const RECV_WR_ID: u64 = 0;
 
+/// Where a channel's messages go: the mailbox of the QP it serves (`super::mailbox`, which
+/// names this module, so the channel knows its owner only by this trait).
+pub(crate) trait ChannelOwner: Send + Sync {
+    /// Hands the owner an event the channel made of a completion.
+    fn post_event(&self, event: Event);
+}
+
+impl TakesCompletions for ControlChannel {
+    fn take_completion(&self, wc: &WorkCompletion, out: &mut Vec<Event>) {
+        self.take(wc, out);
+    }
+}
+
 impl ControlChannel {
     /// Creates the control QP and its ring on the device of the backup PD `backup_pd`, in a
     /// protection domain of the channel's own, its completions going to a CQ of `cqs` shared
@@ -161,7 +176,7 @@ impl ControlChannel {
         backup_pd: &Arc<Pd>,
         depth: u32,
         local_default_qpn: u32,
-        cqs: &ControlCqs,
+        cqs: &ChannelCqs,
     ) -> Result<Arc<ControlChannel>, VerbsError> {
         Self::create_on(Path::Backup, backup_pd, depth, local_default_qpn, cqs)
     }
@@ -174,7 +189,7 @@ impl ControlChannel {
         pd: &Arc<Pd>,
         depth: u32,
         local_default_qpn: u32,
-        cqs: &ControlCqs,
+        cqs: &ChannelCqs,
     ) -> Result<Arc<ControlChannel>, VerbsError> {
         // A power of two, so the slot of a message number stays consistent when the 32-bit
         // numbers wrap.
@@ -226,18 +241,20 @@ impl ControlChannel {
     }
 
     /// Names the mailbox of the QP the channel serves (once).
-    pub fn set_owner(&self, owner: &Arc<QpShared>) {
-        let _ = self.owner.set(Arc::downgrade(owner));
+    pub fn set_owner<O: ChannelOwner + 'static>(&self, owner: &Arc<O>) {
+        let owner: Weak<O> = Arc::downgrade(owner);
+        let owner: Weak<dyn ChannelOwner> = owner;
+        let _ = self.owner.set(owner);
     }
 
     /// The mailbox of the QP the channel serves, while it lives.
-    pub fn owner(&self) -> Option<Arc<QpShared>> {
+    pub fn owner(&self) -> Option<Arc<dyn ChannelOwner>> {
         self.owner.get().and_then(Weak::upgrade)
     }
 
     /// The shared CQ the channel's completions arrive on.
-    #[cfg(test)]
-    pub fn control_cq(&self) -> &Arc<super::control_cq::ControlCq> {
+    #[cfg(all(test, feature = "soft"))]
+    pub fn control_cq(&self) -> &Arc<super::control_cq::ControlCq<ControlChannel>> {
         &self.cq.cq
     }
 
@@ -493,7 +510,7 @@ impl ControlChannel {
     /// Polls the channel's shared CQ; what it brings for this channel goes to `out`, what it
     /// brings for another channel to that channel's owner. Returns whether anything was
     /// polled. (The service polls the shared CQs themselves.)
-    #[cfg(test)]
+    #[cfg(all(test, feature = "soft"))]
     pub fn poll(&self, out: &mut Vec<Event>) -> bool {
         let mut scratch = Vec::new();
         self.cq.cq.poll(&mut scratch, |channel, events| {
@@ -501,7 +518,7 @@ impl ControlChannel {
                 out.append(events);
             } else if let Some(owner) = channel.owner() {
                 for e in events.drain(..) {
-                    owner.post(super::mailbox::Mail::Event(e));
+                    owner.post_event(e);
                 }
             }
         })
@@ -534,7 +551,7 @@ mod tests {
         /// The backup PD the channel was created beside (the application's memory).
         backup_pd: Arc<Pd>,
         /// The shared control CQs of the end's device.
-        cqs: ControlCqs,
+        cqs: ChannelCqs,
         channel: Arc<ControlChannel>,
     }
 
@@ -552,7 +569,7 @@ mod tests {
         let end = |port: u32, default_qpn: u32| {
             let ctx = Context::open(&format!("fabric:{fabric}/{port}"), &config).unwrap();
             let backup_pd = ctx.alloc_pd().unwrap();
-            let cqs = ControlCqs::default();
+            let cqs = ChannelCqs::default();
             let channel = ControlChannel::create(&backup_pd, 4, default_qpn, &cqs).unwrap();
             channel.init().unwrap();
             End {

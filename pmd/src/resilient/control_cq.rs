@@ -24,7 +24,13 @@ use crate::datapath::wr::WorkCompletion;
 use crate::failover::Event;
 use crate::provider::VerbsError;
 
-use super::control::ControlChannel;
+/// What a shared CQ hands a completion to: the control channel whose QP it names
+/// (`super::control`). A trait here so that this module does not import the channel's, which
+/// imports this one (the one-way imports of `pmd/tests/imports_run_one_way.rs`).
+pub(crate) trait TakesCompletions {
+    /// Takes one completion of the member's QP; the events it makes of it go to `out`.
+    fn take_completion(&self, wc: &WorkCompletion, out: &mut Vec<Event>);
+}
 
 /// Channels a device's first shared CQ takes; each next CQ takes twice as many.
 const FIRST_CHANNELS_PER_CQ: u32 = 16;
@@ -32,7 +38,7 @@ const FIRST_CHANNELS_PER_CQ: u32 = 16;
 pub(crate) const MAX_CHANNELS_PER_CQ: u32 = 512;
 
 /// A shared CQ's polling state, behind its lock.
-pub(crate) struct Polling {
+pub(crate) struct Polling<C> {
     cq: Cq,
     /// The CQ was armed once: from then on it is either armed or its event is pending (its
     /// descriptor readable), so a service thread that sleeps on it need not touch it until
@@ -40,38 +46,38 @@ pub(crate) struct Polling {
     armed: bool,
     wcs: [WorkCompletion; 32],
     /// The channels of this CQ by control QPN, sorted.
-    members: Vec<(u32, Weak<ControlChannel>)>,
+    members: Vec<(u32, Weak<C>)>,
 }
 
 /// A CQ shared by control channels of one device.
-pub(crate) struct ControlCq {
-    polling: Mutex<Polling>,
+pub(crate) struct ControlCq<C> {
+    polling: Mutex<Polling<C>>,
     /// Entries not yet promised to a channel.
     free: Mutex<u32>,
     event_fd: Option<std::os::fd::RawFd>,
 }
 
-impl std::fmt::Debug for ControlCq {
+impl<C> std::fmt::Debug for ControlCq<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlCq").finish_non_exhaustive()
     }
 }
 
 /// A channel's place in a shared CQ: given back when the channel goes.
-pub(crate) struct Reservation {
-    pub cq: Arc<ControlCq>,
+pub(crate) struct Reservation<C> {
+    pub cq: Arc<ControlCq<C>>,
     entries: u32,
 }
 
-impl Drop for Reservation {
+impl<C> Drop for Reservation<C> {
     fn drop(&mut self) {
         *self.cq.free.lock().unwrap_or_else(|p| p.into_inner()) += self.entries;
     }
 }
 
-impl ControlCq {
+impl<C: TakesCompletions> ControlCq<C> {
     /// The CQ, locked for polling; a channel's reset holds it too (the lock order above).
-    pub(crate) fn polling(&self) -> MutexGuard<'_, Polling> {
+    pub(crate) fn polling(&self) -> MutexGuard<'_, Polling<C>> {
         self.polling.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -81,7 +87,7 @@ impl ControlCq {
     }
 
     /// Lists `channel` (control QPN `qpn`) as a member: its completions go to it.
-    pub(crate) fn attach(&self, qpn: u32, channel: &Arc<ControlChannel>) {
+    pub(crate) fn attach(&self, qpn: u32, channel: &Arc<C>) {
         let mut p = self.polling();
         p.members.retain(|(_, w)| w.strong_count() > 0);
         let at = p.members.partition_point(|(q, _)| *q < qpn);
@@ -98,7 +104,7 @@ impl ControlCq {
     pub(crate) fn poll(
         &self,
         events: &mut Vec<Event>,
-        mut deliver: impl FnMut(&ControlChannel, &mut Vec<Event>),
+        mut deliver: impl FnMut(&C, &mut Vec<Event>),
     ) -> bool {
         let mut guard = self.polling();
         let p = &mut *guard;
@@ -124,7 +130,7 @@ impl ControlCq {
                     continue;
                 };
                 events.clear();
-                channel.take(&wc, events);
+                channel.take_completion(&wc, events);
                 if !events.is_empty() {
                     deliver(&channel, events);
                 }
@@ -170,22 +176,29 @@ impl ControlCq {
 
 /// One device's shared control CQs, oldest first. Weak: a CQ goes with its last channel, and
 /// with it the device it keeps open.
-type DeviceCqs = (Weak<Context>, Vec<Weak<ControlCq>>);
+type DeviceCqs<C> = (Weak<Context>, Vec<Weak<ControlCq<C>>>);
 
 /// The shared control CQs of every device a service's channels are on.
-#[derive(Default)]
-pub(crate) struct ControlCqs {
-    devices: Mutex<Vec<DeviceCqs>>,
+pub(crate) struct ControlCqs<C> {
+    devices: Mutex<Vec<DeviceCqs<C>>>,
 }
 
-impl ControlCqs {
+impl<C> Default for ControlCqs<C> {
+    fn default() -> Self {
+        ControlCqs {
+            devices: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<C: TakesCompletions> ControlCqs<C> {
     /// A place for a channel of `depth` (`2 x depth` entries) in a shared CQ of `ctx`,
     /// creating a CQ when none has room.
     pub(crate) fn reserve(
         &self,
         ctx: &Arc<Context>,
         depth: u32,
-    ) -> Result<Reservation, VerbsError> {
+    ) -> Result<Reservation<C>, VerbsError> {
         let entries = 2 * depth;
         let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
         devices.retain(|(d, _)| d.strong_count() > 0);
@@ -229,7 +242,7 @@ impl ControlCqs {
     }
 
     /// Every shared CQ that still has a channel.
-    pub(crate) fn live(&self, out: &mut Vec<Arc<ControlCq>>) {
+    pub(crate) fn live(&self, out: &mut Vec<Arc<ControlCq<C>>>) {
         out.clear();
         let devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
         for (_, cqs) in devices.iter() {

@@ -16,7 +16,7 @@ use crossbeam_utils::sync::Unparker;
 use crate::control::{Cq, Qp, QpHandle, SavedAttrs};
 use crate::failover::{Event, Timestamp};
 
-use super::control::ControlChannel;
+use super::control::{ChannelOwner, ControlChannel};
 use super::rendezvous::PeerAttrs;
 
 /// The backup side of a resilient QP, handed to the owner once it is in RTS and connected.
@@ -60,6 +60,12 @@ pub(crate) struct QpShared {
     pub default_handle: QpHandle,
     /// `qp <qpn> on <device>`, for logs.
     pub name: String,
+}
+
+impl ChannelOwner for QpShared {
+    fn post_event(&self, event: Event) {
+        self.post(Mail::Event(event));
+    }
 }
 
 impl QpShared {

@@ -25,7 +25,8 @@ use crate::failover::{Event, Path, Timestamp};
 
 use super::clock::Clock;
 use super::config::LinkSource;
-use super::control_cq::{ControlCq, ControlCqs};
+use super::control::{ChannelCqs, ControlChannel};
+use super::control_cq::ControlCq;
 use super::link::{LinkChange, LinkWatch};
 use super::mailbox::{Mail, QpShared};
 
@@ -149,9 +150,9 @@ pub(crate) struct ServiceInner {
     /// next round to take: which control CQs signalled.
     ready: Mutex<Vec<RawFd>>,
     /// The control CQs, shared by the control channels of each device.
-    control_cqs: ControlCqs,
+    control_cqs: ChannelCqs,
     /// The round's list of live control CQs (taken under the state's lock).
-    control_cq_scratch: Mutex<Vec<Arc<ControlCq>>>,
+    control_cq_scratch: Mutex<Vec<Arc<ControlCq<ControlChannel>>>>,
 }
 
 /// What contexts and QPs hold of the service.
@@ -306,7 +307,7 @@ impl ServiceHandle {
                 wake: WakeFd::new()?,
                 stop: AtomicBool::new(false),
                 ready: Mutex::new(Vec::new()),
-                control_cqs: ControlCqs::default(),
+                control_cqs: ChannelCqs::default(),
                 control_cq_scratch: Mutex::new(Vec::new()),
             }),
         })
@@ -321,7 +322,7 @@ impl ServiceHandle {
     }
 
     /// The control CQs new control channels take their place in.
-    pub fn control_cqs(&self) -> &ControlCqs {
+    pub fn control_cqs(&self) -> &ChannelCqs {
         &self.inner.control_cqs
     }
 
@@ -513,7 +514,7 @@ impl ServiceHandle {
         let deliver = |channel: &super::control::ControlChannel, events: &mut Vec<Event>| {
             if let Some(owner) = channel.owner() {
                 for e in events.drain(..) {
-                    owner.post(Mail::Event(e));
+                    owner.post_event(e);
                 }
             }
         };
