@@ -6,11 +6,11 @@
 
 use hw_defs::mlx5::{SendOpcode, SEND_WQE_BB};
 
-use crate::datapath::sq::{rewrite_keys, OutstandingWqe};
+use crate::datapath::sq::OutstandingWqe;
 use crate::datapath::wr::WcStatus;
 use crate::failover::{Epoch, Event, Path, Timestamp};
 
-use super::perform::{rewrite_recv_keys, wqe_rkey};
+use super::perform::{mapped_peer_rkey, rewrite_recv_keys, rewrite_send_keys};
 use super::plan::{plan_copy, sends_before_first_read};
 use super::qp::ResilientQp;
 
@@ -224,45 +224,14 @@ impl ResilientQp {
     /// Rewrites a backup SQ WQE's keys to the default device's: lkeys through the shadow
     /// PD's key map, the peer's backup rkey to the default rkey it stands for.
     fn map_back(&mut self, wqe: &mut [u8]) -> Result<(), (WcStatus, String)> {
-        let rkey = match wqe_rkey(wqe) {
-            Some((backup, true)) => match self.default_rkey(backup) {
-                Some(d) => Some(d),
-                None => {
-                    return Err((
-                        WcStatus::LocProtErr,
-                        format!("no default rkey for the peer's backup rkey {backup:#x}"),
-                    ))
-                }
-            },
-            Some((rkey, false)) => Some(rkey),
-            None => None,
-        };
+        let rkey = mapped_peer_rkey(wqe, |k| self.default_rkey(k), "default")?;
         let keys = self.slow.env.shadow.as_ref().map(|s| &s.pd.keys);
-        let mut missing = None;
-        let rewritten = rewrite_keys(
+        rewrite_send_keys(
             wqe,
-            |k| match keys.and_then(|m| m.default_lkey(k)) {
-                Some(d) => d,
-                None => {
-                    missing.get_or_insert(k);
-                    k
-                }
-            },
-            |k| rkey.unwrap_or(k),
-        );
-        if rewritten.is_none() {
-            return Err((
-                WcStatus::LocQpOpErr,
-                "a backup WQE has an opcode the driver does not post".to_string(),
-            ));
-        }
-        match missing {
-            Some(k) => Err((
-                WcStatus::LocProtErr,
-                format!("no default lkey for backup lkey {k:#x}"),
-            )),
-            None => Ok(()),
-        }
+            rkey,
+            |k| keys.and_then(|m| m.default_lkey(k)),
+            "default",
+        )
     }
 
     /// The peer's default rkey whose backup rkey is `backup`: the reverse of the mapping a

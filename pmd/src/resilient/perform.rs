@@ -382,46 +382,11 @@ impl ResilientQp {
         bytes.resize(usize::from(w.info.bbs.max(1)) * SEND_WQE_BB, 0);
         let len = self.default.send_queue().copy_wqe(w.counter, bytes);
         let wqe = &mut bytes[..len];
-        // The peer's rkey, mapped first (a lookup may ask the store); a WRITE without data
-        // names no memory and needs no mapping.
-        let rkey = match wqe_rkey(wqe) {
-            Some((rkey, true)) => match self.backup_rkey(rkey) {
-                Some(b) => Some(b),
-                None => {
-                    return Err((
-                        WcStatus::LocProtErr,
-                        format!("no backup rkey for {rkey:#x}"),
-                    ))
-                }
-            },
-            Some((rkey, false)) => Some(rkey),
-            None => None,
-        };
+        // The peer's rkey, mapped first (a lookup may ask the store).
+        let rkey = mapped_peer_rkey(wqe, |k| self.backup_rkey(k), "backup")?;
         let keys = self.slow.env.shadow.as_ref().map(|s| &s.pd.keys);
-        let mut lkey_missing = None;
-        let rewritten = rewrite_keys(
-            wqe,
-            |k| match keys.and_then(|m| m.backup_lkey(k)) {
-                Some(b) => b,
-                None => {
-                    lkey_missing.get_or_insert(k);
-                    k
-                }
-            },
-            |k| rkey.unwrap_or(k),
-        );
-        if rewritten.is_none() {
-            return Err((
-                WcStatus::LocQpOpErr,
-                format!(
-                    "WQE at {:#x} has an opcode the driver does not post",
-                    w.counter
-                ),
-            ));
-        }
-        if let Some(k) = lkey_missing {
-            return Err((WcStatus::LocProtErr, format!("no backup lkey for {k:#x}")));
-        }
+        rewrite_send_keys(wqe, rkey, |k| keys.and_then(|m| m.backup_lkey(k)), "backup")
+            .map_err(|(status, why)| (status, format!("WQE at {:#x}: {why}", w.counter)))?;
         let b = self.slow.backup.as_mut().expect("protected");
         b.qp.send_queue()
             .post_raw(wqe, w.wr_id)
@@ -583,6 +548,63 @@ pub(super) fn rewrite_recv_keys(
         seg.set_lkey(map(k).ok_or(k)?);
     }
     Ok(())
+}
+
+/// The peer's rkey of a raw send WQE as `map` gives it for the other device of the pair
+/// (`toward`, named in the error): `None` when the WQE names no remote memory (a WRITE
+/// without data needs no mapping), the rkey as it is when it has none to map.
+pub(super) fn mapped_peer_rkey(
+    wqe: &[u8],
+    map: impl FnOnce(u32) -> Option<u32>,
+    toward: &str,
+) -> Result<Option<u32>, (WcStatus, String)> {
+    match wqe_rkey(wqe) {
+        Some((rkey, true)) => map(rkey).map(Some).ok_or_else(|| {
+            (
+                WcStatus::LocProtErr,
+                format!("no {toward} rkey for the peer's rkey {rkey:#x}"),
+            )
+        }),
+        Some((rkey, false)) => Ok(Some(rkey)),
+        None => Ok(None),
+    }
+}
+
+/// Rewrites a raw send WQE for the other device of the pair (`toward`, named in the error):
+/// its lkeys through `lkey`, its remote-address segment's rkey to `rkey` (from
+/// [`mapped_peer_rkey`]). Fails with the status of the local error it amounts to: an lkey
+/// with no counterpart, or an opcode the driver does not post.
+pub(super) fn rewrite_send_keys(
+    wqe: &mut [u8],
+    rkey: Option<u32>,
+    lkey: impl Fn(u32) -> Option<u32>,
+    toward: &str,
+) -> Result<(), (WcStatus, String)> {
+    let mut missing = None;
+    let rewritten = rewrite_keys(
+        wqe,
+        |k| match lkey(k) {
+            Some(mapped) => mapped,
+            None => {
+                missing.get_or_insert(k);
+                k
+            }
+        },
+        |k| rkey.unwrap_or(k),
+    );
+    if rewritten.is_none() {
+        return Err((
+            WcStatus::LocQpOpErr,
+            "an opcode the driver does not post".to_string(),
+        ));
+    }
+    match missing {
+        Some(k) => Err((
+            WcStatus::LocProtErr,
+            format!("no {toward} lkey for lkey {k:#x}"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The rkey of a raw send WQE that has a remote-address segment, and whether the WQE names
