@@ -144,6 +144,9 @@ struct Budget {
     backup_failures: u8,
     /// A backup device fails its QPs (backup data QP and control QP to ERR, link up).
     backup_qp_failures: u8,
+    /// A default device fails its QPs (default data QP and the default devices' control QP
+    /// to ERR, link up).
+    default_qp_failures: u8,
     losses: u8,
     ticks: u8,
     waits: u8,
@@ -167,6 +170,7 @@ impl Scenario {
     fn expects_success(&self) -> bool {
         self.budget.backup_failures == 0
             && self.budget.backup_qp_failures == 0
+            && self.budget.default_qp_failures == 0
             && self
                 .programs
                 .iter()
@@ -193,7 +197,8 @@ impl fmt::Display for Scenario {
         write!(
             f,
             "{}: A posts [{}] and {} recvs ({:?}); B posts [{}] and {} recvs ({:?}); recvs {}; \
-             default path fails <= {}x, repaired <= {}x; backup fails <= {}x, its QPs fail <= {}x; \
+             default path fails <= {}x, repaired <= {}x, its QPs fail <= {}x; backup fails <= {}x, \
+             its QPs fail <= {}x; \
              packets lost <= {}; timer ticks <= {}; quiet-time timeouts <= {}; retry_cnt {}",
             self.name,
             program(self.programs[A]),
@@ -209,6 +214,7 @@ impl fmt::Display for Scenario {
             },
             b.default_failures,
             b.default_repairs,
+            b.default_qp_failures,
             b.backup_failures,
             b.backup_qp_failures,
             b.losses,
@@ -382,6 +388,8 @@ struct Host {
     fence: bool,
     first_default_error: Option<WcStatus>,
     control_dead: bool,
+    /// The control QP on the default devices is in ERR or RESET: it receives nothing.
+    default_control_dead: bool,
     /// The driver is draining the default CQ: it finishes once the default QP has left RTS
     /// (flushes appear only then).
     draining: bool,
@@ -444,6 +452,10 @@ const SEEN_BACKUP_REPAIRED: u16 = 1 << 10;
 const SEEN_FAILOVER_AFTER_REPAIR: u16 = 1 << 11;
 /// Traffic moved back to the default pair after the backup failed under it (5e).
 const SEEN_FAILBACK: u16 = 1 << 12;
+/// The default devices' control channel, lost, was repaired over the backup devices' one.
+const SEEN_DEFAULT_CONTROL_REPAIRED: u16 = 1 << 13;
+/// A backup side was repaired over a repaired default devices' channel.
+const SEEN_BACKUP_REPAIRED_AFTER_CHANNEL: u16 = 1 << 14;
 
 /// One step of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -474,6 +486,9 @@ enum Step {
     /// `host`'s backup device fails its QPs: the backup data QP and the control QP go to ERR
     /// (the link stays up).
     BackupQpsFail { host: usize },
+    /// `host`'s default device fails its QPs: the default data QP and the default devices'
+    /// control QP go to ERR (the link stays up).
+    DefaultQpsFail { host: usize },
     /// The oldest message `from` sent on the control channel on the default devices arrives
     /// (it waits while the default path is down: the model does not exhaust its retries).
     DeliverDefaultControl { from: usize },
@@ -538,7 +553,15 @@ impl World {
             let mut failed_back = false;
             while let Some(observed) = self.hosts[host].machine.poll_observation() {
                 match observed {
-                    Observation::BackupRepaired { .. } => self.seen |= SEEN_BACKUP_REPAIRED,
+                    Observation::BackupRepaired { .. } => {
+                        self.seen |= SEEN_BACKUP_REPAIRED;
+                        if self.seen & SEEN_DEFAULT_CONTROL_REPAIRED != 0 {
+                            self.seen |= SEEN_BACKUP_REPAIRED_AFTER_CHANNEL;
+                        }
+                    }
+                    Observation::DefaultControlRepaired { .. } => {
+                        self.seen |= SEEN_DEFAULT_CONTROL_REPAIRED
+                    }
                     Observation::FailedBack { .. } => failed_back = true,
                     _ => {}
                 }
@@ -645,7 +668,24 @@ impl World {
                     self.control[host].push(message);
                 }
             }
-            Action::SendControlOnDefault(message) => self.default_control[host].push(message),
+            Action::SendControlOnDefault(message) => {
+                if self.hosts[host].default_control_dead {
+                    // The driver's send on a broken channel fails at once.
+                    events.push_back(Event::DefaultControlFailed);
+                } else {
+                    self.default_control[host].push(message);
+                }
+            }
+            Action::ResetDefaultControl => {
+                // What it had not delivered is gone, and it receives nothing until the
+                // bring-up.
+                self.hosts[host].default_control_dead = true;
+                self.default_control[host].clear();
+            }
+            Action::BringUpDefaultControl { epoch } => {
+                self.hosts[host].default_control_dead = false;
+                events.push_back(Event::DefaultControlUp { epoch, ok: true });
+            }
             Action::ResetBackup => {
                 let h = &mut self.hosts[host];
                 let qp = &mut h.qps[BACKUP];
@@ -1471,6 +1511,7 @@ impl Model for FailoverModel {
                 fence: false,
                 first_default_error: None,
                 control_dead: false,
+                default_control_dead: false,
                 draining: false,
             }
         };
@@ -1517,6 +1558,11 @@ impl Model for FailoverModel {
                 && world.hosts[host].qps[BACKUP].state == QpState::Rts
             {
                 steps.push(Step::BackupQpsFail { host });
+            }
+            if world.budget.default_qp_failures > 0
+                && world.hosts[host].qps[DEFAULT].state == QpState::Rts
+            {
+                steps.push(Step::DefaultQpsFail { host });
             }
             if !world.control[host].is_empty() {
                 if world.paths[BACKUP].up {
@@ -1605,7 +1651,32 @@ impl Model for FailoverModel {
             Step::DeliverControl { from } => next.deliver_control(self, from),
             Step::DeliverDefaultControl { from } => {
                 let message = next.default_control[from].remove(0);
-                next.feed(self, 1 - from, Event::Control(message));
+                if next.hosts[1 - from].default_control_dead {
+                    // An RC QP in ERR or RESET answers nothing: the sender's retries run out.
+                    next.hosts[from].default_control_dead = true;
+                    next.default_control[from].clear();
+                    next.feed(self, from, Event::DefaultControlFailed);
+                } else {
+                    next.feed(self, 1 - from, Event::Control(message));
+                }
+            }
+            Step::DefaultQpsFail { host } => {
+                next.budget.default_qp_failures -= 1;
+                let h = &mut next.hosts[host];
+                h.qps[DEFAULT].state = QpState::Err;
+                h.default_control_dead = true;
+                next.default_control[host].clear();
+                // The channel's posted receives flush; so does the data QP's work (an idle
+                // one's next post would flush at once).
+                next.feed(self, host, Event::DefaultControlFailed);
+                next.feed(
+                    self,
+                    host,
+                    Event::ErrorCompletion {
+                        path: Path::Default,
+                        status: WcStatus::WrFlushErr,
+                    },
+                );
             }
             Step::BackupQpsFail { host } => {
                 next.budget.backup_qp_failures -= 1;
@@ -1759,7 +1830,7 @@ impl Model for FailoverModel {
         ];
         // What the scenario must reach, so that a pass cannot come from a model that never
         // gets there.
-        let coverage: [(u16, &'static str, Condition); 13] = [
+        let coverage: [(u16, &'static str, Condition); 15] = [
             (SEEN_FAILOVER, "a failover completes", |_, w| {
                 w.seen & SEEN_FAILOVER != 0
             }),
@@ -1810,6 +1881,16 @@ impl Model for FailoverModel {
                 SEEN_FAILBACK,
                 "traffic fails back to the default pair when the backup dies under it",
                 |_, w| w.seen & SEEN_FAILBACK != 0,
+            ),
+            (
+                SEEN_DEFAULT_CONTROL_REPAIRED,
+                "the default devices' channel is repaired over the backup devices' one",
+                |_, w| w.seen & SEEN_DEFAULT_CONTROL_REPAIRED != 0,
+            ),
+            (
+                SEEN_BACKUP_REPAIRED_AFTER_CHANNEL,
+                "a backup side is repaired over a repaired default devices' channel",
+                |_, w| w.seen & SEEN_BACKUP_REPAIRED_AFTER_CHANNEL != 0,
             ),
             (
                 SEEN_PSN_WRAP,
@@ -1933,6 +2014,7 @@ const fn budget(
         default_repairs,
         backup_failures,
         backup_qp_failures: 0,
+        default_qp_failures: 0,
         losses,
         ticks,
         waits: 1,
@@ -2070,6 +2152,28 @@ fn backup_qps_fail() -> Scenario {
     }
 }
 
+/// A default device fails its QPs (the default data QP and the default devices' control QP)
+/// at any point: the traffic fails over, the default pair is re-armed, and the channel is
+/// repaired over the backup devices' channel; then the backup device fails its QPs and is
+/// repaired over the repaired channel. Nothing may hang.
+fn default_qps_fail() -> Scenario {
+    Scenario {
+        name: "one notification A -> B, the default then the backup device fails its QPs",
+        programs: [ONE_WRITE_IMM, NOTHING],
+        recvs: [0, 1],
+        recvs_up_front: true,
+        roles: [Role::Leader, Role::Follower],
+        budget: Budget {
+            default_qp_failures: 1,
+            backup_qp_failures: 1,
+            ..budget(0, 0, 0, 0, 4)
+        },
+        coverage: SEEN_FAILOVER
+            | SEEN_DEFAULT_CONTROL_REPAIRED
+            | SEEN_BACKUP_REPAIRED_AFTER_CHANNEL,
+    }
+}
+
 /// The backup path fails too, at any point: nothing may hang; under traffic with the default
 /// path back, the traffic fails back to it (5e). One notification rather than the NCCL
 /// program: the failback's interleavings made that one four times larger (25.6 million
@@ -2128,6 +2232,11 @@ fn shift_reports_errors_and_never_hangs_when_both_paths_fail() {
 #[test]
 fn shift_repairs_a_backup_whose_qps_failed_while_idle_and_fails_over_through_it() {
     verify(backup_qps_fail());
+}
+
+#[test]
+fn shift_repairs_the_default_devices_channel_after_the_default_device_failed_its_qps() {
+    verify(default_qps_fail());
 }
 
 #[test]

@@ -1134,3 +1134,72 @@ fn a_round_waiting_for_the_peers_failover_follows_its_failback() {
     // B's round never completed: the failback took its place.
     assert_eq!(sim.b.qp.stats().failovers, 0);
 }
+
+/// Host A's default device fails every QP (the default data QP and the control QP on the
+/// default devices) while traffic runs: the traffic fails over, the default pair is re-armed
+/// and switched back, and the default devices' channel is repaired over the backup devices'
+/// one. It is then needed: host A's backup device fails its QPs and the backup side is
+/// repaired over the repaired channel (5d), and a default link failure fails over again.
+#[test]
+fn a_default_device_failing_its_qps_has_its_control_channel_repaired_and_later_repairs_work() {
+    let mut sim = Sim::new(53, config());
+    let mut t = nccl(&sim, 1_000);
+    t.dirs[0].interval = Duration::from_micros(500);
+    let mut phase = 0;
+    let mut failed_at = Duration::ZERO;
+    let mut completed_at_link_down = 0;
+    let done = sim.run_until(Duration::from_secs(20), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            s.a.devices[0].inject_fault(DeviceFault::QpsFailed).unwrap();
+            failed_at = s.now();
+            phase = 1;
+        }
+        if phase == 1
+            && s.a.qp.state() == ResilientState::Default
+            && s.b.qp.state() == ResilientState::Default
+            && s.now() >= failed_at + Duration::from_millis(200)
+        {
+            // Back on the re-armed default pair for a while: the backup side fails. Its
+            // repair needs the default devices' channel (before, never repaired: the backup
+            // stayed lost).
+            s.a.devices[1].inject_fault(DeviceFault::QpsFailed).unwrap();
+            phase = 2;
+        }
+        if phase == 2 && s.a.qp.stats().backup_rearms == 1 && s.b.qp.stats().backup_rearms == 1 {
+            s.link_down(A_DEFAULT, None);
+            completed_at_link_down = t.dirs[0].completed;
+            phase = 3;
+        }
+        step(&mut t, s)
+            && phase == 3
+            && s.a.qp.state() == ResilientState::Fallback
+            && s.b.qp.state() == ResilientState::Fallback
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: {} of 1000 completed, states {:?} {:?}, stats {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.stats(),
+        sim.b.qp.stats()
+    );
+    assert_clean(&mut t, &mut sim);
+    // The traffic was still running at the last failure, and completed through it.
+    assert!(completed_at_link_down < 1_000, "{completed_at_link_down}");
+    for h in [&sim.a, &sim.b] {
+        let stats = h.qp.stats();
+        assert_eq!(
+            (
+                stats.failovers,
+                stats.switch_backs,
+                stats.default_control_repairs,
+                stats.backup_rearms,
+                stats.errors
+            ),
+            (2, 1, 1, 1, 0),
+            "{stats:?} {:?}",
+            h.qp.events()
+        );
+    }
+}

@@ -70,6 +70,18 @@ pub enum Action {
         /// The backup-pair incarnation to bring up.
         epoch: Epoch,
     },
+    /// Take the control QP on the default devices to RESET (it leaves its channel epoch;
+    /// message numbers back to 0 both ways), then INIT with its receives posted.
+    ResetDefaultControl,
+    /// Take the control QP on the default devices from INIT through RTR to RTS with the PSNs
+    /// of channel epoch `epoch` ([`Epoch::start_psn`] of its published PSNs); report
+    /// [`Event::DefaultControlUp`].
+    ///
+    /// [`Event::DefaultControlUp`]: super::Event::DefaultControlUp
+    BringUpDefaultControl {
+        /// The channel incarnation to bring up.
+        epoch: Epoch,
+    },
     /// Poll the backup CQ: successful completions to the WC buffer in order and into the
     /// counters; report [`Event::BackupDrained`](super::Event::BackupDrained).
     DrainBackup,

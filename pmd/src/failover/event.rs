@@ -67,9 +67,16 @@ pub enum Event {
     Control(ControlMessage),
     /// A control send completed in error: the control QP (and so the backup path) is gone.
     ControlSendFailed,
-    /// The control QP on the default devices failed: the backup side can no longer be
-    /// repaired (nothing else changes; it is not repaired itself).
+    /// The control QP on the default devices failed: until it is repaired (over the backup
+    /// devices' channel, `docs/failover.md` 5d) no backup repair and no failback is possible.
     DefaultControlFailed,
+    /// [`Action::BringUpDefaultControl`](super::Action::BringUpDefaultControl) is done.
+    DefaultControlUp {
+        /// The channel epoch the QP was brought up in.
+        epoch: Epoch,
+        /// Whether it reached RTS.
+        ok: bool,
+    },
     /// [`Action::BringUpBackup`](super::Action::BringUpBackup) is done.
     BackupUp {
         /// The backup epoch the QPs were brought up in.

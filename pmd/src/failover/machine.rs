@@ -49,12 +49,19 @@ pub struct Failover {
     /// backup data QP and backup control QP, which a repair resets and brings back.
     backup_epoch: Epoch,
     /// Bringing a lost backup side back while the connection runs on the default path.
-    backup_repair: BackupRepair,
+    backup_repair: Repair,
     /// Consecutive failed backup repair attempts (leader).
     backup_repair_failures: u32,
-    /// False once the control QP on the default devices failed: the channel the repair
-    /// messages travel on is gone.
+    /// False once the control QP on the default devices failed: the channel the backup
+    /// repair and failback messages travel on is gone until it is repaired.
     default_control_usable: bool,
+    /// The highest channel epoch of the control QP on the default devices this end has used
+    /// or agreed to.
+    default_control_epoch: Epoch,
+    /// Bringing a lost default devices' channel back, over the backup devices' channel.
+    default_control_repair: Repair,
+    /// Consecutive failed repair attempts of the default devices' channel (leader).
+    default_control_repair_failures: u32,
     /// Stale receive WQEs left at the head of the backup RQ by the last receive switch-back.
     stale_backup_recvs: u64,
     /// The backup link is down while something needs it: the connection fails if it is not
@@ -210,11 +217,13 @@ enum DefaultQp {
     FailingBack,
 }
 
-/// Repairing the backup side (the backup data QP and the control QP on the backup devices,
-/// reset and brought up in a new backup epoch at both ends), over the control channel on the
-/// default devices. Led by the leader, as a rearm of the default pair is.
+/// Repairing one side that is lost while the connection runs on: the backup side (the backup
+/// data QP and the control QP on the backup devices, reset and brought up in a new backup
+/// epoch at both ends, over the control channel on the default devices), or the control
+/// channel on the default devices (its QP reset and brought up in a new channel epoch, over
+/// the backup devices' channel). Led by the leader, as a rearm of the default pair is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum BackupRepair {
+enum Repair {
     /// Nothing to repair, or nothing for this end to do.
     Idle,
     /// The backup side is lost. Leader: the next attempt, not before `not_before` (and the
@@ -314,9 +323,12 @@ impl Failover {
             },
             backup_usable: true,
             backup_epoch: Epoch(0),
-            backup_repair: BackupRepair::Idle,
+            backup_repair: Repair::Idle,
             backup_repair_failures: 0,
             default_control_usable: true,
+            default_control_epoch: Epoch(0),
+            default_control_repair: Repair::Idle,
+            default_control_repair_failures: 0,
             stale_backup_recvs: 0,
             backup_deadline: None,
             failed: None,
@@ -393,6 +405,10 @@ impl Failover {
                 if self.backup_repair_in_progress() {
                     self.backup_repair_failed(now);
                 }
+                if self.default_control_repair_in_progress() {
+                    // Its messages travel on the backup devices' channel.
+                    self.default_control_repair_failed(now);
+                }
                 self.backup_failed(WcStatus::RetryExcErr, false, now, out)
             }
             Event::ControlSendFailed => self.backup_failed(WcStatus::RetryExcErr, true, now, out),
@@ -416,15 +432,24 @@ impl Failover {
             Event::Control(Msg::FailbackReady { epoch }) => self.peer_failback_ready(epoch, out),
             // Repairing a backup side lost while idle.
             Event::DefaultControlFailed => {
-                tracing::warn!("failover: the control QP on the default devices failed; a lost backup side can no longer be repaired");
-                self.default_control_usable = false;
+                tracing::warn!("failover: the control QP on the default devices failed; no backup repair or failback until it is repaired");
                 if self.failing_back() {
+                    self.default_control_usable = false;
                     return self.fail(FailReason::BackupUnavailable, out);
                 }
-                if self.backup_repair_in_progress() {
-                    self.backup_repair_failed(now);
-                }
+                self.default_control_lost(now);
             }
+            // Repairing the default devices' channel, over the backup devices' channel.
+            Event::Control(Msg::DefaultControlLost { epoch }) => {
+                self.peer_lost_default_control(epoch, now, out)
+            }
+            Event::Control(Msg::DefaultControlRearm { epoch }) => {
+                self.default_control_rearm_requested(epoch, now, out)
+            }
+            Event::Control(Msg::DefaultControlRearmDone { epoch, ok }) => {
+                self.default_control_rearm_done(epoch, ok, now, out)
+            }
+            Event::DefaultControlUp { epoch, ok } => self.default_control_up(epoch, ok, now, out),
             Event::Control(Msg::BackupLost { epoch }) => self.peer_lost_backup(epoch, now, out),
             Event::Control(Msg::BackupRearm { epoch }) => {
                 self.backup_rearm_requested(epoch, now, out)
@@ -534,6 +559,7 @@ impl Failover {
             rearm,
             self.backup_deadline,
             self.backup_repair_due(),
+            self.default_control_repair_due(),
         ]
         .into_iter()
         .flatten()
@@ -977,6 +1003,15 @@ impl Failover {
         if self.backup_repair_due().is_some_and(|due| now >= due) {
             self.backup_repair_tick(now, out);
         }
+        // At most two actions; with less room left (a rearm attempt started by this tick),
+        // the next tick, due at once, takes it.
+        if self
+            .default_control_repair_due()
+            .is_some_and(|due| now >= due)
+            && out.len() + 2 <= MAX_ACTIONS_PER_EVENT
+        {
+            self.default_control_repair_tick(now, out);
+        }
     }
 
     /// Follower that refused a rearm attempt: when it may tell the leader to try again (its
@@ -1219,9 +1254,13 @@ impl Failover {
     /// both ends reset it and bring it up in a new backup epoch.
     fn backup_lost(&mut self, now: Timestamp) {
         self.backup_usable = false;
+        if self.default_control_repair_in_progress() {
+            // Its messages travel on the backup devices' channel.
+            self.default_control_repair_failed(now);
+        }
         match self.backup_repair {
-            BackupRepair::Idle => {
-                self.backup_repair = BackupRepair::Lost {
+            Repair::Idle => {
+                self.backup_repair = Repair::Lost {
                     not_before: now,
                     tell_leader: self.config.role == Role::Follower,
                 }
@@ -1236,9 +1275,9 @@ impl Failover {
     fn backup_repair_in_progress(&self) -> bool {
         matches!(
             self.backup_repair,
-            BackupRepair::AwaitingFollower { .. }
-                | BackupRepair::BringingUp { .. }
-                | BackupRepair::FollowerBringingUp
+            Repair::AwaitingFollower { .. }
+                | Repair::BringingUp { .. }
+                | Repair::FollowerBringingUp
         )
     }
 
@@ -1256,7 +1295,7 @@ impl Failover {
     /// deadline, the follower's `BackupLost`.
     fn backup_repair_due(&self) -> Option<Timestamp> {
         match self.backup_repair {
-            BackupRepair::Lost {
+            Repair::Lost {
                 not_before,
                 tell_leader,
             } => {
@@ -1264,16 +1303,16 @@ impl Failover {
                 (acts && self.paths_allow_backup_repair())
                     .then(|| not_before.max(self.backup_link.since + self.config.holddown))
             }
-            BackupRepair::AwaitingFollower { deadline } | BackupRepair::BringingUp { deadline } => {
+            Repair::AwaitingFollower { deadline } | Repair::BringingUp { deadline } => {
                 Some(deadline)
             }
-            BackupRepair::Idle | BackupRepair::FollowerBringingUp => None,
+            Repair::Idle | Repair::FollowerBringingUp => None,
         }
     }
 
     fn backup_repair_tick(&mut self, now: Timestamp, out: &mut Actions) {
         match self.backup_repair {
-            BackupRepair::Lost { .. } if self.config.role == Role::Leader => {
+            Repair::Lost { .. } if self.config.role == Role::Leader => {
                 // Our backup side leaves its epoch (RESET) before the follower hears of the
                 // next one.
                 self.backup_epoch = self.backup_epoch.next();
@@ -1283,24 +1322,24 @@ impl Failover {
                 out.push(Action::SendControlOnDefault(ControlMessage::BackupRearm {
                     epoch: self.backup_epoch,
                 }));
-                self.backup_repair = BackupRepair::AwaitingFollower {
+                self.backup_repair = Repair::AwaitingFollower {
                     deadline: now + self.config.handshake_timeout,
                 };
             }
-            BackupRepair::Lost { not_before, .. } => {
+            Repair::Lost { not_before, .. } => {
                 out.push(Action::SendControlOnDefault(ControlMessage::BackupLost {
                     epoch: self.backup_epoch,
                 }));
-                self.backup_repair = BackupRepair::Lost {
+                self.backup_repair = Repair::Lost {
                     not_before,
                     tell_leader: false,
                 };
             }
-            BackupRepair::AwaitingFollower { .. } | BackupRepair::BringingUp { .. } => {
+            Repair::AwaitingFollower { .. } | Repair::BringingUp { .. } => {
                 tracing::debug!(backup_epoch = %self.backup_epoch, "failover: backup repair attempt timed out");
                 self.backup_repair_failed(now)
             }
-            BackupRepair::Idle | BackupRepair::FollowerBringingUp => {}
+            Repair::Idle | Repair::FollowerBringingUp => {}
         }
     }
 
@@ -1309,7 +1348,7 @@ impl Failover {
         let not_before = now + self.config.backoff(self.backup_repair_failures);
         tracing::debug!(backup_epoch = %self.backup_epoch, failures = self.backup_repair_failures, "failover: backup repair attempt failed");
         self.backup_usable = false;
-        self.backup_repair = BackupRepair::Lost {
+        self.backup_repair = Repair::Lost {
             not_before,
             tell_leader: false,
         };
@@ -1338,7 +1377,7 @@ impl Failover {
         // The leader's backup side is in RESET: ours cannot carry anything now either.
         self.backup_usable = false;
         if !self.paths_allow_backup_repair() {
-            self.backup_repair = BackupRepair::Lost {
+            self.backup_repair = Repair::Lost {
                 not_before: now,
                 tell_leader: false,
             };
@@ -1350,7 +1389,7 @@ impl Failover {
         self.stale_backup_recvs = 0;
         out.push(Action::ResetBackup);
         out.push(Action::BringUpBackup { epoch });
-        self.backup_repair = BackupRepair::FollowerBringingUp;
+        self.backup_repair = Repair::FollowerBringingUp;
     }
 
     /// Leader: the follower's backup side is in RTS in `epoch` (it left every earlier one).
@@ -1359,10 +1398,10 @@ impl Failover {
             return self.protocol_violation("BackupRearmDone to a follower", out);
         }
         match self.backup_repair {
-            BackupRepair::AwaitingFollower { deadline } if epoch == self.backup_epoch => {
+            Repair::AwaitingFollower { deadline } if epoch == self.backup_epoch => {
                 if ok && self.paths_allow_backup_repair() {
                     out.push(Action::BringUpBackup { epoch });
-                    self.backup_repair = BackupRepair::BringingUp { deadline };
+                    self.backup_repair = Repair::BringingUp { deadline };
                 } else {
                     self.backup_repair_failed(now);
                 }
@@ -1378,16 +1417,16 @@ impl Failover {
         }
         let up = ok && self.backup_link.up;
         match self.backup_repair {
-            BackupRepair::BringingUp { .. } if up => self.backup_repaired(),
-            BackupRepair::BringingUp { .. } => self.backup_repair_failed(now),
-            BackupRepair::FollowerBringingUp => {
+            Repair::BringingUp { .. } if up => self.backup_repaired(),
+            Repair::BringingUp { .. } => self.backup_repair_failed(now),
+            Repair::FollowerBringingUp => {
                 out.push(Action::SendControlOnDefault(
                     ControlMessage::BackupRearmDone { epoch, ok: up },
                 ));
                 if up {
                     self.backup_repaired();
                 } else {
-                    self.backup_repair = BackupRepair::Lost {
+                    self.backup_repair = Repair::Lost {
                         not_before: now,
                         tell_leader: false,
                     };
@@ -1400,10 +1439,228 @@ impl Failover {
     fn backup_repaired(&mut self) {
         tracing::info!(backup_epoch = %self.backup_epoch, "failover: backup side repaired; the connection is protected again");
         self.backup_usable = true;
-        self.backup_repair = BackupRepair::Idle;
+        self.backup_repair = Repair::Idle;
         self.backup_repair_failures = 0;
         self.observations.push(Observation::BackupRepaired {
             epoch: self.backup_epoch,
+        });
+    }
+
+    // ---- Repairing the default devices' channel (docs/failover.md 5d) --------------------
+
+    /// The control QP on the default devices went to ERR (here, or at the peer, which said
+    /// so): the channel is lost until both ends reset it and bring it up in a new channel
+    /// epoch. A backup repair under way loses its messages with it.
+    fn default_control_lost(&mut self, now: Timestamp) {
+        self.default_control_usable = false;
+        if self.backup_repair_in_progress() {
+            self.backup_repair_failed(now);
+        }
+        match self.default_control_repair {
+            Repair::Idle => {
+                self.default_control_repair = Repair::Lost {
+                    not_before: now,
+                    tell_leader: self.config.role == Role::Follower,
+                }
+            }
+            // An attempt under way: a failure of the reset channel's old incarnation, or of
+            // the new one; either way the attempt does not stand.
+            _ if self.default_control_repair_in_progress() => {
+                self.default_control_repair_failed(now)
+            }
+            _ => {}
+        }
+    }
+
+    fn default_control_repair_in_progress(&self) -> bool {
+        matches!(
+            self.default_control_repair,
+            Repair::AwaitingFollower { .. }
+                | Repair::BringingUp { .. }
+                | Repair::FollowerBringingUp
+        )
+    }
+
+    /// What a repair of the default devices' channel needs of this end: both links up, the
+    /// backup devices' channel (which carries the repair's messages) usable, and no round
+    /// running (a failover round needs the default link first, a failback the channel
+    /// itself).
+    fn paths_allow_default_control_repair(&self) -> bool {
+        self.default_link.up
+            && self.backup_link.up
+            && self.backup_usable
+            && !matches!(
+                self.send,
+                SendState::FailingOver(_) | SendState::FailingBack(_)
+            )
+    }
+
+    /// When the channel repair next needs this end to act: the leader's next attempt (after
+    /// the backoff and the default link's hold-down) or its deadline, the follower's
+    /// `DefaultControlLost`.
+    fn default_control_repair_due(&self) -> Option<Timestamp> {
+        match self.default_control_repair {
+            Repair::Lost {
+                not_before,
+                tell_leader,
+            } => {
+                let acts = self.config.role == Role::Leader || tell_leader;
+                (acts && self.paths_allow_default_control_repair())
+                    .then(|| not_before.max(self.default_link.since + self.config.holddown))
+            }
+            Repair::AwaitingFollower { deadline } | Repair::BringingUp { deadline } => {
+                Some(deadline)
+            }
+            Repair::Idle | Repair::FollowerBringingUp => None,
+        }
+    }
+
+    fn default_control_repair_tick(&mut self, now: Timestamp, out: &mut Actions) {
+        match self.default_control_repair {
+            Repair::Lost { .. } if self.config.role == Role::Leader => {
+                // Our channel leaves its epoch (RESET) before the follower hears of the next.
+                self.default_control_epoch = self.default_control_epoch.next();
+                tracing::info!(channel_epoch = %self.default_control_epoch, "failover: repairing the default devices' control channel");
+                out.push(Action::ResetDefaultControl);
+                out.push(Action::SendControl(ControlMessage::DefaultControlRearm {
+                    epoch: self.default_control_epoch,
+                }));
+                self.default_control_repair = Repair::AwaitingFollower {
+                    deadline: now + self.config.handshake_timeout,
+                };
+            }
+            Repair::Lost { not_before, .. } => {
+                out.push(Action::SendControl(ControlMessage::DefaultControlLost {
+                    epoch: self.default_control_epoch,
+                }));
+                self.default_control_repair = Repair::Lost {
+                    not_before,
+                    tell_leader: false,
+                };
+            }
+            Repair::AwaitingFollower { .. } | Repair::BringingUp { .. } => {
+                tracing::debug!(channel_epoch = %self.default_control_epoch, "failover: default devices' channel repair attempt timed out");
+                self.default_control_repair_failed(now)
+            }
+            Repair::Idle | Repair::FollowerBringingUp => {}
+        }
+    }
+
+    fn default_control_repair_failed(&mut self, now: Timestamp) {
+        self.default_control_repair_failures =
+            self.default_control_repair_failures.saturating_add(1);
+        let not_before = now + self.config.backoff(self.default_control_repair_failures);
+        tracing::debug!(channel_epoch = %self.default_control_epoch, failures = self.default_control_repair_failures, "failover: default devices' channel repair attempt failed");
+        self.default_control_usable = false;
+        self.default_control_repair = Repair::Lost {
+            not_before,
+            tell_leader: false,
+        };
+    }
+
+    /// Leader: the follower's default devices' channel failed; ours is reset with it.
+    fn peer_lost_default_control(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
+        if self.config.role == Role::Follower {
+            return self.protocol_violation("DefaultControlLost to a follower", out);
+        }
+        if epoch > self.default_control_epoch {
+            return self
+                .protocol_violation("DefaultControlLost for a channel epoch not begun", out);
+        }
+        if epoch == self.default_control_epoch && !self.default_control_repair_in_progress() {
+            tracing::warn!(channel_epoch = %epoch, "failover: the peer lost its default devices' control channel");
+            if self.failing_back() {
+                return self.fail(FailReason::BackupUnavailable, out);
+            }
+            self.default_control_lost(now);
+        }
+    }
+
+    /// Follower: the leader's default devices' channel has left every channel epoch before
+    /// `epoch`.
+    fn default_control_rearm_requested(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
+        if self.config.role == Role::Leader || epoch <= self.default_control_epoch {
+            return self
+                .protocol_violation("DefaultControlRearm to a leader or for an old epoch", out);
+        }
+        self.default_control_epoch = epoch;
+        // The leader's channel is in RESET: ours carries nothing now either.
+        self.default_control_usable = false;
+        if self.backup_repair_in_progress() {
+            self.backup_repair_failed(now);
+        }
+        if !self.paths_allow_default_control_repair() {
+            self.default_control_repair = Repair::Lost {
+                not_before: now,
+                tell_leader: false,
+            };
+            out.push(Action::SendControl(
+                ControlMessage::DefaultControlRearmDone { epoch, ok: false },
+            ));
+            return;
+        }
+        out.push(Action::ResetDefaultControl);
+        out.push(Action::BringUpDefaultControl { epoch });
+        self.default_control_repair = Repair::FollowerBringingUp;
+    }
+
+    /// Leader: the follower's channel is in RTS in `epoch` (it left every earlier one).
+    fn default_control_rearm_done(
+        &mut self,
+        epoch: Epoch,
+        ok: bool,
+        now: Timestamp,
+        out: &mut Actions,
+    ) {
+        if self.config.role == Role::Follower {
+            return self.protocol_violation("DefaultControlRearmDone to a follower", out);
+        }
+        match self.default_control_repair {
+            Repair::AwaitingFollower { deadline } if epoch == self.default_control_epoch => {
+                if ok && self.paths_allow_default_control_repair() {
+                    out.push(Action::BringUpDefaultControl { epoch });
+                    self.default_control_repair = Repair::BringingUp { deadline };
+                } else {
+                    self.default_control_repair_failed(now);
+                }
+            }
+            // An abandoned attempt.
+            _ => {}
+        }
+    }
+
+    fn default_control_up(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Actions) {
+        if epoch != self.default_control_epoch {
+            return;
+        }
+        let up = ok && self.default_link.up;
+        match self.default_control_repair {
+            Repair::BringingUp { .. } if up => self.default_control_repaired(),
+            Repair::BringingUp { .. } => self.default_control_repair_failed(now),
+            Repair::FollowerBringingUp => {
+                out.push(Action::SendControl(
+                    ControlMessage::DefaultControlRearmDone { epoch, ok: up },
+                ));
+                if up {
+                    self.default_control_repaired();
+                } else {
+                    self.default_control_repair = Repair::Lost {
+                        not_before: now,
+                        tell_leader: false,
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn default_control_repaired(&mut self) {
+        tracing::info!(channel_epoch = %self.default_control_epoch, "failover: the default devices' control channel is repaired");
+        self.default_control_usable = true;
+        self.default_control_repair = Repair::Idle;
+        self.default_control_repair_failures = 0;
+        self.observations.push(Observation::DefaultControlRepaired {
+            epoch: self.default_control_epoch,
         });
     }
 

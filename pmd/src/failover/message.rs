@@ -113,6 +113,28 @@ pub enum ControlMessage {
         /// The incarnation both ends agreed on.
         epoch: Epoch,
     },
+    /// Follower to leader, on the backup devices' channel: "my control QP on the default
+    /// devices went to ERR; repair the default devices' channel." `epoch` is the follower's
+    /// channel epoch (`docs/failover.md` 5d).
+    DefaultControlLost {
+        /// The channel incarnation that failed.
+        epoch: Epoch,
+    },
+    /// Leader to follower, on the backup devices' channel: "my control QP on the default
+    /// devices has left every channel epoch before `epoch` (it is in RESET); bring yours up
+    /// in `epoch`."
+    DefaultControlRearm {
+        /// The new channel incarnation.
+        epoch: Epoch,
+    },
+    /// Follower to leader, on the backup devices' channel: "my control QP on the default
+    /// devices is in RTS in `epoch`" (or could not be, or may not be now).
+    DefaultControlRearmDone {
+        /// The incarnation the leader asked for.
+        epoch: Epoch,
+        /// Whether the follower's channel reached RTS.
+        ok: bool,
+    },
     /// "I failed the connection; fail yours."
     Abort {
         /// Why the sender failed.
@@ -181,6 +203,9 @@ mod kind {
     pub const BACKUP_REARM_DONE: u8 = 11;
     pub const FAILBACK: u8 = 12;
     pub const FAILBACK_READY: u8 = 13;
+    pub const DEFAULT_CONTROL_LOST: u8 = 14;
+    pub const DEFAULT_CONTROL_REARM: u8 = 15;
+    pub const DEFAULT_CONTROL_REARM_DONE: u8 = 16;
 }
 
 /// A control message as bytes: a view over a buffer of at least [`CONTROL_MESSAGE_LEN`].
@@ -394,6 +419,25 @@ impl ControlRepr {
                 unused(b, "b")?;
                 ControlMessage::FailbackReady { epoch }
             }
+            kind::DEFAULT_CONTROL_LOST => {
+                unused(a, "a")?;
+                unused(b, "b")?;
+                ControlMessage::DefaultControlLost { epoch }
+            }
+            kind::DEFAULT_CONTROL_REARM => {
+                unused(a, "a")?;
+                unused(b, "b")?;
+                ControlMessage::DefaultControlRearm { epoch }
+            }
+            kind::DEFAULT_CONTROL_REARM_DONE => {
+                unused(a, "a")?;
+                let ok = match b {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(bad("ok")),
+                };
+                ControlMessage::DefaultControlRearmDone { epoch, ok }
+            }
             kind::ABORT => {
                 let status = u8::try_from(a).map_err(|_| bad("status"))?;
                 let reason =
@@ -435,6 +479,15 @@ impl ControlRepr {
                 recvs_completed,
             } => (kind::FAILBACK, epoch, recvs_completed, 0),
             ControlMessage::FailbackReady { epoch } => (kind::FAILBACK_READY, epoch, 0, 0),
+            ControlMessage::DefaultControlLost { epoch } => {
+                (kind::DEFAULT_CONTROL_LOST, epoch, 0, 0)
+            }
+            ControlMessage::DefaultControlRearm { epoch } => {
+                (kind::DEFAULT_CONTROL_REARM, epoch, 0, 0)
+            }
+            ControlMessage::DefaultControlRearmDone { epoch, ok } => {
+                (kind::DEFAULT_CONTROL_REARM_DONE, epoch, 0, u64::from(ok))
+            }
             ControlMessage::Abort { reason } => {
                 let (code, status) = reason.code();
                 (kind::ABORT, Epoch(0), u64::from(u8::from(status)), code)
@@ -535,6 +588,10 @@ mod tests {
                 recvs_completed: (1 << 40) + 3,
             },
             ControlMessage::FailbackReady { epoch },
+            ControlMessage::DefaultControlLost { epoch },
+            ControlMessage::DefaultControlRearm { epoch },
+            ControlMessage::DefaultControlRearmDone { epoch, ok: true },
+            ControlMessage::DefaultControlRearmDone { epoch, ok: false },
             ControlMessage::Abort {
                 reason: FailReason::AtomicInFlight,
             },

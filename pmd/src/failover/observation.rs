@@ -28,6 +28,13 @@ pub enum Observation {
         /// The backup epoch it came back in.
         epoch: Epoch,
     },
+    /// The control channel on the default devices, lost, was brought back (reset and
+    /// reconnected with the peer over the backup devices' channel): backup repairs and
+    /// failbacks are possible again.
+    DefaultControlRepaired {
+        /// The channel epoch it came back in.
+        epoch: Epoch,
+    },
     /// The backup failed while traffic depended on it and the default path is up: a failback
     /// round started (`docs/failover.md` 5e).
     FailbackStarted {

@@ -905,6 +905,254 @@ fn without_the_default_devices_channel_no_backup_repair_is_attempted() {
     assert_eq!(machine.poll_timeout(), None);
 }
 
+// ---- Repairing the default devices' channel (docs/failover.md 5d) ------------------------
+
+fn channel_up(epoch: u32, ok: bool) -> Event {
+    Event::DefaultControlUp {
+        epoch: Epoch(epoch),
+        ok,
+    }
+}
+
+/// Takes every observation; whether one said the default devices' channel was repaired.
+fn observed_channel_repair(machine: &mut Failover) -> bool {
+    let mut repaired = false;
+    while let Some(o) = machine.poll_observation() {
+        repaired |= matches!(o, Observation::DefaultControlRepaired { .. });
+    }
+    repaired
+}
+
+/// Leader: a default devices' channel lost at `lost` is repaired at its next tick.
+fn leader_repairs_channel(machine: &mut Failover, epoch: u32) {
+    let due = machine
+        .poll_timeout()
+        .expect("a channel repair is scheduled");
+    assert_eq!(
+        step(machine, Event::Tick, due),
+        [
+            Action::ResetDefaultControl,
+            Action::SendControl(ControlMessage::DefaultControlRearm {
+                epoch: Epoch(epoch)
+            })
+        ]
+    );
+    let done = Event::Control(ControlMessage::DefaultControlRearmDone {
+        epoch: Epoch(epoch),
+        ok: true,
+    });
+    assert_eq!(
+        step(machine, done, due),
+        [Action::BringUpDefaultControl {
+            epoch: Epoch(epoch)
+        }]
+    );
+    assert_eq!(step(machine, channel_up(epoch, true), due), []);
+    assert!(observed_channel_repair(machine));
+}
+
+#[test]
+fn a_leader_repairs_its_default_devices_channel_and_a_later_backup_loss_is_repaired() {
+    let mut machine = end(Role::Leader);
+    assert_eq!(step(&mut machine, Event::DefaultControlFailed, at(5)), []);
+    // The default link has been up since the start: the hold-down is counted from there.
+    assert_eq!(machine.poll_timeout(), Some(at(1000)));
+    leader_repairs_channel(&mut machine, 1);
+    assert_eq!(machine.poll_timeout(), None);
+    // The backup side, lost later, is repaired over the repaired channel.
+    step(&mut machine, Event::ControlSendFailed, at(2000));
+    let due = machine
+        .poll_timeout()
+        .expect("a backup repair is scheduled");
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [
+            Action::ResetBackup,
+            Action::SendControlOnDefault(ControlMessage::BackupRearm { epoch: Epoch(1) })
+        ]
+    );
+}
+
+#[test]
+fn a_follower_that_lost_its_default_devices_channel_asks_the_leader_then_follows() {
+    let mut machine = end(Role::Follower);
+    assert_eq!(step(&mut machine, Event::DefaultControlFailed, at(5)), []);
+    let due = machine
+        .poll_timeout()
+        .expect("the follower tells the leader");
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [Action::SendControl(ControlMessage::DefaultControlLost {
+            epoch: Epoch(0)
+        })]
+    );
+    assert_eq!(machine.poll_timeout(), None, "told once");
+    let rearm = Event::Control(ControlMessage::DefaultControlRearm { epoch: Epoch(1) });
+    assert_eq!(
+        step(&mut machine, rearm, at(1500)),
+        [
+            Action::ResetDefaultControl,
+            Action::BringUpDefaultControl { epoch: Epoch(1) }
+        ]
+    );
+    assert_eq!(
+        step(&mut machine, channel_up(1, true), at(1500)),
+        [Action::SendControl(
+            ControlMessage::DefaultControlRearmDone {
+                epoch: Epoch(1),
+                ok: true
+            }
+        )]
+    );
+    assert!(observed_channel_repair(&mut machine));
+    // The channel carries a backup repair again: the follower asks for one.
+    step(&mut machine, Event::ControlSendFailed, at(2000));
+    let due = machine
+        .poll_timeout()
+        .expect("the follower tells the leader");
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [Action::SendControlOnDefault(ControlMessage::BackupLost {
+            epoch: Epoch(0)
+        })]
+    );
+}
+
+#[test]
+fn a_follower_whose_channel_works_resets_it_when_the_leader_repairs_its_own() {
+    // The leader's default device failed its QPs; the follower's channel QP, idle, is still
+    // in RTS of channel epoch 0 and must leave it before entering epoch 1 (H1).
+    let mut machine = end(Role::Follower);
+    let rearm = Event::Control(ControlMessage::DefaultControlRearm { epoch: Epoch(1) });
+    assert_eq!(
+        step(&mut machine, rearm, at(1500)),
+        [
+            Action::ResetDefaultControl,
+            Action::BringUpDefaultControl { epoch: Epoch(1) }
+        ]
+    );
+    let stale = Event::Control(ControlMessage::DefaultControlRearm { epoch: Epoch(1) });
+    let actions = step(&mut machine, channel_up(1, true), at(1500));
+    assert_eq!(actions.len(), 1);
+    assert!(observed_channel_repair(&mut machine));
+    assert_eq!(
+        surfaced(&step(&mut machine, stale, at(1600))).map(|(_, r)| r),
+        Some(FailReason::ProtocolViolation),
+        "a rearm for an epoch already entered"
+    );
+}
+
+#[test]
+fn a_leader_told_that_the_follower_lost_its_default_channel_repairs_both() {
+    let mut machine = end(Role::Leader);
+    let lost = Event::Control(ControlMessage::DefaultControlLost { epoch: Epoch(0) });
+    assert_eq!(step(&mut machine, lost, at(5)), []);
+    leader_repairs_channel(&mut machine, 1);
+    // A late copy for the old channel epoch changes nothing.
+    assert_eq!(step(&mut machine, lost, at(1500)), []);
+    assert_eq!(machine.poll_timeout(), None);
+}
+
+#[test]
+fn the_default_channel_lost_with_the_default_qps_is_repaired_after_the_failover_and_a_failback_works(
+) {
+    // The default device failed its QPs: the data QP's error starts a round, the channel's
+    // failure arrives during it. The repair waits for the round, not for the switch-back.
+    let mut machine = end(Role::Leader);
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, Event::DefaultControlFailed, at(10));
+    assert_eq!(
+        machine.poll_timeout(),
+        Some(at(10) + Config::new(Role::Leader).handshake_timeout),
+        "no channel repair during the round"
+    );
+    step(&mut machine, drained(progress(4, 4, 2)), at(10));
+    step(&mut machine, peer_failover(0, 3, 0), at(11));
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+    // The rearm of the default pair and the channel repair start at the same tick.
+    let due = machine.poll_timeout().unwrap();
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [
+            Action::ResetDefaultQp,
+            Action::SendControl(ControlMessage::Rearm { epoch: Epoch(1) }),
+            Action::ResetDefaultControl,
+            Action::SendControl(ControlMessage::DefaultControlRearm { epoch: Epoch(1) })
+        ]
+    );
+    let done = Event::Control(ControlMessage::DefaultControlRearmDone {
+        epoch: Epoch(1),
+        ok: true,
+    });
+    assert_eq!(
+        step(&mut machine, done, due),
+        [Action::BringUpDefaultControl { epoch: Epoch(1) }]
+    );
+    assert_eq!(step(&mut machine, channel_up(1, true), due), []);
+    assert!(observed_channel_repair(&mut machine));
+    // The backup dies with traffic on it: a failback, not `backup-unavailable`.
+    let backup_error = Event::ErrorCompletion {
+        path: Path::Backup,
+        status: WcStatus::RetryExcErr,
+    };
+    assert_eq!(step(&mut machine, backup_error, at(1500)), FAILBACK_START);
+}
+
+#[test]
+fn a_default_channel_repair_waits_for_the_backup_channel_and_backs_off_when_unanswered() {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::DefaultControlFailed, at(5));
+    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(6));
+    assert_eq!(
+        machine.poll_timeout(),
+        None,
+        "its messages need the backup link"
+    );
+    step(&mut machine, Event::LinkUp { path: Path::Backup }, at(700));
+    let due = machine.poll_timeout().unwrap();
+    assert_eq!(due, at(1000));
+    step(&mut machine, Event::Tick, due);
+    let deadline = machine.poll_timeout().unwrap();
+    assert_eq!(deadline, at(3000), "the handshake timeout");
+    assert_eq!(step(&mut machine, Event::Tick, deadline), []);
+    assert_eq!(machine.poll_timeout(), Some(at(3200)), "backoff(1)");
+    let actions = step(&mut machine, Event::Tick, at(3200));
+    assert_eq!(
+        actions,
+        [
+            Action::ResetDefaultControl,
+            Action::SendControl(ControlMessage::DefaultControlRearm { epoch: Epoch(2) })
+        ]
+    );
+    // The backup link going down abandons the attempt.
+    step(
+        &mut machine,
+        Event::LinkDown { path: Path::Backup },
+        at(3300),
+    );
+    let late = Event::Control(ControlMessage::DefaultControlRearmDone {
+        epoch: Epoch(2),
+        ok: true,
+    });
+    assert_eq!(step(&mut machine, late, at(3301)), []);
+}
+
+#[test]
+fn a_follower_refuses_a_default_channel_repair_while_failing_over() {
+    let mut machine = end(Role::Follower);
+    step(&mut machine, retry_exhausted(), at(10));
+    let rearm = Event::Control(ControlMessage::DefaultControlRearm { epoch: Epoch(1) });
+    assert_eq!(
+        step(&mut machine, rearm, at(11)),
+        [Action::SendControl(
+            ControlMessage::DefaultControlRearmDone {
+                epoch: Epoch(1),
+                ok: false
+            }
+        )]
+    );
+}
+
 // ---- State 2: rearm the default pair and probe it -------------------------------------------
 
 #[test]

@@ -322,6 +322,7 @@ impl ResilientQp {
             }
             Observation::SwitchBackStarted { .. } => log.switch_started(now),
             Observation::BackupRepaired { epoch } => log.backup_repaired(epoch.0),
+            Observation::DefaultControlRepaired { epoch } => log.default_control_repaired(epoch.0),
             Observation::FailbackStarted { epoch } => log.failback_started(now, epoch.0),
             Observation::FailedBack { epoch } => log.failed_back(now, epoch.0),
         }

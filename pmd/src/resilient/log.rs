@@ -184,6 +184,12 @@ impl FailoverLog {
         tracing::info!(qp = %self.qp, backup_epoch, "failover: backup side repaired; protected again");
     }
 
+    /// The default devices' control channel, lost, is back in channel epoch `channel_epoch`.
+    pub fn default_control_repaired(&mut self, channel_epoch: u32) {
+        self.stats.default_control_repairs += 1;
+        tracing::info!(qp = %self.qp, channel_epoch, "failover: the default devices' control channel is repaired");
+    }
+
     /// Sends are back on the default QP at `now`, in `epoch`.
     pub fn switched_back(&mut self, now: Timestamp, epoch: u32) {
         self.stats.switch_backs += 1;

@@ -77,6 +77,23 @@ impl ResilientQp {
                 };
                 self.enqueue(Event::BackupUp { epoch, ok });
             }
+            Action::ResetDefaultControl => {
+                let Some(b) = &self.slow.backup else { return };
+                if let Err(e) = b.default_control.reset() {
+                    tracing::warn!(qp = %self.shared.name, error = %e, "failover: control QP on the default devices not reset");
+                }
+            }
+            Action::BringUpDefaultControl { epoch } => {
+                let Some(b) = &self.slow.backup else { return };
+                let ok = match b.default_control.reconnect(epoch) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(qp = %self.shared.name, channel_epoch = %epoch, error = %e, "failover: control QP on the default devices not brought up");
+                        false
+                    }
+                };
+                self.enqueue(Event::DefaultControlUp { epoch, ok });
+            }
             Action::DrainBackup => {
                 self.collect(Path::Backup);
                 let progress = self.progress_now();

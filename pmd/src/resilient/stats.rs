@@ -15,6 +15,9 @@ pub struct FailoverStats {
     /// Backup sides lost while the connection ran on the default path and brought back
     /// (backup data QP and backup control QP reset and reconnected with the peer).
     pub backup_rearms: u64,
+    /// The control channel on the default devices lost (its QP in ERR) and brought back
+    /// over the backup devices' channel (`docs/failover.md` 5d).
+    pub default_control_repairs: u64,
     /// Failbacks completed: the backup failed while traffic depended on it and the traffic
     /// moved back to the default QP in a new epoch (`docs/failover.md` 5e).
     pub failbacks: u64,
