@@ -21,12 +21,17 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
+use std::net::Ipv4Addr;
+
 use netlink_packet_core::{
     ErrorBuffer, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLMSG_ERROR,
-    NLM_F_ACK, NLM_F_REQUEST,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkHeader, LinkMessage};
-use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 /// The receive buffer of a socket: a link message without VF details (which only a request
@@ -203,6 +208,60 @@ impl LinkControl {
             netdev,
             RouteNetlinkMessage::SetLink(request),
             NLM_F_REQUEST | NLM_F_ACK,
+            |_, _| None,
+            || Ok(()),
+        )
+    }
+
+    /// The index of `netdev` in the socket's namespace (`RTM_GETLINK` by name).
+    pub fn index_of(&mut self, netdev: &str) -> io::Result<u32> {
+        check_name(netdev)?;
+        let mut request = LinkMessage::default();
+        request
+            .attributes
+            .push(LinkAttribute::IfName(netdev.to_string()));
+        exchange(
+            &self.socket,
+            netdev,
+            RouteNetlinkMessage::GetLink(request),
+            NLM_F_REQUEST,
+            |kind, payload| {
+                (kind == libc::RTM_NEWLINK)
+                    .then(|| LinkHeader::parse(payload).ok().map(|link| link.index))
+                    .flatten()
+            },
+            || {
+                Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("rtnetlink answered the query for {netdev} with no link"),
+                ))
+            },
+        )
+    }
+
+    /// Pins the neighbour entry of `peer` on `netdev` to `mac`, as `ip neigh replace <peer>
+    /// lladdr <mac> dev <netdev> nud permanent` does: one `RTM_NEWNEIGH` (create or replace)
+    /// with NUD_PERMANENT, acknowledged. A permanent entry survives a carrier loss (the kernel
+    /// flushes only the others then) but not the netdev going administratively down.
+    pub fn pin_neighbour(&mut self, netdev: &str, peer: Ipv4Addr, mac: [u8; 6]) -> io::Result<()> {
+        let index = self.index_of(netdev)?;
+        let mut request = NeighbourMessage::default();
+        request.header.family = AddressFamily::Inet;
+        request.header.ifindex = index;
+        request.header.state = NeighbourState::Permanent;
+        request
+            .attributes
+            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
+                peer,
+            )));
+        request
+            .attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+        exchange(
+            &self.socket,
+            netdev,
+            RouteNetlinkMessage::NewNeighbour(request),
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
             |_, _| None,
             || Ok(()),
         )

@@ -70,6 +70,13 @@ pub enum TopologyError {
     /// An `ip` command failed.
     #[error(transparent)]
     Ip(#[from] IpError),
+    /// The running testbed's state file has no MAC for a NIC: an older `shift-testbed` built
+    /// it, with MACs the kernel chose, so its neighbours cannot be pinned.
+    #[error("the testbed {prefix:?} was built by an older shift-testbed (no NIC MACs in its state file); run `shift-testbed down --prefix {prefix}` and `up` again")]
+    NoMacs {
+        /// The testbed's prefix.
+        prefix: String,
+    },
     /// A helper command (`sh` writing a sysctl) failed.
     #[error("{what}: {detail}")]
     Command {
@@ -116,6 +123,9 @@ pub struct NicInfo {
     pub rail: u8,
     /// Its IPv4 address.
     pub addr: String,
+    /// Its MAC address, fixed so the peers' neighbour entries can be pinned to it.
+    #[serde(default)]
+    pub mac: String,
     /// Prefix length of the rail subnet.
     pub prefix_len: u8,
     /// Namespace of the rail switch.
@@ -199,6 +209,8 @@ impl TestbedInfo {
                     name: format!("nic{rail}"),
                     rail,
                     addr: format!("198.18.{rail}.{}", index + 1),
+                    // Locally administered (02:), then the rail and the host.
+                    mac: format!("02:00:c6:12:{rail:02x}:{:02x}", index + 1),
                     prefix_len: 24,
                     switch_netns: format!("{p}-sw{rail}"),
                     switch_port: format!("p{name}"),
@@ -364,6 +376,8 @@ fn build(info: &TestbedInfo) -> Result<(), TopologyError> {
                 &nic.name,
                 "netns",
                 &host.netns,
+                "address",
+                &nic.mac,
                 "mtu",
                 &mtu,
                 "type",
@@ -394,6 +408,7 @@ fn build(info: &TestbedInfo) -> Result<(), TopologyError> {
             ip_in(&host.netns, &["link", "set", "dev", &nic.name, "up"])?;
         }
     }
+    pin_rail_neighbours(info)?;
     let m = &info.mgmt;
     ip_in(
         &m.netns,
@@ -431,6 +446,49 @@ fn build(info: &TestbedInfo) -> Result<(), TopologyError> {
 }
 
 /// Writes `/proc/sys/<key>` inside namespace `ns`.
+/// Pins every host's neighbour entry for its peers on each rail, as a RoCE NIC does.
+///
+/// A RoCE NIC resolves the peer's MAC once, when the QP (or its address handle) is set up,
+/// and never asks again. softnic sends through the kernel's UDP stack, which asks ARP: a
+/// carrier loss flushes the entry, the next send starts a resolution whose first request
+/// is lost on the dead link, and everything sent to that peer then waits in the neighbour
+/// queue for the next request, a second later (`retrans_time`), well after the link is
+/// back (measured: a UDP echo's first reply 751 ms after the link-up). Pinned entries
+/// survive the carrier loss, so a packet sent after the link-up leaves at once.
+pub(crate) fn pin_rail_neighbours(info: &TestbedInfo) -> Result<(), TopologyError> {
+    if info
+        .hosts
+        .iter()
+        .flat_map(|h| &h.nics)
+        .any(|n| n.mac.is_empty())
+    {
+        return Err(TopologyError::NoMacs {
+            prefix: info.prefix.clone(),
+        });
+    }
+    for host in &info.hosts {
+        for peer in info.hosts.iter().filter(|p| p.name != host.name) {
+            for (nic, peer_nic) in host.nics.iter().zip(&peer.nics) {
+                ip_in(
+                    &host.netns,
+                    &[
+                        "neigh",
+                        "replace",
+                        &peer_nic.addr,
+                        "lladdr",
+                        &peer_nic.mac,
+                        "dev",
+                        &nic.name,
+                        "nud",
+                        "permanent",
+                    ],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn write_sysctl(ns: &str, key: &str, value: &str) -> Result<(), TopologyError> {
     let script = format!("echo {value} > /proc/sys/{key}");
     let out = std::process::Command::new("ip")
@@ -552,6 +610,20 @@ mod tests {
         assert_eq!(a[0].addr, "198.18.0.1");
         assert_eq!(a[1].addr, "198.18.1.1");
         assert_eq!(info.hosts[1].nics[1].addr, "198.18.1.2");
+    }
+
+    #[test]
+    fn plan_gives_every_nic_its_own_locally_administered_mac() {
+        let info = TestbedInfo::plan(&TopologySpec::default());
+        let macs: Vec<&str> = info
+            .hosts
+            .iter()
+            .flat_map(|h| h.nics.iter().map(|n| n.mac.as_str()))
+            .collect();
+        assert_eq!(macs[0], "02:00:c6:12:00:01");
+        assert_eq!(macs[3], "02:00:c6:12:01:02");
+        let unique: std::collections::BTreeSet<&str> = macs.iter().copied().collect();
+        assert_eq!(unique.len(), macs.len(), "{macs:?}");
     }
 
     #[test]

@@ -152,6 +152,84 @@ fn root_cutting_a_switch_port_stops_that_rail_only_until_it_is_restored() {
     assert!(back, "rail 0 did not come back after the port was restored");
 }
 
+/// The state `ip neigh` shows for `addr` in `ns` (`PERMANENT`, `REACHABLE`, ...), if any.
+fn neighbour_state(ns: &str, addr: &str) -> Option<String> {
+    let out = std::process::Command::new("ip")
+        .args(["-n", ns, "neigh", "show", addr])
+        .output()
+        .expect("run ip neigh");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .last()
+        .map(str::to_owned)
+}
+
+/// Sends one datagram from A to B on rail 0 and forgets it (a send while the rail is down
+/// starts an ARP resolution when the entry is not pinned).
+fn send_blind(a: &topology::HostInfo, b: &topology::HostInfo, port: u16) {
+    let src = format!("{}:0", a.nics[0].addr);
+    let dst = format!("{}:{port}", b.nics[0].addr);
+    netns::run_in(&a.netns, move || {
+        UdpSocket::bind(src).and_then(|s| s.send_to(b"lost", dst))
+    })
+    .expect("enter sender namespace")
+    .ok();
+}
+
+#[test]
+fn root_traffic_flows_at_once_after_a_carrier_flap_and_the_pins_survive_host_nic_flaps() {
+    if skip_unless_root() {
+        return;
+    }
+    let prefix = unique_prefix('n');
+    let info = topology::up(&TopologySpec {
+        prefix: prefix.clone(),
+        mtu: 1500,
+        hugepages: 0,
+    })
+    .expect("testbed up");
+    let _guard = Guard(prefix.clone());
+    let (a, b) = (info.host(Role::Initiator), info.host(Role::Responder));
+    let pinned = |what: &str| {
+        for (ns, addr) in [
+            (&a.netns, &b.nics[0].addr),
+            (&a.netns, &b.nics[1].addr),
+            (&b.netns, &a.nics[0].addr),
+            (&b.netns, &a.nics[1].addr),
+        ] {
+            assert_eq!(
+                neighbour_state(ns, addr).as_deref(),
+                Some("PERMANENT"),
+                "{ns}'s entry for {addr} {what}"
+            );
+        }
+    };
+    pinned("after up");
+    // Host A's NIC down and up: the kernel deletes its entries, the testbed pins them again.
+    for step in [LinkAction::Down, LinkAction::Up] {
+        fail::apply(&info, FailTarget::InitiatorNic { rail: 0 }, step).expect("host NIC");
+    }
+    pinned("after host A's NIC went down and up");
+    fail::forget_neighbours(&info).expect("forget neighbours");
+    pinned("after forgetting the neighbours before a run");
+    // A carrier loss with a send during it: the first datagram after the port is back must
+    // arrive. (Unpinned, a hand-run UDP echo waited 751 ms here after soak runs; on a testbed
+    // this fresh the hold does not show, so the pins above are what fails without them.)
+    let port = FailTarget::SwitchPort {
+        rail: 0,
+        host: Role::Initiator,
+    };
+    fail::apply(&info, port, LinkAction::Down).expect("port down");
+    std::thread::sleep(Duration::from_millis(50));
+    send_blind(a, b, 4300);
+    fail::apply(&info, port, LinkAction::Up).expect("port up");
+    assert!(
+        udp_reaches(&a.netns, &a.nics[0].addr, &b.netns, &b.nics[0].addr, 4301),
+        "the first datagram after the carrier flap did not arrive within 500 ms"
+    );
+    pinned("after the carrier flap");
+}
+
 /// Whether each rail carries a datagram from host A to host B now (ports from `port`).
 fn rails_reach(info: &TestbedInfo, port: u16) -> [bool; 2] {
     let (a, b) = (info.host(Role::Initiator), info.host(Role::Responder));
