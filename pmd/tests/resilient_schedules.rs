@@ -80,6 +80,9 @@ enum Hurt {
     /// Host A's (or B's) backup device fails its QPs at `at` (they go to ERR, flushing what
     /// is posted; the device and its link stay up).
     BackupQpsFailed { a: bool, at: Duration },
+    /// Host A's (or B's) default device fails its QPs at `at`: the default data QP and the
+    /// default devices' control QP go to ERR, the device and its link stay up.
+    DefaultQpsFailed { a: bool, at: Duration },
     /// Packets between the two ports of a path are dropped with probability `p` (both ways,
     /// or only the receiver's direction: ACKs).
     Loss {
@@ -97,7 +100,9 @@ impl Hurt {
             Hurt::LinkDown { at, for_, .. }
             | Hurt::Loss { at, for_, .. }
             | Hurt::Delay { at, for_, .. } => *at + *for_,
-            Hurt::DeviceDead { at, .. } | Hurt::BackupQpsFailed { at, .. } => *at,
+            Hurt::DeviceDead { at, .. }
+            | Hurt::BackupQpsFailed { at, .. }
+            | Hurt::DefaultQpsFailed { at, .. } => *at,
         }
     }
 
@@ -106,14 +111,16 @@ impl Hurt {
             Hurt::LinkDown { port, .. } => *port == A_BACKUP || *port == B_BACKUP,
             Hurt::Loss { backup, .. } => *backup,
             Hurt::BackupQpsFailed { .. } => true,
-            Hurt::Delay { .. } | Hurt::DeviceDead { .. } => false,
+            Hurt::Delay { .. } | Hurt::DeviceDead { .. } | Hurt::DefaultQpsFailed { .. } => false,
         }
     }
 
     fn rules(&self, start: Duration) -> Vec<FaultRule> {
         match *self {
             // Not fabric rules: the run injects the fault when its time comes.
-            Hurt::DeviceDead { .. } | Hurt::BackupQpsFailed { .. } => Vec::new(),
+            Hurt::DeviceDead { .. }
+            | Hurt::BackupQpsFailed { .. }
+            | Hurt::DefaultQpsFailed { .. } => Vec::new(),
             Hurt::LinkDown { port, at, for_ } => {
                 vec![FaultRule::link_down(
                     port,
@@ -307,6 +314,15 @@ impl Schedule {
                 at: ms(&mut backup_qps, 0, 300),
             });
         }
+        // Issue 15's repair of the default devices' channel, from a generator of its own: a
+        // default device fails its QPs (not one that dies: it would find no QPs to fail).
+        let mut default_qps = ChaCha8Rng::seed_from_u64(seed ^ 0x1515_0d0d_0d0d);
+        if default_qps.random_bool(1.0 / 6.0) && !schedule.device_dies() {
+            schedule.hurts.push(Hurt::DefaultQpsFailed {
+                a: default_qps.random_bool(0.5),
+                at: ms(&mut default_qps, 0, 300),
+            });
+        }
         // One schedule in four fails the default path again
         // once the ends have had time to switch back (hold-down 50 ms), under traffic long
         // enough to span it: the second round meets the stale receives and burns the first
@@ -364,6 +380,8 @@ struct Outcome {
     failovers: u64,
     switch_backs: u64,
     backup_rearms: u64,
+    /// Repairs of the default devices' control channel (QP ends).
+    default_control_repairs: u64,
     /// Failbacks: the backup failed with traffic on it and the traffic went back to the
     /// default pair (QP ends).
     failbacks: u64,
@@ -413,6 +431,14 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
             _ => None,
         })
         .collect();
+    let mut default_faults: Vec<(bool, Duration)> = schedule
+        .hurts
+        .iter()
+        .filter_map(|h| match *h {
+            Hurt::DefaultQpsFailed { a, at } => Some((a, start + at)),
+            _ => None,
+        })
+        .collect();
     let mut t = Traffic::new(dirs, start);
     let failed = |s: &Sim| {
         s.a.qp.state() == ResilientState::Failed || s.b.qp.state() == ResilientState::Failed
@@ -437,6 +463,16 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
                 return true;
             }
             s.host(a).devices[1]
+                .inject_fault(DeviceFault::QpsFailed)
+                .unwrap();
+            false
+        });
+        default_faults.retain(|&(a, at)| {
+            if s.now() < at {
+                s.wake_at = Some(s.wake_at.map_or(at, |w| w.min(at)));
+                return true;
+            }
+            s.host(a).devices[0]
                 .inject_fault(DeviceFault::QpsFailed)
                 .unwrap();
             false
@@ -516,6 +552,7 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
         outcome.failovers += stats.failovers;
         outcome.switch_backs += stats.switch_backs;
         outcome.backup_rearms += stats.backup_rearms;
+        outcome.default_control_repairs += stats.default_control_repairs;
         outcome.failbacks += stats.failbacks;
         let events = h.qp.events();
         outcome.refailed |= events.iter().enumerate().any(|(k, e)| {
@@ -599,6 +636,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
     let mut failures = String::new();
     let (mut failovers, mut switch_backs, mut failed, mut backup_hurt) = (0, 0, 0, 0);
     let (mut backup_qps_failed, mut backup_rearms, mut failbacks) = (0, 0, 0);
+    let (mut default_qps_failed, mut default_control_repairs) = (0, 0);
     let mut refailed = 0;
     let (mut sends, mut reads, mut deaths) = (0, 0, 0);
     let mut latencies = Vec::new();
@@ -617,8 +655,15 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
                 .iter()
                 .any(|h| matches!(h, Hurt::BackupQpsFailed { .. })),
         );
+        default_qps_failed += u64::from(
+            schedule
+                .hurts
+                .iter()
+                .any(|h| matches!(h, Hurt::DefaultQpsFailed { .. })),
+        );
         match run(&schedule) {
             Ok(o) => {
+                default_control_repairs += o.default_control_repairs;
                 failovers += o.failovers;
                 switch_backs += o.switch_backs;
                 backup_rearms += o.backup_rearms;
@@ -633,7 +678,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
         }
     }
     eprintln!(
-        "{} schedules in {:.1} s ({} hurt the backup path too, {backup_qps_failed} of them failing the backup device's QPs; {sends} SEND/RECV, {reads} READ, {deaths} kill a default device): {failovers} failovers, {switch_backs} switch-backs, {backup_rearms} backup repairs (QP ends), {failbacks} failbacks to the default (QP ends), {refailed} schedules failed over again after a switch-back, {failed} connections failed",
+        "{} schedules in {:.1} s ({} hurt the backup path too, {backup_qps_failed} of them failing the backup device's QPs; {sends} SEND/RECV, {reads} READ, {deaths} kill a default device, {default_qps_failed} fail a default device's QPs): {failovers} failovers, {switch_backs} switch-backs, {backup_rearms} backup repairs (QP ends), {default_control_repairs} repairs of the default devices' channel (QP ends), {failbacks} failbacks to the default (QP ends), {refailed} schedules failed over again after a switch-back, {failed} connections failed",
         seeds.len(),
         started.elapsed().as_secs_f64(),
         backup_hurt,
@@ -685,6 +730,10 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
         assert!(
             failbacks > 0,
             "no schedule moved its traffic back to the default when the backup failed"
+        );
+        assert!(
+            default_control_repairs > 0,
+            "no schedule repaired the default devices' control channel"
         );
     }
 }
