@@ -162,7 +162,7 @@ impl Timeline {
 /// `failover.events[]` of the JSON.
 #[derive(Debug, Clone, Serialize)]
 pub struct EventJson {
-    /// failover | switch-back | refused | error
+    /// failover | switch-back | failback | refused | error
     pub kind: String,
     /// When the event completed.
     pub unix_ms: f64,
@@ -195,6 +195,8 @@ pub struct FailoverJson {
     pub switch_backs: u64,
     /// Backup sides lost while idle and brought back (reset and reconnected).
     pub backup_rearms: u64,
+    /// The default devices' control channel lost and brought back (`docs/failover.md` 5d).
+    pub default_control_repairs: u64,
     /// Failbacks: the backup failed with traffic on it and the traffic moved back to the
     /// default path (`docs/failover.md` 5e).
     pub failbacks: u64,
@@ -226,6 +228,7 @@ impl FailoverJson {
             failovers: st.failovers,
             switch_backs: st.switch_backs,
             backup_rearms: st.backup_rearms,
+            default_control_repairs: st.default_control_repairs,
             failbacks: st.failbacks,
             refusals: st.refusals,
             errors: st.errors,
@@ -256,6 +259,7 @@ impl FailoverJson {
         self.failovers += other.failovers;
         self.switch_backs += other.switch_backs;
         self.backup_rearms += other.backup_rearms;
+        self.default_control_repairs += other.default_control_repairs;
         self.failbacks += other.failbacks;
         self.refusals += other.refusals;
         self.errors += other.errors;

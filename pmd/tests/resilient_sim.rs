@@ -545,6 +545,18 @@ fn the_backup_device_failing_its_qps_during_the_holddown_moves_the_traffic_back(
             "{stats:?} {:?}",
             h.qp.events()
         );
+        // The event log has the failback after the failover (`failover.events[]`).
+        let kinds: Vec<_> = h.qp.events().iter().map(|e| (e.kind, e.cause)).collect();
+        assert_eq!(
+            kinds.last(),
+            Some(&(EventKind::Failback, Cause::BackupFailed)),
+            "{kinds:?}"
+        );
+        let failback = h.qp.events().last().unwrap();
+        assert!(
+            failback.detected_unix_ms <= failback.unix_ms,
+            "{failback:?}"
+        );
     }
     // The backup side is repaired afterwards (5d): protected again.
     assert!(

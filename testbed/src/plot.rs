@@ -161,6 +161,7 @@ pub fn timeline_png(
         let color = match event.kind.as_str() {
             "failover" => RGBColor(200, 0, 0),
             "switch-back" => RGBColor(0, 140, 0),
+            "failback" => RGBColor(0, 60, 220),
             _ => RGBColor(90, 90, 90),
         };
         let x = secs(event.unix_ms);

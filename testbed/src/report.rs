@@ -36,7 +36,7 @@ pub struct Sample {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FailoverEvent {
-    /// `failover`, `switch-back`, `refused` or `error`.
+    /// `failover`, `switch-back`, `failback`, `refused` or `error`.
     pub kind: String,
     /// When the event completed.
     pub unix_ms: f64,

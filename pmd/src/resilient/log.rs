@@ -30,6 +30,8 @@ pub(super) struct FailoverLog {
     switch_started: Option<Timestamp>,
     /// When the failback in progress started.
     failback_started: Option<Timestamp>,
+    /// What the failback in progress moved: sends re-posted, sends skipped, receives.
+    failback_moved: (u64, u64, u64),
     /// Receives moved by the round in progress, for its entry.
     round_recvs_copied: u64,
     clock: Clock,
@@ -49,6 +51,7 @@ impl FailoverLog {
             awaiting_success: None,
             switch_started: None,
             failback_started: None,
+            failback_moved: (0, 0, 0),
             round_recvs_copied: 0,
             clock,
             device,
@@ -162,13 +165,29 @@ impl FailoverLog {
         self.stats.wqes_copied += reposted + recvs;
         self.stats.wqes_retransmitted += reposted;
         self.stats.wqes_skipped += skipped;
+        self.failback_moved = (reposted, skipped, recvs);
         tracing::debug!(qp = %self.qp, epoch, reposted, skipped, recvs, elapsed_us = self.failback_started.map_or(0.0, |t| now.saturating_since(t).as_secs_f64() * 1e6), "failover: failback moved the work");
     }
 
-    /// The failback ended at `now`: traffic is back on the default QP in `epoch`.
+    /// The failback ended at `now`: traffic is back on the default QP in `epoch`. Its entry
+    /// in the event log: `failback`, detected when the round started.
     pub fn failed_back(&mut self, now: Timestamp, epoch: u32) {
         self.stats.failbacks += 1;
         let started = self.failback_started.take().unwrap_or(now);
+        let (reposted, skipped, recvs) = std::mem::take(&mut self.failback_moved);
+        let event = FailoverEvent {
+            wqes_copied: reposted + recvs,
+            wqes_retransmitted: reposted,
+            wqes_skipped: skipped,
+            ..self.event(
+                EventKind::Failback,
+                Cause::BackupFailed,
+                now,
+                started,
+                epoch,
+            )
+        };
+        self.push(event);
         tracing::info!(
             qp = %self.qp,
             device = %self.device,

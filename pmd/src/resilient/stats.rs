@@ -61,6 +61,9 @@ pub enum EventKind {
     /// The connection failed for another reason (both paths down, the peer stopped
     /// answering or aborted).
     Error,
+    /// The backup failed while traffic depended on it, and the traffic moved back to the
+    /// default QP in a new epoch (a failback round, `docs/failover.md` 5e).
+    Failback,
 }
 
 impl EventKind {
@@ -71,6 +74,7 @@ impl EventKind {
             EventKind::SwitchBack => "switch-back",
             EventKind::Refused => "refused",
             EventKind::Error => "error",
+            EventKind::Failback => "failback",
         }
     }
 }
@@ -94,6 +98,9 @@ pub enum Cause {
     PeerFailover,
     /// The default path came back and was confirmed by a probe.
     PathRecovered,
+    /// The backup failed with traffic on it (here, or at the peer, whose `Failback` came
+    /// first).
+    BackupFailed,
     /// A protection or request error; never failed over.
     Refused(WcStatus),
     /// An atomic was in flight when the path failed.
@@ -149,6 +156,7 @@ impl Cause {
             Cause::Flushed => "flushed",
             Cause::PeerFailover => "peer-failover",
             Cause::PathRecovered => "path-recovered",
+            Cause::BackupFailed => "backup-failed",
             Cause::Refused(status) => match status {
                 WcStatus::RemAccessErr => "remote-access-error",
                 WcStatus::LocProtErr => "local-protection-error",
@@ -178,7 +186,8 @@ pub struct FailoverEvent {
     pub kind: EventKind,
     /// Why.
     pub cause: Cause,
-    /// The device that failed (failover, refusal, error) or came back (switch-back).
+    /// The device that failed (failover, refusal, error) or came back (switch-back, failback:
+    /// the default device).
     pub device: String,
     /// When the event completed (the round finished, the sends switched back, the error was
     /// surfaced), Unix milliseconds (virtual milliseconds under a virtual clock).
