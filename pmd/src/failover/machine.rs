@@ -1947,14 +1947,17 @@ impl Failover {
                 round.step,
                 FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
             ) {
-                // A round waiting for the default path keeps its RC budget; one that only
-                // lost the default link on the way gets the handshake's time.
-                if !round.default_failed {
-                    self.send = SendState::FailingBack(FailbackRound {
-                        deadline: now + self.config.handshake_timeout,
-                        ..round
-                    });
-                }
+                // The path is back within the budget: the handshake gets its own time from
+                // now. The peer's `Failback`, posted while a link was down, arrives at its
+                // control QP's next retransmission, up to one control ACK timeout after
+                // the link-up (268 ms at the defaults); counted from the first failure, the
+                // RC budget could end before it (seen: both default NICs down 98 ms, the
+                // responder's down again 5 ms later for 213 ms, and both ends gave up 1 ms
+                // before the retransmission that would have carried their messages).
+                self.send = SendState::FailingBack(FailbackRound {
+                    deadline: round.deadline.max(now + self.config.handshake_timeout),
+                    ..round
+                });
                 self.maybe_bring_up_failback(out);
             }
         }

@@ -2414,6 +2414,79 @@ fn a_default_failure_with_the_backup_lost_fails_back_when_the_default_returns_in
 }
 
 #[test]
+fn a_default_link_back_late_in_the_budget_gives_the_peers_failback_the_handshakes_time() {
+    // The testbed's seed-5 loss: the backup lost while idle, then the default path down;
+    // its link comes back 30 ms before the RC budget ends, and the peer's `Failback` (posted
+    // while a link was down) arrives at its control QP's next retransmission, after the
+    // budget.
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::ControlSendFailed, at(5));
+    let down = at(100);
+    let actions = step(
+        &mut machine,
+        Event::LinkDown {
+            path: Path::Default,
+        },
+        down,
+    );
+    assert_eq!(actions, FAILBACK_START);
+    step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
+    let back = down + (budget() - Duration::from_millis(30));
+    step(
+        &mut machine,
+        Event::LinkUp {
+            path: Path::Default,
+        },
+        back,
+    );
+    // Before: backup-unavailable here, the path up for 30 ms.
+    assert_eq!(step(&mut machine, Event::Tick, down + budget()), []);
+    assert_eq!(machine.failed(), None);
+    let late = down + budget() + Duration::from_millis(240);
+    assert_eq!(
+        step(&mut machine, peer_failback(1, 2), late),
+        [Action::FailBack {
+            epoch: Epoch(1),
+            skip_through: 2
+        }]
+    );
+    step(&mut machine, qp_up(1, true), late);
+    step(&mut machine, failback_ready(1), late);
+    assert_eq!(machine.send_route(), Route::Default);
+    assert_eq!(machine.failed(), None);
+}
+
+#[test]
+fn a_failback_whose_default_link_returns_but_whose_peer_stays_silent_fails_after_the_handshake_timeout(
+) {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, Event::ControlSendFailed, at(5));
+    step(
+        &mut machine,
+        Event::LinkDown {
+            path: Path::Default,
+        },
+        at(100),
+    );
+    step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
+    let back = at(300);
+    step(
+        &mut machine,
+        Event::LinkUp {
+            path: Path::Default,
+        },
+        back,
+    );
+    let deadline = back + Config::new(Role::Leader).handshake_timeout;
+    assert_eq!(machine.poll_timeout(), Some(deadline));
+    let actions = step(&mut machine, Event::Tick, deadline);
+    assert_eq!(
+        surfaced(&actions),
+        Some((WcStatus::RetryExcErr, FailReason::BackupUnavailable))
+    );
+}
+
+#[test]
 fn backup_qps_failing_while_a_round_waits_for_the_backup_link_fail_back_instead() {
     let mut machine = end(Role::Leader);
     step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
