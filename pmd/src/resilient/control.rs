@@ -492,6 +492,7 @@ impl ControlChannel {
         c.ring.read(slot * CONTROL_MESSAGE_LEN, &mut bytes);
         match ControlPacket::new_checked(&bytes[..]).and_then(|p| ControlRepr::parse(&p)) {
             Ok(repr) if repr.dest_qpn == c.local_default_qpn => {
+                tracing::debug!(dest_qpn = repr.dest_qpn, message = ?repr.message, "failover: control message received");
                 out.push(Event::Control(repr.message))
             }
             Ok(repr) => tracing::warn!(

@@ -54,6 +54,7 @@ impl ResilientQp {
             Action::PostProbe => self.post_probe(),
             Action::SendControl(message) => {
                 let Some(b) = &self.slow.backup else { return };
+                tracing::debug!(qp = %self.shared.name, ?message, "failover: control message sent");
                 if let Err(e) = b.control.send(message) {
                     tracing::warn!(qp = %self.shared.name, error = %e, ?message, "failover: control message not sent");
                     self.enqueue(Event::ControlSendFailed);

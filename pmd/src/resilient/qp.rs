@@ -603,6 +603,14 @@ impl ResilientQp {
         self.shared.set_waker(unparker);
     }
 
+    /// Whether mail (a control message, a link change) waits for this QP: one relaxed load.
+    /// A loop over many QPs uses it to run their failover work ([`ResilientQp::progress`]) as
+    /// soon as the service delivers it, instead of when its poll comes round.
+    #[inline]
+    pub fn has_mail(&self) -> bool {
+        self.shared.pending()
+    }
+
     /// When failover work is next due if nothing else happens (a timer of the machine).
     pub fn next_deadline(&self) -> Option<Timestamp> {
         self.shared.deadline()
