@@ -31,6 +31,7 @@ pub mod linkwatch;
 pub mod medium;
 pub mod netns;
 pub mod paths;
+pub mod phases;
 pub mod plot;
 pub mod report;
 pub mod scenario;

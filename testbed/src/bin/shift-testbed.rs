@@ -121,6 +121,21 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// When each phase of a failover and of its switch-back ends for the first, median and
+    /// last QP, from the apps' logs of a run with
+    /// `RUST_LOG=warn,pmd::resilient=debug,pmd::failover=info` (`<out-dir>/*-client.log`,
+    /// `*-server.log`).
+    Phases {
+        /// The client's log (its default link is the one that changed).
+        #[arg(long)]
+        client: PathBuf,
+        /// The server's log.
+        #[arg(long)]
+        server: PathBuf,
+        /// Write the breakdown as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Cut and restore links: once, for a while, or on a flapping schedule.
     Fail {
         /// What fails: initiator-nic0|1, responder-nic0|1, switch0|1-port[-b], both-nic0|1,
@@ -439,6 +454,23 @@ fn run(cli: Cli) -> Result<(), String> {
             idle_lat::print(&result);
             if let Some(path) = json {
                 write_json(&path, &result)?;
+                println!("  result: {}", path.display());
+            }
+            Ok(())
+        }
+        Command::Phases {
+            client,
+            server,
+            json,
+        } => {
+            let read = |p: &PathBuf| {
+                std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
+            };
+            let b = testbed::phases::breakdown(&read(&client)?, &read(&server)?)
+                .map_err(|e| format!("{}: {e}", client.display()))?;
+            testbed::phases::print(&b);
+            if let Some(path) = json {
+                write_json(&path, &b)?;
                 println!("  result: {}", path.display());
             }
             Ok(())
