@@ -16,6 +16,7 @@ use pmd::{
 
 use crate::error::AppError;
 use crate::exchange::{from_hex, to_hex, QpInfo};
+use crate::session::ServicePacer;
 
 /// How to open the devices.
 #[derive(Debug, Clone)]
@@ -55,6 +56,8 @@ pub struct Host {
     kind: HostKind,
     gid: Gid,
     active_mtu: Mtu,
+    /// Paces the failover service's rounds when the polling lcore runs them.
+    pacer: Option<Arc<ServicePacer>>,
 }
 
 impl Host {
@@ -102,10 +105,17 @@ impl Host {
                 HostKind::Plain { pd, ctx: default }
             }
         };
+        let pacer = match &kind {
+            HostKind::Resilient { service, .. } if service.is_manual() => {
+                Some(Arc::new(ServicePacer::new(service.clone())))
+            }
+            _ => None,
+        };
         Ok(Host {
             kind,
             gid,
             active_mtu,
+            pacer,
         })
     }
 
@@ -135,6 +145,12 @@ impl Host {
             HostKind::Resilient { service, .. } if service.is_manual() => Some(service.clone()),
             _ => None,
         }
+    }
+
+    /// The pacer of the failover service's rounds when the polling lcore runs them
+    /// (run-to-completion).
+    pub fn service_pacer(&self) -> Option<&Arc<ServicePacer>> {
+        self.pacer.as_ref()
     }
 
     /// Whether QPs made here fail over.
@@ -283,6 +299,24 @@ impl Conn {
         match self {
             Conn::Plain { cq, .. } => cq.poll(wcs),
             Conn::Resilient(qp) => qp.poll(wcs),
+        }
+    }
+
+    /// Runs the failover work of a resilient QP that has mail waiting, without taking
+    /// completions out (they wait for its next poll); returns whether it had any. A plain QP
+    /// has none.
+    #[inline]
+    pub fn take_failover_mail(&mut self) -> bool {
+        match self {
+            Conn::Plain { .. } => false,
+            Conn::Resilient(qp) => {
+                if qp.has_mail() {
+                    qp.progress();
+                    true
+                } else {
+                    false
+                }
+            }
         }
     }
 

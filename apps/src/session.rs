@@ -2,7 +2,7 @@
 //! register the buffer, create the QP, exchange attributes over TCP, bring the QP up, and
 //! the idle policy of the polling loop. Also the header block perftest prints.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pmd::lcore::{IdlePolicy, Poller};
@@ -38,6 +38,85 @@ const SERVICE_SHARE: u32 = 20;
 /// times as long.
 const SERVICE_GAP_MAX: Duration = Duration::from_millis(2);
 
+/// The failover service's round as a run-to-completion lcore runs it, paced by the rules
+/// above. One per host, shared by the loop's idle policy (at the end of each polling round)
+/// and the loop over the QPs (every [`PROGRESS_EVERY_QPS`] QPs): a polling round in which
+/// 1,000 QPs each run a failover round takes tens of milliseconds, and a service that ran only
+/// between polling rounds left the peer's control messages in the control CQs for that long
+/// (issue 17: the 1,000-QP breakdown in docs/testbed.md).
+#[derive(Debug)]
+pub struct ServicePacer {
+    service: Arc<FailoverService>,
+    state: Mutex<PacerState>,
+}
+
+#[derive(Debug)]
+struct PacerState {
+    /// Polling rounds ended.
+    rounds: u32,
+    /// When the service last ran.
+    last: Instant,
+    /// How long its last round took.
+    cost: Duration,
+    /// The service ran since [`ServicePacer::take_ran`] last looked.
+    ran: bool,
+}
+
+impl ServicePacer {
+    /// Paces `service`'s rounds.
+    pub fn new(service: Arc<FailoverService>) -> ServicePacer {
+        ServicePacer {
+            service,
+            state: Mutex::new(PacerState {
+                rounds: 0,
+                last: Instant::now(),
+                cost: Duration::ZERO,
+                ran: false,
+            }),
+        }
+    }
+
+    /// A polling round ended: the service runs every [`SERVICE_EVERY`] rounds or after
+    /// [`SERVICE_PERIOD`].
+    #[inline]
+    pub fn round_ended(&self) {
+        self.run(true);
+    }
+
+    /// Within a polling round: the service runs if [`SERVICE_PERIOD`] has passed. Returns
+    /// whether it ran.
+    #[inline]
+    pub fn within_round(&self) -> bool {
+        self.run(false)
+    }
+
+    /// Whether the service ran (and may have mailed QPs) since the last call.
+    #[inline]
+    pub fn take_ran(&self) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut st.ran)
+    }
+
+    fn run(&self, round_ended: bool) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if round_ended {
+            st.rounds = st.rounds.wrapping_add(1);
+        }
+        let now = Instant::now();
+        let since = now.duration_since(st.last);
+        let due = (round_ended && st.rounds % SERVICE_EVERY == 0) || since >= SERVICE_PERIOD;
+        let gap = (st.cost * SERVICE_SHARE).min(SERVICE_GAP_MAX);
+        if due && since >= gap {
+            self.service.run_once();
+            st.last = Instant::now();
+            st.cost = st.last.duration_since(now);
+            st.ran = true;
+            return true;
+        }
+        false
+    }
+}
+
 /// How the polling loop waits when a round found nothing, and (run-to-completion) who does
 /// the failover service's work.
 #[derive(Debug)]
@@ -45,12 +124,7 @@ pub struct Idle {
     mode: PollMode,
     poller: Poller,
     /// The failover service this lcore runs itself (run-to-completion), if any.
-    service: Option<Arc<FailoverService>>,
-    rounds: u32,
-    /// When the service last ran.
-    last_service: Instant,
-    /// How long its last round took.
-    service_cost: Duration,
+    service: Option<Arc<ServicePacer>>,
 }
 
 impl Idle {
@@ -60,10 +134,7 @@ impl Idle {
         Idle {
             mode,
             poller: Poller::new(IdlePolicy::default()),
-            service: host.manual_service(),
-            rounds: 0,
-            last_service: Instant::now(),
-            service_cost: Duration::ZERO,
+            service: host.service_pacer().cloned(),
         }
     }
 
@@ -88,17 +159,8 @@ impl Idle {
 
     #[inline]
     fn run_service(&mut self) {
-        if let Some(service) = &self.service {
-            self.rounds = self.rounds.wrapping_add(1);
-            let now = Instant::now();
-            let since = now.duration_since(self.last_service);
-            let due = self.rounds % SERVICE_EVERY == 0 || since >= SERVICE_PERIOD;
-            let gap = (self.service_cost * SERVICE_SHARE).min(SERVICE_GAP_MAX);
-            if due && since >= gap {
-                service.run_once();
-                self.last_service = Instant::now();
-                self.service_cost = self.last_service.duration_since(now);
-            }
+        if let Some(pacer) = &self.service {
+            pacer.round_ended();
         }
     }
 
@@ -217,11 +279,28 @@ pub const PROGRESS_EVERY_QPS: usize = 32;
 
 impl Session {
     /// Polls QP `q` of a loop over all of them (failover work included), running a round of
-    /// the devices first when `q` is a multiple of [`PROGRESS_EVERY_QPS`].
+    /// the devices first when `q` is a multiple of [`PROGRESS_EVERY_QPS`], and then, in
+    /// run-to-completion, the failover service's round if it is due ([`ServicePacer`]) and
+    /// the failover work of every QP it delivered mail to.
     #[inline]
     pub fn poll_qp(&mut self, q: usize, wcs: &mut [pmd::WorkCompletion]) -> usize {
         if q % PROGRESS_EVERY_QPS == 0 {
             self.host.progress();
+            let served = self.host.service_pacer().is_some_and(|pacer| {
+                if q > 0 {
+                    pacer.within_round();
+                }
+                // Also a round run at the end of the last pass (`Idle`).
+                pacer.take_ran()
+            });
+            if served {
+                // What the service just delivered (the peer's half of a handshake) is acted
+                // on now, not when this loop comes round to each QP again: at 1,000 QPs
+                // that wait was a whole polling round per step of every handshake.
+                for conn in &mut self.conns {
+                    conn.take_failover_mail();
+                }
+            }
         }
         self.conns[q].poll_only(wcs)
     }

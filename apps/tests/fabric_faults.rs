@@ -251,6 +251,49 @@ fn write_bw_run_to_completion_fails_over_and_back_with_every_byte_intact() {
     assert!(c.report.iterations > 0);
 }
 
+/// Run-to-completion over more QPs than a polling loop visits between two device rounds
+/// (`session::PROGRESS_EVERY_QPS`): the failover service runs inside the loop over the QPs,
+/// and the QPs it delivered mail to run their failover work there and then, out of the
+/// loop's order (issue 17). Every QP fails over and back without an error (`--check` takes
+/// one QP only).
+#[test]
+fn write_bw_run_to_completion_on_64_qps_fails_every_qp_over_and_back() {
+    let f = fabric();
+    let (c, s) = run_pair(
+        &f,
+        Tool::WriteBw,
+        0,
+        &[
+            "-s",
+            "8192",
+            "-t",
+            "1",
+            "-q",
+            "64",
+            "-D",
+            "4",
+            "--holddown-ms",
+            "200",
+            "--poll",
+            "busy",
+        ],
+        || {
+            std::thread::sleep(Duration::from_millis(700));
+            f.fabric.set_link(0, false);
+            std::thread::sleep(Duration::from_millis(800));
+            f.fabric.set_link(0, true);
+        },
+    );
+    assert!(c.error.is_none(), "client stopped: {:?}", c.error);
+    assert!(s.error.is_none(), "server stopped: {:?}", s.error);
+    assert_eq!(c.report.progress, "run-to-completion");
+    let fo = &c.report.failover;
+    assert_eq!(fo.failovers, 64, "{fo:?}");
+    assert_eq!(fo.switch_backs, 64, "{fo:?}");
+    assert_eq!(fo.errors, 0, "{fo:?}");
+    assert!(c.report.iterations > 0);
+}
+
 #[test]
 fn read_bw_check_with_a_changing_server_buffer_reads_no_stale_or_newer_data_through_failover() {
     let f = fabric();
