@@ -1482,17 +1482,15 @@ impl Failover {
     }
 
     /// What a repair of the default devices' channel needs of this end: both links up, the
-    /// backup devices' channel (which carries the repair's messages) usable, and no round
-    /// running (a failover round needs the default link first, a failback the channel
-    /// itself).
+    /// backup devices' channel (which carries the repair's messages) usable, and no failback
+    /// running (it needs the channel as it is: its backup is gone, so no repair could
+    /// finish). A failover round does not stop it: the default device that failed its QPs
+    /// starts one at the same moment, and a repair refused for it would leave the leader's
+    /// channel reset and the follower's up, so that the follower's next message (a
+    /// `Failback`, when its backup dies next) is lost (the testbed's all-targets soak, seed
+    /// 7, `--holddown 100ms`).
     fn paths_allow_default_control_repair(&self) -> bool {
-        self.default_link.up
-            && self.backup_link.up
-            && self.backup_usable
-            && !matches!(
-                self.send,
-                SendState::FailingOver(_) | SendState::FailingBack(_)
-            )
+        self.default_link.up && self.backup_link.up && self.backup_usable && !self.failing_back()
     }
 
     /// When the channel repair next needs this end to act: the leader's next attempt (after

@@ -1056,40 +1056,35 @@ fn a_leader_told_that_the_follower_lost_its_default_channel_repairs_both() {
 #[test]
 fn the_default_channel_lost_with_the_default_qps_is_repaired_after_the_failover_and_a_failback_works(
 ) {
-    // The default device failed its QPs: the data QP's error starts a round, the channel's
-    // failure arrives during it. The repair waits for the round, not for the switch-back.
-    let mut machine = end(Role::Leader);
-    step(&mut machine, retry_exhausted(), at(10));
-    step(&mut machine, Event::DefaultControlFailed, at(10));
+    // The default device failed its QPs: the channel's failure is seen first, the data QP's
+    // flush starts a round just after the repair began. The repair goes on through the
+    // round (its answer would otherwise leave the follower's channel up and ours reset).
+    let mut config = Config::new(Role::Leader);
+    config.holddown = Duration::ZERO;
+    let mut machine = Failover::new(config, at(0));
+    assert_eq!(step(&mut machine, Event::DefaultControlFailed, at(10)), []);
     assert_eq!(
-        machine.poll_timeout(),
-        Some(at(10) + Config::new(Role::Leader).handshake_timeout),
-        "no channel repair during the round"
-    );
-    step(&mut machine, drained(progress(4, 4, 2)), at(10));
-    step(&mut machine, peer_failover(0, 3, 0), at(11));
-    assert_eq!(machine.send_phase(), SendPhase::Fallback);
-    // The rearm of the default pair and the channel repair start at the same tick.
-    let due = machine.poll_timeout().unwrap();
-    assert_eq!(
-        step(&mut machine, Event::Tick, due),
+        step(&mut machine, Event::Tick, at(10)),
         [
-            Action::ResetDefaultQp,
-            Action::SendControl(ControlMessage::Rearm { epoch: Epoch(1) }),
             Action::ResetDefaultControl,
             Action::SendControl(ControlMessage::DefaultControlRearm { epoch: Epoch(1) })
         ]
     );
+    step(&mut machine, retry_exhausted(), at(10));
+    assert_eq!(machine.send_phase(), SendPhase::FailingOver);
     let done = Event::Control(ControlMessage::DefaultControlRearmDone {
         epoch: Epoch(1),
         ok: true,
     });
     assert_eq!(
-        step(&mut machine, done, due),
+        step(&mut machine, done, at(11)),
         [Action::BringUpDefaultControl { epoch: Epoch(1) }]
     );
-    assert_eq!(step(&mut machine, channel_up(1, true), due), []);
+    assert_eq!(step(&mut machine, channel_up(1, true), at(11)), []);
     assert!(observed_channel_repair(&mut machine));
+    step(&mut machine, drained(progress(4, 4, 2)), at(11));
+    step(&mut machine, peer_failover(0, 3, 0), at(12));
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
     // The backup dies with traffic on it: a failback, not `backup-unavailable`.
     let backup_error = Event::ErrorCompletion {
         path: Path::Backup,
@@ -1138,9 +1133,13 @@ fn a_default_channel_repair_waits_for_the_backup_channel_and_backs_off_when_unan
 }
 
 #[test]
-fn a_follower_refuses_a_default_channel_repair_while_failing_over() {
-    let mut machine = end(Role::Follower);
-    step(&mut machine, retry_exhausted(), at(10));
+fn a_follower_refuses_a_default_channel_repair_while_failing_back() {
+    let mut machine = failed_over(Role::Follower);
+    let backup_error = Event::ErrorCompletion {
+        path: Path::Backup,
+        status: WcStatus::RetryExcErr,
+    };
+    assert_eq!(step(&mut machine, backup_error, at(20)), FAILBACK_START);
     let rearm = Event::Control(ControlMessage::DefaultControlRearm { epoch: Epoch(1) });
     assert_eq!(
         step(&mut machine, rearm, at(11)),
