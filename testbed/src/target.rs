@@ -341,15 +341,14 @@ pub enum TargetSet {
 
 impl TargetSet {
     /// What `all` means: the three kinds the paper injects on each rail, both default NICs
-    /// at once, and each host's backup device failing its QPs (the one failure the backup
-    /// repair of issue 15 item 1 needs: a link failure leaves an idle backup QP out of ERR).
-    /// A device whose QPs failed is in it because it recovers (the device stays up and the
-    /// driver repairs the QPs), so drawing it again later is meaningful. The default
-    /// devices' QPs failing is not (yet): it fails the default devices' control channel too,
-    /// which nothing repairs, so every later backup repair is impossible (docs/testbed.md,
-    /// "Known problems"). Dead devices are not: they never come back, so one draw would end
-    /// the rotation for the rest of the run.
-    pub const ALL: [FailTarget; 9] = [
+    /// at once, and each host's backup and default device failing its QPs (the backup one
+    /// is the failure the backup repair of issue 15 item 1 needs: a link failure leaves an
+    /// idle backup QP out of ERR; the default one fails the default devices' control channel
+    /// too, which the driver repairs since 2026-11-26, `docs/failover.md` 5d). A device whose
+    /// QPs failed is in it because it recovers (the device stays up and the driver repairs
+    /// the QPs), so drawing it again later is meaningful. Dead devices are not: they never
+    /// come back, so one draw would end the rotation for the rest of the run.
+    pub const ALL: [FailTarget; 11] = [
         FailTarget::InitiatorNic { rail: 0 },
         FailTarget::ResponderNic { rail: 0 },
         FailTarget::SwitchPort {
@@ -370,6 +369,14 @@ impl TargetSet {
         FailTarget::DeviceQpsFailed {
             host: Role::Responder,
             rail: 1,
+        },
+        FailTarget::DeviceQpsFailed {
+            host: Role::Initiator,
+            rail: 0,
+        },
+        FailTarget::DeviceQpsFailed {
+            host: Role::Responder,
+            rail: 0,
         },
     ];
 
@@ -431,10 +438,6 @@ mod tests {
             FailTarget::DeviceDead {
                 host: Role::Responder,
                 rail: 1,
-            },
-            FailTarget::DeviceQpsFailed {
-                host: Role::Initiator,
-                rail: 0,
             },
         ]);
         for t in all {
@@ -596,7 +599,7 @@ mod tests {
             .contains("never recovers"));
         let default = [FailTarget::InitiatorNic { rail: 0 }];
         assert_eq!(TargetSet::Default.resolve(&default), default.to_vec());
-        assert_eq!(TargetSet::All.resolve(&default).len(), 9);
+        assert_eq!(TargetSet::All.resolve(&default).len(), 11);
     }
 
     #[test]
@@ -615,8 +618,10 @@ mod tests {
         }
         assert!(TargetSet::ALL.contains(&FailTarget::BothNics { rail: 0 }));
         for host in [Role::Initiator, Role::Responder] {
-            let t = FailTarget::DeviceQpsFailed { host, rail: 1 };
-            assert!(TargetSet::ALL.contains(&t), "{t}");
+            for rail in 0..RAILS {
+                let t = FailTarget::DeviceQpsFailed { host, rail };
+                assert!(TargetSet::ALL.contains(&t), "{t}");
+            }
         }
         assert!(TargetSet::ALL.iter().all(FailTarget::recovers));
     }
