@@ -16,7 +16,7 @@ use pmd::{
 
 use crate::error::AppError;
 use crate::exchange::{from_hex, to_hex, QpInfo};
-use crate::session::ServicePacer;
+use crate::service_pacer::ServicePacer;
 
 /// How to open the devices.
 #[derive(Debug, Clone)]
@@ -293,7 +293,7 @@ impl Conn {
     }
 
     /// Polls completions without driving the devices (also runs due failover work): for a
-    /// loop over many QPs, which drives them itself ([`crate::session::Session::poll_qp`]).
+    /// loop over many QPs, which drives them itself (`Session::poll_qp` in `session`).
     #[inline]
     pub fn poll_only(&mut self, wcs: &mut [WorkCompletion]) -> usize {
         match self {

@@ -35,6 +35,7 @@ pub mod rc_ops;
 pub mod rc_pingpong;
 pub mod report;
 pub mod run;
+pub mod service_pacer;
 pub mod session;
 
 pub use cli::Tool;
