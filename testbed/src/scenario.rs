@@ -144,7 +144,7 @@ pub struct ScenarioOptions {
     /// What `flap` and `soak` fail.
     pub targets: TargetSet,
     /// Probability that a `soak` failure starts while the previous one is still down;
-    /// `None`: 0 with the default targets, [`DEFAULT_OVERLAP`] with any other set.
+    /// `None`: 0 with `default-path`, [`DEFAULT_OVERLAP`] with any other set.
     pub overlap: Option<f64>,
     /// QPs per app (`-q`); `None` leaves the apps' default (1).
     pub qps: Option<u32>,
@@ -229,10 +229,18 @@ impl ScenarioOptions {
         )
     }
 
-    /// The targets `flap` and `soak` draw from when `--targets` is `default`: what they drew
-    /// from before the backup rail could fail (the lead flips the default to `all` once the
-    /// pmd survives the rest, issue 15).
+    /// The targets `flap` and `soak` draw from when `--targets` is `default`: every kind
+    /// ([`TargetSet::ALL`]) since the pmd survives them (issue 15).
     fn default_targets(&self) -> Vec<FailTarget> {
+        match self.name {
+            ScenarioName::Soak | ScenarioName::Flap => TargetSet::ALL.to_vec(),
+            _ => self.default_path_targets(),
+        }
+    }
+
+    /// The targets of `--targets default-path`: what `flap` and `soak` drew from before the
+    /// backup rail could fail.
+    fn default_path_targets(&self) -> Vec<FailTarget> {
         match self.name {
             ScenarioName::Soak => vec![
                 FailTarget::InitiatorNic { rail: 0 },
@@ -249,7 +257,7 @@ impl ScenarioOptions {
     /// The overlap probability of `soak` (see [`ScenarioOptions::overlap`]).
     pub fn overlap(&self) -> f64 {
         self.overlap.unwrap_or(match self.targets {
-            TargetSet::Default => 0.0,
+            TargetSet::DefaultPath => 0.0,
             _ => DEFAULT_OVERLAP,
         })
     }
@@ -261,7 +269,9 @@ impl ScenarioOptions {
             at: self.fail_at,
             duration: Some(self.down_for),
         };
-        let targets = self.targets.resolve(&self.default_targets());
+        let targets = self
+            .targets
+            .resolve(&self.default_targets(), &self.default_path_targets());
         match self.name {
             ScenarioName::InitiatorNic | ScenarioName::Allreduce => {
                 once(FailTarget::InitiatorNic { rail: 0 })
@@ -1051,8 +1061,26 @@ mod tests {
     }
 
     #[test]
+    fn soak_and_flap_draw_from_every_kind_by_default() {
+        for name in [ScenarioName::Soak, ScenarioName::Flap] {
+            match ScenarioOptions::new(name).schedule() {
+                Schedule::Random { targets, .. } => {
+                    assert_eq!(targets, TargetSet::ALL.to_vec(), "{name:?}")
+                }
+                other => panic!("{name:?}: {other:?}"),
+            }
+        }
+        let mut o = ScenarioOptions::new(ScenarioName::Soak);
+        assert_eq!(o.overlap(), DEFAULT_OVERLAP);
+        o.targets = TargetSet::DefaultPath;
+        assert_eq!(o.overlap(), 0.0);
+        assert!(o.schedule().steps().iter().all(|s| s.target.rail() == 0));
+    }
+
+    #[test]
     fn soak_runs_long_enough_for_all_its_failures_and_checks_data() {
-        let o = ScenarioOptions::new(ScenarioName::Soak);
+        let mut o = ScenarioOptions::new(ScenarioName::Soak);
+        o.targets = TargetSet::DefaultPath;
         let steps = o.schedule().steps();
         assert_eq!(steps.len(), 400);
         assert!(o.run_length() > steps.last().unwrap().at);

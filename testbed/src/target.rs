@@ -331,8 +331,11 @@ impl fmt::Display for FailTarget {
 /// Which targets a random schedule draws from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSet {
-    /// The scenario's own set (what it drew from before the backup rail could fail).
+    /// The scenario's own set: [`TargetSet::ALL`] for `flap` and `soak` (since issue 15).
     Default,
+    /// Failures of the default path only, what `flap` and `soak` drew from before the backup
+    /// rail could fail (`soak`: the three kinds on rail 0; `flap`: `initiator-nic0`).
+    DefaultPath,
     /// Every link failure: [`TargetSet::ALL`].
     All,
     /// These targets.
@@ -380,19 +383,22 @@ impl TargetSet {
         },
     ];
 
-    /// The targets, with `default` standing for [`TargetSet::Default`].
-    pub fn resolve(&self, default: &[FailTarget]) -> Vec<FailTarget> {
+    /// The targets, with `default` standing for [`TargetSet::Default`] and `default_path`
+    /// for [`TargetSet::DefaultPath`].
+    pub fn resolve(&self, default: &[FailTarget], default_path: &[FailTarget]) -> Vec<FailTarget> {
         match self {
             TargetSet::Default => default.to_vec(),
+            TargetSet::DefaultPath => default_path.to_vec(),
             TargetSet::All => TargetSet::ALL.to_vec(),
             TargetSet::List(list) => list.clone(),
         }
     }
 
-    /// Parses `default`, `all` or a comma-separated list of target names.
+    /// Parses `default`, `default-path`, `all` or a comma-separated list of target names.
     pub fn parse(text: &str) -> Result<TargetSet, String> {
         match text.trim() {
             "default" => Ok(TargetSet::Default),
+            "default-path" => Ok(TargetSet::DefaultPath),
             "all" => Ok(TargetSet::All),
             list => {
                 let mut targets = Vec::new();
@@ -597,9 +603,18 @@ mod tests {
         assert!(TargetSet::parse("initiator-dev-dead")
             .unwrap_err()
             .contains("never recovers"));
+        assert_eq!(TargetSet::parse("default-path"), Ok(TargetSet::DefaultPath));
         let default = [FailTarget::InitiatorNic { rail: 0 }];
-        assert_eq!(TargetSet::Default.resolve(&default), default.to_vec());
-        assert_eq!(TargetSet::All.resolve(&default).len(), 11);
+        let path = [FailTarget::ResponderNic { rail: 0 }];
+        assert_eq!(
+            TargetSet::Default.resolve(&default, &path),
+            default.to_vec()
+        );
+        assert_eq!(
+            TargetSet::DefaultPath.resolve(&default, &path),
+            path.to_vec()
+        );
+        assert_eq!(TargetSet::All.resolve(&default, &path).len(), 11);
     }
 
     #[test]

@@ -215,13 +215,13 @@ struct ScenarioArgs {
     /// each failure draws one of them, then a time in it.
     #[arg(long, default_value = "1200ms..1600ms", value_parser = schedule::parse_ranges)]
     up: TimeRanges,
-    /// What `flap` and `soak` fail: `default` (soak: the three kinds on rail 0; flap:
-    /// initiator-nic0), `all` (both rails, both default NICs at once, and each device failing
-    /// its QPs) or a list of names.
+    /// What `flap` and `soak` fail: `default` (= `all`: both rails, both default NICs at
+    /// once, and each backup device failing its QPs), `default-path` (soak: the three kinds
+    /// on rail 0; flap: initiator-nic0) or a list of names.
     #[arg(long, default_value = "default", value_parser = TargetSet::parse)]
     targets: TargetSet,
     /// Probability that a `soak` failure starts while the previous one is still down
-    /// (default: 0 with --targets default, 0.25 otherwise).
+    /// (default: 0 with --targets default-path, 0.25 otherwise).
     #[arg(long, value_parser = schedule::parse_probability)]
     overlap: Option<f64>,
     /// Seed of the `flap` and `soak` schedules.
