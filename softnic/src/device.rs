@@ -488,6 +488,11 @@ impl Device {
         }
         qp.apply(state, attrs);
         core.active.mark(qp);
+        if state == QpState::Rtr {
+            // Connected: its first packet must not open a socket on the datapath.
+            let src_port = qp.src_port;
+            core.wire.prepare_source_port(src_port);
+        }
         drop(guard);
         // The engine may have work now (e.g. WQEs rung while in RTR).
         self.shared.waker.wake();

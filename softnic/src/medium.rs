@@ -36,6 +36,16 @@ impl WireImpl {
         n
     }
 
+    /// Makes ready what sending from UDP source port `src_port` needs (a UDP wire's socket
+    /// for that port), so that a QP's first packet costs no system calls: called when a QP
+    /// is connected (RTR), on the control path.
+    pub fn prepare_source_port(&mut self, src_port: u16) {
+        match self {
+            WireImpl::Udp(w) => w.prepare_source_port(src_port),
+            WireImpl::Fabric(_) => {}
+        }
+    }
+
     /// Fills the batch with received packets (from empty); returns how many.
     pub fn recv(&mut self, batch: &mut Batch, now: Duration) -> usize {
         batch.clear();
