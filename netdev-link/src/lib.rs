@@ -131,13 +131,18 @@ fn exchange<T>(
 /// Asks the kernel for `netdev` by name (`RTM_GETLINK` with `IFLA_IFNAME`): its index and its
 /// state now. A netdev that does not exist is an error of kind `NotFound` naming it.
 pub fn query(netdev: &str) -> io::Result<Link> {
+    link_by_name(&Socket::new(NETLINK_ROUTE)?, netdev)
+}
+
+/// `RTM_GETLINK` for `netdev` by name on `socket`: its index and its state now.
+fn link_by_name(socket: &Socket, netdev: &str) -> io::Result<Link> {
     check_name(netdev)?;
     let mut request = LinkMessage::default();
     request
         .attributes
         .push(LinkAttribute::IfName(netdev.to_string()));
     exchange(
-        &Socket::new(NETLINK_ROUTE)?,
+        socket,
         netdev,
         RouteNetlinkMessage::GetLink(request),
         NLM_F_REQUEST,
@@ -215,28 +220,7 @@ impl LinkControl {
 
     /// The index of `netdev` in the socket's namespace (`RTM_GETLINK` by name).
     pub fn index_of(&mut self, netdev: &str) -> io::Result<u32> {
-        check_name(netdev)?;
-        let mut request = LinkMessage::default();
-        request
-            .attributes
-            .push(LinkAttribute::IfName(netdev.to_string()));
-        exchange(
-            &self.socket,
-            netdev,
-            RouteNetlinkMessage::GetLink(request),
-            NLM_F_REQUEST,
-            |kind, payload| {
-                (kind == libc::RTM_NEWLINK)
-                    .then(|| LinkHeader::parse(payload).ok().map(|link| link.index))
-                    .flatten()
-            },
-            || {
-                Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("rtnetlink answered the query for {netdev} with no link"),
-                ))
-            },
-        )
+        link_by_name(&self.socket, netdev).map(|link| link.index)
     }
 
     /// Pins the neighbour entry of `peer` on `netdev` to `mac`, as `ip neigh replace <peer>
