@@ -32,6 +32,7 @@ use crate::exchange::{self, Channel, ExchangeError, Hello, Msg, QpInfo, RingPlac
 use crate::outcome::{base_report, RunOutcome};
 use crate::report::{self, CheckJson, FailoverJson, Report, ResultRow, Timeline, RULE};
 use crate::session::{device_options, params, Idle, Length, PEER_TIMEOUT};
+use crate::wall_clock;
 
 /// Staging slots per ring edge.
 const SLOTS: u64 = 4;
@@ -677,7 +678,9 @@ pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
     let start_unix_ms = timeline
         .samples
         .first()
-        .map_or(report::unix_ms_now() - secs * 1e3, |s| s.unix_ms - s.t_ms);
+        .map_or(wall_clock::unix_ms_now() - secs * 1e3, |s| {
+            s.unix_ms - s.t_ms
+        });
     let mut fo = FailoverJson::new(rank.send.stats(), rank.send.events(), start_unix_ms);
     fo.merge(FailoverJson::new(
         rank.recv.stats(),

@@ -18,7 +18,7 @@ use pmd::Context;
 use serde::Serialize;
 
 use crate::error::AppError;
-use crate::report::unix_ms_now;
+use crate::wall_clock::unix_ms_now;
 
 /// The longest command line, newline included.
 const MAX_LINE: usize = 512;

@@ -18,6 +18,7 @@
 //! | [`report`] | the JSON report (`docs/apps-json.md`), timeline, failover summary, tables |
 //! | [`outcome`] | what a run hands back; the report fields every tool fills |
 //! | [`run`] | parse, run, report, exit code |
+//! | [`wall_clock`] | wall-clock milliseconds since the epoch, for reports and the fault log |
 //! | [`error`] | what stops a tool, as one line |
 
 pub mod allreduce;
@@ -37,6 +38,7 @@ pub mod report;
 pub mod run;
 pub mod service_pacer;
 pub mod session;
+pub mod wall_clock;
 
 pub use cli::Tool;
 pub use error::AppError;

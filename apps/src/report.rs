@@ -1,18 +1,12 @@
 //! The JSON report (`docs/apps-json.md`), the timeline every `--timeline-ms`, and the
 //! failover summary, in the JSON and on stdout.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use pmd::resilient::{FailoverEvent, FailoverStats};
 use serde::Serialize;
 
-/// Milliseconds since the Unix epoch, now.
-pub fn unix_ms_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64() * 1e3)
-        .unwrap_or(0.0)
-}
+use crate::wall_clock::unix_ms_now;
 
 /// One row of the results table.
 #[derive(Debug, Clone, Default, Serialize)]

@@ -14,8 +14,9 @@ use crate::endpoint::{agree_mtu, mtu_of, Conn, DeviceOptions, Host, Memory};
 use crate::error::AppError;
 use crate::exchange::{self, Channel, Hello, Params, QpInfo};
 use crate::perftest_exchange::{self as perftest, BwReport, Keys, PerftestLink};
-use crate::report::{unix_ms_now, RULE};
+use crate::report::RULE;
 pub use crate::service_pacer::ServicePacer;
+use crate::wall_clock::unix_ms_now;
 
 /// How long the peer may take to answer during setup.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(30);

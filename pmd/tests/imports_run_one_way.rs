@@ -1,7 +1,8 @@
 //! The modules of each directory listed here import each other one way only (issue 13 item 3):
 //! a circle (`action` uses `message`, `message` uses `action`) means two modules are one job
 //! split in two, or share a word that belongs in a leaf module of its own. The test reads the
-//! top-level `use` items of every file in a directory, keeps the ones that name a sibling
+//! top-level `use` items of every file in a directory and the paths written inline in its code
+//! (outside comments and its `#[cfg(test)]` module), keeps the ones that name a sibling
 //! (`super::x`, or `crate::<dir's module path>::x`), and fails naming the first circle found.
 //! `docs/architecture.md` has the resulting module maps.
 
@@ -89,6 +90,39 @@ fn top_level_uses(source: &str) -> Vec<String> {
     uses
 }
 
+/// The `super::` and `crate::` paths written inline in `source`'s code (`crate::faults::X`
+/// in a field's type), outside comments and outside the test module that starts at
+/// `#[cfg(test)]`: they import a sibling as surely as a `use` item does.
+fn inline_paths(source: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    for line in source.lines() {
+        let code = line.trim_start();
+        if code.starts_with("#[cfg(test)]") {
+            break;
+        }
+        if code.starts_with("//") || code.starts_with("use ") || code.contains(" use ") {
+            continue;
+        }
+        let code = code.split("//").next().unwrap_or_default();
+        for root in ["crate::", "super::"] {
+            let mut rest = code;
+            while let Some(at) = rest.find(root) {
+                let before = rest[..at].chars().next_back();
+                let path: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                    .collect();
+                // `foo_crate::x` is not a crate path: the root must start a word.
+                if !before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                    paths.push(path.trim_end_matches(':').to_string());
+                }
+                rest = &rest[at + root.len()..];
+            }
+        }
+    }
+    paths
+}
+
 /// Every full path a `use` tree names: `super::{a::X,b::{Y,Z}}` gives `super::a::X`,
 /// `super::b::Y`, `super::b::Z`.
 fn expand(tree: &str) -> Vec<String> {
@@ -158,6 +192,7 @@ fn import_graph(dir: &ModuleDir) -> BTreeMap<String, BTreeSet<String>> {
         let imports: BTreeSet<String> = top_level_uses(&source)
             .iter()
             .flat_map(|tree| expand(tree))
+            .chain(inline_paths(&source))
             .filter_map(|p| sibling_of(&p, dir.module_path, &siblings))
             .filter(|s| *s != name)
             .collect();
@@ -219,6 +254,18 @@ fn the_parser_finds_siblings_in_nested_and_crate_paths() {
     assert_eq!(
         find_circle(&graph),
         Some(vec!["action".into(), "message".into(), "action".into()])
+    );
+}
+
+#[test]
+fn the_parser_finds_inline_paths_outside_comments_and_tests() {
+    let source = "/// See [`crate::report::X`].\npub struct A {\n    pub f: Option<crate::faults::FaultJson>, // super::gone\n    g: my_crate::x::Y,\n}\nfn h() { super::log::note(); }\n#[cfg(test)]\nmod tests {\n    fn t() { crate::report::Z; }\n}\n";
+    assert_eq!(
+        inline_paths(source),
+        vec![
+            "crate::faults::FaultJson".to_string(),
+            "super::log::note".to_string()
+        ]
     );
 }
 
