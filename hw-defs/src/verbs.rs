@@ -130,3 +130,44 @@ mod tests {
         assert_eq!(WcStatus::Unknown(99).to_string(), "unknown status 99");
     }
 }
+
+/// The local ACK timeout a QP's 5-bit `timeout` attribute codes for: 4.096 us x 2^`code`, as
+/// the IBTA specification defines it. Code 0 means the requester has no ACK timer.
+pub fn local_ack_timeout(code: u8) -> Option<core::time::Duration> {
+    (code != 0).then(|| core::time::Duration::from_nanos(4096u64 << code.min(31)))
+}
+
+/// How long a plain RC QP keeps trying a dead path before `RETRY_EXC_ERR`: the first
+/// transmission and `retry_cnt` retries (a 3-bit field: at most 7), each waiting the local ACK
+/// timeout of `timeout_code`. A code of 0 (no ACK timer) is taken as 14 (67 ms), the common
+/// default, so the wait stays bounded for whoever plans with it.
+pub fn rc_retry_budget(timeout_code: u8, retry_cnt: u8) -> core::time::Duration {
+    let code = if timeout_code == 0 { 14 } else { timeout_code };
+    let each = local_ack_timeout(code).unwrap_or_default();
+    each * (u32::from(retry_cnt.min(7)) + 1)
+}
+
+#[cfg(test)]
+mod timer_tests {
+    use super::*;
+    use core::time::Duration;
+
+    #[test]
+    fn the_ack_timeout_is_4_096_us_times_two_to_the_code() {
+        assert_eq!(local_ack_timeout(0), None);
+        assert_eq!(local_ack_timeout(1), Some(Duration::from_nanos(8192)));
+        assert_eq!(
+            local_ack_timeout(14),
+            Some(Duration::from_nanos(4096 << 14))
+        );
+    }
+
+    #[test]
+    fn the_default_budget_is_eight_ack_timeouts_of_67_ms() {
+        let b = rc_retry_budget(14, 7);
+        assert_eq!(b, Duration::from_nanos(8 * 4096 * (1 << 14)));
+        assert!((b.as_secs_f64() - 0.537).abs() < 0.001, "{b:?}");
+        assert_eq!(rc_retry_budget(0, 7), b, "code 0 plans as 14");
+        assert_eq!(rc_retry_budget(14, 9), b, "retry_cnt is 3 bits");
+    }
+}

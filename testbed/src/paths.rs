@@ -10,7 +10,6 @@
 //! own time (a handshake, milliseconds) counts as up, which judges the driver strictly.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use crate::fail::LogEntry;
 use crate::linkwatch::LinkChange;
@@ -18,13 +17,9 @@ use crate::schedule::LinkAction;
 use crate::target::{FailTarget, Link};
 use crate::topology::RAILS;
 
-/// How long a plain RC QP keeps trying before it gives up with `RETRY_EXC_ERR`: the first
-/// transmission and `retry_cnt` retries, each waiting the local ACK timeout of
-/// 4.096 us x 2^`qp_timeout`.
-pub fn rc_retry_budget(qp_timeout: u8, retry_cnt: u8) -> Duration {
-    let ack_timeout_ns = 4096u64 << qp_timeout.min(31);
-    Duration::from_nanos(ack_timeout_ns * (u64::from(retry_cnt) + 1))
-}
+/// How long a plain RC QP keeps trying before it gives up with `RETRY_EXC_ERR` (the same
+/// arithmetic the driver plans with).
+pub use hw_defs::verbs::rc_retry_budget;
 
 /// The down intervals of each rail's path, in Unix milliseconds.
 #[derive(Debug, Clone, Default)]
@@ -198,14 +193,6 @@ mod tests {
             error: None,
             issued_unix_ms: at,
         }
-    }
-
-    #[test]
-    fn the_apps_default_budget_is_eight_ack_timeouts_of_67_ms() {
-        // -u 14 (the apps' default) and retry_cnt 7: 8 x 67.1 ms.
-        let b = rc_retry_budget(14, 7);
-        assert_eq!(b, Duration::from_nanos(8 * 4096 * (1 << 14)));
-        assert!((b.as_secs_f64() - 0.537).abs() < 0.001, "{b:?}");
     }
 
     #[test]

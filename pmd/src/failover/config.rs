@@ -42,13 +42,10 @@ pub struct Config {
     pub redrain_interval: Duration,
 }
 
-/// What a plain RC QP waits before `RETRY_EXC_ERR` on a dead path: the first transmission and
-/// `retry_cnt` retries, each waiting the local ACK timeout 4.096 us x 2^`timeout`. A `timeout`
-/// of 0 (no timer) is taken as 14 (67 ms), so the wait stays bounded.
-pub fn rc_retry_budget(timeout: u8, retry_cnt: u8) -> Duration {
-    let exp = if timeout == 0 { 14 } else { timeout.min(31) };
-    Duration::from_nanos(4096u64 << exp) * (u32::from(retry_cnt.min(7)) + 1)
-}
+/// What a plain RC QP waits before `RETRY_EXC_ERR` on a dead path (the IBTA arithmetic is
+/// `hw_defs`'s): the first transmission and `retry_cnt` retries, each waiting the local ACK
+/// timeout 4.096 us x 2^`timeout`; a `timeout` of 0 (no timer) is taken as 14 (67 ms).
+pub use hw_defs::verbs::rc_retry_budget;
 
 impl Config {
     /// The defaults for `role`: link watch on, 1 s hold-down, backoff from 100 ms to 5 s,
