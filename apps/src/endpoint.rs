@@ -139,14 +139,6 @@ impl Host {
         moved
     }
 
-    /// The failover service when the polling lcore runs it (run-to-completion).
-    pub fn manual_service(&self) -> Option<Arc<FailoverService>> {
-        match &self.kind {
-            HostKind::Resilient { service, .. } if service.is_manual() => Some(service.clone()),
-            _ => None,
-        }
-    }
-
     /// The pacer of the failover service's rounds when the polling lcore runs them
     /// (run-to-completion).
     pub fn service_pacer(&self) -> Option<&Arc<ServicePacer>> {

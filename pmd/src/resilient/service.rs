@@ -234,11 +234,6 @@ impl FailoverService {
         !self.handle.inner.threaded
     }
 
-    /// Sets the order shadow verbs run in.
-    pub fn set_shadow_order(&self, order: ShadowOrder) {
-        self.handle.lock().order = order;
-    }
-
     /// Runs one round of everything the service does (see the module documentation) and
     /// returns when it next needs to run if nothing wakes it.
     pub fn run_once(&self) -> Option<Timestamp> {
