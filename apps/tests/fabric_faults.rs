@@ -3,20 +3,17 @@
 //! library (`apps::run::run`), each with a default and a backup port, exactly as the
 //! binaries run them; the out-of-band exchange still goes over TCP on loopback.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use apps::cli;
 use apps::run::{self, RunOutcome};
 use apps::Tool;
-use pmd::provider::soft::{register_fabric, unregister_fabric};
+use pmd::provider::soft::RegisteredFabric;
 use softnic::{Fault, FaultRule};
 
-struct Fabric {
-    name: String,
-    fabric: softnic::Fabric,
-}
+/// Ports 0 and 1: the client's default and backup NICs; 2 and 3: the server's.
+struct Fabric(RegisteredFabric);
 
 impl Fabric {
     /// Waits until the fabric has delivered `packets` in all, or a minute has passed (a pair
@@ -24,7 +21,7 @@ impl Fabric {
     /// whether the count was reached.
     fn wait_for_packets(&self, packets: u64) -> bool {
         let t0 = Instant::now();
-        while self.fabric.stats().delivered < packets {
+        while self.0.fabric().stats().delivered < packets {
             if t0.elapsed() > Duration::from_secs(60) {
                 return false;
             }
@@ -34,26 +31,8 @@ impl Fabric {
     }
 }
 
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        unregister_fabric(&self.name);
-    }
-}
-
-/// Ports 0 and 1: the client's default and backup NICs; 2 and 3: the server's.
 fn fabric() -> Fabric {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!(
-        "apps{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    let fabric = softnic::Fabric::new(1, Duration::from_micros(5));
-    for addr in ["198.18.0.1", "198.18.1.1", "198.18.0.2", "198.18.1.2"] {
-        fabric.add_port(addr.parse().unwrap());
-    }
-    register_fabric(&name, &fabric);
-    Fabric { name, fabric }
+    Fabric(RegisteredFabric::two_hosts_two_rails("apps"))
 }
 
 fn port(test: u16) -> u16 {
@@ -103,13 +82,13 @@ fn run_pair_with(
     during: impl FnOnce(),
 ) -> (RunOutcome, RunOutcome) {
     let p = port(test);
-    let side = |default: u32, backup: u32| -> Vec<String> {
+    let side = |default: usize, backup: usize| -> Vec<String> {
         let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         v.extend([
             "-d".into(),
-            format!("fabric:{}/{default}", f.name),
+            f.0.device(default),
             "--backup-dev".into(),
-            format!("fabric:{}/{backup}", f.name),
+            f.0.device(backup),
             "-p".into(),
             p.to_string(),
             "--timeline-ms".into(),
@@ -149,9 +128,9 @@ fn write_bw_check_fails_over_and_back_with_every_byte_intact() {
         &["-s", "16384", "-D", "4", "--check", "--holddown-ms", "200"],
         || {
             std::thread::sleep(Duration::from_millis(700));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
             std::thread::sleep(Duration::from_millis(800));
-            f.fabric.set_link(0, true);
+            f.0.fabric().set_link(0, true);
         },
     );
     assert!(c.error.is_none(), "client stopped: {:?}", c.error);
@@ -186,9 +165,9 @@ fn send_bw_check_fails_over_and_back_with_every_send_in_its_own_receive() {
         &["-s", "16384", "-D", "4", "--check", "--holddown-ms", "200"],
         || {
             std::thread::sleep(Duration::from_millis(700));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
             std::thread::sleep(Duration::from_millis(800));
-            f.fabric.set_link(0, true);
+            f.0.fabric().set_link(0, true);
         },
     );
     assert!(c.error.is_none(), "client stopped: {:?}", c.error);
@@ -231,9 +210,9 @@ fn write_bw_run_to_completion_fails_over_and_back_with_every_byte_intact() {
         ],
         || {
             std::thread::sleep(Duration::from_millis(700));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
             std::thread::sleep(Duration::from_millis(800));
-            f.fabric.set_link(0, true);
+            f.0.fabric().set_link(0, true);
         },
     );
     assert!(c.error.is_none(), "client stopped: {:?}", c.error);
@@ -279,9 +258,9 @@ fn write_bw_run_to_completion_on_64_qps_fails_every_qp_over_and_back() {
         ],
         || {
             std::thread::sleep(Duration::from_millis(700));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
             std::thread::sleep(Duration::from_millis(800));
-            f.fabric.set_link(0, true);
+            f.0.fabric().set_link(0, true);
         },
     );
     assert!(c.error.is_none(), "client stopped: {:?}", c.error);
@@ -304,9 +283,9 @@ fn read_bw_check_with_a_changing_server_buffer_reads_no_stale_or_newer_data_thro
         &["-s", "16384", "-D", "4", "--check", "--holddown-ms", "200"],
         || {
             std::thread::sleep(Duration::from_millis(700));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
             std::thread::sleep(Duration::from_millis(800));
-            f.fabric.set_link(0, true);
+            f.0.fabric().set_link(0, true);
         },
     );
     assert!(c.error.is_none(), "client stopped: {:?}", c.error);
@@ -331,7 +310,7 @@ fn write_bw_check_fails_over_when_the_default_device_dies_through_the_fault_chan
     let fifo = std::env::temp_dir().join(format!("r14-apps-{}-9.fifo", std::process::id()));
     let _ = std::fs::remove_file(&fifo);
     let fifo_arg = fifo.display().to_string();
-    let device = format!("fabric:{}/0", f.name);
+    let device = f.0.device(0);
     let (c, s) = run_pair_with(
         &f,
         Tool::WriteBw,
@@ -378,7 +357,7 @@ fn write_bw_check_repairs_a_backup_whose_qps_failed_through_the_fault_channel() 
     let fifo = std::env::temp_dir().join(format!("r15-apps-{}-8.fifo", std::process::id()));
     let _ = std::fs::remove_file(&fifo);
     let fifo_arg = fifo.display().to_string();
-    let backup = format!("fabric:{}/1", f.name);
+    let backup = f.0.device(1);
     let (c, s) = run_pair_with(
         &f,
         Tool::WriteBw,
@@ -397,9 +376,9 @@ fn write_bw_check_repairs_a_backup_whose_qps_failed_through_the_fault_channel() 
             // The repair needs a handshake on the default devices' channel; then the default
             // link fails, for longer than the budget would forgive a missing backup.
             std::thread::sleep(Duration::from_millis(1200));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
             std::thread::sleep(Duration::from_millis(600));
-            f.fabric.set_link(0, true);
+            f.0.fabric().set_link(0, true);
         },
     );
     let _ = std::fs::remove_file(&fifo);
@@ -445,7 +424,7 @@ fn write_bw_without_failover_stops_with_the_error() {
         ],
         || {
             std::thread::sleep(Duration::from_millis(500));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
         },
     );
     let e = c.error.expect("the client must stop on the failure");
@@ -477,7 +456,7 @@ fn atomic_bw_refuses_to_fail_over_with_an_atomic_in_flight_and_executes_nothing_
     // up to 32 atomics posted that can never complete; then its default link fails.
     let (c, s) = run_pair(&f, Tool::AtomicBw, 3, &["-D", "4", "-t", "32"], || {
         let _ = f.wait_for_packets(ATOMIC_STREAM_PACKETS);
-        f.fabric.add_rule(FaultRule {
+        f.0.fabric().add_rule(FaultRule {
             fault: Fault::Partition,
             from: Some(2),
             to: Some(0),
@@ -486,17 +465,17 @@ fn atomic_bw_refuses_to_fail_over_with_an_atomic_in_flight_and_executes_nothing_
         });
         // The requests still arrive until the window of 32 is full and unanswered: wait until
         // nothing more is delivered for 20 ms (the first RC retransmission comes after 67 ms).
-        let mut delivered = f.fabric.stats().delivered;
+        let mut delivered = f.0.fabric().stats().delivered;
         let t0 = Instant::now();
         loop {
             std::thread::sleep(Duration::from_millis(20));
-            let now = f.fabric.stats().delivered;
+            let now = f.0.fabric().stats().delivered;
             if now == delivered || t0.elapsed() > Duration::from_secs(10) {
                 break;
             }
             delivered = now;
         }
-        f.fabric.set_link(0, false);
+        f.0.fabric().set_link(0, false);
     });
     let e = c.error.expect("the atomic stream must stop");
     assert!(e.to_string().contains("atomic-in-flight"), "{e}");
@@ -533,7 +512,7 @@ fn allreduce_keeps_every_result_correct_through_a_failover() {
     const ITERS: u64 = 300;
     let f = fabric();
     let flows =
-        |iters: u64| -> u64 { f.fabric.stats().delivered + iters * ALLREDUCE_PACKETS_PER_ITER };
+        |iters: u64| -> u64 { f.0.fabric().stats().delivered + iters * ALLREDUCE_PACKETS_PER_ITER };
     let (c, s) = run_pair(
         &f,
         Tool::Allreduce,
@@ -541,10 +520,10 @@ fn allreduce_keeps_every_result_correct_through_a_failover() {
         &["-s", "65536", "-n", &ITERS.to_string()],
         || {
             let _ = f.wait_for_packets(flows(ITERS / 6));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
             // Traffic flows again (on the backup ports) before the default comes back.
             let _ = f.wait_for_packets(flows(ITERS / 6));
-            f.fabric.set_link(0, true);
+            f.0.fabric().set_link(0, true);
         },
     );
     assert!(c.error.is_none(), "rank 1 stopped: {:?}", c.error);
@@ -571,7 +550,7 @@ fn allreduce_without_failover_stops_with_the_error() {
         &["-s", "65536", "-D", "4", "--no-failover", "-u", "10"],
         || {
             std::thread::sleep(Duration::from_millis(500));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
         },
     );
     // The client (rank 1) always stops with an error: its own completion error, or rank 0's
@@ -601,7 +580,7 @@ fn write_bw_on_two_resilient_qps_fails_both_over() {
         &["-s", "16384", "-D", "2", "-q", "2"],
         || {
             std::thread::sleep(Duration::from_millis(600));
-            f.fabric.set_link(0, false);
+            f.0.fabric().set_link(0, false);
         },
     );
     assert!(c.error.is_none(), "client stopped: {:?}", c.error);

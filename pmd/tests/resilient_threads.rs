@@ -5,10 +5,10 @@
 
 mod sim;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use pmd::provider::soft::{register_fabric, unregister_fabric};
+use pmd::provider::soft::RegisteredFabric;
 use pmd::resilient::{
     AdoptedQp, FailoverService, ResilientBuffer, ResilientConfig, ResilientContext, ResilientPd,
     ResilientQp, ResilientState, ServiceConfig, ShadowOrder,
@@ -26,17 +26,6 @@ struct Host {
     service: FailoverService,
 }
 
-struct Fabric {
-    name: String,
-    fabric: softnic::Fabric,
-}
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        unregister_fabric(&self.name);
-    }
-}
-
 /// Logs to the test's output when `RUST_LOG` is set.
 fn logs() {
     let _ = tracing_subscriber::fmt()
@@ -45,20 +34,9 @@ fn logs() {
         .try_init();
 }
 
-fn fabric() -> Fabric {
+fn fabric() -> RegisteredFabric {
     logs();
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!(
-        "thr{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    let fabric = softnic::Fabric::new(1, Duration::from_micros(5));
-    for addr in ["198.18.0.1", "198.18.1.1", "198.18.0.2", "198.18.1.2"] {
-        fabric.add_port(addr.parse().unwrap());
-    }
-    register_fabric(&name, &fabric);
-    Fabric { name, fabric }
+    RegisteredFabric::two_hosts_two_rails("thr")
 }
 
 fn config() -> ResilientConfig {
@@ -103,18 +81,16 @@ fn many_rts() -> QpAttr {
 }
 
 fn open_ctx(
-    f: &Fabric,
+    f: &RegisteredFabric,
     ports: [usize; 2],
     service: &FailoverService,
     config: ResilientConfig,
 ) -> ResilientContext {
-    let open = |p: usize| {
-        Context::open(&format!("fabric:{}/{p}", f.name), &ContextConfig::default()).unwrap()
-    };
+    let open = |p: usize| Context::open(&f.device(p), &ContextConfig::default()).unwrap();
     ResilientContext::new(open(ports[0]), Some(open(ports[1])), service, config, None)
 }
 
-fn host(f: &Fabric, ports: [usize; 2], config: ResilientConfig) -> Host {
+fn host(f: &RegisteredFabric, ports: [usize; 2], config: ResilientConfig) -> Host {
     let service = FailoverService::start(ServiceConfig::default()).unwrap();
     let ctx = open_ctx(f, ports, &service, config);
     let pd = ctx.alloc_pd().unwrap();
@@ -153,7 +129,7 @@ fn connect_with(
     b.wait_protected(Duration::from_secs(5)).unwrap();
 }
 
-fn pair(f: &Fabric, config: ResilientConfig) -> (Host, Host) {
+fn pair(f: &RegisteredFabric, config: ResilientConfig) -> (Host, Host) {
     let mut a = host(f, [0, 1], config.clone());
     let mut b = host(f, [2, 3], config);
     let ga = a.ctx.default_context().query_gid(0).unwrap();
@@ -223,12 +199,12 @@ fn a_write_only_responder_run_by_its_service_follows_failover_and_switch_back() 
     let mut down_at = None;
     write_batches(&mut a, &b.buf, 400, Duration::from_secs(20), |done, qp| {
         if done == 50 {
-            f.fabric.set_link(0, false);
+            f.fabric().set_link(0, false);
             down_at = Some(Instant::now());
         }
         if done == 200 {
             assert_eq!(qp.state(), ResilientState::Fallback);
-            f.fabric.set_link(0, true);
+            f.fabric().set_link(0, true);
         }
     });
     // Switch-back needs the hold-down and a probe; keep some traffic flowing.
@@ -253,7 +229,7 @@ fn a_post_after_the_link_watch_moved_the_default_qp_to_err_is_taken_not_refused(
     let f = fabric();
     let (mut a, b) = pair(&f, config());
     let b = b.adopted_by_its_service();
-    f.fabric.set_link(0, false);
+    f.fabric().set_link(0, false);
     // The service's link watch moves A's default QP to ERR and mails A's owner, which has
     // not polled since: the window in which a post used to be refused with NotReadyToSend.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -337,7 +313,7 @@ fn a_responder_that_neither_polls_nor_is_adopted_leaves_the_handshake_to_time_ou
     );
     // Link down first: rung before it, the WRITE and its ACK could cross the fabric before
     // the test thread ran again, and nothing would fail.
-    f.fabric.set_link(0, false);
+    f.fabric().set_link(0, false);
     a.qp.post_send(&wr.clone().signaled()).unwrap();
     a.qp.ring_doorbell();
     let mut got = Vec::new();
@@ -446,7 +422,7 @@ fn the_same_setup_with_shadow_verbs_run_strictly_in_order_deadlocks() {
 
 /// `n` QP pairs between two hosts, set up one after another (as `shift_write_bw -q n` does):
 /// host A's QPs and host B's, in the same order.
-fn many_pairs(f: &Fabric, n: usize, config: ResilientConfig) -> [ManyQps; 2] {
+fn many_pairs(f: &RegisteredFabric, n: usize, config: ResilientConfig) -> [ManyQps; 2] {
     let mut hosts = [[0usize, 1], [2, 3]].map(|ports| {
         let service = FailoverService::start(ServiceConfig::default()).unwrap();
         let ctx = open_ctx(f, ports, &service, config.clone());
@@ -574,7 +550,7 @@ fn fail_over_many_at_once(n: usize) {
                 }
             }
             if !down && done.iter().all(|&d| d >= before) {
-                f.fabric.set_link(0, false);
+                f.fabric().set_link(0, false);
                 down = true;
             }
             std::thread::sleep(Duration::from_micros(50));

@@ -58,6 +58,57 @@ pub fn unregister_fabric(name: &str) {
         .remove(name);
 }
 
+/// A fabric registered under a name no other fabric of this process has, so that its ports
+/// open as `fabric:<name>/<port>`; unregistered when dropped (devices already open keep
+/// working). Tests and simulations build their hosts on one.
+pub struct RegisteredFabric {
+    name: String,
+    fabric: Fabric,
+}
+
+impl RegisteredFabric {
+    /// Registers `fabric` as `<prefix><pid>-<n>`, `n` counting the fabrics this process made.
+    pub fn new(prefix: &str, fabric: Fabric) -> Self {
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{prefix}{}-{n}", std::process::id());
+        register_fabric(&name, &fabric);
+        RegisteredFabric { name, fabric }
+    }
+
+    /// Two hosts with two NICs each, as the testbed cables them: ports 0 and 1 are the first
+    /// host's default and backup NICs (198.18.0.1, 198.18.1.1), ports 2 and 3 the second's
+    /// (198.18.0.2, 198.18.1.2); 5 us of latency, one seed.
+    pub fn two_hosts_two_rails(prefix: &str) -> Self {
+        let fabric = Fabric::new(1, Duration::from_micros(5));
+        for addr in ["198.18.0.1", "198.18.1.1", "198.18.0.2", "198.18.1.2"] {
+            fabric.add_port(addr.parse().expect("a literal address"));
+        }
+        RegisteredFabric::new(prefix, fabric)
+    }
+
+    /// The name it is registered under.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The device name of port `port`: `fabric:<name>/<port>`.
+    pub fn device(&self, port: usize) -> String {
+        format!("fabric:{}/{port}", self.name)
+    }
+
+    /// The fabric itself (links, fault rules, statistics).
+    pub fn fabric(&self) -> &Fabric {
+        &self.fabric
+    }
+}
+
+impl Drop for RegisteredFabric {
+    fn drop(&mut self) {
+        unregister_fabric(&self.name);
+    }
+}
+
 /// Options of a softnic device beyond the name.
 #[derive(Clone, Debug)]
 pub struct SoftOptions {
