@@ -25,10 +25,39 @@ pub(crate) fn handle(
     if qp.state != QpState::Rts {
         return;
     }
-    // A response for a PSN never sent is bogus.
-    if psn_delta(h.psn, qp.req.high_psn) >= 0 {
-        qp.counters.malformed_drops += 1;
+    // A response is acted on only if it answers a PSN outstanding and fits the request sent
+    // at that PSN; anything else (a late duplicate, or a packet forged by a host that does not
+    // know the window) is counted and dropped before it can complete, retry or end anything.
+    if psn_delta(h.psn, qp.req.comp_psn) < 0 || psn_delta(h.psn, qp.req.high_psn) >= 0 {
+        qp.counters.response_psn_drops += 1;
         return;
+    }
+    let at = wqe_at(qp, h.psn).map(|i| qp.sq.slot(i));
+    let fits_opcode = match h.kind {
+        Kind::ReadResponse => at.is_some_and(|w| w.op == WqeOp::Read),
+        Kind::AtomicAck => at.is_some_and(|w| {
+            w.op.is_read_or_atomic() && w.op != WqeOp::Read && w.first_psn == h.psn
+        }),
+        _ => true,
+    };
+    if !fits_opcode {
+        qp.counters.response_opcode_drops += 1;
+        return;
+    }
+    if let (Kind::Ack, Some((AckKind::Nak(code), msn))) = (h.kind, h.aeth) {
+        // The responder NAKs the request it could not execute and says how many messages it
+        // took before it: the messages this QP started before that request. A READ counts
+        // when it is received, and requests after it may be taken while its responses go
+        // out, so a NAK in a READ's responses says that many or more (up to every message
+        // started). A host that guessed a PSN in the window must guess this too.
+        let fits = at.is_some_and(|w| {
+            let over = msn.wrapping_sub(w.msn) & 0x00ff_ffff;
+            over == 0 || w.op == WqeOp::Read && over <= qp.req.msn.wrapping_sub(w.msn) & 0x00ff_ffff
+        });
+        if code.is_fatal() && !fits {
+            qp.counters.nak_msn_drops += 1;
+            return;
+        }
     }
     let before = qp.req.comp_psn;
     match h.kind {
@@ -129,12 +158,8 @@ pub(crate) fn handle(
             if qp.state != QpState::Rts || qp.sq.slot_ci >= qp.sq.slot_req_ci {
                 return;
             }
-            let d = psn_delta(h.psn, qp.req.comp_psn);
-            if d < 0 {
-                // A stale duplicate response: already placed.
-                return;
-            }
-            if d > 0 {
+            // Behind the window was dropped above: a late duplicate, already placed.
+            if psn_delta(h.psn, qp.req.comp_psn) > 0 {
                 // Responses were lost in front of this one: go back to the first missing PSN once.
                 if qp.req.retrying_from != Some(qp.req.comp_psn) {
                     qp.req.retrying_from = Some(qp.req.comp_psn);
@@ -192,6 +217,17 @@ pub(crate) fn handle(
     if qp.req.comp_psn != before {
         progressed(qp, now);
     }
+}
+
+/// The fetched WQE (absolute slot counter) whose PSNs include `psn`, among those sent.
+fn wqe_at(qp: &Qp, psn: u32) -> Option<u64> {
+    (qp.sq.slot_ci..qp.sq.slot_pi).find(|&i| {
+        let w = qp.sq.slot(i);
+        w.started
+            && w.op != WqeOp::Nop
+            && psn_delta(psn, w.first_psn) >= 0
+            && psn_delta(psn, w.last_psn) <= 0
+    })
 }
 
 /// The peer acknowledged every PSN up to and including `psn`: complete what that finishes.

@@ -67,6 +67,18 @@ pub struct Counters {
     pub icrc_errors: u64,
     /// Packets dropped because they could not be parsed or made no sense for the QP.
     pub malformed_drops: u64,
+    /// Responses dropped because their PSN is not outstanding: behind the oldest
+    /// unacknowledged PSN (a late duplicate, or forged) or at or past the next PSN never sent
+    /// (forged). Never acted on.
+    pub response_psn_drops: u64,
+    /// Responses dropped because their opcode does not fit the request at their PSN (a READ
+    /// response where no READ is outstanding, an atomic ACK not at an atomic's PSN).
+    pub response_opcode_drops: u64,
+    /// NAKs that would end the connection (invalid request, remote access, remote
+    /// operational) dropped because their MSN is not the count of messages before their PSN.
+    pub nak_msn_drops: u64,
+    /// Packets from the peer's address but not from the UDP source port it sends from.
+    pub source_port_drops: u64,
     /// Packets dropped because no QP has their destination QPN.
     pub unknown_qpn_drops: u64,
     /// Packets dropped because their P_Key is not of the default partition.
@@ -97,6 +109,10 @@ impl Counters {
         self.rnr_waits += o.rnr_waits;
         self.icrc_errors += o.icrc_errors;
         self.malformed_drops += o.malformed_drops;
+        self.response_psn_drops += o.response_psn_drops;
+        self.response_opcode_drops += o.response_opcode_drops;
+        self.nak_msn_drops += o.nak_msn_drops;
+        self.source_port_drops += o.source_port_drops;
         self.unknown_qpn_drops += o.unknown_qpn_drops;
         self.pkey_drops += o.pkey_drops;
         self.port_down_drops += o.port_down_drops;

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::codec::{self, ParseError};
+use crate::codec::{self, psn_delta, ParseError};
 use crate::completer;
 use crate::counters::Counters;
 use crate::cq::Cq;
@@ -296,6 +296,26 @@ impl Round<'_> {
             // Not from this QP's peer: RC accepts packets only from its path.
             qp.counters.malformed_drops += 1;
             return;
+        }
+        match qp.peer_port {
+            Some(port) if port != pkt.src_port => {
+                // The peer's address but not its port: another sender (RC's path is both).
+                qp.counters.source_port_drops += 1;
+                return;
+            }
+            Some(_) => {}
+            None => {
+                // The peer sends every packet of a QP from one port: learn it from the first
+                // packet at a PSN this QP expects, which a forger would have to guess.
+                let expected = if h.kind.is_request() {
+                    h.psn == qp.resp.epsn
+                } else {
+                    psn_delta(h.psn, qp.req.comp_psn) >= 0 && psn_delta(h.psn, qp.req.high_psn) < 0
+                };
+                if expected {
+                    qp.peer_port = Some(pkt.src_port);
+                }
+            }
         }
         qp.counters.rx_packets += 1;
         qp.counters.rx_bytes += pkt.len as u64;

@@ -55,6 +55,13 @@ pub(crate) enum NakCode {
     Other(u8),
 }
 
+impl NakCode {
+    /// Whether the NAK ends the connection (every code but the PSN sequence error).
+    pub fn is_fatal(self) -> bool {
+        self != NakCode::PsnSequence
+    }
+}
+
 /// What an AETH says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AckKind {

@@ -274,6 +274,8 @@ pub(crate) struct Requester {
     pub retrying_from: Option<u32>,
     /// Packets sent since the last AckReq.
     pub since_ack_req: u32,
+    /// Messages started (24 bits): the next WQE's `msn`.
+    pub msn: u32,
 }
 
 /// Responder state.
@@ -322,6 +324,9 @@ pub(crate) struct Qp {
     pub max_inline: u32,
     pub max_send_sge: u32,
     pub src_port: u16,
+    /// The UDP source port the peer sends from, learnt from its first packet at a PSN this QP
+    /// expected; packets from its address but another port are dropped after that.
+    pub peer_port: Option<u16>,
     pub req: Requester,
     pub resp: Responder,
     pub counters: Counters,
@@ -393,6 +398,7 @@ impl Qp {
             max_inline: cfg.max_inline,
             max_send_sge: cfg.max_send_sge,
             src_port,
+            peer_port: None,
             req: Requester::default(),
             resp: Responder {
                 recv_sges: Vec::with_capacity((cfg.rq_stride / 16) as usize),
@@ -433,6 +439,7 @@ impl Qp {
         self.sq.slot_pi = 0;
         self.rq.rwqe_ci = 0;
         self.req = Requester::default();
+        self.peer_port = None;
         let sges = std::mem::take(&mut self.resp.recv_sges);
         self.resp = Responder {
             recv_sges: sges,
@@ -445,6 +452,10 @@ impl Qp {
     /// Applies attributes that take effect on entering `to`.
     pub fn apply(&mut self, to: QpState, given: &QpAttrs) {
         self.attrs.merge(given);
+        if given.dest_addr.is_some() || given.dest_qpn.is_some() {
+            // Another peer, or the same one again: learn its port anew.
+            self.peer_port = None;
+        }
         if let Some(p) = given.rq_psn {
             self.resp.epsn = p;
         }

@@ -120,6 +120,10 @@ fn send_one(
         if !w.started && w.op.is_read_or_atomic() {
             qp.req.rd_atomic += 1;
         }
+        if !w.started {
+            w.msn = qp.req.msn;
+            qp.req.msn = (qp.req.msn + 1) & 0x00ff_ffff;
+        }
         w.started = true;
         w.first_psn = psn;
         w.last_psn = psn_add(psn, w.packets(mtu) - 1);

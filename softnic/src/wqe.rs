@@ -49,6 +49,9 @@ pub(crate) struct SendWqe {
     pub started: bool,
     pub first_psn: u32,
     pub last_psn: u32,
+    /// Messages this QP started before this one (24 bits): the MSN a responder's NAK at one
+    /// of its PSNs carries.
+    pub msn: u32,
     pub sent_all: bool,
     /// A READ or atomic got its whole response.
     pub done: bool,
@@ -77,6 +80,7 @@ impl SendWqe {
             started: false,
             first_psn: 0,
             last_psn: 0,
+            msn: 0,
             sent_all: false,
             done: false,
         }

@@ -774,3 +774,292 @@ fn a_1_gib_read_is_answered_across_rounds_while_another_qp_and_dereg_mr_progress
     assert_eq!(&first, b"railshft");
     drop((src, dst));
 }
+
+/// Response opcodes and AETH syndromes these tests forge (IBA tables 38 and 43).
+mod response {
+    pub const READ_RESPONSE_ONLY: u8 = 0x10;
+    pub const ACKNOWLEDGE: u8 = 0x11;
+    pub const ATOMIC_ACKNOWLEDGE: u8 = 0x12;
+    pub const ACK: u8 = 0x1f;
+    pub const NAK_REMOTE_ACCESS: u8 = 0x62;
+}
+
+/// A response packet from `b` to `a` as a forger on `b`'s address would send it: BTH, AETH
+/// (`syndrome`, `msn`), `tail` (atomic ACK ETH or READ payload), a correct ICRC, from
+/// `src_port`.
+fn response_packet(
+    opcode: u8,
+    a: &Node,
+    b: &Node,
+    psn: u32,
+    (syndrome, msn): (u8, u32),
+    tail: &[u8],
+    src_port: u16,
+) -> Vec<u8> {
+    let mut p = vec![0u8; 12];
+    p[0] = opcode;
+    p[2..4].copy_from_slice(&[0xff, 0xff]);
+    p[5..8].copy_from_slice(&a.qp.qpn.to_be_bytes()[1..]);
+    p[8..12].copy_from_slice(&(psn & 0x00ff_ffff).to_be_bytes());
+    p.extend_from_slice(&((u32::from(syndrome) << 24) | (msn & 0x00ff_ffff)).to_be_bytes());
+    p.extend_from_slice(tail);
+    p.extend_from_slice(&[0; 4]);
+    with_icrc(p, b.dev.addr(), a.dev.addr(), src_port)
+}
+
+/// Injects `p` at `a` as if from `b`'s address and UDP port `src_port`, and runs 100 virtual us.
+fn inject_at_requester(sim: &Sim, a: &Node, b: &Node, p: &[u8], src_port: u16) {
+    assert!(sim
+        .fabric
+        .inject(1, a.dev.addr(), src_port, p, sim.clock.now()));
+    sim.run_until(&[&a.dev, &b.dev], Duration::from_micros(100), || false);
+}
+
+/// Posts a signaled 64-byte WRITE from `a`'s buffer at `offset` to `b`'s, and rings.
+fn post_write(a: &mut Node, b: &Node, offset: usize) {
+    let sge = [a.buf.sge(offset, 64)];
+    a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(offset),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
+    a.qp.ring();
+}
+
+/// Nothing from `a` reaches `b` until `until` (virtual time).
+fn cut_a_to_b(sim: &Sim, until: Duration) {
+    let mut rule = softnic::fabric::FaultRule::always(softnic::fabric::Fault::Partition);
+    rule.from = Some(0);
+    rule.to = Some(1);
+    rule.start = sim.clock.now();
+    rule.end = Some(until);
+    sim.fabric.add_rule(rule);
+}
+
+/// A fatal NAK whose PSN is not outstanding (behind the oldest unacknowledged PSN, or never
+/// sent) is dropped and counted: it was acted on behind the window, and one such NAK from a
+/// host that only knew the addresses and the QPN ended the connection.
+#[test]
+fn a_fatal_nak_whose_psn_is_not_outstanding_is_dropped_and_the_write_completes() {
+    let (sim, mut a, b) = pair_with(
+        seed(90),
+        Duration::from_micros(2),
+        QpSizes::default(),
+        ConnectOptions::default(),
+    );
+    let bport = rxe_source_port(b.qp.qpn);
+    cut_a_to_b(&sim, sim.clock.now() + Duration::from_millis(1));
+    a.buf.write(0, &[0x5a; 64]);
+    post_write(&mut a, &b, 0);
+    let before = a.dev.qp_counters(a.qp.qpn).unwrap();
+    for psn in [
+        FIRST_PSN - 1,
+        FIRST_PSN - 1000,
+        FIRST_PSN + 1,
+        FIRST_PSN ^ 0x80_0000,
+    ] {
+        let nak = response_packet(
+            response::ACKNOWLEDGE,
+            &a,
+            &b,
+            psn,
+            (response::NAK_REMOTE_ACCESS, 0),
+            &[],
+            bport,
+        );
+        inject_at_requester(&sim, &a, &b, &nak, bport);
+    }
+    let after = a.dev.qp_counters(a.qp.qpn).unwrap();
+    assert_eq!(
+        after.response_psn_drops - before.response_psn_drops,
+        4,
+        "{after:?}"
+    );
+    assert_eq!(after.naks_received, before.naks_received, "{after:?}");
+    // The WRITE is retransmitted after the cut and completes; its bytes land.
+    let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
+    assert_eq!(c.status, WcStatus::Success);
+    let mut got = [0u8; 64];
+    b.buf.read(0, &mut got);
+    assert_eq!(got, [0x5a; 64]);
+}
+
+/// A READ response or an atomic ACK at the PSN of an outstanding WRITE does not fit the
+/// request sent there: dropped and counted. Before, either one acknowledged every PSN before
+/// it, so a WRITE that never reached the peer completed successfully.
+#[test]
+fn a_read_response_or_atomic_ack_for_a_write_is_dropped_and_acknowledges_nothing() {
+    let (sim, mut a, b) = pair_with(
+        seed(91),
+        Duration::from_micros(2),
+        QpSizes::default(),
+        ConnectOptions::default(),
+    );
+    let bport = rxe_source_port(b.qp.qpn);
+    cut_a_to_b(&sim, sim.clock.now() + Duration::from_millis(1));
+    a.buf.write(0, &[0x11; 64]);
+    a.buf.write(64, &[0x22; 64]);
+    post_write(&mut a, &b, 0);
+    post_write(&mut a, &b, 64);
+    sim.run_until(&[&a.dev, &b.dev], Duration::from_micros(50), || false);
+    let before = a.dev.qp_counters(a.qp.qpn).unwrap();
+    let forged = [
+        response_packet(
+            response::READ_RESPONSE_ONLY,
+            &a,
+            &b,
+            FIRST_PSN + 1,
+            (response::ACK, 1),
+            &[0xee; 64],
+            bport,
+        ),
+        response_packet(
+            response::ATOMIC_ACKNOWLEDGE,
+            &a,
+            &b,
+            FIRST_PSN + 1,
+            (response::ACK, 1),
+            &[0xee; 8],
+            bport,
+        ),
+    ];
+    for p in &forged {
+        inject_at_requester(&sim, &a, &b, p, bport);
+    }
+    let after = a.dev.qp_counters(a.qp.qpn).unwrap();
+    assert_eq!(
+        after.response_opcode_drops - before.response_opcode_drops,
+        2,
+        "{after:?}"
+    );
+    assert!(
+        a.scq.poll().is_none(),
+        "a WRITE completed that never reached the peer"
+    );
+    for _ in 0..2 {
+        assert_eq!(
+            next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+            WcStatus::Success
+        );
+    }
+    let mut got = [0u8; 128];
+    b.buf.read(0, &mut got);
+    assert_eq!(&got[..64], &[0x11; 64]);
+    assert_eq!(&got[64..], &[0x22; 64]);
+}
+
+/// A fatal NAK at an outstanding PSN must also carry the MSN the responder would: the count
+/// of messages before that PSN. A forged one with another MSN is dropped and counted (it
+/// ended the connection); the right MSN at the right PSN is acted on, as the peer's own.
+#[test]
+fn a_fatal_nak_with_the_wrong_msn_is_dropped_and_the_right_one_is_acted_on() {
+    let (sim, mut a, b) = pair_with(
+        seed(92),
+        Duration::from_micros(2),
+        QpSizes::default(),
+        ConnectOptions::default(),
+    );
+    let bport = rxe_source_port(b.qp.qpn);
+    assert_eq!(write_and_wait(&sim, &mut a, &b, 64), WcStatus::Success);
+    // One message done: the next WRITE (at FIRST_PSN + 1) is message 1.
+    cut_a_to_b(&sim, sim.clock.now() + Duration::from_millis(1));
+    post_write(&mut a, &b, 0);
+    let before = a.dev.qp_counters(a.qp.qpn).unwrap();
+    for msn in [0, 2, 0x00ff_ffff, 0x12_3456] {
+        let nak = response_packet(
+            response::ACKNOWLEDGE,
+            &a,
+            &b,
+            FIRST_PSN + 1,
+            (response::NAK_REMOTE_ACCESS, msn),
+            &[],
+            bport,
+        );
+        inject_at_requester(&sim, &a, &b, &nak, bport);
+    }
+    let after = a.dev.qp_counters(a.qp.qpn).unwrap();
+    assert_eq!(after.nak_msn_drops - before.nak_msn_drops, 4, "{after:?}");
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::Success
+    );
+    // Message 2 at FIRST_PSN + 2: a NAK with MSN 2 is what the peer would send.
+    cut_a_to_b(&sim, sim.clock.now() + Duration::from_millis(1));
+    post_write(&mut a, &b, 0);
+    let nak = response_packet(
+        response::ACKNOWLEDGE,
+        &a,
+        &b,
+        FIRST_PSN + 2,
+        (response::NAK_REMOTE_ACCESS, 2),
+        &[],
+        bport,
+    );
+    inject_at_requester(&sim, &a, &b, &nak, bport);
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::RemAccessErr
+    );
+}
+
+/// Once a QP has heard its peer, packets from the peer's address but another UDP port are
+/// dropped and counted, requests and responses alike: a forged NAK with the right PSN and
+/// MSN ended the connection, and a forged WRITE at the expected PSN landed.
+#[test]
+fn packets_from_the_peer_address_but_another_port_are_dropped() {
+    let (sim, mut a, b) = pair_with(
+        seed(93),
+        Duration::from_micros(2),
+        QpSizes::default(),
+        ConnectOptions::default(),
+    );
+    let (aport, bport) = (rxe_source_port(a.qp.qpn), rxe_source_port(b.qp.qpn));
+    assert_eq!(write_and_wait(&sim, &mut a, &b, 64), WcStatus::Success);
+    let write = request(
+        opcode::WRITE_ONLY,
+        b.qp.qpn,
+        FIRST_PSN + 1,
+        Some((b.buf.addr(4096), b.buf.keys.rkey, 64)),
+        &[0xee; 64],
+        a.dev.addr(),
+        b.dev.addr(),
+        a.qp.qpn,
+    );
+    // `request` computed the ICRC for `aport`; this one is sent from another port.
+    let write = with_icrc(write, a.dev.addr(), b.dev.addr(), aport ^ 1);
+    assert!(sim
+        .fabric
+        .inject(0, b.dev.addr(), aport ^ 1, &write, sim.clock.now()));
+    sim.run_until(&[&a.dev, &b.dev], Duration::from_micros(100), || false);
+    cut_a_to_b(&sim, sim.clock.now() + Duration::from_millis(1));
+    a.buf.write(0, &[0x33; 64]);
+    post_write(&mut a, &b, 0);
+    let nak = response_packet(
+        response::ACKNOWLEDGE,
+        &a,
+        &b,
+        FIRST_PSN + 1,
+        (response::NAK_REMOTE_ACCESS, 1),
+        &[],
+        bport ^ 1,
+    );
+    inject_at_requester(&sim, &a, &b, &nak, bport ^ 1);
+    let (ca, cb) = (
+        a.dev.qp_counters(a.qp.qpn).unwrap(),
+        b.dev.qp_counters(b.qp.qpn).unwrap(),
+    );
+    assert_eq!(ca.source_port_drops, 1, "{ca:?}");
+    assert_eq!(cb.source_port_drops, 1, "{cb:?}");
+    let mut got = [0u8; 64];
+    b.buf.read(4096, &mut got);
+    assert_eq!(got, [0u8; 64], "the forged WRITE landed");
+    assert_eq!(
+        next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+        WcStatus::Success
+    );
+    b.buf.read(0, &mut got);
+    assert_eq!(got, [0x33; 64]);
+}
