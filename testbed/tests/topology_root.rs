@@ -25,12 +25,21 @@ fn unique_prefix(tag: char) -> String {
     format!("{tag}{}", std::process::id() % 100_000)
 }
 
-fn skip_unless_root() -> bool {
-    if testbed::ip::is_root() {
-        return false;
+/// A testbed of the test's own (`tag` keeps the tests' namespaces apart), torn down when the
+/// guard drops; `None`, with the reason printed, when not root.
+fn testbed_up(tag: char, mtu: u32) -> Option<(TestbedInfo, Guard)> {
+    if !testbed::ip::is_root() {
+        eprintln!("skipped: needs root for network namespaces");
+        return None;
     }
-    eprintln!("skipped: needs root for network namespaces");
-    true
+    let prefix = unique_prefix(tag);
+    let info = topology::up(&TopologySpec {
+        prefix: prefix.clone(),
+        mtu,
+        hugepages: 0,
+    })
+    .expect("testbed up");
+    Some((info, Guard(prefix)))
 }
 
 /// Sends one datagram from `from_ns`/`from_addr` to `to_addr` and reports whether a socket
@@ -60,17 +69,9 @@ fn udp_reaches(from_ns: &str, from_addr: &str, to_ns: &str, to_addr: &str, port:
 
 #[test]
 fn root_testbed_connects_each_rail_and_the_management_network() {
-    if skip_unless_root() {
+    let Some((info, guard)) = testbed_up('c', 9000) else {
         return;
-    }
-    let prefix = unique_prefix('c');
-    let info = topology::up(&TopologySpec {
-        prefix: prefix.clone(),
-        mtu: 9000,
-        hugepages: 0,
-    })
-    .expect("testbed up");
-    let _guard = Guard(prefix.clone());
+    };
     let (a, b) = (info.host(Role::Initiator), info.host(Role::Responder));
     for rail in 0..2 {
         assert!(
@@ -98,22 +99,14 @@ fn root_testbed_connects_each_rail_and_the_management_network() {
         &a.mgmt_addr,
         4101
     ));
-    assert_eq!(TestbedInfo::load(&prefix).expect("state file"), info);
+    assert_eq!(TestbedInfo::load(&guard.0).expect("state file"), info);
 }
 
 #[test]
 fn root_cutting_a_switch_port_stops_that_rail_only_until_it_is_restored() {
-    if skip_unless_root() {
+    let Some((info, _guard)) = testbed_up('f', 1500) else {
         return;
-    }
-    let prefix = unique_prefix('f');
-    let info = topology::up(&TopologySpec {
-        prefix: prefix.clone(),
-        mtu: 1500,
-        hugepages: 0,
-    })
-    .expect("testbed up");
-    let _guard = Guard(prefix.clone());
+    };
     let (a, b) = (info.host(Role::Initiator), info.host(Role::Responder));
     let port = FailTarget::SwitchPort {
         rail: 0,
@@ -178,17 +171,9 @@ fn send_blind(a: &topology::HostInfo, b: &topology::HostInfo, port: u16) {
 
 #[test]
 fn root_traffic_flows_at_once_after_a_carrier_flap_and_the_pins_survive_host_nic_flaps() {
-    if skip_unless_root() {
+    let Some((info, _guard)) = testbed_up('n', 1500) else {
         return;
-    }
-    let prefix = unique_prefix('n');
-    let info = topology::up(&TopologySpec {
-        prefix: prefix.clone(),
-        mtu: 1500,
-        hugepages: 0,
-    })
-    .expect("testbed up");
-    let _guard = Guard(prefix.clone());
+    };
     let (a, b) = (info.host(Role::Initiator), info.host(Role::Responder));
     let pinned = |what: &str| {
         for (ns, addr) in [
@@ -246,17 +231,9 @@ fn rails_reach(info: &TestbedInfo, port: u16) -> [bool; 2] {
 
 #[test]
 fn root_both_default_nics_and_the_backup_rails_targets_cut_what_they_name() {
-    if skip_unless_root() {
+    let Some((info, _guard)) = testbed_up('g', 1500) else {
         return;
-    }
-    let prefix = unique_prefix('g');
-    let info = topology::up(&TopologySpec {
-        prefix: prefix.clone(),
-        mtu: 1500,
-        hugepages: 0,
-    })
-    .expect("testbed up");
-    let _guard = Guard(prefix.clone());
+    };
     let cases = [
         ("both-nic0", [false, true]),
         ("initiator-nic1", [true, false]),
@@ -280,17 +257,12 @@ fn root_both_default_nics_and_the_backup_rails_targets_cut_what_they_name() {
 
 #[test]
 fn root_down_removes_every_namespace_and_is_idempotent() {
-    if skip_unless_root() {
+    // The guard's own `down` at the end is the third: idempotent, as this test checks.
+    let Some((info, guard)) = testbed_up('d', 1500) else {
         return;
-    }
-    let prefix = unique_prefix('d');
-    let info = topology::up(&TopologySpec {
-        prefix: prefix.clone(),
-        mtu: 1500,
-        hugepages: 0,
-    })
-    .expect("testbed up");
-    let removed = topology::down(&prefix).expect("down");
+    };
+    let prefix = &guard.0;
+    let removed = topology::down(prefix).expect("down");
     assert_eq!(removed.len(), info.namespaces().len());
     let left: Vec<String> = testbed::ip::list_namespaces()
         .unwrap()
@@ -298,6 +270,6 @@ fn root_down_removes_every_namespace_and_is_idempotent() {
         .filter(|ns| info.namespaces().contains(ns))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
-    assert!(topology::down(&prefix).expect("second down").is_empty());
-    assert!(TestbedInfo::load(&prefix).is_err());
+    assert!(topology::down(prefix).expect("second down").is_empty());
+    assert!(TestbedInfo::load(prefix).is_err());
 }
