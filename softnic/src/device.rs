@@ -13,7 +13,7 @@ use thiserror::Error;
 use crate::clock::Clock;
 use crate::counters::Counters;
 use crate::cq::{Cq, CqConfig, CqHandle, CqId};
-use crate::engine::{ActiveQps, Activity, Core, Shared, QPN_BASE};
+use crate::engine::{ActiveQps, Activity, Core, QpNumbers, Shared};
 use crate::events::EventQueue;
 use crate::fabric::Fabric;
 use crate::medium::WireImpl;
@@ -191,6 +191,7 @@ impl Device {
             local_addr,
             port,
             mrs: MrTable::new(cfg.key_seed),
+            qpns: QpNumbers::new(cfg.key_seed),
             pds: Vec::new(),
             cqs: Vec::new(),
             qps: Vec::new(),
@@ -438,13 +439,19 @@ impl Device {
             .iter()
             .position(|q| q.is_none())
             .unwrap_or(core.qps.len());
-        let qpn = QPN_BASE + i as u32;
-        if qpn > 0x00ff_ffff {
+        if i >= 1 << 20 {
+            // A QPN is drawn among those no live QP has; keep that space mostly free.
             return Err(DeviceError::InvalidConfig("out of QP numbers"));
         }
+        let qpn = core.qpns.allocate(i as u32);
         let bell = Arc::new(Bell::new(i as u32));
-        let qp = Qp::new(qpn, cfg, bell.clone(), rxe_source_port(qpn))
-            .map_err(DeviceError::InvalidConfig)?;
+        let qp = match Qp::new(qpn, cfg, bell.clone(), rxe_source_port(qpn)) {
+            Ok(qp) => qp,
+            Err(e) => {
+                core.qpns.release(qpn);
+                return Err(DeviceError::InvalidConfig(e));
+            }
+        };
         if i == core.qps.len() {
             core.qps.push(Some(qp));
         } else {
@@ -460,7 +467,8 @@ impl Device {
     pub fn modify_qp(&self, qpn: u32, state: QpState, attrs: &QpAttrs) -> Result<(), DeviceError> {
         let mut guard = self.shared.lock_core();
         let core = &mut *guard;
-        let qp = Core::qp_index(qpn)
+        let qp = core
+            .qp_index(qpn)
             .and_then(|i| core.qps.get_mut(i))
             .and_then(|q| q.as_mut())
             .ok_or(DeviceError::UnknownQp(qpn))?;
@@ -508,7 +516,8 @@ impl Device {
         let mut guard = self.shared.lock_core();
         let core = &mut *guard;
         for &qpn in qpns {
-            let Some(qp) = Core::qp_index(qpn)
+            let Some(qp) = core
+                .qp_index(qpn)
                 .and_then(|i| core.qps.get_mut(i))
                 .and_then(|q| q.as_mut())
             else {
@@ -545,10 +554,12 @@ impl Device {
     /// Destroys a QP; its counters stay in the device totals.
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
         let mut core = self.shared.lock_core();
-        let i = Core::qp_index(qpn)
+        let i = core
+            .qp_index(qpn)
             .filter(|&i| core.qps.get(i).is_some_and(|q| q.is_some()))
             .ok_or(DeviceError::UnknownQp(qpn))?;
         let qp = core.qps[i].take().expect("checked above");
+        core.qpns.release(qpn);
         core.retired.add(&qp.counters);
         Ok(())
     }

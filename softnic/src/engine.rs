@@ -27,9 +27,9 @@ use crate::trace::Trace;
 use crate::tx::{Tx, BATCH};
 use crate::waker::Waker;
 use crate::wire::{Batch, PacketBuf, PortState, ROCE_PORT};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 
-/// QPN of the first QP slot.
-pub(crate) const QPN_BASE: u32 = 0x11;
 /// Receive batches per round at most, so the requester gets its turn.
 const RX_BATCHES_PER_ROUND: usize = 4;
 /// Packets one QP's requester may send per round, for fairness between QPs.
@@ -65,6 +65,51 @@ pub(crate) struct Core {
     pub dead: bool,
     /// The QPs rounds visit.
     pub active: ActiveQps,
+    /// Which slot of `qps` each QPN names.
+    pub qpns: QpNumbers,
+}
+
+/// QP numbers, drawn at random over the 24-bit space (not 0 and 1, the special QPs, nor
+/// 0xffffff, the multicast QPN), so that an off-path host cannot guess a QP's number from its
+/// creation order; and the slot of `Core::qps` each names.
+pub(crate) struct QpNumbers {
+    slots: std::collections::HashMap<u32, u32>,
+    rng: ChaCha20Rng,
+}
+
+impl QpNumbers {
+    /// `seed` fixes the draws (a simulation replays); None seeds from the OS's entropy.
+    pub fn new(seed: Option<u64>) -> QpNumbers {
+        QpNumbers {
+            slots: std::collections::HashMap::new(),
+            rng: match seed {
+                // Not the MR table's stream: the keys and the QPNs tell nothing of each other.
+                Some(seed) => ChaCha20Rng::seed_from_u64(seed ^ 0x5150_4e73_5150_4e73),
+                None => ChaCha20Rng::from_os_rng(),
+            },
+        }
+    }
+
+    /// Draws a QPN no live QP has and gives it slot `slot`.
+    pub fn allocate(&mut self, slot: u32) -> u32 {
+        loop {
+            let qpn = self.rng.random_range(2..0x00ff_ffff);
+            if let std::collections::hash_map::Entry::Vacant(e) = self.slots.entry(qpn) {
+                e.insert(slot);
+                return qpn;
+            }
+        }
+    }
+
+    /// The slot of `qpn`, if a live QP has it.
+    pub fn slot(&self, qpn: u32) -> Option<usize> {
+        self.slots.get(&qpn).map(|&s| s as usize)
+    }
+
+    /// Frees `qpn` (its QP was destroyed).
+    pub fn release(&mut self, qpn: u32) {
+        self.slots.remove(&qpn);
+    }
 }
 
 /// The QPs a round visits: those rung, those a packet came for, those with a timer, work
@@ -86,7 +131,7 @@ impl ActiveQps {
     pub fn mark(&mut self, qp: &mut Qp) {
         if !qp.listed {
             qp.listed = true;
-            self.list.push(qp.qpn - QPN_BASE);
+            self.list.push(qp.bell.slot());
         }
     }
 }
@@ -97,12 +142,12 @@ fn slot(qps: &mut [Option<Qp>], i: u32) -> Option<&mut Qp> {
 }
 
 impl Core {
-    pub fn qp_index(qpn: u32) -> Option<usize> {
-        qpn.checked_sub(QPN_BASE).map(|i| i as usize)
+    pub fn qp_index(&self, qpn: u32) -> Option<usize> {
+        self.qpns.slot(qpn)
     }
 
     pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
-        let i = Self::qp_index(qpn)?;
+        let i = self.qp_index(qpn)?;
         self.qps.get_mut(i)?.as_mut()
     }
 
@@ -135,6 +180,7 @@ impl Core {
             tx,
             trace,
             active,
+            qpns,
             ..
         } = self;
         let mut round = Round {
@@ -149,6 +195,7 @@ impl Core {
                 sent: 0,
             },
             qps,
+            qpns,
             active,
             mrs,
             ectx: ErrorCtx { cqs, events },
@@ -184,6 +231,7 @@ struct Round<'a> {
     /// The round's one way out: the transmit batch, the wire, device counters, the trace.
     out: Tx<'a>,
     qps: &'a mut [Option<Qp>],
+    qpns: &'a QpNumbers,
     active: &'a mut ActiveQps,
     mrs: &'a MrTable,
     ectx: ErrorCtx<'a>,
@@ -285,7 +333,9 @@ impl Round<'_> {
                 return;
             }
         };
-        let qp = Core::qp_index(h.dest_qpn)
+        let qp = self
+            .qpns
+            .slot(h.dest_qpn)
             .and_then(|i| self.qps.get_mut(i))
             .and_then(|q| q.as_mut());
         let Some(qp) = qp else {

@@ -87,6 +87,11 @@ pub(crate) struct Bell {
 }
 
 impl Bell {
+    /// The QP's slot in the device's table.
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot
+    }
+
     pub(crate) fn new(slot: u32) -> Bell {
         Bell {
             rung: AtomicBool::new(false),

@@ -1063,3 +1063,40 @@ fn packets_from_the_peer_address_but_another_port_are_dropped() {
     b.buf.read(0, &mut got);
     assert_eq!(got, [0x33; 64]);
 }
+
+/// QPNs are drawn at random over the 24-bit space: an off-path host cannot take a QP's number
+/// from its creation order (every device's first QP was 0x11, the next 0x12, ...).
+#[test]
+fn qpns_are_random_24_bit_numbers_not_a_sequence() {
+    let sim = Sim::new(seed(94), Duration::from_micros(2));
+    let mut firsts = Vec::new();
+    for n in 1..=4u8 {
+        let node = Node::new(
+            sim.device(&format!("d{n}"), n).unwrap(),
+            4096,
+            QpSizes::default(),
+        )
+        .unwrap();
+        let cq = HarnessCq::new(&node.dev, 16, None).unwrap();
+        let qps: Vec<HarnessQp> = (0..64)
+            .map(|_| HarnessQp::new(&node.dev, node.pd, &cq, &cq, QpSizes::default()).unwrap())
+            .collect();
+        let mut qpns: Vec<u32> = qps.iter().map(|q| q.qpn).collect();
+        qpns.push(node.qp.qpn);
+        firsts.push(node.qp.qpn);
+        assert!(
+            qpns.iter().all(|&q| (2..0x00ff_ffff).contains(&q)),
+            "{qpns:x?}"
+        );
+        let sequential = qpns.windows(2).filter(|w| w[1] == w[0] + 1).count();
+        assert!(sequential < 2, "{sequential} consecutive pairs: {qpns:x?}");
+        qpns.sort_unstable();
+        qpns.dedup();
+        assert_eq!(qpns.len(), 65, "a QPN given twice");
+        // 65 draws over 2^24: the spread covers most of the space.
+        assert!(qpns[64] - qpns[0] > 1 << 23, "{qpns:x?}");
+    }
+    firsts.sort_unstable();
+    firsts.dedup();
+    assert_eq!(firsts.len(), 4, "devices' first QPNs agree: {firsts:x?}");
+}
