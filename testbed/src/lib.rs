@@ -4,6 +4,8 @@
 //!
 //! - [`topology`]: build and remove the namespaces, veths and bridges; the address plan.
 //! - [`scenario`]: the paper's scenarios: an app pair under a failure schedule.
+//! - [`chaos`]: both rails failing at random, overlapping; losses judged against the outage
+//!   tolerance.
 //! - [`sweep`]: one scenario at several QP counts, `all_on_backup_ms` against QPs.
 //! - [`idle_lat`]: write latency beside 1,000 idle resilient QPs against alone.
 //! - [`apprun`]: running an app pair across the hosts.
@@ -23,6 +25,7 @@
 
 pub mod apprun;
 pub mod baseline;
+pub mod chaos;
 pub mod fail;
 pub mod faults;
 pub mod idle_lat;

@@ -150,6 +150,26 @@ impl Availability {
         cursor <= to
     }
 
+    /// The windows `[down, up)` in which no rail's path was up, sorted (the intersection of
+    /// every rail's down intervals; `up` infinite when no path came back).
+    pub fn no_path_windows(&self) -> Vec<(f64, f64)> {
+        let mut windows = vec![(f64::NEG_INFINITY, f64::INFINITY)];
+        for rail in 0..RAILS {
+            let down = self.down.get(&rail).map(Vec::as_slice).unwrap_or_default();
+            let mut next = Vec::new();
+            for &(a, b) in &windows {
+                for &(d, u) in down {
+                    let (from, to) = (a.max(d), b.min(u));
+                    if from < to {
+                        next.push((from, to));
+                    }
+                }
+            }
+            windows = next;
+        }
+        windows
+    }
+
     /// The rails whose path was up at some instant of `[from, to]`.
     pub fn rails_up_during(&self, from: f64, to: f64) -> Vec<u8> {
         (0..RAILS)

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::apprun::{self, AppRunError, PairOutcome, PairSpec};
 use crate::baseline::{self, Baseline};
+use crate::chaos::{self, ChaosReport};
 use crate::fail::{self, LogEntry};
 use crate::faults;
 use crate::linkwatch::{LinkChange, LinkWatch};
@@ -39,6 +40,9 @@ pub enum ScenarioName {
     /// The initiator's default device dies silently (no CQEs, no packets, the netdev stays
     /// up) through the client's fault channel, with every byte checked (issue 14).
     InitiatorDevDead,
+    /// Both rails' links fail at random, independently and overlapping, under checked
+    /// WRITE, SEND or READ traffic; losses are judged against the outage tolerance.
+    Chaos,
 }
 
 impl FromStr for ScenarioName {
@@ -52,9 +56,10 @@ impl FromStr for ScenarioName {
             "soak" => ScenarioName::Soak,
             "allreduce" => ScenarioName::Allreduce,
             "initiator-dev-dead" => ScenarioName::InitiatorDevDead,
+            "chaos" => ScenarioName::Chaos,
             other => {
                 return Err(format!(
-                "unknown scenario {other:?}: use initiator-nic, responder-nic, switch-port, flap, soak, allreduce or initiator-dev-dead"
+                "unknown scenario {other:?}: use initiator-nic, responder-nic, switch-port, flap, soak, allreduce, initiator-dev-dead or chaos"
             ))
             }
         })
@@ -165,6 +170,10 @@ pub struct ScenarioOptions {
     pub holddown: Option<Duration>,
     /// Extra arguments for both apps.
     pub extra_args: Vec<String>,
+    /// `chaos`: the longest time both rails may be down together.
+    pub max_both_down: Duration,
+    /// `chaos`: how long no path may be up before a lost connection is excused.
+    pub tolerance: Duration,
 }
 
 impl ScenarioOptions {
@@ -173,12 +182,15 @@ impl ScenarioOptions {
     /// them: longer than the pmd's 1 s hold-down, so every recovery ends in a switch-back and
     /// the next failure starts a new failover (with shorter up times the QP would stay on the
     /// backup through the whole schedule and test one failover only).
+    /// `chaos` runs a minute by default, its links down 100 ms-2 s and up 300 ms-3 s at a
+    /// time, both rails down together for at most 1 s, judged against a 4.3 s tolerance.
     pub fn new(name: ScenarioName) -> ScenarioOptions {
+        let chaos = name == ScenarioName::Chaos;
         ScenarioOptions {
             name,
             op: Op::Write,
             size: 65536,
-            duration: Duration::from_secs(6),
+            duration: Duration::from_secs(if chaos { 60 } else { 6 }),
             fail_at: Duration::from_secs(2),
             down_for: Duration::from_secs(2),
             variants: match name {
@@ -191,8 +203,16 @@ impl ScenarioOptions {
             },
             flaps: 20,
             soak_failures: 200,
-            down_range: (Duration::from_millis(50), Duration::from_millis(300)),
-            up_ranges: vec![(Duration::from_millis(1200), Duration::from_millis(1600))],
+            down_range: if chaos {
+                (Duration::from_millis(100), Duration::from_secs(2))
+            } else {
+                (Duration::from_millis(50), Duration::from_millis(300))
+            },
+            up_ranges: if chaos {
+                vec![(Duration::from_millis(300), Duration::from_secs(3))]
+            } else {
+                vec![(Duration::from_millis(1200), Duration::from_millis(1600))]
+            },
             targets: TargetSet::Default,
             overlap: None,
             qps: None,
@@ -207,6 +227,8 @@ impl ScenarioOptions {
             port: 18515,
             holddown: None,
             extra_args: Vec::new(),
+            max_both_down: chaos::DEFAULT_MAX_BOTH_DOWN,
+            tolerance: chaos::DEFAULT_TOLERANCE,
         }
     }
 
@@ -226,6 +248,7 @@ impl ScenarioOptions {
                 | ScenarioName::Soak
                 | ScenarioName::Allreduce
                 | ScenarioName::InitiatorDevDead
+                | ScenarioName::Chaos
         )
     }
 
@@ -314,6 +337,18 @@ impl ScenarioOptions {
                 down: self.down_range,
                 up: self.up_ranges.clone(),
                 overlap: self.overlap(),
+                seed: self.seed,
+            },
+            // Failures stop starting two seconds before the run's end, for the last recovery.
+            ScenarioName::Chaos => Schedule::Chaos {
+                start: self.fail_at,
+                until: self
+                    .duration
+                    .saturating_sub(Duration::from_secs(2))
+                    .max(self.fail_at),
+                down: self.down_range,
+                up: self.up_ranges.clone(),
+                max_both_down: self.max_both_down,
                 seed: self.seed,
             },
         }
@@ -475,6 +510,8 @@ pub struct ScenarioResult {
     pub baseline: Option<Ratios>,
     /// Whether every goal that applies was met.
     pub goals: Goals,
+    /// `chaos`: the windows without any path and each loss judged against the tolerance.
+    pub chaos: Option<ChaosReport>,
 }
 
 /// The issue's goals for failover on this testbed, each `None` where it does not apply.
@@ -657,6 +694,7 @@ pub fn scenario_slug(name: ScenarioName) -> &'static str {
         ScenarioName::Soak => "soak",
         ScenarioName::Allreduce => "allreduce",
         ScenarioName::InitiatorDevDead => "initiator-dev-dead",
+        ScenarioName::Chaos => "chaos",
     }
 }
 
@@ -732,6 +770,9 @@ pub fn run(
         }
     });
     let goals = goals(with_failover.as_ref(), no_failover.as_ref());
+    let chaos = main
+        .filter(|_| o.name == ScenarioName::Chaos)
+        .map(|r| chaos_report(o, r));
     Ok(ScenarioResult {
         scenario: o.name,
         op: o.op,
@@ -744,7 +785,32 @@ pub fn run(
         no_failover,
         baseline,
         goals,
+        chaos,
     })
+}
+
+/// Judges a `chaos` run's losses against the windows without any path.
+fn chaos_report(o: &ScenarioOptions, r: &RunResult) -> ChaosReport {
+    let whole: Vec<LogEntry> = r.failures.iter().chain(&r.not_reached).cloned().collect();
+    let planned = match o.schedule() {
+        Schedule::Chaos {
+            start,
+            until,
+            down,
+            up,
+            max_both_down,
+            seed,
+        } => chaos::draw_failures(start, until, down, &up, max_both_down, seed),
+        _ => Vec::new(),
+    };
+    chaos::judge(
+        &whole,
+        &r.link_reports,
+        &r.figures.losses,
+        o.tolerance,
+        o.max_both_down,
+        &planned,
+    )
 }
 
 impl ScenarioResult {
@@ -755,7 +821,20 @@ impl ScenarioResult {
     pub fn verdict(&self) -> Result<(), String> {
         let mut wrong = Vec::new();
         if let Some(r) = &self.with_failover {
-            if let Some(e) = &r.error {
+            if let Some(c) = &self.chaos {
+                // A loss after no path had been up for the tolerance is allowed; any other
+                // is the driver's.
+                for l in c.losses.iter().filter(|l| !l.excused) {
+                    wrong.push(format!(
+                        "a connection was lost ({}) although no window without a path had \
+                         lasted the {:.0} ms tolerance (longest before it {:.0} ms)",
+                        l.cause, c.tolerance_ms, l.longest_no_path_before_ms
+                    ));
+                }
+                if r.error.is_none() && !r.client_ok {
+                    wrong.push("the failover run's client did not exit successfully".to_owned());
+                }
+            } else if let Some(e) = &r.error {
                 wrong.push(format!("the failover run stopped on an error: {e}"));
             } else if !r.client_ok {
                 wrong.push("the failover run's client did not exit successfully".to_owned());
@@ -769,10 +848,16 @@ impl ScenarioResult {
                     | ScenarioName::Soak
                     | ScenarioName::Allreduce
                     | ScenarioName::InitiatorDevDead
+                    | ScenarioName::Chaos
             );
             // READs have no notifications: what the client read is what it checked.
             let verified = match self.op {
-                Op::Read if self.scenario == ScenarioName::InitiatorDevDead => {
+                Op::Read
+                    if matches!(
+                        self.scenario,
+                        ScenarioName::InitiatorDevDead | ScenarioName::Chaos
+                    ) =>
+                {
                     r.figures.bytes_checked
                 }
                 _ => r.figures.notifications_checked,
@@ -1018,6 +1103,34 @@ pub fn print_summary(r: &ScenarioResult) {
         f.connections_lost,
         f.connections_lost_with_path_up
     );
+    if let Some(c) = &r.chaos {
+        println!(
+            "  chaos (seed {}): {} link failures, both rails down together at most {:.0} ms as planned (cap {:.0} ms); no path up by ip: {} windows, longest {:.0} ms ({:.0} ms counting links until the kernel reported them running)",
+            r.seed,
+            c.failures_planned,
+            c.longest_planned_both_down_ms,
+            c.max_both_down_ms,
+            c.no_path_windows,
+            c.longest_no_path_ms,
+            c.longest_no_path_reported_ms
+        );
+        for l in &c.losses {
+            println!(
+                "  lost ({}) after a longest window without a path of {:.0} ms: {}",
+                l.cause,
+                l.longest_no_path_before_ms,
+                if l.excused {
+                    "excused, past the tolerance"
+                } else {
+                    "a failure, inside the tolerance"
+                }
+            );
+        }
+        println!(
+            "  connections lost inside the {:.0} ms tolerance: {}",
+            c.tolerance_ms, c.lost_within_tolerance
+        );
+    }
     if let Some(nf) = &r.no_failover {
         println!(
             "  --no-failover baseline: before {:.2} Gb/s, during {:.2} Gb/s, stopped with: {}",
@@ -1127,6 +1240,7 @@ mod tests {
             no_failover: None,
             baseline: None,
             goals: Goals::default(),
+            chaos: None,
         }
     }
 
@@ -1212,5 +1326,44 @@ mod tests {
             .verdict()
             .unwrap_err();
         assert!(err.contains("RETRY_EXC_ERR"), "{err}");
+    }
+
+    fn chaos_result(excused: bool) -> ScenarioResult {
+        let mut run = clean_run();
+        run.error = Some("backup-unavailable".into());
+        run.client_ok = false;
+        let mut r = result_of(ScenarioName::Chaos, run);
+        r.chaos = Some(ChaosReport {
+            tolerance_ms: 4300.0,
+            max_both_down_ms: 1000.0,
+            failures_planned: 40,
+            longest_planned_both_down_ms: 1000.0,
+            longest_no_path_ms: 5000.0,
+            longest_no_path_reported_ms: 5100.0,
+            no_path_windows: 3,
+            losses: vec![chaos::ChaosLoss {
+                unix_ms: 1.0,
+                cause: "backup-unavailable".into(),
+                longest_no_path_before_ms: if excused { 4400.0 } else { 640.0 },
+                excused,
+            }],
+            lost_within_tolerance: u64::from(!excused),
+        });
+        r
+    }
+
+    #[test]
+    fn chaos_fails_a_loss_inside_the_tolerance_and_names_the_seed() {
+        let err = chaos_result(false).verdict().unwrap_err();
+        assert!(err.contains("seed 7") && err.contains("640 ms"), "{err}");
+    }
+
+    #[test]
+    fn chaos_allows_a_loss_after_no_path_for_the_tolerance() {
+        assert_eq!(chaos_result(true).verdict(), Ok(()));
+        // Data errors fail it all the same.
+        let mut r = chaos_result(true);
+        r.with_failover.as_mut().unwrap().figures.data_errors = 1;
+        assert!(r.verdict().is_err());
     }
 }

@@ -103,10 +103,27 @@ pub enum Schedule {
         /// Seed of the draws.
         seed: u64,
     },
+    /// Both rails' links failing at random, each rail on its own clock, failures starting
+    /// from `start` until `until`, both rails down together for at most `max_both_down`
+    /// (the `chaos` scenario, [`crate::chaos::draw_failures`]).
+    Chaos {
+        /// When the chaos starts.
+        start: Duration,
+        /// When failures stop starting.
+        until: Duration,
+        /// Range of down times.
+        down: TimeRange,
+        /// Ranges of up times between a rail's failures.
+        up: Vec<TimeRange>,
+        /// The longest time both rails may be down together.
+        max_both_down: Duration,
+        /// Seed of the draws.
+        seed: u64,
+    },
 }
 
 /// A time drawn uniformly from `lo..=hi` (microsecond resolution).
-fn draw(rng: &mut ChaCha8Rng, (lo, hi): TimeRange) -> Duration {
+pub(crate) fn draw(rng: &mut ChaCha8Rng, (lo, hi): TimeRange) -> Duration {
     if hi <= lo {
         return lo;
     }
@@ -191,6 +208,21 @@ impl Schedule {
                 overlap,
                 seed,
             } => random(targets, *start, *count, *down, up, *overlap, *seed),
+            Schedule::Chaos {
+                start,
+                until,
+                down,
+                up,
+                max_both_down,
+                seed,
+            } => crate::chaos::draw_failures(*start, *until, *down, up, *max_both_down, *seed)
+                .into_iter()
+                .map(|p| Placed {
+                    target: p.target,
+                    down: p.down,
+                    up: p.up,
+                })
+                .collect(),
         };
         let mut steps = Vec::with_capacity(placed.len() * 2);
         for p in placed {

@@ -68,7 +68,8 @@ enum Command {
     },
     /// Run one of the paper's scenarios: an app pair under a failure, with and without failover.
     Scenario {
-        /// initiator-nic, responder-nic, switch-port, flap, soak, allreduce or initiator-dev-dead.
+        /// initiator-nic, responder-nic, switch-port, flap, soak, allreduce, initiator-dev-dead
+        /// or chaos.
         name: ScenarioName,
         /// Write the result (figures, timeline, both runs, ratios) as JSON here.
         #[arg(long)]
@@ -187,9 +188,9 @@ struct ScenarioArgs {
     /// Message size in bytes.
     #[arg(long, short = 's', default_value_t = 65536)]
     size: usize,
-    /// Run length (at least the schedule plus two seconds).
-    #[arg(long, default_value = "6s", value_parser = schedule::parse_duration)]
-    duration: std::time::Duration,
+    /// Run length (at least the schedule plus two seconds; default 6s, chaos 60s).
+    #[arg(long, value_parser = schedule::parse_duration)]
+    duration: Option<std::time::Duration>,
     /// When the failure happens, from the start of the client's traffic.
     #[arg(long, default_value = "2s", value_parser = schedule::parse_duration)]
     fail_at: std::time::Duration,
@@ -208,13 +209,21 @@ struct ScenarioArgs {
     /// Failures in `soak`.
     #[arg(long, default_value_t = 200)]
     failures: u32,
-    /// Range of down times in `flap` and `soak`.
-    #[arg(long, default_value = "50ms..300ms", value_parser = schedule::parse_range)]
-    down: (std::time::Duration, std::time::Duration),
-    /// Ranges of up times in `flap` and `soak`, comma-separated (`300ms..600ms,1.2s..1.6s`):
-    /// each failure draws one of them, then a time in it.
-    #[arg(long, default_value = "1200ms..1600ms", value_parser = schedule::parse_ranges)]
-    up: TimeRanges,
+    /// Range of down times in `flap`, `soak` and `chaos` (default 50ms..300ms, chaos
+    /// 100ms..2s).
+    #[arg(long, value_parser = schedule::parse_range)]
+    down: Option<(std::time::Duration, std::time::Duration)>,
+    /// Ranges of up times in `flap`, `soak` and `chaos`, comma-separated
+    /// (`300ms..600ms,1.2s..1.6s`): each failure draws one of them, then a time in it
+    /// (default 1200ms..1600ms, chaos 300ms..3s).
+    #[arg(long, value_parser = schedule::parse_ranges)]
+    up: Option<TimeRanges>,
+    /// `chaos`: the longest time both rails may be down together.
+    #[arg(long, default_value = "1s", value_parser = schedule::parse_duration)]
+    max_both_down: std::time::Duration,
+    /// `chaos`: how long no path may be up before a lost connection is allowed.
+    #[arg(long, default_value = "4.3s", value_parser = schedule::parse_duration)]
+    tolerance: std::time::Duration,
     /// What `flap` and `soak` fail: `default` (= `all`: both rails, both default NICs at
     /// once, and each backup device failing its QPs), `default-path` (soak: the three kinds
     /// on rail 0; flap: initiator-nic0) or a list of names.
@@ -262,7 +271,9 @@ impl ScenarioArgs {
         let mut o = ScenarioOptions::new(name);
         o.op = self.op;
         o.size = self.size;
-        o.duration = self.duration;
+        if let Some(d) = self.duration {
+            o.duration = d;
+        }
         o.fail_at = self.fail_at;
         o.down_for = self.down_for;
         if self.failover_only {
@@ -272,8 +283,14 @@ impl ScenarioArgs {
         }
         o.flaps = self.flaps;
         o.soak_failures = self.failures;
-        o.down_range = self.down;
-        o.up_ranges = self.up;
+        if let Some(d) = self.down {
+            o.down_range = d;
+        }
+        if let Some(u) = self.up {
+            o.up_ranges = u;
+        }
+        o.max_both_down = self.max_both_down;
+        o.tolerance = self.tolerance;
         o.targets = self.targets;
         o.overlap = self.overlap;
         o.seed = self.seed;
@@ -667,6 +684,46 @@ mod tests {
         assert_eq!(o.rc_budget(), testbed::paths::rc_retry_budget(12, 7));
         assert!(parse(&["scenario", "soak", "--targets", "nic9"]).is_err());
         assert!(parse(&["scenario", "soak", "--overlap", "2"]).is_err());
+    }
+
+    #[test]
+    fn chaos_has_its_own_defaults_and_takes_the_cap_and_the_tolerance() {
+        let scenario_options = |cli: Cli| {
+            let Command::Scenario { args, name, .. } = cli.command else {
+                panic!("not a scenario");
+            };
+            args.options(name)
+        };
+        let o = scenario_options(parse(&["scenario", "chaos"]).unwrap());
+        assert_eq!(o.name, ScenarioName::Chaos);
+        assert_eq!(o.duration, std::time::Duration::from_secs(60));
+        assert_eq!(o.max_both_down, std::time::Duration::from_secs(1));
+        assert_eq!(o.tolerance, std::time::Duration::from_millis(4300));
+        let o = scenario_options(
+            parse(&[
+                "scenario",
+                "chaos",
+                "--op",
+                "read",
+                "--max-both-down",
+                "3s",
+                "--tolerance",
+                "10s",
+                "--duration",
+                "600s",
+                "--seed",
+                "4",
+            ])
+            .unwrap(),
+        );
+        assert_eq!(o.max_both_down, std::time::Duration::from_secs(3));
+        assert_eq!(o.tolerance, std::time::Duration::from_secs(10));
+        assert_eq!(o.duration, std::time::Duration::from_secs(600));
+        assert_eq!((o.op, o.seed), (Op::Read, 4));
+        // Other scenarios keep their defaults.
+        let o = scenario_options(parse(&["scenario", "soak"]).unwrap());
+        assert_eq!(o.duration, std::time::Duration::from_secs(6));
+        assert!(parse(&["scenario", "chaos", "--tolerance", "soon"]).is_err());
     }
 
     #[test]
