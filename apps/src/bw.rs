@@ -30,7 +30,7 @@ use pmd::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
 use crate::cli::{Options, Tool};
 use crate::endpoint::{Conn, Memory};
 use crate::error::AppError;
-use crate::exchange::Msg;
+use crate::exchange::{Msg, PeerRow};
 use crate::pattern;
 use crate::report::{AtomicJson, CheckJson, ResultRow, Timeline};
 use crate::session::{Idle, Length, PeerWatch, Session};
@@ -159,6 +159,9 @@ pub struct BwOutcome {
     pub atomic: Option<AtomicJson>,
     /// The error that stopped the run.
     pub error: Option<AppError>,
+    /// The peer's rows from its `done`: the client's for a server, the other direction's
+    /// for `-b`.
+    pub peer_rows: Vec<PeerRow>,
 }
 
 /// Describes a failed completion, with the failover's account of it.
@@ -502,16 +505,15 @@ pub fn client(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
         }
     }
     if o.flags.bidirectional {
-        if let Err(e) = serve_until_peer_done(
-            s,
-            &mut t,
-            &mut idle,
-            out.rows.iter().map(|r| r.iterations).sum(),
-        ) {
-            out.error.get_or_insert(e);
+        let ours: Vec<PeerRow> = out.rows.iter().map(ResultRow::to_peer).collect();
+        match serve_until_peer_done(s, &mut t, &mut idle, ours) {
+            Ok(theirs) => out.peer_rows = theirs,
+            Err(e) => {
+                out.error.get_or_insert(e);
+            }
         }
     }
-    if o.tool == Tool::ReadBw {
+    if o.tool == Tool::ReadBw && o.flags.check {
         out.check = Some(t.check_json);
     }
     if o.tool == Tool::AtomicBw {
@@ -739,9 +741,10 @@ fn serve_until_peer_done(
     s: &mut Session,
     t: &mut Traffic,
     idle: &mut Idle,
-    iterations: u64,
-) -> Result<(), AppError> {
-    s.chan()?.send(&Msg::Done { iterations })?;
+    rows: Vec<PeerRow>,
+) -> Result<Vec<PeerRow>, AppError> {
+    let iterations = rows.iter().map(|r| r.iterations).sum();
+    s.chan()?.send(&Msg::Done { iterations, rows })?;
     let mut watch = PeerWatch::new(Duration::from_millis(2));
     let mut wcs = [WorkCompletion::EMPTY; 32];
     let since = Instant::now();
@@ -762,7 +765,8 @@ fn serve_until_peer_done(
             }
         }
         match watch.check(Instant::now(), &mut s.oob) {
-            Ok(Some(Msg::Done { .. })) | Err(_) => return Ok(()),
+            Ok(Some(Msg::Done { rows, .. })) => return Ok(rows),
+            Err(_) => return Ok(Vec::new()),
             Ok(Some(Msg::Abort { error })) => {
                 return Err(crate::exchange::ExchangeError::PeerAborted(error).into())
             }
@@ -801,12 +805,19 @@ fn settle_changes(s: &mut Session, t: &Traffic, idle: &mut Idle) -> Result<(), A
     Ok(())
 }
 
-/// The client's end of the run: tell the server, hear what it saw (the atomic counter).
-pub fn finish_client(s: &mut Session, iterations: u64, atomic: Option<&mut AtomicJson>) {
+/// The client's end of the run: tell the server (with the client's rows, which a WRITE,
+/// READ or atomic server prints), hear what it saw (the atomic counter).
+pub fn finish_client(
+    s: &mut Session,
+    iterations: u64,
+    rows: &[ResultRow],
+    atomic: Option<&mut AtomicJson>,
+) {
     let Ok(chan) = s.chan() else {
         return;
     };
-    if chan.send(&Msg::Done { iterations }).is_err() {
+    let rows = rows.iter().map(ResultRow::to_peer).collect();
+    if chan.send(&Msg::Done { iterations, rows }).is_err() {
         return;
     }
     if let Ok(Msg::Summary { atomic_counter }) = chan.recv(Duration::from_secs(5)) {
@@ -1069,7 +1080,10 @@ pub fn server(o: &Options, s: &mut Session, layout: Layout, timeline: &mut Timel
                 // A perftest client says nothing of its count: it is -n, as for perftest's
                 // own server.
                 Ok(Some(Msg::Done { .. })) if s.is_perftest() => done_at = Some((o.iters, now)),
-                Ok(Some(Msg::Done { iterations })) => done_at = Some((iterations, now)),
+                Ok(Some(Msg::Done { iterations, rows })) => {
+                    out.peer_rows = rows;
+                    done_at = Some((iterations, now));
+                }
                 Ok(Some(Msg::Abort { .. })) | Err(_) => break,
                 Ok(Some(_)) => {}
             }

@@ -226,9 +226,120 @@ pub struct Flags {
     /// Ranks of the allreduce ring (rank 0, the server, hands out the ring).
     #[arg(long = "ranks", default_value_t = 2)]
     pub ranks: u32,
+    /// perftest's CPU frequency check switch: accepted so perftest scripts run; railshift
+    /// measures wall time and never checks the CPU frequency, so there is nothing to skip.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Port of the device: every device here has one, port 1.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u8,
+    /// perftest's JSON switch: write the report (railshift's format, docs/apps-json.md) to
+    /// --out_json_file, or perftest_out.json.
+    #[arg(long = "out_json")]
+    pub out_json: bool,
+    /// perftest's JSON file: the same as --json FILE.
+    #[arg(long = "out_json_file", value_name = "FILE")]
+    pub out_json_file: Option<PathBuf>,
+    /// With -b: also print each direction's row (the table's row is their sum).
+    #[arg(long = "report-both")]
+    pub report_both: bool,
+    /// Connect with rdma_cm: not built; refused with the reason.
+    #[arg(short = 'R', long = "rdma_cm", hide = true)]
+    pub rdma_cm: bool,
+    /// Service level: refused with the reason.
+    #[arg(short = 'S', long = "sl", hide = true)]
+    pub sl: Option<u8>,
+    /// Type of service: refused with the reason.
+    #[arg(short = 'T', long = "tos", hide = true)]
+    pub tos: Option<u8>,
+    /// Traffic class: refused with the reason.
+    #[arg(long = "tclass", hide = true)]
+    pub tclass: Option<u8>,
+    /// perftest's single-figure output: refused with the reason.
+    #[arg(long = "output", hide = true, value_name = "WHAT")]
+    pub output: Option<String>,
     /// Server's address: run as the client. Without it, run as the server.
     #[arg(value_name = "HOST")]
     pub host: Option<String>,
+}
+
+/// The tools a flag is for (by its clap id), or `None` for a flag every tool takes. A flag
+/// given to a tool it is not for is refused, never ignored, and `--help` hides it.
+fn scope(id: &str) -> Option<(&'static [Tool], &'static str)> {
+    use Tool::*;
+    const BW: &[Tool] = &[WriteBw, SendBw, ReadBw, AtomicBw];
+    const STREAMS: &[Tool] = &[WriteBw, SendBw, ReadBw];
+    const LAT: &[Tool] = &[WriteLat, SendLat, ReadLat];
+    const CHECKED: &[Tool] = &[WriteBw, SendBw, ReadBw, Allreduce];
+    const RATES: &[Tool] = &[WriteBw, SendBw, ReadBw, AtomicBw, Allreduce];
+    const PAIRS: &[Tool] = &[
+        WriteBw, SendBw, ReadBw, AtomicBw, WriteLat, SendLat, ReadLat,
+    ];
+    Some(match id {
+        "tx_depth" | "cq_mod" | "run_infinitely" => (BW, "the bandwidth tools"),
+        "qps" | "bidirectional" | "report_both" => {
+            (STREAMS, "shift_write_bw, shift_send_bw and shift_read_bw")
+        }
+        "idle_qps" | "hdr_out" => (LAT, "the latency tools"),
+        "check" => (
+            CHECKED,
+            "shift_write_bw, shift_send_bw, shift_read_bw and shift_allreduce",
+        ),
+        "report_gbits" => (RATES, "the bandwidth tools and shift_allreduce"),
+        "ranks" => (&[Allreduce], "shift_allreduce"),
+        "perftest_peer" | "fault_fifo" | "all" | "inline_size" => {
+            (PAIRS, "the perftest-style tools, not shift_allreduce")
+        }
+        _ => return None,
+    })
+}
+
+/// `-x/--gid-index` as `help` shows a flag: its short and long names.
+fn flag_name(arg: &clap::Arg) -> String {
+    match (arg.get_short(), arg.get_long()) {
+        (Some(s), Some(l)) => format!("-{s}/--{l}"),
+        (None, Some(l)) => format!("--{l}"),
+        (Some(s), None) => format!("-{s}"),
+        (None, None) => arg.get_id().to_string(),
+    }
+}
+
+/// The command line of `tool`: its defaults in the help, and only its flags.
+fn command_for(tool: Tool) -> clap::Command {
+    let mut command = Cli::command()
+        .name(tool.name())
+        .about(tool.title())
+        .version(env!("CARGO_PKG_VERSION"));
+    let ids: Vec<String> = command
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for id in ids {
+        if let Some((tools, _)) = scope(&id) {
+            if !tools.contains(&tool) {
+                command = command.mut_arg(id, |a| a.hide(true));
+            }
+        }
+    }
+    let inline = if tool.is_latency() { 64 } else { 0 };
+    command
+        .mut_arg("size", |a| {
+            a.help(format!(
+                "Message size in bytes [default: {}]",
+                tool.default_size()
+            ))
+        })
+        .mut_arg("iters", |a| {
+            a.help(format!(
+                "Iterations (per size with -a) [default: {}]",
+                tool.default_iters()
+            ))
+        })
+        .mut_arg("inline_size", |a| {
+            a.help(format!(
+                "Largest message sent inline (in the WQE) [default: {inline}]"
+            ))
+        })
 }
 
 #[derive(Debug, Parser)]
@@ -248,10 +359,7 @@ pub enum CliOutcome {
 
 /// Parses `args` (without the program name) for `tool`.
 pub fn parse(tool: Tool, args: &[String]) -> Result<Options, CliOutcome> {
-    let command = Cli::command()
-        .name(tool.name())
-        .about(tool.title())
-        .version(env!("CARGO_PKG_VERSION"));
+    let command = command_for(tool);
     let argv = std::iter::once(tool.name().to_owned()).chain(args.iter().cloned());
     let matches = command.try_get_matches_from(argv).map_err(|e| {
         use clap::error::ErrorKind;
@@ -262,6 +370,19 @@ pub fn parse(tool: Tool, args: &[String]) -> Result<Options, CliOutcome> {
             _ => CliOutcome::Error(first_line(&e.render().to_string())),
         }
     })?;
+    for arg in command_for(tool).get_arguments() {
+        let given = matches.value_source(arg.get_id().as_str())
+            == Some(clap::parser::ValueSource::CommandLine);
+        if let Some((tools, who)) = scope(arg.get_id().as_str()) {
+            if given && !tools.contains(&tool) {
+                return Err(CliOutcome::Error(format!(
+                    "{} is for {who}, not {}",
+                    flag_name(arg),
+                    tool.name()
+                )));
+            }
+        }
+    }
     let cli = Cli::from_arg_matches(&matches)
         .map_err(|e| CliOutcome::Error(first_line(&e.render().to_string())))?;
     Options::resolve(tool, cli.flags).map_err(CliOutcome::Error)
@@ -290,8 +411,49 @@ pub struct Options {
 }
 
 impl Options {
-    fn resolve(tool: Tool, flags: Flags) -> Result<Options, String> {
+    fn resolve(tool: Tool, mut flags: Flags) -> Result<Options, String> {
         let server = flags.host.is_none();
+        refuse_unbuilt(&flags)?;
+        if flags.ib_port != 1 {
+            return Err(format!(
+                "-i/--ib-port {}: the devices here have one port, port 1",
+                flags.ib_port
+            ));
+        }
+        if let Some(dev) = &flags.ib_dev {
+            flags.ib_dev = Some(device_name("-d/--ib-dev", dev)?);
+        }
+        if let Some(dev) = &flags.backup_dev {
+            flags.backup_dev = Some(device_name("--backup-dev", dev)?);
+        }
+        if flags.out_json || flags.out_json_file.is_some() {
+            if flags.json.is_some() {
+                return Err(
+                    "--json and --out_json/--out_json_file name the same report: give one".into(),
+                );
+            }
+            flags.json = Some(
+                flags
+                    .out_json_file
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("perftest_out.json")),
+            );
+        }
+        if let Some(path) = &flags.json {
+            check_writable("--json", path)?;
+        }
+        if let Some(path) = &flags.hdr_out {
+            if path.as_os_str() == "-" {
+                if flags.all {
+                    return Err("--hdr-out - prints one size's distribution: with -a/--all give a FILE (one per size)".into());
+                }
+            } else {
+                check_writable("--hdr-out", path)?;
+            }
+        }
+        if flags.report_both && !flags.bidirectional {
+            return Err("--report-both splits the summed row of -b/--bidirectional: add -b".into());
+        }
         let device = flags.ib_dev.clone().unwrap_or_else(|| {
             if server {
                 "soft:lo@127.0.0.1".to_owned()
@@ -460,6 +622,81 @@ impl Options {
     }
 }
 
+/// perftest's flags for what railshift has not built, each refused with the reason.
+fn refuse_unbuilt(flags: &Flags) -> Result<(), String> {
+    if flags.rdma_cm {
+        return Err("-R/--rdma_cm: connecting through rdma_cm is not built; drop -R and the tools exchange QP attributes over TCP on -p, as perftest does without -R".into());
+    }
+    for (flag, given) in [
+        ("-S/--sl", flags.sl.is_some()),
+        ("-T/--tos", flags.tos.is_some()),
+        ("--tclass", flags.tclass.is_some()),
+    ] {
+        if given {
+            return Err(format!(
+                "{flag}: not supported: softnic sends traffic class 0 and service level 0, and the tools set neither on a ConnectX yet"
+            ));
+        }
+    }
+    if let Some(what) = &flags.output {
+        return Err(format!(
+            "--output {what}: not supported; --json FILE has every figure (docs/apps-json.md), and the last row of the table is the result"
+        ));
+    }
+    Ok(())
+}
+
+/// A device name as the pmd opens it: `provider:name`. A bare ConnectX name (`mlx5_0`,
+/// perftest's habit) gets its provider; any other bare name is refused with the forms that
+/// would open it.
+fn device_name(flag: &str, dev: &str) -> Result<String, String> {
+    if dev.contains(':') {
+        return Ok(dev.to_owned());
+    }
+    if dev.starts_with("mlx5_") {
+        return Ok(format!("mlx5:{dev}"));
+    }
+    let netdev = std::path::Path::new("/sys/class/net").join(dev).exists();
+    let hint = if netdev {
+        format!("did you mean soft:{dev} (softnic on netdev {dev})?")
+    } else {
+        format!("a device is soft:<netdev>[@<addr>], fabric:<name>/<port> or mlx5:<ibdev>, and there is no netdev {dev}")
+    };
+    Err(format!("{flag} {dev}: {hint}"))
+}
+
+/// Refuses an output path that cannot be written before anything runs, so a long run does
+/// not end on it: its directory must exist, and an existing file must open for writing.
+fn check_writable(flag: &str, path: &std::path::Path) -> Result<(), String> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "{flag} {}: directory {} does not exist",
+            path.display(),
+            dir.display()
+        ));
+    }
+    if path.is_dir() {
+        return Err(format!("{flag} {}: is a directory", path.display()));
+    }
+    if path.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    } else if std::fs::metadata(dir).is_ok_and(|m| m.permissions().readonly()) {
+        return Err(format!(
+            "{flag} {}: directory {} is read-only",
+            path.display(),
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
 /// What a stock perftest peer can pair with: one QP, one size, a number of iterations, one
 /// direction, nothing perftest does not do.
 fn check_perftest_peer(tool: Tool, flags: &Flags) -> Result<(), String> {
@@ -538,11 +775,124 @@ mod tests {
         assert!(refused(Tool::WriteLat, &["-Q", "4"]).contains("-Q/--cq-mod"));
         assert!(refused(Tool::WriteBw, &["-Q", "4", "--check"]).contains("-Q/--cq-mod"));
         assert!(refused(Tool::SendBw, &["-Q", "0"]).contains("-Q/--cq-mod 0"));
-        assert!(refused(Tool::WriteBw, &["--idle-qps", "5"]).contains("--idle-qps 5"));
+        assert!(refused(Tool::WriteBw, &["--idle-qps", "5"])
+            .contains("--idle-qps is for the latency tools, not shift_write_bw"));
         assert!(refused(Tool::WriteLat, &["--idle-qps", "1024"])
             .contains("--idle-qps 1024 is outside 0..=1023"));
         let args = ["--idle-qps".to_owned(), "1000".to_owned()];
         assert_eq!(parse(Tool::ReadLat, &args).unwrap().flags.idle_qps, 1000);
+    }
+
+    fn accepted(tool: Tool, args: &[&str]) -> Options {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        match parse(tool, &args) {
+            Ok(o) => o,
+            other => panic!("{args:?} refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn perftests_habitual_flags_are_accepted() {
+        let o = accepted(
+            Tool::WriteBw,
+            &["-F", "-i", "1", "-d", "mlx5_0", "127.0.0.1"],
+        );
+        assert_eq!(o.device, "mlx5:mlx5_0");
+        let o = accepted(Tool::SendBw, &["--out_json"]);
+        assert_eq!(o.flags.json, Some(PathBuf::from("perftest_out.json")));
+        let file = std::env::temp_dir().join("railshift-cli-out.json");
+        let o = accepted(
+            Tool::ReadLat,
+            &["--out_json", "--out_json_file", file.to_str().unwrap()],
+        );
+        assert_eq!(o.flags.json, Some(file));
+        let o = accepted(Tool::SendBw, &["-b", "--report-both"]);
+        assert!(o.flags.report_both);
+        let o = accepted(Tool::WriteBw, &["--backup-dev", "mlx5_1"]);
+        assert_eq!(o.flags.backup_dev.as_deref(), Some("mlx5:mlx5_1"));
+    }
+
+    #[test]
+    fn perftest_flags_for_what_is_not_built_are_refused_with_the_reason() {
+        assert!(refused(Tool::WriteBw, &["-R"]).contains("rdma_cm is not built"));
+        assert!(refused(Tool::WriteBw, &["-S", "1"]).starts_with("-S/--sl: not supported"));
+        assert!(refused(Tool::WriteLat, &["-T", "96"]).starts_with("-T/--tos: not supported"));
+        assert!(refused(Tool::SendBw, &["--tclass", "96"]).starts_with("--tclass"));
+        assert!(refused(Tool::SendBw, &["--output", "bandwidth"]).contains("--json FILE"));
+        assert!(refused(Tool::WriteBw, &["-i", "2"]).contains("one port"));
+        assert!(refused(Tool::WriteBw, &["--report-both"]).contains("add -b"));
+    }
+
+    #[test]
+    fn a_flag_the_tool_does_not_use_is_refused_not_ignored() {
+        assert_eq!(
+            refused(Tool::WriteBw, &["--hdr-out", "x.hgrm"]),
+            "--hdr-out is for the latency tools, not shift_write_bw"
+        );
+        assert_eq!(
+            refused(Tool::SendLat, &["--run_infinitely"]),
+            "--run_infinitely is for the bandwidth tools, not shift_send_lat"
+        );
+        assert!(refused(Tool::ReadLat, &["-t", "16"]).starts_with("-t/--tx-depth is for"));
+        assert!(refused(Tool::Allreduce, &["-I", "64"]).starts_with("-I/--inline_size is for"));
+        assert!(refused(Tool::WriteLat, &["--report_gbits"]).starts_with("--report_gbits is for"));
+        assert!(refused(Tool::WriteBw, &["--ranks", "2"]).starts_with("--ranks is for"));
+    }
+
+    #[test]
+    fn a_bare_device_name_is_mapped_or_refused_with_the_forms() {
+        assert!(refused(Tool::WriteBw, &["-d", "lo"]).contains("did you mean soft:lo"));
+        let line = refused(Tool::WriteBw, &["-d", "nosuchdev0"]);
+        assert!(line.contains("soft:<netdev>[@<addr>]") && line.contains("no netdev nosuchdev0"));
+    }
+
+    #[test]
+    fn an_output_file_that_cannot_be_written_is_refused_before_the_run() {
+        assert_eq!(
+            refused(Tool::WriteBw, &["--json", "/nonexistent-dir/r.json"]),
+            "--json /nonexistent-dir/r.json: directory /nonexistent-dir does not exist"
+        );
+        assert!(refused(Tool::WriteLat, &["--hdr-out", "/"]).contains("is a directory"));
+        assert!(refused(Tool::WriteLat, &["--hdr-out", "-", "-a"]).contains("one size"));
+    }
+
+    #[test]
+    fn each_tools_help_shows_its_defaults_and_only_its_flags() {
+        let help = |tool: Tool| match parse(tool, &["--help".to_owned()]) {
+            Err(CliOutcome::Help(text)) => text,
+            other => panic!("{other:?}"),
+        };
+        let bw = help(Tool::WriteBw);
+        assert!(
+            bw.contains("[default: 65536]") && bw.contains("[default: 5000]"),
+            "{bw}"
+        );
+        assert!(
+            bw.contains("--run_infinitely") && !bw.contains("--hdr-out"),
+            "{bw}"
+        );
+        assert!(
+            !bw.contains("--ranks") && !bw.contains("--idle-qps"),
+            "{bw}"
+        );
+        let lat = help(Tool::WriteLat);
+        assert!(
+            lat.contains("[default: 2]") && lat.contains("[default: 1000]"),
+            "{lat}"
+        );
+        assert!(
+            lat.contains("--hdr-out") && !lat.contains("--run_infinitely"),
+            "{lat}"
+        );
+        assert!(
+            !lat.contains("--tx-depth") && !lat.contains("--cq-mod"),
+            "{lat}"
+        );
+        let ar = help(Tool::Allreduce);
+        assert!(
+            ar.contains("--ranks") && !ar.contains("--perftest-peer"),
+            "{ar}"
+        );
     }
 
     #[test]

@@ -58,6 +58,30 @@ pub struct Host {
     active_mtu: Mtu,
     /// Paces the failover service's rounds when the polling lcore runs them.
     pacer: Option<Arc<ServicePacer>>,
+    /// The default device's limits, so a flag beyond them is named before a verb refuses it.
+    limits: pmd::verbs::DeviceAttr,
+    /// The default device's name.
+    device: String,
+}
+
+/// Why a device did not open, with the fix where the cause is a usual one: a softnic on a
+/// netdev that does not exist, or on an address another softnic (often the peer, given the
+/// same `-d`) already has.
+fn open_failure(name: &str, reason: &str) -> String {
+    let Some(rest) = name.strip_prefix("soft:") else {
+        return reason.to_owned();
+    };
+    let netdev = rest.split('@').next().unwrap_or(rest);
+    if !std::path::Path::new("/sys/class/net").join(netdev).exists() {
+        return format!("there is no netdev {netdev} (`ip link` lists them)");
+    }
+    if reason.contains("Address already in use") {
+        return format!(
+            "{reason}: another softnic has this address's RoCE port 4791, perhaps the peer \
+             with the same -d; give each side its own address, e.g. -d soft:lo@127.0.0.2"
+        );
+    }
+    reason.to_owned()
 }
 
 impl Host {
@@ -70,7 +94,7 @@ impl Host {
         let open = |name: &str| {
             Context::open(name, &config).map_err(|e| AppError::Device {
                 device: name.to_owned(),
-                reason: e.to_string(),
+                reason: open_failure(name, &e.to_string()),
             })
         };
         let default = open(&o.device)?;
@@ -82,6 +106,7 @@ impl Host {
                 reason: format!("GID index {}: {e}", o.gid_index),
             })?;
         let active_mtu = default.query_port().map_err(verbs)?.active_mtu;
+        let limits = default.query_device().map_err(verbs)?;
         let kind = match (&o.backup, o.failover) {
             (Some(backup), true) => {
                 let backup_ctx = open(backup)?;
@@ -116,6 +141,8 @@ impl Host {
             gid,
             active_mtu,
             pacer,
+            limits,
+            device: o.device.clone(),
         })
     }
 
@@ -184,6 +211,18 @@ impl Host {
     /// Creates a QP (in RESET) with its own CQ.
     pub fn create_qp(&self, caps: QpCaps) -> Result<Conn, AppError> {
         let verbs = |e: pmd::provider::VerbsError| AppError::Verbs(e.to_string());
+        if caps.max_inline_data > self.limits.max_inline_data {
+            return Err(AppError::Usage(format!(
+                "-I/--inline_size {}: {} sends at most {} bytes inline",
+                caps.max_inline_data, self.device, self.limits.max_inline_data
+            )));
+        }
+        if caps.max_send_wr > self.limits.max_qp_wr {
+            return Err(AppError::Usage(format!(
+                "-t/--tx-depth: the send queue needs {} WQEs and {} takes at most {}",
+                caps.max_send_wr, self.device, self.limits.max_qp_wr
+            )));
+        }
         match &self.kind {
             HostKind::Plain { pd, ctx } => {
                 let entries = 2 * (caps.max_send_wr + caps.max_recv_wr).max(8);

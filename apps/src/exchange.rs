@@ -269,6 +269,23 @@ pub struct RingPlace {
     pub prev: QpInfo,
 }
 
+/// One result row as the peer measured it (`report::ResultRow` without latency figures).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PeerRow {
+    /// Message size.
+    pub size: usize,
+    /// Completed iterations.
+    pub iterations: u64,
+    /// Peak bandwidth, Gb/s.
+    pub bw_peak_gbps: f64,
+    /// Average bandwidth, Gb/s.
+    pub bw_avg_gbps: f64,
+    /// Messages per second, millions.
+    pub msg_rate_mpps: f64,
+    /// Measured wall time, seconds.
+    pub duration_s: f64,
+}
+
 /// Messages after the hello.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -290,6 +307,11 @@ pub enum Msg {
     Done {
         /// Iterations completed.
         iterations: u64,
+        /// A bandwidth side's result rows, one per size: a WRITE, READ or atomic server
+        /// prints them as its own (it measures nothing itself, as perftest's server), and
+        /// `-b` sums both sides' rows. Empty from latency clients and allreduce ranks.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        rows: Vec<PeerRow>,
     },
     /// The server's answer to `done`: what it saw.
     Summary {
@@ -333,22 +355,45 @@ pub fn accept(listener: &TcpListener) -> Result<Channel, ExchangeError> {
     Channel::new(stream)
 }
 
-/// Connects to the server at `host:port`.
+/// How long a client keeps trying a server that refuses the connection: one started at the
+/// same moment (a script's `server & client`) is not listening yet.
+pub const CONNECT_RETRY: Duration = Duration::from_secs(5);
+
+/// perftest's banner, printed by a server before it waits for its client.
+pub fn print_waiting() {
+    println!("************************************");
+    println!("* Waiting for client to connect... *");
+    println!("************************************");
+}
+
+/// Connects to the server at `host:port`, retrying for [`CONNECT_RETRY`].
 pub fn connect(host: &str, port: u16) -> Result<Channel, ExchangeError> {
+    Channel::new(connect_stream(host, port, CONNECT_RETRY)?)
+}
+
+/// Connects to `host:port`, trying again every 200 ms for `retry` while the connection is
+/// refused, unreachable or times out (a server not listening yet, a host still booting).
+pub fn connect_stream(host: &str, port: u16, retry: Duration) -> Result<TcpStream, ExchangeError> {
     let addr = format!("{host}:{port}");
     let err = |source| ExchangeError::Connect {
         addr: addr.clone(),
         source,
     };
     let addrs: Vec<_> = (host, port).to_socket_addrs().map_err(err)?.collect();
-    let mut last = std::io::Error::new(ErrorKind::NotFound, "no address");
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
-            Ok(stream) => return Channel::new(stream),
-            Err(e) => last = e,
+    let t0 = Instant::now();
+    loop {
+        let mut last = std::io::Error::new(ErrorKind::NotFound, "no address");
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, Duration::from_secs(1)) {
+                Ok(stream) => return Ok(stream),
+                Err(e) => last = e,
+            }
         }
+        if t0.elapsed() >= retry {
+            return Err(err(last));
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
-    Err(err(last))
 }
 
 /// One out-of-band TCP connection.

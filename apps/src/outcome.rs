@@ -28,6 +28,7 @@ pub fn base_report(o: &Options) -> Report {
         qps: o.flags.qps,
         bidirectional: o.flags.bidirectional,
         idle_qps: o.flags.idle_qps,
+        table_from: "self".to_owned(),
         ..Report::default()
     }
 }

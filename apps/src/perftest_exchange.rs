@@ -31,7 +31,7 @@
 //! Our wording and layout; the formats are perftest's, derived from its C source.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use pmd::{Gid, Mtu};
@@ -400,10 +400,11 @@ impl PerftestLink {
         wanted: Mtu,
     ) -> Result<PerftestLink, ExchangeError> {
         let stream = match host {
-            Some(h) => connect_retrying(h, port)?,
+            Some(h) => crate::exchange::connect_stream(h, port, CONNECT_RETRY)?,
             None => {
                 let listener = TcpListener::bind(("0.0.0.0", port))
                     .map_err(|source| ExchangeError::Listen { port, source })?;
+                crate::exchange::print_waiting();
                 listener.accept()?.0
             }
         };
@@ -567,31 +568,6 @@ impl PerftestLink {
             }
             Err(e) => Err(e.into()),
         }
-    }
-}
-
-fn connect_retrying(host: &str, port: u16) -> Result<TcpStream, ExchangeError> {
-    let name = format!("{host}:{port}");
-    let err = |source| ExchangeError::Connect {
-        addr: name.clone(),
-        source,
-    };
-    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(err)?.collect();
-    let t0 = Instant::now();
-    loop {
-        let mut last = std::io::Error::new(ErrorKind::NotFound, "no address");
-        for a in &addrs {
-            match TcpStream::connect_timeout(a, Duration::from_secs(1)) {
-                Ok(s) => return Ok(s),
-                Err(e) => last = e,
-            }
-        }
-        // Refused (not listening yet), unreachable or timed out (a host still booting): try
-        // again for a while, as a user would.
-        if t0.elapsed() > CONNECT_RETRY {
-            return Err(err(last));
-        }
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

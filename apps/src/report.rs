@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use pmd::resilient::{FailoverEvent, FailoverStats};
 use serde::Serialize;
 
+use crate::exchange::PeerRow;
 use crate::wall_clock::unix_ms_now;
 
 /// One row of the results table.
@@ -26,6 +27,45 @@ pub struct ResultRow {
     /// Latency tools: this size's latency figures.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub latency: Option<Latency>,
+}
+
+impl ResultRow {
+    /// The row as a `done` message carries it to the peer.
+    pub fn to_peer(&self) -> PeerRow {
+        PeerRow {
+            size: self.size,
+            iterations: self.iterations,
+            bw_peak_gbps: self.bw_peak_gbps,
+            bw_avg_gbps: self.bw_avg_gbps,
+            msg_rate_mpps: self.msg_rate_mpps,
+            duration_s: self.duration_s,
+        }
+    }
+
+    /// The peer's row.
+    pub fn of_peer(p: &PeerRow) -> ResultRow {
+        ResultRow {
+            size: p.size,
+            iterations: p.iterations,
+            bw_peak_gbps: p.bw_peak_gbps,
+            bw_avg_gbps: p.bw_avg_gbps,
+            msg_rate_mpps: p.msg_rate_mpps,
+            duration_s: p.duration_s,
+            latency: None,
+        }
+    }
+
+    /// `-b`: this side's row with the peer's direction added, as perftest sums a
+    /// bidirectional run (bandwidths and message rates add up; the iterations stay this
+    /// side's).
+    pub fn plus(&self, p: &PeerRow) -> ResultRow {
+        ResultRow {
+            bw_peak_gbps: self.bw_peak_gbps + p.bw_peak_gbps,
+            bw_avg_gbps: self.bw_avg_gbps + p.bw_avg_gbps,
+            msg_rate_mpps: self.msg_rate_mpps + p.msg_rate_mpps,
+            ..self.clone()
+        }
+    }
 }
 
 /// One timeline sample.
@@ -266,10 +306,10 @@ impl FailoverJson {
         self.events.sort_by(|a, b| a.unix_ms.total_cmp(&b.unix_ms));
     }
 
-    /// Prints the summary perftest lacks.
+    /// Prints the summary perftest lacks, for a resilient QP only: a plain run's output
+    /// ends with perftest's table, as a script that reads the last rows expects.
     pub fn print(&self, resilient: bool) {
         if !resilient {
-            println!(" Failover summary: not a resilient QP (no --backup-dev, --no-failover, or --perftest-peer)");
             return;
         }
         println!(
@@ -398,8 +438,15 @@ pub struct Report {
     pub bw_avg_mibps: f64,
     /// Message rate.
     pub msg_rate_mpps: f64,
-    /// One row per size.
+    /// One row per size, this side's measurement.
     pub results: Vec<ResultRow>,
+    /// What the printed table shows: `self` (`results`); `peer` (a WRITE, READ or atomic
+    /// server prints the client's rows, as perftest's server does); `sum` (`-b`: both
+    /// directions added up, as perftest prints a bidirectional run).
+    pub table_from: String,
+    /// The rows the peer sent at the end (the client's for a server, the other
+    /// direction's for `-b`); empty otherwise.
+    pub peer_results: Vec<ResultRow>,
     /// Latency tools only.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub latency: Option<Latency>,
@@ -465,22 +512,22 @@ pub const RULE: &str =
     "---------------------------------------------------------------------------------------";
 
 /// The bandwidth table's header.
-pub fn print_bw_header(gbits: bool) {
+pub fn bw_header(gbits: bool) -> String {
     let unit = if gbits { "Gb/sec" } else { "MB/sec" };
-    println!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]");
+    format!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]")
 }
 
 /// One bandwidth row.
-pub fn print_bw_row(r: &ResultRow, gbits: bool) {
+pub fn bw_row(r: &ResultRow, gbits: bool) -> String {
     let conv = |g: f64| if gbits { g } else { gbps_to_mibps(g) };
-    println!(
+    format!(
         " {:<10} {:<10}       {:>10.2}            {:>10.2}          {:>10.6}",
         r.size,
         r.iterations,
         conv(r.bw_peak_gbps),
         conv(r.bw_avg_gbps),
         r.msg_rate_mpps
-    );
+    )
 }
 
 /// A row as a perftest peer's result exchange carries it (bandwidth in the unit of the
@@ -521,15 +568,14 @@ pub fn row_of_perftest_report(p: &crate::perftest_exchange::BwReport, gbits: boo
 }
 
 /// The latency table's header.
-pub fn print_lat_header() {
-    println!(
-        " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
-    );
+pub fn lat_header() -> String {
+    " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
+        .to_owned()
 }
 
 /// One latency row.
-pub fn print_lat_row(size: usize, iters: u64, l: &Latency) {
-    println!(
+pub fn lat_row(size: usize, iters: u64, l: &Latency) -> String {
+    format!(
         " {:<6} {:<10}     {:<10.2}     {:<10.2}   {:<10.2}         {:<10.2}     {:<10.2}      {:<10.2}             {:<10.2}",
         size,
         iters,
@@ -540,5 +586,5 @@ pub fn print_lat_row(size: usize, iters: u64, l: &Latency) {
         l.lat_stdev_us,
         l.lat_p99_us,
         l.lat_p999_us
-    );
+    )
 }

@@ -7,7 +7,7 @@ use crate::cli::{self, CliOutcome, Options, Tool};
 use crate::error::AppError;
 use crate::faults::FaultChannel;
 use crate::lat;
-use crate::report::{self, Report, Timeline, RULE};
+use crate::report::{self, Report, ResultRow, Timeline, RULE};
 use crate::session::{self, Session};
 use std::process::ExitCode;
 
@@ -69,7 +69,7 @@ pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
         Some(path) => Some(FaultChannel::open(path)?),
         None => None,
     };
-    let (out, s) = if o.tool.is_latency() {
+    let (out, s, table) = if o.tool.is_latency() {
         run_latency(o, &mut report, faults.as_ref())?
     } else {
         run_bandwidth(o, &mut report, faults.as_ref())?
@@ -77,6 +77,10 @@ pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
     report.faults = faults.map(FaultChannel::finish);
     report.failover = s.failover_json(report_start(&report, &s));
     report.failover.print(s.host.is_resilient());
+    // perftest's table comes last, so a script that reads the last rows finds the result.
+    for line in table {
+        println!("{line}");
+    }
     report.mtu = s.mtu.bytes();
     report.error = out.as_ref().map(|e| e.to_string());
     if let Some(path) = &o.flags.json {
@@ -114,11 +118,15 @@ fn register_devices(o: &Options, s: &Session, faults: Option<&FaultChannel>) {
     }
 }
 
+/// What a run hands [`run`]: the error that stopped it, the session (for the failover
+/// summary), and the lines of perftest's table, printed last.
+type Ran = (Option<AppError>, Session, Vec<String>);
+
 fn run_bandwidth(
     o: &Options,
     report: &mut Report,
     faults: Option<&FaultChannel>,
-) -> Result<(Option<AppError>, Session), AppError> {
+) -> Result<Ran, AppError> {
     let layout = Layout::of(o);
     let mut s = Session::establish(o, layout.buffer_len(), layout.caps(o), |mem| {
         bw::prepare_buffer(o, mem, layout)
@@ -128,20 +136,21 @@ fn run_bandwidth(
     let tx_depth = layout.in_flight as u32 * layout.wqes_per_iter;
     s.print_header(o, tx_depth, layout.cq_mod as u32);
     let gbits = o.flags.report_gbits;
-    let mut timeline = Timeline::new(o.flags.timeline_ms, true);
+    // The client prints the timeline; the server's samples go to its JSON only, so no line
+    // on a terminal leaves unclear which side measured it.
+    let mut timeline = Timeline::new(o.flags.timeline_ms, !o.is_server());
     let mut out = if o.flags.bidirectional {
         // Both sides send (and serve the other's traffic until it is done too).
         bw::client(o, &mut s, layout, &mut timeline)
     } else if o.is_server() {
-        println!(" Waiting for the client's traffic (the server counts what it receives)");
         bw::server(o, &mut s, layout, &mut timeline)
     } else if o.flags.run_infinitely {
         // perftest's --run_infinitely: a row per round until something stops it.
-        report::print_bw_header(gbits);
+        println!("{}", report::bw_header(gbits));
         loop {
             let out = bw::client(o, &mut s, layout, &mut timeline);
             for r in &out.rows {
-                report::print_bw_row(r, gbits);
+                println!("{}", report::bw_row(r, gbits));
             }
             if out.error.is_some() {
                 break out;
@@ -170,15 +179,39 @@ fn run_bandwidth(
         bw::finish_client(
             &mut s,
             out.rows.last().map_or(0, |r| r.iterations),
+            &out.rows,
             out.atomic.as_mut(),
         );
     }
-    println!("{RULE}");
-    report::print_bw_header(gbits);
-    for r in &out.rows {
-        report::print_bw_row(r, gbits);
+    let own = out.rows.clone();
+    let peer: Vec<report::ResultRow> = out.peer_rows.iter().map(ResultRow::of_peer).collect();
+    if o.flags.bidirectional && !peer.is_empty() {
+        // perftest's bidirectional row: both directions added up.
+        out.rows = own
+            .iter()
+            .zip(&out.peer_rows)
+            .map(|(mine, theirs)| mine.plus(theirs))
+            .collect();
+        report.table_from = "sum".to_owned();
+    } else if o.is_server() && o.tool != Tool::SendBw && !peer.is_empty() {
+        // A WRITE, READ or atomic server sees no completions for the client's traffic: it
+        // prints the client's result as its own, as perftest's server does.
+        out.rows = peer.clone();
+        report.table_from = "peer".to_owned();
     }
-    println!("{RULE}");
+    let mut table = vec![RULE.to_owned(), report::bw_header(gbits)];
+    table.extend(out.rows.iter().map(|r| report::bw_row(r, gbits)));
+    table.push(RULE.to_owned());
+    if o.flags.report_both && report.table_from == "sum" {
+        for (what, rows) in [("Local", &own), ("Remote", &peer)] {
+            table.push(format!(" {what} results:"));
+            table.push(RULE.to_owned());
+            table.push(report::bw_header(gbits));
+            table.extend(rows.iter().map(|r| report::bw_row(r, gbits)));
+            table.push(RULE.to_owned());
+        }
+    }
+    report.peer_results = peer;
     if let Some(c) = &out.check {
         if o.tool == Tool::ReadBw {
             println!(
@@ -209,7 +242,7 @@ fn run_bandwidth(
             );
         }
     }
-    report.set_results(out.rows);
+    report.set_results(own);
     report.timeline = timeline.samples;
     report.check = out.check.or_else(|| {
         o.flags.check.then(|| report::CheckJson {
@@ -218,29 +251,28 @@ fn run_bandwidth(
         })
     });
     report.atomic = out.atomic;
-    Ok((out.error, s))
+    Ok((out.error, s, table))
 }
 
 fn run_latency(
     o: &Options,
     report: &mut Report,
     faults: Option<&FaultChannel>,
-) -> Result<(Option<AppError>, Session), AppError> {
+) -> Result<Ran, AppError> {
     let max = *o.sizes.iter().max().expect("a size");
     let mut s = Session::establish(o, lat::buffer_len(max), lat::caps(o), |_| {})?;
     register_devices(o, &s, faults);
     pin_lcore(o)?;
     s.print_header(o, 1, 1);
-    let mut timeline = Timeline::new(o.flags.timeline_ms, true);
+    let mut timeline = Timeline::new(o.flags.timeline_ms, !o.is_server());
     if o.is_server() {
-        println!(" Answering the client's pings");
         let mut error = lat::server(o, &mut s, &mut timeline);
         if error.is_none() {
             error = s.finish_perftest(None).err();
         }
         report.size = max;
         report.timeline = timeline.samples;
-        return Ok((error, s));
+        return Ok((error, s, Vec::new()));
     }
     let mut out = lat::client(o, &mut s, &mut timeline);
     let total = out.sizes.iter().map(|l| l.row.iterations).sum();
@@ -249,32 +281,35 @@ fn run_latency(
             out.error.get_or_insert(e);
         }
     } else {
-        bw::finish_client(&mut s, total, None);
+        bw::finish_client(&mut s, total, &[], None);
     }
-    println!("{RULE}");
-    report::print_lat_header();
+    let mut table = vec![RULE.to_owned(), report::lat_header()];
     let mut rows = Vec::new();
     for l in &out.sizes {
         let mut row = l.row.clone();
         if row.iterations > 0 {
             let lat = lat::latency_of(&l.hist);
-            report::print_lat_row(row.size, row.iterations, &lat);
+            table.push(report::lat_row(row.size, row.iterations, &lat));
             row.latency = Some(lat);
         }
         rows.push(row);
     }
-    println!("{RULE}");
+    table.push(RULE.to_owned());
     let what = if o.tool == Tool::ReadLat {
         "READ round trip"
     } else {
         "one-way = half the round trip"
     };
-    if let [only] = out.sizes.as_slice() {
-        println!(" Latency percentile distribution ({what}, usec):");
-        lat::print_distribution(&only.hist);
-        println!("{RULE}");
+    match (&o.flags.hdr_out, out.sizes.as_slice()) {
+        // `--hdr-out -`: the distribution on stdout, before the table.
+        (Some(path), [only]) if path.as_os_str() == "-" => {
+            println!(" Latency percentile distribution ({what}, usec):");
+            lat::print_distribution(&only.hist);
+            println!("{RULE}");
+        }
+        _ => {}
     }
-    if let Some(path) = &o.flags.hdr_out {
+    if let Some(path) = o.flags.hdr_out.as_ref().filter(|p| p.as_os_str() != "-") {
         for l in &out.sizes {
             // With -a, one file per size: FILE.<size>.
             let file = if out.sizes.len() == 1 {
@@ -290,7 +325,7 @@ fn run_latency(
     report.latency = rows.last().and_then(|r| r.latency.clone());
     report.set_results(rows);
     report.timeline = timeline.samples;
-    Ok((out.error, s))
+    Ok((out.error, s, table))
 }
 
 fn write_hgrm_file(

@@ -240,6 +240,7 @@ impl Session {
         let mut chan = match &o.flags.host {
             None => {
                 let listener = exchange::listen(o.flags.port)?;
+                exchange::print_waiting();
                 exchange::accept(&listener)?
             }
             Some(server) => exchange::connect(server, o.flags.port)?,
@@ -542,9 +543,10 @@ impl PeerWatch {
         self.next = now + self.every;
         match oob {
             Oob::Railshift(chan) => chan.try_recv(),
-            Oob::Perftest(link) => Ok(link
-                .peer_synced()?
-                .then_some(exchange::Msg::Done { iterations: 0 })),
+            Oob::Perftest(link) => Ok(link.peer_synced()?.then_some(exchange::Msg::Done {
+                iterations: 0,
+                rows: Vec::new(),
+            })),
         }
     }
 }

@@ -151,12 +151,110 @@ fn send_bw_on_three_qps_spreads_iterations_round_robin() {
 
 #[test]
 fn send_bw_bidirectional_sends_both_ways_and_both_sides_finish() {
-    let r = pair("shift_send_bw", 14, &["-s", "8192", "-n", "2000", "-b"]);
+    let r = pair(
+        "shift_send_bw",
+        14,
+        &["-s", "8192", "-n", "2000", "-b", "--report-both"],
+    );
     ok(&r);
     for j in [&r.client_json, &r.server_json] {
         assert_eq!(j["bidirectional"], true);
         assert_eq!(j["iterations"], 2000);
+        assert_eq!(j["table_from"], "sum");
         assert!(j["bw_avg_gbps"].as_f64().unwrap() > 0.0);
+    }
+    // perftest's summed row, then each direction's with --report-both.
+    let client = result_rows(&r.client);
+    let server = result_rows(&r.server);
+    for rows in [&client, &server] {
+        let [sum, local, remote] = rows.as_slice() else {
+            panic!("three rows expected: {rows:?}");
+        };
+        assert!((sum[3] - local[3] - remote[3]).abs() < 0.02, "{rows:?}");
+        assert!((sum[4] - local[4] - remote[4]).abs() < 2e-6, "{rows:?}");
+    }
+    assert_eq!(
+        client[1], server[2],
+        "the client's own row is the server's remote one"
+    );
+    assert_eq!(client[2], server[1]);
+}
+
+/// The rows of perftest's bandwidth or latency table in `o`'s stdout: the lines whose
+/// fields are all numbers, as a perftest script reads them.
+fn result_rows(o: &std::process::Output) -> Vec<Vec<f64>> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<f64> = l
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .ok()?;
+            (f.len() >= 5).then_some(f)
+        })
+        .collect()
+}
+
+/// The last row of perftest's table as the usual script takes it, `tail -2 | head -1` of
+/// stdout (the last line is the table's closing rule), every field a number.
+fn last_result_row(o: &std::process::Output) -> Vec<f64> {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() >= 2, "{}", text(o));
+    assert!(lines[lines.len() - 1].starts_with("-----"), "{}", text(o));
+    lines[lines.len() - 2]
+        .split_whitespace()
+        .map(|f| {
+            f.parse()
+                .unwrap_or_else(|_| panic!("{f:?} is not a number:\n{}", text(o)))
+        })
+        .collect()
+}
+
+#[test]
+fn every_bandwidth_tool_ends_with_perftests_table_and_its_server_prints_the_result() {
+    for (tool, test, size) in [
+        ("shift_write_bw", 40, 65536.0),
+        ("shift_send_bw", 41, 65536.0),
+        ("shift_read_bw", 42, 65536.0),
+        ("shift_atomic_bw", 43, 8.0),
+    ] {
+        let r = pair(tool, test, &["-n", "1000", "--timeline-ms", "50"]);
+        ok(&r);
+        let client = last_result_row(&r.client);
+        let server = last_result_row(&r.server);
+        for row in [&client, &server] {
+            assert_eq!(row.len(), 5, "{tool}: {row:?}");
+            assert_eq!((row[0], row[1]), (size, 1000.0), "{tool}: {row:?}");
+            assert!(
+                row[2] > 0.0 && row[3] > 0.0 && row[4] > 0.0,
+                "{tool}: {row:?}"
+            );
+        }
+        let from = if tool == "shift_send_bw" {
+            "self"
+        } else {
+            // A WRITE, READ or atomic server prints the client's row, as perftest's does.
+            assert_eq!(client, server, "{tool}");
+            "peer"
+        };
+        assert_eq!(r.server_json["table_from"], from, "{tool}");
+        let out = String::from_utf8_lossy(&r.server.stdout);
+        assert!(
+            out.starts_with(
+                "************************************\n* Waiting for client to connect... *"
+            ),
+            "{tool}: {out}"
+        );
+        // Timeline lines are the client's (its JSON has the server's samples); a plain run
+        // prints no failover summary.
+        assert!(!out.contains("[timeline]"), "{tool}: {out}");
+        for run in [&r.client, &r.server] {
+            let out = String::from_utf8_lossy(&run.stdout);
+            assert!(!out.contains("Failover summary"), "{tool}: {out}");
+            assert!(!out.contains("bytes checked"), "{tool}: {out}");
+        }
     }
 }
 
@@ -184,6 +282,14 @@ fn send_lat_and_read_lat_report_percentiles() {
             "{tool}"
         );
         assert_eq!(r.client_json["iterations"], 500, "{tool}");
+        // perftest's latency row ends the output; the percentile dump only on request.
+        let row = last_result_row(&r.client);
+        assert_eq!(
+            (row.len(), row[0], row[1]),
+            (9, 2.0, 500.0),
+            "{tool}: {row:?}"
+        );
+        assert!(!String::from_utf8_lossy(&r.client.stdout).contains("Percentile"));
     }
 }
 
@@ -240,6 +346,79 @@ fn an_unreachable_server_is_one_line() {
 }
 
 #[test]
+fn a_client_started_before_its_server_connects_once_it_listens() {
+    let (port, a_server, a_client) = slot(44);
+    let dev = |a: &str| {
+        vec![
+            "-d".to_owned(),
+            format!("soft:lo@{a}"),
+            "-p".into(),
+            port.to_string(),
+        ]
+    };
+    let mut cargs = dev(&a_client);
+    cargs.extend(["-n".into(), "100".into(), "127.0.0.1".into()]);
+    let client = spawn("shift_write_bw", &cargs);
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut sargs = dev(&a_server);
+    sargs.extend(["-n".into(), "100".into()]);
+    let server = spawn("shift_write_bw", &sargs);
+    let c = wait(client, Duration::from_secs(30));
+    let s = wait(server, Duration::from_secs(10));
+    assert!(c.status.success(), "{}", text(&c));
+    assert!(s.status.success(), "{}", text(&s));
+    assert_eq!(last_result_row(&s)[1], 100.0);
+}
+
+#[test]
+fn the_same_softnic_address_on_both_sides_names_the_fix() {
+    let (port, a_server, _) = slot(45);
+    let args = vec![
+        "-d".to_owned(),
+        format!("soft:lo@{a_server}"),
+        "-p".into(),
+        port.to_string(),
+    ];
+    let mut server = spawn("shift_write_bw", &args);
+    let t0 = std::time::Instant::now();
+    while !common::listening(port) {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut cargs = args.clone();
+    cargs.push("127.0.0.1".into());
+    let c = wait(spawn("shift_write_bw", &cargs), Duration::from_secs(20));
+    server.kill().unwrap();
+    let _ = server.wait();
+    one_line_error(
+        &c,
+        1,
+        "give each side its own address, e.g. -d soft:lo@127.0.0.2",
+    );
+}
+
+#[test]
+fn too_much_inline_data_names_the_flag_and_the_limit() {
+    let o = wait(
+        spawn(
+            "shift_write_bw",
+            &[
+                "-I".into(),
+                "900".into(),
+                "-d".into(),
+                "soft:lo@127.77.46.1".into(),
+            ],
+        ),
+        Duration::from_secs(10),
+    );
+    one_line_error(
+        &o,
+        1,
+        "-I/--inline_size 900: soft:lo@127.77.46.1 sends at most",
+    );
+}
+
+#[test]
 fn a_device_that_does_not_exist_is_one_line() {
     let o = wait(
         spawn(
@@ -248,7 +427,11 @@ fn a_device_that_does_not_exist_is_one_line() {
         ),
         Duration::from_secs(10),
     );
-    one_line_error(&o, 1, "cannot open device soft:nosuchnetdev0");
+    one_line_error(
+        &o,
+        1,
+        "cannot open device soft:nosuchnetdev0: there is no netdev",
+    );
 }
 
 #[test]
