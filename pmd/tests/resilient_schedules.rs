@@ -547,6 +547,11 @@ fn run(schedule: &Schedule) -> Result<Outcome, String> {
             return Err(t.violations.join("; "));
         }
     }
+    // Every WR completes exactly once, errors included, with the status the contract names.
+    t.check_exactly_once(&mut sim, Duration::from_secs(1));
+    if !t.violations.is_empty() {
+        return Err(t.violations.join("; "));
+    }
     for h in [&sim.a, &sim.b] {
         let stats = h.qp.stats();
         outcome.failovers += stats.failovers;

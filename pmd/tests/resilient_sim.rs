@@ -1215,3 +1215,110 @@ fn a_default_device_failing_its_qps_has_its_control_channel_repaired_and_later_r
         );
     }
 }
+
+/// B's default link goes down and B fails over, but A's `Failover` never reaches B (A's
+/// backup path to B drops everything): B's round waits, with its receives copied to the
+/// backup RQ. Then B's backup device fails its QPs and B fails back, and while it waits for
+/// A's `Failback` its application posts 8 more receives: they go to the default ring,
+/// unpublished. The failback must move them with the others; before, it wiped them with the
+/// ring (the later notifications landed in the wrong receives).
+#[test]
+fn receives_posted_during_a_failback_that_replaced_a_waiting_round_are_kept() {
+    let mut config = config();
+    config.holddown = Duration::from_millis(100);
+    config.handshake_timeout = Duration::from_secs(2);
+    let mut sim = Sim::new(119, config);
+    let mut d = Dir::new(true, 200);
+    d.interval = Duration::from_micros(100);
+    let mut t = Traffic::new(vec![d], sim.now());
+    let mut phase = 0;
+    let mut down_at = Duration::ZERO;
+    let done = sim.run_until(Duration::from_secs(2), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            down_at = s.now();
+            s.link_down(B_DEFAULT, Some(Duration::from_millis(7)));
+            s.fabric.add_rule(softnic::FaultRule {
+                fault: softnic::Fault::Drop(1.0),
+                from: Some(A_BACKUP),
+                to: Some(B_BACKUP),
+                start: down_at,
+                end: Some(down_at + Duration::from_millis(50)),
+            });
+            phase = 1;
+        }
+        if phase == 1
+            && s.b.qp.state() == ResilientState::FailingOver
+            && s.now() >= down_at + Duration::from_millis(8)
+        {
+            s.b.devices[1].inject_fault(DeviceFault::QpsFailed).unwrap();
+            phase = 2;
+        }
+        if phase == 2 && s.b.qp.state() == ResilientState::FailingBack {
+            t.dirs[0].recv_window += 8;
+            phase = 3;
+        }
+        step(&mut t, s) && phase == 3
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: {} completed, states {:?} {:?}, stats {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.stats(),
+        sim.b.qp.stats()
+    );
+    assert_clean(&mut t, &mut sim);
+    for h in [&sim.a, &sim.b] {
+        let stats = h.qp.stats();
+        assert_eq!(
+            (stats.failbacks, stats.errors),
+            (1, 0),
+            "{stats:?} {:?}",
+            h.qp.events()
+        );
+    }
+}
+
+/// B's default link goes down for good and A's backup path to B drops everything: B's round
+/// copies its receives to the backup RQ and waits for A's `Failover`, which never comes; the
+/// connection fails. Each receive must complete once, in error: before, the copies on the
+/// backup RQ and the originals on the default RQ were both flushed.
+#[test]
+fn a_round_failing_after_copying_its_receives_flushes_each_receive_once() {
+    let mut sim = Sim::new(7, config());
+    let mut t = nccl(&sim, 200);
+    t.dirs[0].interval = Duration::from_micros(100);
+    let mut phase = 0;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            let now = s.now();
+            s.link_down(B_DEFAULT, None);
+            s.fabric.add_rule(softnic::FaultRule {
+                fault: softnic::Fault::Drop(1.0),
+                from: Some(A_BACKUP),
+                to: Some(B_BACKUP),
+                start: now,
+                end: None,
+            });
+            phase = 1;
+        }
+        step(&mut t, s);
+        phase == 1
+            && s.a.qp.state() == ResilientState::Failed
+            && s.b.qp.state() == ResilientState::Failed
+    });
+    assert!(
+        done,
+        "stalled: states {:?} {:?}, events {:?} {:?}",
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.events(),
+        sim.b.qp.events()
+    );
+    t.check_markers(&mut sim);
+    t.check_exactly_once(&mut sim, Duration::from_secs(1));
+    assert!(t.violations.is_empty(), "{:#?}", t.violations);
+    // B's receives were copied to the backup RQ before its round failed.
+    assert!(t.dirs[0].recvs_posted > t.dirs[0].notified);
+}

@@ -1365,6 +1365,26 @@ impl Failover {
         if epoch == self.backup_epoch && !self.backup_repair_in_progress() {
             tracing::warn!(backup_epoch = %epoch, "failover: the peer lost its backup side");
             self.backup_lost(now);
+            self.fail_back_if_awaiting_ready(now, out);
+        }
+    }
+
+    /// The peer's backup side is gone (lost, or reset for a repair) while our switch-back
+    /// waits for its `SwitchBackReady`, which travels on that side's channel and may have
+    /// gone with it: the peer, whose receives are back on its default QP, needs nothing of
+    /// the backup and would never fail back itself. Move the traffic to the default pair
+    /// (5e) instead of waiting for an answer that may never come.
+    fn fail_back_if_awaiting_ready(&mut self, now: Timestamp, out: &mut Actions) {
+        let awaiting_ready = matches!(
+            self.send,
+            SendState::WaitDrained {
+                notified: Some(_),
+                ..
+            }
+        );
+        if awaiting_ready && self.may_fail_back() {
+            tracing::warn!(epoch = %self.epoch, "failover: the peer's backup side went away before its SwitchBackReady came; failing back");
+            self.start_failback(None, false, now, out);
         }
     }
 
@@ -1377,6 +1397,10 @@ impl Failover {
         // The leader's backup side is in RESET: ours cannot carry anything now either.
         self.backup_usable = false;
         if !self.paths_allow_backup_repair() {
+            // A switch-back waiting for the leader's `SwitchBackReady`: the reset discarded it
+            // if it had not arrived; the refusal below tells the leader the attempt failed,
+            // and the traffic moves to the default pair.
+            self.fail_back_if_awaiting_ready(now, out);
             self.backup_repair = Repair::Lost {
                 not_before: now,
                 tell_leader: false,

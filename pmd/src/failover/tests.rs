@@ -2591,3 +2591,59 @@ fn the_peers_failback_over_the_default_path_proves_it_up_before_the_link_watch_d
     assert_eq!(machine.send_route(), Route::Default);
     assert_eq!(machine.failed(), None);
 }
+
+/// Drives `machine` (back on the default path, WaitSignaled) through the fence: its
+/// `SwitchBack` has left and it waits for the peer's `SwitchBackReady`.
+fn awaiting_switch_back_ready(machine: &mut Failover) {
+    let fence = Event::SignaledPosted {
+        progress: progress(7, 4, 3),
+    };
+    step(machine, fence, at(6_000));
+    let actions = step(machine, Event::FenceCompleted, at(6_001));
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::SendControl(ControlMessage::SwitchBack { .. }))),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_switch_back_whose_follower_lost_its_backup_fails_back_instead_of_timing_out() {
+    // The follower moved its receives back and posted `SwitchBackReady` on the backup
+    // channel; then its backup side failed, the message with it. Its receives are on the
+    // default QP: it needs nothing of the backup and only says `BackupLost`.
+    let mut machine = leader_back_on_default_path();
+    awaiting_switch_back_ready(&mut machine);
+    let lost = backup_msg(ControlMessage::BackupLost { epoch: Epoch(0) });
+    let actions = step(&mut machine, lost, at(6_010));
+    assert!(
+        actions.contains(&Action::DrainForFailback),
+        "the leader waits for a SwitchBackReady that may never come: {actions:?}"
+    );
+    assert_eq!(machine.send_phase(), SendPhase::FailingBack);
+    let actions = step(&mut machine, Event::Tick, at(8_002));
+    assert_eq!(surfaced(&actions), None, "{actions:?}");
+}
+
+#[test]
+fn a_switch_back_whose_leader_reset_its_backup_for_a_repair_fails_back_instead_of_timing_out() {
+    // The leader moved its receives back and posted `SwitchBackReady`; its backup data QP
+    // then failed, and with nothing depending on its backup it reset both backup QPs for a
+    // repair, discarding the message if it had not left.
+    let mut machine = follower_back_on_default_path();
+    awaiting_switch_back_ready(&mut machine);
+    let rearm = backup_msg(ControlMessage::BackupRearm { epoch: Epoch(1) });
+    let actions = step(&mut machine, rearm, at(6_010));
+    assert!(
+        actions.contains(&Action::DrainForFailback),
+        "the follower waits for a SwitchBackReady that may never come: {actions:?}"
+    );
+    assert!(actions.contains(&Action::SendControlOnDefault(
+        ControlMessage::BackupRearmDone {
+            epoch: Epoch(1),
+            ok: false
+        }
+    )));
+    assert_eq!(machine.send_phase(), SendPhase::FailingBack);
+}

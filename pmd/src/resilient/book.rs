@@ -37,9 +37,11 @@ pub(super) struct Book {
     /// A failback drain of both QPs is running.
     pub failback_draining: bool,
     /// A failover round copied the default RQ's receives to the backup RQ and the default QP
-    /// was not reset since: its ring still holds the originals, which a failback must not
-    /// move a second time.
-    pub default_recvs_copied: bool,
+    /// was not reset since: the default RQ counter just past the last one copied. Its ring
+    /// still holds the originals, which a failback must not move, nor a failed connection
+    /// complete, a second time; receives posted behind them (during a failback that took
+    /// the round's place) are only there.
+    pub default_recvs_copied: Option<u32>,
     /// A failback moved work onto the default SQ, withheld until the peer is ready: the next
     /// doorbell release ends the failback, not a switch-back.
     pub failing_back: bool,
@@ -48,7 +50,8 @@ pub(super) struct Book {
     /// The default device raised its device-fatal event: no flush will ever come.
     pub default_dead: bool,
     /// Where the default queues' WQEs to move start, (send, receive) counters: set when the
-    /// drain ends.
+    /// drain ends, until the default QP's reset. Meanwhile the default CQ's completions are
+    /// discarded (the round owns everything from these counters on).
     pub moving: Option<(u32, u32)>,
     /// Application receives that completed successfully on the default QP before its last
     /// reset. (Since then: the default receive queue's consumer counter, up to its first
@@ -71,6 +74,9 @@ pub(super) struct Book {
     /// the first the one that failed, oldest first: they complete in error when the
     /// connection fails, after what went to the backup SQ.
     pub unsent: Vec<crate::datapath::sq::OutstandingWqe>,
+    /// The same for receives (wr_ids): a failback could not post them on the default RQ
+    /// after the reset wiped the rings they came from.
+    pub unsent_recvs: Vec<u64>,
 }
 
 impl Book {
@@ -89,6 +95,17 @@ impl Book {
     pub fn recvs_completed(&self, default_rq_completed: u32) -> u64 {
         let on_default = self.errored[0].recv_start.unwrap_or(default_rq_completed);
         self.recvs_before_reset + u64::from(on_default) + self.recvs_on_backup
+    }
+
+    /// Where the default queues' unfinished work starts, (send, receive) counters, when their
+    /// consumer counters are `completed`: where the drain noted it, else where the first
+    /// error completion was, else the consumer counters.
+    pub fn default_unfinished(&self, completed: (u32, u32)) -> (u32, u32) {
+        let e = &self.errored[0];
+        self.moving.unwrap_or((
+            e.send_start.unwrap_or(completed.0),
+            e.recv_start.unwrap_or(completed.1),
+        ))
     }
 
     /// Whether the backup SQ's WQE at `counter` is one of the burns.
@@ -130,7 +147,7 @@ impl Book {
         let done = self.errored[0].recv_start.unwrap_or(default_rq_completed);
         self.recvs_before_reset += u64::from(done);
         self.errored[0] = Errored::default();
-        self.default_recvs_copied = false;
+        self.default_recvs_copied = None;
         self.probe = None;
         self.moving = None;
         self.draining = false;

@@ -353,6 +353,14 @@ impl ResilientQp {
                 break;
             }
             any = true;
+            if path == Path::Default && self.slow.book.moving.is_some() {
+                // The drain ended (at its deadline, on a slow NIC): the round owns the
+                // unfinished work from the counters it noted, and completes or moves each
+                // WQE from there. A completion the NIC writes later would be a second one.
+                self.default_cq.poller().take_error_mark();
+                tracing::debug!(qp = %self.shared.name, n, "failover: completions after the drain discarded");
+                continue;
+            }
             self.take_batch(path, &polled[..n]);
         }
         any

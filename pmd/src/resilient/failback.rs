@@ -85,8 +85,10 @@ impl ResilientQp {
         }
         let on_backup = list.len();
         let sq = self.default.send_queue();
-        let start = book.errored[0].send_start.unwrap_or(sq.completed());
+        let completed = (sq.completed(), self.default.recv_queue().completed());
+        let (start, _) = book.default_unfinished(completed);
         let probe = book.probe;
+        let sq = self.default.send_queue();
         list.extend(sq.written_from(start).filter(|w| Some(w.counter) != probe));
         (list, on_backup)
     }
@@ -96,23 +98,39 @@ impl ResilientQp {
         // 1. Read everything out before the reset takes the default rings back to index 0.
         let (list, on_backup) = self.failback_send_list();
         let (sends, recvs, unmapped) = self.save_for_failback(&list, on_backup);
-        // 2. The default QP out of its epoch and up in the new one.
+        // 2. The default QP out of its epoch and up in the new one. From the reset on, the
+        // saved copies are the only record of the work: the backup rings' is forgotten, so
+        // a later failure completes each WR once, from the rings it was moved to or from
+        // the book.
         self.reset_default();
+        self.forget_backup_work();
+        if let Some((status, why)) = unmapped {
+            // Fail closed, as the failover direction does: a WQE whose keys name the backup
+            // device must not be rung on the default one. Nothing is posted; the connection
+            // fails and every saved WR completes in error.
+            tracing::error!(qp = %self.shared.name, why, "failover: a WQE cannot be moved back to the default QP");
+            self.keep_unposted(&sends, &recvs);
+            self.slow.book.errored_mut(Path::Default).reported = true;
+            self.enqueue(Event::ErrorCompletion {
+                path: Path::Default,
+                status,
+            });
+            return;
+        }
         if let Err(e) = self.bring_up_default(epoch) {
             tracing::warn!(qp = %self.shared.name, %epoch, error = %e, "failover: failing back, the default QP did not come up");
-            // The connection fails; the moved WQEs complete in error then.
-            self.slow.book.unsent = sends.iter().map(|s| s.wqe).collect();
+            // The connection fails; the saved WRs complete in error then, once each.
+            self.keep_unposted(&sends, &recvs);
             self.enqueue(Event::DefaultQpUp { epoch, ok: false });
             return;
         }
-        // The backup rings' work has moved: a later failure must not complete it twice.
-        self.forget_backup_work();
         // 3. Receives first, published: the peer sends only after our `FailbackReady`.
         let mut recvs_moved = 0u64;
-        let mut failure = unmapped;
-        for (bytes, wr_id) in &recvs {
+        let mut failure = None;
+        for (k, (bytes, wr_id)) in recvs.iter().enumerate() {
             if let Err(e) = self.default.recv_queue().write_raw(bytes, *wr_id) {
                 failure.get_or_insert((WcStatus::LocQpOpErr, e.to_string()));
+                self.slow.book.unsent_recvs = recvs[k..].iter().map(|r| r.1).collect();
                 break;
             }
             recvs_moved += 1;
@@ -127,6 +145,11 @@ impl ResilientQp {
         let skipped = plan.consumed as u64;
         let mut reposted = 0u64;
         for (k, s) in sends.iter().enumerate().skip(plan.consumed) {
+            if failure.is_some() {
+                // A receive did not go back: the connection fails, nothing more is posted.
+                self.slow.book.unsent = list[k..].to_vec();
+                break;
+            }
             if let Err(e) = self.default.send_queue().post_raw(&s.bytes, s.wqe.wr_id) {
                 failure.get_or_insert((WcStatus::LocQpOpErr, e.to_string()));
                 self.slow.book.unsent = list[k..].to_vec();
@@ -139,17 +162,26 @@ impl ResilientQp {
             .log
             .failback_moved(now, reposted, skipped, recvs_moved, epoch.0);
         tracing::info!(qp = %self.shared.name, %epoch, reposted, skipped, recvs_moved, from_backup = on_backup, "failover: work moved back to the default QP");
-        self.enqueue(Event::DefaultQpUp { epoch, ok: true });
-        if let Some((status, why)) = failure {
-            // A WQE that cannot go back is a local error of the default QP: the connection
-            // fails (a refusal never fails over).
-            tracing::error!(qp = %self.shared.name, why, "failover: a WQE cannot be moved back to the default QP");
-            self.slow.book.errored_mut(Path::Default).reported = true;
-            self.enqueue(Event::ErrorCompletion {
-                path: Path::Default,
-                status,
-            });
-        }
+        let Some((status, why)) = failure else {
+            self.enqueue(Event::DefaultQpUp { epoch, ok: true });
+            return;
+        };
+        // A WQE that cannot go back is a local error of the default QP: the connection fails
+        // (a refusal never fails over), and the machine never hears that the default QP is
+        // up, so it tells the peer nothing that would let it send there.
+        tracing::error!(qp = %self.shared.name, why, "failover: a WQE cannot be moved back to the default QP");
+        self.slow.book.errored_mut(Path::Default).reported = true;
+        self.enqueue(Event::ErrorCompletion {
+            path: Path::Default,
+            status,
+        });
+    }
+
+    /// The saved WRs could not go to the default QP: they complete in error when the
+    /// connection fails, in their order (the rings they came from are reset or forgotten).
+    fn keep_unposted(&mut self, sends: &[Saved], recvs: &[(Vec<u8>, u64)]) {
+        self.slow.book.unsent = sends.iter().map(|s| s.wqe).collect();
+        self.slow.book.unsent_recvs = recvs.iter().map(|r| r.1).collect();
     }
 
     /// Copies the send WQEs `list` and every unfinished receive out of the rings, keys mapped
@@ -202,15 +234,17 @@ impl ResilientQp {
                 recvs.push((bytes, wr_id));
             }
         }
-        if self.slow.book.default_recvs_copied {
-            // A failover round that became this failback had copied them to the backup RQ,
-            // read above.
-            return (sends, recvs, failure);
-        }
+        // A failover round that became this failback copied the default RQ's receives up to
+        // `copied` to the backup RQ (read above); only those posted since are the default's.
+        let completed = (
+            self.default.send_queue().completed(),
+            self.default.recv_queue().completed(),
+        );
+        let start = match self.slow.book.default_recvs_copied {
+            Some(copied) => copied,
+            None => self.slow.book.default_unfinished(completed).1,
+        };
         let rq = self.default.recv_queue();
-        let start = self.slow.book.errored[0]
-            .recv_start
-            .unwrap_or(rq.completed());
         let stride = rq.stride();
         let on_default: Vec<(u32, u64)> = rq.written_from(start).collect();
         for (at, wr_id) in on_default {

@@ -289,7 +289,7 @@ impl ResilientQp {
         s.scratch.wqe_bytes = bytes;
         s.scratch.recv_list = list;
         s.log.recvs_copied(moved);
-        s.book.default_recvs_copied = true;
+        s.book.default_recvs_copied = Some(start.wrapping_add(moved as u32));
         match failure {
             Some(RecvCopyError::NoKey(key)) => self.cannot_copy(
                 WcStatus::LocProtErr,
@@ -366,7 +366,12 @@ impl ResilientQp {
         // 3. Everything the peer has not consumed, in order.
         let mut copied = 0u64;
         let mut bytes = std::mem::take(&mut self.slow.scratch.wqe_bytes);
-        if failure.is_none() {
+        if failure.is_some() {
+            // The burns did not fit: nothing more goes to the backup SQ, and the default
+            // ring is reset next, so the book keeps every WQE to move (they complete in
+            // error when the connection fails).
+            self.slow.book.unsent = plan.posts(&list).copied().collect();
+        } else {
             for (k, &w) in plan.posts(&list).enumerate() {
                 if let Err(e) = self.copy_send_to_backup(w, &mut bytes) {
                     failure = Some(e);
@@ -478,6 +483,7 @@ impl ResilientQp {
         let order = [Path::Backup, Path::Default];
         let mut sends: [Vec<_>; 2] = Default::default();
         let mut recvs: [Vec<_>; 2] = Default::default();
+        let copied = self.slow.book.default_recvs_copied;
         for (i, path) in order.into_iter().enumerate() {
             let e = *self.slow.book.errored(path);
             let stale = match path {
@@ -487,11 +493,24 @@ impl ResilientQp {
             let Some(qp) = self.qp_mut(path) else {
                 continue;
             };
+            let completed = (qp.send_queue().completed(), qp.recv_queue().completed());
+            let (send_start, recv_start) = match path {
+                Path::Default => self.slow.book.default_unfinished(completed),
+                Path::Backup => (
+                    e.send_start.unwrap_or(completed.0),
+                    e.recv_start.unwrap_or(completed.1),
+                ),
+            };
+            let qp = self.qp_mut(path).expect("checked above");
             let sq = qp.send_queue();
-            let start = e.send_start.unwrap_or(sq.completed());
-            sends[i].extend(sq.written_from(start));
+            sends[i].extend(sq.written_from(send_start));
             let rq = qp.recv_queue();
-            let start = e.recv_start.unwrap_or(rq.completed());
+            let start = match (path, copied) {
+                // A round copied these to the backup RQ, listed there: only the receives
+                // posted behind the copies are the default RQ's own.
+                (Path::Default, Some(copied)) => copied,
+                _ => recv_start,
+            };
             recvs[i].extend(rq.written_from(start).skip(stale));
         }
         let queues = [0, 1].map(|i| Unfinished {
@@ -504,6 +523,7 @@ impl ResilientQp {
         plan_error_completions(queues, &self.slow.book, refusing, status, qpn, &mut errors);
         self.slow.wcs.extend(errors);
         self.slow.book.unsent.clear();
+        self.slow.book.unsent_recvs.clear();
         self.slow.book.fence = None;
         self.slow.book.failed_fence = None;
         self.slow.book.probe = None;

@@ -135,7 +135,7 @@ pub(super) struct Unfinished<'a> {
 /// out. The first completion carries `status`, unless `refusing` (the completion that made
 /// failover refuse, polled from its QP) comes first as it is, in place of its WQE. `queues`
 /// lists the backup QP first; `book.unsent` (WQEs a round could not move) follow the backup
-/// QP's sends. Appends to `out`, all naming QP `qpn`.
+/// QP's sends, and `book.unsent_recvs` its receives. Appends to `out`, all naming QP `qpn`.
 pub(super) fn plan_error_completions(
     queues: [Unfinished<'_>; 2],
     book: &Book,
@@ -176,6 +176,11 @@ pub(super) fn plan_error_completions(
         let skip = usize::from(refused_here(q.path, true));
         for &(_, wr_id) in q.recvs.iter().skip(skip) {
             out.push(flush(wr_id, WcOpcode::Recv));
+        }
+        if q.path == Path::Backup {
+            for &wr_id in &book.unsent_recvs {
+                out.push(flush(wr_id, WcOpcode::Recv));
+            }
         }
     }
     if refusing.is_none() {

@@ -23,6 +23,7 @@
 //! the notification, so a READ executed again after its notification was consumed brings the
 //! marker, and a READ completing with `Success` must bring the pattern.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use pmd::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
@@ -144,12 +145,31 @@ impl Dir {
     }
 }
 
+/// One work request the traffic posted (the post returned `Ok`), and its completions.
+#[derive(Debug, Clone, Copy, Default)]
+struct Posted {
+    /// It asked for a completion (every receive does).
+    signaled: bool,
+    /// Completions seen, of any status.
+    completions: u32,
+}
+
+/// Which work request: the host that posted it, whether it is a receive, its wr_id (unique
+/// per host and queue in this traffic).
+type WrKey = (bool, bool, u64);
+
 /// Traffic in one or two directions, and everything it found wrong.
 #[derive(Debug)]
 pub struct Traffic {
     pub dirs: Vec<Dir>,
     /// Violations of what the receiver depends on (never allowed).
     pub violations: Vec<String>,
+    /// Every WR posted, with its completions: each completes exactly once (a signaled one,
+    /// or any one when its QP fails), with the status the contract names.
+    posted: HashMap<WrKey, Posted>,
+    /// Per host (A, B): error completions it returned so far (only its first may carry a
+    /// status other than `WR_FLUSH_ERR`, as a plain RC QP in ERR reports).
+    errors_seen: [u64; 2],
 }
 
 impl Traffic {
@@ -161,6 +181,128 @@ impl Traffic {
         Traffic {
             dirs,
             violations: Vec::new(),
+            posted: HashMap::new(),
+            errors_seen: [0; 2],
+        }
+    }
+
+    /// Notes a WR whose post returned `Ok`.
+    fn track(&mut self, host_a: bool, recv: bool, wr_id: u64, signaled: bool) {
+        let old = self.posted.insert(
+            (host_a, recv, wr_id),
+            Posted {
+                signaled,
+                completions: 0,
+            },
+        );
+        if old.is_some() {
+            self.violations.push(format!(
+                "the traffic posted wr_id {wr_id} twice on host {} (a harness bug)",
+                host_name(host_a)
+            ));
+        }
+    }
+
+    /// Counts a completion against the WR it names: never one nobody posted, never a second,
+    /// never a success for an unsignaled send, and only the host's first error completion
+    /// may carry a status other than `WR_FLUSH_ERR`.
+    fn count(&mut self, host_a: bool, wc: &WorkCompletion) {
+        let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        let what = if recv { "receive" } else { "send" };
+        let host = host_name(host_a);
+        if wc.status != WcStatus::Success {
+            let seen = &mut self.errors_seen[usize::from(!host_a)];
+            *seen += 1;
+            if wc.status != WcStatus::WrFlushErr && *seen > 1 {
+                self.violations.push(format!(
+                    "host {host}'s {what} {} completed with {:?} after an earlier error completion (later ones must be WR_FLUSH_ERR)",
+                    wc.wr_id, wc.status
+                ));
+            }
+        }
+        let Some(p) = self.posted.get_mut(&(host_a, recv, wc.wr_id)) else {
+            self.violations.push(format!(
+                "host {host} completed {what} {} that it never posted: {wc:?}",
+                wc.wr_id
+            ));
+            return;
+        };
+        p.completions += 1;
+        if p.completions > 1 {
+            self.violations.push(format!(
+                "host {host}'s {what} {} completed {} times (now with {:?})",
+                wc.wr_id, p.completions, wc.status
+            ));
+        }
+        if !p.signaled && wc.status == WcStatus::Success {
+            self.violations.push(format!(
+                "host {host}'s unsignaled send {} completed with Success",
+                wc.wr_id
+            ));
+        }
+    }
+
+    /// The WRs of host `a` still owed a completion: every receive and every signaled send
+    /// posted that has not completed (`wr_id`s, sorted; receives marked `r`).
+    pub fn owed(&self, a: bool) -> Vec<String> {
+        let mut owed: Vec<(bool, u64)> = self
+            .posted
+            .iter()
+            .filter(|(&(host, _, _), p)| host == a && p.signaled && p.completions == 0)
+            .map(|(&(_, recv, wr_id), _)| (recv, wr_id))
+            .collect();
+        owed.sort_unstable();
+        owed.into_iter()
+            .map(|(recv, wr_id)| {
+                if recv {
+                    format!("r{wr_id}")
+                } else {
+                    format!("{wr_id}")
+                }
+            })
+            .collect()
+    }
+
+    /// Polls both hosts and checks what came, posting nothing.
+    pub fn poll_only(&mut self, s: &mut Sim) {
+        for a in [true, false] {
+            s.poll(a);
+            let wcs: Vec<WorkCompletion> = s.host(a).wcs.drain(..).collect();
+            for wc in wcs {
+                self.completion(s, a, wc);
+            }
+        }
+    }
+
+    /// After the traffic ended: every host whose connection failed, and every direction that
+    /// finished, owes no completion. Runs the simulation (polling only) up to `limit` for the
+    /// failed hosts' flushes to arrive, then records what is still owed as violations.
+    pub fn check_exactly_once(&mut self, s: &mut Sim, limit: Duration) {
+        let failed = |s: &Sim, a: bool| {
+            let h = if a { &s.a } else { &s.b };
+            h.qp.state() == pmd::resilient::ResilientState::Failed
+        };
+        let finished = self.finished();
+        s.run_until(limit, |s| {
+            self.poll_only(s);
+            [true, false]
+                .into_iter()
+                .all(|a| !(failed(s, a) || finished) || self.owed(a).is_empty())
+        });
+        for a in [true, false] {
+            if !(failed(s, a) || finished) {
+                continue;
+            }
+            let owed = self.owed(a);
+            if !owed.is_empty() {
+                self.violations.push(format!(
+                    "host {} ({:?}) never completed {} WRs: {}",
+                    host_name(a),
+                    s.host(a).qp.state(),
+                    owed.len(),
+                    owed.join(" ")
+                ));
+            }
         }
     }
 
@@ -168,6 +310,7 @@ impl Traffic {
     pub fn step(&mut self, s: &mut Sim) {
         let now = s.now();
         let mut wake: Option<Duration> = None;
+        let mut tracked = Vec::new();
         for d in &mut self.dirs {
             let receiver = s.host(!d.from_a);
             while d.recvs_posted < d.total && d.recvs_posted < d.notified + d.recv_window {
@@ -180,6 +323,7 @@ impl Traffic {
                     break;
                 }
                 d.recvs_posted += 1;
+                tracked.push((!d.from_a, true, k, true));
             }
             let mut rang = false;
             while d.posted < d.total
@@ -210,7 +354,11 @@ impl Traffic {
                             &[sender.buf.sge(src, SLOT as u32)],
                         )
                         .signaled();
-                        ok &= sender.qp.post_send(&send).is_ok();
+                        let posted = sender.qp.post_send(&send).is_ok();
+                        if posted {
+                            tracked.push((d.from_a, false, i * 10 + 9, true));
+                        }
+                        ok &= posted;
                     }
                     Kind::Read => {
                         sender.buf.write(src, &[0; SLOT]);
@@ -224,7 +372,11 @@ impl Traffic {
                             &[sender.buf.sge(src, SLOT as u32)],
                         )
                         .signaled();
-                        ok &= sender.qp.post_send(&read).is_ok();
+                        let posted = sender.qp.post_send(&read).is_ok();
+                        if posted {
+                            tracked.push((d.from_a, false, i * 10 + 5, true));
+                        }
+                        ok &= posted;
                     }
                 }
                 let half = SLOT / 2;
@@ -239,7 +391,11 @@ impl Traffic {
                         SendOp::Write { remote },
                         &[sender.buf.sge(src + k * half, half as u32)],
                     );
-                    ok &= sender.qp.post_send(&wr).is_ok();
+                    let posted = sender.qp.post_send(&wr).is_ok();
+                    if posted {
+                        tracked.push((d.from_a, false, i * 10 + k as u64, false));
+                    }
+                    ok &= posted;
                 }
                 if d.kind != Kind::Send {
                     let note = SendWr::new(
@@ -256,7 +412,11 @@ impl Traffic {
                     } else {
                         note
                     };
-                    ok &= sender.qp.post_send(&note).is_ok();
+                    let posted = sender.qp.post_send(&note).is_ok();
+                    if posted {
+                        tracked.push((d.from_a, false, i * 10 + 9, true));
+                    }
+                    ok &= posted;
                 }
                 rang = true;
                 if !ok {
@@ -271,16 +431,14 @@ impl Traffic {
             }
         }
         s.wake_at = wake;
-        for a in [true, false] {
-            s.poll(a);
-            let wcs: Vec<WorkCompletion> = s.host(a).wcs.drain(..).collect();
-            for wc in wcs {
-                self.completion(s, a, wc);
-            }
+        for (host, recv, wr_id, signaled) in tracked {
+            self.track(host, recv, wr_id, signaled);
         }
+        self.poll_only(s);
     }
 
     fn completion(&mut self, s: &mut Sim, a: bool, wc: WorkCompletion) {
+        self.count(a, &wc);
         let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
         if !recv && wc.wr_id & CREDIT != 0 {
             let Some(d) = self.dirs.iter_mut().find(|d| d.credits && d.from_a != a) else {
@@ -363,6 +521,13 @@ impl Traffic {
             }
             _ => u64::from(wc.imm.unwrap_or(u32::MAX)),
         };
+        if d.kind != Kind::Send && wc.wr_id != d.notified {
+            // RC consumes receives in the order they were posted.
+            self.violations.push(format!(
+                "notification {i} landed in receive {}, receive {} expected",
+                wc.wr_id, d.notified
+            ));
+        }
         if i != d.notified {
             self.violations.push(format!(
                 "notification {i} observed, {} expected",
@@ -391,6 +556,12 @@ impl Traffic {
                 Ok(()) => {
                     receiver.qp.ring_doorbell();
                     d.credits_posted += 1;
+                    let wr = Posted {
+                        signaled: true,
+                        completions: 0,
+                    };
+                    self.posted
+                        .insert((!d.from_a, false, d.notified | CREDIT), wr);
                 }
                 Err(e) if receiver.qp.state() != pmd::resilient::ResilientState::Failed => self
                     .violations
@@ -435,6 +606,14 @@ impl Traffic {
     }
 }
 
+fn host_name(a: bool) -> &'static str {
+    if a {
+        "A"
+    } else {
+        "B"
+    }
+}
+
 /// NCCL-Simple-like traffic from A to B, checked by B.
 pub fn nccl(sim: &Sim, total: u64) -> Traffic {
     Traffic::new(vec![Dir::new(true, total)], sim.now())
@@ -449,6 +628,7 @@ pub fn step(t: &mut Traffic, s: &mut Sim) -> bool {
 /// The traffic finished with every marker found and no violation.
 pub fn assert_clean(t: &mut Traffic, s: &mut Sim) {
     t.check_markers(s);
+    t.check_exactly_once(s, Duration::from_secs(1));
     assert!(t.violations.is_empty(), "{:#?}", t.violations);
     assert!(t.finished(), "{:?}", t.dirs);
 }
