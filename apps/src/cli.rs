@@ -198,8 +198,9 @@ pub struct Flags {
     #[arg(long = "no-failover")]
     pub no_failover: bool,
     /// Failover: how long a recovered default path must stay up before the QP probes it and
-    /// switches back, in milliseconds (default: the pmd's 1000).
-    #[arg(long = "holddown-ms", value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    /// switches back: 100ms, 1.5s, or a number of milliseconds (default: the pmd's 1s). The
+    /// testbed's spelling; --holddown-ms is the same flag.
+    #[arg(long = "holddown", alias = "holddown-ms", value_name = "TIME", value_parser = parse_holddown)]
     pub holddown_ms: Option<u64>,
     /// Pin the polling lcore to this core.
     #[arg(long = "cpu", value_name = "N")]
@@ -261,6 +262,24 @@ pub struct Flags {
     /// Server's address: run as the client. Without it, run as the server.
     #[arg(value_name = "HOST")]
     pub host: Option<String>,
+}
+
+/// A hold-down as milliseconds: `100ms`, `1.5s`, or a bare number of milliseconds, up to
+/// an hour.
+fn parse_holddown(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let ms = if let Some(n) = t.strip_suffix("ms") {
+        n.trim().parse::<f64>().ok()
+    } else if let Some(n) = t.strip_suffix('s') {
+        n.trim().parse::<f64>().ok().map(|s| s * 1e3)
+    } else {
+        t.parse::<f64>().ok()
+    };
+    match ms {
+        Some(ms) if ms.is_finite() && (0.0..=3_600_000.0).contains(&ms) => Ok(ms.round() as u64),
+        Some(_) => Err("a hold-down is 0 to 1 hour".into()),
+        None => Err("use 100ms, 1.5s or a number of milliseconds".into()),
+    }
 }
 
 /// The tools a flag is for (by its clap id), or `None` for a flag every tool takes. A flag
@@ -924,7 +943,14 @@ mod tests {
         let args = ["--holddown-ms".to_owned(), "100".to_owned()];
         let o = parse(Tool::WriteBw, &args).unwrap();
         assert_eq!(o.flags.holddown_ms, Some(100));
-        assert!(refused(Tool::WriteBw, &["--holddown-ms", "soon"]).contains("--holddown-ms"));
+        // The testbed's spelling, with its units.
+        for (given, ms) in [("250ms", 250), ("1.5s", 1500), ("0", 0)] {
+            let o = accepted(Tool::WriteBw, &["--holddown", given]);
+            assert_eq!(o.flags.holddown_ms, Some(ms), "{given}");
+        }
+        assert!(refused(Tool::WriteBw, &["--holddown-ms", "soon"]).contains("--holddown"));
+        assert!(refused(Tool::WriteBw, &["--holddown", "2h"]).contains("--holddown"));
+        assert!(refused(Tool::WriteBw, &["--holddown", "7200s"]).contains("0 to 1 hour"));
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub struct DeviceOptions {
     pub progress: ProgressModel,
     /// GID index.
     pub gid_index: u16,
-    /// Hold-down before switching back (`--holddown-ms`); `None`: the pmd's default.
+    /// Hold-down before switching back (`--holddown`); `None`: the pmd's default.
     pub holddown: Option<std::time::Duration>,
     /// The polling lcore runs the failover service itself (no service thread); with
     /// [`ProgressModel::Manual`] it also drives the devices.

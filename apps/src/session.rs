@@ -90,15 +90,21 @@ pub fn pin(core: usize) -> Result<(), AppError> {
 }
 
 /// The device options the flags ask for. Latency tools without a backup device drive the
-/// softnic from their polling loop (manual progress); so does every resilient run with
-/// `--poll busy` (run-to-completion: the polling lcore drives both devices, every QP's
-/// failover and the failover service's link watch, control QPs and timers; docs/apps.md).
-/// Everything else runs softnic engines, and so does the server of `shift_read_lat`, whose
-/// CPU takes no part in a READ (its engine answers at once and sleeps in between).
+/// softnic from their polling loop (manual progress), and so do the bandwidth tools'
+/// `--no-failover` runs with `--poll busy`, so that the baseline of a run-to-completion run
+/// drives its device the same way; every resilient run with `--poll busy` is run-to-completion
+/// (the polling lcore drives both devices, every QP's failover and the failover service's
+/// link watch, control QPs and timers; docs/apps.md). Everything else runs softnic engines,
+/// and so does the server of `shift_read_lat`, whose CPU takes no part in a READ (its engine
+/// answers at once and sleeps in between).
 pub fn device_options(o: &Options) -> DeviceOptions {
     let passive = o.tool == Tool::ReadLat && o.is_server();
-    let run_to_completion = o.failover_enabled() && o.flags.poll == PollMode::Busy;
-    let manual = (o.tool.is_latency() && !o.failover_enabled() && !passive) || run_to_completion;
+    let busy = o.flags.poll == PollMode::Busy;
+    let run_to_completion = o.failover_enabled() && busy;
+    let plain = !o.failover_enabled();
+    let manual = (o.tool.is_latency() && plain && !passive)
+        || (o.tool.is_bandwidth() && o.flags.no_failover && busy)
+        || run_to_completion;
     DeviceOptions {
         run_to_completion,
         device: o.device.clone(),

@@ -157,22 +157,56 @@ pub fn timeline_png(
                 PathElement::new(vec![(x, y), (x + 20, y)], orange.stroke_width(2))
             });
     }
+    // One series per kind of event, so each kind has one legend entry.
+    let kinds = [
+        ("failover", RGBColor(200, 0, 0)),
+        ("switch-back", RGBColor(0, 140, 0)),
+        ("failback", RGBColor(0, 60, 220)),
+    ];
+    let color_of = |kind: &str| {
+        kinds
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(RGBColor(90, 90, 90), |(_, c)| *c)
+    };
+    let mut seen: Vec<&str> = Vec::new();
     for event in &report.failover.events {
-        let color = match event.kind.as_str() {
-            "failover" => RGBColor(200, 0, 0),
-            "switch-back" => RGBColor(0, 140, 0),
-            "failback" => RGBColor(0, 60, 220),
-            _ => RGBColor(90, 90, 90),
-        };
-        let x = secs(event.unix_ms);
-        if (0.0..=x_max).contains(&x) {
-            chart
-                .draw_series(std::iter::once(PathElement::new(
-                    vec![(x, 0.0), (x, y_max)],
-                    color.stroke_width(1),
-                )))
-                .map_err(|e| draw_err(&e))?;
+        if !seen.contains(&event.kind.as_str()) {
+            seen.push(event.kind.as_str());
         }
+    }
+    for kind in seen {
+        let color = color_of(kind);
+        let lines: Vec<PathElement<(f64, f64)>> = report
+            .failover
+            .events
+            .iter()
+            .filter(|e| e.kind == kind)
+            .map(|e| secs(e.unix_ms))
+            .filter(|x| (0.0..=x_max).contains(x))
+            .map(|x| PathElement::new(vec![(x, 0.0), (x, y_max)], color.stroke_width(1)))
+            .collect();
+        if lines.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(lines)
+            .map_err(|e| draw_err(&e))?
+            .label(kind.to_owned())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y - 6), (x, y + 6)], color.stroke_width(2))
+            });
+    }
+    if !windows.is_empty() {
+        // The shaded windows, for the legend only (a zero-width rectangle outside the data).
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.0, 0.0), (0.0, 0.0)],
+                shade.filled(),
+            )))
+            .map_err(|e| draw_err(&e))?
+            .label("failure injected")
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], shade.filled()));
     }
     chart
         .configure_series_labels()

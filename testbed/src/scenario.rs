@@ -165,7 +165,7 @@ pub struct ScenarioOptions {
     pub out_dir: PathBuf,
     /// Out-of-band TCP port.
     pub port: u16,
-    /// Hold-down of the apps' resilient QPs before a switch-back (`--holddown-ms`); `None`
+    /// Hold-down of the apps' resilient QPs before a switch-back (the apps' `--holddown`); `None`
     /// leaves the pmd's default (1 s).
     pub holddown: Option<Duration>,
     /// Extra arguments for both apps.
@@ -551,8 +551,8 @@ fn common_args(o: &ScenarioOptions, failover: bool) -> Vec<String> {
         args.push("--no-failover".into());
     }
     if let Some(h) = o.holddown {
-        args.push("--holddown-ms".into());
-        args.push(h.as_millis().to_string());
+        args.push("--holddown".into());
+        args.push(format!("{}ms", h.as_millis()));
     }
     if let Some(q) = o.qps {
         args.push("-q".into());

@@ -223,8 +223,10 @@ impl FailTarget {
             format!(
                 "unknown failure target {name:?}: use initiator-nic0|1, responder-nic0|1, \
                  switch0|1-port[-b], both-nic0|1, initiator-dev-dead, responder-dev-dead, \
-                 initiator-dev1-qps-failed, responder-dev1-qps-failed \
-                 (or initiator-nic, responder-nic, switch-port with --rail)"
+                 initiator-dev1-dead, responder-dev1-dead, initiator-dev-qps-failed, \
+                 responder-dev-qps-failed, initiator-dev1-qps-failed, \
+                 responder-dev1-qps-failed (or initiator-nic, responder-nic, switch-port \
+                 with --rail)"
             )
         };
         // A rail in the name and a different one beside it is a mistake worth naming.

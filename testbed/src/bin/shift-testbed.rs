@@ -139,9 +139,13 @@ enum Command {
     },
     /// Cut and restore links: once, for a while, or on a flapping schedule.
     Fail {
-        /// What fails: initiator-nic0|1, responder-nic0|1, switch0|1-port[-b], both-nic0|1,
-        /// initiator-dev-dead, responder-dev-dead (or initiator-nic, responder-nic,
-        /// switch-port with --rail and --port).
+        /// What fails (docs/testbed.md, "Failure targets"): initiator-nic0|1,
+        /// responder-nic0|1 (a host's NIC), switch0|1-port (the switch port facing host A),
+        /// switch0|1-port-b (facing host B), both-nic0|1 (both hosts' NIC of the rail),
+        /// initiator-dev-dead, responder-dev-dead, initiator-dev1-dead, responder-dev1-dead
+        /// (a device dies silently), initiator-dev-qps-failed, responder-dev-qps-failed,
+        /// initiator-dev1-qps-failed, responder-dev1-qps-failed (a device fails its QPs);
+        /// or initiator-nic, responder-nic, switch-port with --rail and --port.
         #[arg(long)]
         target: String,
         /// The rail of a target named without one (0 is every host's default NIC).
@@ -153,7 +157,8 @@ enum Command {
         /// When the (first) failure happens, from now.
         #[arg(long, default_value = "0s", value_parser = schedule::parse_duration)]
         at: std::time::Duration,
-        /// How long the link stays down; without it (and without --flap) it stays down.
+        /// How long the link stays down; without it (and without --flap) it stays down
+        /// until `restore --target` brings it back.
         #[arg(long, value_parser = schedule::parse_duration)]
         duration: Option<std::time::Duration>,
         /// Flap this many times instead of failing once.
@@ -172,6 +177,39 @@ enum Command {
         #[arg(long)]
         log: Option<PathBuf>,
     },
+    /// Bring back what `fail` left down (a target failed without --duration): its links up.
+    Restore {
+        /// The target as `fail` was given it (one whose failure is a link: a NIC, a switch
+        /// port, both NICs of a rail).
+        #[arg(long)]
+        target: String,
+        /// The rail of a target named without one.
+        #[arg(long)]
+        rail: Option<u8>,
+        /// For switch-port: which host's port (a or b).
+        #[arg(long)]
+        port: Option<String>,
+        /// Append the action as a JSON line to this file.
+        #[arg(long)]
+        log: Option<PathBuf>,
+    },
+}
+
+/// The target of `fail` or `restore`, with `--port` applied; checked before the testbed is
+/// read, so a misspelt name is the first thing said.
+fn parse_target(name: &str, rail: Option<u8>, port: Option<&str>) -> Result<FailTarget, String> {
+    let mut target = FailTarget::parse(name, rail)?;
+    if let Some(port) = port {
+        let FailTarget::SwitchPort { host, .. } = &mut target else {
+            return Err(format!("--port is for switch ports, not {target}"));
+        };
+        *host = match port {
+            "a" => Role::Initiator,
+            "b" => Role::Responder,
+            other => return Err(format!("bad --port {other:?}: use a or b")),
+        };
+    }
+    Ok(target)
 }
 
 /// Up-time ranges as one clap value (clap would otherwise read a `Vec` as repeated flags).
@@ -409,6 +447,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 scenario::print_timeline(&result);
             }
             scenario::print_summary(&result);
+            print_goals(&result);
             if let Some(path) = json {
                 write_json(&path, &result)?;
                 println!("  result: {}", path.display());
@@ -504,18 +543,7 @@ fn run(cli: Cli) -> Result<(), String> {
             seed,
             log,
         } => {
-            let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
-            let mut target = FailTarget::parse(&target, rail)?;
-            if let Some(port) = port {
-                let FailTarget::SwitchPort { host, .. } = &mut target else {
-                    return Err(format!("--port is for switch ports, not {target}"));
-                };
-                *host = match port.as_str() {
-                    "a" => Role::Initiator,
-                    "b" => Role::Responder,
-                    other => return Err(format!("bad --port {other:?}: use a or b")),
-                };
-            }
+            let target = parse_target(&target, rail, port.as_deref())?;
             if !target.recovers() && (duration.is_some() || flap.is_some()) {
                 return Err(format!(
                     "{target} does not come back: --duration and --flap do not apply"
@@ -527,6 +555,7 @@ fn run(cli: Cli) -> Result<(), String> {
                      QPs): --duration does not apply (--flap repeats it)"
                 ));
             }
+            let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
             let schedule = match flap {
                 Some(count) => Schedule::Flap {
                     target,
@@ -542,17 +571,37 @@ fn run(cli: Cli) -> Result<(), String> {
                     duration,
                 },
             };
-            run_schedule(&info, &schedule, log)
+            run_steps(&info, &schedule.steps(), log)
+        }
+        Command::Restore {
+            target,
+            rail,
+            port,
+            log,
+        } => {
+            let target = parse_target(&target, rail, port.as_deref())?;
+            if !target.has_up_step() {
+                return Err(format!(
+                    "{target} is not a link: nothing to bring up (a dead device stays dead; \
+                     QPs that failed are repaired by the driver)"
+                ));
+            }
+            let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
+            let up = schedule::Step {
+                at: std::time::Duration::ZERO,
+                target,
+                action: schedule::LinkAction::Up,
+            };
+            run_steps(&info, &[up], log)
         }
     }
 }
 
-fn run_schedule(
+fn run_steps(
     info: &TestbedInfo,
-    schedule: &Schedule,
+    steps: &[schedule::Step],
     log: Option<PathBuf>,
 ) -> Result<(), String> {
-    let steps = schedule.steps();
     let mut log_file = match &log {
         Some(path) => Some(
             std::fs::OpenOptions::new()
@@ -566,7 +615,7 @@ fn run_schedule(
     let stop = Arc::new(AtomicBool::new(false));
     let entries = fail::run(
         info,
-        &steps,
+        steps,
         Instant::now(),
         |e: &LogEntry| {
             let status = e.error.as_deref().unwrap_or("ok");
@@ -596,6 +645,36 @@ fn run_schedule(
         ));
     }
     Ok(())
+}
+
+/// The goals of a scenario as lines: met, MISSED, or left out where one does not apply;
+/// "zero data errors" says when nothing was checked.
+fn print_goals(result: &scenario::ScenarioResult) {
+    let g = &result.goals;
+    let unchecked = result.figures.bytes_checked == 0 && result.figures.notifications_checked == 0;
+    let goals = [
+        ("fallback latency p50 <= 1 ms", g.fallback_p50_le_1ms),
+        ("fallback latency p99 <= 5 ms", g.fallback_p99_le_5ms),
+        (
+            "traffic on the backup <= 20 ms after the failure (p50)",
+            g.backup_traffic_le_20ms,
+        ),
+        ("zero data errors", g.zero_data_errors),
+        ("the failover run ended without an error", g.run_survived),
+        (
+            "the --no-failover baseline stopped at the failure",
+            g.baseline_stopped,
+        ),
+    ];
+    for (what, met) in goals {
+        match met {
+            Some(true) if what == "zero data errors" && unchecked => {
+                println!("  goal: {what}: not checked (the apps ran without --check)")
+            }
+            Some(met) => println!("  goal: {what}: {}", if met { "met" } else { "MISSED" }),
+            None => {}
+        }
+    }
 }
 
 fn print_topology(info: &TestbedInfo) {
@@ -656,6 +735,64 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn fail_help_names_every_target_the_docs_describe() {
+        let mut cmd = Cli::command();
+        let fail = cmd.find_subcommand_mut("fail").expect("fail");
+        let help = fail.render_long_help().to_string();
+        for name in [
+            "initiator-nic0|1",
+            "responder-nic0|1",
+            "switch0|1-port",
+            "switch0|1-port-b",
+            "both-nic0|1",
+            "initiator-dev-dead",
+            "responder-dev-dead",
+            "initiator-dev1-dead",
+            "responder-dev1-dead",
+            "initiator-dev-qps-failed",
+            "responder-dev-qps-failed",
+            "initiator-dev1-qps-failed",
+            "responder-dev1-qps-failed",
+        ] {
+            assert!(help.contains(name), "{name} missing from:\n{help}");
+        }
+        // And each of them parses.
+        for name in [
+            "initiator-nic1",
+            "switch1-port-b",
+            "both-nic0",
+            "initiator-dev1-dead",
+            "responder-dev-qps-failed",
+        ] {
+            assert!(FailTarget::parse(name, None).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_target_is_refused_before_the_testbed_is_read() {
+        for command in ["fail", "restore"] {
+            let cli =
+                parse(&["--prefix", "no-such-testbed", command, "--target", "bogus"]).unwrap();
+            let e = run(cli).unwrap_err();
+            assert!(e.starts_with("unknown failure target \"bogus\""), "{e}");
+        }
+    }
+
+    #[test]
+    fn restore_is_for_links_only() {
+        let cli = parse(&[
+            "--prefix",
+            "no-such-testbed",
+            "restore",
+            "--target",
+            "initiator-dev-dead",
+        ])
+        .unwrap();
+        let e = run(cli).unwrap_err();
+        assert!(e.contains("is not a link"), "{e}");
     }
 
     #[test]
