@@ -39,8 +39,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use pmd::failover::{
-    Action, Config, ControlMessage, Epoch, Event, Failover, Observation, Path, Progress, Role,
-    Route, Timestamp, WcStatus, EPOCH_PSN_STRIDE, MAX_ACTIONS_PER_EVENT,
+    Action, Config, ControlMessage, DefaultQpPhase, Epoch, Event, Failover, Observation, Path,
+    Progress, Role, Route, Timestamp, WcStatus, EPOCH_PSN_STRIDE, MAX_ACTIONS_PER_EVENT,
 };
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -150,6 +150,10 @@ struct Budget {
     losses: u8,
     ticks: u8,
     waits: u8,
+    /// The backup device fails its QPs only once the default pair is live at both ends and
+    /// its path fails no more: whatever that failure hits (a switch-back, its last message
+    /// on the backup channel), the traffic has a path and the connection must not fail.
+    backup_qps_fail_with_the_default_live: bool,
 }
 
 struct Scenario {
@@ -411,6 +415,10 @@ struct World {
     now: u64,
     violations: u16,
     seen: u16,
+    /// A quiet-time wait moved the clock past a timer that was due but could not tick (the
+    /// tick budget was spent): from here the run is cut by the bounds, not by the protocol.
+    /// Tracked only where a property needs it.
+    starved: bool,
 }
 
 // Violations, one bit each.
@@ -1530,6 +1538,7 @@ impl Model for FailoverModel {
             now: 0,
             violations: 0,
             seen: 0,
+            starved: false,
         }]
     }
 
@@ -1554,8 +1563,14 @@ impl Model for FailoverModel {
             if !world.default_control[host].is_empty() && world.paths[DEFAULT].up {
                 steps.push(Step::DeliverDefaultControl { from: host });
             }
+            let default_live_for_good = world.budget.default_failures == 0
+                && world.paths[DEFAULT].up
+                && [A, B]
+                    .iter()
+                    .all(|&h| world.hosts[h].machine.default_qp_phase() == DefaultQpPhase::Live);
             if world.budget.backup_qp_failures > 0
                 && world.hosts[host].qps[BACKUP].state == QpState::Rts
+                && (!world.budget.backup_qps_fail_with_the_default_live || default_live_for_good)
             {
                 steps.push(Step::BackupQpsFail { host });
             }
@@ -1717,6 +1732,11 @@ impl Model for FailoverModel {
             }
             Step::Wait => {
                 next.budget.waits -= 1;
+                if self.scenario.budget.backup_qps_fail_with_the_default_live
+                    && [A, B].iter().any(|&h| next.due(h))
+                {
+                    next.starved = true;
+                }
                 let deadline = [A, B]
                     .iter()
                     .filter_map(|&h| next.hosts[h].machine.poll_timeout())
@@ -1810,6 +1830,16 @@ impl Model for FailoverModel {
                         || [A, B]
                             .iter()
                             .all(|&h| w.hosts[h].resolved == w.hosts[h].posted)
+                },
+            ),
+            Property::always(
+                "a backup failure with the default pair live never fails the connection",
+                |m: &FailoverModel, w: &World| {
+                    !m.scenario.budget.backup_qps_fail_with_the_default_live
+                        || w.starved
+                        || [A, B]
+                            .iter()
+                            .all(|&h| w.hosts[h].machine.failed().is_none())
                 },
             ),
             Property::always(
@@ -2018,6 +2048,7 @@ const fn budget(
         losses,
         ticks,
         waits: 1,
+        backup_qps_fail_with_the_default_live: false,
     }
 }
 
@@ -2187,6 +2218,33 @@ fn backup_fails_too() -> Scenario {
         coverage: SEEN_FAILOVER | SEEN_SWITCH_BACK | SEEN_FAILBACK,
         ..nccl_one_way()
     }
+}
+
+/// One notification A -> B through a failover and the switch-back; B's backup device fails
+/// its QPs once the default pair is live again at both ends, at any point of the
+/// switch-back: after B moved its receives back and posted `SwitchBackReady` on the backup
+/// channel, that message is lost with the channel, B needs nothing of the backup, and A
+/// waits for it in WaitDrained. The traffic has a path throughout: the connection must not
+/// fail (before the fix, A's switch-back ended with `handshake-timeout`).
+fn switch_back_ready_lost() -> Scenario {
+    Scenario {
+        name: "one notification A -> B, B's backup device fails its QPs with the default live",
+        programs: [ONE_WRITE_IMM, NOTHING],
+        recvs: [0, 1],
+        recvs_up_front: true,
+        roles: [Role::Leader, Role::Follower],
+        budget: Budget {
+            backup_qp_failures: 1,
+            backup_qps_fail_with_the_default_live: true,
+            ..budget(1, 1, 0, 0, 4)
+        },
+        coverage: SEEN_FAILOVER | SEEN_FAILBACK,
+    }
+}
+
+#[test]
+fn shift_fails_back_when_a_switch_back_message_is_lost_with_the_backup() {
+    verify(switch_back_ready_lost());
 }
 
 #[test]
