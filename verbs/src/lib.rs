@@ -1,0 +1,24 @@
+//! The libibverbs ABI over railshift's pmd: `librailshift_verbs.so`.
+//!
+//! Loaded with `LD_PRELOAD` in front of the system libibverbs, it defines the exported verbs
+//! functions a program calls. Devices named in `RAILSHIFT_DEVICES` (see [`config`]) come first
+//! in `ibv_get_device_list`; every call on one of their objects runs on the pmd, every call on
+//! another object goes to the system library untouched ([`real`]). The data-path verbs are
+//! static inline functions in `verbs.h` that call through the context's ops table, which
+//! [`objects`] fills. `docs/verbs.md` has the table of entry points.
+//!
+//! | module | job |
+//! | --- | --- |
+//! | [`abi`] | the `verbs.h` structs and constants, with the layouts `tests/layouts.rs` checks |
+//! | [`config`] | `RAILSHIFT_DEVICES`, `RAILSHIFT_PROGRESS` |
+//! | [`device`] | the device list, open/close, the query verbs, async events |
+//! | [`objects`] | PD, MR, CQ, completion channel, QP; post, poll and notify for the ops table |
+//! | [`real`] | the system's definitions by `dlvsym(RTLD_NEXT, ...)` |
+//! | [`util`] | errno, the once-per-verb refusal line, logging |
+
+pub mod abi;
+pub mod config;
+pub mod device;
+pub mod objects;
+pub mod real;
+pub mod util;

@@ -1,0 +1,1324 @@
+//! PD, MR, CQ, completion channel and QP on our devices, and the ops-table functions the
+//! inline data-path verbs (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`,
+//! `ibv_req_notify_cq`) call. Each object starts with its `ibv_*` struct, so the pointer a
+//! caller holds is the pointer to ours; an object is ours when its context is.
+
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pmd::{
+    Access, AddressVector, Gid, Mtu, Payload, QpAttr, QpCaps, QpState, RecvWr, Remote,
+    SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WorkCompletion,
+};
+
+use crate::abi::*;
+use crate::device::{null_with, our_context, RsContext};
+use crate::real::real_fns;
+use crate::util::{invalid, refuse};
+
+real_fns! {
+    ibv_alloc_pd @ "IBVERBS_1.1": fn(*mut ibv_context) -> *mut ibv_pd;
+    ibv_dealloc_pd @ "IBVERBS_1.1": fn(*mut ibv_pd) -> c_int;
+    ibv_reg_mr @ "IBVERBS_1.1": fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
+    ibv_reg_mr_iova @ "IBVERBS_1.7": fn(*mut ibv_pd, *mut c_void, usize, u64, c_int) -> *mut ibv_mr;
+    ibv_reg_mr_iova2 @ "IBVERBS_1.8": fn(*mut ibv_pd, *mut c_void, usize, u64, u32) -> *mut ibv_mr;
+    ibv_reg_dmabuf_mr @ "IBVERBS_1.12": fn(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr;
+    ibv_rereg_mr @ "IBVERBS_1.1": fn(*mut ibv_mr, c_int, *mut ibv_pd, *mut c_void, usize, c_int) -> c_int;
+    ibv_dereg_mr @ "IBVERBS_1.1": fn(*mut ibv_mr) -> c_int;
+    ibv_create_comp_channel @ "IBVERBS_1.0": fn(*mut ibv_context) -> *mut ibv_comp_channel;
+    ibv_destroy_comp_channel @ "IBVERBS_1.0": fn(*mut ibv_comp_channel) -> c_int;
+    ibv_create_cq @ "IBVERBS_1.1": fn(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq;
+    ibv_resize_cq @ "IBVERBS_1.1": fn(*mut ibv_cq, c_int) -> c_int;
+    ibv_destroy_cq @ "IBVERBS_1.1": fn(*mut ibv_cq) -> c_int;
+    ibv_get_cq_event @ "IBVERBS_1.1": fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+    ibv_ack_cq_events @ "IBVERBS_1.1": fn(*mut ibv_cq, u32) -> ();
+    ibv_create_qp @ "IBVERBS_1.1": fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+    ibv_modify_qp @ "IBVERBS_1.1": fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+    ibv_query_qp @ "IBVERBS_1.1": fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int;
+    ibv_destroy_qp @ "IBVERBS_1.1": fn(*mut ibv_qp) -> c_int;
+    ibv_qp_to_qp_ex @ "IBVERBS_1.6": fn(*mut ibv_qp) -> *mut c_void;
+    ibv_create_srq @ "IBVERBS_1.1": fn(*mut ibv_pd, *mut c_void) -> *mut c_void;
+    ibv_create_ah @ "IBVERBS_1.1": fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut c_void;
+    ibv_attach_mcast @ "IBVERBS_1.1": fn(*mut ibv_qp, *const ibv_gid, u16) -> c_int;
+    ibv_detach_mcast @ "IBVERBS_1.1": fn(*mut ibv_qp, *const ibv_gid, u16) -> c_int;
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The context of an object whose first field is its `ibv_context *`, if it is ours.
+///
+/// # Safety
+/// `obj` is null or a live verbs object starting with its context pointer.
+unsafe fn ours<'a, T>(obj: *mut T) -> Option<&'a RsContext> {
+    if obj.is_null() {
+        return None;
+    }
+    // SAFETY: every verbs object this is called on starts with `struct ibv_context *`.
+    let ctx = unsafe { obj.cast::<*mut ibv_context>().read() };
+    // SAFETY: a live object's context is live.
+    unsafe { our_context(ctx) }
+}
+
+/// A protection domain.
+#[repr(C)]
+pub struct RsPd {
+    ibv: ibv_pd,
+    pd: Arc<pmd::Pd>,
+}
+
+/// `ibv_alloc_pd`.
+///
+/// # Safety
+/// `ctx` is an open context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    // SAFETY: forwarded from the caller.
+    let Some(c) = (unsafe { our_context(ctx) }) else {
+        return match system::ibv_alloc_pd() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(ctx) },
+            None => null_with(libc::ENOSYS),
+        };
+    };
+    match c.pmd.alloc_pd() {
+        Ok(pd) => {
+            let handle = pd.id();
+            Box::into_raw(Box::new(RsPd {
+                ibv: ibv_pd {
+                    context: ctx,
+                    handle,
+                },
+                pd,
+            }))
+            .cast()
+        }
+        Err(e) => {
+            invalid("ibv_alloc_pd", &e.to_string(), libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `ibv_dealloc_pd`. The pmd keeps the PD alive while an MR or QP still uses it.
+///
+/// # Safety
+/// `pd` is a live PD, deallocated once.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(pd) }.is_none() {
+        return match system::ibv_dealloc_pd() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(pd) },
+            None => libc::ENOSYS,
+        };
+    }
+    // SAFETY: ours, made by ibv_alloc_pd, freed once.
+    drop(unsafe { Box::from_raw(pd.cast::<RsPd>()) });
+    0
+}
+
+/// A memory region.
+#[repr(C)]
+pub struct RsMr {
+    ibv: ibv_mr,
+    mr: Option<pmd::Mr>,
+}
+
+/// Access bits the shim takes: the four rights, plus hints a provider may ignore
+/// (`MW_BIND`, `HUGETLB`, `RELAXED_ORDERING`). `ZERO_BASED` and `ON_DEMAND` are refused.
+const ACCESS_IGNORED: c_int = (1 << 4) | (1 << 7) | (1 << 20);
+const ACCESS_ZERO_BASED: c_int = 1 << 5;
+const ACCESS_ON_DEMAND: c_int = 1 << 6;
+
+unsafe fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    if access & ACCESS_ON_DEMAND != 0 {
+        refuse(
+            "ibv_reg_mr",
+            "IBV_ACCESS_ON_DEMAND (ODP): railshift devices pin nothing on demand",
+            libc::EOPNOTSUPP,
+        );
+        return std::ptr::null_mut();
+    }
+    if access & ACCESS_ZERO_BASED != 0 || iova != addr as u64 {
+        refuse(
+            "ibv_reg_mr",
+            "an iova other than the address (zero-based MRs)",
+            libc::EOPNOTSUPP,
+        );
+        return std::ptr::null_mut();
+    }
+    let known = Access::ALL.bits() as c_int | ACCESS_IGNORED;
+    if access & !known != 0 {
+        invalid(
+            "ibv_reg_mr",
+            &format!("unknown access bits {:#x}", access & !known),
+            libc::EINVAL,
+        );
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `pd` is ours (checked by the callers).
+    let rs = unsafe { &*pd.cast::<RsPd>() };
+    let rights = Access::from_bits_truncate(access as u32);
+    // SAFETY: the caller of ibv_reg_mr promises the range stays mapped until ibv_dereg_mr,
+    // which is Pd::register's contract.
+    match unsafe { rs.pd.register(addr.cast(), len, rights) } {
+        Ok(mr) => Box::into_raw(Box::new(RsMr {
+            ibv: ibv_mr {
+                context: rs.ibv.context,
+                pd,
+                addr,
+                length: len,
+                handle: mr.lkey(),
+                lkey: mr.lkey(),
+                rkey: mr.rkey(),
+            },
+            mr: Some(mr),
+        }))
+        .cast(),
+        Err(e) => {
+            invalid("ibv_reg_mr", &e.to_string(), libc::EINVAL);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `ibv_reg_mr`.
+///
+/// # Safety
+/// `pd` is a live PD; the range stays mapped until the MR is deregistered.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(pd) }.is_none() {
+        return match system::ibv_reg_mr() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(pd, addr, len, access) },
+            None => null_with(libc::ENOSYS),
+        };
+    }
+    // SAFETY: ours; the caller's range.
+    unsafe { reg_mr(pd, addr, len, addr as u64, access) }
+}
+
+/// `ibv_reg_mr_iova`.
+///
+/// # Safety
+/// As `ibv_reg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(pd) }.is_none() {
+        return match system::ibv_reg_mr_iova() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(pd, addr, len, iova, access) },
+            None => null_with(libc::ENOSYS),
+        };
+    }
+    // SAFETY: ours; the caller's range.
+    unsafe { reg_mr(pd, addr, len, iova, access) }
+}
+
+/// `ibv_reg_mr_iova2` (what the `ibv_reg_mr` macro calls when the access flags are not a
+/// constant).
+///
+/// # Safety
+/// As `ibv_reg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(pd) }.is_none() {
+        return match system::ibv_reg_mr_iova2() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(pd, addr, len, iova, access) },
+            None => null_with(libc::ENOSYS),
+        };
+    }
+    // SAFETY: ours; the caller's range.
+    unsafe { reg_mr(pd, addr, len, iova, access as c_int) }
+}
+
+/// `ibv_reg_dmabuf_mr`: refused on our devices (`EOPNOTSUPP`).
+///
+/// # Safety
+/// `pd` is a live PD.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    len: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(pd) }.is_none() {
+        return match system::ibv_reg_dmabuf_mr() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(pd, offset, len, iova, fd, access) },
+            None => null_with(libc::ENOSYS),
+        };
+    }
+    refuse("ibv_reg_dmabuf_mr", "dma-buf MRs", libc::EOPNOTSUPP);
+    std::ptr::null_mut()
+}
+
+/// `ibv_rereg_mr`: refused on our devices (`EOPNOTSUPP`; deregister and register again).
+///
+/// # Safety
+/// `mr` is a live MR.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(mr) }.is_none() {
+        return match system::ibv_rereg_mr() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(mr, flags, pd, addr, len, access) },
+            None => libc::ENOSYS,
+        };
+    }
+    refuse("ibv_rereg_mr", "re-registration", libc::EOPNOTSUPP)
+}
+
+/// `ibv_dereg_mr`: the device's refusal comes back as `EBUSY`, the MR kept.
+///
+/// # Safety
+/// `mr` is a live MR, deregistered once.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(mr) }.is_none() {
+        return match system::ibv_dereg_mr() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(mr) },
+            None => libc::ENOSYS,
+        };
+    }
+    // SAFETY: ours, made by reg_mr.
+    let rs = unsafe { &mut *mr.cast::<RsMr>() };
+    if let Some(m) = rs.mr.take() {
+        if let Err(e) = m.deregister() {
+            return invalid("ibv_dereg_mr", &e.to_string(), libc::EBUSY);
+        }
+    }
+    // SAFETY: ours, freed once.
+    drop(unsafe { Box::from_raw(mr.cast::<RsMr>()) });
+    0
+}
+
+/// A completion channel: its fd is an epoll set of the event descriptors of its CQs, so it
+/// is readable exactly when one of them has an event, as the kernel channel is.
+#[repr(C)]
+pub struct RsChannel {
+    ibv: ibv_comp_channel,
+}
+
+/// `ibv_create_comp_channel`.
+///
+/// # Safety
+/// `ctx` is an open context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    // SAFETY: forwarded from the caller.
+    if unsafe { our_context(ctx) }.is_none() {
+        return match system::ibv_create_comp_channel() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(ctx) },
+            None => null_with(libc::ENOSYS),
+        };
+    }
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return std::ptr::null_mut();
+    }
+    Box::into_raw(Box::new(RsChannel {
+        ibv: ibv_comp_channel {
+            context: ctx,
+            fd,
+            refcnt: 0,
+        },
+    }))
+    .cast()
+}
+
+/// `ibv_destroy_comp_channel`: `EBUSY` while a CQ uses it.
+///
+/// # Safety
+/// `ch` is a live channel, destroyed once.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(ch) }.is_none() {
+        return match system::ibv_destroy_comp_channel() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(ch) },
+            None => libc::ENOSYS,
+        };
+    }
+    // SAFETY: ours.
+    let rs = unsafe { Box::from_raw(ch.cast::<RsChannel>()) };
+    if rs.ibv.refcnt > 0 {
+        let n = rs.ibv.refcnt;
+        std::mem::forget(rs);
+        return invalid(
+            "ibv_destroy_comp_channel",
+            &format!("{n} CQs still use the channel"),
+            libc::EBUSY,
+        );
+    }
+    // SAFETY: the epoll descriptor this channel owns.
+    unsafe { libc::close(rs.ibv.fd) };
+    0
+}
+
+/// A completion queue.
+#[repr(C)]
+pub struct RsCq {
+    ibv: ibv_cq,
+    cq: Mutex<pmd::Cq>,
+    /// Whether the pmd CQ has completion events (it was given a channel).
+    events: bool,
+}
+
+/// `ibv_create_cq`.
+///
+/// # Safety
+/// `ctx` is an open context; `channel` is null or a live channel of it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    // SAFETY: forwarded from the caller.
+    let Some(c) = (unsafe { our_context(ctx) }) else {
+        return match system::ibv_create_cq() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(ctx, cqe, cq_context, channel, comp_vector) },
+            None => null_with(libc::ENOSYS),
+        };
+    };
+    if cqe < 1 {
+        invalid("ibv_create_cq", &format!("cqe {cqe}"), libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    let events = !channel.is_null();
+    let cq = match c.pmd.create_cq(cqe as u32, events) {
+        Ok(cq) => cq,
+        Err(e) => {
+            invalid("ibv_create_cq", &e.to_string(), libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+    };
+    let event_fd = cq.event_fd();
+    let handle = cq.cqn();
+    let rs = Box::into_raw(Box::new(RsCq {
+        ibv: ibv_cq {
+            context: ctx,
+            channel,
+            cq_context,
+            handle,
+            cqe,
+            mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+            cond: libc::PTHREAD_COND_INITIALIZER,
+            comp_events_completed: 0,
+            async_events_completed: 0,
+        },
+        cq: Mutex::new(cq),
+        events,
+    }));
+    if let (true, Some(fd)) = (events, event_fd) {
+        // SAFETY: `channel` is a live channel of ours (its context is `ctx`).
+        let ch = unsafe { &mut *channel.cast::<RsChannel>() };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: rs as u64,
+        };
+        // SAFETY: both descriptors are open; `ev` is valid.
+        if unsafe { libc::epoll_ctl(ch.ibv.fd, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            let errno = std::io::Error::last_os_error();
+            // SAFETY: made just above, not yet handed out.
+            drop(unsafe { Box::from_raw(rs) });
+            invalid("ibv_create_cq", &format!("epoll_ctl: {errno}"), libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+        ch.ibv.refcnt += 1;
+    }
+    rs.cast()
+}
+
+/// `ibv_resize_cq`: refused on our devices (`EOPNOTSUPP`).
+///
+/// # Safety
+/// `cq` is a live CQ.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(cq) }.is_none() {
+        return match system::ibv_resize_cq() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(cq, cqe) },
+            None => libc::ENOSYS,
+        };
+    }
+    refuse("ibv_resize_cq", "CQ resizing", libc::EOPNOTSUPP)
+}
+
+/// `ibv_destroy_cq`.
+///
+/// # Safety
+/// `cq` is a live CQ no QP uses, destroyed once.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(cq) }.is_none() {
+        return match system::ibv_destroy_cq() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(cq) },
+            None => libc::ENOSYS,
+        };
+    }
+    // SAFETY: ours, freed once.
+    let rs = unsafe { Box::from_raw(cq.cast::<RsCq>()) };
+    if !rs.ibv.channel.is_null() {
+        // SAFETY: the CQ's channel outlives it (destroying it is refused while we count).
+        let ch = unsafe { &mut *rs.ibv.channel.cast::<RsChannel>() };
+        if let Some(fd) = lock(&rs.cq).event_fd() {
+            // SAFETY: both descriptors are open.
+            unsafe {
+                libc::epoll_ctl(ch.ibv.fd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut())
+            };
+        }
+        ch.ibv.refcnt -= 1;
+    }
+    0
+}
+
+/// `ibv_get_cq_event`: waits on the channel's epoll set (or, on a channel the caller made
+/// non-blocking, fails with `EAGAIN`), then consumes the CQ's event.
+///
+/// # Safety
+/// `ch` is a live channel; `cq_out` and `ctx_out` are valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(ch) }.is_none() {
+        return match system::ibv_get_cq_event() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(ch, cq_out, ctx_out) },
+            None => -1,
+        };
+    }
+    // SAFETY: ours.
+    let fd = unsafe { (*ch).fd };
+    // SAFETY: plain syscall on our descriptor.
+    let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    loop {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: one valid event slot.
+        let n = unsafe { libc::epoll_wait(fd, &mut ev, 1, if nonblocking { 0 } else { -1 }) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        if n == 0 {
+            crate::util::set_errno(libc::EAGAIN);
+            return -1;
+        }
+        let rs = ev.u64 as *mut RsCq;
+        // SAFETY: the epoll set holds only live CQs of this channel (destroy removes them).
+        let cq = unsafe { &*rs };
+        let fired = lock(&cq.cq)
+            .wait_event(Some(std::time::Duration::ZERO))
+            .unwrap_or(false);
+        if fired {
+            // SAFETY: the caller's slots.
+            unsafe {
+                cq_out.write(rs.cast());
+                ctx_out.write(cq.ibv.cq_context);
+            }
+            return 0;
+        }
+    }
+}
+
+/// `ibv_ack_cq_events`.
+///
+/// # Safety
+/// `cq` is a live CQ.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(cq) }.is_none() {
+        if let Some(f) = system::ibv_ack_cq_events() {
+            // SAFETY: not ours.
+            unsafe { f(cq, n) };
+        }
+        return;
+    }
+    // SAFETY: ours; acknowledgements come from the thread that got the events.
+    unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
+}
+
+/// The ops table's `req_notify_cq`: arms the CQ (a CQ without a channel has nothing to
+/// signal and answers 0).
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+    // SAFETY: the inline wrapper passes one of our CQs (the ops table is ours).
+    let rs = unsafe { &*cq.cast::<RsCq>() };
+    if !rs.events {
+        return 0;
+    }
+    match lock(&rs.cq).arm() {
+        Ok(()) => 0,
+        Err(e) => invalid("ibv_req_notify_cq", &e.to_string(), libc::EINVAL),
+    }
+}
+
+/// Completions converted per round of `poll_cq`.
+const POLL_BATCH: usize = 16;
+
+fn to_ibv_wc(wc: &WorkCompletion) -> ibv_wc {
+    let status: u8 = wc.status.into();
+    ibv_wc {
+        wr_id: wc.wr_id,
+        status: u32::from(status),
+        opcode: wc.opcode as u32,
+        vendor_err: u32::from(wc.vendor_err),
+        byte_len: wc.byte_len,
+        imm_data: wc.imm.map_or(0, u32::to_be),
+        qp_num: wc.qp_num,
+        src_qp: 0,
+        wc_flags: if wc.imm.is_some() { IBV_WC_WITH_IMM } else { 0 },
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+/// The ops table's `poll_cq`: polls, and when the CQ is empty on a manual-progress device,
+/// runs the device once and polls again (run-to-completion).
+pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_int {
+    // SAFETY: the inline wrapper passes one of our CQs.
+    let rs = unsafe { &*cq.cast::<RsCq>() };
+    let mut guard = lock(&rs.cq);
+    let want = n.max(0) as usize;
+    let mut done = 0usize;
+    let mut buf = [WorkCompletion::EMPTY; POLL_BATCH];
+    while done < want {
+        let chunk = (want - done).min(POLL_BATCH);
+        let got = guard.poll_with_progress(&mut buf[..chunk]);
+        for (i, wc) in buf[..got].iter().enumerate() {
+            // SAFETY: the caller's array holds `n` entries.
+            unsafe { out.add(done + i).write(to_ibv_wc(wc)) };
+        }
+        done += got;
+        if got < chunk {
+            break;
+        }
+    }
+    done as c_int
+}
+
+/// A queue pair.
+#[repr(C)]
+pub struct RsQp {
+    ibv: ibv_qp,
+    qp: Mutex<pmd::Qp>,
+    sq_sig_all: bool,
+    max_inline: u32,
+}
+
+fn caps_from(cap: &ibv_qp_cap) -> QpCaps {
+    QpCaps {
+        max_send_wr: cap.max_send_wr.max(1),
+        max_recv_wr: cap.max_recv_wr.max(1),
+        max_send_sge: cap.max_send_sge.max(1),
+        max_recv_sge: cap.max_recv_sge.max(1),
+        max_inline_data: cap.max_inline_data,
+    }
+}
+
+/// `ibv_create_qp`: RC only; UD, UC, XRC, raw packet and driver QPs, and QPs on an SRQ, are
+/// refused with `EOPNOTSUPP`.
+///
+/// # Safety
+/// `pd` is a live PD; `attr` is valid for reads and writes.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(pd) }.is_none() {
+        return match system::ibv_create_qp() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(pd, attr) },
+            None => null_with(libc::ENOSYS),
+        };
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    if a.qp_type != IBV_QPT_RC {
+        let kind = match a.qp_type {
+            3 => "UC",
+            4 => "UD",
+            8 => "raw packet",
+            9 | 10 => "XRC",
+            0xff => "driver (DC, SRD)",
+            _ => "unknown",
+        };
+        refuse(
+            "ibv_create_qp",
+            &format!("{kind} QPs (type {}): railshift devices run RC only", a.qp_type),
+            libc::EOPNOTSUPP,
+        );
+        return std::ptr::null_mut();
+    }
+    if !a.srq.is_null() {
+        refuse(
+            "ibv_create_qp",
+            "a QP on a shared receive queue",
+            libc::EOPNOTSUPP,
+        );
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the caller's CQs.
+    let (send_ours, recv_ours) = unsafe { (ours(a.send_cq).is_some(), ours(a.recv_cq).is_some()) };
+    if !send_ours || !recv_ours {
+        invalid(
+            "ibv_create_qp",
+            "a CQ of another device",
+            libc::EINVAL,
+        );
+        return std::ptr::null_mut();
+    }
+    // SAFETY: ours (checked); the pointer is ours.
+    let rpd = unsafe { &*pd.cast::<RsPd>() };
+    // SAFETY: ours (checked).
+    let (scq, rcq) = unsafe { (&*a.send_cq.cast::<RsCq>(), &*a.recv_cq.cast::<RsCq>()) };
+    let caps = caps_from(&a.cap);
+    let created = if std::ptr::eq(scq, rcq) {
+        let g = lock(&scq.cq);
+        rpd.pd.create_qp(&g, &g, caps)
+    } else {
+        let s = lock(&scq.cq);
+        let r = lock(&rcq.cq);
+        rpd.pd.create_qp(&s, &r, caps)
+    };
+    let qp = match created {
+        Ok(q) => q,
+        Err(e) => {
+            invalid("ibv_create_qp", &e.to_string(), libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+    };
+    let granted = qp.caps();
+    a.cap = ibv_qp_cap {
+        max_send_wr: granted.max_send_wr,
+        max_recv_wr: granted.max_recv_wr,
+        max_send_sge: granted.max_send_sge,
+        max_recv_sge: granted.max_recv_sge,
+        max_inline_data: granted.max_inline_data,
+    };
+    let qpn = qp.qpn();
+    Box::into_raw(Box::new(RsQp {
+        ibv: ibv_qp {
+            context: rpd.ibv.context,
+            qp_context: a.qp_context,
+            pd,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: std::ptr::null_mut(),
+            handle: qpn,
+            qp_num: qpn,
+            state: QpState::Reset as u32,
+            qp_type: IBV_QPT_RC,
+            mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+            cond: libc::PTHREAD_COND_INITIALIZER,
+            events_completed: 0,
+        },
+        qp: Mutex::new(qp),
+        sq_sig_all: a.sq_sig_all != 0,
+        max_inline: granted.max_inline_data,
+    }))
+    .cast()
+}
+
+fn mtu_from(v: u32) -> Option<Mtu> {
+    Some(match v {
+        1 => Mtu::Mtu256,
+        2 => Mtu::Mtu512,
+        3 => Mtu::Mtu1024,
+        4 => Mtu::Mtu2048,
+        5 => Mtu::Mtu4096,
+        _ => return None,
+    })
+}
+
+/// The pmd attributes for a verbs `ibv_modify_qp` call, or what was wrong.
+fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, (String, c_int)> {
+    use crate::abi::qp_mask as m;
+    let unsupported = m::QKEY | m::ALT_PATH | m::PATH_MIG_STATE | m::CAP | (1 << 25);
+    if mask & unsupported != 0 {
+        return Err((
+            format!(
+                "attribute mask {:#x}: Q_Key, alternate path, migration state, capability and rate-limit changes are not supported on RC QPs here",
+                mask & unsupported
+            ),
+            libc::EOPNOTSUPP,
+        ));
+    }
+    let has = |bit: c_int| mask & bit != 0;
+    let mut out = QpAttr::default();
+    if has(m::ACCESS_FLAGS) {
+        out.access = Some(Access::from_bits_truncate(a.qp_access_flags));
+    }
+    if has(m::PKEY_INDEX) {
+        out.pkey_index = Some(a.pkey_index);
+    }
+    if has(m::PORT) {
+        out.port = Some(a.port_num);
+    }
+    if has(m::AV) {
+        if a.ah_attr.is_global == 0 {
+            return Err((
+                "the address vector has no GRH (is_global 0): RoCE needs the peer's GID (ibv_rc_pingpong: -g)".into(),
+                libc::EINVAL,
+            ));
+        }
+        out.av = Some(AddressVector {
+            dgid: Gid(a.ah_attr.grh.dgid.raw),
+            sgid_index: a.ah_attr.grh.sgid_index,
+            hop_limit: a.ah_attr.grh.hop_limit,
+            traffic_class: a.ah_attr.grh.traffic_class,
+        });
+    }
+    if has(m::PATH_MTU) {
+        out.path_mtu = Some(
+            mtu_from(a.path_mtu)
+                .ok_or_else(|| (format!("path MTU code {}", a.path_mtu), libc::EINVAL))?,
+        );
+    }
+    if has(m::DEST_QPN) {
+        out.dest_qpn = Some(a.dest_qp_num);
+    }
+    if has(m::RQ_PSN) {
+        out.rq_psn = Some(a.rq_psn);
+    }
+    if has(m::MAX_DEST_RD_ATOMIC) {
+        out.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
+    }
+    if has(m::MIN_RNR_TIMER) {
+        out.min_rnr_timer = Some(a.min_rnr_timer);
+    }
+    if has(m::SQ_PSN) {
+        out.sq_psn = Some(a.sq_psn);
+    }
+    if has(m::TIMEOUT) {
+        out.timeout = Some(a.timeout);
+    }
+    if has(m::RETRY_CNT) {
+        out.retry_cnt = Some(a.retry_cnt);
+    }
+    if has(m::RNR_RETRY) {
+        out.rnr_retry = Some(a.rnr_retry);
+    }
+    if has(m::MAX_QP_RD_ATOMIC) {
+        out.max_rd_atomic = Some(a.max_rd_atomic);
+    }
+    Ok(out)
+}
+
+/// `ibv_modify_qp`. Errors are logged with what the transition table found wrong; the
+/// return value is the errno (`EINVAL`, or `EOPNOTSUPP` for attributes RC here lacks).
+///
+/// # Safety
+/// `qp` is a live QP; `attr` is valid for reads.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(qp) }.is_none() {
+        return match system::ibv_modify_qp() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(qp, attr, mask) },
+            None => libc::ENOSYS,
+        };
+    }
+    // SAFETY: ours.
+    let rs = unsafe { &mut *qp.cast::<RsQp>() };
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &*attr };
+    let mut guard = lock(&rs.qp);
+    let to = if mask & qp_mask::STATE != 0 {
+        match u8::try_from(a.qp_state).ok().and_then(QpState::from_ibv) {
+            Some(s) => s,
+            None => {
+                return invalid(
+                    "ibv_modify_qp",
+                    &format!("QP state {} (SQD, SQE and unknown states are not supported)", a.qp_state),
+                    libc::EINVAL,
+                )
+            }
+        }
+    } else {
+        guard.state()
+    };
+    let pattr = match qp_attr_from(a, mask) {
+        Ok(p) => p,
+        Err((why, errno)) => return invalid("ibv_modify_qp", &why, errno),
+    };
+    match guard.modify(to, &pattr) {
+        Ok(()) => {
+            rs.ibv.state = guard.state() as u32;
+            0
+        }
+        Err(e) => invalid("ibv_modify_qp", &e.to_string(), libc::EINVAL),
+    }
+}
+
+/// `ibv_query_qp`: state, capabilities and the attributes the QP was brought up with.
+///
+/// # Safety
+/// `qp` is a live QP; `attr` and `init` are valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(qp) }.is_none() {
+        return match system::ibv_query_qp() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(qp, attr, mask, init) },
+            None => libc::ENOSYS,
+        };
+    }
+    // SAFETY: ours.
+    let rs = unsafe { &*qp.cast::<RsQp>() };
+    let guard = lock(&rs.qp);
+    let caps = guard.caps();
+    let saved = guard.saved_attributes();
+    let cap = ibv_qp_cap {
+        max_send_wr: caps.max_send_wr,
+        max_recv_wr: caps.max_recv_wr,
+        max_send_sge: caps.max_send_sge,
+        max_recv_sge: caps.max_recv_sge,
+        max_inline_data: caps.max_inline_data,
+    };
+    let mut out = ibv_qp_attr {
+        qp_state: guard.state() as u32,
+        cur_qp_state: guard.state() as u32,
+        cap,
+        ..ibv_qp_attr::default()
+    };
+    for a in [&saved.init, &saved.rtr, &saved.rts].into_iter().flatten() {
+        if let Some(v) = a.access {
+            out.qp_access_flags = v.bits();
+        }
+        if let Some(v) = a.pkey_index {
+            out.pkey_index = v;
+        }
+        if let Some(v) = a.port {
+            out.port_num = v;
+            out.ah_attr.port_num = v;
+        }
+        if let Some(v) = a.av {
+            out.ah_attr.is_global = 1;
+            out.ah_attr.grh.dgid = ibv_gid { raw: v.dgid.0 };
+            out.ah_attr.grh.sgid_index = v.sgid_index;
+            out.ah_attr.grh.hop_limit = v.hop_limit;
+            out.ah_attr.grh.traffic_class = v.traffic_class;
+        }
+        if let Some(v) = a.path_mtu {
+            out.path_mtu = v as u32;
+        }
+        if let Some(v) = a.dest_qpn {
+            out.dest_qp_num = v;
+        }
+        if let Some(v) = a.rq_psn {
+            out.rq_psn = v;
+        }
+        if let Some(v) = a.sq_psn {
+            out.sq_psn = v;
+        }
+        if let Some(v) = a.max_dest_rd_atomic {
+            out.max_dest_rd_atomic = v;
+        }
+        if let Some(v) = a.max_rd_atomic {
+            out.max_rd_atomic = v;
+        }
+        if let Some(v) = a.min_rnr_timer {
+            out.min_rnr_timer = v;
+        }
+        if let Some(v) = a.timeout {
+            out.timeout = v;
+        }
+        if let Some(v) = a.retry_cnt {
+            out.retry_cnt = v;
+        }
+        if let Some(v) = a.rnr_retry {
+            out.rnr_retry = v;
+        }
+    }
+    // SAFETY: the caller's buffers.
+    unsafe {
+        attr.write(out);
+        if !init.is_null() {
+            (*init).qp_context = rs.ibv.qp_context;
+            (*init).send_cq = rs.ibv.send_cq;
+            (*init).recv_cq = rs.ibv.recv_cq;
+            (*init).srq = std::ptr::null_mut();
+            (*init).cap = cap;
+            (*init).qp_type = IBV_QPT_RC;
+            (*init).sq_sig_all = c_int::from(rs.sq_sig_all);
+        }
+    }
+    0
+}
+
+/// `ibv_destroy_qp`.
+///
+/// # Safety
+/// `qp` is a live QP, destroyed once.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(qp) }.is_none() {
+        return match system::ibv_destroy_qp() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(qp) },
+            None => libc::ENOSYS,
+        };
+    }
+    // SAFETY: ours, freed once.
+    drop(unsafe { Box::from_raw(qp.cast::<RsQp>()) });
+    0
+}
+
+/// `ibv_qp_to_qp_ex`: our QPs have no extended post API; `NULL` with `EOPNOTSUPP`, what a
+/// provider without it answers.
+///
+/// # Safety
+/// `qp` is a live QP.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut c_void {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(qp) }.is_none() {
+        return match system::ibv_qp_to_qp_ex() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(qp) },
+            None => null_with(libc::ENOSYS),
+        };
+    }
+    refuse(
+        "ibv_qp_to_qp_ex",
+        "the ibv_wr_* post API (use ibv_post_send)",
+        libc::EOPNOTSUPP,
+    );
+    std::ptr::null_mut()
+}
+
+/// `ibv_create_srq`: refused on our devices (`EOPNOTSUPP`).
+///
+/// # Safety
+/// `pd` is a live PD.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut c_void) -> *mut c_void {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(pd) }.is_none() {
+        return match system::ibv_create_srq() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(pd, attr) },
+            None => null_with(libc::ENOSYS),
+        };
+    }
+    refuse("ibv_create_srq", "shared receive queues", libc::EOPNOTSUPP);
+    std::ptr::null_mut()
+}
+
+/// `ibv_create_ah`: refused on our devices (`EOPNOTSUPP`: address handles serve UD, which
+/// they do not run).
+///
+/// # Safety
+/// `pd` is a live PD.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut c_void {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(pd) }.is_none() {
+        return match system::ibv_create_ah() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(pd, attr) },
+            None => null_with(libc::ENOSYS),
+        };
+    }
+    refuse("ibv_create_ah", "address handles (UD)", libc::EOPNOTSUPP);
+    std::ptr::null_mut()
+}
+
+/// `ibv_attach_mcast`: refused on our devices (`EOPNOTSUPP`: multicast is UD).
+///
+/// # Safety
+/// `qp` is a live QP.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(qp) }.is_none() {
+        return match system::ibv_attach_mcast() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(qp, gid, lid) },
+            None => libc::ENOSYS,
+        };
+    }
+    refuse("ibv_attach_mcast", "multicast (UD)", libc::EOPNOTSUPP)
+}
+
+/// `ibv_detach_mcast`: refused on our devices (`EOPNOTSUPP`).
+///
+/// # Safety
+/// `qp` is a live QP.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+    // SAFETY: forwarded from the caller.
+    if unsafe { ours(qp) }.is_none() {
+        return match system::ibv_detach_mcast() {
+            // SAFETY: not ours.
+            Some(f) => unsafe { f(qp, gid, lid) },
+            None => libc::ENOSYS,
+        };
+    }
+    refuse("ibv_detach_mcast", "multicast (UD)", libc::EOPNOTSUPP)
+}
+
+/// Largest inline payload the shim gathers from several entries (the softnic's limit).
+const INLINE_GATHER: usize = 512;
+
+/// Converts one send work request; `Err` is the errno.
+///
+/// # Safety
+/// `wr` is a valid work request whose gather list holds `num_sge` entries.
+unsafe fn send_wr<'a>(
+    rs: &RsQp,
+    wr: &ibv_send_wr,
+    inline_buf: &'a mut [u8; INLINE_GATHER],
+) -> Result<SendWr<'a>, (String, c_int)> {
+    let n = usize::try_from(wr.num_sge).map_err(|_| (format!("num_sge {}", wr.num_sge), libc::EINVAL))?;
+    let sges: &[ibv_sge] = if n == 0 || wr.sg_list.is_null() {
+        &[]
+    } else {
+        // SAFETY: the caller's list of `num_sge` entries.
+        unsafe { std::slice::from_raw_parts(wr.sg_list, n) }
+    };
+    let remote = Remote {
+        addr: wr.wr.remote_addr,
+        rkey: wr.wr.rdma_rkey_or_compare_add as u32,
+    };
+    let imm = u32::from_be(wr.imm_data);
+    let op = match wr.opcode {
+        IBV_WR_RDMA_WRITE => SendOp::Write { remote },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteImm { remote, imm },
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => SendOp::SendImm { imm },
+        IBV_WR_RDMA_READ => SendOp::Read { remote },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote: Remote {
+                addr: wr.wr.remote_addr,
+                rkey: wr.wr.atomic_rkey,
+            },
+            compare: wr.wr.rdma_rkey_or_compare_add,
+            swap: wr.wr.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote: Remote {
+                addr: wr.wr.remote_addr,
+                rkey: wr.wr.atomic_rkey,
+            },
+            add: wr.wr.rdma_rkey_or_compare_add,
+        },
+        other => {
+            return Err((
+                format!("work request opcode {other} (send with invalidate, TSO, bind MW, local invalidate, atomic write and driver opcodes are not supported)"),
+                libc::EOPNOTSUPP,
+            ))
+        }
+    };
+    let payload = if wr.send_flags & IBV_SEND_INLINE != 0 {
+        let total: usize = sges.iter().map(|s| s.length as usize).sum();
+        if total > rs.max_inline as usize {
+            return Err((
+                format!("{total} inline bytes, the QP takes {}", rs.max_inline),
+                libc::EINVAL,
+            ));
+        }
+        if sges.len() == 1 {
+            // SAFETY: the caller's buffer of `length` bytes, read during this post only.
+            Payload::Inline(unsafe {
+                std::slice::from_raw_parts(sges[0].addr as *const u8, sges[0].length as usize)
+            })
+        } else {
+            let mut at = 0;
+            for s in sges {
+                let len = s.length as usize;
+                // SAFETY: the caller's buffer of `length` bytes; `total` fits the buffer.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        s.addr as *const u8,
+                        inline_buf.as_mut_ptr().add(at),
+                        len,
+                    )
+                };
+                at += len;
+            }
+            Payload::Inline(&inline_buf[..at])
+        }
+    } else {
+        Payload::Gather(sges.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)).collect::<SgList>())
+    };
+    let mut flags = SendFlags::NONE;
+    if rs.sq_sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0 {
+        flags = flags | SendFlags::SIGNALED;
+    }
+    if wr.send_flags & IBV_SEND_FENCE != 0 {
+        flags = flags | SendFlags::FENCE;
+    }
+    if wr.send_flags & IBV_SEND_SOLICITED != 0 {
+        flags = flags | SendFlags::SOLICITED;
+    }
+    Ok(SendWr {
+        wr_id: wr.wr_id,
+        op,
+        payload,
+        flags,
+    })
+}
+
+fn post_errno(e: &pmd::PostError) -> c_int {
+    match e {
+        pmd::PostError::QueueFull { .. } => libc::ENOMEM,
+        _ => libc::EINVAL,
+    }
+}
+
+/// The ops table's `post_send`: posts the list in order, rings the doorbell once for all
+/// of it; on a refused request, `bad_wr` names it, those before it are posted.
+pub unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: the inline wrapper passes one of our QPs.
+    let rs = unsafe { &*qp.cast::<RsQp>() };
+    let mut guard = lock(&rs.qp);
+    let mut inline_buf = [0u8; INLINE_GATHER];
+    let mut result = 0;
+    while !wr.is_null() {
+        // SAFETY: the caller's list.
+        let w = unsafe { &*wr };
+        // SAFETY: the caller's request.
+        let posted = match unsafe { send_wr(rs, w, &mut inline_buf) } {
+            Ok(swr) => guard.post_send(&swr).map(|_| ()).map_err(|e| {
+                let errno = post_errno(&e);
+                if errno == libc::ENOMEM {
+                    crate::util::set_errno(errno);
+                    errno
+                } else {
+                    invalid("ibv_post_send", &e.to_string(), errno)
+                }
+            }),
+            Err((why, errno)) => Err(invalid("ibv_post_send", &why, errno)),
+        };
+        if let Err(errno) = posted {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's slot.
+                unsafe { bad_wr.write(wr) };
+            }
+            result = errno;
+            break;
+        }
+        wr = w.next;
+    }
+    guard.ring_doorbell();
+    result
+}
+
+/// The ops table's `post_recv`.
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: the inline wrapper passes one of our QPs.
+    let rs = unsafe { &*qp.cast::<RsQp>() };
+    let mut guard = lock(&rs.qp);
+    while !wr.is_null() {
+        // SAFETY: the caller's list.
+        let w = unsafe { &*wr };
+        let sges: &[ibv_sge] = if w.num_sge <= 0 || w.sg_list.is_null() {
+            &[]
+        } else {
+            // SAFETY: the caller's list of `num_sge` entries.
+            unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
+        };
+        let list: SgList = sges.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)).collect();
+        let rwr = RecvWr::new(w.wr_id, &list);
+        if let Err(e) = guard.post_recv(&rwr) {
+            let errno = post_errno(&e);
+            if errno != libc::ENOMEM {
+                invalid("ibv_post_recv", &e.to_string(), errno);
+            }
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's slot.
+                unsafe { bad_wr.write(wr) };
+            }
+            return errno;
+        }
+        wr = w.next;
+    }
+    0
+}
+
+/// The opcode numbering the pmd shares with verbs, checked once here.
+const _: () = assert!(WcOpcode::RecvRdmaWithImm as u32 == 129);
