@@ -222,7 +222,8 @@ pub struct ibv_context {
 }
 
 /// `query_port` of `struct verbs_context`.
-pub type QueryPortFn = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type QueryPortFn =
+    unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 /// `query_device_ex` of `struct verbs_context`.
 pub type QueryDeviceExFn =
     unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut c_void, usize) -> c_int;

@@ -6,9 +6,10 @@
 //! names; the pmd device is any name `pmd::Context::open` takes (`soft:<netdev>[@<addr>]`,
 //! `fabric:<name>/<port>`, `mlx5:<ibdev>`).
 //!
-//! `RAILSHIFT_PROGRESS` says how a softnic device makes progress: `auto` (default: the
-//! softnic's engine thread, so a side that never polls still answers) or `manual` (the
-//! application's `ibv_poll_cq` drives the device, run-to-completion).
+//! `RAILSHIFT_PROGRESS` says how a softnic device makes progress: `poll` (default: the
+//! application's `ibv_poll_cq` drives the device, run-to-completion, and a helper thread
+//! drives it while the application does not poll) or `engine` (the softnic's own engine
+//! thread, as `pmd`'s auto progress).
 
 use std::str::FromStr;
 
@@ -33,13 +34,33 @@ pub struct DeviceSpec {
     pub device_text: String,
 }
 
+/// How the shim's softnic devices make progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// `ibv_poll_cq` runs the device (pmd's manual progress); a helper thread runs it while
+    /// the application does not poll (a perftest bandwidth server never does).
+    Poll,
+    /// The softnic's engine thread runs the device (pmd's auto progress).
+    Engine,
+}
+
+impl Progress {
+    /// The pmd progress model a device is opened with.
+    pub fn model(self) -> ProgressModel {
+        match self {
+            Progress::Poll => ProgressModel::Manual,
+            Progress::Engine => ProgressModel::Auto,
+        }
+    }
+}
+
 /// The shim's configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// The devices, in the order given.
     pub devices: Vec<DeviceSpec>,
     /// How softnic devices progress.
-    pub progress: ProgressModel,
+    pub progress: Progress,
 }
 
 /// What was wrong with the configuration.
@@ -76,8 +97,8 @@ pub enum ConfigError {
         /// Why it did not parse.
         error: pmd::name::NameError,
     },
-    /// `RAILSHIFT_PROGRESS` is neither `auto` nor `manual`.
-    #[error("{PROGRESS_VAR}=`{value}`: expected `auto` or `manual`")]
+    /// `RAILSHIFT_PROGRESS` is neither `poll` nor `engine`.
+    #[error("{PROGRESS_VAR}=`{value}`: expected `poll` or `engine`")]
     Progress {
         /// The value.
         value: String,
@@ -88,8 +109,8 @@ impl Config {
     /// Parses the two variables' values (`None`: unset).
     pub fn parse(devices: Option<&str>, progress: Option<&str>) -> Result<Config, ConfigError> {
         let progress = match progress.map(str::trim) {
-            None | Some("") | Some("auto") => ProgressModel::Auto,
-            Some("manual") => ProgressModel::Manual,
+            None | Some("") | Some("poll") => Progress::Poll,
+            Some("engine") => Progress::Engine,
             Some(other) => {
                 return Err(ConfigError::Progress {
                     value: other.to_string(),
@@ -116,11 +137,12 @@ impl Config {
                     name: name.to_string(),
                 });
             }
-            let parsed = pmd::DeviceName::from_str(device).map_err(|error| ConfigError::Device {
-                name: name.to_string(),
-                device: device.to_string(),
-                error,
-            })?;
+            let parsed =
+                pmd::DeviceName::from_str(device).map_err(|error| ConfigError::Device {
+                    name: name.to_string(),
+                    device: device.to_string(),
+                    error,
+                })?;
             specs.push(DeviceSpec {
                 name: name.to_string(),
                 device: parsed,
@@ -151,7 +173,7 @@ mod tests {
         let names: Vec<&str> = c.devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["rs0", "rs1"]);
         assert_eq!(c.devices[0].device_text, "soft:lo@127.0.0.1");
-        assert_eq!(c.progress, ProgressModel::Auto);
+        assert_eq!(c.progress, Progress::Poll);
     }
 
     #[test]
@@ -184,10 +206,10 @@ mod tests {
     }
 
     #[test]
-    fn progress_is_auto_or_manual() {
+    fn progress_is_poll_or_engine() {
         assert_eq!(
-            Config::parse(None, Some("manual")).unwrap().progress,
-            ProgressModel::Manual
+            Config::parse(None, Some("engine")).unwrap().progress,
+            Progress::Engine
         );
         assert!(matches!(
             Config::parse(None, Some("fast")),

@@ -4,10 +4,12 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::offset_of;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use crate::abi::*;
-use crate::config::{Config, DeviceSpec};
+use crate::config::{Config, DeviceSpec, Progress};
 use crate::objects;
 use crate::real::real_fns;
 use crate::util::{init_logging, invalid, refuse, set_errno};
@@ -38,8 +40,8 @@ pub struct RsDevice {
     /// Its position in `RAILSHIFT_DEVICES`.
     pub index: usize,
     /// The open pmd device, shared by every `ibv_open_device` of this process (a softnic
-    /// binds its address once).
-    open: Mutex<Weak<pmd::Context>>,
+    /// binds its address once), and its poll activity.
+    open: Mutex<(Weak<pmd::Context>, Arc<PollActivity>)>,
 }
 
 // SAFETY: `ibv` is written once before the device is published and only read afterwards; its
@@ -87,7 +89,7 @@ fn registry() -> &'static Registry {
                         ibv,
                         spec: spec.clone(),
                         index,
-                        open: Mutex::new(Weak::new()),
+                        open: Mutex::new((Weak::new(), Arc::default())),
                     }));
                     devices.push(device);
                 }
@@ -107,11 +109,54 @@ pub fn our_device(dev: *const ibv_device) -> Option<&'static RsDevice> {
         .find(|d| std::ptr::eq(&d.ibv, dev))
 }
 
-/// The progress model of the configuration.
-fn progress() -> pmd::provider::ProgressModel {
+/// The progress mode of the configuration.
+fn progress() -> Progress {
     match &registry().config {
         Ok(c) => c.progress,
-        Err(_) => pmd::provider::ProgressModel::Auto,
+        Err(_) => Progress::Poll,
+    }
+}
+
+/// What the application's polls tell the helper thread of a poll-progress device.
+#[derive(Debug, Default)]
+pub struct PollActivity {
+    /// `ibv_poll_cq` calls on the device's CQs (and `ibv_destroy_qp` lingers), counted.
+    polls: AtomicU64,
+}
+
+impl PollActivity {
+    /// The application drove the device.
+    #[inline]
+    pub fn polled(&self) {
+        self.polls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// How long the helper waits between looks at whether the application polls.
+const IDLE_GAP: Duration = Duration::from_micros(50);
+/// Rounds the helper runs at most per look, while the device is busy.
+const HELPER_ROUNDS: usize = 64;
+
+/// The helper thread of a poll-progress device: while the application polls, it only
+/// watches; when a gap passes without a poll, it runs the device until idle. It ends with
+/// the device.
+fn helper(ctx: Weak<pmd::Context>, activity: Arc<PollActivity>) {
+    let mut seen = activity.polls.load(Ordering::Relaxed);
+    loop {
+        std::thread::sleep(IDLE_GAP);
+        let Some(c) = ctx.upgrade() else {
+            return;
+        };
+        let now = activity.polls.load(Ordering::Relaxed);
+        if now != seen {
+            seen = now;
+            continue;
+        }
+        for _ in 0..HELPER_ROUNDS {
+            if !c.step().busy {
+                break;
+            }
+        }
     }
 }
 
@@ -254,6 +299,8 @@ pub struct RsContext {
     pub device: &'static RsDevice,
     /// The pmd device.
     pub pmd: Arc<pmd::Context>,
+    /// Its poll activity, which the helper thread watches.
+    pub activity: Arc<PollActivity>,
 }
 
 impl RsContext {
@@ -283,18 +330,29 @@ pub unsafe fn our_context<'a>(ctx: *mut ibv_context) -> Option<&'a RsContext> {
     })
 }
 
-fn open_pmd(device: &'static RsDevice) -> Result<Arc<pmd::Context>, String> {
+type Opened = (Arc<pmd::Context>, Arc<PollActivity>);
+
+fn open_pmd(device: &'static RsDevice) -> Result<Opened, String> {
     let mut open = device.open.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(ctx) = open.upgrade() {
-        return Ok(ctx);
+    if let Some(ctx) = open.0.upgrade() {
+        return Ok((ctx, open.1.clone()));
     }
+    let mode = progress();
     let config = pmd::ContextConfig {
-        progress: progress(),
+        progress: mode.model(),
         ..pmd::ContextConfig::default()
     };
     let ctx = pmd::Context::open(&device.spec.device_text, &config).map_err(|e| e.to_string())?;
-    *open = Arc::downgrade(&ctx);
-    Ok(ctx)
+    let activity = Arc::new(PollActivity::default());
+    if mode == Progress::Poll && ctx.progress_model() == pmd::provider::ProgressModel::Manual {
+        let (weak, act) = (Arc::downgrade(&ctx), activity.clone());
+        std::thread::Builder::new()
+            .name(format!("rs-progress-{}", device.spec.name))
+            .spawn(move || helper(weak, act))
+            .map_err(|e| format!("cannot start the progress helper thread: {e}"))?;
+    }
+    *open = (Arc::downgrade(&ctx), activity.clone());
+    Ok((ctx, activity))
 }
 
 /// `ibv_open_device`.
@@ -310,7 +368,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             None => std::ptr::null_mut(),
         };
     };
-    let pmd = match open_pmd(d) {
+    let (pmd, activity) = match open_pmd(d) {
         Ok(p) => p,
         Err(e) => {
             invalid(
@@ -357,6 +415,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         },
         device: d,
         pmd,
+        activity,
     });
     Box::leak(ctx).ibv()
 }
@@ -527,7 +586,11 @@ pub unsafe extern "C" fn ibv_query_port(
 
 fn gid(c: &RsContext, verb: &'static str, port: u32, index: u32) -> Result<ibv_gid, c_int> {
     if port != 1 {
-        return Err(invalid(verb, &format!("port {port}: only port 1"), libc::EINVAL));
+        return Err(invalid(
+            verb,
+            &format!("port {port}: only port 1"),
+            libc::EINVAL,
+        ));
     }
     let index = u16::try_from(index)
         .map_err(|_| invalid(verb, &format!("GID index {index}"), libc::EINVAL))?;

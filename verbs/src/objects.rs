@@ -7,8 +7,8 @@ use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pmd::{
-    Access, AddressVector, Gid, Mtu, Payload, QpAttr, QpCaps, QpState, RecvWr, Remote,
-    SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WorkCompletion,
+    Access, AddressVector, Gid, Mtu, Payload, QpAttr, QpCaps, QpState, RecvWr, Remote, SendFlags,
+    SendOp, SendWr, SgList, Sge, WcOpcode, WorkCompletion,
 };
 
 use crate::abi::*;
@@ -409,6 +409,8 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
 pub struct RsCq {
     ibv: ibv_cq,
     cq: Mutex<pmd::Cq>,
+    /// The device's poll activity (the helper thread stays out while polls come).
+    activity: Arc<crate::device::PollActivity>,
     /// Whether the pmd CQ has completion events (it was given a channel).
     events: bool,
 }
@@ -460,6 +462,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             async_events_completed: 0,
         },
         cq: Mutex::new(cq),
+        activity: c.activity.clone(),
         events,
     }));
     if let (true, Some(fd)) = (events, event_fd) {
@@ -474,7 +477,11 @@ pub unsafe extern "C" fn ibv_create_cq(
             let errno = std::io::Error::last_os_error();
             // SAFETY: made just above, not yet handed out.
             drop(unsafe { Box::from_raw(rs) });
-            invalid("ibv_create_cq", &format!("epoll_ctl: {errno}"), libc::EINVAL);
+            invalid(
+                "ibv_create_cq",
+                &format!("epoll_ctl: {errno}"),
+                libc::EINVAL,
+            );
             return std::ptr::null_mut();
         }
         ch.ibv.refcnt += 1;
@@ -520,9 +527,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let ch = unsafe { &mut *rs.ibv.channel.cast::<RsChannel>() };
         if let Some(fd) = lock(&rs.cq).event_fd() {
             // SAFETY: both descriptors are open.
-            unsafe {
-                libc::epoll_ctl(ch.ibv.fd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut())
-            };
+            unsafe { libc::epoll_ctl(ch.ibv.fd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
         }
         ch.ibv.refcnt -= 1;
     }
@@ -603,6 +608,9 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
 
 /// The ops table's `req_notify_cq`: arms the CQ (a CQ without a channel has nothing to
 /// signal and answers 0).
+///
+/// # Safety
+/// `cq` is one of our live CQs (the ops table is only reachable through our contexts).
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
     // SAFETY: the inline wrapper passes one of our CQs (the ops table is ours).
     let rs = unsafe { &*cq.cast::<RsCq>() };
@@ -639,9 +647,13 @@ fn to_ibv_wc(wc: &WorkCompletion) -> ibv_wc {
 
 /// The ops table's `poll_cq`: polls, and when the CQ is empty on a manual-progress device,
 /// runs the device once and polls again (run-to-completion).
+///
+/// # Safety
+/// `cq` is one of our live CQs; `out` holds `n` entries.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_int {
     // SAFETY: the inline wrapper passes one of our CQs.
     let rs = unsafe { &*cq.cast::<RsCq>() };
+    rs.activity.polled();
     let mut guard = lock(&rs.cq);
     let want = n.max(0) as usize;
     let mut done = 0usize;
@@ -711,7 +723,10 @@ pub unsafe extern "C" fn ibv_create_qp(
         };
         refuse(
             "ibv_create_qp",
-            &format!("{kind} QPs (type {}): railshift devices run RC only", a.qp_type),
+            &format!(
+                "{kind} QPs (type {}): railshift devices run RC only",
+                a.qp_type
+            ),
             libc::EOPNOTSUPP,
         );
         return std::ptr::null_mut();
@@ -727,11 +742,7 @@ pub unsafe extern "C" fn ibv_create_qp(
     // SAFETY: the caller's CQs.
     let (send_ours, recv_ours) = unsafe { (ours(a.send_cq).is_some(), ours(a.recv_cq).is_some()) };
     if !send_ours || !recv_ours {
-        invalid(
-            "ibv_create_qp",
-            "a CQ of another device",
-            libc::EINVAL,
-        );
+        invalid("ibv_create_qp", "a CQ of another device", libc::EINVAL);
         return std::ptr::null_mut();
     }
     // SAFETY: ours (checked); the pointer is ours.
@@ -877,7 +888,11 @@ fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, (String, c_int)>
 /// # Safety
 /// `qp` is a live QP; `attr` is valid for reads.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
     // SAFETY: forwarded from the caller.
     if unsafe { ours(qp) }.is_none() {
         return match system::ibv_modify_qp() {
@@ -897,7 +912,10 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             None => {
                 return invalid(
                     "ibv_modify_qp",
-                    &format!("QP state {} (SQD, SQE and unknown states are not supported)", a.qp_state),
+                    &format!(
+                        "QP state {} (SQD, SQE and unknown states are not supported)",
+                        a.qp_state
+                    ),
                     libc::EINVAL,
                 )
             }
@@ -1035,8 +1053,41 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         };
     }
     // SAFETY: ours, freed once.
-    drop(unsafe { Box::from_raw(qp.cast::<RsQp>()) });
+    let rs = unsafe { Box::from_raw(qp.cast::<RsQp>()) };
+    let connected = matches!(lock(&rs.qp).state(), QpState::Rtr | QpState::Rts);
+    if connected {
+        // SAFETY: ours (checked above); the context outlives its QPs.
+        if let Some(c) = unsafe { ours(qp) } {
+            linger(c);
+        }
+    }
+    drop(rs);
     0
+}
+
+/// Rounds a manual-progress device is driven, at most, before a connected QP goes.
+const LINGER_ROUNDS: usize = 64;
+/// How long a connected QP stays after `ibv_destroy_qp` on an auto-progress device.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Gives the device the chance to send what a connected QP still owes its peer before the
+/// QP goes: the softnic defers an ACK by one round (hoping to piggyback it on a reply), and a
+/// program that destroys its QP right after its last receive completed (ibv_rc_pingpong
+/// does) would otherwise leave the peer's last message unacknowledged, and the peer would
+/// fail it with a retry error. Hardware sends that ACK within microseconds; this is the
+/// softnic's equivalent. A manual-progress device is driven until idle; an auto-progress
+/// one, whose engine thread does it, is given [`LINGER`].
+fn linger(c: &RsContext) {
+    if c.pmd.progress_model() == pmd::provider::ProgressModel::Manual {
+        c.activity.polled();
+        for _ in 0..LINGER_ROUNDS {
+            if !c.pmd.step().busy {
+                break;
+            }
+        }
+    } else {
+        std::thread::sleep(LINGER);
+    }
 }
 
 /// `ibv_qp_to_qp_ex`: our QPs have no extended post API; `NULL` with `EOPNOTSUPP`, what a
@@ -1145,7 +1196,8 @@ unsafe fn send_wr<'a>(
     wr: &ibv_send_wr,
     inline_buf: &'a mut [u8; INLINE_GATHER],
 ) -> Result<SendWr<'a>, (String, c_int)> {
-    let n = usize::try_from(wr.num_sge).map_err(|_| (format!("num_sge {}", wr.num_sge), libc::EINVAL))?;
+    let n = usize::try_from(wr.num_sge)
+        .map_err(|_| (format!("num_sge {}", wr.num_sge), libc::EINVAL))?;
     let sges: &[ibv_sge] = if n == 0 || wr.sg_list.is_null() {
         &[]
     } else {
@@ -1215,7 +1267,11 @@ unsafe fn send_wr<'a>(
             Payload::Inline(&inline_buf[..at])
         }
     } else {
-        Payload::Gather(sges.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)).collect::<SgList>())
+        Payload::Gather(
+            sges.iter()
+                .map(|s| Sge::new(s.addr, s.length, s.lkey))
+                .collect::<SgList>(),
+        )
     };
     let mut flags = SendFlags::NONE;
     if rs.sq_sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0 {
@@ -1244,6 +1300,9 @@ fn post_errno(e: &pmd::PostError) -> c_int {
 
 /// The ops table's `post_send`: posts the list in order, rings the doorbell once for all
 /// of it; on a refused request, `bad_wr` names it, those before it are posted.
+///
+/// # Safety
+/// `qp` is one of our live QPs; `wr` is a valid list; `bad_wr` is null or writable.
 pub unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
     mut wr: *mut ibv_send_wr,
@@ -1285,6 +1344,9 @@ pub unsafe extern "C" fn post_send(
 }
 
 /// The ops table's `post_recv`.
+///
+/// # Safety
+/// `qp` is one of our live QPs; `wr` is a valid list; `bad_wr` is null or writable.
 pub unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
     mut wr: *mut ibv_recv_wr,
@@ -1302,7 +1364,10 @@ pub unsafe extern "C" fn post_recv(
             // SAFETY: the caller's list of `num_sge` entries.
             unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
         };
-        let list: SgList = sges.iter().map(|s| Sge::new(s.addr, s.length, s.lkey)).collect();
+        let list: SgList = sges
+            .iter()
+            .map(|s| Sge::new(s.addr, s.length, s.lkey))
+            .collect();
         let rwr = RecvWr::new(w.wr_id, &list);
         if let Err(e) = guard.post_recv(&rwr) {
             let errno = post_errno(&e);
@@ -1322,3 +1387,80 @@ pub unsafe extern "C" fn post_recv(
 
 /// The opcode numbering the pmd shares with verbs, checked once here.
 const _: () = assert!(WcOpcode::RecvRdmaWithImm as u32 == 129);
+
+/// Defines an exported verb that takes one of our objects first and that our devices do not
+/// offer: on ours it logs once, sets errno and returns `$fail`; on others it passes through.
+macro_rules! refused_on_ours {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident @ $version:literal [$check:ident]
+        ($first:ident : $fty:ty $(, $arg:ident : $ty:ty)*) -> $ret:ty,
+        $why:literal, $errno:expr, $fail:expr;
+    )*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The arguments are what libibverbs' function of this name takes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($first: $fty $(, $arg: $ty)*) -> $ret {
+            static REAL: crate::real::RealFn = crate::real::RealFn::new(
+                match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                    Ok(s) => s,
+                    Err(_) => panic!("symbol name"),
+                },
+                match std::ffi::CStr::from_bytes_with_nul(concat!($version, "\0").as_bytes()) {
+                    Ok(s) => s,
+                    Err(_) => panic!("symbol version"),
+                },
+            );
+            // SAFETY: forwarded from the caller: the first argument is a live verbs object
+            // (or context) that starts with its context pointer.
+            if unsafe { $check($first) }.is_none() {
+                return match REAL.address() {
+                    // SAFETY: the system's definition of this function, same prototype.
+                    Some(p) => unsafe {
+                        std::mem::transmute::<*mut c_void, unsafe extern "C" fn($fty $(, $ty)*) -> $ret>(p)(
+                            $first $(, $arg)*
+                        )
+                    },
+                    None => {
+                        crate::util::set_errno(libc::ENOSYS);
+                        $fail
+                    }
+                };
+            }
+            refuse(stringify!($name), $why, $errno);
+            $fail
+        }
+    )*};
+}
+
+refused_on_ours! {
+    /// `ibv_create_ah_from_wc`: refused on our devices (`EOPNOTSUPP`: UD).
+    ibv_create_ah_from_wc @ "IBVERBS_1.1" [ours]
+        (pd: *mut ibv_pd, wc: *mut ibv_wc, grh: *mut c_void, port: u8) -> *mut c_void,
+        "address handles (UD)", libc::EOPNOTSUPP, std::ptr::null_mut();
+    /// `ibv_init_ah_from_wc`: refused on our devices (`EOPNOTSUPP`: UD).
+    ibv_init_ah_from_wc @ "IBVERBS_1.1" [our_context]
+        (ctx: *mut ibv_context, port: u8, wc: *mut ibv_wc, grh: *mut c_void, ah: *mut ibv_ah_attr) -> c_int,
+        "address handles (UD)", libc::EOPNOTSUPP, -1;
+    /// `ibv_query_ece`: refused on our devices (`EOPNOTSUPP`).
+    ibv_query_ece @ "IBVERBS_1.10" [ours] (qp: *mut ibv_qp, ece: *mut c_void) -> c_int,
+        "enhanced connection establishment", libc::EOPNOTSUPP, libc::EOPNOTSUPP;
+    /// `ibv_set_ece`: refused on our devices (`EOPNOTSUPP`).
+    ibv_set_ece @ "IBVERBS_1.10" [ours] (qp: *mut ibv_qp, ece: *mut c_void) -> c_int,
+        "enhanced connection establishment", libc::EOPNOTSUPP, libc::EOPNOTSUPP;
+    /// `_ibv_query_gid_table`: refused on our devices (`EOPNOTSUPP`; `ibv_query_gid_ex`
+    /// answers per index).
+    _ibv_query_gid_table @ "IBVERBS_1.11" [our_context]
+        (ctx: *mut ibv_context, entries: *mut ibv_gid_entry, max: usize, flags: u32, size: usize) -> isize,
+        "the GID table in one call", libc::EOPNOTSUPP, -(libc::EOPNOTSUPP as isize);
+    /// `ibv_get_pkey_index`: refused on our devices (`EOPNOTSUPP`; the one P_Key is index 0).
+    ibv_get_pkey_index @ "IBVERBS_1.5" [our_context] (ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int,
+        "P_Key lookup (index 0 holds the only one)", libc::EOPNOTSUPP, -1;
+    /// `ibv_resolve_eth_l2_from_gid`: refused on our devices (`EOPNOTSUPP`: the softnic
+    /// resolves its peers itself).
+    ibv_resolve_eth_l2_from_gid @ "IBVERBS_1.1" [our_context]
+        (ctx: *mut ibv_context, attr: *mut ibv_ah_attr, mac: *mut u8, vid: *mut u16) -> c_int,
+        "L2 resolution", libc::EOPNOTSUPP, -1;
+}

@@ -22,6 +22,7 @@ pub fn init_logging() {
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
             .with_target(false)
+            .with_ansi(false)
             .try_init();
     });
 }

@@ -1,0 +1,287 @@
+//! The distribution's stock verbs binaries, unmodified, over railshift softnic devices on
+//! loopback: `LD_PRELOAD=librailshift_verbs.so RAILSHIFT_DEVICES=rs0=soft:lo@<addr>`, a
+//! server and a client per case, each on its own loopback address. Every pair must exit 0.
+//!
+//! Needs the Debian packages `perftest` and `ibverbs-utils` (`tools/test` installs them); a
+//! case whose binary is missing skips with a printed reason.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One pair at a time: the machine is small and the softnic engines are busy threads.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// How long one side may run before the case fails.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn shim() -> PathBuf {
+    // The test binary is target/<profile>/deps/stock-<hash>; the cdylib is uplifted to
+    // target/<profile>/.
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let lib = profile_dir.join("librailshift_verbs.so");
+    assert!(lib.exists(), "{} was not built", lib.display());
+    lib
+}
+
+fn binary(name: &str) -> Option<PathBuf> {
+    let path = Path::new("/usr/bin").join(name);
+    path.exists().then_some(path)
+}
+
+/// Whether something listens on TCP `port` (read from /proc, so no connection is made: a
+/// perftest server takes exactly one).
+fn listening(port: u16) -> bool {
+    let needle = format!(":{port:04X} 00000000:0000 0A");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .map(|s| s.lines().any(|l| l.contains(&needle)))
+            .unwrap_or(false)
+    })
+}
+
+fn side(bin: &Path, addr: &str, port: u16, args: &[&str], peer: Option<&str>) -> Child {
+    let mut cmd = Command::new(bin);
+    cmd.env("LD_PRELOAD", shim())
+        .env("RAILSHIFT_DEVICES", format!("rs0=soft:lo@{addr}"))
+        .args(["-d", "rs0", "-p", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(peer) = peer {
+        cmd.arg(peer);
+    }
+    cmd.spawn().expect("spawn a stock binary")
+}
+
+fn finish(child: Child, what: &str) -> Output {
+    let pid = child.id();
+    let start = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(DEADLINE) {
+        Ok(out) => out.expect("wait for a stock binary"),
+        Err(_) => {
+            // SAFETY: plain syscall on the child we spawned.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("{what} did not finish in {:?}", start.elapsed());
+        }
+    }
+}
+
+/// Runs `tool args` as a server on 127.0.<net>.1 and a client on 127.0.<net>.2; both must
+/// exit 0. Returns the client's stdout.
+fn pair(tool: &str, args: &[&str], net: u8) -> Option<String> {
+    let Some(bin) = binary(tool) else {
+        eprintln!("skipped: /usr/bin/{tool} is missing (install perftest and ibverbs-utils)");
+        return None;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let port = 19000 + u16::from(net);
+    let server = side(&bin, &format!("127.0.{net}.1"), port, args, None);
+    let start = Instant::now();
+    while !listening(port) && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = side(
+        &bin,
+        &format!("127.0.{net}.2"),
+        port,
+        args,
+        Some("127.0.0.1"),
+    );
+    let c = finish(client, &format!("{tool} {args:?} client"));
+    let s = finish(server, &format!("{tool} {args:?} server"));
+    let show = |o: &Output| {
+        format!(
+            "status {}\n--- stdout\n{}\n--- stderr\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(
+        c.status.success() && s.status.success(),
+        "{tool} {args:?}\n=== client {}\n=== server {}",
+        show(&c),
+        show(&s)
+    );
+    Some(String::from_utf8_lossy(&c.stdout).into_owned())
+}
+
+#[test]
+fn ibv_devices_lists_ours_in_front() {
+    let Some(bin) = binary("ibv_devices") else {
+        eprintln!("skipped: /usr/bin/ibv_devices is missing (install ibverbs-utils)");
+        return;
+    };
+    let out = Command::new(bin)
+        .env("LD_PRELOAD", shim())
+        .env(
+            "RAILSHIFT_DEVICES",
+            "rs0=soft:lo@127.0.40.1,rs1=soft:lo@127.0.40.2",
+        )
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rs0 = text.find("rs0").expect("rs0 listed");
+    let rs1 = text.find("rs1").expect("rs1 listed");
+    assert!(rs0 < rs1, "{text}");
+}
+
+#[test]
+fn ibv_devinfo_shows_an_active_roce_v2_port() {
+    let Some(bin) = binary("ibv_devinfo") else {
+        eprintln!("skipped: /usr/bin/ibv_devinfo is missing (install ibverbs-utils)");
+        return;
+    };
+    let out = Command::new(bin)
+        .args(["-v", "-d", "rs0"])
+        .env("LD_PRELOAD", shim())
+        .env("RAILSHIFT_DEVICES", "rs0=soft:lo@127.0.41.1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "hca_id:\trs0",
+        "PORT_ACTIVE",
+        "link_layer:\t\tEthernet",
+        "::ffff:127.0.41.1, RoCE v2",
+    ] {
+        assert!(text.contains(want), "no `{want}` in:\n{text}");
+    }
+}
+
+#[test]
+fn a_bad_device_list_is_an_error_naming_it() {
+    let Some(bin) = binary("ibv_devinfo") else {
+        eprintln!("skipped: /usr/bin/ibv_devinfo is missing (install ibverbs-utils)");
+        return;
+    };
+    let out = Command::new(bin)
+        .env("LD_PRELOAD", shim())
+        .env("RAILSHIFT_DEVICES", "rs0=soft:lo@127.0.42.1,rs0=soft:lo")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`rs0` is given twice"), "{err}");
+}
+
+#[test]
+fn ibv_rc_pingpong_checks_its_data() {
+    pair("ibv_rc_pingpong", &["-g", "0", "-n", "100", "--chk"], 43);
+}
+
+#[test]
+fn ibv_rc_pingpong_with_completion_events() {
+    pair(
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "100", "-e", "--chk"],
+        44,
+    );
+}
+
+#[test]
+fn ibv_rc_pingpong_with_large_messages() {
+    pair(
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "50", "-s", "65536"],
+        45,
+    );
+}
+
+#[test]
+fn ibv_uc_pingpong_is_refused_as_a_provider_refuses_uc() {
+    let Some(bin) = binary("ibv_uc_pingpong") else {
+        eprintln!("skipped: /usr/bin/ibv_uc_pingpong is missing (install ibverbs-utils)");
+        return;
+    };
+    let out = Command::new(bin)
+        .args(["-d", "rs0", "-g", "0", "-p", "19046"])
+        .env("LD_PRELOAD", shim())
+        .env("RAILSHIFT_DEVICES", "rs0=soft:lo@127.0.46.1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("UC QPs"), "{err}");
+}
+
+#[test]
+fn ib_write_bw_common_flags() {
+    pair("ib_write_bw", &["-n", "300"], 50);
+    pair("ib_write_bw", &["-s", "8", "-n", "500", "-I", "8"], 51);
+    pair("ib_write_bw", &["-a", "-n", "10"], 52);
+    pair("ib_write_bw", &["-D", "2"], 53);
+    pair(
+        "ib_write_bw",
+        &[
+            "-q",
+            "2",
+            "-t",
+            "64",
+            "-Q",
+            "4",
+            "-l",
+            "4",
+            "-F",
+            "--report_gbits",
+            "-n",
+            "300",
+        ],
+        54,
+    );
+    pair("ib_write_bw", &["-b", "-n", "200"], 55);
+}
+
+#[test]
+fn ib_write_lat_common_flags() {
+    pair("ib_write_lat", &["-n", "300"], 60);
+    pair("ib_write_lat", &["-s", "8", "-I", "8", "-n", "500"], 61);
+    pair("ib_write_lat", &["-a", "-n", "10", "-F"], 62);
+    pair("ib_write_lat", &["-D", "2"], 63);
+}
+
+#[test]
+fn ib_read_bw_common_flags() {
+    pair("ib_read_bw", &["-n", "300"], 70);
+    pair("ib_read_bw", &["-D", "2", "-s", "4096", "-q", "2"], 71);
+    pair("ib_read_bw", &["-a", "-n", "10", "--report_gbits"], 72);
+}
+
+#[test]
+fn ib_read_lat_common_flags() {
+    pair("ib_read_lat", &["-n", "300"], 75);
+    pair("ib_read_lat", &["-a", "-n", "10"], 76);
+}
+
+#[test]
+fn ib_send_bw_common_flags() {
+    pair("ib_send_bw", &["-n", "300"], 80);
+    pair("ib_send_bw", &["-b", "-n", "200", "-q", "2"], 81);
+    pair("ib_send_bw", &["-e", "-n", "200"], 82);
+    pair("ib_send_bw", &["-D", "2", "-s", "8", "-I", "8"], 83);
+}
+
+#[test]
+fn ib_send_lat_common_flags() {
+    pair("ib_send_lat", &["-n", "300"], 85);
+    pair("ib_send_lat", &["-s", "8", "-I", "8", "-n", "300"], 86);
+    pair("ib_send_lat", &["-a", "-n", "10"], 87);
+}
+
+#[test]
+fn ib_atomic_bw_both_atomics() {
+    pair("ib_atomic_bw", &["-n", "300"], 90);
+    pair("ib_atomic_bw", &["-A", "CMP_AND_SWAP", "-n", "300"], 91);
+    pair("ib_atomic_bw", &["-D", "2", "-q", "2"], 92);
+}
