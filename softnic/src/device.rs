@@ -608,5 +608,26 @@ impl Drop for Device {
         if let Some(t) = self.shared.lock_core().trace.as_mut() {
             t.flush();
         }
+        if let Some(path) = std::env::var_os(COUNTERS_FILE_ENV) {
+            // For tools that run a process on a device and want its drop counters after it.
+            let addr = self.shared.lock_core().local_addr;
+            let line = format!(
+                "softnic {} {addr}: {:?}\n",
+                self.shared.name,
+                self.counters()
+            );
+            let written = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+            if let Err(e) = written {
+                tracing::warn!(path = ?path, error = %e, "cannot append the device counters");
+            }
+        }
     }
 }
+
+/// The environment variable naming a file each device appends its counters to when it is
+/// dropped (one line: name, address, `Counters` in debug form).
+pub const COUNTERS_FILE_ENV: &str = "SOFTNIC_COUNTERS_FILE";
