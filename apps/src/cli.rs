@@ -117,6 +117,20 @@ impl Tool {
     }
 }
 
+/// The one figure `--output` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Figure {
+    /// Average bandwidth, in the table's unit.
+    #[value(name = "bandwidth")]
+    Bandwidth,
+    /// Message rate, Mpps.
+    #[value(name = "message_rate")]
+    MessageRate,
+    /// Average latency, usec.
+    #[value(name = "latency")]
+    Latency,
+}
+
 /// How the polling lcore waits when there is nothing to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -256,9 +270,11 @@ pub struct Flags {
     /// Traffic class: refused with the reason.
     #[arg(long = "tclass", hide = true)]
     pub tclass: Option<u8>,
-    /// perftest's single-figure output: refused with the reason.
-    #[arg(long = "output", hide = true, value_name = "WHAT")]
-    pub output: Option<String>,
+    /// Print only this figure of the last row, as perftest's --output: bandwidth (the
+    /// average, in the table's unit) or message_rate (bandwidth tools), latency (the
+    /// average, usec; latency tools).
+    #[arg(long = "output", value_enum, value_name = "WHAT")]
+    pub output: Option<Figure>,
     /// Server's address: run as the client. Without it, run as the server.
     #[arg(value_name = "HOST")]
     pub host: Option<String>,
@@ -306,7 +322,7 @@ fn scope(id: &str) -> Option<(&'static [Tool], &'static str)> {
         ),
         "report_gbits" => (RATES, "the bandwidth tools and shift_allreduce"),
         "ranks" => (&[Allreduce], "shift_allreduce"),
-        "perftest_peer" | "fault_fifo" | "all" | "inline_size" => {
+        "perftest_peer" | "fault_fifo" | "all" | "inline_size" | "output" => {
             (PAIRS, "the perftest-style tools, not shift_allreduce")
         }
         _ => return None,
@@ -469,6 +485,24 @@ impl Options {
             } else {
                 check_writable("--hdr-out", path)?;
             }
+        }
+        match flags.output {
+            Some(Figure::Latency) if !tool.is_latency() => {
+                return Err(format!(
+                    "--output latency is for the latency tools; {} prints bandwidth or message_rate",
+                    tool.name()
+                ))
+            }
+            Some(Figure::Bandwidth | Figure::MessageRate) if tool.is_latency() => {
+                return Err(format!(
+                    "--output bandwidth and message_rate are for the bandwidth tools; {} prints latency",
+                    tool.name()
+                ))
+            }
+            Some(_) if flags.run_infinitely => {
+                return Err("--output prints the last row's figure: not with --run_infinitely, which has none".into())
+            }
+            _ => {}
         }
         if flags.report_both && !flags.bidirectional {
             return Err("--report-both splits the summed row of -b/--bidirectional: add -b".into());
@@ -657,11 +691,6 @@ fn refuse_unbuilt(flags: &Flags) -> Result<(), String> {
             ));
         }
     }
-    if let Some(what) = &flags.output {
-        return Err(format!(
-            "--output {what}: not supported; --json FILE has every figure (docs/apps-json.md), and the last row of the table is the result"
-        ));
-    }
     Ok(())
 }
 
@@ -837,7 +866,15 @@ mod tests {
         assert!(refused(Tool::WriteBw, &["-S", "1"]).starts_with("-S/--sl: not supported"));
         assert!(refused(Tool::WriteLat, &["-T", "96"]).starts_with("-T/--tos: not supported"));
         assert!(refused(Tool::SendBw, &["--tclass", "96"]).starts_with("--tclass"));
-        assert!(refused(Tool::SendBw, &["--output", "bandwidth"]).contains("--json FILE"));
+        assert!(refused(Tool::SendBw, &["--output", "latency"]).contains("latency tools"));
+        assert!(refused(Tool::WriteLat, &["--output", "bandwidth"]).contains("prints latency"));
+        assert!(refused(Tool::WriteBw, &["--output", "bw"]).contains("--output"));
+        assert_eq!(
+            accepted(Tool::ReadBw, &["--output", "message_rate"])
+                .flags
+                .output,
+            Some(Figure::MessageRate)
+        );
         assert!(refused(Tool::WriteBw, &["-i", "2"]).contains("one port"));
         assert!(refused(Tool::WriteBw, &["--report-both"]).contains("add -b"));
     }

@@ -361,9 +361,9 @@ pub const CONNECT_RETRY: Duration = Duration::from_secs(5);
 
 /// perftest's banner, printed by a server before it waits for its client.
 pub fn print_waiting() {
-    println!("************************************");
-    println!("* Waiting for client to connect... *");
-    println!("************************************");
+    say!("************************************");
+    say!("* Waiting for client to connect... *");
+    say!("************************************");
 }
 
 /// Connects to the server at `host:port`, retrying for [`CONNECT_RETRY`].

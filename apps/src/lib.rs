@@ -19,7 +19,17 @@
 //! | [`outcome`] | what a run hands back; the report fields every tool fills |
 //! | [`run`] | parse, run, report, exit code |
 //! | [`wall_clock`] | wall-clock milliseconds since the epoch, for reports and the fault log |
+//! | [`verbosity`] | everything on stdout, or one figure (`--output`) |
 //! | [`error`] | what stops a tool, as one line |
+
+/// `println!`, unless the tool prints one figure only (perftest's `--output`).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        if !$crate::verbosity::quiet() {
+            println!($($arg)*)
+        }
+    };
+}
 
 pub mod allreduce;
 pub mod bw;
@@ -38,6 +48,7 @@ pub mod report;
 pub mod run;
 pub mod service_pacer;
 pub mod session;
+pub mod verbosity;
 pub mod wall_clock;
 
 pub use cli::Tool;

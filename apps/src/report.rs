@@ -165,7 +165,7 @@ impl Timeline {
             state: state.to_owned(),
         };
         if self.print {
-            println!(
+            say!(
                 " [timeline] {:>9.1} ms  {:>9.3} Gb/s  {:>9.6} Mpps  completions {:>8}  errors {:>3}  state {}",
                 s.t_ms, s.bw_gbps, s.msg_rate_mpps, s.completions, s.errors, s.state
             );
@@ -312,7 +312,7 @@ impl FailoverJson {
         if !resilient {
             return;
         }
-        println!(
+        say!(
             " Failover summary: {} failover(s), {} switch-back(s), {} refusal(s), {} error(s); WQEs retransmitted {}, skipped {}; last fallback latency {}",
             self.failovers,
             self.switch_backs,
@@ -324,7 +324,7 @@ impl FailoverJson {
                 .map_or("-".to_owned(), |us| format!("{us:.1} us"))
         );
         for e in &self.events {
-            println!(
+            say!(
                 "   {:>10.1} ms  {:<11} cause {:<22} device {:<20} fallback {:>10}  copied {} retransmitted {} skipped {}",
                 e.t_ms,
                 e.kind,

@@ -3,7 +3,7 @@
 //! command line). Errors are one line on stderr, never a panic.
 
 use crate::bw::{self, Layout};
-use crate::cli::{self, CliOutcome, Options, Tool};
+use crate::cli::{self, CliOutcome, Figure, Options, Tool};
 use crate::error::AppError;
 use crate::faults::FaultChannel;
 use crate::lat;
@@ -27,6 +27,7 @@ pub fn main_with_args(tool: Tool, args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    crate::verbosity::set_quiet(o.flags.output.is_some());
     match run(&o) {
         Ok(out) => match out.error {
             None => ExitCode::SUCCESS,
@@ -69,7 +70,7 @@ pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
         Some(path) => Some(FaultChannel::open(path)?),
         None => None,
     };
-    let (out, s, table) = if o.tool.is_latency() {
+    let (out, s, table, figure) = if o.tool.is_latency() {
         run_latency(o, &mut report, faults.as_ref())?
     } else {
         run_bandwidth(o, &mut report, faults.as_ref())?
@@ -79,7 +80,11 @@ pub fn run(o: &Options) -> Result<RunOutcome, AppError> {
     report.failover.print(s.host.is_resilient());
     // perftest's table comes last, so a script that reads the last rows finds the result.
     for line in table {
-        println!("{line}");
+        say!("{line}");
+    }
+    if let Some(f) = figure {
+        // perftest's --output: the figure alone, as its "%lf".
+        println!("{f:.6}");
     }
     report.mtu = s.mtu.bytes();
     report.error = out.as_ref().map(|e| e.to_string());
@@ -119,8 +124,9 @@ fn register_devices(o: &Options, s: &Session, faults: Option<&FaultChannel>) {
 }
 
 /// What a run hands [`run`]: the error that stopped it, the session (for the failover
-/// summary), and the lines of perftest's table, printed last.
-type Ran = (Option<AppError>, Session, Vec<String>);
+/// summary), the lines of perftest's table, printed last, and the figure `--output` asks
+/// for (from the table's last row).
+type Ran = (Option<AppError>, Session, Vec<String>, Option<f64>);
 
 fn run_bandwidth(
     o: &Options,
@@ -146,11 +152,11 @@ fn run_bandwidth(
         bw::server(o, &mut s, layout, &mut timeline)
     } else if o.flags.run_infinitely {
         // perftest's --run_infinitely: a row per round until something stops it.
-        println!("{}", report::bw_header(gbits));
+        say!("{}", report::bw_header(gbits));
         loop {
             let out = bw::client(o, &mut s, layout, &mut timeline);
             for r in &out.rows {
-                println!("{}", report::bw_row(r, gbits));
+                say!("{}", report::bw_row(r, gbits));
             }
             if out.error.is_some() {
                 break out;
@@ -211,15 +217,22 @@ fn run_bandwidth(
             table.push(RULE.to_owned());
         }
     }
+    let figure = out.rows.last().and_then(|r| match o.flags.output? {
+        Figure::Bandwidth if gbits => Some(r.bw_avg_gbps),
+        Figure::Bandwidth => Some(report::gbps_to_mibps(r.bw_avg_gbps)),
+        Figure::MessageRate => Some(r.msg_rate_mpps),
+        Figure::Latency => None,
+    });
     report.peer_results = peer;
     if let Some(c) = &out.check {
         if o.tool == Tool::ReadBw {
-            println!(
+            say!(
                 " Data check: {} bytes read and checked, {} bad bytes",
-                c.bytes_checked, c.errors
+                c.bytes_checked,
+                c.errors
             );
         } else {
-            println!(
+            say!(
                 " Data check: {} bytes and {} notifications checked, {} bad bytes, {} notification errors",
                 c.bytes_checked, c.notifications_checked, c.errors, c.notification_errors
             );
@@ -227,12 +240,12 @@ fn run_bandwidth(
     }
     if let Some(a) = &out.atomic {
         if o.is_server() {
-            println!(
+            say!(
                 " Atomic counter at the end: {} (every executed FETCH_ADD added one)",
                 a.remote_counter.map_or("?".into(), |c| c.to_string())
             );
         } else {
-            println!(
+            say!(
                 " Atomic counters: {} posted, {} completed, server counter {}, fetched values in sequence: {}, double executions: {}",
                 a.posted,
                 a.completed,
@@ -251,7 +264,7 @@ fn run_bandwidth(
         })
     });
     report.atomic = out.atomic;
-    Ok((out.error, s, table))
+    Ok((out.error, s, table, figure))
 }
 
 fn run_latency(
@@ -272,7 +285,7 @@ fn run_latency(
         }
         report.size = max;
         report.timeline = timeline.samples;
-        return Ok((error, s, Vec::new()));
+        return Ok((error, s, Vec::new(), None));
     }
     let mut out = lat::client(o, &mut s, &mut timeline);
     let total = out.sizes.iter().map(|l| l.row.iterations).sum();
@@ -295,6 +308,11 @@ fn run_latency(
         rows.push(row);
     }
     table.push(RULE.to_owned());
+    let figure = rows
+        .last()
+        .and_then(|r| r.latency.as_ref())
+        .filter(|_| o.flags.output == Some(Figure::Latency))
+        .map(|l| l.lat_avg_us);
     let what = if o.tool == Tool::ReadLat {
         "READ round trip"
     } else {
@@ -303,9 +321,9 @@ fn run_latency(
     match (&o.flags.hdr_out, out.sizes.as_slice()) {
         // `--hdr-out -`: the distribution on stdout, before the table.
         (Some(path), [only]) if path.as_os_str() == "-" => {
-            println!(" Latency percentile distribution ({what}, usec):");
+            say!(" Latency percentile distribution ({what}, usec):");
             lat::print_distribution(&only.hist);
-            println!("{RULE}");
+            say!("{RULE}");
         }
         _ => {}
     }
@@ -325,7 +343,7 @@ fn run_latency(
     report.latency = rows.last().and_then(|r| r.latency.clone());
     report.set_results(rows);
     report.timeline = timeline.samples;
-    Ok((out.error, s, table))
+    Ok((out.error, s, table, figure))
 }
 
 fn write_hgrm_file(

@@ -457,26 +457,26 @@ impl Session {
             0 => self.conns.len().to_string(),
             _ => format!("{} (+{idle} idle)", self.conns.len() - idle as usize),
         };
-        println!(" Number of qps   : {qps}\t\tTransport type : IB");
-        println!(" Connection type : RC\t\tUsing SRQ      : OFF");
-        println!(
+        say!(" Number of qps   : {qps}\t\tTransport type : IB");
+        say!(" Connection type : RC\t\tUsing SRQ      : OFF");
+        say!(
             " Role            : {}",
             if o.is_server() { "server" } else { "client" }
         );
-        println!(" TX depth        : {tx_depth}");
-        println!(" CQ Moderation   : {cq_mod}");
-        println!(" Mtu             : {}[B]", self.mtu.bytes());
-        println!(" Link type       : Ethernet (RoCEv2)");
-        println!(" GID index       : {}", o.flags.gid_index);
-        println!(" Max inline data : {}[B]", o.inline_size);
-        println!(" Data ex. method : Ethernet (TCP port {})", o.flags.port);
+        say!(" TX depth        : {tx_depth}");
+        say!(" CQ Moderation   : {cq_mod}");
+        say!(" Mtu             : {}[B]", self.mtu.bytes());
+        say!(" Link type       : Ethernet (RoCEv2)");
+        say!(" GID index       : {}", o.flags.gid_index);
+        say!(" Max inline data : {}[B]", o.inline_size);
+        say!(" Data ex. method : Ethernet (TCP port {})", o.flags.port);
         if let Oob::Perftest(link) = &self.oob {
-            println!(
+            say!(
                 " Peer            : stock perftest {}: its exchange, plain QPs; a perftest peer cannot take part in failover",
                 link.peer_version.text
             );
         }
-        println!(
+        say!(
             " Polling         : {:?}{}",
             o.flags.poll,
             match o.flags.cpu {
@@ -484,13 +484,16 @@ impl Session {
                 None => String::new(),
             }
         );
-        println!("{RULE}");
+        say!("{RULE}");
         let line = |who: &str, q: &QpInfo| {
-            println!(
+            say!(
                 " {who} address: QPN {:#06x} PSN {:#08x} RKey {:#08x} VAddr {:#016x}",
-                q.qpn, q.psn, q.rkey, q.addr
+                q.qpn,
+                q.psn,
+                q.rkey,
+                q.addr
             );
-            println!(" GID: {}", q.gid);
+            say!(" GID: {}", q.gid);
         };
         for q in &self.ours {
             line("local", q);
@@ -498,16 +501,16 @@ impl Session {
         for q in &self.peers {
             line("remote", q);
         }
-        println!("{RULE}");
+        say!("{RULE}");
     }
 }
 
 /// The first lines of every tool's header: the rule, the title, the devices.
 pub fn print_title_and_devices(o: &Options) {
-    println!("{RULE}");
-    println!("                    {}", o.tool.title());
-    println!(" Device          : {}", o.device);
-    println!(
+    say!("{RULE}");
+    say!("                    {}", o.tool.title());
+    say!(" Device          : {}", o.device);
+    say!(
         " Backup device   : {}",
         match (&o.flags.backup_dev, o.failover_enabled()) {
             (Some(b), _) if o.flags.perftest_peer => {

@@ -346,6 +346,28 @@ fn an_unreachable_server_is_one_line() {
 }
 
 #[test]
+fn output_prints_the_one_figure_asked_for_and_nothing_else() {
+    let r = pair(
+        "shift_read_bw",
+        47,
+        &["-n", "500", "--output", "message_rate"],
+    );
+    ok(&r);
+    for (run, json) in [(&r.client, &r.client_json), (&r.server, &r.server_json)] {
+        let out = String::from_utf8_lossy(&run.stdout);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        let mpps: f64 = lines[0].parse().unwrap();
+        // The server prints the client's figure, as its table would.
+        let want = r.client_json["msg_rate_mpps"].as_f64().unwrap();
+        assert!(
+            mpps > 0.0 && (mpps - want).abs() < 1e-6,
+            "{mpps} {want} {json}"
+        );
+    }
+}
+
+#[test]
 fn a_client_started_before_its_server_connects_once_it_listens() {
     let (port, a_server, a_client) = slot(44);
     let dev = |a: &str| {
