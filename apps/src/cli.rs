@@ -663,6 +663,19 @@ impl Options {
         })
     }
 
+    /// A warning for perftest's `-x` habit on a ConnectX: railshift's index 0 is already
+    /// the device's RoCE v2 IPv4 GID (its table entry swapped with entry 0), so on the usual
+    /// table `-x 3` picks entry 0, a RoCE v1 GID.
+    pub fn gid_index_warning(&self) -> Option<String> {
+        let ibdev = self.device.strip_prefix("mlx5:")?;
+        let x = self.flags.gid_index;
+        (x != 0).then(|| {
+            format!(
+                "-x {x} is railshift's GID index, not {ibdev}'s table entry: 0 (the default) is already the device's first RoCE v2 IPv4 GID, and that GID's own table index stands for entry 0 (RoCE v1 on a usual ConnectX); drop -x unless that is meant (docs/apps.md)"
+            )
+        })
+    }
+
     /// Whether this process is the server (no host argument).
     pub fn is_server(&self) -> bool {
         self.flags.host.is_none()
@@ -893,6 +906,21 @@ mod tests {
         assert!(refused(Tool::Allreduce, &["-I", "64"]).starts_with("-I/--inline_size is for"));
         assert!(refused(Tool::WriteLat, &["--report_gbits"]).starts_with("--report_gbits is for"));
         assert!(refused(Tool::WriteBw, &["--ranks", "2"]).starts_with("--ranks is for"));
+    }
+
+    #[test]
+    fn perftests_gid_index_habit_on_a_connectx_is_warned_about() {
+        let o = accepted(Tool::WriteBw, &["-d", "mlx5_0", "-x", "3"]);
+        let w = o.gid_index_warning().expect("a warning");
+        assert!(
+            w.starts_with("-x 3 is railshift's GID index, not mlx5_0's"),
+            "{w}"
+        );
+        assert!(accepted(Tool::WriteBw, &["-d", "mlx5_0"])
+            .gid_index_warning()
+            .is_none());
+        let soft = accepted(Tool::WriteBw, &["-d", "soft:lo", "-x", "1"]);
+        assert!(soft.gid_index_warning().is_none());
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub fn main_with_args(tool: Tool, args: &[String]) -> ExitCode {
         }
     };
     crate::verbosity::set_quiet(o.flags.output.is_some());
+    if let Some(w) = o.gid_index_warning() {
+        eprintln!("{}: warning: {w}", tool.name());
+    }
     match run(&o) {
         Ok(out) => match out.error {
             None => ExitCode::SUCCESS,
