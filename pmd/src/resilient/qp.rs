@@ -32,7 +32,7 @@ use super::clock::Clock;
 use super::config::ResilientConfig;
 use super::control::ControlChannel;
 use super::log::FailoverLog;
-use super::mailbox::{Mail, QpShared};
+use super::mailbox::{BackupParts, Mail, QpShared};
 use super::rendezvous::{PeerAttrs, RendezvousError};
 use super::shadow::{CtxInner, QpShadow};
 use super::stats::{FailoverEvent, FailoverStats};
@@ -154,6 +154,9 @@ pub(super) struct Slow {
     pub events: VecDeque<Event>,
     /// Events that came before protection, replayed after it.
     pub early: Vec<Event>,
+    /// A backup side handed over after a revoke, moved to ERR by it: kept (not installed)
+    /// until this QP is destroyed, as the rest of a revoked lease is.
+    pub revoked_backup: Option<Box<BackupParts>>,
     /// Completions for the application, returned before anything polled later.
     pub wcs: VecDeque<WorkCompletion>,
     /// Where unfinished work and the failover's own WQEs stand in the rings.
@@ -238,6 +241,7 @@ impl ResilientQp {
             setup_error: None,
             events: VecDeque::new(),
             early: Vec::new(),
+            revoked_backup: None,
             wcs: VecDeque::new(),
             book: Book::default(),
             log,
@@ -466,6 +470,19 @@ impl ResilientQp {
                 refused.push(("backup QP to ERR", e.to_string()));
             }
         }
+        // A backup side the service handed over but this owner has not taken yet: it is
+        // connected to the peer's backup QP, in the backup PD, until the mail is read.
+        let mut mail = std::mem::take(&mut self.slow.scratch.mail);
+        self.shared.take(&mut mail);
+        for m in mail.drain(..) {
+            if let Mail::Protected(parts) = m {
+                if let Err(e) = parts.qp.handle().modify(QpState::Err, &err) {
+                    refused.push(("backup QP (handed over) to ERR", e.to_string()));
+                }
+                self.slow.revoked_backup = Some(parts);
+            }
+        }
+        self.slow.scratch.mail = mail;
         if self.slow.failed.is_none() {
             let now = self.slow.env.clock.now();
             self.surface(WcStatus::WrFlushErr, FailReason::Revoked, now);

@@ -199,3 +199,37 @@ fn a_clean_revoke_is_torn_down_and_swept_after_the_grace_period() {
     assert_eq!((leases.sweep(), leases.draining()), (0, 1));
     assert!(leases.qp(id).is_none() && leases.memory(id).is_none());
 }
+
+#[test]
+fn a_revoke_before_the_owner_took_the_backup_side_moves_that_backup_qp_to_err() {
+    use crate::qp_state::QpState;
+    use crate::resilient::{Grant, Leases, RevokeOutcome};
+    use crate::verbs::{AddressVector, Mtu, QpAttr};
+    let r = rig();
+    let pd = r.ctx.alloc_pd().unwrap();
+    r.settle();
+    let buf = pd.alloc_buffer(4096, Access::ALL).unwrap();
+    let mut a = pd.create_qp(caps()).unwrap();
+    let mut b = pd.create_qp(caps()).unwrap();
+    r.settle();
+    let blob = |qp: &crate::resilient::ResilientQp| qp.try_rendezvous_blob().unwrap().unwrap();
+    let (blob_a, blob_b) = (blob(&a), blob(&b));
+    a.connect_backup(&blob_b).unwrap();
+    b.connect_backup(&blob_a).unwrap();
+    let backup_qpn = PeerAttrs::parse(&blob_a).unwrap().backup_qpn;
+    let gid = PeerAttrs::parse(&blob_b).unwrap().default_gid;
+    a.modify(QpState::Init, &QpAttr::init(Access::ALL)).unwrap();
+    let rtr = QpAttr::rtr(AddressVector::to_gid(gid), b.qpn(), 0, Mtu::Mtu1024);
+    a.modify(QpState::Rtr, &rtr).unwrap();
+    a.modify(QpState::Rts, &QpAttr::rts(0)).unwrap();
+    // The service connects the backup QP and hands it over by mail; the owner, which has
+    // not polled since, has not taken it.
+    r.settle();
+    assert_eq!(r.backup_fake.qp(backup_qpn).state, QpState::Rts);
+    let mut leases = Leases::new(Clock::real(), std::time::Duration::from_secs(3600));
+    let id = leases.grant(a, vec![Grant::Buffer(buf)]);
+    assert_eq!(leases.revoke(id), RevokeOutcome::TornDown);
+    // Not connected to the peer's backup QP for the grace period: in ERR at once.
+    assert_eq!(r.backup_fake.qp(backup_qpn).state, QpState::Err);
+    drop(b);
+}
