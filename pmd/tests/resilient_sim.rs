@@ -1322,3 +1322,42 @@ fn a_round_failing_after_copying_its_receives_flushes_each_receive_once() {
     // B's receives were copied to the backup RQ before its round failed.
     assert!(t.dirs[0].recvs_posted > t.dirs[0].notified);
 }
+
+/// Host A's default device dies while A (the leader) re-arms the default pair after a link
+/// flap, its probe possibly outstanding: the probe never completes (a dead device flushes
+/// nothing), so the driver must stop waiting for it, or the QP stays busy for good (no fast
+/// poll; an adopted QP polled every retry interval).
+#[test]
+fn a_default_device_dying_during_a_rearm_leaves_nothing_outstanding() {
+    let mut sim = Sim::new(41, config());
+    let mut t = nccl(&sim, 60);
+    t.dirs[0].interval = Duration::from_millis(1);
+    let mut phase = 0;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            s.link_down(A_DEFAULT, Some(Duration::from_millis(5)));
+            phase = 1;
+        }
+        let rearming = s.a.qp.machine().map(|m| m.default_qp_phase())
+            == Some(pmd::failover::DefaultQpPhase::Rearming);
+        if phase == 1 && rearming && s.a.qp.is_busy() {
+            s.a.devices[0].inject_fault(DeviceFault::Dead).unwrap();
+            phase = 2;
+        }
+        step(&mut t, s) && phase == 2
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: {} of 60 completed, states {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state()
+    );
+    assert_clean(&mut t, &mut sim);
+    sim.run_for(Duration::from_secs(1));
+    assert!(
+        !sim.a.qp.is_busy(),
+        "A still busy a second after the traffic ended: {:?}",
+        sim.a.qp.events()
+    );
+}

@@ -181,6 +181,10 @@ impl ResilientQp {
                     tracing::warn!(qp = %self.shared.name, ?path, "failover: the device is dead (device-fatal event)");
                     if path == Path::Default {
                         self.slow.book.default_dead = true;
+                        // A dead device completes nothing, not even a flush: a probe on it
+                        // is never answered (the link-down that follows abandons the
+                        // attempt), and nothing must keep waiting for it.
+                        self.slow.book.probe = None;
                     }
                 }
             }
