@@ -171,6 +171,13 @@ impl ResilientQp {
         let any = !mail.is_empty();
         while let Some(m) = mail.pop_front() {
             match m {
+                Mail::Event(Event::LinkUp {
+                    path: Path::Default,
+                }) if self.slow.book.default_dead => {
+                    // A device that raised its device-fatal event never comes back: a netdev
+                    // that comes up again (a device reset flaps it) is not a path.
+                    tracing::warn!(qp = %self.shared.name, "failover: the dead default device's link came up; it stays down for failover");
+                }
                 Mail::Event(e) => {
                     tracing::debug!(qp = %self.shared.name, event = ?e, "failover: mail");
                     self.enqueue(e)
