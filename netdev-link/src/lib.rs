@@ -21,7 +21,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use netlink_packet_core::{
     ErrorBuffer, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLMSG_ERROR,
@@ -29,7 +29,7 @@ use netlink_packet_core::{
 };
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkHeader, LinkMessage};
 use netlink_packet_route::neighbour::{
-    NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -252,6 +252,100 @@ impl LinkControl {
     }
 }
 
+/// The neighbour states whose link-layer address can be sent to: the kernel sends to a stale
+/// or probed entry too, while it confirms it.
+const NUD_USABLE: u16 = libc::NUD_REACHABLE
+    | libc::NUD_STALE
+    | libc::NUD_DELAY
+    | libc::NUD_PROBE
+    | libc::NUD_PERMANENT
+    | libc::NUD_NOARP;
+
+impl LinkControl {
+    /// The link-layer (MAC) address the kernel's neighbour table holds for `peer` on the
+    /// interface `index`, when the entry is usable (reachable, stale, delay, probe,
+    /// permanent, noarp); `None` when there is no entry or it is unresolved (incomplete,
+    /// failed). One `RTM_GETNEIGH` for the address (kernels from 5.0 answer it directly).
+    pub fn neighbour(&mut self, index: u32, peer: IpAddr) -> io::Result<Option<[u8; 6]>> {
+        let mut request = NeighbourMessage::default();
+        request.header.ifindex = index;
+        let (family, address) = match peer {
+            IpAddr::V4(a) => (AddressFamily::Inet, NeighbourAddress::Inet(a)),
+            IpAddr::V6(a) => (AddressFamily::Inet6, NeighbourAddress::Inet6(a)),
+        };
+        request.header.family = family;
+        request
+            .attributes
+            .push(NeighbourAttribute::Destination(address));
+        let answer = exchange(
+            &self.socket,
+            &format!("interface {index}"),
+            RouteNetlinkMessage::GetNeighbour(request),
+            NLM_F_REQUEST,
+            |kind, payload| (kind == libc::RTM_NEWNEIGH).then(|| usable_lladdr(payload)),
+            || Ok(None),
+        );
+        match answer {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            other => other,
+        }
+    }
+}
+
+impl LinkControl {
+    /// Starts resolving `peer` on the interface `index` if the kernel has no usable entry for
+    /// it, as `ip neigh replace <peer> dev <netdev> use nud none` does: an `RTM_NEWNEIGH`
+    /// with NTF_USE, which creates the entry if needed and sends an ARP request or neighbour
+    /// solicitation, changing nothing about an entry that is resolved (pinned ones included).
+    /// Returns once the kernel acknowledged the request, not when the answer came.
+    pub fn resolve_neighbour(&mut self, index: u32, peer: IpAddr) -> io::Result<()> {
+        let mut request = NeighbourMessage::default();
+        request.header.ifindex = index;
+        request.header.state = NeighbourState::None;
+        request.header.flags = NeighbourFlags::Use;
+        let (family, address) = match peer {
+            IpAddr::V4(a) => (AddressFamily::Inet, NeighbourAddress::Inet(a)),
+            IpAddr::V6(a) => (AddressFamily::Inet6, NeighbourAddress::Inet6(a)),
+        };
+        request.header.family = family;
+        request
+            .attributes
+            .push(NeighbourAttribute::Destination(address));
+        exchange(
+            &self.socket,
+            &format!("interface {index}"),
+            RouteNetlinkMessage::NewNeighbour(request),
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+            |_, _| None,
+            || Ok(()),
+        )
+    }
+}
+
+/// The 6-byte link-layer address of a neighbour message (`struct ndmsg`, then attributes)
+/// when its state is usable.
+fn usable_lladdr(payload: &[u8]) -> Option<[u8; 6]> {
+    // struct ndmsg: family u8, pad u8, pad u16, ifindex i32, state u16, flags u8, type u8.
+    const NDMSG_LEN: usize = 12;
+    let state = u16::from_ne_bytes(payload.get(8..10)?.try_into().ok()?);
+    if state & NUD_USABLE == 0 {
+        return None;
+    }
+    let mut attrs = payload.get(NDMSG_LEN..)?;
+    while attrs.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
+        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
+        if len < 4 || len > attrs.len() {
+            return None;
+        }
+        if kind == libc::NDA_LLADDR {
+            return attrs[4..len].try_into().ok();
+        }
+        attrs = attrs.get(len.next_multiple_of(4)..).unwrap_or_default();
+    }
+    None
+}
+
 /// The netlink messages of one datagram, as (message type, payload), in order. A truncated
 /// or malformed message ends the walk.
 fn messages(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
@@ -371,6 +465,36 @@ impl LinkMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A neighbour message payload (`struct ndmsg` and an NDA_DST and an NDA_LLADDR
+    /// attribute) in `state`.
+    fn ndmsg(state: u16, mac: [u8; 6]) -> Vec<u8> {
+        let mut b = vec![libc::AF_INET as u8, 0, 0, 0];
+        b.extend_from_slice(&7i32.to_ne_bytes());
+        b.extend_from_slice(&state.to_ne_bytes());
+        b.extend_from_slice(&[0, 1]);
+        b.extend_from_slice(&8u16.to_ne_bytes());
+        b.extend_from_slice(&libc::NDA_DST.to_ne_bytes());
+        b.extend_from_slice(&[198, 18, 0, 2]);
+        b.extend_from_slice(&10u16.to_ne_bytes());
+        b.extend_from_slice(&libc::NDA_LLADDR.to_ne_bytes());
+        b.extend_from_slice(&mac);
+        b.extend_from_slice(&[0, 0]);
+        b
+    }
+
+    #[test]
+    fn a_resolved_neighbour_gives_its_mac_and_an_unresolved_one_none() {
+        let mac = [0x02, 0, 0xc6, 0x12, 0, 2];
+        for state in [libc::NUD_REACHABLE, libc::NUD_STALE, libc::NUD_PERMANENT] {
+            assert_eq!(usable_lladdr(&ndmsg(state, mac)), Some(mac));
+        }
+        for state in [libc::NUD_INCOMPLETE, libc::NUD_FAILED, libc::NUD_NONE] {
+            assert_eq!(usable_lladdr(&ndmsg(state, mac)), None);
+        }
+        // Truncated: no panic, no address.
+        assert_eq!(usable_lladdr(&ndmsg(libc::NUD_REACHABLE, mac)[..20]), None);
+    }
 
     /// An `RTM_NEWLINK` or `RTM_DELLINK` for interface `index` with `flags`, as the kernel
     /// frames it (no attributes).

@@ -74,6 +74,20 @@ pub struct DeviceConfig {
     /// Draw memory-key variants from this seed (a replayable simulation) instead of from the
     /// OS's entropy (the default: a peer cannot predict the next rkey).
     pub key_seed: Option<u64>,
+    /// How a UDP wire sends (the fabric ignores it).
+    pub send_path: SendPath,
+}
+
+/// How a device on a netdev sends its packets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SendPath {
+    /// Whole frames with its own headers through a packet socket, to the peer's MAC address
+    /// resolved when a QP is connected (the default; UDP sockets where that is not possible).
+    #[default]
+    Frames,
+    /// Through the kernel's UDP sockets, which resolve the peer with ARP as they send (what
+    /// the device did before it sent frames; kept to measure against).
+    UdpSockets,
 }
 
 impl DeviceConfig {
@@ -86,6 +100,7 @@ impl DeviceConfig {
             clock: Clock::real(),
             pcap: None,
             key_seed: None,
+            send_path: SendPath::Frames,
         }
     }
 }
@@ -172,7 +187,9 @@ impl Device {
         }
         let waker = Arc::new(Waker::new(cfg.progress != ProgressMode::Manual)?);
         let mut wire = match &cfg.wire {
-            Wire::Udp { netdev, addr } => WireImpl::Udp(UdpWire::open(netdev, *addr)?),
+            Wire::Udp { netdev, addr } => {
+                WireImpl::Udp(Box::new(UdpWire::open(netdev, *addr, cfg.send_path)?))
+            }
             Wire::Fabric { fabric, port } => {
                 WireImpl::Fabric(fabric.port(*port).ok_or(DeviceError::NoSuchPort(*port))?)
             }
@@ -497,9 +514,14 @@ impl Device {
         qp.apply(state, attrs);
         core.active.mark(qp);
         if state == QpState::Rtr {
-            // Connected: its first packet must not open a socket on the datapath.
+            // Connected: its first packet must not open a socket on the datapath, and the
+            // peer's MAC address is resolved now, once, as a RoCE NIC's address vector is.
             let src_port = qp.src_port;
+            let peer = qp.peer().map(|(addr, _)| addr);
             core.wire.prepare_source_port(src_port);
+            if let Some(peer) = peer {
+                core.wire.prepare_peer(peer);
+            }
         }
         drop(guard);
         // The engine may have work now (e.g. WQEs rung while in RTR).

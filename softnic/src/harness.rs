@@ -672,6 +672,7 @@ impl Sim {
             clock: self.clock.clone(),
             pcap,
             key_seed: Some(self.seed ^ u64::from(n)),
+            send_path: crate::SendPath::Frames,
         })
     }
 

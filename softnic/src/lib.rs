@@ -31,6 +31,7 @@ mod cqe;
 pub mod device;
 mod dma;
 mod engine;
+mod eth_tx;
 pub mod events;
 pub mod fabric;
 mod medium;
@@ -57,7 +58,9 @@ pub mod harness;
 pub use clock::Clock;
 pub use counters::{Counters, NakCounts};
 pub use cq::{CompletionChannel, CqConfig, CqHandle, CqId};
-pub use device::{Device, DeviceConfig, DeviceError, MrKeys, ProgressMode, QpHandle, Wire};
+pub use device::{
+    Device, DeviceConfig, DeviceError, MrKeys, ProgressMode, QpHandle, SendPath, Wire,
+};
 pub use engine::Activity;
 pub use events::{AsyncEvent, EventQueue};
 pub use fabric::{Fabric, FabricStats, Fault, FaultRule};

@@ -12,7 +12,8 @@ use crate::wire::{Batch, PortState};
 
 /// The device's wire.
 pub(crate) enum WireImpl {
-    Udp(UdpWire),
+    /// Boxed: the UDP wire carries its scratch arrays and sockets, the fabric port little.
+    Udp(Box<UdpWire>),
     Fabric(FabricPort),
 }
 
@@ -42,6 +43,15 @@ impl WireImpl {
     pub fn prepare_source_port(&mut self, src_port: u16) {
         match self {
             WireImpl::Udp(w) => w.prepare_source_port(src_port),
+            WireImpl::Fabric(_) => {}
+        }
+    }
+
+    /// Resolves the MAC address of `peer` for a QP being connected (RTR), as a RoCE NIC's
+    /// address vector: a UDP wire then sends its frames there without asking ARP again.
+    pub fn prepare_peer(&mut self, peer: IpAddr) {
+        match self {
+            WireImpl::Udp(w) => w.prepare_peer(peer),
             WireImpl::Fabric(_) => {}
         }
     }

@@ -28,8 +28,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
+use crate::device::SendPath;
+use crate::eth_tx::EthTx;
 use crate::rx_ring::{attach_filter, bpf, RxRing, BPF_K, BPF_RET};
-use crate::wire::{Batch, PortState, ROCE_PORT};
+use crate::wire::{Batch, PacketBuf, PortState, ROCE_PORT};
 use netdev_link::LinkMonitor;
 
 /// The UDP source port rxe uses for a QP: `0xC000 + hash_32(qpn, 14)`.
@@ -202,6 +204,44 @@ fn bound_socket(netdev: &str, addr: IpAddr, port: u16, reuse_port: bool) -> io::
     Ok(fd)
 }
 
+/// Sends every message of `hdrs` on `fd` with `sendmmsg`, as many per call as the kernel
+/// takes; a full socket buffer is waited on briefly (poll for POLLOUT, up to 100 x 1 ms)
+/// rather than dropping, and a message the kernel refuses (`ENETDOWN`, `EMSGSIZE`) is dropped
+/// alone, for the transport to retransmit. Returns how many the kernel took.
+pub(crate) fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> usize {
+    let end = hdrs.len();
+    let mut sent = 0;
+    let mut at = 0;
+    let mut stalls = 0;
+    while at < end {
+        // SAFETY: hdrs[at..] point at live names, iovecs and packet buffers.
+        let n = unsafe { libc::sendmmsg(fd, hdrs[at..].as_mut_ptr(), (end - at) as u32, 0) };
+        if n > 0 {
+            at += n as usize;
+            sent += n as usize;
+            continue;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::WouldBlock && stalls < 100 {
+            // The socket buffer is full: wait for room briefly instead of dropping.
+            stalls += 1;
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 1) };
+            continue;
+        }
+        if err.kind() != io::ErrorKind::WouldBlock {
+            tracing::debug!(error = %err, "sendmmsg failed; dropping the packet");
+        }
+        at += 1;
+    }
+    sent
+}
+
 /// Keeps nothing: the UDP listener beside a receive ring queues no copies.
 const DROP_ALL_FILTER: [libc::sock_filter; 1] = [bpf(BPF_RET | BPF_K, 0, 0, 0)];
 
@@ -284,6 +324,11 @@ pub(crate) struct UdpWire {
     netns: OwnedFd,
     rx: Receiver,
     tx: HashMap<u16, OwnedFd>,
+    /// Frames with our own headers to resolved peers (`None` without CAP_NET_RAW or on a
+    /// netdev that is not Ethernet: everything goes through `tx`).
+    eth: Option<Box<EthTx>>,
+    /// Indices of the packets of a batch `eth` did not take (scratch).
+    rest: Vec<usize>,
     monitor: LinkMonitor,
     state: PortState,
     last_link_poll: Instant,
@@ -305,18 +350,37 @@ impl std::fmt::Debug for UdpWire {
 }
 
 impl UdpWire {
-    /// Opens the receive socket and the link monitor.
-    pub(crate) fn open(netdev: &str, addr: IpAddr) -> io::Result<UdpWire> {
+    /// Opens the receive socket, the link monitor and, for [`SendPath::Frames`], the packet
+    /// socket frames are sent through.
+    pub(crate) fn open(netdev: &str, addr: IpAddr, send_path: SendPath) -> io::Result<UdpWire> {
         let netns = current_netns()?;
         let monitor = LinkMonitor::open(netdev)?;
         let rx = Receiver::open(netdev, addr)?;
         let state = monitor.state().into();
+        let eth = match send_path {
+            SendPath::UdpSockets => None,
+            SendPath::Frames => match EthTx::open(netdev, addr) {
+                Ok(eth) => Some(Box::new(eth)),
+                Err(e) => {
+                    tracing::warn!(
+                        netdev,
+                        %addr,
+                        error = %e,
+                        "no packet socket to send frames through: sending through UDP sockets, \
+                         whose packets wait for ARP after a link flap"
+                    );
+                    None
+                }
+            },
+        };
         Ok(UdpWire {
             netdev: netdev.to_string(),
             addr,
             netns,
             rx,
             tx: HashMap::new(),
+            eth,
+            rest: Vec::new(),
             monitor,
             state,
             last_link_poll: Instant::now(),
@@ -348,6 +412,9 @@ impl UdpWire {
             self.last_link_poll = Instant::now();
             if let Some(s) = self.monitor.poll() {
                 self.state = s.into();
+            }
+            if let Some(eth) = self.eth.as_mut() {
+                eth.repoll();
             }
         }
         self.state
@@ -414,20 +481,46 @@ impl UdpWire {
         self.tx_socket(src_port);
     }
 
-    /// Sends the batch; runs sharing a source port go out in one `sendmmsg`.
+    /// Resolves `peer`'s MAC address for a QP being connected (see [`EthTx::prepare_peer`]).
+    pub(crate) fn prepare_peer(&mut self, peer: IpAddr) {
+        if let Some(eth) = self.eth.as_mut() {
+            eth.prepare_peer(peer);
+        }
+    }
+
+    /// Sends the batch: frames to resolved peers through the packet socket in one
+    /// `sendmmsg`; the rest through the UDP sockets, runs sharing a source port in one
+    /// `sendmmsg` each.
     pub(crate) fn send(&mut self, batch: &Batch) -> usize {
         let pkts = batch.filled();
-        self.scratch(pkts.len());
+        let mut rest = std::mem::take(&mut self.rest);
+        rest.clear();
+        let mut sent = 0;
+        match self.eth.as_mut() {
+            Some(eth) => sent += eth.send(pkts, self.addr, &mut rest),
+            None => rest.extend(0..pkts.len()),
+        }
+        if !rest.is_empty() {
+            sent += self.send_udp(pkts, &rest);
+        }
+        self.rest = rest;
+        sent
+    }
+
+    /// Sends `pkts[i]` for each `i` of `which` through the UDP socket of its source port.
+    fn send_udp(&mut self, pkts: &[PacketBuf], which: &[usize]) -> usize {
+        self.scratch(which.len());
         let mut sent = 0;
         let mut start = 0;
-        while start < pkts.len() {
-            let port = pkts[start].src_port;
+        while start < which.len() {
+            let port = pkts[which[start]].src_port;
             let mut end = start + 1;
-            while end < pkts.len() && pkts[end].src_port == port {
+            while end < which.len() && pkts[which[end]].src_port == port {
                 end += 1;
             }
             let fd = self.tx_socket(port);
-            for (i, pkt) in pkts.iter().enumerate().take(end).skip(start) {
+            for (slot, &i) in which.iter().enumerate().take(end).skip(start) {
+                let pkt = &pkts[i];
                 // Only peers of the socket's family can be reached; another family's peer
                 // gets no address and fails alone (EDESTADDRREQ), to be retransmitted or
                 // errored like any lost packet.
@@ -437,51 +530,21 @@ impl UdpWire {
                 } else {
                     0
                 };
-                self.names[i] = name;
-                self.iovs[i] = libc::iovec {
+                self.names[slot] = name;
+                self.iovs[slot] = libc::iovec {
                     iov_base: pkt.data.as_ptr() as *mut libc::c_void,
                     iov_len: pkt.len,
                 };
-                let h = &mut self.hdrs[i].msg_hdr;
-                h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
+                let h = &mut self.hdrs[slot].msg_hdr;
+                h.msg_name = (&mut self.names[slot] as *mut libc::sockaddr_storage).cast();
                 h.msg_namelen = namelen;
-                h.msg_iov = &mut self.iovs[i];
+                h.msg_iov = &mut self.iovs[slot];
                 h.msg_iovlen = 1;
                 h.msg_control = std::ptr::null_mut();
                 h.msg_controllen = 0;
                 h.msg_flags = 0;
             }
-            let mut at = start;
-            let mut stalls = 0;
-            while at < end {
-                // SAFETY: hdrs[at..end] point at live names, iovecs and packet buffers.
-                let n = unsafe {
-                    libc::sendmmsg(fd, self.hdrs[at..].as_mut_ptr(), (end - at) as u32, 0)
-                };
-                if n > 0 {
-                    at += n as usize;
-                    sent += n as usize;
-                    continue;
-                }
-                let err = io::Error::last_os_error();
-                if err.kind() == io::ErrorKind::WouldBlock && stalls < 100 {
-                    // The socket buffer is full: wait for room briefly instead of dropping.
-                    stalls += 1;
-                    let mut pfd = libc::pollfd {
-                        fd,
-                        events: libc::POLLOUT,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut pfd, 1, 1) };
-                    continue;
-                }
-                if err.kind() != io::ErrorKind::WouldBlock {
-                    tracing::debug!(error = %err, "sendmmsg failed; dropping the packet");
-                }
-                // Drop the packet that failed (e.g. ENETDOWN, EMSGSIZE); the transport retransmits.
-                at += 1;
-            }
+            sent += send_all(fd, &mut self.hdrs[start..end]);
             start = end;
         }
         sent
@@ -583,7 +646,8 @@ mod tests {
 
     #[test]
     fn a_prepared_source_port_has_its_socket_before_the_first_send() {
-        let mut wire = match UdpWire::open("lo", IpAddr::V4(Ipv4Addr::LOCALHOST)) {
+        let mut wire = match UdpWire::open("lo", IpAddr::V4(Ipv4Addr::LOCALHOST), SendPath::Frames)
+        {
             Ok(w) => w,
             Err(e) => {
                 eprintln!("skipped: cannot open a UDP wire on lo here: {e}");
@@ -603,7 +667,12 @@ mod tests {
 
     #[test]
     fn opening_on_a_missing_netdev_names_it() {
-        let err = UdpWire::open("no-such-dev0", IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap_err();
+        let err = UdpWire::open(
+            "no-such-dev0",
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            SendPath::Frames,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("no-such-dev0"), "{err}");
     }
 }

@@ -388,6 +388,80 @@ fn root_only_link_down_ends_in_retry_exceeded_within_timeout_times_retries_plus_
     assert_eq!(a.dev.events().wait(2000), Some(AsyncEvent::PortActive));
 }
 
+/// `ip -n <side's namespace> ARGS`, which must succeed.
+fn ip_in(side: &Side, args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["-n", &side.netns])
+        .args(args)
+        .output()
+        .expect("ip runs");
+    assert!(out.status.success(), "ip {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn root_only_after_a_link_flap_a_write_never_waits_for_arp() {
+    if skip_unless_root("root_only_after_a_link_flap_a_write_never_waits_for_arp") {
+        return;
+    }
+    let pair = NetnsPair::create(1500).expect("namespaces");
+    let mut a = Node::new(open(&pair.a, "a"), 1 << 16, QpSizes::default()).unwrap();
+    let b = Node::new(open(&pair.b, "b"), 1 << 16, QpSizes::default()).unwrap();
+    // timeout 14 = 67.1 ms; retry_cnt 3: 268 ms before RETRY_EXC_ERR, well inside the three
+    // unanswered ARP requests (a second apart) a kernel-resolved send would wait for.
+    let o = ConnectOptions {
+        timeout: 14,
+        retry_cnt: 3,
+        ..Default::default()
+    };
+    connect(&a.dev, &a.qp, &b.dev, &b.qp, &o).unwrap();
+    let sge = [a.buf.sge(0, 64)];
+    let rkey = b.buf.keys.rkey;
+    let write = |a: &mut Node| {
+        a.qp.post(
+            Op::Write {
+                raddr: b.buf.addr(0),
+                rkey,
+            },
+            Data::Sges(&sge),
+            true,
+        );
+        a.qp.ring();
+        wait(&mut a.scq, Duration::from_secs(5)).expect("a completion")
+    };
+    assert_eq!(write(&mut a).status, WcStatus::Success);
+
+    // The flap: taking the netdev down deletes every neighbour entry on it. Then host B stops
+    // answering ARP, so nothing the kernel sends could resolve host A's entry again.
+    pair.set_a_link(false).unwrap();
+    assert_eq!(a.dev.events().wait(2000), Some(AsyncEvent::PortError));
+    pair.set_a_link(true).unwrap();
+    pair.a.wait_running(Duration::from_secs(5)).unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while a.dev.port_state() != softnic::PortState::Active && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(a.dev.port_state(), softnic::PortState::Active);
+    ip_in(
+        &pair.b,
+        &["link", "set", "dev", &pair.b.netdev, "arp", "off"],
+    );
+    let before = ip_in(&pair.a, &["neigh", "show", "dev", &pair.a.netdev]);
+    assert!(
+        !before.contains("lladdr"),
+        "host A's kernel still has host B's address: {before}"
+    );
+
+    let c = write(&mut a);
+    let after = ip_in(&pair.a, &["neigh", "show", "dev", &pair.a.netdev]);
+    assert_eq!(
+        c.status,
+        WcStatus::Success,
+        "the WRITE after the flap waited for ARP (host A's neighbours: {after:?}, counters {:?})",
+        a.dev.counters()
+    );
+}
+
 #[test]
 fn root_only_a_link_flapping_ends_reported_in_its_last_state_within_the_kernels_linkwatch_delay() {
     if skip_unless_root("root_only_a_link_flapping_ends_reported_in_its_last_state") {

@@ -186,14 +186,7 @@ pub fn apply_with(
     }
     let errors: Vec<String> = interfaces(&target, info)
         .iter()
-        .filter_map(|(ns, dev)| {
-            set_link(controls, ns, dev, action)
-                .and_then(|()| match action {
-                    LinkAction::Up => pin_neighbours_again(controls, info, ns, dev),
-                    LinkAction::Down => Ok(()),
-                })
-                .err()
-        })
+        .filter_map(|(ns, dev)| set_link(controls, ns, dev, action).err())
         .collect();
     if errors.is_empty() {
         Ok(())
@@ -233,66 +226,6 @@ fn set_link(
     done.map_err(|e| format!("`{command}`: {e}"))
 }
 
-/// Pins the peers' neighbour entries on a host NIC that just came back up: taking a netdev
-/// administratively down deletes every neighbour entry on it, the pinned ones too
-/// (`topology::pin_rail_neighbours` says why they are pinned). A switch port is not a host
-/// NIC and has none.
-fn pin_neighbours_again(
-    controls: &mut LinkControls,
-    info: &TestbedInfo,
-    ns: &str,
-    dev: &str,
-) -> Result<(), String> {
-    let Some(host) = info.hosts.iter().find(|h| h.netns == ns) else {
-        return Ok(());
-    };
-    let Some(nic) = host.nics.iter().find(|n| n.name == dev) else {
-        return Ok(());
-    };
-    for peer in info.hosts.iter().filter(|p| p.name != host.name) {
-        let Some(peer_nic) = peer.nics.iter().find(|n| n.rail == nic.rail) else {
-            continue;
-        };
-        let command = format!(
-            "ip -n {ns} neigh replace {} lladdr {} dev {dev} nud permanent",
-            peer_nic.addr, peer_nic.mac
-        );
-        tracing::debug!(%command, "rtnetlink");
-        let addr: std::net::Ipv4Addr = peer_nic
-            .addr
-            .parse()
-            .map_err(|e| format!("`{command}`: bad address: {e}"))?;
-        let mac = parse_mac(&peer_nic.mac).ok_or_else(|| {
-            format!(
-                "`{command}`: bad MAC {:?} in the testbed's state file",
-                peer_nic.mac
-            )
-        })?;
-        let done = match controls.by_netns.iter_mut().find(|(n, _)| n == ns) {
-            Some((_, control)) => control.pin_neighbour(dev, addr, mac),
-            None => {
-                let netdev = dev.to_owned();
-                netns::run_in(ns, move || {
-                    netdev_link::LinkControl::open()?.pin_neighbour(&netdev, addr, mac)
-                })
-                .map_err(|e| format!("`{command}`: {e}"))?
-            }
-        };
-        done.map_err(|e| format!("`{command}`: {e}"))?;
-    }
-    Ok(())
-}
-
-/// `aa:bb:cc:dd:ee:ff` as six bytes.
-fn parse_mac(text: &str) -> Option<[u8; 6]> {
-    let mut mac = [0u8; 6];
-    let mut parts = text.split(':');
-    for byte in &mut mac {
-        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    parts.next().is_none().then_some(mac)
-}
-
 /// Puts every link of the testbed back up, whatever a schedule left down (dead devices die
 /// with their process).
 pub fn restore_all(info: &TestbedInfo) {
@@ -317,18 +250,16 @@ pub fn restore_all(info: &TestbedInfo) {
 }
 
 /// Forgets every neighbour (ARP) entry of the hosts, and with them the packets queued behind
-/// an unresolved one, then pins the rail peers' entries again (`ip neigh flush all` takes the
-/// pinned ones too; unpinned, a carrier loss sends the next packets through an ARP
-/// resolution that holds them for a second, `topology::pin_rail_neighbours`). A packet a dead
-/// process sent while a link was down and that waited in such a queue until the link
-/// returned, delivered to the next run's QP of the same number, is a stale request the new QP
-/// rightly refuses (seen before the pinning: the next run's control QP in error with
-/// `QpAccessError`).
+/// an unresolved one. A packet a dead process sent while a link was down and that waited in
+/// such a queue until the link returned, delivered to the next run's QP of the same number,
+/// is a stale request the new QP rightly refuses (seen: the next run's control QP in error
+/// with `QpAccessError`). The softnic resolves its peers' MAC addresses itself when a QP is
+/// connected and keeps them (`docs/softnic.md`), so nothing is pinned here.
 pub fn forget_neighbours(info: &TestbedInfo) -> Result<(), String> {
     for host in &info.hosts {
         ip_in(&host.netns, &["neigh", "flush", "all"]).map_err(|e| e.to_string())?;
     }
-    crate::topology::pin_rail_neighbours(info).map_err(|e| e.to_string())
+    Ok(())
 }
 
 /// Every rail link of the testbed (host NICs and switch ports), as (namespace, interface).
@@ -418,22 +349,6 @@ pub fn run(
 mod tests {
     use super::*;
     use crate::topology::TopologySpec;
-
-    #[test]
-    fn macs_parse_from_the_state_file_form_and_bad_ones_are_refused() {
-        assert_eq!(
-            parse_mac("02:00:c6:12:01:0a"),
-            Some([2, 0, 0xc6, 0x12, 1, 0x0a])
-        );
-        for bad in [
-            "",
-            "02:00:c6:12:01",
-            "02:00:c6:12:01:0a:00",
-            "02:00:c6:12:01:zz",
-        ] {
-            assert_eq!(parse_mac(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn targets_map_to_the_right_namespace_and_interface() {

@@ -70,13 +70,6 @@ pub enum TopologyError {
     /// An `ip` command failed.
     #[error(transparent)]
     Ip(#[from] IpError),
-    /// The running testbed's state file has no MAC for a NIC: an older `shift-testbed` built
-    /// it, with MACs the kernel chose, so its neighbours cannot be pinned.
-    #[error("the testbed {prefix:?} was built by an older shift-testbed (no NIC MACs in its state file); run `shift-testbed down --prefix {prefix}` and `up` again")]
-    NoMacs {
-        /// The testbed's prefix.
-        prefix: String,
-    },
     /// A helper command (`sh` writing a sysctl) failed.
     #[error("{what}: {detail}")]
     Command {
@@ -123,7 +116,8 @@ pub struct NicInfo {
     pub rail: u8,
     /// Its IPv4 address.
     pub addr: String,
-    /// Its MAC address, fixed so the peers' neighbour entries can be pinned to it.
+    /// Its MAC address, fixed and locally administered, so captures and neighbour tables read
+    /// the same in every run.
     #[serde(default)]
     pub mac: String,
     /// Prefix length of the rail subnet.
@@ -408,7 +402,6 @@ fn build(info: &TestbedInfo) -> Result<(), TopologyError> {
             ip_in(&host.netns, &["link", "set", "dev", &nic.name, "up"])?;
         }
     }
-    pin_rail_neighbours(info)?;
     let m = &info.mgmt;
     ip_in(
         &m.netns,
@@ -446,49 +439,6 @@ fn build(info: &TestbedInfo) -> Result<(), TopologyError> {
 }
 
 /// Writes `/proc/sys/<key>` inside namespace `ns`.
-/// Pins every host's neighbour entry for its peers on each rail, as a RoCE NIC does.
-///
-/// A RoCE NIC resolves the peer's MAC once, when the QP (or its address handle) is set up,
-/// and never asks again. softnic sends through the kernel's UDP stack, which asks ARP: a
-/// carrier loss flushes the entry, the next send starts a resolution whose first request
-/// is lost on the dead link, and everything sent to that peer then waits in the neighbour
-/// queue for the next request, a second later (`retrans_time`), well after the link is
-/// back (measured: a UDP echo's first reply 751 ms after the link-up). Pinned entries
-/// survive the carrier loss, so a packet sent after the link-up leaves at once.
-pub(crate) fn pin_rail_neighbours(info: &TestbedInfo) -> Result<(), TopologyError> {
-    if info
-        .hosts
-        .iter()
-        .flat_map(|h| &h.nics)
-        .any(|n| n.mac.is_empty())
-    {
-        return Err(TopologyError::NoMacs {
-            prefix: info.prefix.clone(),
-        });
-    }
-    for host in &info.hosts {
-        for peer in info.hosts.iter().filter(|p| p.name != host.name) {
-            for (nic, peer_nic) in host.nics.iter().zip(&peer.nics) {
-                ip_in(
-                    &host.netns,
-                    &[
-                        "neigh",
-                        "replace",
-                        &peer_nic.addr,
-                        "lladdr",
-                        &peer_nic.mac,
-                        "dev",
-                        &nic.name,
-                        "nud",
-                        "permanent",
-                    ],
-                )?;
-            }
-        }
-    }
-    Ok(())
-}
-
 fn write_sysctl(ns: &str, key: &str, value: &str) -> Result<(), TopologyError> {
     let script = format!("echo {value} > /proc/sys/{key}");
     let out = std::process::Command::new("ip")

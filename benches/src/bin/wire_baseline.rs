@@ -7,6 +7,11 @@
 //! - 64 KiB RDMA WRITE bandwidth (the initiator in manual progress on its thread, the target in
 //!   auto mode), against a raw UDP stream of full-size RoCE datagrams.
 //!
+//! With `--compare-send-paths`, both softnic measurements are made for each way softnic can
+//! send (`SendPath::Frames`, its own headers through a packet socket, and
+//! `SendPath::UdpSockets`, the kernel's UDP sockets), interleaved over `--rounds`, and the
+//! ratios frames / UDP sockets are printed per round.
+//!
 //! Root only (namespaces). `cargo run --release -p benches --bin wire_baseline -- --mtu 1500 --mtu 9000`
 
 use std::net::SocketAddr;
@@ -18,7 +23,7 @@ use clap::Parser;
 use hw_defs::verbs::WcStatus;
 use softnic::harness::netns::{is_root, run_in, NetnsPair, Side};
 use softnic::harness::{connect, ConnectOptions, Data, Node, Op, QpSizes};
-use softnic::{Device, DeviceConfig, PathMtu, ProgressMode, Wire};
+use softnic::{Device, DeviceConfig, PathMtu, ProgressMode, SendPath, Wire};
 use testbed::baseline::roce_datagram_for;
 use testbed::medium::{self, Endpoint, Wait};
 
@@ -34,12 +39,19 @@ struct Args {
     /// Seconds per bandwidth measurement.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Measure softnic sending frames against sending through UDP sockets instead of against
+    /// the raw medium.
+    #[arg(long)]
+    compare_send_paths: bool,
+    /// Rounds of the comparison (each measures both send paths, alternating which first).
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
 }
 
 const MSG: usize = 64 << 10;
 const WINDOW: usize = 32;
 
-fn open(side: &Side, name: &str, progress: ProgressMode) -> Device {
+fn open(side: &Side, name: &str, progress: ProgressMode, send_path: SendPath) -> Device {
     let mut cfg = DeviceConfig::new(
         name,
         Wire::Udp {
@@ -48,6 +60,7 @@ fn open(side: &Side, name: &str, progress: ProgressMode) -> Device {
         },
     );
     cfg.progress = progress;
+    cfg.send_path = send_path;
     run_in(&side.netns, || Device::open(cfg))
         .expect("enter the namespace")
         .expect("open the device")
@@ -60,7 +73,12 @@ fn endpoint(side: &Side) -> Endpoint {
     }
 }
 
-fn pair_of_nodes(pair: &NetnsPair, mtu: PathMtu, b_mode: ProgressMode) -> (Node, Node) {
+fn pair_of_nodes(
+    pair: &NetnsPair,
+    mtu: PathMtu,
+    b_mode: ProgressMode,
+    send_path: SendPath,
+) -> (Node, Node) {
     let sizes = QpSizes {
         sq_bbs: 1024,
         rq_wqes: 64,
@@ -69,12 +87,17 @@ fn pair_of_nodes(pair: &NetnsPair, mtu: PathMtu, b_mode: ProgressMode) -> (Node,
         max_send_sge: 1,
     };
     let a = Node::new(
-        open(&pair.a, "a", ProgressMode::Manual),
+        open(&pair.a, "a", ProgressMode::Manual, send_path),
         2 * MSG * WINDOW,
         sizes,
     )
     .expect("node a");
-    let b = Node::new(open(&pair.b, "b", b_mode), 2 * MSG * WINDOW, sizes).expect("node b");
+    let b = Node::new(
+        open(&pair.b, "b", b_mode, send_path),
+        2 * MSG * WINDOW,
+        sizes,
+    )
+    .expect("node b");
     let o = ConnectOptions {
         mtu,
         timeout: 14,
@@ -85,8 +108,8 @@ fn pair_of_nodes(pair: &NetnsPair, mtu: PathMtu, b_mode: ProgressMode) -> (Node,
 }
 
 /// WRITE ping-pong; returns sorted round-trip times in microseconds.
-fn write_ping_pong(pair: &NetnsPair, mtu: PathMtu, iters: usize) -> Vec<f64> {
-    let (mut a, mut b) = pair_of_nodes(pair, mtu, ProgressMode::Manual);
+fn write_ping_pong(pair: &NetnsPair, mtu: PathMtu, iters: usize, send_path: SendPath) -> Vec<f64> {
+    let (mut a, mut b) = pair_of_nodes(pair, mtu, ProgressMode::Manual, send_path);
     let (a_rkey, a_addr) = (a.buf.keys.rkey, a.buf.addr(0));
     let (b_rkey, b_addr) = (b.buf.keys.rkey, b.buf.addr(0));
     let warmup = iters / 10;
@@ -137,7 +160,12 @@ fn write_ping_pong(pair: &NetnsPair, mtu: PathMtu, iters: usize) -> Vec<f64> {
             a.dev.progress(clock.now());
             if Instant::now() > deadline {
                 stop.store(true, Ordering::Relaxed);
-                panic!("WRITE ping-pong stalled at {n}: {:?}", a.dev.counters());
+                let b = echo.join().expect("echo thread");
+                panic!(
+                    "WRITE ping-pong stalled at {n}: initiator {:?}, target {:?}",
+                    a.dev.counters(),
+                    b.dev.counters()
+                );
             }
         }
         while let Some(c) = a.scq.poll() {
@@ -154,8 +182,8 @@ fn write_ping_pong(pair: &NetnsPair, mtu: PathMtu, iters: usize) -> Vec<f64> {
 }
 
 /// 64 KiB WRITE stream for `seconds` after a warm-up; returns goodput in Gb/s.
-fn write_bandwidth(pair: &NetnsPair, mtu: PathMtu, seconds: f64) -> f64 {
-    let (mut a, b) = pair_of_nodes(pair, mtu, ProgressMode::Auto);
+fn write_bandwidth(pair: &NetnsPair, mtu: PathMtu, seconds: f64, send_path: SendPath) -> f64 {
+    let (mut a, b) = pair_of_nodes(pair, mtu, ProgressMode::Auto, send_path);
     let rkey = b.buf.keys.rkey;
     let clock = a.dev.clock().clone();
     let mut outstanding: std::collections::VecDeque<(u16, bool)> = Default::default();
@@ -219,13 +247,17 @@ fn main() {
     for &mtu in &args.mtus {
         let pair = NetnsPair::create(mtu).expect("namespaces");
         let path_mtu = PathMtu::for_ethernet_mtu(mtu).expect("MTU too small for RoCE");
+        if args.compare_send_paths {
+            compare_send_paths(&pair, mtu, path_mtu, &args);
+            continue;
+        }
         let (ea, eb) = (endpoint(&pair.a), endpoint(&pair.b));
         println!(
             "wire_baseline: veth between two namespaces, link MTU {mtu}, RoCE path MTU {}",
             path_mtu.bytes()
         );
         let udp = medium::ping_pong(&ea, &eb, 8, args.iters, Wait::Busy).expect("UDP ping-pong");
-        let rtts = write_ping_pong(&pair, path_mtu, args.iters);
+        let rtts = write_ping_pong(&pair, path_mtu, args.iters, SendPath::Frames);
         let (p50, p99) = (pct(&rtts, 50.0), pct(&rtts, 99.0));
         println!("  raw UDP 8 B ping-pong (busy poll)        RTT p50 {:>7.2} us  p99 {:>7.2} us  one-way {:>6.2} us", udp.rtt_p50_us, udp.rtt_p99_us, udp.one_way_p50_us);
         println!("  softnic 8 B WRITE ping-pong (manual, busy) RTT p50 {p50:>7.2} us  p99 {p99:>7.2} us  one-way {:>6.2} us", p50 / 2.0);
@@ -236,7 +268,7 @@ fn main() {
         let datagram = roce_datagram_for(mtu);
         let stream = medium::stream(&ea, &eb, datagram, Duration::from_secs_f64(args.seconds))
             .expect("UDP stream");
-        let gbps = write_bandwidth(&pair, path_mtu, args.seconds);
+        let gbps = write_bandwidth(&pair, path_mtu, args.seconds, SendPath::Frames);
         println!(
             "  raw UDP stream, {datagram} B datagrams          {:>6.2} Gb/s goodput",
             stream.goodput_gbps
@@ -245,6 +277,38 @@ fn main() {
         println!(
             "  bandwidth ratio softnic/UDP: {:.2}  (goal >= 0.5)",
             gbps / stream.goodput_gbps
+        );
+    }
+}
+
+/// The send paths against each other, interleaved round by round (which goes first
+/// alternates): 8-byte WRITE ping-pong and 64 KiB WRITE bandwidth, with their ratios.
+fn compare_send_paths(pair: &NetnsPair, mtu: u32, path_mtu: PathMtu, args: &Args) {
+    println!(
+        "wire_baseline: softnic send paths over a veth, link MTU {mtu}, RoCE path MTU {}: \
+         frames (own headers, packet socket) against UDP sockets",
+        path_mtu.bytes()
+    );
+    let paths = [SendPath::Frames, SendPath::UdpSockets];
+    for round in 0..args.rounds {
+        let mut lat = [0.0; 2];
+        let mut bw = [0.0; 2];
+        for k in 0..2 {
+            let i = (k + round as usize) % 2;
+            let rtts = write_ping_pong(pair, path_mtu, args.iters, paths[i]);
+            lat[i] = pct(&rtts, 50.0) / 2.0;
+            bw[i] = write_bandwidth(pair, path_mtu, args.seconds, paths[i]);
+        }
+        println!(
+            "  round {}: 8 B WRITE one-way p50 frames {:>6.2} us, UDP sockets {:>6.2} us, ratio {:.3}; \
+             64 KiB WRITE frames {:>6.2} Gb/s, UDP sockets {:>6.2} Gb/s, ratio {:.3}",
+            round + 1,
+            lat[0],
+            lat[1],
+            lat[0] / lat[1],
+            bw[0],
+            bw[1],
+            bw[0] / bw[1]
         );
     }
 }
