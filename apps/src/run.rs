@@ -178,6 +178,7 @@ fn run_bandwidth(
         match s.finish_perftest(ours) {
             Ok(Some(theirs)) if o.is_server() => {
                 out.rows = vec![report::row_of_perftest_report(&theirs, gbits)];
+                report.table_from = "peer".to_owned();
             }
             Ok(_) => {}
             Err(e) => {

@@ -30,6 +30,9 @@ fn every_bandwidth_tool_pairs_through_perftests_exchange() {
         // a SEND server counts its own receives.
         assert_eq!(r.server_json["iterations"], 300, "{tool}");
         assert_eq!(r.server_json["size"], 4096, "{tool}");
+        if tool != "shift_send_bw" {
+            assert_eq!(r.server_json["table_from"], "peer", "{tool}");
+        }
     }
 }
 
