@@ -117,11 +117,15 @@ impl ResilientQp {
                 )
             });
         let b = &s.book;
+        // A probe on a dead default device is never answered (the link-down that follows
+        // abandons the attempt): nothing waits for it. It stays in the book, so a completion
+        // the device wrote before it died is still swallowed.
+        let probe_pending = b.probe.is_some() && !b.default_dead;
         let busy = s.failed.is_none()
             && (b.draining
                 || b.failback_draining
                 || b.fence.is_some()
-                || b.probe.is_some()
+                || probe_pending
                 || !s.events.is_empty());
         self.shared.publish(deadline, armed, busy);
     }
@@ -188,10 +192,6 @@ impl ResilientQp {
                     tracing::warn!(qp = %self.shared.name, ?path, "failover: the device is dead (device-fatal event)");
                     if path == Path::Default {
                         self.slow.book.default_dead = true;
-                        // A dead device completes nothing, not even a flush: a probe on it
-                        // is never answered (the link-down that follows abandons the
-                        // attempt), and nothing must keep waiting for it.
-                        self.slow.book.probe = None;
                     }
                 }
             }
