@@ -269,7 +269,7 @@ pub struct RingPlace {
     pub prev: QpInfo,
 }
 
-/// One result row as the peer measured it (`report::ResultRow` without latency figures).
+/// One result row as the peer measured it (`report::ResultRow`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PeerRow {
     /// Message size.
@@ -284,6 +284,10 @@ pub struct PeerRow {
     pub msg_rate_mpps: f64,
     /// Measured wall time, seconds.
     pub duration_s: f64,
+    /// A latency client's figures for the size: its server prints them, as perftest's
+    /// latency server prints a result row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<crate::report::Latency>,
 }
 
 /// Messages after the hello.
@@ -307,9 +311,9 @@ pub enum Msg {
     Done {
         /// Iterations completed.
         iterations: u64,
-        /// A bandwidth side's result rows, one per size: a WRITE, READ or atomic server
-        /// prints them as its own (it measures nothing itself, as perftest's server), and
-        /// `-b` sums both sides' rows. Empty from latency clients and allreduce ranks.
+        /// A client's result rows, one per size: a WRITE, READ or atomic bandwidth server
+        /// and a latency server print them as their own (the server measures nothing
+        /// itself), and `-b` sums both sides' rows. Empty from allreduce ranks.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         rows: Vec<PeerRow>,
     },

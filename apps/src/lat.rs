@@ -10,7 +10,7 @@ use pmd::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
 use crate::bw::completion_error;
 use crate::cli::{Options, Tool};
 use crate::error::AppError;
-use crate::exchange::Msg;
+use crate::exchange::{Msg, PeerRow};
 use crate::report::{Latency, ResultRow, Timeline};
 use crate::session::{Idle, Length, PeerWatch, Session, PEER_TIMEOUT};
 
@@ -146,8 +146,8 @@ enum Arrival {
     Answer,
     /// The client moves on to the next size (`-a`; server side).
     NextSize(usize),
-    /// The peer said it is done or went away (server side).
-    PeerGone,
+    /// The peer said it is done (with its result rows) or went away (server side).
+    PeerGone(Vec<PeerRow>),
 }
 
 /// Polls until the answer numbered `v` is there.
@@ -198,7 +198,8 @@ fn wait_answer(
                 match w.check(now, &mut s.oob) {
                     Ok(None) | Ok(Some(Msg::Ready)) => {}
                     Ok(Some(Msg::NextSize { size })) => return Ok(Arrival::NextSize(size)),
-                    Ok(Some(_)) | Err(_) => return Ok(Arrival::PeerGone),
+                    Ok(Some(Msg::Done { rows, .. })) => return Ok(Arrival::PeerGone(rows)),
+                    Ok(Some(_)) | Err(_) => return Ok(Arrival::PeerGone(Vec::new())),
                 }
             } else if now.duration_since(since) > STALL {
                 return Err(AppError::Stalled(STALL));
@@ -325,8 +326,25 @@ pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutco
     out
 }
 
+/// What a latency server's run ends with.
+#[derive(Debug, Default)]
+pub struct ServerOutcome {
+    /// The error that stopped it.
+    pub error: Option<AppError>,
+    /// The client's result rows from its `done` (none from a perftest client).
+    pub peer_rows: Vec<PeerRow>,
+}
+
 /// The server: answers pings until the client is done or gone (READ: just stays up).
-pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<AppError> {
+pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> ServerOutcome {
+    let fail = |e: AppError| ServerOutcome {
+        error: Some(e),
+        peer_rows: Vec::new(),
+    };
+    let gone = |rows: Vec<PeerRow>| ServerOutcome {
+        error: None,
+        peer_rows: rows,
+    };
     let max = *o.sizes.iter().max().expect("a size");
     let mut size = o.sizes[0];
     let mut idle = Idle::new(o.flags.poll, &s.host);
@@ -337,13 +355,13 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
     if o.tool == Tool::SendLat {
         while recvs_posted < RECVS {
             if let Err(e) = post_recv(s, recvs_posted) {
-                return Some(e);
+                return fail(e);
             }
             recvs_posted += 1;
         }
     }
     if let Err(e) = s.ready_to_run() {
-        return Some(e);
+        return fail(e);
     }
     // A stock perftest client says nothing when it is done: the server answers -n pings,
     // as perftest's own server does.
@@ -360,20 +378,20 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
         let Some(tool) = answer_tool else {
             let n = s.conns[0].poll(&mut wcs);
             if let Some(wc) = wcs[..n].iter().find(|wc| !wc.is_ok()) {
-                return Some(completion_error(&s.conns[0], wc, "the server's queue"));
+                return fail(completion_error(&s.conns[0], wc, "the server's queue"));
             }
             match watch.check(Instant::now(), &mut s.oob) {
                 Ok(None) => {}
-                Ok(Some(Msg::Done { .. })) => {
+                Ok(Some(Msg::Done { rows, .. })) => {
                     send_summary(s);
-                    return None;
+                    return gone(rows);
                 }
                 Ok(Some(Msg::NextSize { .. })) => {
                     if let Err(e) = s.chan().and_then(|c| Ok(c.send(&Msg::Ready)?)) {
-                        return Some(e);
+                        return fail(e);
                     }
                 }
-                Ok(Some(_)) | Err(_) => return None,
+                Ok(Some(_)) | Err(_) => return ServerOutcome::default(),
             }
             if n == 0 {
                 idle.idle();
@@ -381,14 +399,14 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             continue;
         };
         if perftest && i == o.iters {
-            return None;
+            return ServerOutcome::default();
         }
         let v = mark(i, perftest);
         // ib_write_lat's server writes first; its client answers each write.
         let writes_first = perftest && tool == Tool::WriteLat;
         if writes_first {
             if let Err(e) = ping(s, tool, size, v, o.inline_size, &mut payload) {
-                return Some(e);
+                return fail(e);
             }
         }
         match wait_answer(
@@ -404,25 +422,25 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> Option<A
             Ok(Arrival::Answer) => {}
             Ok(Arrival::NextSize(next)) => {
                 if next > max {
-                    return Some(AppError::Peer(format!(
+                    return fail(AppError::Peer(format!(
                         "the client asked for size {next}, above this side's {max}"
                     )));
                 }
                 size = next;
                 if let Err(e) = s.chan().and_then(|c| Ok(c.send(&Msg::Ready)?)) {
-                    return Some(e);
+                    return fail(e);
                 }
                 continue;
             }
-            Ok(Arrival::PeerGone) => {
+            Ok(Arrival::PeerGone(rows)) => {
                 send_summary(s);
-                return None;
+                return gone(rows);
             }
-            Err(e) => return Some(e),
+            Err(e) => return fail(e),
         }
         if !writes_first {
             if let Err(e) = ping(s, tool, size, v, o.inline_size, &mut payload) {
-                return Some(e);
+                return fail(e);
             }
         }
         i += 1;

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use pmd::resilient::{FailoverEvent, FailoverStats};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::exchange::PeerRow;
 use crate::wall_clock::unix_ms_now;
@@ -39,6 +39,7 @@ impl ResultRow {
             bw_avg_gbps: self.bw_avg_gbps,
             msg_rate_mpps: self.msg_rate_mpps,
             duration_s: self.duration_s,
+            latency: self.latency,
         }
     }
 
@@ -51,7 +52,7 @@ impl ResultRow {
             bw_avg_gbps: p.bw_avg_gbps,
             msg_rate_mpps: p.msg_rate_mpps,
             duration_s: p.duration_s,
-            latency: None,
+            latency: p.latency,
         }
     }
 
@@ -356,7 +357,7 @@ pub struct CheckJson {
 }
 
 /// Latency figures, microseconds.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     /// Smallest sample.
     pub lat_min_us: f64,

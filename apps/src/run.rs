@@ -283,40 +283,44 @@ fn run_latency(
     s.print_header(o, 1, 1);
     let mut timeline = Timeline::new(o.flags.timeline_ms, !o.is_server());
     if o.is_server() {
-        let mut error = lat::server(o, &mut s, &mut timeline);
-        if error.is_none() {
-            error = s.finish_perftest(None).err();
+        let mut out = lat::server(o, &mut s, &mut timeline);
+        if out.error.is_none() {
+            out.error = s.finish_perftest(None).err();
         }
         report.size = max;
         report.timeline = timeline.samples;
-        return Ok((error, s, Vec::new(), None));
+        // The server times nothing itself: it prints the client's rows, as perftest's
+        // latency server prints a result table (none from a perftest client, which sends
+        // no rows).
+        let peer: Vec<ResultRow> = out.peer_rows.iter().map(ResultRow::of_peer).collect();
+        let mut table = Vec::new();
+        if !peer.is_empty() {
+            table = lat_table(&peer);
+            report.table_from = "peer".to_owned();
+        }
+        let figure = latency_figure(o, &peer);
+        report.peer_results = peer;
+        return Ok((out.error, s, table, figure));
     }
     let mut out = lat::client(o, &mut s, &mut timeline);
+    let mut rows = Vec::new();
+    for l in &out.sizes {
+        let mut row = l.row.clone();
+        if row.iterations > 0 {
+            row.latency = Some(lat::latency_of(&l.hist));
+        }
+        rows.push(row);
+    }
     let total = out.sizes.iter().map(|l| l.row.iterations).sum();
     if s.is_perftest() {
         if let Err(e) = s.finish_perftest(None) {
             out.error.get_or_insert(e);
         }
     } else {
-        bw::finish_client(&mut s, total, &[], None);
+        bw::finish_client(&mut s, total, &rows, None);
     }
-    let mut table = vec![RULE.to_owned(), report::lat_header()];
-    let mut rows = Vec::new();
-    for l in &out.sizes {
-        let mut row = l.row.clone();
-        if row.iterations > 0 {
-            let lat = lat::latency_of(&l.hist);
-            table.push(report::lat_row(row.size, row.iterations, &lat));
-            row.latency = Some(lat);
-        }
-        rows.push(row);
-    }
-    table.push(RULE.to_owned());
-    let figure = rows
-        .last()
-        .and_then(|r| r.latency.as_ref())
-        .filter(|_| o.flags.output == Some(Figure::Latency))
-        .map(|l| l.lat_avg_us);
+    let table = lat_table(&rows);
+    let figure = latency_figure(o, &rows);
     let what = if o.tool == Tool::ReadLat {
         "READ round trip"
     } else {
@@ -344,10 +348,30 @@ fn run_latency(
             write_hgrm_file(&file, &l.hist)?;
         }
     }
-    report.latency = rows.last().and_then(|r| r.latency.clone());
+    report.latency = rows.last().and_then(|r| r.latency);
     report.set_results(rows);
     report.timeline = timeline.samples;
     Ok((out.error, s, table, figure))
+}
+
+/// perftest's latency table: a row for each size that completed iterations.
+fn lat_table(rows: &[ResultRow]) -> Vec<String> {
+    let mut table = vec![RULE.to_owned(), report::lat_header()];
+    for r in rows {
+        if let Some(lat) = &r.latency {
+            table.push(report::lat_row(r.size, r.iterations, lat));
+        }
+    }
+    table.push(RULE.to_owned());
+    table
+}
+
+/// `--output latency`: the last row's average.
+fn latency_figure(o: &Options, rows: &[ResultRow]) -> Option<f64> {
+    rows.last()
+        .and_then(|r| r.latency.as_ref())
+        .filter(|_| o.flags.output == Some(Figure::Latency))
+        .map(|l| l.lat_avg_us)
 }
 
 fn write_hgrm_file(

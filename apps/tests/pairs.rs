@@ -294,6 +294,46 @@ fn send_lat_and_read_lat_report_percentiles() {
 }
 
 #[test]
+fn every_latency_server_ends_with_the_clients_table() {
+    for (tool, test) in [
+        ("shift_write_lat", 48),
+        ("shift_send_lat", 49),
+        ("shift_read_lat", 51),
+    ] {
+        let r = pair(tool, test, &["-s", "64", "-n", "300"]);
+        ok(&r);
+        let client = last_result_row(&r.client);
+        let server = last_result_row(&r.server);
+        assert_eq!(
+            (client.len(), client[0], client[1]),
+            (9, 64.0, 300.0),
+            "{tool}: {client:?}"
+        );
+        // t_min <= t_typical <= t_max, and the average inside them.
+        assert!(
+            client[2] > 0.0 && client[2] <= client[4] && client[4] <= client[3],
+            "{tool}: {client:?}"
+        );
+        assert!(
+            client[2] <= client[5] && client[5] <= client[3],
+            "{tool}: {client:?}"
+        );
+        // The server times nothing: its table is the client's, sent in the client's done.
+        assert_eq!(client, server, "{tool}");
+        assert_eq!(r.server_json["table_from"], "peer", "{tool}");
+        let peer = r.server_json["peer_results"].as_array().unwrap();
+        assert_eq!(peer.len(), 1, "{tool}");
+        assert_eq!(peer[0]["lat_avg_us"], r.client_json["lat_avg_us"], "{tool}");
+        let out = String::from_utf8_lossy(&r.server.stdout);
+        assert_eq!(
+            out.matches("#bytes #iterations    t_min[usec]").count(),
+            1,
+            "{tool}: the header once, right above the rows: {out}"
+        );
+    }
+}
+
+#[test]
 fn atomic_bw_executes_each_fetch_add_once() {
     let r = pair("shift_atomic_bw", 8, &["-n", "3000"]);
     ok(&r);
