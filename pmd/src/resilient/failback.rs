@@ -269,12 +269,10 @@ impl ResilientQp {
     }
 
     /// The peer's default rkey whose backup rkey is `backup`: the reverse of the mapping a
-    /// failover round used (`peer_rkeys` holds every mapping this end has translated with).
+    /// failover round used (`peer_rkeys` holds every mapping this end has translated with);
+    /// `None` when no default rkey, or more than one, maps to it.
     fn default_rkey(&self, backup: u32) -> Option<u32> {
-        let b = self.slow.backup.as_ref()?;
-        b.peer_rkeys
-            .iter()
-            .find_map(|(&default, &mapped)| (mapped == backup).then_some(default))
+        only_key_of(&self.slow.backup.as_ref()?.peer_rkeys, backup)
     }
 
     /// The backup rings' unfinished work is on the default QP now: from here on the backup QP
@@ -291,5 +289,29 @@ impl ResilientQp {
         book.burns.clear();
         book.fence = None;
         book.failed_fence = None;
+    }
+}
+
+/// The one key of `map` whose value is `value`; `None` when there is none or several. Two
+/// default rkeys mapped to one backup rkey (a stale mapping beside a live one) leave unknown
+/// which MR a WQE meant, so a failback fails closed instead of writing through a guess.
+fn only_key_of(map: &std::collections::HashMap<u32, u32>, value: u32) -> Option<u32> {
+    let mut keys = map.iter().filter(|&(_, &v)| v == value).map(|(&k, _)| k);
+    let first = keys.next()?;
+    keys.next().is_none().then_some(first)
+}
+
+#[cfg(test)]
+mod reverse_key_tests {
+    use super::only_key_of;
+
+    #[test]
+    fn a_backup_rkey_two_default_rkeys_map_to_maps_back_to_neither() {
+        let map = [(0x10, 0xb1), (0x20, 0xb2), (0x30, 0xb2)]
+            .into_iter()
+            .collect();
+        assert_eq!(only_key_of(&map, 0xb1), Some(0x10));
+        assert_eq!(only_key_of(&map, 0xb2), None, "ambiguous: fail closed");
+        assert_eq!(only_key_of(&map, 0xb3), None, "unknown");
     }
 }
