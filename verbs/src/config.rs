@@ -97,6 +97,16 @@ pub enum ConfigError {
         /// Why it did not parse.
         error: pmd::name::NameError,
     },
+    /// A device with a backup (`<default>+<backup>`): resilient devices are not built yet.
+    #[error(
+        "{DEVICES_VAR}: `{name}` names a backup device (`{device}`): resilient devices are not supported by librailshift_verbs.so yet"
+    )]
+    Backup {
+        /// The verbs name.
+        name: String,
+        /// The devices as written.
+        device: String,
+    },
     /// `RAILSHIFT_PROGRESS` is neither `poll` nor `engine`.
     #[error("{PROGRESS_VAR}=`{value}`: expected `poll` or `engine`")]
     Progress {
@@ -135,6 +145,12 @@ impl Config {
             if specs.iter().any(|s| s.name == name) {
                 return Err(ConfigError::Duplicate {
                     name: name.to_string(),
+                });
+            }
+            if device.contains('+') {
+                return Err(ConfigError::Backup {
+                    name: name.to_string(),
+                    device: device.to_string(),
                 });
             }
             let parsed =
@@ -203,6 +219,13 @@ mod tests {
     fn a_bad_device_names_the_entry() {
         let e = Config::parse(Some("rs0=nonsense:x"), None).unwrap_err();
         assert!(e.to_string().contains("rs0"), "{e}");
+    }
+
+    #[test]
+    fn a_backup_device_is_refused_by_name() {
+        let e = Config::parse(Some("rs1=soft:veth0+soft:veth1"), None).unwrap_err();
+        assert!(matches!(e, ConfigError::Backup { .. }), "{e}");
+        assert!(e.to_string().contains("rs1"), "{e}");
     }
 
     #[test]

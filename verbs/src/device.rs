@@ -132,7 +132,11 @@ impl PollActivity {
     }
 }
 
-/// How long the helper waits between looks at whether the application polls.
+/// How long the helper waits between looks at whether the application polls. A stock
+/// latency test spins on its buffer, not in `ibv_poll_cq`, so while it waits for the peer's
+/// WRITE only the helper moves packets: this gap (with the kernel's 50 us timer slack) is
+/// most of the one-way latency then. 5 us without slack was tried and was far worse on two
+/// shared cores (docs/verbs.md).
 const IDLE_GAP: Duration = Duration::from_micros(50);
 /// Rounds the helper runs at most per look, while the device is busy.
 const HELPER_ROUNDS: usize = 64;

@@ -17,14 +17,11 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const DEADLINE: Duration = Duration::from_secs(90);
 
 fn shim() -> PathBuf {
-    // The test binary is target/<profile>/deps/stock-<hash>; the cdylib is uplifted to
-    // target/<profile>/.
-    let exe = std::env::current_exe().expect("test binary path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
-    let lib = profile_dir.join("librailshift_verbs.so");
+    // The test binary is target/<profile>/deps/stock-<hash>; the library cargo built with it
+    // lies beside it.
+    let lib = std::env::current_exe()
+        .expect("test binary path")
+        .with_file_name("librailshift_verbs.so");
     assert!(lib.exists(), "{} was not built", lib.display());
     lib
 }
