@@ -757,7 +757,7 @@ impl World {
                 let event = self.failback_drained(model, host);
                 events.push_back(event);
             }
-            Action::FailBack {
+            Action::Failback {
                 epoch,
                 skip_through,
             } => {

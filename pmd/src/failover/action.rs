@@ -108,7 +108,7 @@ pub enum Action {
     /// the `skip_through`-th two-sided send completed to the application and not sent again,
     /// the rest written with the doorbell withheld. Report
     /// [`Event::DefaultQpUp`](super::Event::DefaultQpUp).
-    FailBack {
+    Failback {
         /// The incarnation both ends bring their default QP up in.
         epoch: Epoch,
         /// Two-sided sends the peer has consumed, counted since the connection began.

@@ -1840,7 +1840,7 @@ impl Failover {
         self.last_failback = Some(epoch);
         // The backup RQ is left in ERR; the repair resets it, its stale receives with it.
         self.stale_backup_recvs = 0;
-        out.push(Action::FailBack {
+        out.push(Action::Failback {
             epoch,
             skip_through: peer.recvs_completed,
         });

@@ -2035,7 +2035,7 @@ fn complete_failback(
     let agreed = proposed.max(Epoch(peer_epoch));
     assert_eq!(
         step(machine, peer_failback(peer_epoch, peer_recvs), now),
-        [Action::FailBack {
+        [Action::Failback {
             epoch: agreed,
             skip_through: peer_recvs
         }]
@@ -2177,7 +2177,7 @@ fn both_ends_detecting_the_backup_failure_agree_on_one_epoch() {
     }
     let from_b = step(&mut b, failback_drained(progress(5, 6, 4)), at(22));
     assert!(
-        from_b.contains(&Action::FailBack {
+        from_b.contains(&Action::Failback {
             epoch: Epoch(1),
             skip_through: 3
         }),
@@ -2188,7 +2188,7 @@ fn both_ends_detecting_the_backup_failure_agree_on_one_epoch() {
     };
     assert_eq!(
         step(&mut a, Event::Control(message), at(23)),
-        [Action::FailBack {
+        [Action::Failback {
             epoch: Epoch(1),
             skip_through: 4
         }]
@@ -2228,7 +2228,7 @@ fn an_end_that_saw_nothing_learns_of_the_backup_failure_from_the_failback_messag
                 epoch: Epoch(1),
                 recvs_completed: 2
             }),
-            Action::FailBack {
+            Action::Failback {
                 epoch: Epoch(1),
                 skip_through: 3
             }
@@ -2301,7 +2301,7 @@ fn a_failback_proceeds_when_the_default_link_returns_within_the_budget() {
     // The peer's message comes once the path is back.
     assert_eq!(
         step(&mut machine, peer_failback(1, 3), at(502)),
-        [Action::FailBack {
+        [Action::Failback {
             epoch: Epoch(1),
             skip_through: 3
         }]
@@ -2400,7 +2400,7 @@ fn a_default_failure_with_the_backup_lost_fails_back_when_the_default_returns_in
     );
     assert_eq!(
         step(&mut machine, peer_failback(1, 2), at(301)),
-        [Action::FailBack {
+        [Action::Failback {
             epoch: Epoch(1),
             skip_through: 2
         }]
@@ -2444,7 +2444,7 @@ fn a_default_link_back_late_in_the_budget_gives_the_peers_failback_the_handshake
     let late = down + budget() + Duration::from_millis(240);
     assert_eq!(
         step(&mut machine, peer_failback(1, 2), late),
-        [Action::FailBack {
+        [Action::Failback {
             epoch: Epoch(1),
             skip_through: 2
         }]
@@ -2581,7 +2581,7 @@ fn the_peers_failback_over_the_default_path_proves_it_up_before_the_link_watch_d
     // The link is up again but not yet reported; the peer's message came over it.
     assert_eq!(
         step(&mut machine, peer_failback(1, 2), at(300)),
-        [Action::FailBack {
+        [Action::Failback {
             epoch: Epoch(1),
             skip_through: 2
         }]

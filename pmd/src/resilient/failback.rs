@@ -93,7 +93,7 @@ impl ResilientQp {
         (list, on_backup)
     }
 
-    /// [`Action::FailBack`](crate::failover::Action::FailBack).
+    /// [`Action::Failback`](crate::failover::Action::Failback).
     pub(super) fn fail_back(&mut self, epoch: Epoch, skip_through: u64, now: Timestamp) {
         // 1. Read everything out before the reset takes the default rings back to index 0.
         let (list, on_backup) = self.failback_send_list();

@@ -104,7 +104,7 @@ impl ResilientQp {
                 self.move_recvs_to_default(consumed_through)
             }
             Action::DrainForFailback => self.drain_for_failback(now),
-            Action::FailBack {
+            Action::Failback {
                 epoch,
                 skip_through,
             } => self.fail_back(epoch, skip_through, now),

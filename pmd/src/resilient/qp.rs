@@ -528,7 +528,7 @@ impl ResilientQp {
                 return Err(ConnectError::Timeout(timeout));
             }
             ctx.service.nudge();
-            ctx.service.wait_a_little();
+            ctx.service.pause_for_service_thread();
         }
     }
 
@@ -565,7 +565,7 @@ impl ResilientQp {
             ctx.service.nudge();
             self.progress();
             if self.slow.machine.is_none() {
-                ctx.service.wait_a_little();
+                ctx.service.pause_for_service_thread();
             }
         }
         Ok(())

@@ -388,8 +388,10 @@ impl ServiceHandle {
         }
     }
 
-    /// How a caller waiting for the service passes time.
-    pub fn wait_a_little(&self) {
+    /// Between two looks at what a caller waits for (a rendezvous blob, the backup side's
+    /// bring-up): 500 us of sleep while the service's own thread does the work; nothing for a
+    /// manual service, which the caller's own loop runs.
+    pub fn pause_for_service_thread(&self) {
         if self.inner.threaded {
             std::thread::sleep(Duration::from_micros(500));
         }
