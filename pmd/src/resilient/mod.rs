@@ -77,6 +77,8 @@ pub use qp::{ConnectError, ResilientQp, ResilientState};
 pub use rendezvous::{PeerAttrs, RedisRendezvous, Rendezvous};
 pub use rendezvous_auth::{RefusalCounts, RendezvousKey, KEY_FILE_VAR, MIN_KEY_LEN};
 pub use rendezvous_error::RendezvousError;
-pub use revoke::{Fence, FenceOrigin, Grant, LeaseId, Leases, RevokeOutcome, DEFAULT_GRACE};
+pub use revoke::{
+    Grant, LeaseId, Leases, Quarantine, QuarantinePhase, RevokeOutcome, StepFailure, DEFAULT_GRACE,
+};
 pub use service::{FailoverService, ServiceConfig, ShadowOrder};
 pub use stats::{Cause, EventKind, FailoverEvent, FailoverStats, EVENT_LOG_CAPACITY};

@@ -69,29 +69,39 @@ pub enum RevokeOutcome {
     TornDown,
     /// Part of the teardown failed: the lease's QPs and memory are never destroyed nor
     /// reused (fail closed); what failed is kept.
-    Fenced(Fence),
+    Fenced(Quarantine),
     /// No active lease with this id (never granted, or already revoked).
     NotFound,
 }
 
 /// Which phase fenced a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FenceOrigin {
+pub enum QuarantinePhase {
     /// `revoke`'s immediate phase (a move to ERR or a deregistration refused).
     Revoke,
     /// The deferred phase (a destroy refused).
     Sweep,
 }
 
-/// A fenced lease's failure context.
+/// A fenced lease's quarantine record: the lease is never destroyed nor its memory reused,
+/// and this says why. (Not to be confused with a WR's fence or the switch-back's fence.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
+pub struct Quarantine {
     /// The lease.
     pub lease: LeaseId,
     /// Which phase failed.
-    pub origin: FenceOrigin,
-    /// Each step that failed, and the device's error.
-    pub failures: Vec<(String, String)>,
+    pub phase: QuarantinePhase,
+    /// Each step that failed.
+    pub failures: Vec<StepFailure>,
+}
+
+/// One step of a revocation or its sweep that a device refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepFailure {
+    /// What was being done (`dereg_mr of rkey 0x... on the backup device`).
+    pub step: String,
+    /// What the device answered.
+    pub error: String,
 }
 
 struct Lease {
@@ -116,7 +126,7 @@ pub struct Leases {
     next: u64,
     active: HashMap<LeaseId, Lease>,
     draining: Vec<Draining>,
-    fenced: Vec<(Fence, Lease)>,
+    fenced: Vec<(Quarantine, Lease)>,
 }
 
 impl std::fmt::Debug for Leases {
@@ -174,23 +184,26 @@ impl Leases {
         let Some(mut lease) = self.active.remove(&id) else {
             return RevokeOutcome::NotFound;
         };
-        let mut failures: Vec<(String, String)> = lease
+        let mut failures: Vec<StepFailure> = lease
             .qp
             .as_mut()
             .map(|qp| qp.revoke())
             .unwrap_or_default()
             .into_iter()
-            .map(|(what, e)| (what.to_string(), e))
+            .map(|(what, error)| StepFailure {
+                step: what.to_string(),
+                error,
+            })
             .collect();
         for grant in &mut lease.memory {
             let rkey = grant.rkey();
             if let Err(e) = grant.deregister_now() {
                 for (device, error) in [("default", e.default), ("backup", e.backup)] {
                     if let Some(error) = error {
-                        failures.push((
-                            format!("dereg_mr of rkey {rkey:#x} on the {device} device"),
-                            error.to_string(),
-                        ));
+                        failures.push(StepFailure {
+                            step: format!("dereg_mr of rkey {rkey:#x} on the {device} device"),
+                            error: error.to_string(),
+                        });
                     }
                 }
             }
@@ -204,14 +217,14 @@ impl Leases {
             self.draining.push(Draining { id, lease, until });
             return RevokeOutcome::TornDown;
         }
-        let fence = Fence {
+        let quarantine = Quarantine {
             lease: id,
-            origin: FenceOrigin::Revoke,
+            phase: QuarantinePhase::Revoke,
             failures,
         };
-        tracing::error!(lease = id.0, failures = ?fence.failures, "lease fenced: part of its revocation failed; its resources are never reused");
-        self.fenced.push((fence.clone(), lease));
-        RevokeOutcome::Fenced(fence)
+        tracing::error!(lease = id.0, failures = ?quarantine.failures, "lease fenced: part of its revocation failed; its resources are never reused");
+        self.fenced.push((quarantine.clone(), lease));
+        RevokeOutcome::Fenced(quarantine)
     }
 
     /// The deferred phase: destroys every revoked lease whose grace period has passed (its
@@ -240,28 +253,26 @@ impl Leases {
                 .map(|d| d.stats().destroy_failures())
                 .collect();
             drop(lease.qp.take());
-            let failures: Vec<(String, String)> = devices
+            let failures: Vec<StepFailure> = devices
                 .iter()
                 .zip(before)
                 .filter(|(d, b)| d.stats().destroy_failures() > *b)
-                .map(|(d, _)| {
-                    (
-                        format!("destroying the QP's objects on {}", d.name()),
-                        "refused by the device (see its log)".to_string(),
-                    )
+                .map(|(d, _)| StepFailure {
+                    step: format!("destroying the QP's objects on {}", d.name()),
+                    error: "refused by the device (see its log)".to_string(),
                 })
                 .collect();
             if failures.is_empty() {
                 drop(lease);
                 destroyed += 1;
             } else {
-                let fence = Fence {
+                let quarantine = Quarantine {
                     lease: id,
-                    origin: FenceOrigin::Sweep,
+                    phase: QuarantinePhase::Sweep,
                     failures,
                 };
-                tracing::error!(lease = id.0, failures = ?fence.failures, "lease fenced in its sweep; its memory is never reused");
-                self.fenced.push((fence, lease));
+                tracing::error!(lease = id.0, failures = ?quarantine.failures, "lease fenced in its sweep; its memory is never reused");
+                self.fenced.push((quarantine, lease));
             }
         }
         destroyed
@@ -272,8 +283,8 @@ impl Leases {
         self.draining.len()
     }
 
-    /// The failure context of every fenced lease, oldest first.
-    pub fn fenced(&self) -> impl Iterator<Item = &Fence> {
+    /// The quarantine record of every fenced lease, oldest first.
+    pub fn fenced(&self) -> impl Iterator<Item = &Quarantine> {
         self.fenced.iter().map(|(f, _)| f)
     }
 }

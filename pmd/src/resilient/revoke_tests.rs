@@ -151,7 +151,7 @@ fn an_explicit_deregister_names_the_device_that_refused_and_unpublishes_the_keys
 
 #[test]
 fn a_revoke_a_device_refuses_is_fenced_with_its_context_and_never_destroyed() {
-    use crate::resilient::{FenceOrigin, Grant, Leases, RevokeOutcome};
+    use crate::resilient::{Grant, Leases, QuarantinePhase, RevokeOutcome};
     let r = rig();
     let pd = r.ctx.alloc_pd().unwrap();
     r.settle();
@@ -164,17 +164,20 @@ fn a_revoke_a_device_refuses_is_fenced_with_its_context_and_never_destroyed() {
     r.refuse(true, false);
     let outcome = leases.revoke(id);
     r.refuse(false, false);
-    let RevokeOutcome::Fenced(fence) = outcome else {
+    let RevokeOutcome::Fenced(quarantine) = outcome else {
         panic!("not fenced: {outcome:?}");
     };
-    assert_eq!((fence.lease, fence.origin), (id, FenceOrigin::Revoke));
+    assert_eq!(
+        (quarantine.lease, quarantine.phase),
+        (id, QuarantinePhase::Revoke)
+    );
     assert!(
-        fence
+        quarantine
             .failures
             .iter()
-            .any(|(step, error)| step.contains("backup device") && error.contains("dereg_mr")),
+            .any(|f| f.step.contains("backup device") && f.error.contains("dereg_mr")),
         "{:?}",
-        fence.failures
+        quarantine.failures
     );
     assert_eq!(leases.revoke(id), RevokeOutcome::NotFound);
     // Never swept: the backup device keeps everything it held, the failure context stays.
