@@ -7,7 +7,7 @@ use std::time::Duration;
 use pmd::provider::ProgressModel;
 use pmd::resilient::{
     Clock, FailoverEvent, FailoverService, FailoverStats, ResilientBuffer, ResilientConfig,
-    ResilientContext, ResilientPd, ResilientQp, ServiceConfig,
+    ResilientContext, ResilientPd, ResilientQp, ResilientState, ServiceConfig,
 };
 use pmd::{
     Access, AddressVector, Context, ContextConfig, Cq, Gid, Mtu, Pd, PostError, Qp, QpAttr, QpCaps,
@@ -357,7 +357,7 @@ impl Conn {
         match self {
             Conn::Plain { .. } if failed => "failed",
             Conn::Plain { .. } => "default",
-            Conn::Resilient(qp) => qp.state().as_str(),
+            Conn::Resilient(qp) => timeline_state(qp.state()),
         }
     }
 
@@ -523,4 +523,19 @@ pub fn mtu_of(bytes: u32) -> Option<Mtu> {
     ]
     .into_iter()
     .find(|m| m.bytes() == bytes)
+}
+
+/// A resilient QP's state as the JSON timeline names it (`default | fallback | wait-signaled |
+/// wait-drained | failed`): a running round, failover or failback, counts as fallback, an
+/// unprotected QP as default.
+fn timeline_state(state: ResilientState) -> &'static str {
+    match state {
+        ResilientState::Unprotected | ResilientState::Default => "default",
+        ResilientState::FailingOver | ResilientState::Fallback | ResilientState::FailingBack => {
+            "fallback"
+        }
+        ResilientState::WaitSignaled => "wait-signaled",
+        ResilientState::WaitDrained => "wait-drained",
+        ResilientState::Failed => "failed",
+    }
 }

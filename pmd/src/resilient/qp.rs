@@ -59,23 +59,6 @@ pub enum ResilientState {
     Failed,
 }
 
-impl ResilientState {
-    /// The name the apps' JSON timeline uses (`default | fallback | wait-signaled |
-    /// wait-drained | failed`; a running round, failover or failback, counts as fallback, an
-    /// unprotected QP as default).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResilientState::Unprotected | ResilientState::Default => "default",
-            ResilientState::FailingOver
-            | ResilientState::Fallback
-            | ResilientState::FailingBack => "fallback",
-            ResilientState::WaitSignaled => "wait-signaled",
-            ResilientState::WaitDrained => "wait-drained",
-            ResilientState::Failed => "failed",
-        }
-    }
-}
-
 /// Why a resilient QP's backup side could not be connected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConnectError {
