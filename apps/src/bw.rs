@@ -30,9 +30,10 @@ use pmd::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
 use crate::cli::{Options, Tool};
 use crate::endpoint::{Conn, Memory};
 use crate::error::AppError;
-use crate::exchange::{Msg, PeerRow};
+use crate::exchange::Msg;
 use crate::pattern;
 use crate::report::{AtomicJson, CheckJson, ResultRow, Timeline};
+use crate::row::PeerRow;
 use crate::session::{Idle, Length, PeerWatch, Session};
 
 /// Largest WRITE of a `--check` iteration.

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::row::PeerRow;
+
 /// Identifies railshift's exchange.
 pub const MAGIC: &str = "railshift-apps";
 /// Version of the exchange format; a peer with another one is refused.
@@ -267,27 +269,6 @@ pub struct RingPlace {
     pub next: QpInfo,
     /// The previous rank's sending QP (this rank's receiving QP connects to it).
     pub prev: QpInfo,
-}
-
-/// One result row as the peer measured it (`report::ResultRow`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct PeerRow {
-    /// Message size.
-    pub size: usize,
-    /// Completed iterations.
-    pub iterations: u64,
-    /// Peak bandwidth, Gb/s.
-    pub bw_peak_gbps: f64,
-    /// Average bandwidth, Gb/s.
-    pub bw_avg_gbps: f64,
-    /// Messages per second, millions.
-    pub msg_rate_mpps: f64,
-    /// Measured wall time, seconds.
-    pub duration_s: f64,
-    /// A latency client's figures for the size: its server prints them, as perftest's
-    /// latency server prints a result row.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency: Option<crate::report::Latency>,
 }
 
 /// Messages after the hello.

@@ -10,8 +10,9 @@ use pmd::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
 use crate::bw::completion_error;
 use crate::cli::{Options, Tool};
 use crate::error::AppError;
-use crate::exchange::{Msg, PeerRow};
+use crate::exchange::Msg;
 use crate::report::{Latency, ResultRow, Timeline};
+use crate::row::PeerRow;
 use crate::session::{Idle, Length, PeerWatch, Session, PEER_TIMEOUT};
 
 /// Receives each side keeps posted (SEND ping-pong).

@@ -17,6 +17,7 @@
 //! | [`faults`] | the fault channel (`--fault-fifo`): device faults the testbed asks for |
 //! | [`report`] | the JSON report (`docs/apps-json.md`), timeline, failover summary, tables |
 //! | [`outcome`] | what a run hands back; the report fields every tool fills |
+//! | [`row`] | a result row's figures as they travel to the peer and print |
 //! | [`run`] | parse, run, report, exit code |
 //! | [`wall_clock`] | wall-clock milliseconds since the epoch, for reports and the fault log |
 //! | [`verbosity`] | everything on stdout, or one figure (`--output`) |
@@ -45,6 +46,7 @@ pub mod perftest_exchange;
 pub mod rc_ops;
 pub mod rc_pingpong;
 pub mod report;
+pub mod row;
 pub mod run;
 pub mod service_pacer;
 pub mod session;

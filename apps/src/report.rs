@@ -4,9 +4,10 @@
 use std::time::{Duration, Instant};
 
 use pmd::resilient::{FailoverEvent, FailoverStats};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::exchange::PeerRow;
+pub use crate::row::Latency;
+use crate::row::PeerRow;
 use crate::wall_clock::unix_ms_now;
 
 /// One row of the results table.
@@ -354,27 +355,6 @@ pub struct CheckJson {
     pub notifications_checked: u64,
     /// Lost, duplicated or reordered notifications.
     pub notification_errors: u64,
-}
-
-/// Latency figures, microseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Latency {
-    /// Smallest sample.
-    pub lat_min_us: f64,
-    /// Largest sample.
-    pub lat_max_us: f64,
-    /// perftest's typical: the median.
-    pub lat_typical_us: f64,
-    /// Mean.
-    pub lat_avg_us: f64,
-    /// Standard deviation.
-    pub lat_stdev_us: f64,
-    /// Median.
-    pub lat_p50_us: f64,
-    /// 99th percentile.
-    pub lat_p99_us: f64,
-    /// 99.9th percentile.
-    pub lat_p999_us: f64,
 }
 
 /// The atomic counters of `shift_atomic_bw` (proof of no double execution).

@@ -22,6 +22,7 @@ use crate::qp::{Bell, DoorbellRegister, ErrorCtx, Qp, QpConfig};
 use crate::qp_attr::{check_transition, ModifyError, QpAttrs, QpState};
 use crate::trace::Trace;
 use crate::tx::BATCH;
+pub use crate::udp::SendPath;
 use crate::udp::{rxe_source_port, UdpWire};
 use crate::waker::Waker;
 use crate::wire::{Batch, PortState};
@@ -76,18 +77,6 @@ pub struct DeviceConfig {
     pub key_seed: Option<u64>,
     /// How a UDP wire sends (the fabric ignores it).
     pub send_path: SendPath,
-}
-
-/// How a device on a netdev sends its packets.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SendPath {
-    /// Whole frames with its own headers through a packet socket, to the peer's MAC address
-    /// resolved when a QP is connected (the default; UDP sockets where that is not possible).
-    #[default]
-    Frames,
-    /// Through the kernel's UDP sockets, which resolve the peer with ARP as they send (what
-    /// the device did before it sent frames; kept to measure against).
-    UdpSockets,
 }
 
 impl DeviceConfig {

@@ -427,7 +427,7 @@ impl EthTx {
             h.msg_flags = 0;
             n += 1;
         }
-        crate::udp::send_all(self.fd.as_raw_fd(), &mut self.hdrs[..n])
+        crate::send_batch::send_all(self.fd.as_raw_fd(), &mut self.hdrs[..n])
     }
 }
 

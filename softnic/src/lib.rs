@@ -45,6 +45,7 @@ mod requester;
 mod resources;
 mod responder;
 mod rx_ring;
+mod send_batch;
 mod trace;
 mod tx;
 mod udp;

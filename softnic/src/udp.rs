@@ -28,11 +28,23 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use crate::device::SendPath;
 use crate::eth_tx::EthTx;
 use crate::rx_ring::{attach_filter, bpf, RxRing, BPF_K, BPF_RET};
+use crate::send_batch::send_all;
 use crate::wire::{Batch, PacketBuf, PortState, ROCE_PORT};
 use netdev_link::LinkMonitor;
+
+/// How a device on a netdev sends its packets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SendPath {
+    /// Whole frames with its own headers through a packet socket, to the peer's MAC address
+    /// resolved when a QP is connected (the default; UDP sockets where that is not possible).
+    #[default]
+    Frames,
+    /// Through the kernel's UDP sockets, which resolve the peer with ARP as they send (what
+    /// the device did before it sent frames; kept to measure against).
+    UdpSockets,
+}
 
 /// The UDP source port rxe uses for a QP: `0xC000 + hash_32(qpn, 14)`.
 pub fn rxe_source_port(qpn: u32) -> u16 {
@@ -202,44 +214,6 @@ fn bound_socket(netdev: &str, addr: IpAddr, port: u16, reuse_port: bool) -> io::
     // SAFETY: a valid socket address of the length passed.
     check(unsafe { libc::bind(raw, (&sa as *const libc::sockaddr_storage).cast(), len) })?;
     Ok(fd)
-}
-
-/// Sends every message of `hdrs` on `fd` with `sendmmsg`, as many per call as the kernel
-/// takes; a full socket buffer is waited on briefly (poll for POLLOUT, up to 100 x 1 ms)
-/// rather than dropping, and a message the kernel refuses (`ENETDOWN`, `EMSGSIZE`) is dropped
-/// alone, for the transport to retransmit. Returns how many the kernel took.
-pub(crate) fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> usize {
-    let end = hdrs.len();
-    let mut sent = 0;
-    let mut at = 0;
-    let mut stalls = 0;
-    while at < end {
-        // SAFETY: hdrs[at..] point at live names, iovecs and packet buffers.
-        let n = unsafe { libc::sendmmsg(fd, hdrs[at..].as_mut_ptr(), (end - at) as u32, 0) };
-        if n > 0 {
-            at += n as usize;
-            sent += n as usize;
-            continue;
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() == io::ErrorKind::WouldBlock && stalls < 100 {
-            // The socket buffer is full: wait for room briefly instead of dropping.
-            stalls += 1;
-            let mut pfd = libc::pollfd {
-                fd,
-                events: libc::POLLOUT,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, 1) };
-            continue;
-        }
-        if err.kind() != io::ErrorKind::WouldBlock {
-            tracing::debug!(error = %err, "sendmmsg failed; dropping the packet");
-        }
-        at += 1;
-    }
-    sent
 }
 
 /// Keeps nothing: the UDP listener beside a receive ring queues no copies.
