@@ -1361,3 +1361,51 @@ fn a_default_device_dying_during_a_rearm_leaves_nothing_outstanding() {
         sim.a.qp.events()
     );
 }
+
+/// Host A's default device dies (its device-fatal event moves the traffic to the backup),
+/// then reports its link down and up again, as a netdev watch does when a device reset flaps
+/// the netdev of a NIC that died: the connection stays on the backup path, and A's default
+/// QP is never brought up again (no rearm, no failback toward a device that executes nothing).
+#[test]
+fn a_dead_default_device_whose_link_flaps_stays_down_for_failover() {
+    let mut sim = Sim::new(43, config());
+    let mut t = nccl(&sim, 200);
+    t.dirs[0].interval = Duration::from_millis(2);
+    let mut phase = 0;
+    let mut flapped_at = Duration::ZERO;
+    let mut left_dead = Vec::new();
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            s.a.devices[0].inject_fault(DeviceFault::Dead).unwrap();
+            phase = 1;
+        }
+        if phase == 1 && s.a.qp.state() == ResilientState::Fallback {
+            s.a.devices[0].inject_fault(DeviceFault::LinkFlap).unwrap();
+            flapped_at = s.now();
+            phase = 2;
+        }
+        if phase == 2 {
+            let p = s.a.qp.machine().map(|m| m.default_qp_phase());
+            if p != Some(pmd::failover::DefaultQpPhase::Dead) {
+                left_dead.push((s.now() - flapped_at, p));
+            }
+        }
+        step(&mut t, s) && phase == 2 && s.now() >= flapped_at + Duration::from_millis(300)
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: {} of 200 completed, states {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state()
+    );
+    assert_clean(&mut t, &mut sim);
+    assert!(
+        left_dead.is_empty(),
+        "A's default QP left the dead phase after the flap: {:?}",
+        &left_dead[..left_dead.len().min(4)]
+    );
+    assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
+    let stats = sim.a.qp.stats();
+    assert_eq!((stats.failbacks, stats.errors), (0, 0), "{stats:?}");
+}

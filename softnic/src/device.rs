@@ -324,6 +324,16 @@ impl Device {
         self.shared.waker.wake();
     }
 
+    /// The port reports its link down, then up again (two async events), whether or not the
+    /// device is dead, and nothing else changes: what a netdev watch reports when a device
+    /// reset flaps the netdev of a NIC that died. For failure injection.
+    pub fn flap_link(&self) {
+        tracing::warn!(device = %self.shared.name, "softnic: link reported down and up (injected)");
+        self.shared.events.push(crate::AsyncEvent::PortError);
+        self.shared.events.push(crate::AsyncEvent::PortActive);
+        self.shared.waker.wake();
+    }
+
     /// Whether [`Device::kill`] was called.
     pub fn is_dead(&self) -> bool {
         self.shared.lock_core().dead

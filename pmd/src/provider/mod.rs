@@ -57,6 +57,9 @@ pub enum DeviceFault {
     /// Every QP of the device goes to ERR, flushing what is posted on it, while the device and
     /// its link stay up (a NIC that recovered from an internal error by failing its QPs).
     QpsFailed,
+    /// The device reports its link down, then up again, alive or dead: what a netdev watch
+    /// reports when a device reset flaps the netdev of a device that died.
+    LinkFlap,
 }
 
 /// What one round of device work did, and when the device next needs one (a manual-progress

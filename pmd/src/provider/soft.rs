@@ -674,6 +674,7 @@ impl Provider for SoftProvider {
         match fault {
             DeviceFault::Dead => self.device.kill(),
             DeviceFault::QpsFailed => self.device.fail_qps(),
+            DeviceFault::LinkFlap => self.device.flap_link(),
         }
         Ok(())
     }
