@@ -1409,3 +1409,64 @@ fn a_dead_default_device_whose_link_flaps_stays_down_for_failover() {
     let stats = sim.a.qp.stats();
     assert_eq!((stats.failbacks, stats.errors), (0, 0), "{stats:?}");
 }
+
+/// Host B keeps 100 receives posted; A's QP is 24 sends and 8 receives deep, so its backup
+/// SQ (a default SQ and a default RQ's worth of burns, the peer taken to be as deep) has 32. A first failover copies
+/// B's receives to its backup RQ and the switch-back moves them back, leaving them stale
+/// there; the second failover must burn them with zero-length SENDs on A's backup SQ, where
+/// they do not fit. The connection fails, and every WR A had to move still completes once,
+/// in error: before, the default ring's reset lost them (no completion at all).
+#[test]
+fn burns_that_do_not_fit_the_backup_send_queue_keep_the_sends_to_move() {
+    let small_sq = pmd::QpCaps {
+        max_send_wr: 24,
+        max_recv_wr: 8,
+        ..caps()
+    };
+    let mut sim = Sim::with_caps(11, config(), [small_sq, caps()]);
+    let mut t = nccl(&sim, 800);
+    t.dirs[0].interval = Duration::from_micros(200);
+    t.dirs[0].recv_window = 100;
+    let mut phase = 0;
+    let done = sim.run_until(Duration::from_secs(10), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            s.link_down(A_DEFAULT, Some(Duration::from_millis(10)));
+            phase = 1;
+        }
+        step(&mut t, s);
+        // Right after A posted: its sends are in flight when the link goes.
+        if phase == 1
+            && s.a.qp.stats().switch_backs == 1
+            && s.b.qp.stats().switch_backs == 1
+            && s.a.qp.state() == ResilientState::Default
+            && t.dirs[0].posted > t.dirs[0].completed
+        {
+            s.link_down(A_DEFAULT, None);
+            phase = 2;
+        }
+        phase == 2
+            && s.a.qp.state() == ResilientState::Failed
+            && s.b.qp.state() == ResilientState::Failed
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: {} completed, states {:?} {:?}, events {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.events(),
+        sim.b.qp.events()
+    );
+    t.check_markers(&mut sim);
+    t.check_exactly_once(&mut sim, Duration::from_secs(1));
+    assert!(t.violations.is_empty(), "{:#?}", t.violations);
+    let events = sim.a.qp.events();
+    let last = events.last().expect("events");
+    assert_eq!(
+        (last.kind, last.cause),
+        (EventKind::Refused, Cause::Refused(WcStatus::LocQpOpErr)),
+        "{events:?}"
+    );
+    // The sends to move were in the book when the burns failed.
+    assert!(t.dirs[0].send_errors > 0, "{:?}", t.dirs);
+}

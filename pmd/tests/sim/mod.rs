@@ -131,6 +131,7 @@ fn host(
     clock: &softnic::Clock,
     config: &ResilientConfig,
     store: Option<Arc<dyn Rendezvous>>,
+    caps: QpCaps,
 ) -> Host {
     let service = FailoverService::manual(Clock::from_softnic(clock)).unwrap();
     let devices = [open(fabric, ports[0], clock), open(fabric, ports[1], clock)];
@@ -143,7 +144,7 @@ fn host(
     );
     let pd = ctx.alloc_pd().unwrap();
     let buf = pd.alloc_buffer(BUF, Access::ALL).unwrap();
-    let qp = pd.create_qp(caps()).unwrap();
+    let qp = pd.create_qp(caps).unwrap();
     Host {
         service,
         ctx,
@@ -162,7 +163,18 @@ impl Sim {
     }
 
     pub fn with_latency(seed: u64, config: ResilientConfig, latency: Duration) -> Sim {
-        Sim::build(seed, config, latency, [None, None])
+        Sim::build(seed, config, latency, [None, None], [caps(), caps()])
+    }
+
+    /// Two hosts whose QPs have the given capacities (host A's, host B's).
+    pub fn with_caps(seed: u64, config: ResilientConfig, qp_caps: [QpCaps; 2]) -> Sim {
+        Sim::build(
+            seed,
+            config,
+            Duration::from_micros(2),
+            [None, None],
+            qp_caps,
+        )
     }
 
     /// Two hosts whose backup attributes go through the given stores (one per host) instead
@@ -172,7 +184,13 @@ impl Sim {
         config: ResilientConfig,
         stores: [Option<Arc<dyn Rendezvous>>; 2],
     ) -> Sim {
-        Sim::build(seed, config, Duration::from_micros(2), stores)
+        Sim::build(
+            seed,
+            config,
+            Duration::from_micros(2),
+            stores,
+            [caps(), caps()],
+        )
     }
 
     fn build(
@@ -180,6 +198,7 @@ impl Sim {
         config: ResilientConfig,
         latency: Duration,
         stores: [Option<Arc<dyn Rendezvous>>; 2],
+        qp_caps: [QpCaps; 2],
     ) -> Sim {
         let inline = stores.iter().all(Option::is_none);
         let [store_a, store_b] = stores;
@@ -195,8 +214,23 @@ impl Sim {
             fabric.add_port(addr.parse().unwrap());
         }
         register_fabric(&name, &fabric);
-        let a = host(&name, [A_DEFAULT, A_BACKUP], &clock, &config, store_a);
-        let b = host(&name, [B_DEFAULT, B_BACKUP], &clock, &config, store_b);
+        let [caps_a, caps_b] = qp_caps;
+        let a = host(
+            &name,
+            [A_DEFAULT, A_BACKUP],
+            &clock,
+            &config,
+            store_a,
+            caps_a,
+        );
+        let b = host(
+            &name,
+            [B_DEFAULT, B_BACKUP],
+            &clock,
+            &config,
+            store_b,
+            caps_b,
+        );
         let mut sim = Sim {
             clock,
             fabric,
