@@ -6,12 +6,18 @@
 //! names; the pmd device is any name `pmd::Context::open` takes (`soft:<netdev>[@<addr>]`,
 //! `fabric:<name>/<port>`, `mlx5:<ibdev>`).
 //!
+//! An entry may name a backup device after a `+` (`rs1=soft:veth0+soft:veth1`): the device is
+//! then resilient, every RC QP on it a pmd resilient QP whose backup side is set up through
+//! the Redis rendezvous (`RAILSHIFT_RENDEZVOUS`, `RAILSHIFT_RENDEZVOUS_KEY_FILE`,
+//! [`Resilience`]).
+//!
 //! `RAILSHIFT_PROGRESS` says how a softnic device makes progress: `poll` (default: the
 //! application's `ibv_poll_cq` drives the device, run-to-completion, and a helper thread
 //! drives it while the application does not poll) or `engine` (the softnic's own engine
 //! thread, as `pmd`'s auto progress).
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use pmd::provider::ProgressModel;
 
@@ -19,6 +25,19 @@ use pmd::provider::ProgressModel;
 pub const DEVICES_VAR: &str = "RAILSHIFT_DEVICES";
 /// The environment variable choosing the progress model.
 pub const PROGRESS_VAR: &str = "RAILSHIFT_PROGRESS";
+
+/// The Redis rendezvous of resilient devices (`redis://host:port/`).
+pub const RENDEZVOUS_VAR: &str = "RAILSHIFT_RENDEZVOUS";
+/// The key prefix in the rendezvous store (several jobs can share a server).
+pub const PREFIX_VAR: &str = "RAILSHIFT_RENDEZVOUS_PREFIX";
+/// The failover hold-down in milliseconds.
+pub const HOLDDOWN_VAR: &str = "RAILSHIFT_HOLDDOWN_MS";
+/// How long a QP waits for its peer's rendezvous entry before it says it runs unprotected.
+pub const PROTECT_WAIT_VAR: &str = "RAILSHIFT_PROTECT_WAIT_MS";
+/// The prefix when [`PREFIX_VAR`] is unset.
+pub const DEFAULT_PREFIX: &str = "railshift-verbs";
+/// The wait when [`PROTECT_WAIT_VAR`] is unset.
+pub const DEFAULT_PROTECT_WAIT: Duration = Duration::from_secs(5);
 
 /// Longest verbs name: `ibv_device.name` is 64 bytes with its terminating NUL.
 pub const MAX_NAME_LEN: usize = crate::abi::IBV_SYSFS_NAME_MAX - 1;
@@ -32,6 +51,21 @@ pub struct DeviceSpec {
     pub device: pmd::DeviceName,
     /// The pmd device as written (what `Context::open` is given).
     pub device_text: String,
+    /// The backup device as written, if the entry names one (`<default>+<backup>`).
+    pub backup_text: Option<String>,
+}
+
+/// How resilient devices find their peers' backup attributes and fail over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resilience {
+    /// The Redis URL ([`RENDEZVOUS_VAR`]).
+    pub rendezvous: String,
+    /// The key prefix ([`PREFIX_VAR`]).
+    pub prefix: String,
+    /// The hold-down ([`HOLDDOWN_VAR`]); `None`: pmd's default.
+    pub holddown: Option<Duration>,
+    /// The bounded wait for the peer's entry ([`PROTECT_WAIT_VAR`]).
+    pub protect_wait: Duration,
 }
 
 /// How the shim's softnic devices make progress.
@@ -61,6 +95,8 @@ pub struct Config {
     pub devices: Vec<DeviceSpec>,
     /// How softnic devices progress.
     pub progress: Progress,
+    /// The rendezvous and failover settings; `Some` when a device has a backup.
+    pub resilience: Option<Resilience>,
 }
 
 /// What was wrong with the configuration.
@@ -97,15 +133,23 @@ pub enum ConfigError {
         /// Why it did not parse.
         error: pmd::name::NameError,
     },
-    /// A device with a backup (`<default>+<backup>`): resilient devices are not built yet.
+    /// A device has a backup but the rendezvous is not configured.
     #[error(
-        "{DEVICES_VAR}: `{name}` names a backup device (`{device}`): resilient devices are not supported by librailshift_verbs.so yet"
+        "{DEVICES_VAR}: `{name}` has a backup device, which needs {RENDEZVOUS_VAR}=redis://host:port/ and {key_var} (the job's secret)"
     )]
-    Backup {
+    NoRendezvous {
         /// The verbs name.
         name: String,
-        /// The devices as written.
-        device: String,
+        /// The key file variable.
+        key_var: &'static str,
+    },
+    /// A number variable did not parse.
+    #[error("{var}=`{value}`: expected a number of milliseconds")]
+    Millis {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
     },
     /// `RAILSHIFT_PROGRESS` is neither `poll` nor `engine`.
     #[error("{PROGRESS_VAR}=`{value}`: expected `poll` or `engine`")]
@@ -147,35 +191,77 @@ impl Config {
                     name: name.to_string(),
                 });
             }
-            if device.contains('+') {
-                return Err(ConfigError::Backup {
+            let (device, backup) = match device.split_once('+') {
+                Some((d, b)) => (d.trim(), Some(b.trim())),
+                None => (device, None),
+            };
+            let parse = |text: &str| {
+                pmd::DeviceName::from_str(text).map_err(|error| ConfigError::Device {
                     name: name.to_string(),
-                    device: device.to_string(),
-                });
-            }
-            let parsed =
-                pmd::DeviceName::from_str(device).map_err(|error| ConfigError::Device {
-                    name: name.to_string(),
-                    device: device.to_string(),
+                    device: text.to_string(),
                     error,
-                })?;
+                })
+            };
+            let parsed = parse(device)?;
+            if let Some(b) = backup {
+                parse(b)?;
+            }
             specs.push(DeviceSpec {
                 name: name.to_string(),
                 device: parsed,
                 device_text: device.to_string(),
+                backup_text: backup.map(str::to_string),
             });
         }
         Ok(Config {
             devices: specs,
             progress,
+            resilience: None,
         })
     }
 
     /// Reads the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
-        let devices = std::env::var(DEVICES_VAR).ok();
-        let progress = std::env::var(PROGRESS_VAR).ok();
-        Config::parse(devices.as_deref(), progress.as_deref())
+        Config::parse_with(|var| std::env::var(var).ok())
+    }
+
+    /// As [`Config::from_env`], reading variables through `var`.
+    pub fn parse_with(var: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut config = Config::parse(var(DEVICES_VAR).as_deref(), var(PROGRESS_VAR).as_deref())?;
+        let Some(first) = config.devices.iter().find(|d| d.backup_text.is_some()) else {
+            return Ok(config);
+        };
+        let set = |name: &str| {
+            var(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let (Some(rendezvous), Some(_)) = (set(RENDEZVOUS_VAR), set(pmd::resilient::KEY_FILE_VAR))
+        else {
+            return Err(ConfigError::NoRendezvous {
+                name: first.name.clone(),
+                key_var: pmd::resilient::KEY_FILE_VAR,
+            });
+        };
+        let millis = |name: &'static str| -> Result<Option<Duration>, ConfigError> {
+            set(name)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .map(Duration::from_millis)
+                        .map_err(|_| ConfigError::Millis {
+                            var: name,
+                            value: v,
+                        })
+                })
+                .transpose()
+        };
+        config.resilience = Some(Resilience {
+            rendezvous,
+            prefix: set(PREFIX_VAR).unwrap_or_else(|| DEFAULT_PREFIX.to_string()),
+            holddown: millis(HOLDDOWN_VAR)?,
+            protect_wait: millis(PROTECT_WAIT_VAR)?.unwrap_or(DEFAULT_PROTECT_WAIT),
+        });
+        Ok(config)
     }
 }
 
@@ -221,11 +307,55 @@ mod tests {
         assert!(e.to_string().contains("rs0"), "{e}");
     }
 
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
     #[test]
-    fn a_backup_device_is_refused_by_name() {
-        let e = Config::parse(Some("rs1=soft:veth0+soft:veth1"), None).unwrap_err();
-        assert!(matches!(e, ConfigError::Backup { .. }), "{e}");
+    fn a_backup_device_parses_with_its_rendezvous() {
+        let c = Config::parse_with(env(&[
+            (
+                DEVICES_VAR,
+                "rs0=soft:lo@127.0.0.1,rs1=soft:veth0+soft:veth1",
+            ),
+            (RENDEZVOUS_VAR, "redis://127.0.0.1:6379/"),
+            (pmd::resilient::KEY_FILE_VAR, "/tmp/key"),
+            (HOLDDOWN_VAR, "250"),
+        ]))
+        .unwrap();
+        assert_eq!(c.devices[0].backup_text, None);
+        assert_eq!(c.devices[1].device_text, "soft:veth0");
+        assert_eq!(c.devices[1].backup_text.as_deref(), Some("soft:veth1"));
+        let r = c.resilience.unwrap();
+        assert_eq!(r.prefix, DEFAULT_PREFIX);
+        assert_eq!(r.holddown, Some(Duration::from_millis(250)));
+        assert_eq!(r.protect_wait, DEFAULT_PROTECT_WAIT);
+    }
+
+    #[test]
+    fn a_backup_without_a_rendezvous_is_refused_by_name() {
+        let e = Config::parse_with(env(&[(DEVICES_VAR, "rs1=soft:veth0+soft:veth1")])).unwrap_err();
+        assert!(matches!(e, ConfigError::NoRendezvous { .. }), "{e}");
         assert!(e.to_string().contains("rs1"), "{e}");
+        assert!(e.to_string().contains(RENDEZVOUS_VAR), "{e}");
+    }
+
+    #[test]
+    fn a_bad_backup_or_number_is_named() {
+        let e = Config::parse(Some("rs1=soft:veth0+bogus:x"), None).unwrap_err();
+        assert!(e.to_string().contains("bogus:x"), "{e}");
+        let e = Config::parse_with(env(&[
+            (DEVICES_VAR, "rs1=soft:veth0+soft:veth1"),
+            (RENDEZVOUS_VAR, "redis://127.0.0.1:6379/"),
+            (pmd::resilient::KEY_FILE_VAR, "/tmp/key"),
+            (PROTECT_WAIT_VAR, "5s"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains(PROTECT_WAIT_VAR), "{e}");
     }
 
     #[test]

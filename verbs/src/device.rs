@@ -42,6 +42,9 @@ pub struct RsDevice {
     /// The open pmd device, shared by every `ibv_open_device` of this process (a softnic
     /// binds its address once), and its poll activity.
     open: Mutex<(Weak<pmd::Context>, Arc<PollActivity>)>,
+    /// A resilient device, once opened: kept for the process (its service and helper
+    /// threads run while it lives).
+    resilient: Mutex<Option<Opened>>,
 }
 
 // SAFETY: `ibv` is written once before the device is published and only read afterwards; its
@@ -90,6 +93,7 @@ fn registry() -> &'static Registry {
                         spec: spec.clone(),
                         index,
                         open: Mutex::new((Weak::new(), Arc::default())),
+                        resilient: Mutex::new(None),
                     }));
                     devices.push(device);
                 }
@@ -129,6 +133,11 @@ impl PollActivity {
     #[inline]
     pub fn polled(&self) {
         self.polls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The polls counted so far.
+    pub fn count(&self) -> u64 {
+        self.polls.load(Ordering::Relaxed)
     }
 }
 
@@ -305,6 +314,8 @@ pub struct RsContext {
     pub pmd: Arc<pmd::Context>,
     /// Its poll activity, which the helper thread watches.
     pub activity: Arc<PollActivity>,
+    /// The default and backup devices when the device has a backup.
+    pub resilient: Option<Arc<crate::resilient::ResilientDevice>>,
 }
 
 impl RsContext {
@@ -334,12 +345,34 @@ pub unsafe fn our_context<'a>(ctx: *mut ibv_context) -> Option<&'a RsContext> {
     })
 }
 
-type Opened = (Arc<pmd::Context>, Arc<PollActivity>);
+type Opened = (
+    Arc<pmd::Context>,
+    Arc<PollActivity>,
+    Option<Arc<crate::resilient::ResilientDevice>>,
+);
 
 fn open_pmd(device: &'static RsDevice) -> Result<Opened, String> {
+    if let Some(backup) = &device.spec.backup_text {
+        let mut open = device.resilient.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(o) = &*open {
+            return Ok(o.clone());
+        }
+        let settings = match &registry().config {
+            Ok(Config {
+                resilience: Some(r),
+                ..
+            }) => r,
+            _ => return Err("no rendezvous configured".into()),
+        };
+        let (ctx, activity, dev) =
+            crate::resilient::open(&device.spec, backup, settings, progress())?;
+        let opened = (ctx, activity, Some(dev));
+        *open = Some(opened.clone());
+        return Ok(opened);
+    }
     let mut open = device.open.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(ctx) = open.0.upgrade() {
-        return Ok((ctx, open.1.clone()));
+        return Ok((ctx, open.1.clone(), None));
     }
     let mode = progress();
     let config = pmd::ContextConfig {
@@ -356,7 +389,7 @@ fn open_pmd(device: &'static RsDevice) -> Result<Opened, String> {
             .map_err(|e| format!("cannot start the progress helper thread: {e}"))?;
     }
     *open = (Arc::downgrade(&ctx), activity.clone());
-    Ok((ctx, activity))
+    Ok((ctx, activity, None))
 }
 
 /// `ibv_open_device`.
@@ -372,7 +405,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             None => std::ptr::null_mut(),
         };
     };
-    let (pmd, activity) = match open_pmd(d) {
+    let (pmd, activity, resilient) = match open_pmd(d) {
         Ok(p) => p,
         Err(e) => {
             invalid(
@@ -391,13 +424,29 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         bind_mw: None,
         dealloc_mw: None,
         _compat_create_cq: std::ptr::null_mut(),
-        poll_cq: Some(objects::poll_cq),
-        req_notify_cq: Some(objects::req_notify_cq),
+        poll_cq: Some(if resilient.is_some() {
+            crate::resilient::poll_cq
+        } else {
+            objects::poll_cq
+        }),
+        req_notify_cq: Some(if resilient.is_some() {
+            crate::resilient::req_notify_cq
+        } else {
+            objects::req_notify_cq
+        }),
         _compat_cq_srq: [std::ptr::null_mut(); 7],
         post_srq_recv: None,
         _compat_qp: [std::ptr::null_mut(); 4],
-        post_send: Some(objects::post_send),
-        post_recv: Some(objects::post_recv),
+        post_send: Some(if resilient.is_some() {
+            crate::resilient::post_send
+        } else {
+            objects::post_send
+        }),
+        post_recv: Some(if resilient.is_some() {
+            crate::resilient::post_recv
+        } else {
+            objects::post_recv
+        }),
         _compat_tail: [std::ptr::null_mut(); 5],
     };
     let ctx = Box::new(RsContext {
@@ -420,6 +469,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         device: d,
         pmd,
         activity,
+        resilient,
     });
     Box::leak(ctx).ibv()
 }

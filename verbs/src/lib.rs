@@ -10,10 +10,11 @@
 //! | module | job |
 //! | --- | --- |
 //! | [`abi`] | the `verbs.h` structs and constants, with the layouts `tests/layouts.rs` checks |
-//! | [`config`] | `RAILSHIFT_DEVICES`, `RAILSHIFT_PROGRESS` |
+//! | [`config`] | `RAILSHIFT_DEVICES`, `RAILSHIFT_PROGRESS`, the rendezvous variables |
 //! | [`device`] | the device list, open/close, the query verbs, async events |
 //! | [`objects`] | PD, MR, CQ, completion channel, QP; post, poll and notify for the ops table |
 //! | [`real`] | the system's definitions by `dlvsym(RTLD_NEXT, ...)` |
+//! | [`resilient`] | devices with a backup: resilient QPs, the rendezvous, CQs gathering their completions |
 //! | [`util`] | errno, the once-per-verb refusal line, logging |
 
 pub mod abi;
@@ -21,4 +22,5 @@ pub mod config;
 pub mod device;
 pub mod objects;
 pub mod real;
+pub mod resilient;
 pub mod util;

@@ -43,7 +43,7 @@ real_fns! {
     ibv_detach_mcast @ "IBVERBS_1.1": fn(*mut ibv_qp, *const ibv_gid, u16) -> c_int;
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -66,6 +66,15 @@ unsafe fn ours<'a, T>(obj: *mut T) -> Option<&'a RsContext> {
 pub struct RsPd {
     ibv: ibv_pd,
     pd: Arc<pmd::Pd>,
+    /// On a resilient device: the PD with its backup twin (`pd` is its default PD).
+    pub(crate) resilient: Option<pmd::resilient::ResilientPd>,
+}
+
+impl RsPd {
+    /// The context the PD was allocated on.
+    pub(crate) fn context(&self) -> *mut ibv_context {
+        self.ibv.context
+    }
 }
 
 /// `ibv_alloc_pd`.
@@ -82,8 +91,16 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             None => null_with(libc::ENOSYS),
         };
     };
-    match c.pmd.alloc_pd() {
-        Ok(pd) => {
+    let allocated = match crate::resilient::device_of(c) {
+        Some(d) => crate::resilient::alloc_pd(d).map(|(pd, r)| (pd, Some(r))),
+        None => c
+            .pmd
+            .alloc_pd()
+            .map(|pd| (pd, None))
+            .map_err(|e| e.to_string()),
+    };
+    match allocated {
+        Ok((pd, resilient)) => {
             let handle = pd.id();
             Box::into_raw(Box::new(RsPd {
                 ibv: ibv_pd {
@@ -91,11 +108,12 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
                     handle,
                 },
                 pd,
+                resilient,
             }))
             .cast()
         }
         Err(e) => {
-            invalid("ibv_alloc_pd", &e.to_string(), libc::ENOMEM);
+            invalid("ibv_alloc_pd", &e, libc::ENOMEM);
             std::ptr::null_mut()
         }
     }
@@ -125,6 +143,8 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 pub struct RsMr {
     ibv: ibv_mr,
     mr: Option<pmd::Mr>,
+    /// On a resilient device: the MR with its backup twin (whose rkey the pmd publishes).
+    resilient: Option<pmd::resilient::ResilientMr>,
 }
 
 /// Access bits the shim takes: the four rights, plus hints a provider may ignore
@@ -170,18 +190,27 @@ unsafe fn reg_mr(
     let rights = Access::from_bits_truncate(access as u32);
     // SAFETY: the caller of ibv_reg_mr promises the range stays mapped until ibv_dereg_mr,
     // which is Pd::register's contract.
-    match unsafe { rs.pd.register(addr.cast(), len, rights) } {
-        Ok(mr) => Box::into_raw(Box::new(RsMr {
+    let registered = match &rs.resilient {
+        // SAFETY: as above.
+        Some(r) => unsafe { r.register(addr.cast(), len, rights) }
+            .map(|m| (m.lkey(), m.rkey(), None, Some(m))),
+        // SAFETY: as above.
+        None => unsafe { rs.pd.register(addr.cast(), len, rights) }
+            .map(|m| (m.lkey(), m.rkey(), Some(m), None)),
+    };
+    match registered {
+        Ok((lkey, rkey, mr, resilient)) => Box::into_raw(Box::new(RsMr {
             ibv: ibv_mr {
                 context: rs.ibv.context,
                 pd,
                 addr,
                 length: len,
-                handle: mr.lkey(),
-                lkey: mr.lkey(),
-                rkey: mr.rkey(),
+                handle: lkey,
+                lkey,
+                rkey,
             },
-            mr: Some(mr),
+            mr,
+            resilient,
         }))
         .cast(),
         Err(e) => {
@@ -333,6 +362,11 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             return invalid("ibv_dereg_mr", &e.to_string(), libc::EBUSY);
         }
     }
+    if let Some(m) = rs.resilient.take() {
+        if let Err(e) = m.deregister() {
+            return invalid("ibv_dereg_mr", &e.to_string(), libc::EBUSY);
+        }
+    }
     // SAFETY: ours, freed once.
     drop(unsafe { Box::from_raw(mr.cast::<RsMr>()) });
     0
@@ -439,6 +473,9 @@ pub unsafe extern "C" fn ibv_create_cq(
         invalid("ibv_create_cq", &format!("cqe {cqe}"), libc::EINVAL);
         return std::ptr::null_mut();
     }
+    if let Some(d) = crate::resilient::device_of(c) {
+        return crate::resilient::create_cq(c, d, cqe, cq_context, channel);
+    }
     let events = !channel.is_null();
     let cq = match c.pmd.create_cq(cqe as u32, events) {
         Ok(cq) => cq,
@@ -513,12 +550,16 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: forwarded from the caller.
-    if unsafe { ours(cq) }.is_none() {
+    let Some(c) = (unsafe { ours(cq) }) else {
         return match system::ibv_destroy_cq() {
             // SAFETY: not ours.
             Some(f) => unsafe { f(cq) },
             None => libc::ENOSYS,
         };
+    };
+    if crate::resilient::device_of(c).is_some() {
+        // SAFETY: a live CQ of a resilient device, destroyed once.
+        return unsafe { crate::resilient::destroy_cq(cq) };
     }
     // SAFETY: ours, freed once.
     let rs = unsafe { Box::from_raw(cq.cast::<RsCq>()) };
@@ -626,7 +667,7 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) 
 /// Completions converted per round of `poll_cq`.
 const POLL_BATCH: usize = 16;
 
-fn to_ibv_wc(wc: &WorkCompletion) -> ibv_wc {
+pub(crate) fn to_ibv_wc(wc: &WorkCompletion) -> ibv_wc {
     let status: u8 = wc.status.into();
     ibv_wc {
         wr_id: wc.wr_id,
@@ -682,7 +723,7 @@ pub struct RsQp {
     max_inline: u32,
 }
 
-fn caps_from(cap: &ibv_qp_cap) -> QpCaps {
+pub(crate) fn caps_from(cap: &ibv_qp_cap) -> QpCaps {
     QpCaps {
         max_send_wr: cap.max_send_wr.max(1),
         max_recv_wr: cap.max_recv_wr.max(1),
@@ -747,6 +788,10 @@ pub unsafe extern "C" fn ibv_create_qp(
     }
     // SAFETY: ours (checked); the pointer is ours.
     let rpd = unsafe { &*pd.cast::<RsPd>() };
+    if rpd.resilient.is_some() {
+        // SAFETY: a PD of a resilient device; both CQs are ours (checked).
+        return unsafe { crate::resilient::create_qp(pd, a) };
+    }
     // SAFETY: ours (checked).
     let (scq, rcq) = unsafe { (&*a.send_cq.cast::<RsCq>(), &*a.recv_cq.cast::<RsCq>()) };
     let caps = caps_from(&a.cap);
@@ -809,7 +854,7 @@ fn mtu_from(v: u32) -> Option<Mtu> {
 }
 
 /// The pmd attributes for a verbs `ibv_modify_qp` call, or what was wrong.
-fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, (String, c_int)> {
+pub(crate) fn qp_attr_from(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, (String, c_int)> {
     use crate::abi::qp_mask as m;
     let unsupported = m::QKEY | m::ALT_PATH | m::PATH_MIG_STATE | m::CAP | (1 << 25);
     if mask & unsupported != 0 {
@@ -901,10 +946,15 @@ pub unsafe extern "C" fn ibv_modify_qp(
             None => libc::ENOSYS,
         };
     }
-    // SAFETY: ours.
-    let rs = unsafe { &mut *qp.cast::<RsQp>() };
     // SAFETY: the caller's attributes.
     let a = unsafe { &*attr };
+    // SAFETY: ours (checked above).
+    if unsafe { ours(qp) }.is_some_and(|c| crate::resilient::device_of(c).is_some()) {
+        // SAFETY: a QP of a resilient device.
+        return unsafe { crate::resilient::modify_qp(qp, a, mask) };
+    }
+    // SAFETY: ours.
+    let rs = unsafe { &mut *qp.cast::<RsQp>() };
     let mut guard = lock(&rs.qp);
     let to = if mask & qp_mask::STATE != 0 {
         match u8::try_from(a.qp_state).ok().and_then(QpState::from_ibv) {
@@ -955,6 +1005,11 @@ pub unsafe extern "C" fn ibv_query_qp(
             None => libc::ENOSYS,
         };
     }
+    // SAFETY: ours (checked above).
+    if unsafe { ours(qp) }.is_some_and(|c| crate::resilient::device_of(c).is_some()) {
+        // SAFETY: a QP of a resilient device; the caller's buffers.
+        return unsafe { crate::resilient::query_qp(qp, attr, init) };
+    }
     // SAFETY: ours.
     let rs = unsafe { &*qp.cast::<RsQp>() };
     let guard = lock(&rs.qp);
@@ -973,6 +1028,25 @@ pub unsafe extern "C" fn ibv_query_qp(
         cap,
         ..ibv_qp_attr::default()
     };
+    fill_qp_attr(&mut out, &saved);
+    // SAFETY: the caller's buffers.
+    unsafe {
+        attr.write(out);
+        if !init.is_null() {
+            (*init).qp_context = rs.ibv.qp_context;
+            (*init).send_cq = rs.ibv.send_cq;
+            (*init).recv_cq = rs.ibv.recv_cq;
+            (*init).srq = std::ptr::null_mut();
+            (*init).cap = cap;
+            (*init).qp_type = IBV_QPT_RC;
+            (*init).sq_sig_all = c_int::from(rs.sq_sig_all);
+        }
+    }
+    0
+}
+
+/// Fills `out` with the attributes a QP was brought up with.
+pub(crate) fn fill_qp_attr(out: &mut ibv_qp_attr, saved: &pmd::control::SavedAttrs) {
     for a in [&saved.init, &saved.rtr, &saved.rts].into_iter().flatten() {
         if let Some(v) = a.access {
             out.qp_access_flags = v.bits();
@@ -1022,20 +1096,6 @@ pub unsafe extern "C" fn ibv_query_qp(
             out.rnr_retry = v;
         }
     }
-    // SAFETY: the caller's buffers.
-    unsafe {
-        attr.write(out);
-        if !init.is_null() {
-            (*init).qp_context = rs.ibv.qp_context;
-            (*init).send_cq = rs.ibv.send_cq;
-            (*init).recv_cq = rs.ibv.recv_cq;
-            (*init).srq = std::ptr::null_mut();
-            (*init).cap = cap;
-            (*init).qp_type = IBV_QPT_RC;
-            (*init).sq_sig_all = c_int::from(rs.sq_sig_all);
-        }
-    }
-    0
 }
 
 /// `ibv_destroy_qp`.
@@ -1045,12 +1105,16 @@ pub unsafe extern "C" fn ibv_query_qp(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: forwarded from the caller.
-    if unsafe { ours(qp) }.is_none() {
+    let Some(c) = (unsafe { ours(qp) }) else {
         return match system::ibv_destroy_qp() {
             // SAFETY: not ours.
             Some(f) => unsafe { f(qp) },
             None => libc::ENOSYS,
         };
+    };
+    if crate::resilient::device_of(c).is_some() {
+        // SAFETY: a QP of a resilient device, destroyed once.
+        return unsafe { crate::resilient::destroy_qp(qp) };
     }
     // SAFETY: ours, freed once.
     let rs = unsafe { Box::from_raw(qp.cast::<RsQp>()) };
@@ -1185,15 +1249,16 @@ pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, 
 }
 
 /// Largest inline payload the shim gathers from several entries (the softnic's limit).
-const INLINE_GATHER: usize = 512;
+pub(crate) const INLINE_GATHER: usize = 512;
 
 /// Converts one send work request; `Err` is the errno.
 ///
 /// # Safety
 /// `wr` is a valid work request whose gather list holds `num_sge` entries.
-unsafe fn send_wr<'a>(
-    rs: &RsQp,
+pub(crate) unsafe fn send_wr<'a>(
     wr: &ibv_send_wr,
+    sig_all: bool,
+    max_inline: u32,
     inline_buf: &'a mut [u8; INLINE_GATHER],
 ) -> Result<SendWr<'a>, (String, c_int)> {
     let n = usize::try_from(wr.num_sge)
@@ -1239,9 +1304,9 @@ unsafe fn send_wr<'a>(
     };
     let payload = if wr.send_flags & IBV_SEND_INLINE != 0 {
         let total: usize = sges.iter().map(|s| s.length as usize).sum();
-        if total > rs.max_inline as usize {
+        if total > max_inline as usize {
             return Err((
-                format!("{total} inline bytes, the QP takes {}", rs.max_inline),
+                format!("{total} inline bytes, the QP takes {max_inline}"),
                 libc::EINVAL,
             ));
         }
@@ -1274,7 +1339,7 @@ unsafe fn send_wr<'a>(
         )
     };
     let mut flags = SendFlags::NONE;
-    if rs.sq_sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0 {
+    if sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0 {
         flags = flags | SendFlags::SIGNALED;
     }
     if wr.send_flags & IBV_SEND_FENCE != 0 {
@@ -1291,7 +1356,7 @@ unsafe fn send_wr<'a>(
     })
 }
 
-fn post_errno(e: &pmd::PostError) -> c_int {
+pub(crate) fn post_errno(e: &pmd::PostError) -> c_int {
     match e {
         pmd::PostError::QueueFull { .. } => libc::ENOMEM,
         _ => libc::EINVAL,
@@ -1317,7 +1382,7 @@ pub unsafe extern "C" fn post_send(
         // SAFETY: the caller's list.
         let w = unsafe { &*wr };
         // SAFETY: the caller's request.
-        let posted = match unsafe { send_wr(rs, w, &mut inline_buf) } {
+        let posted = match unsafe { send_wr(w, rs.sq_sig_all, rs.max_inline, &mut inline_buf) } {
             Ok(swr) => guard.post_send(&swr).map(|_| ()).map_err(|e| {
                 let errno = post_errno(&e);
                 if errno == libc::ENOMEM {

@@ -1,0 +1,321 @@
+//! Stock verbs binaries over resilient devices (`rs0=soft:lo@<a>+soft:lo@<b>`): every RC QP
+//! is a pmd resilient QP whose backup side is set up through a real `redis-server` (the one
+//! `tools/test` starts, named by `RAILSHIFT_REDIS_URL`, or a private one this test starts).
+//! Each pair must exit 0, and each QP must say it became protected
+//! (`RAILSHIFT_LOG=warn,railshift_verbs=info`); against a peer without a backup the QP must
+//! still work and say once that it runs unprotected.
+//!
+//! Skips with a printed reason when `redis-server` or a stock binary is missing.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// One pair at a time: the machine is small and the softnic devices are busy threads.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// How long one side may run before the case fails.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+/// The line a QP logs when its backup side is connected.
+const PROTECTED: &str = ": protected (backup on soft:lo@";
+/// The line a QP prints when its peer published no backup attributes.
+const UNPROTECTED: &str = "running unprotected";
+
+fn shim() -> PathBuf {
+    let lib = std::env::current_exe()
+        .expect("test binary path")
+        .with_file_name("librailshift_verbs.so");
+    assert!(lib.exists(), "{} was not built", lib.display());
+    lib
+}
+
+fn binary(name: &str) -> Option<PathBuf> {
+    let path = Path::new("/usr/bin").join(name);
+    path.exists().then_some(path)
+}
+
+/// A redis-server for the rendezvous: `tools/test`'s, or one of this test's own (stopped
+/// when this drops).
+struct Redis {
+    url: String,
+    child: Option<Child>,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut buf = [0u8; 16];
+    s.write_all(b"PING\r\n").is_ok()
+        && s.read(&mut buf)
+            .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+}
+
+fn redis() -> Option<Redis> {
+    if let Ok(url) = std::env::var("RAILSHIFT_REDIS_URL") {
+        if !url.is_empty() {
+            return Some(Redis { url, child: None });
+        }
+    }
+    let Some(bin) = binary("redis-server") else {
+        eprintln!("skipped: /usr/bin/redis-server is missing and RAILSHIFT_REDIS_URL is not set");
+        return None;
+    };
+    for _ in 0..8 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut child = Command::new(&bin)
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
+            .args(["--logfile", "", "--loglevel", "warning"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if ping(port) {
+                return Some(Redis {
+                    url: format!("redis://127.0.0.1:{port}/"),
+                    child: Some(child),
+                });
+            }
+            if child.try_wait().ok().flatten().is_some() {
+                break; // the port was taken: another one
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("could not start a private redis-server");
+}
+
+/// The job's secret, in a file of mode 600 (as `RAILSHIFT_RENDEZVOUS_KEY_FILE` wants).
+fn key_file(test: &str) -> PathBuf {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path =
+        std::env::temp_dir().join(format!("railshift-verbs-{}-{test}.key", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .expect("write the key file");
+    f.write_all(b"railshift verbs test job secret!").unwrap();
+    path
+}
+
+/// Whether something listens on TCP `port` (from /proc: a perftest server takes exactly one
+/// connection).
+fn listening(port: u16) -> bool {
+    let needle = format!(":{port:04X} 00000000:0000 0A");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .map(|s| s.lines().any(|l| l.contains(&needle)))
+            .unwrap_or(false)
+    })
+}
+
+struct Job<'a> {
+    redis: &'a Redis,
+    key: PathBuf,
+    prefix: String,
+}
+
+impl Job<'_> {
+    fn side(
+        &self,
+        bin: &Path,
+        device: &str,
+        port: u16,
+        args: &[&str],
+        peer: Option<&str>,
+    ) -> Child {
+        let mut cmd = Command::new(bin);
+        cmd.env("LD_PRELOAD", shim())
+            .env("RAILSHIFT_DEVICES", format!("rs0={device}"))
+            .env("RAILSHIFT_RENDEZVOUS", &self.redis.url)
+            .env("RAILSHIFT_RENDEZVOUS_KEY_FILE", &self.key)
+            .env("RAILSHIFT_RENDEZVOUS_PREFIX", &self.prefix)
+            .env("RAILSHIFT_PROTECT_WAIT_MS", "1000")
+            .env("RAILSHIFT_LOG", "warn,railshift_verbs=info")
+            .args(["-d", "rs0", "-p", &port.to_string()])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(peer) = peer {
+            cmd.arg(peer);
+        }
+        cmd.spawn().expect("spawn a stock binary")
+    }
+}
+
+fn finish(child: Child, what: &str) -> Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(DEADLINE) {
+        Ok(out) => out.expect("wait for a stock binary"),
+        Err(_) => {
+            // SAFETY: plain syscall on the child we spawned.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("{what} did not finish in {DEADLINE:?}");
+        }
+    }
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs `tool args` with the server on `server_dev` and the client on `client_dev`; both
+/// must exit 0. Returns (server, client) outputs, or `None` when something is missing.
+fn pair(
+    tool: &str,
+    args: &[&str],
+    net: u8,
+    server_dev: &str,
+    client_dev: &str,
+) -> Option<(Output, Output)> {
+    let Some(bin) = binary(tool) else {
+        eprintln!("skipped: /usr/bin/{tool} is missing (install perftest and ibverbs-utils)");
+        return None;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let redis = redis()?;
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let job = Job {
+        redis: &redis,
+        key: key_file(&format!("{tool}-{net}")),
+        prefix: format!("railshift-verbs-test:{}:{nanos}", std::process::id()),
+    };
+    let port = 19100 + u16::from(net);
+    let server = job.side(&bin, server_dev, port, args, None);
+    let start = Instant::now();
+    while !listening(port) && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = job.side(&bin, client_dev, port, args, Some("127.0.0.1"));
+    let c = finish(client, &format!("{tool} {args:?} client"));
+    let s = finish(server, &format!("{tool} {args:?} server"));
+    let _ = std::fs::remove_file(&job.key);
+    assert!(
+        c.status.success() && s.status.success(),
+        "{tool} {args:?}\n=== client {}\n=== server {}",
+        show(&c),
+        show(&s)
+    );
+    Some((s, c))
+}
+
+fn resilient(net: u8, host: u8) -> String {
+    format!("soft:lo@127.0.{net}.{host}+soft:lo@127.1.{net}.{host}")
+}
+
+/// Both sides resilient: exit 0, and every QP of each side says it became protected.
+fn protected_pair(tool: &str, args: &[&str], net: u8, qps: usize) {
+    let Some((s, c)) = pair(tool, args, net, &resilient(net, 1), &resilient(net, 2)) else {
+        return;
+    };
+    for (side, o) in [("server", &s), ("client", &c)] {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            err.matches(PROTECTED).count(),
+            qps,
+            "{tool} {args:?}: the {side}'s QPs did not all become protected\n{}",
+            show(o)
+        );
+        assert!(!err.contains(UNPROTECTED), "{}", show(o));
+    }
+}
+
+#[test]
+fn ib_write_bw_runs_protected() {
+    protected_pair("ib_write_bw", &["-D", "3"], 50, 1);
+}
+
+#[test]
+fn ib_send_bw_on_two_qps_runs_protected() {
+    // perftest's SEND test gives each QP separate send and receive CQs.
+    protected_pair("ib_send_bw", &["-D", "3", "-q", "2"], 51, 2);
+}
+
+#[test]
+fn ibv_rc_pingpong_checks_its_data_protected() {
+    protected_pair(
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "5000", "--chk"],
+        52,
+        1,
+    );
+}
+
+#[test]
+fn a_peer_without_railshift_failover_runs_unprotected_and_says_so_once() {
+    let Some((s, c)) = pair(
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "2000", "--chk"],
+        53,
+        "soft:lo@127.0.53.1",
+        &resilient(53, 2),
+    ) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert_eq!(err.matches(UNPROTECTED).count(), 1, "{}", show(&c));
+    assert!(!err.contains(PROTECTED), "{}", show(&c));
+    assert!(
+        !String::from_utf8_lossy(&s.stderr).contains(UNPROTECTED),
+        "{}",
+        show(&s)
+    );
+}
+
+#[test]
+fn a_backup_without_a_rendezvous_is_an_error_naming_it() {
+    let Some(bin) = binary("ibv_devinfo") else {
+        eprintln!("skipped: /usr/bin/ibv_devinfo is missing (install ibverbs-utils)");
+        return;
+    };
+    let out = Command::new(bin)
+        .env("LD_PRELOAD", shim())
+        .env(
+            "RAILSHIFT_DEVICES",
+            "rs0=soft:lo@127.0.54.1+soft:lo@127.1.54.1",
+        )
+        .env_remove("RAILSHIFT_RENDEZVOUS")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`rs0` has a backup device, which needs RAILSHIFT_RENDEZVOUS"),
+        "{err}"
+    );
+}
