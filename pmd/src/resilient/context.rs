@@ -10,11 +10,11 @@ use crate::verbs::{Access, QpCaps};
 
 use super::config::ResilientConfig;
 use super::dereg_error::DeregisterError;
-use super::mailbox::QpShared;
 use super::qp::ResilientQp;
 use super::rendezvous::Rendezvous;
+use super::service::mailbox::QpShared;
+use super::service::shadow::{CtxInner, MrShadow, PdShadow, QpShadow, Verb};
 use super::service::FailoverService;
-use super::shadow::{CtxInner, MrShadow, PdShadow, QpShadow, Verb};
 
 /// A default device and (unless failover is off) a backup device in the same host, with the
 /// failover service that runs their shadow verbs and watches their links.
@@ -173,7 +173,7 @@ impl ResilientPd {
         let ctx = &self.shadow.ctx;
         let cq = ctx
             .default
-            .create_cq(super::shadow::cq_entries(caps), false)?;
+            .create_cq(super::service::shadow::cq_entries(caps), false)?;
         let qp = self.shadow.default.create_qp(&cq, &cq, caps)?;
         let name = format!("qp {:#x} on {}", qp.qpn(), ctx.default.name());
         let shared = Arc::new(QpShared::new(qp.handle(), name));
@@ -182,7 +182,7 @@ impl ResilientPd {
             let shadow = Arc::new(QpShadow::new(
                 self.shadow.clone(),
                 caps,
-                super::shadow::cq_entries(super::shadow::backup_caps(caps)),
+                super::service::shadow::cq_entries(super::service::shadow::backup_caps(caps)),
                 qp.qpn(),
                 gid,
                 shared.clone(),

@@ -42,41 +42,27 @@
 //! # Ok(()) }
 //! ```
 
-mod adopted;
-mod book;
+mod channel;
 mod clock;
 mod config;
 mod context;
-mod control;
-mod control_cq;
 mod dereg_error;
-mod driver;
-mod failback;
-mod link;
-mod log;
-mod mailbox;
-mod perform;
-mod plan;
 mod qp;
 mod rendezvous;
-mod rendezvous_auth;
-mod rendezvous_error;
 mod revoke;
 mod service;
-mod shadow;
 mod stats;
-mod work;
 
-pub use adopted::AdoptedQp;
+pub use channel::ControlError;
 pub use clock::Clock;
 pub use config::{LinkSource, ResilientConfig};
 pub use context::{ResilientBuffer, ResilientContext, ResilientMr, ResilientPd};
-pub use control::ControlError;
 pub use dereg_error::DeregisterError;
+pub use qp::AdoptedQp;
 pub use qp::{ConnectError, ResilientQp, ResilientState};
+pub use rendezvous::auth::{RefusalCounts, RendezvousKey, KEY_FILE_VAR, MIN_KEY_LEN};
+pub use rendezvous::error::RendezvousError;
 pub use rendezvous::{PeerAttrs, RedisRendezvous, Rendezvous};
-pub use rendezvous_auth::{RefusalCounts, RendezvousKey, KEY_FILE_VAR, MIN_KEY_LEN};
-pub use rendezvous_error::RendezvousError;
 pub use revoke::{
     Grant, LeaseId, Leases, Quarantine, QuarantinePhase, RevokeOutcome, StepFailure, DEFAULT_GRACE,
 };

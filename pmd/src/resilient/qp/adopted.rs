@@ -6,8 +6,8 @@
 
 use crate::failover::Timestamp;
 
-use super::qp::ResilientQp;
-use super::service::{AdoptedWork, FailoverService, WeakServiceHandle};
+use super::ResilientQp;
+use crate::resilient::service::{AdoptedWork, FailoverService, WeakServiceHandle};
 
 impl AdoptedWork for ResilientQp {
     fn needs_progress(&self, now: Timestamp) -> bool {

@@ -12,6 +12,17 @@
 //! machine is consulted only on events: an error completion, mail from the service lcore (a
 //! control message, a link change), a timer. Everything else lives behind `slow`.
 
+mod adopted;
+mod book;
+mod driver;
+mod failback;
+mod log;
+mod perform;
+mod plan;
+mod work;
+
+pub use adopted::AdoptedQp;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
@@ -27,15 +38,15 @@ use crate::failover::{Event, FailReason, Failover, Route, SendPhase, Timestamp};
 use crate::qp_state::QpState;
 use crate::verbs::QpCaps;
 
-use super::book::Book;
+use self::log::FailoverLog;
+use super::channel::ControlChannel;
 use super::clock::Clock;
 use super::config::ResilientConfig;
-use super::control::ControlChannel;
-use super::log::FailoverLog;
-use super::mailbox::{BackupParts, Mail, QpShared};
 use super::rendezvous::{PeerAttrs, RendezvousError};
-use super::shadow::{CtxInner, QpShadow};
+use super::service::mailbox::{BackupParts, Mail, QpShared};
+use super::service::shadow::{CtxInner, QpShadow};
 use super::stats::{FailoverEvent, FailoverStats};
+use book::Book;
 
 /// Where a resilient QP is, as the apps' JSON timeline names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -23,11 +23,11 @@ use crate::failover::{
 use crate::qp_state::QpState;
 use crate::verbs::QpAttr;
 
-use super::mailbox::{BackupParts, Mail};
 use super::plan::sends_before_first_read;
-use super::qp::{Backup, ResilientQp};
-use super::stats::Cause;
 use super::work::{internal_wr_id, is_recv, two_sided_opcode};
+use super::{Backup, ResilientQp};
+use crate::resilient::service::mailbox::{BackupParts, Mail};
+use crate::resilient::stats::Cause;
 
 /// Rounds of mail, timers and polling one `run` does at most before it returns (each round
 /// that finds nothing ends it sooner).

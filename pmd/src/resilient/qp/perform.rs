@@ -14,8 +14,8 @@ use crate::qp_state::QpState;
 use crate::verbs::QpAttr;
 
 use super::plan::{plan_copy, plan_error_completions, Unfinished};
-use super::qp::ResilientQp;
 use super::work::internal_wr_id;
+use super::ResilientQp;
 
 /// Why a receive WQE could not be copied to another RQ.
 enum RecvCopyError {

@@ -25,7 +25,7 @@ use crate::failover::Event;
 use crate::provider::VerbsError;
 
 /// What a shared CQ hands a completion to: the control channel whose QP it names
-/// (`super::control`). A trait here so that this module does not import the channel's, which
+/// (`crate::resilient::channel`). A trait here so that this module does not import the channel's, which
 /// imports this one (the one-way imports of `pmd/tests/imports_run_one_way.rs`).
 pub(crate) trait TakesCompletions {
     /// Takes one completion of the member's QP; the events it makes of it go to `out`.

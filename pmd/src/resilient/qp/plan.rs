@@ -194,7 +194,7 @@ pub(super) fn plan_error_completions(
 mod tests {
     use super::*;
     use crate::datapath::track::WqeInfo;
-    use crate::resilient::work::internal_wr_id;
+    use crate::resilient::qp::work::internal_wr_id;
 
     fn wqe(counter: u32, wr_id: u64, opcode: SendOpcode, signaled: bool) -> OutstandingWqe {
         OutstandingWqe {

@@ -4,8 +4,8 @@
 
 use crate::failover::{FailReason, Timestamp};
 
-use super::clock::Clock;
-use super::stats::{Cause, EventKind, FailoverEvent, FailoverStats, EVENT_LOG_CAPACITY};
+use crate::resilient::clock::Clock;
+use crate::resilient::stats::{Cause, EventKind, FailoverEvent, FailoverStats, EVENT_LOG_CAPACITY};
 
 /// The round in progress.
 #[derive(Debug, Clone, Copy)]

@@ -16,8 +16,8 @@ use crossbeam_utils::sync::Unparker;
 use crate::control::{Cq, Qp, QpHandle, SavedAttrs};
 use crate::failover::{Event, Timestamp};
 
-use super::control::{ChannelOwner, ControlChannel};
-use super::rendezvous::PeerAttrs;
+use crate::resilient::channel::{ChannelOwner, ControlChannel};
+use crate::resilient::rendezvous::PeerAttrs;
 
 /// The backup side of a resilient QP, handed to the owner once it is in RTS and connected.
 pub(crate) struct BackupParts {

@@ -39,7 +39,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::rendezvous_error::RendezvousError;
+use super::error::RendezvousError;
 use crate::verbs::Gid;
 
 /// The environment variable naming the file that holds the per-job rendezvous secret.

@@ -22,11 +22,11 @@ use crate::provider::VerbsError;
 use crate::qp_state::QpState;
 use crate::verbs::{Access, Gid, QpAttr, QpCaps};
 
-use super::config::ResilientConfig;
-use super::control::ControlChannel;
 use super::mailbox::{BackupParts, Mail, QpShared};
-use super::rendezvous::{grants_remote_access, PeerAttrs, Rendezvous};
-use super::service::{Outcome, PendingVerb, ServedQp, ServiceHandle};
+use super::{Outcome, PendingVerb, ServedQp, ServiceHandle};
+use crate::resilient::channel::ControlChannel;
+use crate::resilient::config::ResilientConfig;
+use crate::resilient::rendezvous::{grants_remote_access, PeerAttrs, Rendezvous};
 
 /// What a resilient context shares with everything made from it.
 pub(crate) struct CtxInner {

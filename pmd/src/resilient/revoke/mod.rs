@@ -290,5 +290,4 @@ impl Leases {
 }
 
 #[cfg(test)]
-#[path = "revoke_tests.rs"]
 mod tests;

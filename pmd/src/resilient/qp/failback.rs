@@ -12,7 +12,7 @@ use crate::failover::{Epoch, Event, Path, Timestamp};
 
 use super::perform::{mapped_peer_rkey, rewrite_recv_keys, rewrite_send_keys};
 use super::plan::{plan_copy, sends_before_first_read};
-use super::qp::ResilientQp;
+use super::ResilientQp;
 
 /// One WQE read out of a ring before the default QP's reset, keys already on the default
 /// device.

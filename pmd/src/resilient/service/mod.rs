@@ -13,6 +13,10 @@
 //! that a deterministic simulation steps with [`FailoverService::run_once`] on its virtual
 //! clock.
 
+mod link;
+pub(super) mod mailbox;
+pub(super) mod shadow;
+
 use std::any::Any;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,12 +27,12 @@ use std::time::Duration;
 use crate::control::Context;
 use crate::failover::{Event, Path, Timestamp};
 
+use super::channel::cq::ControlCq;
+use super::channel::{ChannelCqs, ControlChannel};
 use super::clock::Clock;
 use super::config::LinkSource;
-use super::control::{ChannelCqs, ControlChannel};
-use super::control_cq::ControlCq;
-use super::link::{LinkChange, LinkWatch};
-use super::mailbox::{Mail, QpShared};
+use link::{LinkChange, LinkWatch};
+use mailbox::{Mail, QpShared};
 
 /// How often verbs that wait (for a peer, for the application) are retried.
 const VERB_RETRY: Duration = Duration::from_millis(5);
@@ -64,7 +68,7 @@ pub(crate) trait PendingVerb: Send {
 
 /// What the service needs of a registered resilient QP (the shadow module's `QpShadow`):
 /// where its mail goes, which of its paths a device carries. (Its control channels' messages
-/// reach it through the shared control CQs, [`super::control_cq`].)
+/// reach it through the shared control CQs, [`super::channel::cq`].)
 pub(crate) trait ServedQp: Send + Sync {
     /// The QP's mailbox.
     fn mailbox(&self) -> &QpShared;
@@ -334,7 +338,7 @@ impl ServiceHandle {
         self.lock().qps.push(qp);
     }
 
-    /// Takes `work` over (see [`super::adopted`]); the id gives it back.
+    /// Takes `work` over (see [`super::qp::adopted`]); the id gives it back.
     pub fn adopt(&self, work: Box<dyn AdoptedWork>) -> u64 {
         let mut st = self.lock();
         let id = st.next_id;
@@ -508,7 +512,7 @@ impl ServiceHandle {
                 .unwrap_or_else(|p| p.into_inner()),
         );
         self.inner.control_cqs.live(&mut cqs);
-        let deliver = |channel: &super::control::ControlChannel, events: &mut Vec<Event>| {
+        let deliver = |channel: &super::channel::ControlChannel, events: &mut Vec<Event>| {
             if let Some(owner) = channel.owner() {
                 for e in events.drain(..) {
                     owner.post_event(e);

@@ -24,10 +24,12 @@
 //! WRITE_WITH_IMM's data before it finds the receive WQE missing (softnic checks first).
 //!
 //! The service lcore polls the channel's CQ, which it shares with the other channels of its
-//! device ([`super::control_cq`]; the CQ has completion events, so an idle service sleeps
+//! device ([`cq`]; the CQ has completion events, so an idle service sleeps
 //! until a message comes), and hands messages to the resilient QP's mailbox; the QP's own
 //! lcore sends. Both take the channel's lock: control messages are rare, and the lock never
 //! sits on the application's datapath.
+
+pub(super) mod cq;
 
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -41,10 +43,10 @@ use crate::provider::VerbsError;
 use crate::qp_state::QpState;
 use crate::verbs::{random_psn, Access, AddressVector, Gid, QpAttr, QpCaps};
 
-use super::control_cq::{Reservation, TakesCompletions};
+use cq::{Reservation, TakesCompletions};
 
 /// The shared control CQs of a service, whose members are control channels.
-pub(crate) type ChannelCqs = super::control_cq::ControlCqs<ControlChannel>;
+pub(crate) type ChannelCqs = cq::ControlCqs<ControlChannel>;
 
 /// Why a control message could not be sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -155,7 +157,7 @@ const SEND_WR_ID: u64 = u64::MAX;
 /// wr_id of control receives (zero-length: the data goes to the ring).
 const RECV_WR_ID: u64 = 0;
 
-/// Where a channel's messages go: the mailbox of the QP it serves (`super::mailbox`, which
+/// Where a channel's messages go: the mailbox of the QP it serves (`super::service::mailbox`, which
 /// names this module, so the channel knows its owner only by this trait).
 pub(crate) trait ChannelOwner: Send + Sync {
     /// Hands the owner an event the channel made of a completion.
@@ -254,7 +256,7 @@ impl ControlChannel {
 
     /// The shared CQ the channel's completions arrive on.
     #[cfg(all(test, feature = "soft"))]
-    pub fn control_cq(&self) -> &Arc<super::control_cq::ControlCq<ControlChannel>> {
+    pub fn control_cq(&self) -> &Arc<cq::ControlCq<ControlChannel>> {
         &self.cq.cq
     }
 

@@ -41,12 +41,15 @@
 //! Only MRs registered with remote access have their keys published: the set is the PD's, as
 //! any QP of a PD can reach any of its MRs by rkey; a local-only MR's keys stay in the process.
 
+pub(super) mod auth;
+pub(super) mod error;
+
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::rendezvous_auth::{Kind, RefusalCounts, RendezvousKey, Sealer};
-pub use super::rendezvous_error::RendezvousError;
 use crate::verbs::{Access, Gid};
+use auth::{Kind, RefusalCounts, RendezvousKey, Sealer};
+pub use error::RendezvousError;
 
 /// What one end of a resilient connection tells the other about its backup side.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -14,7 +14,7 @@ use crate::name::DeviceName;
 use crate::netdev_watch::{LinkState, NetdevWatch};
 use crate::provider::PortEvent;
 
-use super::config::LinkSource;
+use crate::resilient::config::LinkSource;
 
 /// What the watch saw of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
