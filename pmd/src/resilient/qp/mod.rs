@@ -91,74 +91,74 @@ pub enum ConnectError {
 const BATCH: usize = 32;
 
 /// The backup side, once protected.
-pub(super) struct Backup {
-    pub qp: Qp,
-    pub cq: Cq,
-    pub control: Arc<ControlChannel>,
+struct Backup {
+    qp: Qp,
+    cq: Cq,
+    control: Arc<ControlChannel>,
     /// The control channel on the default devices (repairs a lost backup side).
-    pub default_control: Arc<ControlChannel>,
-    pub peer: PeerAttrs,
+    default_control: Arc<ControlChannel>,
+    peer: PeerAttrs,
     /// The peer's backup rkey of each of its default rkeys: from its rendezvous, and from the
     /// store as lookups find them.
-    pub peer_rkeys: HashMap<u32, u32>,
+    peer_rkeys: HashMap<u32, u32>,
     /// With a store: the default rkeys whose mapping the store confirmed since the last
     /// failover round began (a round's retransmissions use only confirmed mappings).
-    pub rkeys_confirmed: HashSet<u32>,
+    rkeys_confirmed: HashSet<u32>,
     /// The application's bring-up attributes of the default QP (PSN bases of every epoch).
-    pub base: SavedAttrs,
+    base: SavedAttrs,
 }
 
 /// Where a resilient QP lives: fixed when it is created.
-pub(super) struct Env {
-    pub clock: Clock,
-    pub config: ResilientConfig,
-    pub ctx: Option<Arc<CtxInner>>,
-    pub default_ctx: Arc<Context>,
-    pub shadow: Option<Arc<QpShadow>>,
-    pub default_qpn: u32,
+struct Env {
+    clock: Clock,
+    config: ResilientConfig,
+    ctx: Option<Arc<CtxInner>>,
+    default_ctx: Arc<Context>,
+    shadow: Option<Arc<QpShadow>>,
+    default_qpn: u32,
 }
 
 /// Buffers the slow path reuses, so that it allocates only while they grow.
-pub(super) struct Scratch {
+struct Scratch {
     /// One batch of completions polled from a CQ.
-    pub polled: [WorkCompletion; BATCH],
+    polled: [WorkCompletion; BATCH],
     /// One WQE's bytes.
-    pub wqe_bytes: Vec<u8>,
+    wqe_bytes: Vec<u8>,
     /// Send WQEs read from a ring.
-    pub wqe_list: Vec<OutstandingWqe>,
+    wqe_list: Vec<OutstandingWqe>,
     /// Receives `(counter, wr_id)` read from a ring.
-    pub recv_list: Vec<(u32, u64)>,
+    recv_list: Vec<(u32, u64)>,
     /// Mail taken from the service lcore.
-    pub mail: VecDeque<Mail>,
+    mail: VecDeque<Mail>,
 }
 
 /// Everything off the hot path, in named parts.
-pub(super) struct Slow {
+struct Slow {
     /// Where the QP lives.
-    pub env: Env,
+    env: Env,
     /// The failover machine, once the QP is protected.
-    pub machine: Option<Failover>,
+    machine: Option<Failover>,
     /// The backup side, once protected.
-    pub backup: Option<Backup>,
+    backup: Option<Backup>,
     /// Why the connection failed, once it has.
-    pub failed: Option<FailReason>,
+    failed: Option<FailReason>,
     /// Why the backup side could not be set up, if it could not.
-    pub setup_error: Option<String>,
+    setup_error: Option<String>,
     /// The event loop's queue: events for the machine, oldest first.
-    pub events: VecDeque<Event>,
+    events: VecDeque<Event>,
     /// Events that came before protection, replayed after it.
-    pub early: Vec<Event>,
+    early: Vec<Event>,
     /// A backup side handed over after a revoke, moved to ERR by it: kept (not installed)
     /// until this QP is destroyed, as the rest of a revoked lease is.
-    pub revoked_backup: Option<Box<BackupParts>>,
+    revoked_backup: Option<Box<BackupParts>>,
     /// Completions for the application, returned before anything polled later.
-    pub wcs: VecDeque<WorkCompletion>,
+    wcs: VecDeque<WorkCompletion>,
     /// Where unfinished work and the failover's own WQEs stand in the rings.
-    pub book: Book,
+    book: Book,
     /// Counters, the event log and the round in progress.
-    pub log: FailoverLog,
+    log: FailoverLog,
     /// Buffers reused by the slow path.
-    pub scratch: Scratch,
+    scratch: Scratch,
 }
 
 /// A resilient RC queue pair. See the module documentation; created by
@@ -172,18 +172,18 @@ pub(super) struct Slow {
 #[repr(C)] // the hot fields first, in declaration order
 pub struct ResilientQp {
     // ---- hot: the default path ----
-    pub(super) fast_send: bool,
-    pub(super) fast_recv: bool,
-    pub(super) fast_poll: bool,
+    fast_send: bool,
+    fast_recv: bool,
+    fast_poll: bool,
     /// Two-sided application sends posted (SEND, SEND_IMM, WRITE_IMM).
-    pub(super) sends_posted: u64,
+    sends_posted: u64,
     /// Application receives posted.
-    pub(super) recvs_posted: u64,
-    pub(super) default: Qp,
-    pub(super) default_cq: Cq,
-    pub(super) shared: Arc<QpShared>,
+    recvs_posted: u64,
+    default: Qp,
+    default_cq: Cq,
+    shared: Arc<QpShared>,
     // ---- everything else ----
-    pub(super) slow: Box<Slow>,
+    slow: Box<Slow>,
 }
 
 impl std::fmt::Debug for ResilientQp {
