@@ -1,9 +1,11 @@
-//! The modules of each directory listed here import each other one way only (issue 13 item 3):
+//! The modules of each directory listed here import each other one way only:
 //! a circle (`action` uses `message`, `message` uses `action`) means two modules are one job
 //! split in two, or share a word that belongs in a leaf module of its own. The test reads the
 //! top-level `use` items of every file in a directory and the paths written inline in its code
 //! (outside comments and its `#[cfg(test)]` module), keeps the ones that name a sibling
 //! (`super::x`, or `crate::<dir's module path>::x`), and fails naming the first circle found.
+//! Where a directory's folders are modules of its map too, a folder is one module, importing
+//! what any of its files imports from outside it.
 //! `docs/architecture.md` has the resulting module maps.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,43 +16,69 @@ use std::path::{Path, PathBuf};
 struct ModuleDir {
     dir: &'static str,
     module_path: &'static [&'static str],
+    /// Whether the directory's folders (`qp/`) are modules of the graph too, each one node
+    /// with the imports of all its files; otherwise a folder is checked only as a directory of
+    /// its own, if listed.
+    folders: bool,
 }
 
-/// The directories whose modules import one way (issue 13 broke the circles of the first
-/// five; the others already ran one way).
+/// The directories whose modules import one way.
 const CHECKED: &[ModuleDir] = &[
     ModuleDir {
         dir: "pmd/src/failover",
         module_path: &["failover"],
+        folders: false,
     },
     ModuleDir {
         dir: "apps/src",
         module_path: &[],
+        folders: false,
     },
     ModuleDir {
         dir: "hw-defs/src/roce",
         module_path: &["roce"],
+        folders: false,
     },
     ModuleDir {
         dir: "pmd/src/resilient",
         module_path: &["resilient"],
+        folders: true,
+    },
+    ModuleDir {
+        dir: "pmd/src/resilient/qp",
+        module_path: &["resilient", "qp"],
+        folders: false,
+    },
+    ModuleDir {
+        dir: "pmd/src/resilient/service",
+        module_path: &["resilient", "service"],
+        folders: false,
+    },
+    ModuleDir {
+        dir: "pmd/src/resilient/rendezvous",
+        module_path: &["resilient", "rendezvous"],
+        folders: false,
     },
     ModuleDir {
         dir: "softnic/src",
         module_path: &[],
+        folders: false,
     },
     // Already one way; kept so.
     ModuleDir {
         dir: "pmd/src",
         module_path: &[],
+        folders: false,
     },
     ModuleDir {
         dir: "pmd/src/datapath",
         module_path: &["datapath"],
+        folders: false,
     },
     ModuleDir {
         dir: "hw-defs/src",
         module_path: &[],
+        folders: false,
     },
 ];
 
@@ -152,51 +180,100 @@ fn expand(tree: &str) -> Vec<String> {
         .collect()
 }
 
-/// The sibling module a path names, if it names one of `siblings`.
-fn sibling_of(path: &str, module_path: &[&str], siblings: &BTreeSet<String>) -> Option<String> {
-    let segments: Vec<&str> = path.split("::").collect();
-    let first = match segments.first() {
-        Some(&"super") => segments.get(1),
-        Some(&"crate") if segments.get(1..=module_path.len()) == Some(module_path) => {
-            segments.get(module_path.len() + 1)
+/// The module path `path` names, written in a file whose module path is `file_module`:
+/// `super::` and `self::` resolved against it, `crate::` from the root. `None` for paths that
+/// start elsewhere (another crate, or a child named without `self::`, which is the file's
+/// own and never a sibling).
+fn resolve(path: &str, file_module: &[String]) -> Option<Vec<String>> {
+    let mut segments = path.split("::").map(|s| s.trim_start_matches("r#"));
+    let mut resolved: Vec<String> = match segments.next()? {
+        "crate" => Vec::new(),
+        "self" => file_module.to_vec(),
+        "super" => file_module[..file_module.len().checked_sub(1)?].to_vec(),
+        _ => return None,
+    };
+    for segment in segments {
+        if segment == "super" {
+            resolved.pop()?;
+        } else {
+            resolved.push(segment.to_string());
         }
-        // At a crate's root `super` does not exist, and `crate::x` is a sibling.
-        _ => None,
-    }?;
-    let name = first.trim_start_matches("r#").to_string();
-    siblings.contains(&name).then_some(name)
+    }
+    Some(resolved)
 }
 
-/// Each module of `dir` and the siblings it imports.
+/// The sibling module a resolved path names, if it names one of `siblings`.
+fn sibling_of(
+    resolved: &[String],
+    module_path: &[&str],
+    siblings: &BTreeSet<String>,
+) -> Option<String> {
+    let inside =
+        resolved.len() > module_path.len() && resolved.iter().zip(module_path).all(|(a, b)| a == b);
+    let name = resolved.get(module_path.len()).filter(|_| inside)?;
+    siblings.contains(name).then(|| name.clone())
+}
+
+/// The `.rs` files of `dir` and of the folders below it, each with its module path from the
+/// crate's root (`failover/machine.rs` is `failover::machine`, `qp/mod.rs` is `...::qp`).
+/// Inside a folder, a test module kept in a file of its own (`tests.rs`) is left out: it is
+/// not part of the folder's code, as `#[cfg(test)]` modules are not.
+fn source_files(
+    dir: &Path,
+    folders: bool,
+    module: &[String],
+    depth: usize,
+    out: &mut Vec<(PathBuf, Vec<String>)>,
+) {
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if !folders {
+                continue;
+            }
+            let mut sub = module.to_vec();
+            sub.push(name);
+            source_files(&path, folders, &sub, depth + 1, out);
+        } else if path.extension().is_some_and(|x| x == "rs") && !(depth > 0 && name == "tests") {
+            let mut own = module.to_vec();
+            if !["mod", "lib", "main"].contains(&name.as_str()) {
+                own.push(name);
+            }
+            out.push((path, own));
+        }
+    }
+}
+
+/// Each module of `dir` and the siblings it imports. A folder (`qp/`) is one module, whose
+/// imports are those of all its files that lead out of it.
 fn import_graph(dir: &ModuleDir) -> BTreeMap<String, BTreeSet<String>> {
     let path = workspace_root().join(dir.dir);
-    let files: Vec<PathBuf> = std::fs::read_dir(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-        .map(|entry| entry.expect("a directory entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
-        .collect();
-    let name_of = |p: &Path| p.file_stem().unwrap().to_string_lossy().into_owned();
-    let parents = ["mod", "lib", "main"];
+    let module: Vec<String> = dir.module_path.iter().map(|s| s.to_string()).collect();
+    let mut files = Vec::new();
+    source_files(&path, dir.folders, &module, 0, &mut files);
     let siblings: BTreeSet<String> = files
         .iter()
-        .map(|p| name_of(p))
-        .filter(|n| !parents.contains(&n.as_str()))
+        .filter_map(|(_, own)| own.get(module.len()).cloned())
         .collect();
-    let mut graph = BTreeMap::new();
-    for file in &files {
-        let name = name_of(file);
-        if !siblings.contains(&name) {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (file, own) in &files {
+        // The directory's own `mod.rs` (or the crate's root) is the parent, not a sibling.
+        let Some(name) = own.get(module.len()) else {
             continue;
-        }
+        };
         let source = std::fs::read_to_string(file).expect("a readable source file");
         let imports: BTreeSet<String> = top_level_uses(&source)
             .iter()
             .flat_map(|tree| expand(tree))
             .chain(inline_paths(&source))
+            .filter_map(|p| resolve(&p, own))
             .filter_map(|p| sibling_of(&p, dir.module_path, &siblings))
-            .filter(|s| *s != name)
+            .filter(|s| s != name)
             .collect();
-        graph.insert(name, imports);
+        graph.entry(name.clone()).or_default().extend(imports);
     }
     graph
 }
@@ -242,6 +319,7 @@ fn the_parser_finds_siblings_in_nested_and_crate_paths() {
     let found: BTreeSet<String> = uses
         .iter()
         .flat_map(|u| expand(u))
+        .filter_map(|p| resolve(&p, &["failover".into(), "event".into()]))
         .filter_map(|p| sibling_of(&p, &["failover"], &siblings))
         .collect();
     assert_eq!(uses.len(), 2, "the nested `use` is not top-level: {uses:?}");
@@ -255,6 +333,24 @@ fn the_parser_finds_siblings_in_nested_and_crate_paths() {
         find_circle(&graph),
         Some(vec!["action".into(), "message".into(), "action".into()])
     );
+}
+
+#[test]
+fn a_folder_is_one_module_of_its_parent() {
+    let siblings: BTreeSet<String> = ["clock", "qp"].map(String::from).into();
+    let driver: Vec<String> = ["resilient", "qp", "driver"].map(String::from).into();
+    let named =
+        |path: &str| resolve(path, &driver).and_then(|p| sibling_of(&p, &["resilient"], &siblings));
+    // From a file inside `qp/`, its own folder's files are `qp` itself, and the paths out of
+    // the folder name the parent's modules however they are written.
+    assert_eq!(named("super::plan::Plan"), Some("qp".into()));
+    assert_eq!(named("super::super::clock::Clock"), Some("clock".into()));
+    assert_eq!(
+        named("crate::resilient::clock::Clock"),
+        Some("clock".into())
+    );
+    assert_eq!(named("crate::failover::Event"), None);
+    assert_eq!(named("hw_defs::mlx5::SendOpcode"), None);
 }
 
 #[test]

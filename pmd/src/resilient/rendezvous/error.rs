@@ -1,5 +1,5 @@
 //! Why backup attributes could not be parsed, published or looked up: the words
-//! `rendezvous` (the format and the stores) and `rendezvous_auth` (sealed store entries) share.
+//! `rendezvous` (the format and the stores) and `rendezvous::auth` (sealed store entries) share.
 
 /// Why attributes could not be parsed, published or looked up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,7 +76,7 @@ pub enum RendezvousError {
 }
 
 impl RendezvousError {
-    /// Whether this is an entry refused by the checks of `rendezvous_auth` (or the inline
+    /// Whether this is an entry refused by the checks of `auth` (or the inline
     /// cross-check), as opposed to a store that could not be reached: a refused entry is
     /// never used, and no cached value stands in for it.
     pub fn is_refusal(&self) -> bool {

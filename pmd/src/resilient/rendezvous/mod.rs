@@ -34,7 +34,7 @@
 //!   peer's default `(GID, QPN)` (known from the application's RTR attributes) before it
 //!   brings the backup QP up; backup rkeys are published per MR with remote access and looked
 //!   up on demand when a failover meets an rkey it has not seen. Every Redis entry is sealed
-//!   with the job's secret and checked when read (`rendezvous_auth`); where the attributes
+//!   with the job's secret and checked when read (`auth`); where the attributes
 //!   also came inline, the store's are cross-checked against them
 //!   ([`Rendezvous::cross_check`]).
 //!
@@ -343,7 +343,7 @@ pub(crate) fn grants_remote_access(access: Access) -> bool {
 ///
 /// Keys: `<prefix>:qp:<gid>:<qpn>` holds an end's [`PeerAttrs`] bytes; the hash
 /// `<prefix>:rkey:<gid>` maps default rkeys (decimal) to backup rkeys, or to a withdrawal.
-/// Every value is sealed with the job's secret (`rendezvous_auth`: HMAC-SHA256 over the
+/// Every value is sealed with the job's secret (`auth`: HMAC-SHA256 over the
 /// whole entry, its identity and its epoch), and every value read is checked before use: a
 /// forged, altered, moved or replayed entry is an error naming it, counted in
 /// [`Rendezvous::refusals`]. The URL may carry an ACL user and password

@@ -338,7 +338,7 @@ impl ServiceHandle {
         self.lock().qps.push(qp);
     }
 
-    /// Takes `work` over (see [`super::qp::adopted`]); the id gives it back.
+    /// Takes `work` over (see `resilient::qp::adopted`); the id gives it back.
     pub fn adopt(&self, work: Box<dyn AdoptedWork>) -> u64 {
         let mut st = self.lock();
         let id = st.next_id;
