@@ -1470,3 +1470,56 @@ fn burns_that_do_not_fit_the_backup_send_queue_keep_the_sends_to_move() {
     // The sends to move were in the book when the burns failed.
     assert!(t.dirs[0].send_errors > 0, "{:?}", t.dirs);
 }
+
+/// Traffic both ways runs on the backup after B's default link flapped. Then A's backup
+/// device fails its QPs and A's default device refuses RTR (a NIC not ready after its own
+/// recovery): the failback's bring-up of A's default QP fails, and the connection fails.
+/// Every WR completes once, in error, from the book that kept the saved WRs: before, the
+/// sends A had on the backup SQ were flushed twice (from the book and from the backup rings
+/// it had not forgotten).
+#[test]
+fn a_failback_whose_default_qp_does_not_come_up_completes_each_wr_once() {
+    let mut sim = Sim::new(41, config());
+    let mut t = both_ways(&sim, 1_000);
+    let mut phase = 0;
+    let done = sim.run_until(Duration::from_secs(10), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            s.link_down(B_DEFAULT, Some(Duration::from_millis(20)));
+            phase = 1;
+        }
+        step(&mut t, s);
+        // Right after A posted: its sends are on the backup SQ when the backup fails.
+        if phase == 1
+            && s.a.qp.state() == ResilientState::Fallback
+            && s.b.qp.state() == ResilientState::Fallback
+            && t.dirs[1].completed >= 20
+            && t.dirs[0].posted > t.dirs[0].completed
+        {
+            s.a.devices[0]
+                .inject_fault(DeviceFault::RefuseRtr(Duration::from_secs(10)))
+                .unwrap();
+            s.a.devices[1].inject_fault(DeviceFault::QpsFailed).unwrap();
+            phase = 2;
+        }
+        phase == 2
+            && s.a.qp.state() == ResilientState::Failed
+            && s.b.qp.state() == ResilientState::Failed
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: {:?} completed, states {:?} {:?}, events {:?} {:?}",
+        t.dirs.iter().map(|d| d.completed).collect::<Vec<_>>(),
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.events(),
+        sim.b.qp.events()
+    );
+    t.check_markers(&mut sim);
+    t.check_exactly_once(&mut sim, Duration::from_secs(1));
+    assert!(t.violations.is_empty(), "{:#?}", t.violations);
+    // A had work on the backup and receives posted when its failback failed.
+    assert!(t.dirs[0].send_errors > 0, "{:?}", t.dirs);
+    assert!(t.dirs[1].recvs_posted > t.dirs[1].notified, "{:?}", t.dirs);
+    let stats = sim.a.qp.stats();
+    assert_eq!((stats.failovers, stats.failbacks), (1, 0), "{stats:?}");
+}

@@ -139,6 +139,9 @@ pub enum DeviceError {
     /// The object is still used by others.
     #[error("{0} is still in use")]
     Busy(&'static str),
+    /// The device refuses the move to RTR for now ([`Device::refuse_rtr`]).
+    #[error("QP {0:#x} cannot enter RTR yet: the device is recovering")]
+    NotReady(u32),
     /// A memory registration was refused.
     #[error(transparent)]
     Register(#[from] RegError),
@@ -207,6 +210,7 @@ impl Device {
             tx: Batch::new(BATCH),
             trace,
             dead: false,
+            refuse_rtr_until: None,
             active: ActiveQps::default(),
         };
         let shared = Arc::new(Shared {
@@ -332,6 +336,15 @@ impl Device {
         self.shared.events.push(crate::AsyncEvent::PortError);
         self.shared.events.push(crate::AsyncEvent::PortActive);
         self.shared.waker.wake();
+    }
+
+    /// For `for_how_long` from now the device refuses every move to RTR (and nothing else
+    /// changes): a NIC that recovered from an error and is not ready to connect yet.
+    /// For failure injection.
+    pub fn refuse_rtr(&self, for_how_long: Duration) {
+        let until = self.shared.clock.now() + for_how_long;
+        self.shared.lock_core().refuse_rtr_until = Some(until);
+        tracing::warn!(device = %self.shared.name, ?for_how_long, "softnic: moves to RTR refused (injected)");
     }
 
     /// Whether [`Device::kill`] was called.
@@ -489,6 +502,10 @@ impl Device {
             .and_then(|q| q.as_mut())
             .ok_or(DeviceError::UnknownQp(qpn))?;
         check_transition(qp.state, state, attrs)?;
+        let now = self.shared.clock.now();
+        if state == QpState::Rtr && core.refuse_rtr_until.is_some_and(|until| now < until) {
+            return Err(DeviceError::NotReady(qpn));
+        }
         match state {
             QpState::Reset => qp.reset(),
             QpState::Err if core.dead => {

@@ -63,6 +63,9 @@ pub(crate) struct Core {
     pub trace: Option<Trace>,
     /// The device died ([`crate::Device::kill`]): rounds do nothing.
     pub dead: bool,
+    /// Until this time of the device clock, moves to RTR are refused
+    /// ([`crate::Device::refuse_rtr`]).
+    pub refuse_rtr_until: Option<Duration>,
     /// The QPs rounds visit.
     pub active: ActiveQps,
     /// Which slot of `qps` each QPN names.

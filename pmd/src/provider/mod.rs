@@ -60,6 +60,9 @@ pub enum DeviceFault {
     /// The device reports its link down, then up again, alive or dead: what a netdev watch
     /// reports when a device reset flaps the netdev of a device that died.
     LinkFlap,
+    /// For this long the device refuses every move of a QP to RTR, and nothing else changes:
+    /// a NIC that recovered from an error and is not ready to connect yet.
+    RefuseRtr(std::time::Duration),
 }
 
 /// What one round of device work did, and when the device next needs one (a manual-progress

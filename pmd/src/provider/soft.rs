@@ -675,6 +675,7 @@ impl Provider for SoftProvider {
             DeviceFault::Dead => self.device.kill(),
             DeviceFault::QpsFailed => self.device.fail_qps(),
             DeviceFault::LinkFlap => self.device.flap_link(),
+            DeviceFault::RefuseRtr(how_long) => self.device.refuse_rtr(how_long),
         }
         Ok(())
     }
