@@ -124,12 +124,21 @@ fn progress() -> Progress {
 /// What the application's polls tell the helper thread of a poll-progress device.
 #[derive(Debug, Default)]
 pub struct PollActivity {
-    /// `ibv_poll_cq` calls on the device's CQs (and `ibv_destroy_qp` lingers), counted.
+    /// Threads inside `ibv_poll_cq` (or an `ibv_destroy_qp` linger) on a plain device now.
+    driving: AtomicU64,
+    /// `ibv_poll_cq` calls counted (a resilient device's helper watches these).
     polls: AtomicU64,
 }
 
 impl PollActivity {
-    /// The application drove the device.
+    /// The calling thread drives the device until the guard drops.
+    #[inline]
+    pub fn driving(&self) -> Driving<'_> {
+        self.driving.fetch_add(1, Ordering::Relaxed);
+        Driving(self)
+    }
+
+    /// The application polled.
     #[inline]
     pub fn polled(&self) {
         self.polls.fetch_add(1, Ordering::Relaxed);
@@ -141,35 +150,47 @@ impl PollActivity {
     }
 }
 
-/// How long the helper waits between looks at whether the application polls. A stock
-/// latency test spins on its buffer, not in `ibv_poll_cq`, so while it waits for the peer's
-/// WRITE only the helper moves packets: this gap (with the kernel's 50 us timer slack) is
-/// most of the one-way latency then. 5 us without slack was tried and was far worse on two
-/// shared cores (docs/verbs.md).
-const IDLE_GAP: Duration = Duration::from_micros(50);
-/// Rounds the helper runs at most per look, while the device is busy.
-const HELPER_ROUNDS: usize = 64;
+/// A thread inside a verb that drives the device (see [`PollActivity::driving`]).
+pub struct Driving<'a>(&'a PollActivity);
 
-/// The helper thread of a poll-progress device: while the application polls, it only
-/// watches; when a gap passes without a poll, it runs the device until idle. It ends with
-/// the device.
+impl Drop for Driving<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.driving.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How long the helper sleeps after a look that found the device idle.
+const IDLE_GAP: Duration = Duration::from_micros(50);
+/// How long it sleeps after a look whose round did work: more is likely to follow (a stream
+/// to a server that never polls, the peer's next message).
+const BUSY_GAP: Duration = Duration::from_micros(10);
+/// The helper's timer slack. The kernel's default (50 us) would double the idle gap.
+const TIMER_SLACK_NS: libc::c_ulong = 1_000;
+
+/// The helper thread of a poll-progress device. It runs the device only while no thread of
+/// the application is inside `ibv_poll_cq` on it: a stock latency test waits for the peer's
+/// WRITE by spinning on its buffer, outside verbs, and a bandwidth server never polls.
+///
+/// One round per look, never rounds back to back: the softnic holds an ACK back for one round
+/// to send it with the reply the application is about to post. Rounds back to back sent that
+/// ACK alone a microsecond later, so the peer's send completed before the reply left, the
+/// peer went back to spinning on its buffer, and each half round trip waited for the peer's
+/// helper (docs/verbs.md, "Progress"). It ends with the device.
 fn helper(ctx: Weak<pmd::Context>, activity: Arc<PollActivity>) {
-    let mut seen = activity.polls.load(Ordering::Relaxed);
+    // SAFETY: prctl with PR_SET_TIMERSLACK takes one integer and affects only this thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, TIMER_SLACK_NS) };
+    let mut gap = IDLE_GAP;
     loop {
-        std::thread::sleep(IDLE_GAP);
+        std::thread::sleep(gap);
         let Some(c) = ctx.upgrade() else {
             return;
         };
-        let now = activity.polls.load(Ordering::Relaxed);
-        if now != seen {
-            seen = now;
-            continue;
-        }
-        for _ in 0..HELPER_ROUNDS {
-            if !c.step().busy {
-                break;
-            }
-        }
+        gap = if activity.driving.load(Ordering::Relaxed) == 0 && c.step().busy {
+            BUSY_GAP
+        } else {
+            IDLE_GAP
+        };
     }
 }
 

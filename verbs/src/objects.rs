@@ -443,7 +443,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
 pub struct RsCq {
     ibv: ibv_cq,
     cq: Mutex<pmd::Cq>,
-    /// The device's poll activity (the helper thread stays out while polls come).
+    /// The device's poll activity (the helper thread stays out while the application polls).
     activity: Arc<crate::device::PollActivity>,
     /// Whether the pmd CQ has completion events (it was given a channel).
     events: bool,
@@ -694,7 +694,7 @@ pub(crate) fn to_ibv_wc(wc: &WorkCompletion) -> ibv_wc {
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_int {
     // SAFETY: the inline wrapper passes one of our CQs.
     let rs = unsafe { &*cq.cast::<RsCq>() };
-    rs.activity.polled();
+    let _driving = rs.activity.driving();
     let mut guard = lock(&rs.cq);
     let want = n.max(0) as usize;
     let mut done = 0usize;
@@ -1143,7 +1143,7 @@ const LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 /// one, whose engine thread does it, is given [`LINGER`].
 fn linger(c: &RsContext) {
     if c.pmd.progress_model() == pmd::provider::ProgressModel::Manual {
-        c.activity.polled();
+        let _driving = c.activity.driving();
         for _ in 0..LINGER_ROUNDS {
             if !c.pmd.step().busy {
                 break;
