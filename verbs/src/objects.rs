@@ -22,13 +22,10 @@ real_fns! {
     ibv_reg_mr @ "IBVERBS_1.1": fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
     ibv_reg_mr_iova @ "IBVERBS_1.7": fn(*mut ibv_pd, *mut c_void, usize, u64, c_int) -> *mut ibv_mr;
     ibv_reg_mr_iova2 @ "IBVERBS_1.8": fn(*mut ibv_pd, *mut c_void, usize, u64, u32) -> *mut ibv_mr;
-    ibv_reg_dmabuf_mr @ "IBVERBS_1.12": fn(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr;
-    ibv_rereg_mr @ "IBVERBS_1.1": fn(*mut ibv_mr, c_int, *mut ibv_pd, *mut c_void, usize, c_int) -> c_int;
     ibv_dereg_mr @ "IBVERBS_1.1": fn(*mut ibv_mr) -> c_int;
     ibv_create_comp_channel @ "IBVERBS_1.0": fn(*mut ibv_context) -> *mut ibv_comp_channel;
     ibv_destroy_comp_channel @ "IBVERBS_1.0": fn(*mut ibv_comp_channel) -> c_int;
     ibv_create_cq @ "IBVERBS_1.1": fn(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq;
-    ibv_resize_cq @ "IBVERBS_1.1": fn(*mut ibv_cq, c_int) -> c_int;
     ibv_destroy_cq @ "IBVERBS_1.1": fn(*mut ibv_cq) -> c_int;
     ibv_get_cq_event @ "IBVERBS_1.1": fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
     ibv_ack_cq_events @ "IBVERBS_1.1": fn(*mut ibv_cq, u32) -> ();
@@ -36,11 +33,6 @@ real_fns! {
     ibv_modify_qp @ "IBVERBS_1.1": fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
     ibv_query_qp @ "IBVERBS_1.1": fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int;
     ibv_destroy_qp @ "IBVERBS_1.1": fn(*mut ibv_qp) -> c_int;
-    ibv_qp_to_qp_ex @ "IBVERBS_1.6": fn(*mut ibv_qp) -> *mut c_void;
-    ibv_create_srq @ "IBVERBS_1.1": fn(*mut ibv_pd, *mut c_void) -> *mut c_void;
-    ibv_create_ah @ "IBVERBS_1.1": fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut c_void;
-    ibv_attach_mcast @ "IBVERBS_1.1": fn(*mut ibv_qp, *const ibv_gid, u16) -> c_int;
-    ibv_detach_mcast @ "IBVERBS_1.1": fn(*mut ibv_qp, *const ibv_gid, u16) -> c_int;
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -292,55 +284,6 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     unsafe { reg_mr(pd, addr, len, iova, access as c_int) }
 }
 
-/// `ibv_reg_dmabuf_mr`: refused on our devices (`EOPNOTSUPP`).
-///
-/// # Safety
-/// `pd` is a live PD.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
-    pd: *mut ibv_pd,
-    offset: u64,
-    len: usize,
-    iova: u64,
-    fd: c_int,
-    access: c_int,
-) -> *mut ibv_mr {
-    // SAFETY: forwarded from the caller.
-    if unsafe { ours(pd) }.is_none() {
-        return match system::ibv_reg_dmabuf_mr() {
-            // SAFETY: not ours.
-            Some(f) => unsafe { f(pd, offset, len, iova, fd, access) },
-            None => null_with(libc::ENOSYS),
-        };
-    }
-    refuse("ibv_reg_dmabuf_mr", "dma-buf MRs", libc::EOPNOTSUPP);
-    std::ptr::null_mut()
-}
-
-/// `ibv_rereg_mr`: refused on our devices (`EOPNOTSUPP`; deregister and register again).
-///
-/// # Safety
-/// `mr` is a live MR.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_rereg_mr(
-    mr: *mut ibv_mr,
-    flags: c_int,
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    len: usize,
-    access: c_int,
-) -> c_int {
-    // SAFETY: forwarded from the caller.
-    if unsafe { ours(mr) }.is_none() {
-        return match system::ibv_rereg_mr() {
-            // SAFETY: not ours.
-            Some(f) => unsafe { f(mr, flags, pd, addr, len, access) },
-            None => libc::ENOSYS,
-        };
-    }
-    refuse("ibv_rereg_mr", "re-registration", libc::EOPNOTSUPP)
-}
-
 /// `ibv_dereg_mr`: the device's refusal comes back as `EBUSY`, the MR kept.
 ///
 /// # Safety
@@ -524,23 +467,6 @@ pub unsafe extern "C" fn ibv_create_cq(
         ch.ibv.refcnt += 1;
     }
     rs.cast()
-}
-
-/// `ibv_resize_cq`: refused on our devices (`EOPNOTSUPP`).
-///
-/// # Safety
-/// `cq` is a live CQ.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
-    // SAFETY: forwarded from the caller.
-    if unsafe { ours(cq) }.is_none() {
-        return match system::ibv_resize_cq() {
-            // SAFETY: not ours.
-            Some(f) => unsafe { f(cq, cqe) },
-            None => libc::ENOSYS,
-        };
-    }
-    refuse("ibv_resize_cq", "CQ resizing", libc::EOPNOTSUPP)
 }
 
 /// `ibv_destroy_cq`.
@@ -1154,100 +1080,6 @@ fn linger(c: &RsContext) {
     }
 }
 
-/// `ibv_qp_to_qp_ex`: our QPs have no extended post API; `NULL` with `EOPNOTSUPP`, what a
-/// provider without it answers.
-///
-/// # Safety
-/// `qp` is a live QP.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut c_void {
-    // SAFETY: forwarded from the caller.
-    if unsafe { ours(qp) }.is_none() {
-        return match system::ibv_qp_to_qp_ex() {
-            // SAFETY: not ours.
-            Some(f) => unsafe { f(qp) },
-            None => null_with(libc::ENOSYS),
-        };
-    }
-    refuse(
-        "ibv_qp_to_qp_ex",
-        "the ibv_wr_* post API (use ibv_post_send)",
-        libc::EOPNOTSUPP,
-    );
-    std::ptr::null_mut()
-}
-
-/// `ibv_create_srq`: refused on our devices (`EOPNOTSUPP`).
-///
-/// # Safety
-/// `pd` is a live PD.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut c_void) -> *mut c_void {
-    // SAFETY: forwarded from the caller.
-    if unsafe { ours(pd) }.is_none() {
-        return match system::ibv_create_srq() {
-            // SAFETY: not ours.
-            Some(f) => unsafe { f(pd, attr) },
-            None => null_with(libc::ENOSYS),
-        };
-    }
-    refuse("ibv_create_srq", "shared receive queues", libc::EOPNOTSUPP);
-    std::ptr::null_mut()
-}
-
-/// `ibv_create_ah`: refused on our devices (`EOPNOTSUPP`: address handles serve UD, which
-/// they do not run).
-///
-/// # Safety
-/// `pd` is a live PD.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut c_void {
-    // SAFETY: forwarded from the caller.
-    if unsafe { ours(pd) }.is_none() {
-        return match system::ibv_create_ah() {
-            // SAFETY: not ours.
-            Some(f) => unsafe { f(pd, attr) },
-            None => null_with(libc::ENOSYS),
-        };
-    }
-    refuse("ibv_create_ah", "address handles (UD)", libc::EOPNOTSUPP);
-    std::ptr::null_mut()
-}
-
-/// `ibv_attach_mcast`: refused on our devices (`EOPNOTSUPP`: multicast is UD).
-///
-/// # Safety
-/// `qp` is a live QP.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
-    // SAFETY: forwarded from the caller.
-    if unsafe { ours(qp) }.is_none() {
-        return match system::ibv_attach_mcast() {
-            // SAFETY: not ours.
-            Some(f) => unsafe { f(qp, gid, lid) },
-            None => libc::ENOSYS,
-        };
-    }
-    refuse("ibv_attach_mcast", "multicast (UD)", libc::EOPNOTSUPP)
-}
-
-/// `ibv_detach_mcast`: refused on our devices (`EOPNOTSUPP`).
-///
-/// # Safety
-/// `qp` is a live QP.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
-    // SAFETY: forwarded from the caller.
-    if unsafe { ours(qp) }.is_none() {
-        return match system::ibv_detach_mcast() {
-            // SAFETY: not ours.
-            Some(f) => unsafe { f(qp, gid, lid) },
-            None => libc::ENOSYS,
-        };
-    }
-    refuse("ibv_detach_mcast", "multicast (UD)", libc::EOPNOTSUPP)
-}
-
 /// Largest inline payload the shim gathers from several entries (the softnic's limit).
 pub(crate) const INLINE_GATHER: usize = 512;
 
@@ -1528,4 +1360,32 @@ refused_on_ours! {
     ibv_resolve_eth_l2_from_gid @ "IBVERBS_1.1" [our_context]
         (ctx: *mut ibv_context, attr: *mut ibv_ah_attr, mac: *mut u8, vid: *mut u16) -> c_int,
         "L2 resolution", libc::EOPNOTSUPP, -1;
+    /// `ibv_reg_dmabuf_mr`: refused on our devices (`EOPNOTSUPP`).
+    ibv_reg_dmabuf_mr @ "IBVERBS_1.12" [ours]
+        (pd: *mut ibv_pd, offset: u64, len: usize, iova: u64, fd: c_int, access: c_int) -> *mut ibv_mr,
+        "dma-buf MRs", libc::EOPNOTSUPP, std::ptr::null_mut();
+    /// `ibv_rereg_mr`: refused on our devices (`EOPNOTSUPP`; deregister and register again).
+    ibv_rereg_mr @ "IBVERBS_1.1" [ours]
+        (mr: *mut ibv_mr, flags: c_int, pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> c_int,
+        "re-registration", libc::EOPNOTSUPP, libc::EOPNOTSUPP;
+    /// `ibv_resize_cq`: refused on our devices (`EOPNOTSUPP`).
+    ibv_resize_cq @ "IBVERBS_1.1" [ours] (cq: *mut ibv_cq, cqe: c_int) -> c_int,
+        "CQ resizing", libc::EOPNOTSUPP, libc::EOPNOTSUPP;
+    /// `ibv_qp_to_qp_ex`: our QPs have no extended post API; `NULL` with `EOPNOTSUPP`, what a
+    /// provider without it answers.
+    ibv_qp_to_qp_ex @ "IBVERBS_1.6" [ours] (qp: *mut ibv_qp) -> *mut c_void,
+        "the ibv_wr_* post API (use ibv_post_send)", libc::EOPNOTSUPP, std::ptr::null_mut();
+    /// `ibv_create_srq`: refused on our devices (`EOPNOTSUPP`).
+    ibv_create_srq @ "IBVERBS_1.1" [ours] (pd: *mut ibv_pd, attr: *mut c_void) -> *mut c_void,
+        "shared receive queues", libc::EOPNOTSUPP, std::ptr::null_mut();
+    /// `ibv_create_ah`: refused on our devices (`EOPNOTSUPP`: address handles serve UD, which
+    /// they do not run).
+    ibv_create_ah @ "IBVERBS_1.1" [ours] (pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut c_void,
+        "address handles (UD)", libc::EOPNOTSUPP, std::ptr::null_mut();
+    /// `ibv_attach_mcast`: refused on our devices (`EOPNOTSUPP`: multicast is UD).
+    ibv_attach_mcast @ "IBVERBS_1.1" [ours] (qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int,
+        "multicast (UD)", libc::EOPNOTSUPP, libc::EOPNOTSUPP;
+    /// `ibv_detach_mcast`: refused on our devices (`EOPNOTSUPP`).
+    ibv_detach_mcast @ "IBVERBS_1.1" [ours] (qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int,
+        "multicast (UD)", libc::EOPNOTSUPP, libc::EOPNOTSUPP;
 }

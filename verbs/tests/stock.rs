@@ -214,6 +214,27 @@ fn ibv_uc_pingpong_is_refused_as_a_provider_refuses_uc() {
 }
 
 #[test]
+fn ibv_srq_pingpong_is_refused_with_the_providers_errno() {
+    let Some(bin) = binary("ibv_srq_pingpong") else {
+        eprintln!("skipped: /usr/bin/ibv_srq_pingpong is missing (install ibverbs-utils)");
+        return;
+    };
+    let out = Command::new(bin)
+        .args(["-d", "rs0", "-g", "0", "-p", "19047"])
+        .env("LD_PRELOAD", shim())
+        .env("RAILSHIFT_DEVICES", "rs0=soft:lo@127.0.47.1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ibv_create_srq refused: shared receive queues")
+            && err.contains("Couldn't create SRQ"),
+        "{err}"
+    );
+}
+
+#[test]
 fn ib_write_bw_common_flags() {
     pair("ib_write_bw", &["-n", "300"], 50);
     pair("ib_write_bw", &["-s", "8", "-n", "500", "-I", "8"], 51);
