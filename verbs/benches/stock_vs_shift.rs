@@ -8,8 +8,12 @@
 //! cargo bench -p verbs --bench stock_vs_shift
 //! ```
 //!
-//! Both sides run to completion: the shim in its default `poll` progress (perftest spins in
-//! `ibv_poll_cq`, which runs the device), the shift tools with `--poll busy`. Needs perftest
+//! Like for like: both tools get the same flags (size, iterations, inline size; for the
+//! bandwidth, the same 128 requests in flight and a completion every 64), and both run their
+//! devices with manual progress: the shim in its default `poll` progress (the program's
+//! `ibv_poll_cq` runs the device, the helper thread while it does not poll), the shift tools
+//! with `--poll busy` (and `--no-failover` for `shift_write_bw`, which otherwise runs softnic
+//! engine threads). Needs perftest
 //! (`/usr/bin/ib_write_lat`, `/usr/bin/ib_write_bw`) and the release `shift_*` binaries in
 //! target/release; says what is missing otherwise.
 
@@ -24,7 +28,10 @@ struct Case {
     what: &'static str,
     stock: &'static str,
     shift: &'static str,
+    /// Given to both tools.
     args: &'static [&'static str],
+    /// Given to the shift tool only: how it runs its device.
+    shift_progress: &'static [&'static str],
     /// Which column of the last table row is the figure (0-based), and whether higher is
     /// better.
     column: usize,
@@ -37,7 +44,8 @@ const CASES: &[Case] = &[
         what: "8-byte RDMA WRITE latency, typical",
         stock: "ib_write_lat",
         shift: "shift_write_lat",
-        args: &["-s", "8", "-n", "5000"],
+        args: &["-s", "8", "-n", "5000", "-I", "64"],
+        shift_progress: &["--poll", "busy"],
         column: 4,
         higher_is_better: false,
         unit: "us",
@@ -46,7 +54,10 @@ const CASES: &[Case] = &[
         what: "64 KiB RDMA WRITE bandwidth, average",
         stock: "ib_write_bw",
         shift: "shift_write_bw",
-        args: &["-s", "65536", "-n", "5000"],
+        args: &[
+            "-s", "65536", "-n", "5000", "-t", "128", "-Q", "64", "-I", "0",
+        ],
+        shift_progress: &["--poll", "busy", "--no-failover"],
         column: 3,
         higher_is_better: true,
         unit: "MB/s",
@@ -84,7 +95,14 @@ fn figure(stdout: &str, column: usize) -> Option<f64> {
 }
 
 /// One server/client pair; the client's figure.
-fn run_pair(bin: &Path, shim: Option<&Path>, args: &[&str], port: u16, column: usize) -> f64 {
+fn run_pair(
+    bin: &Path,
+    shim: Option<&Path>,
+    args: &[&str],
+    shift_progress: &[&str],
+    port: u16,
+    column: usize,
+) -> f64 {
     let side = |addr: &str, peer: Option<&str>| {
         let mut cmd = Command::new(bin);
         match shim {
@@ -94,7 +112,8 @@ fn run_pair(bin: &Path, shim: Option<&Path>, args: &[&str], port: u16, column: u
                     .args(["-d", "rs0"]);
             }
             None => {
-                cmd.args(["-d", &format!("soft:lo@{addr}"), "--poll", "busy"]);
+                cmd.args(["-d", &format!("soft:lo@{addr}")])
+                    .args(shift_progress);
             }
         }
         cmd.args(["-p", &port.to_string()])
@@ -123,6 +142,15 @@ fn run_pair(bin: &Path, shim: Option<&Path>, args: &[&str], port: u16, column: u
         String::from_utf8_lossy(&s.stderr)
     );
     figure(&out, column).unwrap_or_else(|| panic!("no figure in:\n{out}"))
+}
+
+/// The one-minute load average, printed beside every figure (a loaded machine's figures
+/// are not an idle one's).
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -164,16 +192,25 @@ fn main() {
                 &Path::new("/usr/bin").join(case.stock),
                 Some(&shim),
                 case.args,
+                &[],
                 port,
                 case.column,
             );
             port += 1;
-            let b = run_pair(&dir.join(case.shift), None, case.args, port, case.column);
+            let b = run_pair(
+                &dir.join(case.shift),
+                None,
+                case.args,
+                case.shift_progress,
+                port,
+                case.column,
+            );
             println!(
-                "{}: round {round}: {} via shim {a:.2} {u}, {} {b:.2} {u}",
+                "{}: round {round}: {} via shim {a:.2} {u}, {} {b:.2} {u} (load {})",
                 case.what,
                 case.stock,
                 case.shift,
+                load(),
                 u = case.unit
             );
             stock.push(a);
@@ -182,7 +219,7 @@ fn main() {
         let (a, b) = (median(&mut stock), median(&mut shift));
         let ratio = a / b;
         println!(
-            "{}: median {} via shim {a:.2} {u}, {} {b:.2} {u}, ratio shim/shift {ratio:.3} ({})",
+            "{}: median {} via shim {a:.2} {u}, {} {b:.2} {u}, ratio shim/shift {ratio:.3} ({}, load {})",
             case.what,
             case.stock,
             case.shift,
@@ -191,6 +228,7 @@ fn main() {
             } else {
                 "lower is better"
             },
+            load(),
             u = case.unit
         );
     }
