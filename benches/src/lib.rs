@@ -15,3 +15,4 @@
 pub mod fabric;
 pub mod instr;
 pub mod report;
+pub mod verbs_shim;

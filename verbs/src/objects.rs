@@ -649,6 +649,27 @@ pub struct RsQp {
     max_inline: u32,
 }
 
+/// The pmd QP behind one of our QPs on a plain device: the datapath benchmark's baseline
+/// posts on the same rings directly (benches/src/bin/datapath.rs).
+///
+/// # Safety
+/// `qp` is one of our live QPs on a plain (not resilient) device, and outlives `'a`.
+#[doc(hidden)]
+pub unsafe fn pmd_qp<'a>(qp: *mut ibv_qp) -> &'a Mutex<pmd::Qp> {
+    // SAFETY: the caller's plain QP, which is an RsQp.
+    unsafe { &(*qp.cast::<RsQp>()).qp }
+}
+
+/// The pmd CQ behind one of our CQs on a plain device (see [`pmd_qp`]).
+///
+/// # Safety
+/// `cq` is one of our live CQs on a plain device, and outlives `'a`.
+#[doc(hidden)]
+pub unsafe fn pmd_cq<'a>(cq: *mut ibv_cq) -> &'a Mutex<pmd::Cq> {
+    // SAFETY: the caller's plain CQ, which is an RsCq.
+    unsafe { &(*cq.cast::<RsCq>()).cq }
+}
+
 pub(crate) fn caps_from(cap: &ibv_qp_cap) -> QpCaps {
     QpCaps {
         max_send_wr: cap.max_send_wr.max(1),

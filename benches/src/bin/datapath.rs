@@ -22,6 +22,16 @@
 //!   default QP measured 5-20% away from it (either way) on this machine, from where the
 //!   rings and bookkeeping land in memory alone.
 //!
+//! - `shim_post_calls32_ns`, `shim_poll_ns`: the verbs shim's data path (`verbs/`), a QP pair
+//!   on two plain shim devices of another fabric, posted 32 WRITEs to a list and polled 32 at
+//!   a time through the `ibv_context_ops` function pointers, as `verbs.h`'s static inline
+//!   `ibv_post_send` and `ibv_poll_cq` call them; `shim_direct_post_calls32_ns`,
+//!   `shim_direct_poll_ns`: the same QP's pmd QP and CQ used directly (32 `post_send` calls and
+//!   a doorbell; polls of 32), in alternating rounds; `overhead_shim_post_ratio`,
+//!   `overhead_shim_poll_ratio`: the median over round pairs of shim over direct (as the
+//!   resilient ones). The devices' helper threads are kept out (the benchmark runs the devices
+//!   between timed regions, as everywhere here).
+//!
 //! Each figure is the median over rounds (the report's main keys) and the best round (the
 //! `*_best_ns` keys beside them: the cost when no other process disturbs the core). Usage:
 //! `cargo run --release -p benches --bin datapath -- [--json OUT.json] [--rounds N]`
@@ -795,6 +805,231 @@ fn count_child(what: Counting) -> u64 {
     ops as u64
 }
 
+/// The shim's ops-table post and poll against the same QP's pmd rings used directly, in
+/// alternating rounds: what the verbs layer costs (conversion of each `ibv_send_wr`, the
+/// QP's and CQ's mutex, the `ibv_wc` conversion, the function pointers).
+fn compare_shim(rounds: usize) -> (Compared, Compared) {
+    use benches::verbs_shim::{configure, poll_cq, post_send, Pair};
+    use railshift_verbs::abi::{ibv_send_wr, ibv_send_wr_wr, ibv_sge, ibv_wc};
+    configure(&fabric(2));
+    let pair = Pair::new(1 << 20, 4 * POLL_ROUND as i32, ROUND as u32);
+    let _held = pair.hold_helpers();
+    let devices = pair.devices();
+    let run = || {
+        for d in &devices {
+            d.progress();
+        }
+    };
+    let (dqp, dcq) = pair.direct();
+    // SAFETY: the pair's live MRs.
+    let (la, lkey, rb, rkey) = unsafe {
+        let (a, b) = (&*pair.a.mr, &*pair.b.mr);
+        (a.addr as u64, a.lkey, b.addr as u64, b.rkey)
+    };
+    let remote = |i: usize| rb + ((i % 4096) * 8) as u64;
+    let local = Sge::new(la, 8, lkey);
+    let pmd_wrs = |n: usize, all: bool| -> Vec<SendWr<'static>> {
+        (0..n)
+            .map(|i| {
+                let op = SendOp::Write {
+                    remote: Remote {
+                        addr: remote(i),
+                        rkey,
+                    },
+                };
+                let wr = SendWr::new(i as u64, op, &[local]);
+                if all || i == n - 1 {
+                    wr.signaled()
+                } else {
+                    wr
+                }
+            })
+            .collect()
+    };
+    // The application's lists, built once: 32 requests linked per list.
+    let mut sges = vec![
+        ibv_sge {
+            addr: la,
+            length: 8,
+            lkey,
+        };
+        ROUND
+    ];
+    let mut chain: Vec<ibv_send_wr> = (0..ROUND)
+        .map(|i| ibv_send_wr {
+            wr_id: i as u64,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 1,
+            opcode: railshift_verbs::abi::IBV_WR_RDMA_WRITE,
+            send_flags: if i == ROUND - 1 {
+                railshift_verbs::abi::IBV_SEND_SIGNALED
+            } else {
+                0
+            },
+            imm_data: 0,
+            wr: ibv_send_wr_wr {
+                remote_addr: remote(i),
+                rdma_rkey_or_compare_add: u64::from(rkey),
+                swap: 0,
+                atomic_rkey: 0,
+            },
+            _tail: [0; 7],
+        })
+        .collect();
+    for i in 0..ROUND {
+        chain[i].sg_list = &mut sges[i];
+        if (i + 1) % 32 != 0 {
+            chain[i].next = &mut chain[i + 1];
+        }
+    }
+    let qp = pair.a.qp;
+    let cq = pair.a.cq;
+    let drain = |n: usize| {
+        let mut wcs = [WorkCompletion::EMPTY; 32];
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got < n {
+            run();
+            let k = dcq.lock().expect("cq").poll(&mut wcs);
+            assert!(wcs[..k].iter().all(|w| w.is_ok()), "WRITE failed: {wcs:?}");
+            got += k;
+            assert!(
+                Instant::now() < deadline,
+                "{got} of {n} completions in 10 s"
+            );
+        }
+    };
+    let post_wrs = pmd_wrs(ROUND, false);
+    let shim_post = |chain: &mut [ibv_send_wr]| {
+        let start = Instant::now();
+        measured(|| {
+            for head in black_box(&mut *chain).chunks_mut(32) {
+                // SAFETY: our live QP; the list is 32 linked valid requests.
+                let rc = unsafe { post_send(qp, head.as_mut_ptr()) };
+                debug_assert_eq!(rc, 0);
+            }
+        });
+        let ns = start.elapsed().as_nanos() as f64 / ROUND as f64;
+        drain(1);
+        ns
+    };
+    let direct_post = || {
+        let mut q = dqp.lock().expect("qp");
+        let start = Instant::now();
+        measured(|| {
+            for group in black_box(&post_wrs).chunks(32) {
+                for wr in group {
+                    q.post_send(wr).expect("post");
+                }
+                q.ring_doorbell();
+            }
+        });
+        let ns = start.elapsed().as_nanos() as f64 / ROUND as f64;
+        drop(q);
+        drain(1);
+        ns
+    };
+    // Warm both once.
+    shim_post(&mut chain);
+    direct_post();
+    let (mut d, mut v) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        if i % 2 == 0 {
+            d.push(direct_post());
+            v.push(shim_post(&mut chain));
+        } else {
+            v.push(shim_post(&mut chain));
+            d.push(direct_post());
+        }
+    }
+    let post = Compared::of(std::mem::take(&mut d), std::mem::take(&mut v));
+    // Polling: the device writes POLL_ROUND CQEs first (untimed), then one side polls them.
+    let poll_wrs = pmd_wrs(POLL_ROUND, true);
+    let fill = || {
+        for batch in poll_wrs.chunks(32) {
+            let written = {
+                let mut q = dqp.lock().expect("qp");
+                for wr in batch {
+                    q.post_send(wr).expect("post");
+                }
+                q.ring_doorbell();
+                dcq.lock().expect("cq").poller().ready() + batch.len() as u32
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while dcq.lock().expect("cq").poller().ready() < written {
+                run();
+                assert!(Instant::now() < deadline, "CQEs not written in 10 s");
+            }
+        }
+    };
+    let shim_poll = || {
+        fill();
+        // SAFETY: ibv_wc is plain data; all zeroes is a valid value.
+        let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        let start = Instant::now();
+        let got = measured(|| {
+            let mut got = 0;
+            while got < POLL_ROUND {
+                // SAFETY: our live CQ; 32 entries.
+                let k = unsafe { poll_cq(cq, 32, black_box(wcs.as_mut_ptr())) };
+                assert!(k > 0, "the CQ ran dry");
+                got += k as usize;
+            }
+            got
+        });
+        let ns = start.elapsed().as_nanos() as f64 / got as f64;
+        assert!(wcs.iter().all(|w| w.status == 0), "a WRITE failed");
+        ns
+    };
+    let direct_poll = || {
+        fill();
+        let mut wcs = [WorkCompletion::EMPTY; 32];
+        let mut c = dcq.lock().expect("cq");
+        let start = Instant::now();
+        let got = measured(|| {
+            let mut got = 0;
+            while got < POLL_ROUND {
+                let k = c.poll(black_box(&mut wcs));
+                assert!(k > 0, "the CQ ran dry");
+                got += k;
+            }
+            got
+        });
+        let ns = start.elapsed().as_nanos() as f64 / got as f64;
+        assert!(wcs.iter().all(|w| w.is_ok()), "a WRITE failed");
+        ns
+    };
+    for i in 0..rounds / 4 + 1 {
+        if i % 2 == 0 {
+            d.push(direct_poll());
+            v.push(shim_poll());
+        } else {
+            v.push(shim_poll());
+            d.push(direct_poll());
+        }
+    }
+    (post, Compared::of(d, v))
+}
+
+/// Prints a table of figures measured directly and through a layer, in alternating rounds.
+fn print_compared(what: &str, layer: &str, rows: [(&str, &Compared); 2]) {
+    println!("{what}, alternating rounds (goal: ratios <= 1.05):");
+    println!(
+        "{:<34} {:>10} {:>10} {:>9} {:>10}",
+        "figure", "direct ns", layer, "ratio", "best/best"
+    );
+    for (name, c) in rows {
+        println!(
+            "{name:<34} {:>10.2} {:>10.2} {:>9.3} {:>10.3}",
+            c.plain.median,
+            c.resilient.median,
+            c.paired,
+            c.best_ratio()
+        );
+    }
+}
+
 /// Counts every measurement's instructions per operation, each in a child under callgrind.
 fn count_instructions() -> Result<Vec<(Counting, f64)>, String> {
     benches::instr::valgrind_available()?;
@@ -874,14 +1109,15 @@ fn main() {
         let mut protected = resilient();
         post(&mut protected, 5, 32, Api::Batch);
         let compared = compare(&mut protected, rounds);
+        let shim = compare_shim(rounds);
         let pages = match bench.local_page_size() {
             pmd::memory::PageSize::Huge => "2 MiB hugepages",
             pmd::memory::PageSize::Base => "4 KiB pages",
         };
-        (floor, single, batch, calls, poll, compared, pages)
+        (floor, single, batch, calls, poll, compared, shim, pages)
     })
     .expect("launch the benchmark lcore");
-    let (floor, single, batch, calls, poll, (cpost, cpoll), pages) =
+    let (floor, single, batch, calls, poll, (cpost, cpoll), (spost, spoll), pages) =
         lcore.join().expect("benchmark lcore");
 
     let mut report = Report::new();
@@ -922,6 +1158,17 @@ fn main() {
             .number(&format!("overhead_{short}_ratio"), c.paired)
             .number(&format!("overhead_{short}_best_ratio"), c.best_ratio());
     }
+    // The shim's ops table and the same QP's pmd rings used directly, alternating rounds.
+    for (key, c) in [("post_calls32", &spost), ("poll", &spoll)] {
+        let short = key.trim_end_matches("_calls32");
+        report
+            .number(&format!("shim_{key}_ns"), c.resilient.median)
+            .number(&format!("shim_{key}_best_ns"), c.resilient.best)
+            .number(&format!("shim_direct_{key}_ns"), c.plain.median)
+            .number(&format!("shim_direct_{key}_best_ns"), c.plain.best)
+            .number(&format!("overhead_shim_{short}_ratio"), c.paired)
+            .number(&format!("overhead_shim_{short}_best_ratio"), c.best_ratio());
+    }
     // Against the plain QP pair measured earlier in the run (other rings, other devices):
     // what the resilient QP costs over a plain one, memory placement included.
     report
@@ -958,23 +1205,22 @@ fn main() {
             f.best / floor.best
         );
     }
-    println!("resilient QP over its own default QP used directly, alternating rounds (goal: ratios <= 1.05):");
-    println!(
-        "{:<34} {:>10} {:>10} {:>9} {:>10}",
-        "figure", "direct ns", "resil. ns", "ratio", "best/best"
+    print_compared(
+        "resilient QP over its own default QP used directly",
+        "resil. ns",
+        [
+            ("post, batches of 32 + doorbell", &cpost),
+            ("poll, per CQE", &cpoll),
+        ],
     );
-    for (name, c) in [
-        ("post, batches of 32 + doorbell", &cpost),
-        ("poll, per CQE", &cpoll),
-    ] {
-        println!(
-            "{name:<34} {:>10.2} {:>10.2} {:>9.3} {:>10.3}",
-            c.plain.median,
-            c.resilient.median,
-            c.paired,
-            c.best_ratio()
-        );
-    }
+    print_compared(
+        "verbs shim's ops table over the same QP's pmd rings used directly",
+        "shim ns",
+        [
+            ("post, lists of 32 (32 calls direct)", &spost),
+            ("poll, per CQE", &spoll),
+        ],
+    );
     if args.no_instr {
         println!("instruction counts skipped (--no-instr)");
     } else {
