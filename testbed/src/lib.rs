@@ -8,6 +8,7 @@
 //!   tolerance.
 //! - [`sweep`]: one scenario at several QP counts, `all_on_backup_ms` against QPs.
 //! - [`idle_lat`]: write latency beside 1,000 idle resilient QPs against alone.
+//! - [`stock`]: stock verbs tools with the railshift shim across a NIC cut.
 //! - [`apprun`]: running an app pair across the hosts.
 //! - [`baseline`]: the medium measured between the hosts, for ratios.
 //! - [`target`]: what can fail (NICs and switch ports of either rail, both default NICs at
@@ -39,6 +40,7 @@ pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod schedule;
+pub mod stock;
 pub mod sweep;
 pub mod target;
 pub mod topology;

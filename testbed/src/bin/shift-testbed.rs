@@ -17,6 +17,9 @@ use testbed::sweep;
 use testbed::target::{FailTarget, TargetSet};
 use testbed::topology::{self, Role, TestbedInfo, TopologySpec};
 
+/// The stock tools of a run (one value, parsed whole: clap would take a `Vec` as repeated).
+type StockTools = Vec<testbed::stock::Tool>;
+
 #[derive(Parser)]
 #[command(
     name = "shift-testbed",
@@ -121,6 +124,51 @@ enum Command {
         /// Write the result as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+    },
+    /// Stock verbs tools (perftest's ib_write_bw, ib_send_bw, ib_read_bw, rdma-core's
+    /// ibv_rc_pingpong), unmodified, with LD_PRELOAD=librailshift_verbs.so and a resilient
+    /// device per host, across a NIC cut: each must exit 0 with failover and fail with its
+    /// completion error without (docs/verbs.md).
+    Stock {
+        /// The tools, by binary name, comma-separated, or `all`.
+        #[arg(long, default_value = "all", value_parser = testbed::stock::Tool::parse_list)]
+        tools: StockTools,
+        /// What fails (initiator-nic, responder-nic, switch-port, ... as `fail --target`).
+        #[arg(long, default_value = "initiator-nic")]
+        target: String,
+        /// The rail of a target without one in its name.
+        #[arg(long)]
+        rail: Option<u8>,
+        /// When the target fails, after the client started.
+        #[arg(long, default_value = "4s", value_parser = schedule::parse_duration)]
+        at: std::time::Duration,
+        /// How long it stays down.
+        #[arg(long, default_value = "2s", value_parser = schedule::parse_duration)]
+        down: std::time::Duration,
+        /// The perftest tools' -D (seconds).
+        #[arg(long, short = 'D', default_value = "10s", value_parser = schedule::parse_duration)]
+        duration: std::time::Duration,
+        /// ibv_rc_pingpong's -n.
+        #[arg(long, short = 'n', default_value_t = 200_000)]
+        iters: u64,
+        /// Only the runs with failover (default: with, then without).
+        #[arg(long, conflicts_with = "no_failover")]
+        failover_only: bool,
+        /// Only the runs without failover (no backup device).
+        #[arg(long)]
+        no_failover: bool,
+        /// librailshift_verbs.so (default: beside this binary).
+        #[arg(long)]
+        shim: Option<PathBuf>,
+        /// How long the default link must be up before traffic goes back to it.
+        #[arg(long, default_value = "1s", value_parser = schedule::parse_duration)]
+        holddown: std::time::Duration,
+        /// Where the tools' logs go.
+        #[arg(long, default_value = "out")]
+        out_dir: PathBuf,
+        /// The redis-server's port on the management switch; the tools take the ports after it.
+        #[arg(long, default_value_t = 18600)]
+        port: u16,
     },
     /// When each phase of a failover and of its switch-back ends for the first, median and
     /// last QP, from the apps' logs of a run with
@@ -513,6 +561,56 @@ fn run(cli: Cli) -> Result<(), String> {
                 println!("  result: {}", path.display());
             }
             Ok(())
+        }
+        Command::Stock {
+            tools,
+            target,
+            rail,
+            at,
+            down,
+            duration,
+            iters,
+            failover_only,
+            no_failover,
+            shim,
+            holddown,
+            out_dir,
+            port,
+        } => {
+            let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
+            let o = testbed::stock::StockOptions {
+                tools,
+                target: FailTarget::parse(&target, rail)?,
+                at,
+                down,
+                duration,
+                iters,
+                modes: match (failover_only, no_failover) {
+                    (true, _) => vec![true],
+                    (_, true) => vec![false],
+                    _ => vec![true, false],
+                },
+                shim: shim.unwrap_or_else(|| {
+                    testbed::apprun::default_apps_dir().join("librailshift_verbs.so")
+                }),
+                out_dir,
+                holddown,
+                port,
+            };
+            let outcomes = testbed::stock::run(&info, &o, &mut |line| println!("{line}"))?;
+            println!("stock tools across a {} cut:", o.target);
+            for outcome in &outcomes {
+                println!("  {}", testbed::stock::summary(outcome));
+            }
+            let failed = outcomes.iter().filter(|o| !o.passed).count();
+            if failed == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{failed} of {} stock runs did not go as expected",
+                    outcomes.len()
+                ))
+            }
         }
         Command::Phases {
             client,

@@ -1,0 +1,518 @@
+//! Stock verbs tools across a NIC cut: Debian's unmodified `ib_write_bw`, `ib_send_bw`,
+//! `ib_read_bw` and `ibv_rc_pingpong` with `LD_PRELOAD=librailshift_verbs.so`, the server in
+//! host B and the client in host A, each on a resilient device `rs0=soft:nic0+soft:nic1`
+//! whose backup sides meet through a `redis-server` on the management switch. A target fails
+//! mid-run and comes back. With failover each tool must exit 0 on both sides, and the QPs
+//! must have failed over (the shim's `destroyed: ..., N failovers` lines); without it
+//! (`rs0=soft:nic0`, no backup) the same tool must fail with its completion error, as on
+//! hardware.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::fail;
+use crate::schedule::LinkAction;
+use crate::target::FailTarget;
+use crate::topology::{Role, TestbedInfo};
+
+/// A stock tool the run knows how to drive and judge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tool {
+    /// perftest's `ib_write_bw -D <secs>`.
+    WriteBw,
+    /// perftest's `ib_send_bw -D <secs>`.
+    SendBw,
+    /// perftest's `ib_read_bw -D <secs>`.
+    ReadBw,
+    /// rdma-core's `ibv_rc_pingpong -g 0 --chk -n <iters>`.
+    RcPingpong,
+}
+
+impl Tool {
+    /// Every tool, in the order a run takes them.
+    pub const ALL: [Tool; 4] = [Tool::WriteBw, Tool::SendBw, Tool::ReadBw, Tool::RcPingpong];
+
+    /// The binary's name.
+    pub fn binary(self) -> &'static str {
+        match self {
+            Tool::WriteBw => "ib_write_bw",
+            Tool::SendBw => "ib_send_bw",
+            Tool::ReadBw => "ib_read_bw",
+            Tool::RcPingpong => "ibv_rc_pingpong",
+        }
+    }
+
+    /// Parses a binary's name, or a comma-separated list of them (`all`: every tool).
+    pub fn parse_list(text: &str) -> Result<Vec<Tool>, String> {
+        if text == "all" {
+            return Ok(Tool::ALL.to_vec());
+        }
+        text.split(',')
+            .map(|name| {
+                Tool::ALL
+                    .into_iter()
+                    .find(|t| t.binary() == name.trim())
+                    .ok_or_else(|| {
+                        format!(
+                            "unknown stock tool {name:?}: use ib_write_bw, ib_send_bw, ib_read_bw, ibv_rc_pingpong or all"
+                        )
+                    })
+            })
+            .collect()
+    }
+
+    fn args(self, o: &StockOptions) -> Vec<String> {
+        let mut args = vec!["-d".to_owned(), "rs0".to_owned()];
+        match self {
+            Tool::RcPingpong => args.extend([
+                "-g".to_owned(),
+                "0".to_owned(),
+                "--chk".to_owned(),
+                "-n".to_owned(),
+                o.iters.to_string(),
+            ]),
+            _ => args.extend(["-D".to_owned(), o.duration.as_secs().max(1).to_string()]),
+        }
+        args
+    }
+
+    /// What the tool prints when a completion fails (perftest: "Completion with error";
+    /// ibv_rc_pingpong: "Failed status <status> (<n>) for wr_id <id>").
+    fn completion_error(self, log: &str) -> bool {
+        match self {
+            Tool::RcPingpong => log.contains("Failed status"),
+            _ => log.contains("Completion with error") || log.contains("Failed status"),
+        }
+    }
+}
+
+/// How a stock run goes.
+#[derive(Debug, Clone)]
+pub struct StockOptions {
+    /// The tools, one pair after the other.
+    pub tools: Vec<Tool>,
+    /// What fails.
+    pub target: FailTarget,
+    /// When it fails, after the client started.
+    pub at: Duration,
+    /// How long it stays down.
+    pub down: Duration,
+    /// The perftest tools' `-D`.
+    pub duration: Duration,
+    /// `ibv_rc_pingpong`'s `-n`.
+    pub iters: u64,
+    /// Run each tool with failover (a backup device), without (no backup), or both.
+    pub modes: Vec<bool>,
+    /// `librailshift_verbs.so`.
+    pub shim: PathBuf,
+    /// Logs go here: `stock-<tool>-<failover|no-failover>-{client,server}.log`.
+    pub out_dir: PathBuf,
+    /// The failover hold-down.
+    pub holddown: Duration,
+    /// The first TCP port (each pair takes the next).
+    pub port: u16,
+}
+
+/// The outcome of one tool in one mode.
+#[derive(Debug, Clone)]
+pub struct StockOutcome {
+    /// The tool.
+    pub tool: Tool,
+    /// With failover.
+    pub failover: bool,
+    /// The client's and server's exit codes (`None`: killed by a signal or the deadline).
+    pub exits: [Option<i32>; 2],
+    /// Failovers the client's and server's QPs counted (the shim's destroy lines).
+    pub failovers: [u64; 2],
+    /// Whether either side printed the tool's completion error.
+    pub completion_error: bool,
+    /// The client's log.
+    pub client_log: PathBuf,
+    /// Whether the outcome is what the mode expects.
+    pub passed: bool,
+    /// Why not, when it did not.
+    pub why: String,
+}
+
+/// How long one side may go on after the other exited (a stock tool whose peer failed may
+/// wait for it for ever).
+const PEER_GONE_GRACE: Duration = Duration::from_secs(10);
+
+/// A `redis-server` on the management switch, stopped when this drops.
+struct Redis {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ping(ns: &str, addr: &str, port: u16, password: &str) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "redis-cli", "--no-auth-warning"])
+        .args(["-h", addr, "-p", &port.to_string(), "-a", password, "ping"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("PONG"))
+        .unwrap_or(false)
+}
+
+/// Starts a `redis-server` on the management switch. It listens on the management network,
+/// not loopback, so (Redis's protected mode) it needs a password: a random one, in the URL.
+fn start_redis(info: &TestbedInfo, port: u16) -> Result<Redis, String> {
+    let (ns, addr) = (&info.mgmt.netns, &info.mgmt.addr);
+    let password: String = random_bytes::<16>()?
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns, "redis-server", "--bind", addr])
+        .args(["--port", &port.to_string(), "--requirepass", &password])
+        .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
+        .args(["--logfile", "", "--loglevel", "warning"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start redis-server in {ns}: {e} (install redis-server)"))?;
+    let redis = Redis {
+        child,
+        url: format!("redis://:{password}@{addr}:{port}/"),
+    };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if ping(ns, addr, port, &password) {
+            return Ok(redis);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!(
+        "redis-server in {ns} did not answer on {addr}:{port} within 10 s"
+    ))
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N], String> {
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    Ok(bytes)
+}
+
+fn listening(ns: &str, port: u16) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "ss", "-Hltn"])
+        .arg(format!("sport = :{port}"))
+        .output()
+        .map(|o| o.status.success() && !o.stdout.is_empty())
+        .unwrap_or(false)
+}
+
+/// The environment of one side.
+struct Side<'a> {
+    o: &'a StockOptions,
+    redis: &'a Redis,
+    key: &'a Path,
+    prefix: String,
+    failover: bool,
+}
+
+impl Side<'_> {
+    fn spawn(
+        &self,
+        ns: &str,
+        tool: Tool,
+        port: u16,
+        peer: Option<&str>,
+        log: &Path,
+    ) -> Result<Child, String> {
+        let out = std::fs::File::create(log)
+            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let device = if self.failover {
+            "rs0=soft:nic0+soft:nic1"
+        } else {
+            "rs0=soft:nic0"
+        };
+        let mut cmd = Command::new("ip");
+        // `env` sets the preload for the tool only, not for `ip`.
+        cmd.args(["netns", "exec", ns, "env"])
+            .arg(format!("LD_PRELOAD={}", self.o.shim.display()))
+            .arg(format!("RAILSHIFT_DEVICES={device}"))
+            .arg(format!("RAILSHIFT_RENDEZVOUS={}", self.redis.url))
+            .arg(format!(
+                "RAILSHIFT_RENDEZVOUS_KEY_FILE={}",
+                self.key.display()
+            ))
+            .arg(format!("RAILSHIFT_RENDEZVOUS_PREFIX={}", self.prefix))
+            .arg(format!(
+                "RAILSHIFT_HOLDDOWN_MS={}",
+                self.o.holddown.as_millis()
+            ))
+            .arg("RAILSHIFT_LOG=warn,railshift_verbs=info")
+            .arg(format!("/usr/bin/{}", tool.binary()))
+            .args(tool.args(self.o))
+            .args(["-p", &port.to_string()]);
+        if let Some(peer) = peer {
+            cmd.arg(peer);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("cannot start {} in {ns}: {e}", tool.binary()))
+    }
+}
+
+/// Failovers the QPs of a side counted, from the shim's `destroyed: <state>, N failovers`
+/// lines.
+fn failovers(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("railshift verbs:") && l.contains(" destroyed: "))
+        .filter_map(|l| {
+            let (_, rest) = l.split_once(" destroyed: ")?;
+            let (_, rest) = rest.split_once(", ")?;
+            rest.split_once(" failovers")?.0.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+fn wait(child: &mut Child, until: Instant) -> Option<i32> {
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.code(),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+}
+
+fn key_file(out_dir: &Path) -> Result<PathBuf, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = out_dir.join("stock-rendezvous.key");
+    let _ = std::fs::remove_file(&path);
+    let secret = random_bytes::<32>()?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(&secret))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Runs every tool of `o` in every mode, one pair at a time; `say` gets a line per event.
+pub fn run(
+    info: &TestbedInfo,
+    o: &StockOptions,
+    say: &mut dyn FnMut(&str),
+) -> Result<Vec<StockOutcome>, String> {
+    if !o.shim.is_file() {
+        return Err(format!(
+            "{} is missing (cargo build -p verbs)",
+            o.shim.display()
+        ));
+    }
+    for tool in &o.tools {
+        let bin = Path::new("/usr/bin").join(tool.binary());
+        if !bin.is_file() {
+            return Err(format!(
+                "{} is missing (install perftest and ibverbs-utils)",
+                bin.display()
+            ));
+        }
+    }
+    std::fs::create_dir_all(&o.out_dir)
+        .map_err(|e| format!("cannot create {}: {e}", o.out_dir.display()))?;
+    let redis = start_redis(info, o.port)?;
+    let key = key_file(&o.out_dir)?;
+    let (a, b) = (info.host(Role::Initiator), info.host(Role::Responder));
+    let mut outcomes = Vec::new();
+    let mut port = o.port + 1;
+    for &tool in &o.tools {
+        for &failover in &o.modes {
+            port += 1;
+            let mode = if failover { "failover" } else { "no-failover" };
+            let tag = format!("stock-{}-{mode}", tool.binary());
+            let side = Side {
+                o,
+                redis: &redis,
+                key: &key,
+                prefix: format!("{}:{tag}:{}", info.prefix, fail::unix_ms_now() as u64),
+                failover,
+            };
+            let server_log = o.out_dir.join(format!("{tag}-server.log"));
+            let client_log = o.out_dir.join(format!("{tag}-client.log"));
+            let mut server = side.spawn(&b.netns, tool, port, None, &server_log)?;
+            let t0 = Instant::now();
+            while !listening(&b.netns, port) && t0.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let mut client = side.spawn(&a.netns, tool, port, Some(&b.mgmt_addr), &client_log)?;
+            let started = Instant::now();
+            say(&format!(
+                "{} ({mode}): started; {} fails at {:?} for {:?}",
+                tool.binary(),
+                o.target,
+                o.at,
+                o.down
+            ));
+            let mut cut = false;
+            let mut restored = false;
+            let deadline = started + o.at + o.down + Duration::from_secs(300);
+            let mut client_exit = None;
+            let mut server_exit: Option<(Option<i32>, Instant)> = None;
+            loop {
+                if let Ok(Some(status)) = client.try_wait() {
+                    client_exit = Some(status.code());
+                }
+                if server_exit.is_none() {
+                    if let Ok(Some(status)) = server.try_wait() {
+                        server_exit = Some((status.code(), Instant::now()));
+                    }
+                }
+                let now = started.elapsed();
+                if !cut && now >= o.at && client_exit.is_none() {
+                    fail::apply(info, o.target, LinkAction::Down)?;
+                    say(&format!(
+                        "  t={:.1} s: {} down",
+                        now.as_secs_f64(),
+                        o.target
+                    ));
+                    cut = true;
+                }
+                if cut && !restored && now >= o.at + o.down {
+                    fail::apply(info, o.target, LinkAction::Up)?;
+                    say(&format!("  t={:.1} s: {} up", now.as_secs_f64(), o.target));
+                    restored = true;
+                }
+                let settled = restored || !cut;
+                if client_exit.is_some() && settled {
+                    break;
+                }
+                // A client whose server failed may wait for it for ever (ibv_rc_pingpong's
+                // client polls for a reply that never comes): it gets 10 s.
+                if let Some((_, at)) = server_exit {
+                    if settled && at.elapsed() > PEER_GONE_GRACE {
+                        break;
+                    }
+                }
+                if Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if cut && !restored {
+                fail::apply(info, o.target, LinkAction::Up)?;
+            }
+            let client_code = match client_exit {
+                Some(code) => code,
+                None => wait(&mut client, Instant::now()),
+            };
+            // Likewise a server whose client failed.
+            let server_code = match server_exit {
+                Some((code, _)) => code,
+                None if client_code == Some(0) => {
+                    wait(&mut server, Instant::now() + Duration::from_secs(60))
+                }
+                None => wait(&mut server, Instant::now() + PEER_GONE_GRACE),
+            };
+            let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+            let (clog, slog) = (read(&client_log), read(&server_log));
+            let failed_over = [failovers(&clog), failovers(&slog)];
+            let completion_error = tool.completion_error(&clog) || tool.completion_error(&slog);
+            let exits = [client_code, server_code];
+            let (passed, why) = if !cut {
+                (
+                    false,
+                    format!("the client ended before {:?}: lengthen the run", o.at),
+                )
+            } else if failover {
+                if exits != [Some(0), Some(0)] {
+                    (false, format!("exits {exits:?}, expected both 0"))
+                } else if failed_over == [0, 0] {
+                    (false, "no QP failed over".to_owned())
+                } else {
+                    (true, String::new())
+                }
+            } else if exits == [Some(0), Some(0)] {
+                (false, "both exited 0 without failover".to_owned())
+            } else if !completion_error {
+                (
+                    false,
+                    format!("exits {exits:?} without the tool's completion error"),
+                )
+            } else {
+                (true, String::new())
+            };
+            let outcome = StockOutcome {
+                tool,
+                failover,
+                exits,
+                failovers: failed_over,
+                completion_error,
+                client_log: client_log.clone(),
+                passed,
+                why,
+            };
+            say(&summary(&outcome));
+            outcomes.push(outcome);
+            fail::wait_all_up(info, Duration::from_secs(10))?;
+        }
+    }
+    let _ = std::fs::remove_file(&key);
+    Ok(outcomes)
+}
+
+/// One line per outcome.
+pub fn summary(o: &StockOutcome) -> String {
+    format!(
+        "{:<16} {:<11} client exit {:<4} server exit {:<4} failovers {}/{} completion error {:<3} {}",
+        o.tool.binary(),
+        if o.failover { "failover" } else { "no-failover" },
+        o.exits[0].map_or("-".to_owned(), |c| c.to_string()),
+        o.exits[1].map_or("-".to_owned(), |c| c.to_string()),
+        o.failovers[0],
+        o.failovers[1],
+        if o.completion_error { "yes" } else { "no" },
+        if o.passed {
+            "ok".to_owned()
+        } else {
+            format!("FAILED: {} (see {})", o.why, o.client_log.display())
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failovers_are_summed_from_the_destroy_lines() {
+        let log = "x\n2026-11-27T23:28:38Z  INFO railshift verbs: rs0 QP 0x1 destroyed: Default, 2 failovers, 1 switch-backs, 9 WQEs retransmitted\n\
+                   railshift verbs: rs0 QP 0x2 destroyed: Fallback, 1 failovers, 0 switch-backs, 0 WQEs retransmitted\n";
+        assert_eq!(failovers(log), 3);
+        assert_eq!(failovers("nothing"), 0);
+    }
+
+    #[test]
+    fn tools_parse_by_binary_name() {
+        assert_eq!(
+            Tool::parse_list("ib_write_bw,ibv_rc_pingpong").unwrap(),
+            [Tool::WriteBw, Tool::RcPingpong]
+        );
+        assert_eq!(Tool::parse_list("all").unwrap().len(), 4);
+        assert!(Tool::parse_list("ib_atomic_bw")
+            .unwrap_err()
+            .contains("ib_atomic_bw"));
+    }
+}
