@@ -5,7 +5,8 @@
 //! mid-run and comes back. With failover each tool must exit 0 on both sides, and the QPs
 //! must have failed over (the shim's `destroyed: ..., N failovers` lines); without it
 //! (`rs0=soft:nic0`, no backup) the same tool must fail with its completion error, as on
-//! hardware.
+//! hardware. `ib_atomic_bw` is the exception: atomics in flight are not retransmitted, so
+//! with failover too it must fail with its completion error, after the pmd's refusal.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,11 +28,19 @@ pub enum Tool {
     ReadBw,
     /// rdma-core's `ibv_rc_pingpong -g 0 --chk -n <iters>`.
     RcPingpong,
+    /// perftest's `ib_atomic_bw -D <secs>`: must fail across a cut, failover or not.
+    AtomicBw,
 }
 
 impl Tool {
     /// Every tool, in the order a run takes them.
-    pub const ALL: [Tool; 4] = [Tool::WriteBw, Tool::SendBw, Tool::ReadBw, Tool::RcPingpong];
+    pub const ALL: [Tool; 5] = [
+        Tool::WriteBw,
+        Tool::SendBw,
+        Tool::ReadBw,
+        Tool::RcPingpong,
+        Tool::AtomicBw,
+    ];
 
     /// The binary's name.
     pub fn binary(self) -> &'static str {
@@ -40,6 +49,7 @@ impl Tool {
             Tool::SendBw => "ib_send_bw",
             Tool::ReadBw => "ib_read_bw",
             Tool::RcPingpong => "ibv_rc_pingpong",
+            Tool::AtomicBw => "ib_atomic_bw",
         }
     }
 
@@ -55,7 +65,7 @@ impl Tool {
                     .find(|t| t.binary() == name.trim())
                     .ok_or_else(|| {
                         format!(
-                            "unknown stock tool {name:?}: use ib_write_bw, ib_send_bw, ib_read_bw, ibv_rc_pingpong or all"
+                            "unknown stock tool {name:?}: use ib_write_bw, ib_send_bw, ib_read_bw, ibv_rc_pingpong, ib_atomic_bw or all"
                         )
                     })
             })
@@ -134,6 +144,9 @@ pub struct StockOutcome {
     /// Why not, when it did not.
     pub why: String,
 }
+
+/// What the pmd logs when a failover meets an atomic in flight (and fails the connection).
+const ATOMIC_REFUSAL: &str = "an atomic was in flight";
 
 /// How long one side may go on after the other exited (a stock tool whose peer failed may
 /// wait for it for ever).
@@ -436,6 +449,17 @@ pub fn run(
                     false,
                     format!("the client ended before {:?}: lengthen the run", o.at),
                 )
+            } else if failover && tool == Tool::AtomicBw {
+                if exits == [Some(0), Some(0)] || !completion_error {
+                    (
+                        false,
+                        format!("exits {exits:?}, completion error {completion_error}: expected the tool's completion error"),
+                    )
+                } else if !(clog.contains(ATOMIC_REFUSAL) || slog.contains(ATOMIC_REFUSAL)) {
+                    (false, format!("no `{ATOMIC_REFUSAL}` in the logs"))
+                } else {
+                    (true, String::new())
+                }
             } else if failover {
                 if exits != [Some(0), Some(0)] {
                     (false, format!("exits {exits:?}, expected both 0"))
@@ -510,9 +534,9 @@ mod tests {
             Tool::parse_list("ib_write_bw,ibv_rc_pingpong").unwrap(),
             [Tool::WriteBw, Tool::RcPingpong]
         );
-        assert_eq!(Tool::parse_list("all").unwrap().len(), 4);
-        assert!(Tool::parse_list("ib_atomic_bw")
+        assert_eq!(Tool::parse_list("all").unwrap().len(), 5);
+        assert!(Tool::parse_list("ib_atomic_lat")
             .unwrap_err()
-            .contains("ib_atomic_bw"));
+            .contains("ib_atomic_lat"));
     }
 }

@@ -125,10 +125,10 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
-    /// Stock verbs tools (perftest's ib_write_bw, ib_send_bw, ib_read_bw, rdma-core's
-    /// ibv_rc_pingpong), unmodified, with LD_PRELOAD=librailshift_verbs.so and a resilient
-    /// device per host, across a NIC cut: each must exit 0 with failover and fail with its
-    /// completion error without (docs/verbs.md).
+    /// Stock verbs tools (perftest's ib_write_bw, ib_send_bw, ib_read_bw, ib_atomic_bw,
+    /// rdma-core's ibv_rc_pingpong), unmodified, with LD_PRELOAD=librailshift_verbs.so and a
+    /// resilient device per host, across a NIC cut: each must exit 0 with failover and fail
+    /// with its completion error without; ib_atomic_bw fails either way (docs/verbs.md).
     Stock {
         /// The tools, by binary name, comma-separated, or `all`.
         #[arg(long, default_value = "all", value_parser = testbed::stock::Tool::parse_list)]
