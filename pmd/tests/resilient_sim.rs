@@ -1523,3 +1523,65 @@ fn a_failback_whose_default_qp_does_not_come_up_completes_each_wr_once() {
     let stats = sim.a.qp.stats();
     assert_eq!((stats.failovers, stats.failbacks), (1, 0), "{stats:?}");
 }
+
+/// Traffic runs on the backup after B's default link flapped. A posts a WRITE from a second
+/// buffer and deregisters that buffer at once (its backup twin's keys leave the key map);
+/// then A's backup device fails its QPs. The failback meets a WQE whose lkey has no default
+/// counterpart and must fail closed: nothing is moved to the default QP, A never reports
+/// its default QP up (so B never hears `FailbackReady` and never completes a failback), and
+/// the connection fails with every WR completed once.
+#[test]
+fn a_failback_meeting_a_key_without_a_default_counterpart_moves_nothing() {
+    let mut sim = Sim::new(41, config());
+    let mut extra = sim.a.pd.alloc_buffer(4096, pmd::Access::ALL).unwrap();
+    let mut t = both_ways(&sim, 1_000);
+    let mut phase = 0;
+    let mut copied_before = 0;
+    let done = sim.run_until(Duration::from_secs(10), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            s.link_down(B_DEFAULT, Some(Duration::from_millis(20)));
+            phase = 1;
+        }
+        step(&mut t, s);
+        if phase == 1
+            && s.a.qp.state() == ResilientState::Fallback
+            && s.b.qp.state() == ResilientState::Fallback
+            && t.dirs[1].completed >= 20
+        {
+            // Past the slots the traffic writes at B (a quarter of the buffer each way).
+            let remote = s.b.buf.remote(BUF / 2);
+            let wr_id = 1 << 40;
+            let write =
+                SendWr::new(wr_id, SendOp::Write { remote }, &[extra.sge(0, 64)]).signaled();
+            s.a.qp.post_send(&write).unwrap();
+            t.track(true, false, wr_id, true);
+            extra.deregister_now().unwrap();
+            copied_before = s.a.qp.stats().wqes_copied;
+            s.a.devices[1].inject_fault(DeviceFault::QpsFailed).unwrap();
+            phase = 2;
+        }
+        phase == 2
+            && s.a.qp.state() == ResilientState::Failed
+            && s.b.qp.state() == ResilientState::Failed
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: states {:?} {:?}, events {:?} {:?}",
+        sim.a.qp.state(),
+        sim.b.qp.state(),
+        sim.a.qp.events(),
+        sim.b.qp.events()
+    );
+    t.check_markers(&mut sim);
+    t.check_exactly_once(&mut sim, Duration::from_secs(1));
+    assert!(t.violations.is_empty(), "{:#?}", t.violations);
+    assert_eq!(
+        sim.a.qp.stats().wqes_copied,
+        copied_before,
+        "the failback moved work: {:?}",
+        sim.a.qp.events()
+    );
+    for h in [&sim.a, &sim.b] {
+        assert_eq!(h.qp.stats().failbacks, 0, "{:?}", h.qp.events());
+    }
+}

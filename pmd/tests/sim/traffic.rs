@@ -187,7 +187,9 @@ impl Traffic {
     }
 
     /// Notes a WR whose post returned `Ok`.
-    fn track(&mut self, host_a: bool, recv: bool, wr_id: u64, signaled: bool) {
+    /// Checks a WR posted outside the traffic (by the test itself) as the traffic's own:
+    /// completed exactly once, with the status the contract names.
+    pub fn track(&mut self, host_a: bool, recv: bool, wr_id: u64, signaled: bool) {
         let old = self.posted.insert(
             (host_a, recv, wr_id),
             Posted {
