@@ -417,7 +417,8 @@ pub unsafe extern "C" fn ibv_create_cq(
         return std::ptr::null_mut();
     }
     if let Some(d) = crate::resilient::device_of(c) {
-        return crate::resilient::create_cq(c, d, cqe, cq_context, channel);
+        // SAFETY: forwarded from the caller: `channel` is null or a live channel of ours.
+        return unsafe { crate::resilient::create_cq(c, d, cqe, cq_context, channel) };
     }
     let events = !channel.is_null();
     let cq = match c.pmd.create_cq(cqe as u32, events) {
@@ -520,6 +521,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             None => -1,
         };
     }
+    // SAFETY: ours (checked above).
+    let resilient = unsafe { ours(ch) }.is_some_and(|c| crate::resilient::device_of(c).is_some());
     // SAFETY: ours.
     let fd = unsafe { (*ch).fd };
     // SAFETY: plain syscall on our descriptor.
@@ -537,6 +540,20 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         if n == 0 {
             crate::util::set_errno(libc::EAGAIN);
             return -1;
+        }
+        if resilient {
+            let cq = ev.u64 as *mut ibv_cq;
+            // SAFETY: the epoll set holds only live CQs of this channel (destroy removes
+            // them), and a resilient device's CQs are resilient ones.
+            if unsafe { crate::resilient::take_event(cq) } {
+                // SAFETY: the caller's slots; the CQ is live.
+                unsafe {
+                    cq_out.write(cq);
+                    ctx_out.write((*cq).cq_context);
+                }
+                return 0;
+            }
+            continue;
         }
         let rs = ev.u64 as *mut RsCq;
         // SAFETY: the epoll set holds only live CQs of this channel (destroy removes them).

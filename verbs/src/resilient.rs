@@ -24,7 +24,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ use crate::objects::{
     caps_from, fill_qp_attr, lock, post_errno, qp_attr_from, send_wr, to_ibv_wc, RsPd,
     INLINE_GATHER,
 };
-use crate::util::{invalid, refuse};
+use crate::util::invalid;
 
 /// A resilient device, opened once per process and shared by every `ibv_open_device`.
 pub struct ResilientDevice {
@@ -171,6 +171,13 @@ fn helper(dev: Weak<ResilientDevice>, activity: Arc<PollActivity>) {
                 g.qp.progress();
             }
             q.watch(&mut g, &d);
+            for cq in [q.send_cq, q.recv_cq] {
+                // SAFETY: a QP's CQs outlive it (see QpCell).
+                let cq = unsafe { &*cq };
+                if cq.armed.load(Ordering::Acquire) && cq.has_work(&mut g) {
+                    cq.fire();
+                }
+            }
         }
     }
 }
@@ -305,6 +312,10 @@ pub struct RCq {
     cursor: AtomicUsize,
     activity: Arc<PollActivity>,
     dev: Arc<ResilientDevice>,
+    /// With a completion channel: the event descriptor in the channel's epoll set.
+    event_fd: Option<c_int>,
+    /// Armed by `ibv_req_notify_cq`, until the event is raised.
+    armed: AtomicBool,
 }
 
 /// A QP of a resilient device.
@@ -327,22 +338,29 @@ pub fn alloc_pd(d: &ResilientDevice) -> Result<(Arc<pmd::Pd>, ResilientPd), Stri
 }
 
 /// `ibv_create_cq` on a resilient device (`ctx` is ours).
-pub fn create_cq(
+///
+/// # Safety
+/// `channel` is null or a live completion channel of the same context.
+pub unsafe fn create_cq(
     c: &RsContext,
     d: &Arc<ResilientDevice>,
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
 ) -> *mut ibv_cq {
-    if !channel.is_null() {
-        refuse(
-            "ibv_create_cq",
-            "a completion channel on a resilient device (poll the CQ instead)",
-            libc::EOPNOTSUPP,
-        );
-        return std::ptr::null_mut();
-    }
-    Box::into_raw(Box::new(RCq {
+    let event_fd = if channel.is_null() {
+        None
+    } else {
+        // SAFETY: plain syscall.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            invalid("ibv_create_cq", &format!("eventfd: {e}"), libc::ENOMEM);
+            return std::ptr::null_mut();
+        }
+        Some(fd)
+    };
+    let rs = Box::into_raw(Box::new(RCq {
         ibv: ibv_cq {
             context: c.ibv(),
             channel,
@@ -359,8 +377,31 @@ pub fn create_cq(
         cursor: AtomicUsize::new(0),
         activity: c.activity.clone(),
         dev: d.clone(),
-    }))
-    .cast()
+        event_fd,
+        armed: AtomicBool::new(false),
+    }));
+    if let Some(fd) = event_fd {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: rs as u64,
+        };
+        // SAFETY: `channel` is a live channel of this context (the caller's); both
+        // descriptors are open; `ev` is valid.
+        if unsafe { libc::epoll_ctl((*channel).fd, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: made just above, not handed out; the descriptor is ours.
+            unsafe {
+                drop(Box::from_raw(rs));
+                libc::close(fd);
+            }
+            invalid("ibv_create_cq", &format!("epoll_ctl: {e}"), libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the caller's channel; its users are counted so that it is not destroyed
+        // under them.
+        unsafe { (*channel).refcnt += 1 };
+    }
+    rs.cast()
 }
 
 /// `ibv_destroy_cq` on a resilient device: `EBUSY` while a QP uses it.
@@ -374,16 +415,70 @@ pub unsafe fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         return invalid("ibv_destroy_cq", "a QP still uses the CQ", libc::EBUSY);
     }
     // SAFETY: made by create_cq, freed once.
-    drop(unsafe { Box::from_raw(cq.cast::<RCq>()) });
+    let rs = unsafe { Box::from_raw(cq.cast::<RCq>()) };
+    if let Some(fd) = rs.event_fd {
+        let channel = rs.ibv.channel;
+        // SAFETY: the CQ's channel outlives it (destroying it is refused while we count);
+        // the descriptors are open, and ours is closed once.
+        unsafe {
+            libc::epoll_ctl((*channel).fd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut());
+            (*channel).refcnt -= 1;
+            libc::close(fd);
+        }
+    }
     0
 }
 
-/// The ops table's `req_notify_cq` on a resilient device: its CQs have no channel (refused
-/// at creation), so there is nothing to arm.
+impl RCq {
+    /// Raises the CQ's completion event if it is armed (and disarms it).
+    fn fire(&self) {
+        if let Some(fd) = self.event_fd {
+            if self.armed.swap(false, Ordering::AcqRel) {
+                let one: u64 = 1;
+                // SAFETY: our eventfd; eight bytes from a live u64. A full counter cannot
+                // happen (each event is read before the next arm).
+                unsafe { libc::write(fd, std::ptr::from_ref(&one).cast(), 8) };
+            }
+        }
+    }
+
+    /// Whether completions wait for this CQ: pending ones, or any a bound QP holds (which
+    /// may belong to its other CQ: an event then finds nothing, which verbs allows).
+    fn has_work(&self, qp: &mut QpInner) -> bool {
+        !lock(&self.pending).is_empty() || qp.qp.completions_waiting() > 0
+    }
+}
+
+/// Consumes the completion event of a resilient CQ that the channel's epoll set reported;
+/// false when another thread took it first.
 ///
 /// # Safety
-/// None: it reads nothing (unsafe for the ops table's type).
-pub unsafe extern "C" fn req_notify_cq(_cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+/// `cq` is a live CQ of a resilient device with a completion channel.
+pub unsafe fn take_event(cq: *mut ibv_cq) -> bool {
+    // SAFETY: the caller's CQ.
+    let rs = unsafe { &*cq.cast::<RCq>() };
+    let Some(fd) = rs.event_fd else {
+        return false;
+    };
+    let mut count: u64 = 0;
+    // SAFETY: our non-blocking eventfd; eight bytes into a live u64.
+    let n = unsafe { libc::read(fd, std::ptr::from_mut(&mut count).cast(), 8) };
+    n == 8 && count > 0
+}
+
+/// The ops table's `req_notify_cq` on a resilient device: arms the CQ (a CQ without a
+/// channel has nothing to signal and answers 0). The helper thread raises the event when a
+/// bound QP has completions waiting, as a NIC raises it for a new CQE after the arm; one
+/// already waiting raises it at once (as mlx5 does when CQEs are past the armed index).
+///
+/// # Safety
+/// `cq` is one of our live CQs of a resilient device.
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+    // SAFETY: the inline wrapper passes one of our CQs.
+    let rs = unsafe { &*cq.cast::<RCq>() };
+    if rs.event_fd.is_some() {
+        rs.armed.store(true, Ordering::Release);
+    }
     0
 }
 

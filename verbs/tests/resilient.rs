@@ -278,6 +278,16 @@ fn ibv_rc_pingpong_checks_its_data_protected() {
 }
 
 #[test]
+fn ibv_rc_pingpong_with_completion_events_protected() {
+    protected_pair(
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "3000", "-e", "--chk"],
+        55,
+        1,
+    );
+}
+
+#[test]
 fn a_peer_without_railshift_failover_runs_unprotected_and_says_so_once() {
     let Some((s, c)) = pair(
         "ibv_rc_pingpong",
