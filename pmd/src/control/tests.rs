@@ -9,7 +9,7 @@ use hw_defs::mlx5::{
 };
 
 use super::*;
-use crate::datapath::sq::rewrite_keys;
+use crate::datapath::sq::raw::rewrite_keys;
 use crate::datapath::wr::*;
 use crate::memory::{HugepagePolicy, MemoryPool};
 use crate::provider::testing::{FakeProvider, Shared};

@@ -3,7 +3,8 @@
 //! operation; every barrier says why it is there (`docs/datapath.md` walks one WRITE through).
 //!
 //! - [`wr`]: work requests, work completions and post errors;
-//! - [`sq`]: the send queue (post, doorbell, raw WQE access for the failover layer);
+//! - [`sq`]: the send queue (post, doorbell), and in [`sq::raw`] the raw WQE access and key
+//!   rewriting only the failover layer uses;
 //! - [`rq`]: the receive queue;
 //! - [`cq`]: the CQ poller;
 //! - [`doorbell`]: the doorbell register (mlx5 UAR/BlueFlame or softnic);

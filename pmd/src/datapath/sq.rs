@@ -5,25 +5,24 @@
 //! [`SendQueue::ring_doorbell`] (everything written so far) or
 //! [`SendQueue::ring_doorbell_through`] (up to and including one WQE) writes the doorbell
 //! record and the doorbell register. A batch of posts shares one doorbell; the failover layer
-//! withholds doorbells by simply not ringing, and copies outstanding WQEs between rings with
-//! [`SendQueue::copy_wqe`] and [`SendQueue::post_raw`].
+//! withholds doorbells by simply not ringing, and copies outstanding WQEs between rings through
+//! [`raw`], which only the failover layer uses.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use hw_defs::mlx5::{
-    ctrl_seg, data_seg, raddr_seg, wqe, CtrlSeg, DataSeg, FenceMode, InlineSeg, RaddrSeg,
-    SendOpcode,
-};
+use hw_defs::mlx5::{ctrl_seg, data_seg, raddr_seg, wqe, FenceMode, InlineSeg, SendOpcode};
 
 use super::doorbell::{Doorbell, LastWqe};
 use super::gate::QpGate;
-use super::track::{SendTrack, Slot, WqeInfo};
+use super::track::{SendTrack, Slot};
 use super::wr::{BatchPostError, Payload, PostError, Remote, SendFlags, SendOp, SendWr, Sge};
 use crate::keys::{KeyTable, MrEntry};
 use crate::qp_state::QpState;
 use crate::verbs::Access;
+
+pub mod raw;
 
 const BB: usize = wqe::SEND_WQE_BB;
 const UNIT: usize = wqe::SEND_WQE_DS;
@@ -135,26 +134,6 @@ pub enum DoorbellError {
         /// The written producer index.
         written: u16,
     },
-}
-
-/// A WQE that has been written and not yet completed, as the failover layer sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutstandingWqe {
-    /// The producer counter (in basic blocks) where it starts; its WQE index is the low 16 bits.
-    pub counter: u32,
-    /// The work request id.
-    pub wr_id: u64,
-    /// Size, opcode, signaled.
-    pub info: WqeInfo,
-    /// Whether a doorbell has published it to the device.
-    pub published: bool,
-}
-
-impl OutstandingWqe {
-    /// The WQE index written in its control segment.
-    pub fn index(&self) -> u16 {
-        self.counter as u16
-    }
 }
 
 /// The hot half of a QP's send side: ring pointer, counters, masks, and the pointers it needs
@@ -1099,85 +1078,6 @@ impl SendQueue {
         self.wqe_db_pi = wqe_db_pi;
     }
 
-    /// The WQEs written and not yet completed, oldest first.
-    pub fn outstanding(&self) -> impl Iterator<Item = OutstandingWqe> + '_ {
-        self.written_from(self.track.wqe_ci())
-    }
-
-    /// The WQEs written from producer counter `start` on, oldest first, whether completed or
-    /// not. `start` must be where a WQE starts, at or after the oldest slot still holding one
-    /// (the failover layer passes the consumer counter it read just before a flush retired
-    /// WQEs that it is about to copy: their bytes and bookkeeping are still in the ring).
-    pub fn written_from(&self, start: u32) -> impl Iterator<Item = OutstandingWqe> + '_ {
-        let end = self.wqe_pi;
-        let db = self.wqe_db_pi;
-        let mut at = start;
-        std::iter::from_fn(move || {
-            if at == end {
-                return None;
-            }
-            let info = self.wqe_info(at);
-            let w = OutstandingWqe {
-                counter: at,
-                wr_id: self.track.wr_id(at),
-                info,
-                published: db.wrapping_sub(at) as i32 > 0,
-            };
-            at = at.wrapping_add(u32::from(info.bbs.max(1)));
-            Some(w)
-        })
-    }
-
-    /// Copies the bytes of the WQE starting at counter `at` (its basic blocks, unwrapped)
-    /// into `out`; returns the length. `out` must hold `bbs * 64` bytes.
-    pub fn copy_wqe(&self, at: u32, out: &mut [u8]) -> usize {
-        let bbs = self.track.bbs(at) as usize;
-        let len = bbs * BB;
-        for b in 0..bbs {
-            let index = (at.wrapping_add(b as u32) & self.wqe_m) as usize;
-            // SAFETY: index <= wqe_m: a whole basic block inside the ring. The WQE is written
-            // and the device only reads it, so copying out races with nothing.
-            let src = unsafe { std::slice::from_raw_parts(self.ring.as_ptr().add(index * BB), BB) };
-            out[b * BB..(b + 1) * BB].copy_from_slice(src);
-        }
-        len
-    }
-
-    /// Writes a WQE given as raw bytes (one copied from another ring, keys already rewritten)
-    /// at the producer counter, renumbering its WQE index and QP number; returns the index.
-    /// The bytes must be a whole WQE whose control segment's `ds` fits in them.
-    pub fn post_raw(&mut self, bytes: &[u8], wr_id: u64) -> Result<u16, PostError> {
-        let ctrl = CtrlSeg::new_unchecked(&bytes[..UNIT]);
-        let ds = u32::from(ctrl.ds()).max(1);
-        let bbs = ds.div_ceil(DS_PER_BB);
-        self.reserve(bbs)?;
-        let start = self.wqe_pi;
-        for u in 0..ds {
-            let src = &bytes[u as usize * UNIT..(u as usize + 1) * UNIT];
-            self.unit(start, u).copy_from_slice(src);
-        }
-        let qpn = self.qpn;
-        let mut ctrl = CtrlSeg::new_unchecked(&mut self.unit(start, 0)[..]);
-        ctrl.set_wqe_index(start as u16);
-        ctrl.set_qpn(qpn);
-        Ok(self.commit(start, wr_id, bbs))
-    }
-
-    /// What the WQE starting at counter `at` is: its size from the track, its opcode and
-    /// signaled flag from its control segment in the ring.
-    pub fn wqe_info(&self, at: u32) -> WqeInfo {
-        let i = (at & self.wqe_m) as usize;
-        // SAFETY: i <= wqe_m: the control segment (16 bytes) lies inside the ring; the WQE was
-        // written by this queue and the device only reads it.
-        let bytes = unsafe { std::slice::from_raw_parts(self.ring.as_ptr().add(i * BB), UNIT) };
-        let ctrl = CtrlSeg::new_unchecked(bytes);
-        WqeInfo {
-            bbs: self.track.bbs(at) as u8,
-            opcode: ctrl.opcode(),
-            signaled: ctrl.cq_update(),
-        }
-    }
-
     /// Back to index 0 (the QP went to RESET).
     pub(crate) fn reset(&mut self) {
         self.wqe_pi = 0;
@@ -1254,39 +1154,6 @@ fn op_name(op: &SendOp) -> &'static str {
         SendOp::CompareSwap { .. } => "compare-and-swap",
         SendOp::FetchAdd { .. } => "fetch-and-add",
     }
-}
-
-/// Which local lkeys and remote rkeys a raw WQE names, so a copy can be rewritten for another
-/// device. Returns `None` for opcodes the driver does not post.
-pub fn rewrite_keys(
-    wqe_bytes: &mut [u8],
-    mut lkey: impl FnMut(u32) -> u32,
-    mut rkey: impl FnMut(u32) -> u32,
-) -> Option<()> {
-    let ctrl = CtrlSeg::new_checked(&wqe_bytes[..]).ok()?;
-    let opcode = ctrl.opcode();
-    let ds = usize::from(ctrl.ds());
-    if matches!(opcode, SendOpcode::Unknown(_) | SendOpcode::Nop) || ds * UNIT > wqe_bytes.len() {
-        return None;
-    }
-    let header = wqe::header_ds(opcode);
-    if opcode.has_raddr_seg() {
-        let mut raddr = RaddrSeg::new_checked(&mut wqe_bytes[UNIT..2 * UNIT]).ok()?;
-        let k = raddr.rkey();
-        raddr.set_rkey(rkey(k));
-    }
-    if header < ds {
-        let first = &wqe_bytes[header * UNIT..];
-        if InlineSeg::new_checked(first).ok()?.is_inline() {
-            return Some(());
-        }
-        for u in header..ds {
-            let mut seg = DataSeg::new_checked(&mut wqe_bytes[u * UNIT..(u + 1) * UNIT]).ok()?;
-            let k = seg.lkey();
-            seg.set_lkey(lkey(k));
-        }
-    }
-    Some(())
 }
 
 #[cfg(test)]

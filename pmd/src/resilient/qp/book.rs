@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use crate::datapath::sq::OutstandingWqe;
+use crate::datapath::sq::raw::OutstandingWqe;
 use crate::datapath::wr::{WcStatus, WorkCompletion};
 use crate::failover::Path;
 
@@ -73,7 +73,7 @@ pub(super) struct Book {
     /// Application WQEs a round could not move to the backup SQ (no backup key, no room),
     /// the first the one that failed, oldest first: they complete in error when the
     /// connection fails, after what went to the backup SQ.
-    pub unsent: Vec<crate::datapath::sq::OutstandingWqe>,
+    pub unsent: Vec<crate::datapath::sq::raw::OutstandingWqe>,
     /// The same for receives (wr_ids): a failback could not post them on the default RQ
     /// after the reset wiped the rings they came from.
     pub unsent_recvs: Vec<u64>,

@@ -6,13 +6,13 @@
 
 use hw_defs::mlx5::{SendOpcode, SEND_WQE_BB};
 
-use crate::datapath::sq::OutstandingWqe;
+use crate::datapath::sq::raw::OutstandingWqe;
 use crate::datapath::wr::WcStatus;
 use crate::failover::{Epoch, Event, Path, Timestamp};
 
-use super::perform::{mapped_peer_rkey, rewrite_recv_keys, rewrite_send_keys};
 use super::plan::{plan_copy, sends_before_first_read};
 use super::ResilientQp;
+use crate::datapath::sq::raw::{mapped_peer_rkey, rewrite_recv_keys, rewrite_send_keys};
 
 /// One WQE read out of a ring before the default QP's reset, keys already on the default
 /// device.

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use crossbeam_utils::sync::Unparker;
 
 use crate::control::{Context, Cq, Qp, SavedAttrs};
-use crate::datapath::sq::OutstandingWqe;
+use crate::datapath::sq::raw::OutstandingWqe;
 use crate::datapath::wr::{
     BatchPostError, Payload, PostError, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus,
     WorkCompletion,

@@ -3,11 +3,13 @@
 //! [`super::plan`]; this posts the plan. An action never calls the machine: what it causes
 //! (a completion, a result) is queued with `enqueue` for the event loop in [`super::driver`].
 
-use hw_defs::mlx5::{DataSeg, SEND_WQE_BB};
+use hw_defs::mlx5::SEND_WQE_BB;
 
 use crate::control::{ModifyError, Qp};
 use crate::datapath::rq::RecvQueue;
-use crate::datapath::sq::{rewrite_keys, OutstandingWqe};
+use crate::datapath::sq::raw::{
+    mapped_peer_rkey, rewrite_recv_keys, rewrite_send_keys, OutstandingWqe,
+};
 use crate::datapath::wr::{PostError, Remote, SendOp, SendWr, WcStatus};
 use crate::failover::{Action, Epoch, Event, FailReason, Path, Timestamp};
 use crate::qp_state::QpState;
@@ -566,97 +568,4 @@ fn copy_recvs(
 fn empty_write() -> SendWr<'static> {
     let remote = Remote { addr: 0, rkey: 0 };
     SendWr::new(internal_wr_id(), SendOp::Write { remote }, &[]).signaled()
-}
-
-/// Rewrites the lkeys of a receive WQE's data segments (up to the terminator) through `map`;
-/// the first lkey without a mapping is the error.
-pub(super) fn rewrite_recv_keys(
-    bytes: &mut [u8],
-    map: impl Fn(u32) -> Option<u32>,
-) -> Result<(), u32> {
-    for seg in bytes.chunks_exact_mut(hw_defs::mlx5::data_seg::SIZE) {
-        let mut seg = DataSeg::new_unchecked(seg);
-        if seg.is_terminator() {
-            break;
-        }
-        if seg.byte_count() == 0 {
-            continue;
-        }
-        let k = seg.lkey();
-        seg.set_lkey(map(k).ok_or(k)?);
-    }
-    Ok(())
-}
-
-/// The peer's rkey of a raw send WQE as `map` gives it for the other device of the pair
-/// (`toward`, named in the error): `None` when the WQE names no remote memory (a WRITE
-/// without data needs no mapping), the rkey as it is when it has none to map.
-pub(super) fn mapped_peer_rkey(
-    wqe: &[u8],
-    map: impl FnOnce(u32) -> Option<u32>,
-    toward: &str,
-) -> Result<Option<u32>, (WcStatus, String)> {
-    match wqe_rkey(wqe) {
-        Some((rkey, true)) => map(rkey).map(Some).ok_or_else(|| {
-            (
-                WcStatus::LocProtErr,
-                format!("no {toward} rkey for the peer's rkey {rkey:#x}"),
-            )
-        }),
-        Some((rkey, false)) => Ok(Some(rkey)),
-        None => Ok(None),
-    }
-}
-
-/// Rewrites a raw send WQE for the other device of the pair (`toward`, named in the error):
-/// its lkeys through `lkey`, its remote-address segment's rkey to `rkey` (from
-/// [`mapped_peer_rkey`]). Fails with the status of the local error it amounts to: an lkey
-/// with no counterpart, or an opcode the driver does not post.
-pub(super) fn rewrite_send_keys(
-    wqe: &mut [u8],
-    rkey: Option<u32>,
-    lkey: impl Fn(u32) -> Option<u32>,
-    toward: &str,
-) -> Result<(), (WcStatus, String)> {
-    let mut missing = None;
-    let rewritten = rewrite_keys(
-        wqe,
-        |k| match lkey(k) {
-            Some(mapped) => mapped,
-            None => {
-                missing.get_or_insert(k);
-                k
-            }
-        },
-        |k| rkey.unwrap_or(k),
-    );
-    if rewritten.is_none() {
-        return Err((
-            WcStatus::LocQpOpErr,
-            "an opcode the driver does not post".to_string(),
-        ));
-    }
-    match missing {
-        Some(k) => Err((
-            WcStatus::LocProtErr,
-            format!("no {toward} lkey for lkey {k:#x}"),
-        )),
-        None => Ok(()),
-    }
-}
-
-/// The rkey of a raw send WQE that has a remote-address segment, and whether the WQE names
-/// remote memory (it carries data, or is an atomic): a zero-length WRITE does not.
-pub(super) fn wqe_rkey(wqe: &[u8]) -> Option<(u32, bool)> {
-    use hw_defs::mlx5::{ctrl_seg, raddr_seg, wqe, CtrlSeg, RaddrSeg};
-    let ctrl = CtrlSeg::new_checked(wqe).ok()?;
-    let opcode = ctrl.opcode();
-    if !opcode.has_raddr_seg() {
-        return None;
-    }
-    // The remote-address segment follows the control segment.
-    let raddr = wqe.get(ctrl_seg::SIZE..ctrl_seg::SIZE + raddr_seg::SIZE)?;
-    let raddr = RaddrSeg::new_checked(raddr).ok()?;
-    let names_memory = opcode.has_atomic_seg() || usize::from(ctrl.ds()) > wqe::header_ds(opcode);
-    Some((raddr.rkey(), names_memory))
 }

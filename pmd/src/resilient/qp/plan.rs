@@ -6,7 +6,7 @@
 use hw_defs::mlx5::SendOpcode;
 
 use crate::datapath::cq::send_wc_opcode;
-use crate::datapath::sq::OutstandingWqe;
+use crate::datapath::sq::raw::OutstandingWqe;
 use crate::datapath::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::failover::Path;
 
