@@ -330,10 +330,16 @@ struct ScenarioArgs {
     no_baseline: bool,
     #[command(flatten)]
     apps: AppsArgs,
+    /// QPs per app (the apps' -q; default 1). `qp-sweep` sets its own counts instead.
+    #[arg(long = "qp", short = 'q', value_parser = clap::value_parser!(u32).range(1..))]
+    qp: Option<u32>,
+    /// ACK timeout exponent of the apps' QPs, 4.096 us x 2^N (the apps' -u; default 14).
+    #[arg(long, short = 'u', value_parser = clap::value_parser!(u8).range(0..=31))]
+    qp_timeout: Option<u8>,
     /// Hold-down of the apps' QPs before a switch-back (default: the pmd's 1s).
     #[arg(long, value_parser = schedule::parse_duration)]
     holddown: Option<std::time::Duration>,
-    /// Extra arguments passed to both apps, after `--`.
+    /// Extra arguments passed to both apps, after `--` (not -q or -u: the flags above).
     #[arg(last = true)]
     extra: Vec<String>,
 }
@@ -353,7 +359,7 @@ struct AppsArgs {
 }
 
 impl ScenarioArgs {
-    fn options(self, name: ScenarioName) -> ScenarioOptions {
+    fn options(self, name: ScenarioName) -> Result<ScenarioOptions, String> {
         let mut o = ScenarioOptions::new(name);
         o.op = self.op;
         o.size = self.size;
@@ -389,11 +395,13 @@ impl ScenarioArgs {
         }
         o.out_dir = self.apps.out_dir;
         o.port = self.apps.port;
-        o.extra_args = self.extra;
+        o.set_extra_args(self.extra)?;
+        o.qps = self.qp;
+        o.qp_timeout = self.qp_timeout;
         if self.holddown.is_some() {
             o.holddown = self.holddown;
         }
-        o
+        Ok(o)
     }
 }
 
@@ -487,8 +495,8 @@ fn run(cli: Cli) -> Result<(), String> {
             print_timeline,
             args,
         } => {
+            let o = args.options(name)?;
             let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
-            let o = args.options(name);
             let mut on_log = print_action;
             let result = scenario::run(&info, &o, &mut on_log).map_err(|e| e.to_string())?;
             if print_timeline {
@@ -513,8 +521,8 @@ fn run(cli: Cli) -> Result<(), String> {
             plot,
             args,
         } => {
+            let o = args.options(name)?;
             let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
-            let o = args.options(name);
             let mut on_log = print_action;
             let result = sweep::run(&info, &o, &qps, &mut on_log).map_err(|e| e.to_string())?;
             sweep::print(&result);
@@ -904,15 +912,17 @@ mod tests {
             "300ms..600ms,1.2s..1.6s",
             "--overlap",
             "0.3",
-            "--",
             "-u",
             "12",
+            "-q",
+            "8",
         ])
         .unwrap();
         let Command::Scenario { args, .. } = cli.command else {
             panic!("not a scenario");
         };
-        let o = args.options(ScenarioName::Soak);
+        let o = args.options(ScenarioName::Soak).unwrap();
+        assert_eq!((o.qps, o.qp_timeout), (Some(8), Some(12)));
         assert_eq!(o.targets, TargetSet::All);
         assert_eq!(o.up_ranges.len(), 2);
         assert_eq!(o.overlap(), 0.3);
@@ -922,12 +932,32 @@ mod tests {
     }
 
     #[test]
+    fn the_apps_q_and_u_after_the_dashes_are_refused_naming_the_testbed_flag() {
+        for (extra, flag) in [
+            (&["-u", "12"][..], "--qp-timeout"),
+            (&["--qp-timeout=12"][..], "--qp-timeout"),
+            (&["-q8"][..], "--qp"),
+            (&["--check", "--qp", "8"][..], "--qp"),
+        ] {
+            let mut argv = vec!["scenario", "soak", "--"];
+            argv.extend_from_slice(extra);
+            let Command::Scenario { args, .. } = parse(&argv).unwrap().command else {
+                panic!("not a scenario");
+            };
+            let e = args.options(ScenarioName::Soak).unwrap_err();
+            assert!(e.contains(flag), "{extra:?}: {e}");
+        }
+        assert!(parse(&["scenario", "soak", "-u", "32"]).is_err());
+        assert!(parse(&["scenario", "soak", "-q", "0"]).is_err());
+    }
+
+    #[test]
     fn chaos_has_its_own_defaults_and_takes_the_cap_and_the_tolerance() {
         let scenario_options = |cli: Cli| {
             let Command::Scenario { args, name, .. } = cli.command else {
                 panic!("not a scenario");
             };
-            args.options(name)
+            args.options(name).unwrap()
         };
         let o = scenario_options(parse(&["scenario", "chaos"]).unwrap());
         assert_eq!(o.name, ScenarioName::Chaos);
