@@ -126,7 +126,7 @@ fn progress() -> Progress {
 pub struct PollActivity {
     /// Threads inside `ibv_poll_cq` (or an `ibv_destroy_qp` linger) on a plain device now.
     driving: AtomicU64,
-    /// `ibv_poll_cq` calls counted (a resilient device's helper watches these).
+    /// `ibv_poll_cq` calls counted.
     polls: AtomicU64,
 }
 
@@ -135,6 +135,7 @@ impl PollActivity {
     #[inline]
     pub fn driving(&self) -> Driving<'_> {
         self.driving.fetch_add(1, Ordering::Relaxed);
+        self.polls.fetch_add(1, Ordering::Relaxed);
         Driving(self)
     }
 
@@ -169,7 +170,8 @@ const BUSY_GAP: Duration = Duration::from_micros(10);
 const TIMER_SLACK_NS: libc::c_ulong = 1_000;
 
 /// The helper thread of a poll-progress device. It runs the device only while no thread of
-/// the application is inside `ibv_poll_cq` on it: a stock latency test waits for the peer's
+/// the application is inside `ibv_poll_cq` on it (or one is, but has not polled since the
+/// last look): a stock latency test waits for the peer's
 /// WRITE by spinning on its buffer, outside verbs, and a bandwidth server never polls.
 ///
 /// One round per look, never rounds back to back: the softnic holds an ACK back for one round
@@ -181,12 +183,18 @@ fn helper(ctx: Weak<pmd::Context>, activity: Arc<PollActivity>) {
     // SAFETY: prctl with PR_SET_TIMERSLACK takes one integer and affects only this thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, TIMER_SLACK_NS) };
     let mut gap = IDLE_GAP;
+    let mut seen = activity.count();
     loop {
         std::thread::sleep(gap);
         let Some(c) = ctx.upgrade() else {
             return;
         };
-        gap = if activity.driving.load(Ordering::Relaxed) == 0 && c.step().busy {
+        // A thread inside ibv_poll_cq that polled nothing since the last look is off its core
+        // (a loaded machine): the device must not wait for it.
+        let now = activity.count();
+        let polling = activity.driving.load(Ordering::Relaxed) > 0 && now != seen;
+        seen = now;
+        gap = if !polling && c.step().busy {
             BUSY_GAP
         } else {
             IDLE_GAP
