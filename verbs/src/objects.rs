@@ -1125,6 +1125,7 @@ pub(crate) const INLINE_GATHER: usize = 512;
 ///
 /// # Safety
 /// `wr` is a valid work request whose gather list holds `num_sge` entries.
+#[inline(always)]
 pub(crate) unsafe fn send_wr<'a>(
     wr: &ibv_send_wr,
     sig_all: bool,
@@ -1202,11 +1203,11 @@ pub(crate) unsafe fn send_wr<'a>(
             Payload::Inline(&inline_buf[..at])
         }
     } else {
-        Payload::Gather(
-            sges.iter()
-                .map(|s| Sge::new(s.addr, s.length, s.lkey))
-                .collect::<SgList>(),
-        )
+        let mut list = SgList::new();
+        for s in sges {
+            list.push(Sge::new(s.addr, s.length, s.lkey));
+        }
+        Payload::Gather(list)
     };
     let mut flags = SendFlags::NONE;
     if sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0 {
