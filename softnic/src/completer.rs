@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::codec::{psn_add, psn_delta};
+use crate::congestion::Loss;
 use crate::dma;
 use crate::mr::MrTable;
 use crate::packet::{ack_timeout, rnr_timer, AckKind, Header, Kind, NakCode};
@@ -87,7 +88,7 @@ pub(crate) fn handle(
                     qp.counters.rnr_waits += 1;
                     qp.req.rnr_until = Some(now + rnr_timer(code));
                     qp.req.timer = None;
-                    go_back(qp, h.psn);
+                    go_back(qp, h.psn, Loss::Rnr);
                     return;
                 }
                 AckKind::Nak(code) => {
@@ -111,7 +112,7 @@ pub(crate) fn handle(
                             }
                             qp.req.retry_left -= 1;
                             qp.req.retrying_from = Some(h.psn);
-                            go_back(qp, h.psn);
+                            go_back(qp, h.psn, Loss::Gap);
                         }
                         NakCode::InvalidRequest => {
                             qp.counters.naks_received.invalid_request += 1;
@@ -164,7 +165,7 @@ pub(crate) fn handle(
                 if qp.req.retrying_from != Some(qp.req.comp_psn) {
                     qp.req.retrying_from = Some(qp.req.comp_psn);
                     let from = qp.req.comp_psn;
-                    go_back(qp, from);
+                    go_back(qp, from, Loss::Gap);
                 }
                 return;
             }
@@ -258,7 +259,7 @@ fn acknowledge_through(qp: &mut Qp, psn: u32, ectx: &mut ErrorCtx<'_>) {
                 };
                 if qp.req.retrying_from != Some(from) {
                     qp.req.retrying_from = Some(from);
-                    go_back(qp, from);
+                    go_back(qp, from, Loss::Gap);
                 }
                 break;
             }

@@ -25,6 +25,7 @@
 pub mod clock;
 mod codec;
 mod completer;
+mod congestion;
 pub mod counters;
 pub mod cq;
 mod cqe;
