@@ -5,9 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
-/// Most QPs a bandwidth run may use (`-q`): a training job's count per NIC, as the SHIFT
-/// paper measures with 1,000. The QPs share one buffer, so memory grows with the queues only.
-pub const MAX_QPS: u32 = 1024;
+/// Most QPs a bandwidth run may use (`-q`): a training job's count per NIC (NCCL's channels
+/// times peers), beyond the SHIFT paper's 1,000. The QPs share one buffer, so memory grows
+/// with the queues only.
+pub const MAX_QPS: u32 = 4096;
 
 /// What a tool measures; decides defaults and the output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -827,7 +828,7 @@ mod tests {
         assert!(refused(Tool::SendBw, &["--check", "-s", "4"]).contains("8 bytes"));
         assert!(refused(Tool::WriteBw, &["--check", "-q", "2"]).contains("-q/--qp 2"));
         assert!(
-            refused(Tool::WriteBw, &["-q", "1025"]).contains("-q/--qp 1025 is outside 1..=1024")
+            refused(Tool::WriteBw, &["-q", "4097"]).contains("-q/--qp 4097 is outside 1..=4096")
         );
         assert!(refused(Tool::ReadBw, &["-q", "0"]).contains("-q/--qp 0"));
         assert!(refused(Tool::AtomicBw, &["-b"]).contains("-b/--bidirectional"));
@@ -838,8 +839,8 @@ mod tests {
         assert!(refused(Tool::SendBw, &["-Q", "0"]).contains("-Q/--cq-mod 0"));
         assert!(refused(Tool::WriteBw, &["--idle-qps", "5"])
             .contains("--idle-qps is for the latency tools, not shift_write_bw"));
-        assert!(refused(Tool::WriteLat, &["--idle-qps", "1024"])
-            .contains("--idle-qps 1024 is outside 0..=1023"));
+        assert!(refused(Tool::WriteLat, &["--idle-qps", "4096"])
+            .contains("--idle-qps 4096 is outside 0..=4095"));
         let args = ["--idle-qps".to_owned(), "1000".to_owned()];
         assert_eq!(parse(Tool::ReadLat, &args).unwrap().flags.idle_qps, 1000);
     }

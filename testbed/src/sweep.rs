@@ -63,10 +63,16 @@ pub struct SweepResult {
     pub goal_within_2x: Option<bool>,
 }
 
-/// Parses `1,16,256,1000`.
+/// Most QPs a count may ask for: what the apps take with `-q` (`apps::cli::MAX_QPS`).
+pub const MAX_QPS: u32 = 4096;
+
+/// Parses `1,16,256,1000`; refuses a count above [`MAX_QPS`] before anything runs.
 pub fn parse_qps(text: &str) -> Result<Vec<u32>, String> {
     text.split(',')
         .map(|part| match part.trim().parse::<u32>() {
+            Ok(q) if q > MAX_QPS => Err(format!(
+                "QP count {q} in {text:?} is above {MAX_QPS}, the most the apps take (-q)"
+            )),
             Ok(q) if q > 0 => Ok(q),
             _ => Err(format!(
                 "bad QP counts {text:?}: use positive numbers separated by commas, e.g. 1,16,256,1000"
@@ -238,6 +244,10 @@ mod tests {
     fn qp_counts_parse_and_nonsense_is_named() {
         assert_eq!(parse_qps("1,16,256,1000"), Ok(DEFAULT_QPS.to_vec()));
         assert_eq!(parse_qps(" 4 "), Ok(vec![4]));
+        assert_eq!(parse_qps("1,4096"), Ok(vec![1, 4096]));
+        assert!(parse_qps("1,4097")
+            .unwrap_err()
+            .contains("QP count 4097 in \"1,4097\" is above 4096"));
         for bad in ["", "1,,2", "0", "-1", "many"] {
             assert!(
                 parse_qps(bad).unwrap_err().contains("bad QP counts"),

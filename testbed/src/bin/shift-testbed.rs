@@ -108,7 +108,7 @@ enum Command {
     /// alone, interleaved in one run (SHIFT table 2, "w/ 1000 QP").
     IdleLat {
         /// Idle QPs beside the measured one.
-        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1023))]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=4095))]
         idle_qps: u32,
         /// Pairs of runs (alone, with), which first alternating.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -1015,7 +1015,8 @@ mod tests {
             panic!("not idle-lat");
         };
         assert_eq!((idle_qps, rounds), (1000, 3));
-        assert!(parse(&["idle-lat", "--idle-qps", "1024"]).is_err());
+        assert!(parse(&["idle-lat", "--idle-qps", "4095"]).is_ok());
+        assert!(parse(&["idle-lat", "--idle-qps", "4096"]).is_err());
         assert!(parse(&["idle-lat", "--idle-qps", "0"]).is_err());
     }
 
