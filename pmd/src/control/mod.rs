@@ -14,4 +14,6 @@ pub use pd::{Mr, Pd, RegisteredBuffer};
 pub use qp::{ModifyError, Qp, QpHandle, SavedAttrs};
 
 #[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
 mod tests;

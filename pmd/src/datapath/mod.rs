@@ -20,3 +20,6 @@ pub mod rq;
 pub mod sq;
 pub mod track;
 pub mod wr;
+
+#[cfg(test)]
+mod tests;

@@ -269,6 +269,8 @@ mod tests {
     use hw_defs::mlx5::{CtrlSeg, DataSeg, RaddrSeg, SendOpcode};
 
     use super::{rewrite_keys, RewriteError, UNIT};
+    use crate::control::testing::{caps, connect, ctrl_of, remote, rig};
+    use crate::datapath::wr::{SendOp, SendWr, WorkCompletion};
 
     /// A WRITE of one gather entry: control, remote address, data segment.
     fn write_wqe(rkey: u32, lkey: u32) -> Vec<u8> {
@@ -312,5 +314,51 @@ mod tests {
         assert_eq!(short, bytes[..2 * UNIT], "nothing rewritten");
         let error = rewrite_keys(&mut bytes[..8], |l| l, |r| r).unwrap_err();
         assert_eq!(error, RewriteError::Truncated { len: 8, ds: 0 });
+    }
+
+    #[test]
+    fn an_outstanding_wqe_copies_into_another_qp_with_keys_index_and_qpn_rewritten() {
+        let mut r = rig();
+        let mut backup = r.pd.create_qp(&r.cq, &r.cq, caps()).unwrap();
+        connect(&mut backup);
+        // Move the backup's producer index so the copy must be renumbered.
+        let sge = r.buf.sge(0, 8);
+        let i = backup
+            .post_send(&SendWr::new(0, SendOp::Send, &[sge]).signaled())
+            .unwrap();
+        r.fake.cq(0).req(backup.qpn(), i, 0);
+        let mut wcs = [WorkCompletion::EMPTY; 2];
+        r.cq.poll(&mut wcs);
+
+        r.qp.post_send(&SendWr::new(42, SendOp::Write { remote: remote() }, &[sge]).signaled())
+            .unwrap();
+        let w = r.qp.send_queue().outstanding().next().unwrap();
+        assert_eq!(
+            (w.wr_id, w.info.opcode, w.published),
+            (42, SendOpcode::RdmaWrite, false)
+        );
+        let mut bytes = [0u8; 64];
+        r.qp.send_queue().copy_wqe(w.counter, &mut bytes);
+        rewrite_keys(&mut bytes, |l| l + 1, |k| k + 2).unwrap();
+        let idx = backup.send_queue().post_raw(&bytes, w.wr_id).unwrap();
+        assert_eq!(idx, 1);
+        let bb = r.fake.qp(backup.qpn()).sq_bb(1);
+        let ctrl = ctrl_of(&bb);
+        assert_eq!(
+            (ctrl.wqe_index, ctrl.qpn, ctrl.opcode),
+            (1, backup.qpn(), SendOpcode::RdmaWrite)
+        );
+        assert_eq!(
+            RaddrSeg::new_checked(&bb[16..32]).unwrap().rkey(),
+            0xabcd + 2
+        );
+        assert_eq!(
+            DataSeg::new_checked(&bb[32..48]).unwrap().lkey(),
+            r.buf.lkey() + 1
+        );
+        backup.ring_doorbell();
+        r.fake.cq(0).req(backup.qpn(), idx, 8);
+        assert_eq!(r.cq.poll(&mut wcs), 1);
+        assert_eq!(wcs[0].wr_id, 42);
     }
 }
