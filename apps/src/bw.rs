@@ -19,7 +19,7 @@
 //! server answers it by rewriting slot `j mod slots` with that slot's next generation and
 //! writing `j + 1` into the client's credit word. The client expects every READ to bring the
 //! generation of the changes it had sent before the READ, so a READ that executed again after
-//! a later change (issue 14, gap 2) shows as wrong bytes. It reads a slot only once every
+//! a later change shows as wrong bytes. It reads a slot only once every
 //! change of it is acknowledged, and the fence keeps a change behind every earlier READ, as
 //! plain RC needs as well (a READ whose response is lost is executed again by the responder).
 

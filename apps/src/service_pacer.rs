@@ -13,7 +13,7 @@ use pmd::resilient::FailoverService;
 const SERVICE_EVERY: u32 = 64;
 /// ... and at the latest after this much time: a polling round over 1,000 QPs takes
 /// milliseconds (each empty poll drives the devices), so 64 rounds alone let a link-down wait
-/// ~0.6 s, past the RC timeout (the testbed's QP sweep at 1,000 QPs, 2026-11-25).
+/// ~0.6 s, past the RC timeout (the testbed's QP sweep at 1,000 QPs showed it).
 const SERVICE_PERIOD: Duration = Duration::from_micros(200);
 /// ... but never more than one part in this many of the lcore's time: the service's round
 /// grows with the QPs it serves (it polls each one's control CQ), and a latency loop beside
@@ -29,7 +29,7 @@ const SERVICE_GAP_MAX: Duration = Duration::from_millis(2);
 /// and the loop over the QPs (every [`crate::session::PROGRESS_EVERY_QPS`] QPs): a polling round in which
 /// 1,000 QPs each run a failover round takes tens of milliseconds, and a service that ran only
 /// between polling rounds left the peer's control messages in the control CQs for that long
-/// (issue 17: the 1,000-QP breakdown in docs/testbed.md).
+/// (the 1,000-QP breakdown in docs/testbed.md).
 #[derive(Debug)]
 pub struct ServicePacer {
     service: Arc<FailoverService>,

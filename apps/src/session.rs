@@ -183,7 +183,7 @@ pub struct Session {
 /// A loop over many QPs runs a round of the devices before the first QP and then after every
 /// this many ([`Session::poll_qp`]), instead of after each QP whose poll found nothing: at
 /// 1,000 QPs that was 2,000 device rounds per loop, each with its receive system call and a
-/// walk over the device's active QPs (issue 17 item 2). Often enough that what a QP's poll
+/// walk over the device's active QPs. Often enough that what a QP's poll
 /// posted (a control message, a retransmission) leaves before the loop has visited many more.
 pub const PROGRESS_EVERY_QPS: usize = 32;
 

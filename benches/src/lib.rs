@@ -10,7 +10,7 @@
 //! - `wire_baseline`: softnic over a veth next to the raw medium (UDP), in one run.
 //! - `revoke`: revoke latency of a resilient lease against a plain QP's teardown, and how long
 //!   a peer that ignores the revocation keeps succeeding, on the default and the backup path
-//!   (seed 003; `docs/failover.md` 9.9).
+//!   (`docs/failover.md` 9.9).
 
 pub mod fabric;
 pub mod instr;

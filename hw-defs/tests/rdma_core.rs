@@ -14,7 +14,7 @@ use std::process::Command;
 
 use hw_defs::mlx5::abi;
 
-/// The structs issue 2 asks us to mirror; the table must hold each of them.
+/// The rdma-core structs hw-defs mirrors; the table must hold each of them.
 const REQUIRED_STRUCTS: &[&str] = &[
     "mlx5_wqe_ctrl_seg",
     "mlx5_wqe_raddr_seg",

@@ -194,7 +194,7 @@ impl LinkControl {
     /// Why not `ip`: spawning `ip netns exec` is a fork and two execs, a few milliseconds of
     /// CPU that, on a machine whose cores are taken by busy-polling lcores, stretched to 8 to
     /// 13 ms between the testbed deciding to cut a link and the link going down
-    /// (`docs/testbed.md`, issue 17); and a thread spawned to enter the namespace waited up to
+    /// (`docs/testbed.md`); and a thread spawned to enter the namespace waited up to
     /// a scheduler tick for a core, which a socket opened there beforehand does not.
     pub fn set_admin_state(&mut self, netdev: &str, up: bool) -> io::Result<()> {
         check_name(netdev)?;

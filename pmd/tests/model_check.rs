@@ -244,9 +244,9 @@ enum Policy {
     IgnoreStaleRecvs,
     /// Every incarnation of the default pair starts at the same PSN (no epoch-derived PSNs).
     SamePsnEveryEpoch,
-    /// The copy before 2026-11-24: READs in flight go again first, ahead of everything.
+    /// An earlier copy: READs in flight go again first, ahead of everything.
     ReadsFirst,
-    /// The driver before 2026-11-24: its fence is recognised only as the last signaled
+    /// An earlier driver: its fence is recognised only as the last signaled
     /// completion of a poll batch; otherwise it reaches the application and stays set.
     FenceOnlyLastInBatch,
     /// Shift, but a packet may outlive any number of rearm attempts (no lifetime bound).

@@ -1,4 +1,4 @@
-//! Revocation that failover never undoes (issue 16 item 1), over softnic devices on the
+//! Revocation that failover never undoes, over softnic devices on the
 //! in-memory fabric, deterministic: an access-flag cut reaches the backup QP at once and
 //! survives a re-arm of the default QP.
 

@@ -20,7 +20,7 @@
 //! the ends switched back (repeated failover: the second round meets the stale receives and
 //! the burns of the first switch-back).
 //!
-//! Since 2026-11-24 (issue 14, item 6) a quarter of the schedules carry SEND/RECV traffic
+//! A quarter of the schedules carry SEND/RECV traffic
 //! and a quarter READ traffic (each READ followed by its fenced notification, after which the
 //! receiver changes the slot), and one in eight kills a default device silently (announced
 //! by its device-fatal event, or, in half of them, not at all). These are drawn from a
@@ -29,7 +29,7 @@
 //! (`read-overtaken` fails the run); a dead device never comes back, so no switch-back is
 //! expected.
 //!
-//! Since 2026-11-25 (issue 15) one schedule in five also makes host A's or B's backup device
+//! One schedule in five also makes host A's or B's backup device
 //! fail its QPs (the backup data QP and the backup control QP go to ERR, the device and its
 //! link stay up) at a time anywhere in the run: while the connection is idle on the default
 //! path (the backup side is then repaired, `docs/failover.md` 5d), while traffic is on the

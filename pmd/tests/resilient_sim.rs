@@ -309,8 +309,7 @@ fn with_both_paths_down_every_posted_work_request_fails_after_the_rc_budget() {
         (event.kind, event.cause),
         (EventKind::Error, Cause::BackupUnavailable)
     );
-    // No faster than a plain RC QP with the same attributes would fail (issue 15: it used to
-    // fail at the link-down), and promptly after that: its retry budget, then at once.
+    // No faster than a plain RC QP with the same attributes would fail (not at the link-down), and promptly after that: its retry budget, then at once.
     let rts = sim::rts();
     let budget = pmd::failover::rc_retry_budget(rts.timeout.unwrap(), rts.retry_cnt.unwrap());
     let failed_at = Duration::from_secs_f64(event.unix_ms / 1e3);

@@ -121,7 +121,7 @@ impl QpNumbers {
 /// The QPs a round visits: those rung, those a packet came for, those with a timer, work
 /// beyond their budget, an ACK to send or in error (flushing what is posted later), and those
 /// the control path changed; not every QP of the device, so that 1,000 idle QPs cost a round
-/// nothing (issue 17: the latency beside 1,000 idle QPs).
+/// nothing (an 8-byte write's latency beside 1,000 idle QPs is that of one QP alone).
 #[derive(Debug, Default)]
 pub(crate) struct ActiveQps {
     /// Slots to visit in the next pass, each once (`Qp::listed`).

@@ -398,7 +398,7 @@ fn reads_beyond_max_rd_atomic_wait_their_turn_and_all_complete() {
 
 /// A fenced WQE that go-back-N sends again must not wait for the READs posted after it (the
 /// ones before it had completed when it was first sent): it waited for a READ behind it
-/// forever, until the retries ran out (issue 14, found by the pmd's seeded simulation).
+/// forever, until the retries ran out (found by the pmd's seeded simulation).
 #[test]
 fn a_fenced_write_sent_again_does_not_wait_for_a_later_read() {
     let (sim, mut a, b) = pair();

@@ -1,7 +1,7 @@
 //! Root only (CI is root): the ICRC of a received packet is checked over the IPv4 header it
 //! arrived with. Linux rxe numbers its packets (IP ID 0x4153, 0x4154, ... with DF), and the
 //! ICRC covers the ID and the flags; a receiver that rebuilds the header with ID 0 drops every
-//! such packet as an ICRC error (issue 12: softnic dropped all of rxe's packets that way).
+//! such packet as an ICRC error (softnic once dropped all of rxe's packets that way).
 //!
 //! Each test sends handmade RoCEv2 packets from a raw socket with `IP_HDRINCL` on `lo` to a
 //! softnic device bound to an address of its own, and reads the device's counters: a SEND to a

@@ -1,6 +1,6 @@
 //! Which QPs a round visits: those with something to do, not every QP of the device, so that
-//! idle QPs beside a busy one cost it nothing (issue 17: 8-byte latency beside 1,000 idle
-//! QPs). And what must still be visited without a doorbell.
+//! idle QPs beside a busy one cost it nothing (an 8-byte latency beside 1,000 idle QPs is
+//! that of one QP alone). And what must still be visited without a doorbell.
 
 mod common;
 

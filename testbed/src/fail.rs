@@ -203,7 +203,7 @@ pub fn apply_with(
 /// Why not `ip` itself: spawning `ip -n` is a fork, an exec and a dynamic link, a few
 /// milliseconds of CPU. With two busy-polling lcores on this 2-core machine it took 8 ms from
 /// issuing the command to the link going down, and 13 ms to it coming up (the application
-/// saw the port change 63 us after `ip` returned; issue 17, 2026-11-26), so every detection
+/// saw the port change 63 us after `ip` returned), so every detection
 /// and switch-back figure of a run-to-completion scenario carried the testbed's own spawn.
 /// The debug log names the equivalent `ip` command, to paste into a shell.
 fn set_link(

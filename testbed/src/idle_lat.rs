@@ -4,7 +4,7 @@
 //!
 //! Each run is a `shift_write_lat` pair between the hosts on rail 0 with rail 1 as the backup,
 //! polling busy (run-to-completion), with `--idle-qps N` or without. The ratio is the median
-//! over the rounds of the with-idle p50 over the median of the alone p50 (nearest rank); issue 17's goal is
+//! over the rounds of the with-idle p50 over the median of the alone p50 (nearest rank); the goal is
 //! within 5 %.
 
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! Whether a path between the hosts existed, from the failure log: a rail's path is up when
 //! both hosts' devices and NICs on that rail and both of its switch ports are up. A lost
 //! connection is the driver's fault when some rail's path was up, or came back, within the
-//! RC retry budget of the failure that ended it (issue 15).
+//! RC retry budget of the failure that ended it.
 //!
 //! A device whose QPs failed (`initiator-dev1-qps-failed`) takes no cable down, but its
 //! rail's path cannot carry anything until the driver repairs the QPs, and the repair's

@@ -1,7 +1,7 @@
 //! When each phase of a failover and of the switch-back ends, QP by QP, from the two apps'
 //! logs (`RUST_LOG=warn,pmd::resilient=debug,pmd::failover=info`): the first, median and
 //! last QP of every phase, in milliseconds after the client's failover service saw the
-//! default link change (issue 17: where a 1,000-QP failover spends its time).
+//! default link change: where a 1,000-QP failover spends its time.
 
 use std::collections::HashMap;
 

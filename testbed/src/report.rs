@@ -71,10 +71,10 @@ pub struct FailoverSummary {
     /// Switch-backs completed.
     pub switch_backs: u64,
     /// Failbacks: traffic moved from a failing backup back to the recovered default path
-    /// (issue 15 item 2). 0 when absent: the apps write it once the pmd can fail back, and a
+    /// (a failback). 0 when absent: the apps write it once the pmd can fail back, and a
     /// build that cannot has made none.
     pub failbacks: u64,
-    /// Backup paths brought back after they failed (issue 15). Optional: the apps report it
+    /// Backup paths brought back after they failed. Optional: the apps report it
     /// once the pmd counts it; `None` until then.
     pub backup_rearms: Option<u64>,
     /// Connection failures.

@@ -1,4 +1,4 @@
-//! The QP-count sweep (issue 17): one scenario run with failover at several `-q`, and how
+//! The QP-count sweep: one scenario run with failover at several `-q`, and how
 //! long it takes until every QP has traffic on the backup (`all_on_backup_ms`), with the
 //! fallback latency distribution over the QPs, against the number of QPs: JSON and a plot.
 //!

@@ -62,7 +62,7 @@ pub enum FailTarget {
     /// while the device and its link stay up (a NIC that recovered from an internal error by
     /// failing its QPs): the application injects it through its fault channel. It happens
     /// at an instant; nothing is brought back by the testbed, the driver has to repair the
-    /// QPs itself (issue 15 item 1).
+    /// QPs itself (the backup repair, `docs/failover.md` 5d).
     DeviceQpsFailed {
         /// The host whose device fails its QPs.
         host: Role,
@@ -333,7 +333,8 @@ impl fmt::Display for FailTarget {
 /// Which targets a random schedule draws from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSet {
-    /// The scenario's own set: [`TargetSet::ALL`] for `flap` and `soak` (since issue 15).
+    /// The scenario's own set: [`TargetSet::ALL`] for `flap` and `soak`, since the driver
+    /// survives every kind.
     Default,
     /// Failures of the default path only, what `flap` and `soak` drew from before the backup
     /// rail could fail (`soak`: the three kinds on rail 0; `flap`: `initiator-nic0`).
@@ -347,9 +348,9 @@ pub enum TargetSet {
 impl TargetSet {
     /// What `all` means: the three kinds the paper injects on each rail, both default NICs
     /// at once, and each host's backup and default device failing its QPs (the backup one
-    /// is the failure the backup repair of issue 15 item 1 needs: a link failure leaves an
+    /// is the failure the backup repair needs: a link failure leaves an
     /// idle backup QP out of ERR; the default one fails the default devices' control channel
-    /// too, which the driver repairs since 2026-11-26, `docs/failover.md` 5d). A device whose
+    /// too, which the driver repairs, `docs/failover.md` 5d). A device whose
     /// QPs failed is in it because it recovers (the device stays up and the driver repairs
     /// the QPs), so drawing it again later is meaningful. Dead devices are not: they never
     /// come back, so one draw would end the rotation for the rest of the run.

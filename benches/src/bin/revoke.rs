@@ -1,4 +1,4 @@
-//! `revoke`: seed 003's two revocation figures for a resilient connection on softnic devices
+//! `revoke`: the two revocation figures for a resilient connection on softnic devices
 //! of an in-process fabric (engine threads, no root, no network), against a plain QP's bare
 //! teardown measured in the same run.
 //!
@@ -8,7 +8,7 @@
 //! the revocation would (a new WRITE for every completion) until its first error:
 //! - `revoke_us`: how long the revoke call takes (resilient: `Leases::revoke`, both QPs to
 //!   ERR and the MR deregistered on both NICs; plain, the baseline: the QP to ERR and
-//!   `Mr::deregister`, seed 003's bare "2ERR_QP + DESTROY_MKEY"); `ratio` is resilient /
+//!   `Mr::deregister`, the bare "2ERR_QP + DESTROY_MKEY"); `ratio` is resilient /
 //!   plain;
 //! - `succeeded_after_revoke`: WRITEs posted after the revoke returned that completed
 //!   successfully (the window a non-cooperating peer keeps succeeding; 0 is the contract),
@@ -16,7 +16,7 @@
 //! - `bytes_landed_after_revoke`: WRITEs posted after the revoke whose bytes are in B's
 //!   memory (checked byte for byte; must be 0);
 //! - `first_error_ms`: from the revoke's return to A's first error completion, and its
-//!   status (the dataplane observation latency seed 003 reports as ~1.4 s on a ConnectX-5).
+//!   status (the dataplane observation latency, reported as ~1.4 s on a ConnectX-5).
 //!
 //! Scenarios: `default` (revoked while the connection runs on the default NICs: A's retries
 //! then run into a failover attempt, which B never answers), `fallback` (A's default link
@@ -37,7 +37,7 @@ use pmd::{Access, QpAttr, QpState, SendOp, SendWr, WcStatus, WorkCompletion};
 use serde_json::json;
 
 #[derive(Parser)]
-#[command(about = "revoke latency and the non-cooperating peer's window (seed 003)")]
+#[command(about = "revoke latency and the non-cooperating peer's window")]
 struct Args {
     /// Repetitions of each scenario.
     #[arg(long, default_value_t = 5)]

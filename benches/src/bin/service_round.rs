@@ -6,7 +6,7 @@
 //! mails them).
 //!
 //! This is the cost that shows in the tail of an 8-byte latency loop beside 1,000 idle QPs
-//! (`shift-testbed idle-lat`, issue 17): the lcore runs this round every so often, and the
+//! (`shift-testbed idle-lat`): the lcore runs this round every so often, and the
 //! loop waits while it does. Host A's service is the measured one (manual); host B's runs on
 //! its own thread. Prints one JSON object: per count, the round's p50, p99 and mean in
 //! microseconds over `--rounds` rounds, the p50 ratio of `--qps` to one QP, and the

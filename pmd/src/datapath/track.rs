@@ -82,7 +82,7 @@ impl SendTrack {
     /// The slot table, for the send queue's fast path, which writes slot `counter & wqe_m`
     /// through it. The table lives as long as the track. Taken from the whole table, not its
     /// first element: a pointer from `&slots[0]` may reach that slot only, and writing the
-    /// others through it was undefined behaviour (Miri, Stacked Borrows, 2026-11-25).
+    /// others through it was undefined behaviour (Miri, Stacked Borrows).
     pub fn slots_ptr(&self) -> std::ptr::NonNull<Slot> {
         std::ptr::NonNull::from(&self.slots[..]).cast()
     }

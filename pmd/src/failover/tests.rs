@@ -2091,7 +2091,8 @@ fn the_backup_dying_during_the_holddown_moves_traffic_back_to_the_default() {
         },
         at(300),
     );
-    // Hold-down running (until 1.3 s): issue 15 ended the connection here.
+    // Hold-down running (until 1.3 s): a backup error here must repair, not end the
+    // connection.
     let actions = step(&mut machine, backup_error(), at(400));
     assert_eq!(actions, FAILBACK_START);
     assert_eq!(machine.send_phase(), SendPhase::FailingBack);

@@ -13,7 +13,7 @@
 //! | [`FailoverService`] | the service lcore: shadow verbs, link watch, control messages, timers, adopted QPs |
 //! | [`PeerAttrs`], [`Rendezvous`], [`RedisRendezvous`], [`RendezvousKey`] | backup attributes, how the two ends exchange them, the secret Redis entries are sealed with |
 //! | [`FailoverStats`], [`FailoverEvent`] | per-QP counters and the event log the apps put in their JSON |
-//! | [`Leases`], [`RevokeOutcome`] | remote access granted to a peer, revoked on both devices (seed 003) |
+//! | [`Leases`], [`RevokeOutcome`] | remote access granted to a peer, revoked on both devices, never undone by a failover |
 //! | [`Clock`] | real or virtual time |
 //!
 //! Setting up a resilient connection with the inline rendezvous:

@@ -31,7 +31,7 @@ pub enum ScenarioName {
     /// The ring allreduce with a NIC failure mid-run, every result checked.
     Allreduce,
     /// The initiator's default device dies silently (no CQEs, no packets, the netdev stays
-    /// up) through the client's fault channel, with every byte checked (issue 14).
+    /// up) through the client's fault channel, with every byte checked.
     InitiatorDevDead,
     /// Both rails' links fail at random, independently and overlapping, under checked
     /// WRITE, SEND or READ traffic; losses are judged against the outage tolerance.
@@ -277,7 +277,7 @@ impl ScenarioOptions {
     }
 
     /// The targets `flap` and `soak` draw from when `--targets` is `default`: every kind
-    /// ([`TargetSet::ALL`]) since the pmd survives them (issue 15).
+    /// ([`TargetSet::ALL`]) since the pmd survives them.
     fn default_targets(&self) -> Vec<FailTarget> {
         match self.name {
             ScenarioName::Soak | ScenarioName::Flap => TargetSet::ALL.to_vec(),

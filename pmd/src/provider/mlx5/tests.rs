@@ -445,7 +445,7 @@ fn a_cq_shape_refuses_null_or_misaligned_memory() {
     assert_eq!(shapes::cq_shape(&dv).unwrap().cqe_cnt, 4);
 }
 
-// ---- the review's findings (issue 18) ----
+// ---- what a review of the provider found ----
 
 #[test]
 fn outstanding_work_requests_count_against_the_granted_max_send_wr_not_the_ring() {

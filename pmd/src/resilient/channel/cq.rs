@@ -3,8 +3,8 @@
 //!
 //! Every resilient QP has two control channels (one on each device of its pair), and each
 //! had a CQ of its own: a service round over 1,000 QPs polled 2,000 CQs, which put 94 to
-//! 119 us in the p99 of an 8-byte latency loop beside 1,000 idle QPs (`docs/testbed.md`,
-//! issue 17). Now the channels of a device share CQs, and a round polls each shared CQ and
+//! 119 us in the p99 of an 8-byte latency loop beside 1,000 idle QPs (`docs/testbed.md`).
+//! Now the channels of a device share CQs, and a round polls each shared CQ and
 //! hands every completion to the channel its QPN names.
 //!
 //! A shared CQ is sized for the channels it takes: each needs `2 x depth` entries (its depth

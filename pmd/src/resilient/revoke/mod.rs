@@ -1,8 +1,8 @@
-//! Revocation that failover never undoes (issue 16 item 1, seed 003's contract): leases: the remote access an application
+//! Revocation that failover never undoes: leases: the remote access an application
 //! grants a peer (the resilient QP that carries it and the memory it names), revoked with
 //! an outcome at once and destroyed after a grace period.
 //!
-//! A revoke has two phases, as in seed 003. **Immediate** ([`Leases::revoke`]): both QPs
+//! A revoke has two phases. **Immediate** ([`Leases::revoke`]): both QPs
 //! of the connection (default and backup) move to ERR and the failover machine is dropped
 //! (no failover, switch-back, re-arm or repair brings either back), then every MR of the
 //! lease is deregistered on the backup and the default device (its keys leave the
@@ -27,7 +27,7 @@ use super::context::{ResilientBuffer, ResilientMr};
 use super::dereg_error::DeregisterError;
 use super::qp::ResilientQp;
 
-/// The grace period of seed 003: how long a revoked lease's QPs and memory live on after
+/// The default grace period: how long a revoked lease's QPs and memory live on after
 /// `revoke` returned, for work that may still be in flight.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 
@@ -61,7 +61,8 @@ impl Grant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(pub u64);
 
-/// What [`Leases::revoke`] says (seed 003's outcome codes).
+/// What [`Leases::revoke`] says: torn down, fenced by a device that refused a step, or no
+/// such lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RevokeOutcome {
     /// Both QPs are in ERR and every MR is deregistered on both devices; the lease is
@@ -141,7 +142,7 @@ impl std::fmt::Debug for Leases {
 
 impl Leases {
     /// An empty table on `clock` (the QPs' clock) whose revoked leases are destroyed
-    /// `grace` after their revoke ([`DEFAULT_GRACE`] is seed 003's).
+    /// `grace` after their revoke (usually [`DEFAULT_GRACE`]).
     pub fn new(clock: Clock, grace: Duration) -> Leases {
         Leases {
             clock,
