@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
+use hw_defs::verbs::local_ack_timeout;
+
 use crate::codec::{psn_add, psn_delta};
 use crate::congestion::Loss;
 use crate::dma;
 use crate::mr::MrTable;
-use crate::packet::{ack_timeout, rnr_timer, AckKind, Header, Kind, NakCode};
+use crate::packet::{rnr_timer, AckKind, Header, Kind, NakCode};
 use crate::qp::{syndrome, ErrorCtx, Qp};
 use crate::qp_attr::QpState;
 use crate::requester::{complete_head, go_back};
@@ -285,7 +287,10 @@ fn progressed(qp: &mut Qp, now: Duration) {
     let outstanding =
         psn_delta(qp.req.high_psn, qp.req.comp_psn) > 0 || qp.sq.slot_ci < qp.sq.slot_req_ci;
     qp.req.timer = if outstanding {
-        qp.attrs.timeout.and_then(ack_timeout).map(|t| now + t)
+        qp.attrs
+            .timeout
+            .and_then(local_ack_timeout)
+            .map(|t| now + t)
     } else {
         None
     };

@@ -141,26 +141,10 @@ pub(crate) fn rnr_timer(code: u8) -> std::time::Duration {
     std::time::Duration::from_micros(MICROS[(code & 31) as usize] as u64)
 }
 
-/// The local ACK timeout: 4.096 us x 2^code; None (infinite) for code 0.
-pub(crate) fn ack_timeout(code: u8) -> Option<std::time::Duration> {
-    if code == 0 {
-        None
-    } else {
-        Some(std::time::Duration::from_nanos(4096u64 << code.min(31)))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn ack_timeout_follows_4_096_us_times_two_to_the_code() {
-        assert_eq!(ack_timeout(0), None);
-        assert_eq!(ack_timeout(1), Some(Duration::from_nanos(8192)));
-        assert_eq!(ack_timeout(14), Some(Duration::from_nanos(4096 << 14))); // 67.1 ms
-    }
 
     #[test]
     fn rnr_timer_code_zero_is_the_longest() {

@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
+use hw_defs::verbs::local_ack_timeout;
+
 use crate::codec::{psn_add, psn_delta};
 use crate::congestion::{DeviceWindow, Loss, MAX_DEVICE_INFLIGHT};
 use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma;
 use crate::mr::MrTable;
-use crate::packet::{ack_timeout, AtomicEth, Kind, OutHeader, Reth};
+use crate::packet::{AtomicEth, Kind, OutHeader, Reth};
 use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, ACK_REQ_EVERY};
 use crate::qp_attr::QpState;
 use crate::tx::Tx;
@@ -140,7 +142,7 @@ fn send_one(
     let psn = qp.req.psn;
     let offset = qp.req.offset;
     let pd = qp.pd;
-    let timeout = qp.attrs.timeout.and_then(ack_timeout);
+    let timeout = qp.attrs.timeout.and_then(local_ack_timeout);
     let w = qp.sq.slot_mut(req);
     if offset == 0 {
         if !w.started && w.op.is_read_or_atomic() {
