@@ -13,7 +13,7 @@
 //! ```
 //!
 //! - kind 1, an end's backup attributes: `ident` is its default QPN, the body its
-//!   [`PeerAttrs`](super::PeerAttrs) bytes (version 3);
+//!   [`PeerAttrs`](super::PeerAttrs) bytes (version 4);
 //! - kind 2, an rkey mapping: `ident` is the default rkey, the body the backup rkey (4 bytes);
 //! - kind 3, an rkey withdrawn (its MR was deregistered): `ident` is the default rkey, no body.
 //!
