@@ -142,6 +142,18 @@ fn listening(ns: &str, port: u16) -> bool {
         .unwrap_or(false)
 }
 
+/// How long a server given `args` may take to listen: 10 s, and 5 ms more for each QP it
+/// sets up first (`-q`/`--qp`, `--idle-qps`): 4,096 resilient QPs took over 10 s on this 2-core
+/// machine under load.
+fn listen_wait(args: &[String]) -> Duration {
+    let qps: u64 = args
+        .windows(2)
+        .filter(|w| matches!(w[0].as_str(), "-q" | "--qp" | "--idle-qps"))
+        .filter_map(|w| w[1].parse::<u64>().ok())
+        .sum();
+    Duration::from_secs(10) + Duration::from_millis(5 * qps)
+}
+
 /// Starts the server, waits for it to listen, then starts the client.
 pub fn start(info: &TestbedInfo, spec: &PairSpec) -> Result<RunningPair, AppRunError> {
     let program = binary(&spec.apps_dir, &spec.tool)?;
@@ -165,7 +177,7 @@ pub fn start(info: &TestbedInfo, spec: &PairSpec) -> Result<RunningPair, AppRunE
     ]);
     let server_log = spec.out_dir.join(format!("{}-server.log", spec.tag));
     let mut server = spawn_in(&b.netns, &program, &server_args, &server_log)?;
-    let waited = Duration::from_secs(10);
+    let waited = listen_wait(&server_args);
     let t0 = Instant::now();
     while !listening(&b.netns, spec.port) {
         if let Ok(Some(status)) = server.try_wait() {
@@ -344,6 +356,16 @@ pub fn read_report(path: &Path) -> Result<(AppReport, serde_json::Value), AppRun
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_with_many_qps_is_given_longer_to_listen() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(listen_wait(&args(&["-s", "8192"])), Duration::from_secs(10));
+        assert_eq!(
+            listen_wait(&args(&["-q", "4096", "-t", "1"])),
+            Duration::from_millis(10_000 + 5 * 4096)
+        );
+    }
 
     #[test]
     fn the_first_timeline_line_gives_the_traffic_start() {
