@@ -9,8 +9,8 @@
 //! wrap every fourth epoch, go-back-N retransmission on timeout, duplicate detection, READs
 //! executed again when duplicated, the fence flag, retry exhaustion, RNR stalls, QP states
 //! RESET/RTS/ERR) and the network (loss of requests and ACKs, paths failing and recovering at
-//! any point, with or without link-down notifications, packets of an epoch gone when the
-//! epoch four later, with the same PSNs, starts: the machine's `psn_reuse_after` wait).
+//! any point, with or without link-down notifications, packets surviving a flap for fewer
+//! than four rearm attempts).
 //!
 //! Checked in every reachable state, within the bounds each scenario prints:
 //! - a WRITE_WITH_IMM (or SEND) is never observed before the data WRITEs posted before it, and
@@ -526,9 +526,6 @@ impl FailoverModel {
         config.backoff_initial = Duration::ZERO;
         config.backoff_max = Duration::ZERO;
         config.redrain_interval = Duration::ZERO;
-        // The PSN reuse wait is the machine's half of the bound the model assumes whole
-        // (`World::expire_packets`): packets of epoch `e - 4` are gone when epoch `e` starts.
-        config.psn_reuse_after = Duration::ZERO;
         // Handshake timeouts fire only when nothing else can happen (`Step::Wait`).
         config.handshake_timeout = Duration::from_secs(2);
         config
@@ -996,10 +993,9 @@ impl World {
         }
     }
 
-    /// A packet lives less long than the machine waits before reusing PSNs
-    /// (`Config::psn_reuse_after`, section 6 of docs/failover.md): by the time a default QP
-    /// comes up in `epoch`, the packets of epoch `epoch - 4`, whose PSNs the new incarnation
-    /// reuses, have left the network.
+    /// A packet lives less long than four rearm attempts take (section 8.2 of
+    /// docs/failover.md): by the time a default QP comes up in `epoch`, the packets of epoch
+    /// `epoch - 4`, whose PSNs the new incarnation reuses, have left the network.
     fn expire_packets(&mut self, epoch: u8) {
         let expired = |e: u8| e.saturating_add(4) <= epoch;
         for queue in &mut self.requests[DEFAULT] {

@@ -40,11 +40,6 @@ pub struct Config {
     /// How soon to poll the backup CQ again while waiting for receive completions during a
     /// switch-back.
     pub redrain_interval: Duration,
-    /// The longest a default-path packet is taken to live in the network (a PFC pause storm
-    /// included). Epochs four apart share PSNs ([`EPOCH_PSN_STRIDE`]): a rearm never enters
-    /// an epoch sooner than this after this end left the last epoch with the same PSNs, so
-    /// an old incarnation's packet can never be taken for the new one's.
-    pub psn_reuse_after: Duration,
 }
 
 /// What a plain RC QP waits before `RETRY_EXC_ERR` on a dead path (the IBTA arithmetic is
@@ -54,7 +49,7 @@ pub use hw_defs::verbs::rc_retry_budget;
 
 impl Config {
     /// The defaults for `role`: link watch on, 1 s hold-down, backoff from 100 ms to 5 s,
-    /// 2 s handshake timeout, PSNs reused after 2 s.
+    /// 2 s handshake timeout.
     pub fn new(role: Role) -> Self {
         Config {
             role,
@@ -65,7 +60,6 @@ impl Config {
             handshake_timeout: Duration::from_secs(2),
             backup_wait: rc_retry_budget(14, 7),
             redrain_interval: Duration::from_micros(50),
-            psn_reuse_after: Duration::from_secs(2),
         }
     }
 
@@ -94,11 +88,6 @@ impl Epoch {
     /// The epoch after this one.
     pub fn next(self) -> Epoch {
         Epoch(self.0.saturating_add(1))
-    }
-
-    /// Which quarter of the PSN space this epoch's PSNs start in (epochs four apart share one).
-    pub fn psn_quarter(self) -> usize {
-        (self.0 % 4) as usize
     }
 
     /// The first PSN of this epoch, for a QP whose saved starting PSN is `base`: RQ PSN of one

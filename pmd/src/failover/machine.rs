@@ -64,9 +64,6 @@ pub struct Failover {
     default_control_repair_failures: u32,
     /// Stale receive WQEs left at the head of the backup RQ by the last receive switch-back.
     stale_backup_recvs: u64,
-    /// Per quarter of the PSN space (an epoch's [`Epoch::psn_quarter`]): when an epoch in it
-    /// may next be entered, `Config::psn_reuse_after` after this end last left one there.
-    psn_quarter_free_at: [Timestamp; 4],
     /// The backup link is down while something needs it: the connection fails if it is not
     /// back by then (`Config::backup_wait`, the QP's own RC retry budget), as a plain RC QP
     /// would fail after its retries, not at the link-down.
@@ -333,7 +330,6 @@ impl Failover {
             default_control_repair: Repair::Idle,
             default_control_repair_failures: 0,
             stale_backup_recvs: 0,
-            psn_quarter_free_at: [Timestamp::ZERO; 4],
             backup_deadline: None,
             failed: None,
             observations: Observations::new(),
@@ -432,13 +428,7 @@ impl Failover {
                 progress,
                 atomic_in_flight,
                 sends_before_first_read,
-            } => self.failback_drained(
-                progress,
-                atomic_in_flight,
-                sends_before_first_read,
-                now,
-                out,
-            ),
+            } => self.failback_drained(progress, atomic_in_flight, sends_before_first_read, out),
             Event::Control(Msg::FailbackReady { epoch }) => self.peer_failback_ready(epoch, out),
             // Repairing a backup side lost while idle.
             Event::DefaultControlFailed => {
@@ -1070,46 +1060,12 @@ impl Failover {
             return None;
         };
         let allowed = self.config.role == Role::Leader && self.paths_allow_rearm();
-        let psn_free = self.psn_quarter_free_at[self.epoch.next().psn_quarter()];
-        allowed.then(|| {
-            backoff_until
-                .max(self.default_link.since + self.config.holddown)
-                .max(psn_free)
-        })
-    }
-
-    /// This end's default QP moves to `epoch`, out of the current one (reset or in ERR by
-    /// now): no packet of the current epoch is sent from here on, so its PSN quarter may be
-    /// entered again once `Config::psn_reuse_after` has passed.
-    fn enter_epoch(&mut self, epoch: Epoch, now: Timestamp) {
-        if epoch != self.epoch {
-            self.psn_quarter_free_at[self.epoch.psn_quarter()] = now + self.config.psn_reuse_after;
-        }
-        self.epoch = epoch;
-    }
-
-    /// The epoch a failback proposes: the first past the current one whose PSN quarter is
-    /// free for reuse at `now`; when every quarter was left within `psn_reuse_after` (three
-    /// rearm attempts and the failback in that time), the one left longest ago: a failback
-    /// cannot wait, the traffic has no path.
-    pub(super) fn failback_epoch(&self, now: Timestamp) -> Epoch {
-        let first = self.epoch.next();
-        let candidates = (0..4).map(|k| Epoch(first.0.saturating_add(k)));
-        // The current epoch is being left now.
-        let free_at = |e: &Epoch| match e.psn_quarter() {
-            q if q == self.epoch.psn_quarter() => now + self.config.psn_reuse_after,
-            q => self.psn_quarter_free_at[q],
-        };
-        candidates
-            .clone()
-            .find(|e| free_at(e) <= now)
-            .or_else(|| candidates.min_by_key(free_at))
-            .unwrap_or(first)
+        allowed.then(|| backoff_until.max(self.default_link.since + self.config.holddown))
     }
 
     fn start_rearm(&mut self, now: Timestamp, out: &mut Actions) {
         // Our QP leaves the old epoch (RESET) before the follower hears of the new one.
-        self.enter_epoch(self.epoch.next(), now);
+        self.epoch = self.epoch.next();
         tracing::debug!(epoch = %self.epoch, "failover: rearm attempt");
         out.push(Action::ResetDefaultQp);
         out.push(Action::SendControl(ControlMessage::Rearm {
@@ -1138,7 +1094,7 @@ impl Failover {
         if self.config.role == Role::Leader || epoch <= self.epoch {
             return self.protocol_violation("Rearm to a leader or for an old epoch", out);
         }
-        self.enter_epoch(epoch, now);
+        self.epoch = epoch;
         self.owes_rearm_ready = false;
         let ready = self.default_link.up
             && now >= self.default_link.since + self.config.holddown
@@ -1805,7 +1761,7 @@ impl Failover {
                     peer: Some(peer),
                     ..round
                 });
-                self.maybe_bring_up_failback(now, out);
+                self.maybe_bring_up_failback(out);
             }
             SendState::FailingBack(_) => {
                 self.protocol_violation("a second Failback in one failback round", out)
@@ -1821,7 +1777,6 @@ impl Failover {
         progress: Progress,
         atomic: bool,
         sends_before_first_read: Option<u64>,
-        now: Timestamp,
         out: &mut Actions,
     ) {
         let SendState::FailingBack(
@@ -1836,9 +1791,8 @@ impl Failover {
         if atomic {
             return self.fail(FailReason::AtomicInFlight, out);
         }
-        // Past every epoch our default QP was in (it is in ERR now), in a PSN quarter free
-        // for reuse if one is.
-        let proposed = self.failback_epoch(now);
+        // One past every epoch our default QP was in (it is in ERR now).
+        let proposed = self.epoch.next();
         out.push(Action::SendControlOnDefault(ControlMessage::Failback {
             epoch: proposed,
             recvs_completed: progress.recvs_completed,
@@ -1851,13 +1805,13 @@ impl Failover {
             },
             ..round
         });
-        self.maybe_bring_up_failback(now, out);
+        self.maybe_bring_up_failback(out);
     }
 
     /// Both `Failback`s known and the default link up: bring the default QP up in the higher
     /// proposal. Both QPs were in ERR when their message left (H1: neither is in an earlier
     /// epoch any more), and each proposal is above every epoch its end's QP was in.
-    fn maybe_bring_up_failback(&mut self, now: Timestamp, out: &mut Actions) {
+    fn maybe_bring_up_failback(&mut self, out: &mut Actions) {
         let SendState::FailingBack(round) = self.send else {
             return;
         };
@@ -1882,7 +1836,7 @@ impl Failover {
             return self.fail(FailReason::ReadOvertaken, out);
         }
         let epoch = proposed.max(peer.epoch);
-        self.enter_epoch(epoch, now);
+        self.epoch = epoch;
         self.last_failback = Some(epoch);
         // The backup RQ is left in ERR; the repair resets it, its stale receives with it.
         self.stale_backup_recvs = 0;
@@ -2026,7 +1980,7 @@ impl Failover {
                     deadline: round.deadline.max(now + self.config.handshake_timeout),
                     ..round
                 });
-                self.maybe_bring_up_failback(now, out);
+                self.maybe_bring_up_failback(out);
             }
         }
     }

@@ -95,11 +95,7 @@ fn retry_exhausted() -> Event {
 
 /// Drives an end from Default through a whole failover round into Fallback.
 fn failed_over(role: Role) -> Failover {
-    failed_over_with(Config::new(role))
-}
-
-fn failed_over_with(config: Config) -> Failover {
-    let mut machine = Failover::new(config, at(0));
+    let mut machine = end(role);
     step(&mut machine, retry_exhausted(), at(10));
     step(&mut machine, drained(progress(4, 4, 2)), at(10));
     step(&mut machine, peer_failover(0, 3, 0), at(11));
@@ -1242,17 +1238,9 @@ fn a_successful_probe_confirms_the_path_and_moves_fallback_to_wait_signaled() {
     assert!(machine.reports_signaled_posts());
 }
 
-/// A leader whose rearms never wait for a PSN quarter: the backoff alone.
-fn without_psn_wait(role: Role) -> Config {
-    Config {
-        psn_reuse_after: Duration::ZERO,
-        ..Config::new(role)
-    }
-}
-
 #[test]
 fn failed_probes_back_off_exponentially() {
-    let mut machine = failed_over_with(without_psn_wait(Role::Leader));
+    let mut machine = failed_over(Role::Leader);
     let mut now = at(1_000);
     let mut waits = Vec::new();
     for attempt in 1..=3 {
@@ -1479,7 +1467,7 @@ fn a_follower_whose_qp_failed_to_come_up_waits_for_the_leaders_backoff() {
 
 #[test]
 fn rearm_ready_lets_the_leader_try_again_without_its_backoff() {
-    let mut machine = failed_over_with(without_psn_wait(Role::Leader));
+    let mut machine = failed_over(Role::Leader);
     // Three refused attempts: the next one would wait 800 ms.
     let mut now = 1_000;
     for epoch in 1..=3 {
@@ -2659,66 +2647,4 @@ fn a_switch_back_whose_leader_reset_its_backup_for_a_repair_fails_back_instead_o
         }
     )));
     assert_eq!(machine.send_phase(), SendPhase::FailingBack);
-}
-
-/// Epoch 0 carried traffic until the failover at 10 ms; attempts 1 to 3 are refused quickly
-/// (a follower in its hold-down). Attempt 4 would reuse epoch 0's PSNs: it waits until
-/// `psn_reuse_after` (2 s) has passed since the leader moved past epoch 0 (at 1 s).
-#[test]
-fn a_rearm_waits_before_reusing_the_psns_of_an_epoch_left_within_the_reuse_bound() {
-    let mut machine = failed_over(Role::Leader);
-    let mut now = at(1_000);
-    for epoch in 1..=3 {
-        step(&mut machine, Event::Tick, now);
-        assert_eq!(machine.epoch(), Epoch(epoch));
-        step(
-            &mut machine,
-            rearm_done(epoch, false),
-            now + Duration::from_millis(1),
-        );
-        now = machine.poll_timeout().unwrap();
-    }
-    assert_eq!(machine.poll_timeout(), Some(at(3_000)));
-    assert_eq!(step(&mut machine, Event::Tick, at(2_999)), []);
-    assert_eq!(
-        step(&mut machine, Event::Tick, at(3_000)),
-        [
-            Action::ResetDefaultQp,
-            Action::SendControl(ControlMessage::Rearm { epoch: Epoch(4) })
-        ]
-    );
-    assert_eq!(Epoch(4).psn_quarter(), Epoch(0).psn_quarter());
-}
-
-/// A failback right after three refused attempts: every PSN quarter was left within the
-/// bound, so it proposes the epoch whose quarter was left longest ago, never the current
-/// epoch's.
-#[test]
-fn a_failback_proposes_an_epoch_whose_psns_are_free_for_reuse() {
-    let mut machine = failed_over(Role::Leader);
-    let mut now = at(1_000);
-    for epoch in 1..=3 {
-        step(&mut machine, Event::Tick, now);
-        step(
-            &mut machine,
-            rearm_done(epoch, false),
-            now + Duration::from_millis(1),
-        );
-        now = machine.poll_timeout().unwrap();
-    }
-    // Quarters 0, 1 and 2 were left at 1.0, 1.2 and 1.6 s; 3 is the current epoch's, left
-    // by the failback.
-    assert_eq!(machine.epoch(), Epoch(3));
-    assert_eq!(
-        machine.failback_epoch(at(2_500)),
-        Epoch(4),
-        "none free: left longest ago"
-    );
-    assert_eq!(
-        machine.failback_epoch(at(3_000)),
-        Epoch(4),
-        "quarter 0 free"
-    );
-    // Never the current epoch's quarter, the one being left now.
-    assert_ne!(machine.failback_epoch(at(9_000)).psn_quarter(), 3);
 }

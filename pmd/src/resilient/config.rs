@@ -47,10 +47,6 @@ pub struct ResilientConfig {
     /// this the WQEs without a completion count as unknown and the round goes on from the
     /// peer's counters. A device known to be dead (its device-fatal event) is not waited for.
     pub drain_timeout: Duration,
-    /// The longest a default-path packet is taken to live in the network: a rearm waits
-    /// this long after the default pair left an epoch before entering one with the same
-    /// PSNs (`docs/failover.md` 6, "Old packets").
-    pub psn_reuse_after: Duration,
 }
 
 impl Default for ResilientConfig {
@@ -67,7 +63,6 @@ impl Default for ResilientConfig {
             redrain_interval: machine.redrain_interval,
             control_depth: 32,
             drain_timeout: Duration::from_millis(100),
-            psn_reuse_after: machine.psn_reuse_after,
         }
     }
 }
@@ -91,7 +86,6 @@ impl ResilientConfig {
             backoff_max: self.backoff_max,
             handshake_timeout: self.handshake_timeout,
             redrain_interval: self.redrain_interval,
-            psn_reuse_after: self.psn_reuse_after,
             // Set from the QP's own RTS attributes when it is armed (the driver's install).
             backup_wait: failover::Config::new(role).backup_wait,
         }

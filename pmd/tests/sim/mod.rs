@@ -104,8 +104,6 @@ pub fn config() -> ResilientConfig {
         backoff_initial: Duration::from_millis(10),
         backoff_max: Duration::from_millis(200),
         handshake_timeout: Duration::from_millis(500),
-        // Scaled as the hold-down and the backoff are (a twentieth of the defaults).
-        psn_reuse_after: Duration::from_millis(100),
         ..ResilientConfig::default()
     }
 }
