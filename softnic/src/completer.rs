@@ -7,7 +7,6 @@ use std::time::Duration;
 use hw_defs::verbs::local_ack_timeout;
 
 use crate::codec::{psn_add, psn_delta};
-use crate::congestion::Loss;
 use crate::dma;
 use crate::mr::MrTable;
 use crate::packet::{rnr_timer, AckKind, Header, Kind, NakCode};
@@ -90,7 +89,7 @@ pub(crate) fn handle(
                     qp.counters.rnr_waits += 1;
                     qp.req.rnr_until = Some(now + rnr_timer(code));
                     qp.req.timer = None;
-                    go_back(qp, h.psn, Loss::Rnr);
+                    go_back(qp, h.psn);
                     return;
                 }
                 AckKind::Nak(code) => {
@@ -114,7 +113,7 @@ pub(crate) fn handle(
                             }
                             qp.req.retry_left -= 1;
                             qp.req.retrying_from = Some(h.psn);
-                            go_back(qp, h.psn, Loss::Gap);
+                            go_back(qp, h.psn);
                         }
                         NakCode::InvalidRequest => {
                             qp.counters.naks_received.invalid_request += 1;
@@ -167,7 +166,7 @@ pub(crate) fn handle(
                 if qp.req.retrying_from != Some(qp.req.comp_psn) {
                     qp.req.retrying_from = Some(qp.req.comp_psn);
                     let from = qp.req.comp_psn;
-                    go_back(qp, from, Loss::Gap);
+                    go_back(qp, from);
                 }
                 return;
             }
@@ -261,7 +260,7 @@ fn acknowledge_through(qp: &mut Qp, psn: u32, ectx: &mut ErrorCtx<'_>) {
                 };
                 if qp.req.retrying_from != Some(from) {
                     qp.req.retrying_from = Some(from);
-                    go_back(qp, from, Loss::Gap);
+                    go_back(qp, from);
                 }
                 break;
             }

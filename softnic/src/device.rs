@@ -11,7 +11,6 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::clock::Clock;
-use crate::congestion::DeviceWindow;
 use crate::counters::Counters;
 use crate::cq::{Cq, CqConfig, CqHandle, CqId};
 use crate::engine::{ActiveQps, Activity, Core, QpNumbers, Shared};
@@ -78,11 +77,6 @@ pub struct DeviceConfig {
     pub key_seed: Option<u64>,
     /// How a UDP wire sends (the fabric ignores it).
     pub send_path: SendPath,
-    /// Share the medium between QPs (the default): a congestion window per QP, cut on loss,
-    /// and a bound on the packets the device has in flight, split equally between the QPs
-    /// with data to send. Off, every QP keeps up to 1,024 PSNs in flight on its own (for
-    /// measuring what the sharing costs).
-    pub share_medium: bool,
 }
 
 impl DeviceConfig {
@@ -96,7 +90,6 @@ impl DeviceConfig {
             pcap: None,
             key_seed: None,
             send_path: SendPath::Frames,
-            share_medium: true,
         }
     }
 }
@@ -219,7 +212,6 @@ impl Device {
             dead: false,
             refuse_rtr_until: None,
             active: ActiveQps::default(),
-            window: DeviceWindow::new(cfg.share_medium),
         };
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
@@ -553,42 +545,6 @@ impl Device {
         Ok(())
     }
 
-    /// Covers the next transmission of QP `qpn` with a short ACK timeout, once: the next time
-    /// its ACK timer starts (or now, if a timer running would fire later) it runs for
-    /// `timeout` instead of the QP's `timeout` attribute. When it fires the QP goes back N
-    /// without spending a retry or cutting its window; any acknowledgment first puts the
-    /// normal timer back. What a driver asks for after it re-posts work on a QP (a failover
-    /// onto a backup), so that a first transmission lost there is resent in `timeout`, not
-    /// after the full RC timeout.
-    pub fn arm_short_retransmit(&self, qpn: u32, timeout: Duration) -> Result<(), DeviceError> {
-        if timeout.is_zero() {
-            return Err(DeviceError::InvalidConfig(
-                "a short retransmit timeout must be longer than zero",
-            ));
-        }
-        let now = self.shared.clock.now();
-        let mut guard = self.shared.lock_core();
-        let core = &mut *guard;
-        let qp = core
-            .qp_index(qpn)
-            .and_then(|i| core.qps.get_mut(i))
-            .and_then(|q| q.as_mut())
-            .ok_or(DeviceError::UnknownQp(qpn))?;
-        match qp.req.timer {
-            Some(t) if now + timeout < t => {
-                qp.req.timer = Some(now + timeout);
-                qp.req.short_deadline = qp.req.timer;
-                qp.req.short_timeout = None;
-            }
-            Some(_) => qp.req.short_timeout = None,
-            None => qp.req.short_timeout = Some(timeout),
-        }
-        core.active.mark(qp);
-        drop(guard);
-        self.shared.waker.wake();
-        Ok(())
-    }
-
     /// Moves every QP of `qpns` to ERR (as [`Device::modify_qp`] to ERR does, flushing what
     /// is posted), under one lock of the device: what a link-down does to every QP of the
     /// device at once. One result per QP, in order, in `out` (cleared first).
@@ -641,7 +597,6 @@ impl Device {
             .filter(|&i| core.qps.get(i).is_some_and(|q| q.is_some()))
             .ok_or(DeviceError::UnknownQp(qpn))?;
         let qp = core.qps[i].take().expect("checked above");
-        core.window.forget(&qp.cc);
         core.qpns.release(qpn);
         core.retired.add(&qp.counters);
         Ok(())

@@ -14,7 +14,6 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::codec::{self, psn_delta, ParseError};
 use crate::completer;
-use crate::congestion::DeviceWindow;
 use crate::counters::Counters;
 use crate::cq::Cq;
 use crate::events::{AsyncEvent, EventQueue};
@@ -71,8 +70,6 @@ pub(crate) struct Core {
     pub active: ActiveQps,
     /// Which slot of `qps` each QPN names.
     pub qpns: QpNumbers,
-    /// The packets all QPs have in flight and their shares of the medium.
-    pub window: DeviceWindow,
 }
 
 /// QP numbers, drawn at random over the 24-bit space (not 0 and 1, the special QPs, nor
@@ -175,7 +172,6 @@ impl Core {
             return Activity::default();
         }
         let port_up = self.watch_port(now, events);
-        self.window.round_begins();
         let Core {
             wire,
             local_addr,
@@ -188,7 +184,6 @@ impl Core {
             trace,
             active,
             qpns,
-            window,
             ..
         } = self;
         let mut round = Round {
@@ -205,7 +200,6 @@ impl Core {
             qps,
             qpns,
             active,
-            window,
             mrs,
             ectx: ErrorCtx { cqs, events },
             clock,
@@ -242,7 +236,6 @@ struct Round<'a> {
     qps: &'a mut [Option<Qp>],
     qpns: &'a QpNumbers,
     active: &'a mut ActiveQps,
-    window: &'a mut DeviceWindow,
     mrs: &'a MrTable,
     ectx: ErrorCtx<'a>,
     /// The device's clock, read again when packets arrive.
@@ -260,9 +253,6 @@ impl Round<'_> {
             return;
         }
         waker.take_rung(&mut self.active.rung);
-        // QPs rung now share the device's window from their first packet on, not from the
-        // next pass's count.
-        self.window.senders = self.window.senders.max(self.active.rung.len() as u32);
         let mut rung = false;
         for k in 0..self.active.rung.len() {
             let Some(qp) = slot(self.qps, self.active.rung[k]) else {
@@ -275,14 +265,7 @@ impl Round<'_> {
             rung = true;
             self.active.mark(qp);
             if qp.state == QpState::Rts {
-                transmit(
-                    qp,
-                    self.mrs,
-                    &mut self.out,
-                    &mut self.ectx,
-                    self.window,
-                    false,
-                );
+                transmit(qp, self.mrs, &mut self.out, &mut self.ectx, false);
             }
         }
         self.active.rung.clear();
@@ -407,12 +390,6 @@ impl Round<'_> {
         let mut timer = None;
         let mut visiting = std::mem::take(&mut self.active.visiting);
         std::mem::swap(&mut visiting, &mut self.active.list);
-        if visiting.len() > 1 {
-            // Round robin: where the pass starts moves every round, so that the QPs first in
-            // the list do not always take the device's window before the others.
-            let start = (self.window.rounds % visiting.len() as u64) as usize;
-            visiting.rotate_left(start);
-        }
         for &i in &visiting {
             let Some(qp) = slot(self.qps, i) else {
                 continue;
@@ -420,27 +397,14 @@ impl Round<'_> {
             qp.listed = false;
             qp.counters.round_visits += 1;
             requester::check_timer(qp, now, &mut self.ectx);
-            let live = qp.state == QpState::Rts;
-            self.window
-                .sync(&mut qp.cc, live, qp.req.psn, qp.req.comp_psn);
             if qp.state == QpState::Err {
                 qp.flush(&mut self.ectx);
                 self.active.mark(qp);
                 continue;
             }
-            let sent = transmit(
-                qp,
-                self.mrs,
-                &mut self.out,
-                &mut self.ectx,
-                self.window,
-                true,
-            );
-            let unsent = qp.sq.slot_req_ci < qp.sq.slot_pi;
-            self.window.count_sender(&qp.cc, unsent);
-            self.busy |= sent.more;
-            // A QP the window holds back stays listed (not busy: ACKs wake the engine).
-            let mut waiting = sent.more || sent.held || qp.resp.ack_pending;
+            let more = transmit(qp, self.mrs, &mut self.out, &mut self.ectx, true);
+            self.busy |= more;
+            let mut waiting = more || qp.resp.ack_pending;
             for t in [qp.req.timer, qp.req.rnr_until].into_iter().flatten() {
                 timer = earliest(timer, t);
                 waiting = true;
@@ -451,7 +415,6 @@ impl Round<'_> {
         }
         visiting.clear();
         self.active.visiting = visiting;
-        self.window.pass_done();
         self.out.flush();
         timer
     }
@@ -474,25 +437,22 @@ impl Round<'_> {
 /// that does). The ACK rides in the same sendmmsg as the requests just batched. With none, it
 /// waits for the round's `last_pass`, where it waits one more round for the reply the
 /// application is likely to post (a latency benchmark's answer), then goes alone. Returns
-/// whether the QP has work waiting: requests beyond its budget, or a deferred ACK; and
-/// whether the window held requests back.
+/// whether the QP has work waiting: requests beyond its budget, or a deferred ACK.
 fn transmit(
     qp: &mut Qp,
     mrs: &MrTable,
     out: &mut Tx<'_>,
     ectx: &mut ErrorCtx<'_>,
-    window: &mut DeviceWindow,
     last_pass: bool,
-) -> Transmitted {
+) -> bool {
     let answering = responder::answer(qp, mrs, out, ectx, ANSWER_BUDGET);
-    let r = requester::run(qp, mrs, out, ectx, window, REQ_BUDGET);
+    let r = requester::run(qp, mrs, out, ectx, REQ_BUDGET);
     let more = r.more || answering;
-    let held = r.held;
     if !qp.resp.ack_pending || answering {
         // An owed ACK waits behind the responses still to send.
-        return Transmitted { more, held };
+        return more;
     }
-    let more = if r.packets > 0 || (last_pass && qp.resp.ack_deferred) {
+    if r.packets > 0 || (last_pass && qp.resp.ack_deferred) {
         qp.resp.ack_deferred = false;
         responder::flush_ack(qp, out);
         more
@@ -501,16 +461,7 @@ fn transmit(
         true
     } else {
         more
-    };
-    Transmitted { more, held }
-}
-
-/// What [`transmit`] left waiting.
-struct Transmitted {
-    /// Work beyond the budget, or a deferred ACK: the engine stays busy.
-    more: bool,
-    /// Requests the congestion window or the device's share held back.
-    held: bool,
+    }
 }
 
 /// The earlier of `a` (if any) and `b`.

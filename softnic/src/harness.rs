@@ -673,7 +673,6 @@ impl Sim {
             pcap,
             key_seed: Some(self.seed ^ u64::from(n)),
             send_path: crate::SendPath::Frames,
-            share_medium: true,
         })
     }
 

@@ -25,7 +25,6 @@
 pub mod clock;
 mod codec;
 mod completer;
-mod congestion;
 pub mod counters;
 pub mod cq;
 mod cqe;

@@ -9,7 +9,6 @@ use std::time::Duration;
 use hw_defs::mlx5::{data_seg, MAX_WQE_BYTES, SEND_WQE_BB, SEND_WQE_DS};
 
 use crate::codec::{self, WqeError};
-use crate::congestion::Window;
 use crate::counters::Counters;
 use crate::cq::{Cq, CqFull, CqId};
 use crate::cqe::{CqeInfo, CqeKind};
@@ -282,11 +281,6 @@ pub(crate) struct Requester {
     pub since_ack_req: u32,
     /// Messages started (24 bits): the next WQE's `msn`.
     pub msn: u32,
-    /// A short ACK timeout asked for after a re-post (`Device::arm_short_retransmit`): used
-    /// once, the next time the ACK timer starts.
-    pub short_timeout: Option<Duration>,
-    /// The deadline of the running ACK timer when that timer is the short one.
-    pub short_deadline: Option<Duration>,
 }
 
 /// Responder state.
@@ -340,8 +334,6 @@ pub(crate) struct Qp {
     pub peer_port: Option<u16>,
     pub req: Requester,
     pub resp: Responder,
-    /// Its congestion window and what it counts in the device's in-flight total.
-    pub cc: Window,
     pub counters: Counters,
     pub rq_scratch: Vec<u8>,
     /// In the engine's active list (`engine::ActiveQps`): visited by the next round.
@@ -413,7 +405,6 @@ impl Qp {
             src_port,
             peer_port: None,
             req: Requester::default(),
-            cc: Window::default(),
             resp: Responder {
                 recv_sges: Vec::with_capacity((cfg.rq_stride / 16) as usize),
                 ..Default::default()
@@ -453,8 +444,6 @@ impl Qp {
         self.sq.slot_pi = 0;
         self.rq.rwqe_ci = 0;
         self.req = Requester::default();
-        // What it counts in flight stays until the next round's sync takes it back.
-        self.cc.reset();
         self.peer_port = None;
         let sges = std::mem::take(&mut self.resp.recv_sges);
         self.resp = Responder {

@@ -7,7 +7,6 @@ use std::time::Duration;
 use hw_defs::verbs::local_ack_timeout;
 
 use crate::codec::{psn_add, psn_delta};
-use crate::congestion::{DeviceWindow, Loss, MAX_DEVICE_INFLIGHT};
 use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma;
 use crate::mr::MrTable;
@@ -17,6 +16,9 @@ use crate::qp_attr::QpState;
 use crate::tx::Tx;
 use crate::wqe::WqeOp;
 
+/// PSNs in flight (sent, not acknowledged) at most.
+const MAX_INFLIGHT_PSNS: u32 = 1024;
+
 /// What the requester did in one call.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct ReqOutcome {
@@ -24,9 +26,6 @@ pub(crate) struct ReqOutcome {
     pub packets: usize,
     /// It stopped because of the budget with more to send.
     pub more: bool,
-    /// It stopped because of its congestion window or the device's in-flight bound, with
-    /// more to send.
-    pub held: bool,
 }
 
 /// Sends up to `budget` packets for `qp`.
@@ -35,7 +34,6 @@ pub(crate) fn run(
     mrs: &MrTable,
     tx: &mut Tx<'_>,
     ectx: &mut ErrorCtx<'_>,
-    window: &mut DeviceWindow,
     budget: usize,
 ) -> ReqOutcome {
     let mut out = ReqOutcome::default();
@@ -56,7 +54,6 @@ pub(crate) fn run(
     };
     let mtu = qp.mtu();
     let max_rd_atomic = qp.attrs.max_rd_atomic.unwrap_or(1).max(1) as u32;
-    let limit = window.qp_limit(&qp.cc);
     while qp.sq.slot_req_ci < qp.sq.slot_pi {
         if out.packets >= budget {
             out.more = true;
@@ -80,25 +77,8 @@ pub(crate) fn run(
         if w.op.is_read_or_atomic() && !w.started && qp.req.rd_atomic >= max_rd_atomic {
             break;
         }
-        if window.round_full() {
-            // The device's round is spent: the next one goes on.
-            out.more = true;
+        if psn_delta(qp.req.psn, qp.req.comp_psn) >= MAX_INFLIGHT_PSNS as i32 {
             break;
-        }
-        let inflight = psn_delta(qp.req.psn, qp.req.comp_psn).max(0) as u32;
-        let mut ask_ack = false;
-        if inflight >= limit || window.full() {
-            // The responder ACKs only packets that ask for it: if the last one sent did not
-            // (the limits shrank since, as more QPs began to send), one more packet asks, or
-            // what is in flight would wait for the ACK timer.
-            if inflight == 0 || qp.req.since_ack_req == 0 || !window.enabled {
-                out.held = true;
-                break;
-            }
-            ask_ack = true;
-        } else if window.enabled {
-            // The last packet before the window closes asks for the ACK that opens it.
-            ask_ack = inflight + 1 >= limit || window.inflight + 1 >= MAX_DEVICE_INFLIGHT;
         }
         if w.op == WqeOp::Nop {
             // No packet: completes once everything before it is acknowledged.
@@ -112,13 +92,8 @@ pub(crate) fn run(
             qp.sq.slot_req_ci += 1;
             continue;
         }
-        let before = qp.req.psn;
-        match send_one(qp, mrs, tx, peer, dest_qpn, mtu, ask_ack) {
-            Ok(()) => {
-                out.packets += 1;
-                let advance = psn_delta(qp.req.psn, before).max(0) as u32;
-                window.sent(&mut qp.cc, advance);
-            }
+        match send_one(qp, mrs, tx, peer, dest_qpn, mtu) {
+            Ok(()) => out.packets += 1,
             Err(s) => {
                 let req = qp.sq.slot_req_ci;
                 qp.sq.slot_mut(req).fault = Some(s);
@@ -136,7 +111,6 @@ fn send_one(
     peer: std::net::IpAddr,
     dest_qpn: u32,
     mtu: u32,
-    ask_ack: bool,
 ) -> Result<(), u8> {
     let req = qp.sq.slot_req_ci;
     let psn = qp.req.psn;
@@ -174,7 +148,7 @@ fn send_one(
             hdr.first = first;
             hdr.last = last;
             hdr.solicited = last && w.solicited;
-            hdr.ack_req = last || ask_ack || qp.req.since_ack_req + 1 >= ACK_REQ_EVERY;
+            hdr.ack_req = last || qp.req.since_ack_req + 1 >= ACK_REQ_EVERY;
             if is_write && first {
                 hdr.reth = Some(Reth {
                     va: w.raddr,
@@ -272,23 +246,17 @@ fn send_one(
         qp.req.offset = 0;
     }
     if qp.req.timer.is_none() {
-        let short = qp.req.short_timeout.take();
-        qp.req.timer = short.or(timeout).map(|t| tx.now + t);
-        qp.req.short_deadline = short.and(qp.req.timer);
+        qp.req.timer = timeout.map(|t| tx.now + t);
     }
     Ok(())
 }
 
-/// Go-back-N for `why`: the next packet sent is `from` again, and everything after it; the
-/// congestion window is cut if `why` says the medium lost something.
-pub(crate) fn go_back(qp: &mut Qp, from: u32, why: Loss) {
+/// Go-back-N: the next packet sent is `from` again, and everything after it.
+pub(crate) fn go_back(qp: &mut Qp, from: u32) {
     // Only ever backwards: a PSN at or after the next one to send needs no resending (an
     // earlier go-back-N may already have rewound further).
     if psn_delta(from, qp.req.psn) >= 0 {
         return;
-    }
-    if qp.cc.on_loss(why, qp.req.comp_psn, qp.req.high_psn) {
-        qp.counters.window_cuts += 1;
     }
     let mtu = qp.mtu();
     let mut i = qp.sq.slot_ci;
@@ -330,17 +298,7 @@ pub(crate) fn check_timer(qp: &mut Qp, now: Duration, ectx: &mut ErrorCtx<'_>) {
         return;
     }
     qp.req.timer = None;
-    let short = qp.req.short_deadline.take() == Some(deadline);
     if psn_delta(qp.req.high_psn, qp.req.comp_psn) <= 0 && qp.sq.slot_ci == qp.sq.slot_req_ci {
-        return;
-    }
-    if short {
-        // The short timer after a re-post: resend early, spending no retry (the normal timer
-        // covers the resend, with every retry left).
-        qp.counters.short_timeouts += 1;
-        qp.req.retrying_from = Some(qp.req.comp_psn);
-        let from = qp.req.comp_psn;
-        go_back(qp, from, Loss::ShortTimeout);
         return;
     }
     qp.counters.timeouts += 1;
@@ -351,7 +309,7 @@ pub(crate) fn check_timer(qp: &mut Qp, now: Duration, ectx: &mut ErrorCtx<'_>) {
     qp.req.retry_left -= 1;
     qp.req.retrying_from = Some(qp.req.comp_psn);
     let from = qp.req.comp_psn;
-    go_back(qp, from, Loss::Timeout);
+    go_back(qp, from);
 }
 
 /// Completes the WQE at the head of the send queue (CQE only when signaled).

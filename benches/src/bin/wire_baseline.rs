@@ -12,13 +12,6 @@
 //! `SendPath::UdpSockets`, the kernel's UDP sockets), interleaved over `--rounds`, and the
 //! ratios frames / UDP sockets are printed per round.
 //!
-//! With `--compare-sharing`, the same two measurements are made with softnic sharing its
-//! medium between QPs (`DeviceConfig::share_medium`: congestion windows and a device-wide
-//! in-flight bound, the default) and without, interleaved over `--rounds`, and the ratios
-//! sharing / not sharing are printed per round: what the sharing costs one QP.
-//! `--window N` sets the 64 KiB WRITEs kept outstanding (default 32; the tools' default is
-//! 128).
-//!
 //! Root only (namespaces). `cargo run --release -p benches --bin wire_baseline -- --mtu 1500 --mtu 9000`
 
 use std::net::SocketAddr;
@@ -50,36 +43,15 @@ struct Args {
     /// the raw medium.
     #[arg(long)]
     compare_send_paths: bool,
-    /// Measure softnic sharing its medium between QPs (the default) against not sharing it.
-    #[arg(long, conflicts_with = "compare_send_paths")]
-    compare_sharing: bool,
-    /// Rounds of a comparison (each measures both sides, alternating which first).
+    /// Rounds of the comparison (each measures both send paths, alternating which first).
     #[arg(long, default_value_t = 3)]
     rounds: u32,
-    /// 64 KiB WRITEs outstanding in the bandwidth measurement.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(4..=512))]
-    window: u32,
 }
 
 const MSG: usize = 64 << 10;
-/// The largest `--window`.
-const MAX_WINDOW: usize = 512;
+const WINDOW: usize = 32;
 
-/// How the devices of a measurement are opened.
-#[derive(Clone, Copy)]
-struct Setup {
-    send_path: SendPath,
-    share_medium: bool,
-}
-
-impl Setup {
-    const DEFAULT: Setup = Setup {
-        send_path: SendPath::Frames,
-        share_medium: true,
-    };
-}
-
-fn open(side: &Side, name: &str, progress: ProgressMode, setup: Setup) -> Device {
+fn open(side: &Side, name: &str, progress: ProgressMode, send_path: SendPath) -> Device {
     let mut cfg = DeviceConfig::new(
         name,
         Wire::Udp {
@@ -88,8 +60,7 @@ fn open(side: &Side, name: &str, progress: ProgressMode, setup: Setup) -> Device
         },
     );
     cfg.progress = progress;
-    cfg.send_path = setup.send_path;
-    cfg.share_medium = setup.share_medium;
+    cfg.send_path = send_path;
     run_in(&side.netns, || Device::open(cfg))
         .expect("enter the namespace")
         .expect("open the device")
@@ -106,7 +77,7 @@ fn pair_of_nodes(
     pair: &NetnsPair,
     mtu: PathMtu,
     b_mode: ProgressMode,
-    setup: Setup,
+    send_path: SendPath,
 ) -> (Node, Node) {
     let sizes = QpSizes {
         sq_bbs: 1024,
@@ -116,12 +87,17 @@ fn pair_of_nodes(
         max_send_sge: 1,
     };
     let a = Node::new(
-        open(&pair.a, "a", ProgressMode::Manual, setup),
-        MSG * MAX_WINDOW,
+        open(&pair.a, "a", ProgressMode::Manual, send_path),
+        2 * MSG * WINDOW,
         sizes,
     )
     .expect("node a");
-    let b = Node::new(open(&pair.b, "b", b_mode, setup), MSG * MAX_WINDOW, sizes).expect("node b");
+    let b = Node::new(
+        open(&pair.b, "b", b_mode, send_path),
+        2 * MSG * WINDOW,
+        sizes,
+    )
+    .expect("node b");
     let o = ConnectOptions {
         mtu,
         timeout: 14,
@@ -132,8 +108,8 @@ fn pair_of_nodes(
 }
 
 /// WRITE ping-pong; returns sorted round-trip times in microseconds.
-fn write_ping_pong(pair: &NetnsPair, mtu: PathMtu, iters: usize, setup: Setup) -> Vec<f64> {
-    let (mut a, mut b) = pair_of_nodes(pair, mtu, ProgressMode::Manual, setup);
+fn write_ping_pong(pair: &NetnsPair, mtu: PathMtu, iters: usize, send_path: SendPath) -> Vec<f64> {
+    let (mut a, mut b) = pair_of_nodes(pair, mtu, ProgressMode::Manual, send_path);
     let (a_rkey, a_addr) = (a.buf.keys.rkey, a.buf.addr(0));
     let (b_rkey, b_addr) = (b.buf.keys.rkey, b.buf.addr(0));
     let warmup = iters / 10;
@@ -206,14 +182,8 @@ fn write_ping_pong(pair: &NetnsPair, mtu: PathMtu, iters: usize, setup: Setup) -
 }
 
 /// 64 KiB WRITE stream for `seconds` after a warm-up; returns goodput in Gb/s.
-fn write_bandwidth(
-    pair: &NetnsPair,
-    mtu: PathMtu,
-    seconds: f64,
-    window: usize,
-    setup: Setup,
-) -> f64 {
-    let (mut a, b) = pair_of_nodes(pair, mtu, ProgressMode::Auto, setup);
+fn write_bandwidth(pair: &NetnsPair, mtu: PathMtu, seconds: f64, send_path: SendPath) -> f64 {
+    let (mut a, b) = pair_of_nodes(pair, mtu, ProgressMode::Auto, send_path);
     let rkey = b.buf.keys.rkey;
     let clock = a.dev.clock().clone();
     let mut outstanding: std::collections::VecDeque<(u16, bool)> = Default::default();
@@ -224,8 +194,8 @@ fn write_bandwidth(
     let mut measure_from: Option<(Instant, u64)> = None;
     let run = warmup + Duration::from_secs_f64(seconds);
     while start.elapsed() < run {
-        while outstanding.len() < window {
-            let slot = (posted as usize) % window;
+        while outstanding.len() < WINDOW {
+            let slot = (posted as usize) % WINDOW;
             let signaled = posted % 4 == 3;
             let sge = [a.buf.sge(slot * MSG, MSG as u32)];
             let idx = a.qp.post(
@@ -281,17 +251,13 @@ fn main() {
             compare_send_paths(&pair, mtu, path_mtu, &args);
             continue;
         }
-        if args.compare_sharing {
-            compare_sharing(&pair, mtu, path_mtu, &args);
-            continue;
-        }
         let (ea, eb) = (endpoint(&pair.a), endpoint(&pair.b));
         println!(
             "wire_baseline: veth between two namespaces, link MTU {mtu}, RoCE path MTU {}",
             path_mtu.bytes()
         );
         let udp = medium::ping_pong(&ea, &eb, 8, args.iters, Wait::Busy).expect("UDP ping-pong");
-        let rtts = write_ping_pong(&pair, path_mtu, args.iters, Setup::DEFAULT);
+        let rtts = write_ping_pong(&pair, path_mtu, args.iters, SendPath::Frames);
         let (p50, p99) = (pct(&rtts, 50.0), pct(&rtts, 99.0));
         println!("  raw UDP 8 B ping-pong (busy poll)        RTT p50 {:>7.2} us  p99 {:>7.2} us  one-way {:>6.2} us", udp.rtt_p50_us, udp.rtt_p99_us, udp.one_way_p50_us);
         println!("  softnic 8 B WRITE ping-pong (manual, busy) RTT p50 {p50:>7.2} us  p99 {p99:>7.2} us  one-way {:>6.2} us", p50 / 2.0);
@@ -302,13 +268,12 @@ fn main() {
         let datagram = roce_datagram_for(mtu);
         let stream = medium::stream(&ea, &eb, datagram, Duration::from_secs_f64(args.seconds))
             .expect("UDP stream");
-        let window = args.window as usize;
-        let gbps = write_bandwidth(&pair, path_mtu, args.seconds, window, Setup::DEFAULT);
+        let gbps = write_bandwidth(&pair, path_mtu, args.seconds, SendPath::Frames);
         println!(
             "  raw UDP stream, {datagram} B datagrams          {:>6.2} Gb/s goodput",
             stream.goodput_gbps
         );
-        println!("  softnic 64 KiB WRITE, window {window}             {gbps:>6.2} Gb/s goodput");
+        println!("  softnic 64 KiB WRITE, window {WINDOW}             {gbps:>6.2} Gb/s goodput");
         println!(
             "  bandwidth ratio softnic/UDP: {:.2}  (goal >= 0.5)",
             gbps / stream.goodput_gbps
@@ -330,55 +295,13 @@ fn compare_send_paths(pair: &NetnsPair, mtu: u32, path_mtu: PathMtu, args: &Args
         let mut bw = [0.0; 2];
         for k in 0..2 {
             let i = (k + round as usize) % 2;
-            let setup = Setup {
-                send_path: paths[i],
-                ..Setup::DEFAULT
-            };
-            let rtts = write_ping_pong(pair, path_mtu, args.iters, setup);
+            let rtts = write_ping_pong(pair, path_mtu, args.iters, paths[i]);
             lat[i] = pct(&rtts, 50.0) / 2.0;
-            bw[i] = write_bandwidth(pair, path_mtu, args.seconds, args.window as usize, setup);
+            bw[i] = write_bandwidth(pair, path_mtu, args.seconds, paths[i]);
         }
         println!(
             "  round {}: 8 B WRITE one-way p50 frames {:>6.2} us, UDP sockets {:>6.2} us, ratio {:.3}; \
              64 KiB WRITE frames {:>6.2} Gb/s, UDP sockets {:>6.2} Gb/s, ratio {:.3}",
-            round + 1,
-            lat[0],
-            lat[1],
-            lat[0] / lat[1],
-            bw[0],
-            bw[1],
-            bw[0] / bw[1]
-        );
-    }
-}
-
-/// Sharing the medium (the default) against not sharing it, interleaved round by round (which
-/// goes first alternates): 8-byte WRITE ping-pong and 64 KiB WRITE bandwidth on one QP, with
-/// their ratios.
-fn compare_sharing(pair: &NetnsPair, mtu: u32, path_mtu: PathMtu, args: &Args) {
-    println!(
-        "wire_baseline: one QP with softnic sharing its medium (congestion windows, device \
-         in-flight bound) against not sharing it, link MTU {mtu}, RoCE path MTU {}, window {} x 64 KiB",
-        path_mtu.bytes(),
-        args.window
-    );
-    let sharing = [true, false];
-    for round in 0..args.rounds {
-        let mut lat = [0.0; 2];
-        let mut bw = [0.0; 2];
-        for k in 0..2 {
-            let i = (k + round as usize) % 2;
-            let setup = Setup {
-                share_medium: sharing[i],
-                ..Setup::DEFAULT
-            };
-            let rtts = write_ping_pong(pair, path_mtu, args.iters, setup);
-            lat[i] = pct(&rtts, 50.0) / 2.0;
-            bw[i] = write_bandwidth(pair, path_mtu, args.seconds, args.window as usize, setup);
-        }
-        println!(
-            "  round {}: 8 B WRITE one-way p50 sharing {:>6.2} us, not {:>6.2} us, ratio {:.3}; \
-             64 KiB WRITE sharing {:>6.2} Gb/s, not {:>6.2} Gb/s, ratio {:.3}",
             round + 1,
             lat[0],
             lat[1],
