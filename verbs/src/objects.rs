@@ -977,8 +977,35 @@ pub unsafe extern "C" fn ibv_query_qp(
     // SAFETY: ours.
     let rs = unsafe { &*qp.cast::<RsQp>() };
     let guard = lock(&rs.qp);
-    let caps = guard.caps();
     let saved = guard.saved_attributes();
+    // SAFETY: the caller's buffers.
+    unsafe {
+        write_query(
+            attr,
+            init,
+            &rs.ibv,
+            guard.state(),
+            &guard.caps(),
+            &saved,
+            rs.sq_sig_all,
+        )
+    }
+}
+
+/// Writes `ibv_query_qp`'s answer for a QP: its state and capabilities, the attributes it
+/// was brought up with, and (when `init` is not null) what it was created with. Returns 0.
+///
+/// # Safety
+/// `attr` is valid for writes; `init` is null or valid for writes.
+pub(crate) unsafe fn write_query(
+    attr: *mut ibv_qp_attr,
+    init: *mut ibv_qp_init_attr,
+    ibv: &ibv_qp,
+    state: QpState,
+    caps: &QpCaps,
+    saved: &pmd::control::SavedAttrs,
+    sig_all: bool,
+) -> c_int {
     let cap = ibv_qp_cap {
         max_send_wr: caps.max_send_wr,
         max_recv_wr: caps.max_recv_wr,
@@ -987,23 +1014,23 @@ pub unsafe extern "C" fn ibv_query_qp(
         max_inline_data: caps.max_inline_data,
     };
     let mut out = ibv_qp_attr {
-        qp_state: guard.state() as u32,
-        cur_qp_state: guard.state() as u32,
+        qp_state: state as u32,
+        cur_qp_state: state as u32,
         cap,
         ..ibv_qp_attr::default()
     };
-    fill_qp_attr(&mut out, &saved);
+    fill_qp_attr(&mut out, saved);
     // SAFETY: the caller's buffers.
     unsafe {
         attr.write(out);
         if !init.is_null() {
-            (*init).qp_context = rs.ibv.qp_context;
-            (*init).send_cq = rs.ibv.send_cq;
-            (*init).recv_cq = rs.ibv.recv_cq;
+            (*init).qp_context = ibv.qp_context;
+            (*init).send_cq = ibv.send_cq;
+            (*init).recv_cq = ibv.recv_cq;
             (*init).srq = std::ptr::null_mut();
             (*init).cap = cap;
             (*init).qp_type = IBV_QPT_RC;
-            (*init).sq_sig_all = c_int::from(rs.sq_sig_all);
+            (*init).sq_sig_all = c_int::from(sig_all);
         }
     }
     0
@@ -1234,27 +1261,31 @@ pub(crate) fn post_errno(e: &pmd::PostError) -> c_int {
     }
 }
 
-/// The ops table's `post_send`: posts the list in order, rings the doorbell once for all
-/// of it; on a refused request, `bad_wr` names it, those before it are posted.
+/// Posts the list at `wr` in order through `post` on `qp`, then calls `ring` on it once for
+/// all of it (whatever was posted before a refusal goes out); on a refused request `bad_wr`
+/// names it and its errno is returned. Generic over the closures so that each caller's post
+/// inlines.
 ///
 /// # Safety
-/// `qp` is one of our live QPs; `wr` is a valid list; `bad_wr` is null or writable.
-pub unsafe extern "C" fn post_send(
-    qp: *mut ibv_qp,
+/// `wr` is a valid list; `bad_wr` is null or writable.
+#[inline(always)]
+pub(crate) unsafe fn post_send_list<Q>(
+    qp: &mut Q,
     mut wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
+    sig_all: bool,
+    max_inline: u32,
+    mut post: impl FnMut(&mut Q, &SendWr<'_>) -> Result<(), pmd::PostError>,
+    ring: impl FnOnce(&mut Q),
 ) -> c_int {
-    // SAFETY: the inline wrapper passes one of our QPs.
-    let rs = unsafe { &*qp.cast::<RsQp>() };
-    let mut guard = lock(&rs.qp);
     let mut inline_buf = [0u8; INLINE_GATHER];
     let mut result = 0;
     while !wr.is_null() {
         // SAFETY: the caller's list.
         let w = unsafe { &*wr };
         // SAFETY: the caller's request.
-        let posted = match unsafe { send_wr(w, rs.sq_sig_all, rs.max_inline, &mut inline_buf) } {
-            Ok(swr) => guard.post_send(&swr).map(|_| ()).map_err(|e| {
+        let posted = match unsafe { send_wr(w, sig_all, max_inline, &mut inline_buf) } {
+            Ok(swr) => post(qp, &swr).map_err(|e| {
                 let errno = post_errno(&e);
                 if errno == libc::ENOMEM {
                     crate::util::set_errno(errno);
@@ -1275,22 +1306,48 @@ pub unsafe extern "C" fn post_send(
         }
         wr = w.next;
     }
-    guard.ring_doorbell();
+    ring(qp);
     result
 }
 
-/// The ops table's `post_recv`.
+/// The ops table's `post_send`: posts the list in order, rings the doorbell once for all
+/// of it; on a refused request, `bad_wr` names it, those before it are posted.
 ///
 /// # Safety
 /// `qp` is one of our live QPs; `wr` is a valid list; `bad_wr` is null or writable.
-pub unsafe extern "C" fn post_recv(
+pub unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
-    mut wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     // SAFETY: the inline wrapper passes one of our QPs.
     let rs = unsafe { &*qp.cast::<RsQp>() };
     let mut guard = lock(&rs.qp);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        post_send_list(
+            &mut *guard,
+            wr,
+            bad_wr,
+            rs.sq_sig_all,
+            rs.max_inline,
+            |q, swr| q.post_send(swr).map(|_| ()),
+            |q| q.ring_doorbell(),
+        )
+    }
+}
+
+/// Posts the receive list at `wr` in order through `post`; on a refused request `bad_wr`
+/// names it and its errno is returned.
+///
+/// # Safety
+/// `wr` is a valid list; `bad_wr` is null or writable.
+#[inline(always)]
+pub(crate) unsafe fn post_recv_list(
+    mut wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    mut post: impl FnMut(&RecvWr) -> Result<(), pmd::PostError>,
+) -> c_int {
     while !wr.is_null() {
         // SAFETY: the caller's list.
         let w = unsafe { &*wr };
@@ -1304,8 +1361,7 @@ pub unsafe extern "C" fn post_recv(
             .iter()
             .map(|s| Sge::new(s.addr, s.length, s.lkey))
             .collect();
-        let rwr = RecvWr::new(w.wr_id, &list);
-        if let Err(e) = guard.post_recv(&rwr) {
+        if let Err(e) = post(&RecvWr::new(w.wr_id, &list)) {
             let errno = post_errno(&e);
             if errno != libc::ENOMEM {
                 invalid("ibv_post_recv", &e.to_string(), errno);
@@ -1319,6 +1375,22 @@ pub unsafe extern "C" fn post_recv(
         wr = w.next;
     }
     0
+}
+
+/// The ops table's `post_recv`.
+///
+/// # Safety
+/// `qp` is one of our live QPs; `wr` is a valid list; `bad_wr` is null or writable.
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: the inline wrapper passes one of our QPs.
+    let rs = unsafe { &*qp.cast::<RsQp>() };
+    let mut guard = lock(&rs.qp);
+    // SAFETY: forwarded from the caller.
+    unsafe { post_recv_list(wr, bad_wr, |rwr| guard.post_recv(rwr)) }
 }
 
 /// The opcode numbering the pmd shares with verbs, checked once here.

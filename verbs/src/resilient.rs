@@ -33,14 +33,13 @@ use pmd::resilient::{
     FailoverService, RedisRendezvous, Rendezvous, RendezvousKey, ResilientConfig, ResilientContext,
     ResilientPd, ResilientQp, ServiceConfig,
 };
-use pmd::{QpAttr, QpState, RecvWr, SgList, Sge, WcOpcode, WorkCompletion};
+use pmd::{QpAttr, QpState, WcOpcode, WorkCompletion};
 
 use crate::abi::*;
 use crate::config::{DeviceSpec, Progress, Resilience, RENDEZVOUS_VAR};
 use crate::device::{PollActivity, RsContext};
 use crate::objects::{
-    caps_from, fill_qp_attr, lock, post_errno, qp_attr_from, send_wr, to_ibv_wc, RsPd,
-    INLINE_GATHER,
+    caps_from, lock, post_recv_list, post_send_list, qp_attr_from, to_ibv_wc, write_query, RsPd,
 };
 use crate::util::invalid;
 
@@ -727,35 +726,18 @@ pub unsafe fn query_qp(
     // SAFETY: the caller's QP.
     let rs = unsafe { &*qp.cast::<RQp>() };
     let g = lock(&rs.cell.inner);
-    let caps = g.qp.caps();
-    let cap = ibv_qp_cap {
-        max_send_wr: caps.max_send_wr,
-        max_recv_wr: caps.max_recv_wr,
-        max_send_sge: caps.max_send_sge,
-        max_recv_sge: caps.max_recv_sge,
-        max_inline_data: caps.max_inline_data,
-    };
-    let mut out = ibv_qp_attr {
-        qp_state: g.state as u32,
-        cur_qp_state: g.state as u32,
-        cap,
-        ..ibv_qp_attr::default()
-    };
-    fill_qp_attr(&mut out, &g.saved);
     // SAFETY: the caller's buffers.
     unsafe {
-        attr.write(out);
-        if !init.is_null() {
-            (*init).qp_context = rs.ibv.qp_context;
-            (*init).send_cq = rs.ibv.send_cq;
-            (*init).recv_cq = rs.ibv.recv_cq;
-            (*init).srq = std::ptr::null_mut();
-            (*init).cap = cap;
-            (*init).qp_type = IBV_QPT_RC;
-            (*init).sq_sig_all = c_int::from(rs.cell.sig_all);
-        }
+        write_query(
+            attr,
+            init,
+            &rs.ibv,
+            g.state,
+            &g.qp.caps(),
+            &g.saved,
+            rs.cell.sig_all,
+        )
     }
-    0
 }
 
 /// How long a connected QP stays after `ibv_destroy_qp` (as the plain devices' linger: the
@@ -819,7 +801,7 @@ pub unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
 /// or writable.
 pub unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
-    mut wr: *mut ibv_send_wr,
+    wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     // SAFETY: the inline wrapper passes one of our QPs.
@@ -834,36 +816,18 @@ pub unsafe extern "C" fn post_send(
         }
         return invalid("ibv_post_send", "the QP is in RTR", libc::EINVAL);
     }
-    let mut inline_buf = [0u8; INLINE_GATHER];
-    let mut result = 0;
-    while !wr.is_null() {
-        // SAFETY: the caller's list.
-        let w = unsafe { &*wr };
-        // SAFETY: the caller's request.
-        let posted = match unsafe { send_wr(w, cell.sig_all, cell.max_inline, &mut inline_buf) } {
-            Ok(swr) => g.qp.post_send(&swr).map_err(|e| {
-                let errno = post_errno(&e);
-                if errno == libc::ENOMEM {
-                    crate::util::set_errno(errno);
-                    errno
-                } else {
-                    invalid("ibv_post_send", &e.to_string(), errno)
-                }
-            }),
-            Err((why, errno)) => Err(invalid("ibv_post_send", &why, errno)),
-        };
-        if let Err(errno) = posted {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's slot.
-                unsafe { bad_wr.write(wr) };
-            }
-            result = errno;
-            break;
-        }
-        wr = w.next;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        post_send_list(
+            &mut *g,
+            wr,
+            bad_wr,
+            cell.sig_all,
+            cell.max_inline,
+            |g, swr| g.qp.post_send(swr),
+            |g| g.qp.ring_doorbell(),
+        )
     }
-    g.qp.ring_doorbell();
-    result
 }
 
 /// The ops table's `post_recv` on a resilient device.
@@ -873,37 +837,12 @@ pub unsafe extern "C" fn post_send(
 /// or writable.
 pub unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
-    mut wr: *mut ibv_recv_wr,
+    wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     // SAFETY: the inline wrapper passes one of our QPs.
     let rs = unsafe { &*qp.cast::<RQp>() };
     let mut g = lock(&rs.cell.inner);
-    while !wr.is_null() {
-        // SAFETY: the caller's list.
-        let w = unsafe { &*wr };
-        let sges: &[ibv_sge] = if w.num_sge <= 0 || w.sg_list.is_null() {
-            &[]
-        } else {
-            // SAFETY: the caller's list of `num_sge` entries.
-            unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
-        };
-        let list: SgList = sges
-            .iter()
-            .map(|s| Sge::new(s.addr, s.length, s.lkey))
-            .collect();
-        if let Err(e) = g.qp.post_recv(&RecvWr::new(w.wr_id, &list)) {
-            let errno = post_errno(&e);
-            if errno != libc::ENOMEM {
-                invalid("ibv_post_recv", &e.to_string(), errno);
-            }
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's slot.
-                unsafe { bad_wr.write(wr) };
-            }
-            return errno;
-        }
-        wr = w.next;
-    }
-    0
+    // SAFETY: forwarded from the caller.
+    unsafe { post_recv_list(wr, bad_wr, |rwr| g.qp.post_recv(rwr)) }
 }

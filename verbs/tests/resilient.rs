@@ -7,36 +7,20 @@
 //!
 //! Skips with a printed reason when `redis-server` or a stock binary is missing.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// One pair at a time: the machine is small and the softnic devices are busy threads.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// How long one side may run before the case fails.
-const DEADLINE: Duration = Duration::from_secs(90);
+use common::{assert_both_ok, binary, run_pair, shim, show, SERIAL};
 
 /// The line a QP logs when its backup side is connected.
 const PROTECTED: &str = ": protected (backup on soft:lo@";
 /// The line a QP prints when its peer published no backup attributes.
 const UNPROTECTED: &str = "running unprotected";
-
-fn shim() -> PathBuf {
-    let lib = std::env::current_exe()
-        .expect("test binary path")
-        .with_file_name("librailshift_verbs.so");
-    assert!(lib.exists(), "{} was not built", lib.display());
-    lib
-}
-
-fn binary(name: &str) -> Option<PathBuf> {
-    let path = Path::new("/usr/bin").join(name);
-    path.exists().then_some(path)
-}
 
 /// A redis-server for the rendezvous: `tools/test`'s, or one of this test's own (stopped
 /// when this drops).
@@ -123,17 +107,6 @@ fn key_file(test: &str) -> PathBuf {
     path
 }
 
-/// Whether something listens on TCP `port` (from /proc: a perftest server takes exactly one
-/// connection).
-fn listening(port: u16) -> bool {
-    let needle = format!(":{port:04X} 00000000:0000 0A");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .map(|s| s.lines().any(|l| l.contains(&needle)))
-            .unwrap_or(false)
-    })
-}
-
 struct Job<'a> {
     redis: &'a Redis,
     key: PathBuf,
@@ -149,48 +122,22 @@ impl Job<'_> {
         args: &[&str],
         peer: Option<&str>,
     ) -> Child {
-        let mut cmd = Command::new(bin);
-        cmd.env("LD_PRELOAD", shim())
-            .env("RAILSHIFT_DEVICES", format!("rs0={device}"))
-            .env("RAILSHIFT_RENDEZVOUS", &self.redis.url)
-            .env("RAILSHIFT_RENDEZVOUS_KEY_FILE", &self.key)
-            .env("RAILSHIFT_RENDEZVOUS_PREFIX", &self.prefix)
-            .env("RAILSHIFT_PROTECT_WAIT_MS", "1000")
-            .env("RAILSHIFT_LOG", "warn,railshift_verbs=info")
-            .args(["-d", "rs0", "-p", &port.to_string()])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(peer) = peer {
-            cmd.arg(peer);
-        }
-        cmd.spawn().expect("spawn a stock binary")
+        let devices = format!("rs0={device}");
+        common::side(
+            bin,
+            &[
+                ("RAILSHIFT_DEVICES", &devices),
+                ("RAILSHIFT_RENDEZVOUS", &self.redis.url),
+                ("RAILSHIFT_RENDEZVOUS_KEY_FILE", &self.key),
+                ("RAILSHIFT_RENDEZVOUS_PREFIX", &self.prefix),
+                ("RAILSHIFT_PROTECT_WAIT_MS", &"1000"),
+                ("RAILSHIFT_LOG", &"warn,railshift_verbs=info"),
+            ],
+            port,
+            args,
+            peer,
+        )
     }
-}
-
-fn finish(child: Child, what: &str) -> Output {
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(out) => out.expect("wait for a stock binary"),
-        Err(_) => {
-            // SAFETY: plain syscall on the child we spawned.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("{what} did not finish in {DEADLINE:?}");
-        }
-    }
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "status {}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Runs `tool args` with the server on `server_dev` and the client on `client_dev`; both
@@ -217,21 +164,15 @@ fn pair(
         prefix: format!("railshift-verbs-test:{}:{nanos}", std::process::id()),
     };
     let port = 19100 + u16::from(net);
-    let server = job.side(&bin, server_dev, port, args, None);
-    let start = Instant::now();
-    while !listening(port) && start.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let client = job.side(&bin, client_dev, port, args, Some("127.0.0.1"));
-    let c = finish(client, &format!("{tool} {args:?} client"));
-    let s = finish(server, &format!("{tool} {args:?} server"));
-    let _ = std::fs::remove_file(&job.key);
-    assert!(
-        c.status.success() && s.status.success(),
-        "{tool} {args:?}\n=== client {}\n=== server {}",
-        show(&c),
-        show(&s)
+    let what = format!("{tool} {args:?}");
+    let (s, c) = run_pair(
+        &what,
+        port,
+        || job.side(&bin, server_dev, port, args, None),
+        || job.side(&bin, client_dev, port, args, Some("127.0.0.1")),
     );
+    let _ = std::fs::remove_file(&job.key);
+    assert_both_ok(&what, &s, &c);
     Some((s, c))
 }
 

@@ -5,72 +5,14 @@
 //! Needs the Debian packages `perftest` and `ibverbs-utils` (`tools/test` installs them); a
 //! case whose binary is missing skips with a printed reason.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+mod common;
 
-/// One pair at a time: the machine is small and the softnic engines are busy threads.
-static SERIAL: Mutex<()> = Mutex::new(());
+use std::process::Command;
 
-/// How long one side may run before the case fails.
-const DEADLINE: Duration = Duration::from_secs(90);
+use common::{assert_both_ok, binary, run_pair, shim, side, SERIAL};
 
-fn shim() -> PathBuf {
-    // The test binary is target/<profile>/deps/stock-<hash>; the library cargo built with it
-    // lies beside it.
-    let lib = std::env::current_exe()
-        .expect("test binary path")
-        .with_file_name("librailshift_verbs.so");
-    assert!(lib.exists(), "{} was not built", lib.display());
-    lib
-}
-
-fn binary(name: &str) -> Option<PathBuf> {
-    let path = Path::new("/usr/bin").join(name);
-    path.exists().then_some(path)
-}
-
-/// Whether something listens on TCP `port` (read from /proc, so no connection is made: a
-/// perftest server takes exactly one).
-fn listening(port: u16) -> bool {
-    let needle = format!(":{port:04X} 00000000:0000 0A");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .map(|s| s.lines().any(|l| l.contains(&needle)))
-            .unwrap_or(false)
-    })
-}
-
-fn side(bin: &Path, addr: &str, port: u16, args: &[&str], peer: Option<&str>) -> Child {
-    let mut cmd = Command::new(bin);
-    cmd.env("LD_PRELOAD", shim())
-        .env("RAILSHIFT_DEVICES", format!("rs0=soft:lo@{addr}"))
-        .args(["-d", "rs0", "-p", &port.to_string()])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(peer) = peer {
-        cmd.arg(peer);
-    }
-    cmd.spawn().expect("spawn a stock binary")
-}
-
-fn finish(child: Child, what: &str) -> Output {
-    let pid = child.id();
-    let start = Instant::now();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(out) => out.expect("wait for a stock binary"),
-        Err(_) => {
-            // SAFETY: plain syscall on the child we spawned.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("{what} did not finish in {:?}", start.elapsed());
-        }
-    }
+fn device(addr: &str) -> String {
+    format!("rs0=soft:lo@{addr}")
 }
 
 /// Runs `tool args` as a server on 127.0.<net>.1 and a client on 127.0.<net>.2; both must
@@ -82,34 +24,26 @@ fn pair(tool: &str, args: &[&str], net: u8) -> Option<String> {
     };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let port = 19000 + u16::from(net);
-    let server = side(&bin, &format!("127.0.{net}.1"), port, args, None);
-    let start = Instant::now();
-    while !listening(port) && start.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let client = side(
-        &bin,
-        &format!("127.0.{net}.2"),
+    let what = format!("{tool} {args:?}");
+    let (server, client) = (
+        device(&format!("127.0.{net}.1")),
+        device(&format!("127.0.{net}.2")),
+    );
+    let (s, c) = run_pair(
+        &what,
         port,
-        args,
-        Some("127.0.0.1"),
+        || side(&bin, &[("RAILSHIFT_DEVICES", &server)], port, args, None),
+        || {
+            side(
+                &bin,
+                &[("RAILSHIFT_DEVICES", &client)],
+                port,
+                args,
+                Some("127.0.0.1"),
+            )
+        },
     );
-    let c = finish(client, &format!("{tool} {args:?} client"));
-    let s = finish(server, &format!("{tool} {args:?} server"));
-    let show = |o: &Output| {
-        format!(
-            "status {}\n--- stdout\n{}\n--- stderr\n{}",
-            o.status,
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    };
-    assert!(
-        c.status.success() && s.status.success(),
-        "{tool} {args:?}\n=== client {}\n=== server {}",
-        show(&c),
-        show(&s)
-    );
+    assert_both_ok(&what, &s, &c);
     Some(String::from_utf8_lossy(&c.stdout).into_owned())
 }
 
