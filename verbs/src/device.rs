@@ -208,12 +208,53 @@ fn lists() -> &'static Mutex<HashMap<usize, (usize, usize)>> {
     LISTS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// `ibv_get_device_list`: ours first, then the system's.
+thread_local! {
+    /// Set while this thread opens a pmd device (see [`open_pmd_context`]).
+    static OPENING_PMD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `pmd::Context::open` for one of our devices. The pmd's mlx5 provider lists and opens the
+/// machine's devices through libibverbs, and its calls land on this library's exported
+/// definitions (the shim interposes the symbols in the whole process, itself included):
+/// while it opens, `ibv_get_device_list` answers with the system's list alone, so that the
+/// provider never sees (or opens) a device of ours; every other verb passes through because
+/// the objects it is given are not ours.
+pub(crate) fn open_pmd_context(
+    name: &str,
+    config: &pmd::ContextConfig,
+) -> Result<Arc<pmd::Context>, pmd::OpenError> {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            OPENING_PMD.with(|o| o.set(false));
+        }
+    }
+    OPENING_PMD.with(|o| o.set(true));
+    let _reset = Reset;
+    pmd::Context::open(name, config)
+}
+
+/// `ibv_get_device_list`: ours first, then the system's (the system's alone while the pmd
+/// opens a device: [`open_pmd_context`]).
 ///
 /// # Safety
 /// `num_devices` is null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    if OPENING_PMD.with(|o| o.get()) {
+        return match system::ibv_get_device_list() {
+            // SAFETY: the system's function with the caller's count slot.
+            Some(f) => unsafe { f(num_devices) },
+            None => {
+                if !num_devices.is_null() {
+                    // SAFETY: the caller's slot.
+                    unsafe { *num_devices = 0 };
+                }
+                crate::util::set_errno(libc::ENOSYS);
+                std::ptr::null_mut()
+            }
+        };
+    }
     let reg = registry();
     let mut n_system: c_int = 0;
     let system = match system::ibv_get_device_list() {
@@ -408,7 +449,7 @@ fn open_pmd(device: &'static RsDevice) -> Result<Opened, String> {
         progress: mode.model(),
         ..pmd::ContextConfig::default()
     };
-    let ctx = pmd::Context::open(&device.spec.device_text, &config).map_err(|e| e.to_string())?;
+    let ctx = open_pmd_context(&device.spec.device_text, &config).map_err(|e| e.to_string())?;
     let activity = Arc::new(PollActivity::default());
     if mode == Progress::Poll && ctx.progress_model() == pmd::provider::ProgressModel::Manual {
         let (weak, act) = (Arc::downgrade(&ctx), activity.clone());

@@ -37,7 +37,7 @@ use pmd::{QpAttr, QpState, WcOpcode, WorkCompletion};
 
 use crate::abi::*;
 use crate::config::{DeviceSpec, Progress, Resilience, RENDEZVOUS_VAR};
-use crate::device::{PollActivity, RsContext};
+use crate::device::{open_pmd_context, PollActivity, RsContext};
 use crate::objects::{
     caps_from, lock, post_recv_list, post_send_list, qp_attr_from, to_ibv_wc, write_query, RsPd,
 };
@@ -83,9 +83,9 @@ pub fn open(
         progress: progress.model(),
         ..pmd::ContextConfig::default()
     };
-    let default = pmd::Context::open(&spec.device_text, &config).map_err(|e| e.to_string())?;
+    let default = open_pmd_context(&spec.device_text, &config).map_err(|e| e.to_string())?;
     let backup_ctx =
-        pmd::Context::open(backup, &config).map_err(|e| format!("backup device {backup}: {e}"))?;
+        open_pmd_context(backup, &config).map_err(|e| format!("backup device {backup}: {e}"))?;
     let key = RendezvousKey::from_env()
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{} is not set", pmd::resilient::KEY_FILE_VAR))?;

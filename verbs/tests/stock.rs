@@ -237,3 +237,37 @@ fn ib_atomic_bw_both_atomics() {
     pair("ib_atomic_bw", &["-A", "CMP_AND_SWAP", "-n", "300"], 91);
     pair("ib_atomic_bw", &["-D", "2", "-q", "2"], 92);
 }
+
+/// With the mlx5 feature, a `mlx5:` device this machine does not have is an error naming it
+/// from `ibv_open_device`, not a hang or a crash: the pmd's mlx5 provider lists devices
+/// through the shim's own `ibv_get_device_list` while the shim opens it, and must be given
+/// the system's list alone (never `rs0` itself).
+#[cfg(feature = "mlx5")]
+#[test]
+fn an_absent_mlx5_device_is_an_error_naming_it() {
+    let Some(bin) = binary("ibv_devinfo") else {
+        eprintln!("skipped: /usr/bin/ibv_devinfo is missing (install ibverbs-utils)");
+        return;
+    };
+    let child = Command::new(bin)
+        .args(["-d", "rs0"])
+        .env("LD_PRELOAD", shim())
+        .env("RAILSHIFT_DEVICES", "rs0=mlx5:rs_absent0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ibv_devinfo");
+    let out = common::finish(child, "ibv_devinfo -d rs0 on an absent mlx5 device");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{}", common::show(&out));
+    assert!(
+        err.contains("ibv_open_device") && err.contains("mlx5:rs_absent0"),
+        "{}",
+        common::show(&out)
+    );
+    assert!(
+        !err.contains("present: rs0"),
+        "the provider saw the shim's own device: {}",
+        common::show(&out)
+    );
+}
