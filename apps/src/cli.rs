@@ -217,6 +217,11 @@ pub struct Flags {
     /// testbed's spelling; --holddown-ms is the same flag.
     #[arg(long = "holddown", alias = "holddown-ms", value_name = "TIME", value_parser = parse_holddown)]
     pub holddown_ms: Option<u64>,
+    /// Failover: how long a connection holds its work while no path answers before it fails
+    /// (`outage-tolerance`): 4.3s, 500ms, 2h, or a number of milliseconds, up to a day
+    /// (default: the pmd's 4.29 s, one try of a plain RC QP at NCCL's default timeout).
+    #[arg(long = "outage-tolerance", value_name = "TIME", value_parser = parse_outage_tolerance)]
+    pub outage_tolerance_ms: Option<u64>,
     /// Pin the polling lcore to this core.
     #[arg(long = "cpu", value_name = "N")]
     pub cpu: Option<usize>,
@@ -284,19 +289,37 @@ pub struct Flags {
 /// A hold-down as milliseconds: `100ms`, `1.5s`, or a bare number of milliseconds, up to
 /// an hour.
 fn parse_holddown(text: &str) -> Result<u64, String> {
+    match parse_millis(text) {
+        Some(ms) if ms.is_finite() && (0.0..=3_600_000.0).contains(&ms) => Ok(ms.round() as u64),
+        Some(_) => Err("a hold-down is 0 to 1 hour".into()),
+        None => Err("use 100ms, 1.5s or a number of milliseconds".into()),
+    }
+}
+
+/// An outage tolerance as milliseconds: `500ms`, `4.3s`, `2h`, or a bare number of
+/// milliseconds, up to a day.
+fn parse_outage_tolerance(text: &str) -> Result<u64, String> {
+    match parse_millis(text) {
+        Some(ms) if ms.is_finite() && (0.0..=86_400_000.0).contains(&ms) => Ok(ms.round() as u64),
+        Some(_) => Err("an outage tolerance is 0 to 24 hours".into()),
+        None => Err("use 500ms, 4.3s, 2h or a number of milliseconds".into()),
+    }
+}
+
+/// `100ms`, `1.5s`, `2h` or a bare number as milliseconds (the caller checks the range);
+/// `None` when it does not parse.
+fn parse_millis(text: &str) -> Option<f64> {
     let t = text.trim();
     let ms = if let Some(n) = t.strip_suffix("ms") {
         n.trim().parse::<f64>().ok()
     } else if let Some(n) = t.strip_suffix('s') {
         n.trim().parse::<f64>().ok().map(|s| s * 1e3)
+    } else if let Some(n) = t.strip_suffix('h') {
+        n.trim().parse::<f64>().ok().map(|h| h * 3.6e6)
     } else {
         t.parse::<f64>().ok()
     };
-    match ms {
-        Some(ms) if ms.is_finite() && (0.0..=3_600_000.0).contains(&ms) => Ok(ms.round() as u64),
-        Some(_) => Err("a hold-down is 0 to 1 hour".into()),
-        None => Err("use 100ms, 1.5s or a number of milliseconds".into()),
-    }
+    ms
 }
 
 /// The tools a flag is for (by its clap id), or `None` for a flag every tool takes. A flag
@@ -1001,6 +1024,23 @@ mod tests {
             "soft:lo".to_owned(),
         ];
         assert!(!parse(Tool::WriteBw, &args).unwrap().failover_enabled());
+    }
+
+    #[test]
+    fn outage_tolerance_is_the_pmds_unless_given_and_refused_when_absurd() {
+        assert_eq!(
+            parse(Tool::WriteBw, &[]).unwrap().flags.outage_tolerance_ms,
+            None
+        );
+        for (given, ms) in [("4.3s", 4_300), ("500ms", 500), ("2h", 7_200_000), ("0", 0)] {
+            let o = accepted(Tool::WriteBw, &["--outage-tolerance", given]);
+            assert_eq!(o.flags.outage_tolerance_ms, Some(ms), "{given}");
+        }
+        assert!(
+            refused(Tool::WriteBw, &["--outage-tolerance", "soon"]).contains("--outage-tolerance")
+        );
+        assert!(refused(Tool::WriteBw, &["--outage-tolerance", "25h"]).contains("0 to 24 hours"));
+        assert!(refused(Tool::WriteBw, &["--outage-tolerance=-1s"]).contains("0 to 24 hours"));
     }
 
     #[test]

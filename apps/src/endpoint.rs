@@ -33,6 +33,9 @@ pub struct DeviceOptions {
     pub gid_index: u16,
     /// Hold-down before switching back (`--holddown`); `None`: the pmd's default.
     pub holddown: Option<std::time::Duration>,
+    /// How long work is held while no path answers (`--outage-tolerance`); `None`: the pmd's
+    /// default.
+    pub outage_tolerance: Option<std::time::Duration>,
     /// The polling lcore runs the failover service itself (no service thread); with
     /// [`ProgressModel::Manual`] it also drives the devices.
     pub run_to_completion: bool,
@@ -132,6 +135,9 @@ impl Host {
                 let mut config = ResilientConfig::default();
                 if let Some(holddown) = o.holddown {
                     config.holddown = holddown;
+                }
+                if let Some(tolerance) = o.outage_tolerance {
+                    config.outage_tolerance = tolerance;
                 }
                 let ctx = ResilientContext::new(default, Some(backup_ctx), &service, config, None);
                 let pd = ctx.alloc_pd().map_err(verbs)?;

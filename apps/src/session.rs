@@ -117,6 +117,10 @@ pub fn device_options(o: &Options) -> DeviceOptions {
         },
         gid_index: o.flags.gid_index,
         holddown: o.flags.holddown_ms.map(std::time::Duration::from_millis),
+        outage_tolerance: o
+            .flags
+            .outage_tolerance_ms
+            .map(std::time::Duration::from_millis),
         qps: o.flags.qps + o.flags.idle_qps,
     }
 }

@@ -282,7 +282,7 @@ fn a_remote_access_error_goes_to_the_application_and_is_never_failed_over() {
 }
 
 #[test]
-fn with_both_paths_down_every_posted_work_request_fails_after_the_rc_budget() {
+fn with_both_paths_down_every_posted_work_request_fails_after_the_outage_tolerance() {
     let mut sim = Sim::new(8, config());
     let mut t = nccl(&sim, 1000);
     let mut down_at = None;
@@ -307,16 +307,16 @@ fn with_both_paths_down_every_posted_work_request_fails_after_the_rc_budget() {
     let event = sim.a.qp.events().last().unwrap();
     assert_eq!(
         (event.kind, event.cause),
-        (EventKind::Error, Cause::BackupUnavailable)
+        (EventKind::Error, Cause::OutageTolerance)
     );
-    // No faster than a plain RC QP with the same attributes would fail (not at the link-down), and promptly after that: its retry budget, then at once.
-    let rts = sim::rts();
-    let budget = pmd::failover::rc_retry_budget(rts.timeout.unwrap(), rts.retry_cnt.unwrap());
+    // Work is held (not failed at the link-down, nor after a plain RC QP's retries) for the
+    // outage tolerance, and fails promptly after it.
+    let tolerance = config().outage_tolerance;
     let failed_at = Duration::from_secs_f64(event.unix_ms / 1e3);
     let took = failed_at - down_at;
     assert!(
-        took >= budget && took < budget + Duration::from_millis(5),
-        "failed {took:?} after both links went down; the RC budget is {budget:?}"
+        took >= tolerance && took < tolerance + Duration::from_millis(5),
+        "failed {took:?} after both links went down; the tolerance is {tolerance:?}"
     );
     // Every iteration outstanding when it failed completed in error, three WRs each: seen
     // here after the failure, or by the traffic's own poll that ran the failing timer (it
@@ -569,7 +569,7 @@ fn the_backup_device_failing_its_qps_during_the_holddown_moves_the_traffic_back(
 }
 
 #[test]
-fn with_the_default_link_down_too_a_failback_fails_after_the_rc_budget() {
+fn with_the_default_link_down_too_a_failback_fails_after_the_outage_tolerance() {
     let mut sim = Sim::new(12, config());
     let mut t = nccl(&sim, 200);
     let mut phase = 0;
@@ -595,11 +595,12 @@ fn with_the_default_link_down_too_a_failback_fails_after_the_rc_budget() {
     );
     let stats = sim.a.qp.stats();
     assert_eq!((stats.failbacks, stats.errors), (0, 1), "{stats:?}");
-    // Not at the backup QPs' failure: after the RC budget (16.8 ms at these attributes),
-    // waiting for the default link, and promptly then.
+    // Not at the backup QPs' failure: after the outage tolerance (300 ms at these timers),
+    // holding the work for the default link, and promptly then.
     let waited = sim.now() - failed_at.expect("the backup device failed");
+    let tolerance = config().outage_tolerance;
     assert!(
-        waited >= Duration::from_millis(16) && waited < Duration::from_millis(40),
+        waited >= tolerance && waited < tolerance + Duration::from_millis(25),
         "{waited:?}"
     );
 }
@@ -1588,5 +1589,36 @@ fn a_failback_meeting_a_key_without_a_default_counterpart_moves_nothing() {
     );
     for h in [&sim.a, &sim.b] {
         assert_eq!(h.qp.stats().failbacks, 0, "{:?}", h.qp.events());
+    }
+}
+
+#[test]
+fn both_paths_down_past_the_rc_budget_but_within_the_tolerance_loses_nothing() {
+    // Both links of host A down together for 120 ms (seven of the simulation's RC budgets,
+    // 16.8 ms; the tolerance is 300 ms), then back: every posted WR completes, checked.
+    for seed in [21, 22, 23] {
+        let mut sim = Sim::new(seed, config());
+        let mut t = nccl(&sim, 300);
+        let mut down = false;
+        let done = sim.run_until(Duration::from_secs(20), |s| {
+            if !down && t.dirs[0].completed >= 10 {
+                s.link_down(A_DEFAULT, Some(Duration::from_millis(120)));
+                s.link_down(A_BACKUP, Some(Duration::from_millis(120)));
+                down = true;
+            }
+            step(&mut t, s) && s.a.qp.state() != ResilientState::Failed
+        });
+        assert!(
+            done,
+            "seed {seed}: stalled or failed: {} completed, {} notified, states {:?} {:?}, events {:?}",
+            t.dirs[0].completed,
+            t.dirs[0].notified,
+            sim.a.qp.state(),
+            sim.b.qp.state(),
+            sim.a.qp.events()
+        );
+        assert_clean(&mut t, &mut sim);
+        assert_ne!(sim.a.qp.state(), ResilientState::Failed, "seed {seed}");
+        assert_ne!(sim.b.qp.state(), ResilientState::Failed, "seed {seed}");
     }
 }

@@ -32,6 +32,8 @@ pub const RENDEZVOUS_VAR: &str = "RAILSHIFT_RENDEZVOUS";
 pub const PREFIX_VAR: &str = "RAILSHIFT_RENDEZVOUS_PREFIX";
 /// The failover hold-down in milliseconds.
 pub const HOLDDOWN_VAR: &str = "RAILSHIFT_HOLDDOWN_MS";
+/// How long a connection holds its work while no path answers, in milliseconds.
+pub const OUTAGE_TOLERANCE_VAR: &str = "RAILSHIFT_OUTAGE_TOLERANCE_MS";
 /// How long a QP waits for its peer's rendezvous entry before it says it runs unprotected.
 pub const PROTECT_WAIT_VAR: &str = "RAILSHIFT_PROTECT_WAIT_MS";
 /// The prefix when [`PREFIX_VAR`] is unset.
@@ -64,6 +66,8 @@ pub struct Resilience {
     pub prefix: String,
     /// The hold-down ([`HOLDDOWN_VAR`]); `None`: pmd's default.
     pub holddown: Option<Duration>,
+    /// The outage tolerance ([`OUTAGE_TOLERANCE_VAR`]); `None`: pmd's default.
+    pub outage_tolerance: Option<Duration>,
     /// The bounded wait for the peer's entry ([`PROTECT_WAIT_VAR`]).
     pub protect_wait: Duration,
 }
@@ -259,6 +263,7 @@ impl Config {
             rendezvous,
             prefix: set(PREFIX_VAR).unwrap_or_else(|| DEFAULT_PREFIX.to_string()),
             holddown: millis(HOLDDOWN_VAR)?,
+            outage_tolerance: millis(OUTAGE_TOLERANCE_VAR)?,
             protect_wait: millis(PROTECT_WAIT_VAR)?.unwrap_or(DEFAULT_PROTECT_WAIT),
         });
         Ok(config)
@@ -325,6 +330,7 @@ mod tests {
             (RENDEZVOUS_VAR, "redis://127.0.0.1:6379/"),
             (pmd::resilient::KEY_FILE_VAR, "/tmp/key"),
             (HOLDDOWN_VAR, "250"),
+            (OUTAGE_TOLERANCE_VAR, "60000"),
         ]))
         .unwrap();
         assert_eq!(c.devices[0].backup_text, None);
@@ -333,6 +339,7 @@ mod tests {
         let r = c.resilience.unwrap();
         assert_eq!(r.prefix, DEFAULT_PREFIX);
         assert_eq!(r.holddown, Some(Duration::from_millis(250)));
+        assert_eq!(r.outage_tolerance, Some(Duration::from_secs(60)));
         assert_eq!(r.protect_wait, DEFAULT_PROTECT_WAIT);
     }
 

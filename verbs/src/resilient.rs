@@ -97,6 +97,9 @@ pub fn open(
     if let Some(h) = settings.holddown {
         failover.holddown = h;
     }
+    if let Some(t) = settings.outage_tolerance {
+        failover.outage_tolerance = t;
+    }
     let ctx = ResilientContext::new(
         default.clone(),
         Some(backup_ctx),

@@ -37,6 +37,12 @@ pub struct Config {
     /// QP's own RC retry budget, so failover never fails faster than a plain RC QP would.
     /// Zero fails at once.
     pub backup_wait: Duration,
+    /// How long the connection holds its work while no path answers (`docs/failover.md` 5c):
+    /// a round waiting for the backup link, a failback waiting for the default path. Posted
+    /// work is withheld meanwhile, not failed; past it the connection fails with
+    /// `outage-tolerance`. Never shorter than `backup_wait` (the larger is used);
+    /// zero keeps the RC retry budget alone.
+    pub outage_tolerance: Duration,
     /// How soon to poll the backup CQ again while waiting for receive completions during a
     /// switch-back.
     pub redrain_interval: Duration,
@@ -47,9 +53,14 @@ pub struct Config {
 /// timeout 4.096 us x 2^`timeout`; a `timeout` of 0 (no timer) is taken as 14 (67 ms).
 pub use hw_defs::verbs::rc_retry_budget;
 
+/// The default outage tolerance: what one try of a plain RC QP waits with NCCL's default
+/// `NCCL_IB_TIMEOUT` 20 (4.096 us x 2^20, 4.29 s), so a resilient connection rides out at
+/// least the outage of its only path that NCCL's own QPs ride out per try.
+pub const DEFAULT_OUTAGE_TOLERANCE: Duration = Duration::from_nanos(4096 << 20);
+
 impl Config {
     /// The defaults for `role`: link watch on, 1 s hold-down, backoff from 100 ms to 5 s,
-    /// 2 s handshake timeout.
+    /// 2 s handshake timeout, 4.29 s outage tolerance.
     pub fn new(role: Role) -> Self {
         Config {
             role,
@@ -59,8 +70,15 @@ impl Config {
             backoff_max: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(2),
             backup_wait: rc_retry_budget(14, 7),
+            outage_tolerance: DEFAULT_OUTAGE_TOLERANCE,
             redrain_interval: Duration::from_micros(50),
         }
+    }
+
+    /// How long the machine waits while no path answers before it fails the connection: the
+    /// outage tolerance, or the RC retry budget where that is longer.
+    pub fn no_path_wait(&self) -> Duration {
+        self.outage_tolerance.max(self.backup_wait)
     }
 
     /// The wait after `failures` consecutive failed rearm attempts.

@@ -720,23 +720,23 @@ impl Failover {
         now: Timestamp,
         out: &mut Actions,
     ) {
-        if !self.backup_usable && self.may_fail_back() && !self.config.backup_wait.is_zero() {
-            // The backup side is lost (being repaired): wait for whichever comes back first,
-            // the default path, within the RC budget, by a failback round (5e). A peer whose
+        if !self.backup_usable && self.may_fail_back() && !self.config.no_path_wait().is_zero() {
+            // The backup side is lost (being repaired): wait for the default path, within the
+            // outage tolerance, by a failback round (5e). A peer whose
             // backup works follows on our `Failback`.
             tracing::warn!(%epoch, "failover: default path failed and the backup side is lost; waiting for the default path");
             return self.start_failback(None, true, now, out);
         }
-        if !self.backup_usable || (!self.backup_link.up && self.config.backup_wait.is_zero()) {
+        if !self.backup_usable || (!self.backup_link.up && self.config.no_path_wait().is_zero()) {
             tracing::warn!(%epoch, "failover: default path failed and the backup path is down");
             return self.fail(FailReason::BackupUnavailable, out);
         }
         if !self.backup_link.up {
-            // Drain the default now; the `Failover` message waits for the backup link, for as
-            // long as a plain RC QP would retry.
-            let deadline = now + self.config.backup_wait;
+            // Drain the default now; the `Failover` message waits for the backup link, for the
+            // outage tolerance (at least as long as a plain RC QP would retry).
+            let deadline = now + self.config.no_path_wait();
             self.backup_deadline.get_or_insert(deadline);
-            tracing::warn!(%epoch, wait = ?self.config.backup_wait, "failover: default path failed while the backup link is down; waiting for it");
+            tracing::warn!(%epoch, wait = ?self.config.no_path_wait(), "failover: default path failed while the backup link is down; waiting for it");
         }
         self.observations.push(Observation::RoundStarted {
             epoch: self.epoch,
@@ -909,15 +909,16 @@ impl Failover {
             _ if self.needs_backup() && qp_in_error && self.may_fail_back() => {
                 self.start_failback(None, false, now, out)
             }
-            _ if self.needs_backup() && (qp_in_error || self.config.backup_wait.is_zero()) => {
+            _ if self.needs_backup() && (qp_in_error || self.config.no_path_wait().is_zero()) => {
                 self.fail(FailReason::BackupUnavailable, out)
             }
             // A link down is not yet a dead path: the backup QP keeps retrying for its RC
-            // budget, as a plain RC QP would, and a link back by then loses nothing.
+            // budget, as a plain RC QP would, and a link back by then loses nothing; past
+            // the budget its QP fails, and the traffic moves to the default pair.
             _ if self.needs_backup() => {
-                let deadline = now + self.config.backup_wait;
+                let deadline = now + self.config.no_path_wait();
                 self.backup_deadline.get_or_insert(deadline);
-                tracing::warn!(wait = ?self.config.backup_wait, "failover: backup link down while in use; failing if it is not back in time");
+                tracing::warn!(wait = ?self.config.no_path_wait(), "failover: backup link down while in use; failing if it is not back in time");
             }
             // Everything runs on the default pair: keep running, unprotected for now.
             _ => tracing::warn!(
@@ -942,7 +943,8 @@ impl Failover {
                 self.backup_deadline = None;
             } else if now >= deadline && self.needs_backup() {
                 tracing::warn!(
-                    "failover: the backup link did not come back within the RC retry budget"
+                    waited = ?self.config.no_path_wait(),
+                    "failover: the backup link did not come back within the outage tolerance"
                 );
                 if self.may_fail_back()
                     && self.default_link.up
@@ -950,7 +952,7 @@ impl Failover {
                 {
                     return self.start_failback(None, false, now, out);
                 }
-                return self.fail(FailReason::BackupUnavailable, out);
+                return self.fail(self.outage_reason(), out);
             } else if now >= deadline {
                 self.backup_deadline = None;
             }
@@ -966,8 +968,8 @@ impl Failover {
             SendState::FailingBack(round)
                 if (!self.default_link.up || round.default_failed) && self.failback_due(now) =>
             {
-                tracing::warn!("failover: failing back, and the default path did not come back within the RC retry budget");
-                return self.fail(FailReason::BackupUnavailable, out);
+                tracing::warn!(waited = ?self.config.no_path_wait(), "failover: failing back, and the default path did not come back within the outage tolerance");
+                return self.fail(self.outage_reason(), out);
             }
             SendState::FailingBack(_) if self.failback_due(now) => {
                 return self.fail(FailReason::HandshakeTimeout, out)
@@ -1720,9 +1722,9 @@ impl Failover {
         let deadline = if self.default_link.up && !default_failed {
             now + self.config.handshake_timeout
         } else {
-            // The default path is down too: it may come back within the RC budget (5b),
-            // counted from the first of the failures that are waiting.
-            let budget = now + self.config.backup_wait;
+            // The default path is down too: it may come back within the outage tolerance
+            // (5c), counted from the first of the failures that are waiting.
+            let budget = now + self.config.no_path_wait();
             self.backup_deadline.map_or(budget, |d| d.min(budget))
         };
         // The backup pair is gone for this round; the repair brings it back later (5d).
@@ -1955,7 +1957,7 @@ impl Failover {
                 FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
             ) {
                 self.send = SendState::FailingBack(FailbackRound {
-                    deadline: round.deadline.min(now + self.config.backup_wait),
+                    deadline: round.deadline.min(now + self.config.no_path_wait()),
                     ..round
                 });
             }
@@ -2103,7 +2105,7 @@ impl Failover {
         });
         let peer_may_hear = !matches!(
             reason,
-            FailReason::PeerAborted | FailReason::BackupUnavailable
+            FailReason::PeerAborted | FailReason::BackupUnavailable | FailReason::OutageTolerance
         );
         if self.failing_back() || !self.backup_usable && self.last_failback.is_some() {
             // The backup channel is gone; the default devices' one may still carry it.
@@ -2114,6 +2116,16 @@ impl Failover {
             }
         } else if peer_may_hear {
             out.push(Action::SendControl(ControlMessage::Abort { reason }));
+        }
+    }
+
+    /// Why the connection fails when no path answered for the whole wait: the outage
+    /// tolerance, or (a tolerance no longer than it) the backup's RC retry budget.
+    fn outage_reason(&self) -> FailReason {
+        if self.config.outage_tolerance > self.config.backup_wait {
+            FailReason::OutageTolerance
+        } else {
+            FailReason::BackupUnavailable
         }
     }
 

@@ -29,7 +29,9 @@ mod vocab;
 mod tests;
 
 pub use action::{Action, Route};
-pub use config::{rc_retry_budget, Config, Epoch, Role, EPOCH_PSN_STRIDE};
+pub use config::{
+    rc_retry_budget, Config, Epoch, Role, DEFAULT_OUTAGE_TOLERANCE, EPOCH_PSN_STRIDE,
+};
 pub use event::{Event, Progress};
 pub use machine::{Actions, DefaultQpPhase, Failover, RecvPhase, SendPhase, MAX_ACTIONS_PER_EVENT};
 pub use message::{ControlMessage, ControlPacket, ControlRepr, MessageError, CONTROL_MESSAGE_LEN};

@@ -33,6 +33,9 @@ pub enum FailReason {
     /// Work depended on the backup path and the backup path failed (link down, QP error,
     /// control send failed): no path is left that the protocol can use.
     BackupUnavailable,
+    /// No path answered for the outage tolerance (`Config::outage_tolerance`) while work
+    /// was held for one.
+    OutageTolerance,
     /// The peer failed its end.
     PeerAborted,
     /// The peer did not answer a failover handshake in time.
@@ -64,6 +67,7 @@ impl FailReason {
             FailReason::ProtocolViolation => (6, WcStatus::Success),
             FailReason::ReadOvertaken => (7, WcStatus::Success),
             FailReason::Revoked => (8, WcStatus::Success),
+            FailReason::OutageTolerance => (9, WcStatus::Success),
         }
     }
 
@@ -78,6 +82,7 @@ impl FailReason {
             6 => FailReason::ProtocolViolation,
             7 => FailReason::ReadOvertaken,
             8 => FailReason::Revoked,
+            9 => FailReason::OutageTolerance,
             _ => return None,
         })
     }
@@ -93,6 +98,9 @@ impl core::fmt::Display for FailReason {
                 f.write_str("an atomic was in flight; it cannot be retransmitted")
             }
             FailReason::BackupUnavailable => f.write_str("the backup path failed too"),
+            FailReason::OutageTolerance => {
+                f.write_str("no path answered for the whole outage tolerance")
+            }
             FailReason::PeerAborted => f.write_str("the peer failed its end"),
             FailReason::HandshakeTimeout => {
                 f.write_str("the peer did not answer the failover handshake")

@@ -37,6 +37,9 @@ pub struct ResilientConfig {
     /// How long a failover or switch-back handshake waits for the peer before the
     /// connection fails.
     pub handshake_timeout: Duration,
+    /// How long a connection holds its work while no path answers before it fails
+    /// (`docs/failover.md` 5c); the control QPs' retries outlast it too. Default 4.29 s.
+    pub outage_tolerance: Duration,
     /// How soon the backup CQ is polled again while a receive switch-back waits for
     /// completions.
     pub redrain_interval: Duration,
@@ -60,6 +63,7 @@ impl Default for ResilientConfig {
             backoff_initial: machine.backoff_initial,
             backoff_max: machine.backoff_max,
             handshake_timeout: machine.handshake_timeout,
+            outage_tolerance: machine.outage_tolerance,
             redrain_interval: machine.redrain_interval,
             control_depth: 32,
             drain_timeout: Duration::from_millis(100),
@@ -88,6 +92,13 @@ impl ResilientConfig {
             redrain_interval: self.redrain_interval,
             // Set from the QP's own RTS attributes when it is armed (the driver's install).
             backup_wait: failover::Config::new(role).backup_wait,
+            outage_tolerance: self.outage_tolerance,
         }
+    }
+
+    /// What a control QP's retries must outlast: a handshake, and an outage the connection
+    /// rides out (a message posted while no path answers is still delivered when one does).
+    pub(crate) fn control_outlasts(&self) -> Duration {
+        self.handshake_timeout.max(self.outage_tolerance)
     }
 }

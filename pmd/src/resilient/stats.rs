@@ -109,6 +109,8 @@ pub enum Cause {
     ReadOvertaken,
     /// The backup path failed too.
     BackupUnavailable,
+    /// No path answered for the outage tolerance.
+    OutageTolerance,
     /// The peer failed its end.
     PeerAborted,
     /// The peer stopped answering the handshake.
@@ -138,6 +140,7 @@ impl Cause {
             FailReason::AtomicInFlight => Cause::AtomicInFlight,
             FailReason::ReadOvertaken => Cause::ReadOvertaken,
             FailReason::BackupUnavailable => Cause::BackupUnavailable,
+            FailReason::OutageTolerance => Cause::OutageTolerance,
             FailReason::PeerAborted => Cause::PeerAborted,
             FailReason::HandshakeTimeout => Cause::HandshakeTimeout,
             FailReason::ProtocolViolation => Cause::ProtocolViolation,
@@ -171,6 +174,7 @@ impl Cause {
             Cause::AtomicInFlight => "atomic-in-flight",
             Cause::ReadOvertaken => "read-overtaken",
             Cause::BackupUnavailable => "backup-unavailable",
+            Cause::OutageTolerance => "outage-tolerance",
             Cause::PeerAborted => "peer-aborted",
             Cause::HandshakeTimeout => "handshake-timeout",
             Cause::ProtocolViolation => "protocol-violation",

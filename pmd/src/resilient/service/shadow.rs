@@ -593,7 +593,7 @@ impl QpShadow {
                         (peer.control_ring_addr, peer.control_ring_rkey),
                         &rtr,
                         &rts,
-                        self.pd.ctx.config.handshake_timeout,
+                        self.pd.ctx.config.control_outlasts(),
                     ) {
                         return self.fail(&mut setup, "control QP to RTS", e);
                     }
@@ -609,7 +609,7 @@ impl QpShadow {
                         ),
                         &rtr,
                         &rts,
-                        self.pd.ctx.config.handshake_timeout,
+                        self.pd.ctx.config.control_outlasts(),
                     ) {
                         return self.fail(&mut setup, "default control QP to RTS", e);
                     }
