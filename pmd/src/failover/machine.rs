@@ -29,6 +29,10 @@ pub struct Failover {
     default_qp: DefaultQp,
     /// The highest epoch this end has used or agreed to.
     epoch: Epoch,
+    /// Leader: no packet of `epoch` was sent by either end (the attempt has not brought this
+    /// end's QP up, and the follower sends only after this end's probe), so its PSN quarter is
+    /// still fresh and the next epoch stays in it ([`Failover::next_epoch`]).
+    epoch_sent_nothing: bool,
     /// The epoch of the last failover round this end sent its `Failover` message for.
     last_round: Option<Epoch>,
     /// The epoch the last failback brought the default pair up in: rearm messages of the
@@ -309,6 +313,7 @@ impl Failover {
             recv: RecvState::Default,
             default_qp: DefaultQp::Live { confirmed: true },
             epoch: Epoch(0),
+            epoch_sent_nothing: false,
             last_round: None,
             last_failback: None,
             rearm_failures: 0,
@@ -1065,9 +1070,21 @@ impl Failover {
         allowed.then(|| backoff_until.max(self.default_link.since + self.config.holddown))
     }
 
+    /// The epoch this end's default QP enters next (a rearm attempt, or a failback's
+    /// proposal): in the next PSN quarter after an epoch that sent packets, in the same quarter
+    /// (four epochs on) after one that sent none. So PSN space is consumed per incarnation
+    /// that came up, not per attempt: a quarter is entered again only after three later
+    /// incarnations came up, however many attempts were refused in between.
+    pub(super) fn next_epoch(&self) -> Epoch {
+        let step = if self.epoch_sent_nothing { 4 } else { 1 };
+        Epoch(self.epoch.0.saturating_add(step))
+    }
+
     fn start_rearm(&mut self, now: Timestamp, out: &mut Actions) {
         // Our QP leaves the old epoch (RESET) before the follower hears of the new one.
-        self.epoch = self.epoch.next();
+        self.epoch = self.next_epoch();
+        // The follower brings its QP up but sends nothing until this end's probe went through.
+        self.epoch_sent_nothing = true;
         tracing::debug!(epoch = %self.epoch, "failover: rearm attempt");
         out.push(Action::ResetDefaultQp);
         out.push(Action::SendControl(ControlMessage::Rearm {
@@ -1097,6 +1114,7 @@ impl Failover {
             return self.protocol_violation("Rearm to a leader or for an old epoch", out);
         }
         self.epoch = epoch;
+        self.epoch_sent_nothing = false;
         self.owes_rearm_ready = false;
         let ready = self.default_link.up
             && now >= self.default_link.since + self.config.holddown
@@ -1196,6 +1214,7 @@ impl Failover {
                 deadline,
             } if epoch == self.epoch => {
                 if ok {
+                    self.epoch_sent_nothing = false;
                     out.push(Action::BringUpDefaultQp { epoch });
                     self.default_qp = DefaultQp::Rearming {
                         step: RearmStep::BringingUp,
@@ -1793,8 +1812,10 @@ impl Failover {
         if atomic {
             return self.fail(FailReason::AtomicInFlight, out);
         }
-        // One past every epoch our default QP was in (it is in ERR now).
-        let proposed = self.epoch.next();
+        // Past every epoch our default QP was in (it is in ERR now). The leader's proposal is
+        // the higher one (the follower's epochs are the leader's), so its PSN quarter choice
+        // decides.
+        let proposed = self.next_epoch();
         out.push(Action::SendControlOnDefault(ControlMessage::Failback {
             epoch: proposed,
             recvs_completed: progress.recvs_completed,
@@ -1839,6 +1860,7 @@ impl Failover {
         }
         let epoch = proposed.max(peer.epoch);
         self.epoch = epoch;
+        self.epoch_sent_nothing = false;
         self.last_failback = Some(epoch);
         // The backup RQ is left in ERR; the repair resets it, its stale receives with it.
         self.stale_backup_recvs = 0;

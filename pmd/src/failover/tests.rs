@@ -1294,6 +1294,59 @@ fn a_refused_rearm_backs_off() {
     assert_eq!(machine.poll_timeout(), Some(at(1_201)));
 }
 
+/// The PSN quarter an epoch's PSNs start in (epochs four apart share one).
+fn psn_quarter(epoch: Epoch) -> u32 {
+    epoch.start_psn(0) / EPOCH_PSN_STRIDE
+}
+
+#[test]
+fn refused_rearm_attempts_do_not_use_up_the_psn_space_of_the_epoch_left() {
+    // A recovered NIC refusing RTR: four attempts refused at 100, 200, 400 ms of backoff.
+    let mut machine = failed_over(Role::Leader);
+    let failed = psn_quarter(machine.epoch());
+    let mut now = machine.poll_timeout().unwrap();
+    let first = now;
+    let mut attempts = Vec::new();
+    for _ in 0..5 {
+        step(&mut machine, Event::Tick, now);
+        attempts.push(machine.epoch());
+        if attempts.len() == 4 {
+            // The fourth attempt starts 1.4 s after the first (backoffs of 200, 400 and
+            // 800 ms): packets of the failed epoch held in a PFC-paused switch may still live.
+            assert_eq!(now.saturating_since(first), Duration::from_millis(1_400));
+        }
+        let refused = rearm_done(machine.epoch().0, false);
+        step(&mut machine, refused, now);
+        now = machine.poll_timeout().unwrap();
+    }
+    assert!(
+        attempts.iter().all(|&e| psn_quarter(e) != failed),
+        "attempts {attempts:?} re-enter the PSN quarter of the epoch that failed"
+    );
+    // Nothing was sent in them: they all share the next quarter.
+    assert!(attempts.iter().all(|&e| psn_quarter(e) == failed + 1));
+    assert!(attempts.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[test]
+fn an_attempt_that_came_up_moves_the_next_one_to_the_next_psn_quarter() {
+    let mut machine = failed_over(Role::Leader);
+    let now = machine.poll_timeout().unwrap();
+    step(&mut machine, Event::Tick, now);
+    step(&mut machine, rearm_done(1, false), now);
+    let now = machine.poll_timeout().unwrap();
+    step(&mut machine, Event::Tick, now);
+    assert_eq!(machine.epoch(), Epoch(5));
+    // Both QPs come up and the probe is sent: epoch 5 used its PSNs.
+    step(&mut machine, rearm_done(5, true), now);
+    step(&mut machine, qp_up(5, true), now);
+    step(&mut machine, Event::ProbeCompleted { ok: false }, now);
+    let now = machine.poll_timeout().unwrap();
+    step(&mut machine, Event::Tick, now);
+    assert_eq!(machine.epoch(), Epoch(6));
+    assert_eq!(psn_quarter(Epoch(6)), psn_quarter(Epoch(5)) + 1);
+}
+
 #[test]
 fn a_rearm_attempt_without_answer_is_abandoned() {
     let mut machine = failed_over(Role::Leader);
@@ -1308,7 +1361,8 @@ fn a_stale_rearm_done_is_ignored() {
     step(&mut machine, Event::Tick, at(1_000));
     step(&mut machine, rearm_done(1, false), at(1_001));
     step(&mut machine, Event::Tick, at(2_000));
-    assert_eq!(machine.epoch(), Epoch(2));
+    // The refused attempt sent nothing: the next one stays in its PSN quarter.
+    assert_eq!(machine.epoch(), Epoch(5));
     let late = rearm_done(1, true);
     assert_eq!(step(&mut machine, late, at(2_001)), []);
 }
@@ -1484,23 +1538,24 @@ fn rearm_ready_lets_the_leader_try_again_without_its_backoff() {
     let mut machine = failed_over(Role::Leader);
     // Three refused attempts: the next one would wait 800 ms.
     let mut now = 1_000;
-    for epoch in 1..=3 {
+    // Refused attempts sent nothing: each stays in the PSN quarter of the first.
+    for epoch in [1, 5, 9] {
         step(&mut machine, Event::Tick, at(now));
         step(&mut machine, rearm_done(epoch, false), at(now + 1));
         now = machine.poll_timeout().unwrap().as_nanos() / 1_000_000;
     }
     assert_eq!(machine.poll_timeout(), Some(at(2_403)));
-    assert_eq!(step(&mut machine, rearm_ready(3), at(1_900)), []);
+    assert_eq!(step(&mut machine, rearm_ready(9), at(1_900)), []);
     assert_eq!(machine.poll_timeout(), Some(at(1_900)));
     assert_eq!(
         step(&mut machine, Event::Tick, at(1_900)),
         [
             Action::ResetDefaultQp,
-            Action::SendControl(ControlMessage::Rearm { epoch: Epoch(4) })
+            Action::SendControl(ControlMessage::Rearm { epoch: Epoch(13) })
         ]
     );
     // A later refusal backs off from the start again.
-    step(&mut machine, rearm_done(4, false), at(1_901));
+    step(&mut machine, rearm_done(13, false), at(1_901));
     assert_eq!(machine.poll_timeout(), Some(at(2_101)));
 }
 
@@ -2038,7 +2093,7 @@ fn complete_failback(
     peer_recvs: u64,
     now: Timestamp,
 ) -> Epoch {
-    let proposed = machine.epoch().next();
+    let proposed = machine.next_epoch();
     assert_eq!(
         step(machine, failback_drained(mine), now),
         [Action::SendControlOnDefault(ControlMessage::Failback {
@@ -2118,11 +2173,11 @@ fn the_backup_dying_during_a_rearm_fails_back_above_the_attempts_epoch() {
         step(&mut leader, Event::ControlSendFailed, due),
         FAILBACK_START
     );
-    // The follower never heard of epoch 1 and proposes it; the leader's 2 wins, above
-    // every epoch either QP was in.
+    // The follower never heard of epoch 1 and proposes it; the leader's wins, above every
+    // epoch either QP was in, and in epoch 1's PSN quarter: the attempt sent nothing there.
     assert_eq!(
         complete_failback(&mut leader, progress(4, 4, 2), 1, 3, due),
-        Epoch(2)
+        Epoch(5)
     );
     // A stale RearmDone of the abandoned attempt changes nothing.
     assert_eq!(step(&mut leader, rearm_done(1, true), due), []);
