@@ -1410,6 +1410,57 @@ fn a_dead_default_device_whose_link_flaps_stays_down_for_failover() {
     assert_eq!((stats.failbacks, stats.errors), (0, 0), "{stats:?}");
 }
 
+/// Both default devices are slow to complete but alive: they hold back every completion
+/// they write (A's for 155 ms, B's for 300 ms), and 5 ms in A's default link goes down for a
+/// second. A's drain waits for flushes its device holds back and gives up at its deadline
+/// (100 ms); its `Failover` starts B's round, whose drain waits out its own deadline too, so
+/// A's round is still waiting for B's message when A's device writes the successes and
+/// flushes it held, with A's QP in ERR and not yet reset. They must be discarded: each of
+/// those WRs is completed by the round (the peer consumed it) or sent again on the backup,
+/// and the checker counts every completion.
+#[test]
+fn completions_a_slow_nic_writes_after_the_drain_deadline_are_discarded() {
+    let mut sim = Sim::new(47, config());
+    let mut t = nccl(&sim, 200);
+    t.dirs[0].interval = Duration::from_millis(1);
+    let mut phase = 0;
+    let mut slowed_at = Duration::ZERO;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            s.a.devices[0]
+                .inject_fault(DeviceFault::SlowCompletions(Duration::from_millis(155)))
+                .unwrap();
+            s.b.devices[0]
+                .inject_fault(DeviceFault::SlowCompletions(Duration::from_millis(300)))
+                .unwrap();
+            slowed_at = s.now();
+            phase = 1;
+        }
+        if phase == 1 && s.now() >= slowed_at + Duration::from_millis(5) {
+            s.link_down(A_DEFAULT, Some(Duration::from_secs(1)));
+            phase = 2;
+        }
+        step(&mut t, s) && phase == 2 && s.now() >= slowed_at + Duration::from_millis(400)
+    });
+    assert!(
+        done,
+        "stalled in phase {phase}: {} of 200 completed, states {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state()
+    );
+    assert_clean(&mut t, &mut sim);
+    // A's round ended after its device wrote what it held (the window this test is about).
+    let event = &sim.a.qp.events()[0];
+    assert_eq!(event.kind, EventKind::Failover, "{:?}", sim.a.qp.events());
+    assert!(
+        event.duration_ms() > 150.0,
+        "A's round took {} ms: it ended before the held completions came",
+        event.duration_ms()
+    );
+    assert_eq!(sim.a.qp.stats().errors, 0, "{:?}", sim.a.qp.stats());
+}
+
 /// Host B keeps 100 receives posted; A's QP is 24 sends and 8 receives deep, so its backup
 /// SQ (a default SQ and a default RQ's worth of burns, the peer taken to be as deep) has 32. A first failover copies
 /// B's receives to its backup RQ and the switch-back moves them back, leaving them stale

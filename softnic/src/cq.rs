@@ -103,6 +103,9 @@ pub(crate) struct Cq {
     armed: Arc<AtomicBool>,
     /// Once overrun, a CQ takes no more CQEs (as a ConnectX moves it to error).
     pub broken: bool,
+    /// While the device is slow to complete ([`crate::Device::slow_completions`]): the CQEs
+    /// written meanwhile, in order, not yet in the ring.
+    held: Option<Vec<CqeInfo>>,
     scratch: [u8; CQE_SIZE],
 }
 
@@ -127,13 +130,41 @@ impl Cq {
             channel: cfg.channel,
             armed: armed.clone(),
             broken: false,
+            held: None,
             scratch: [0; CQE_SIZE],
         };
         Ok((cq, CqHandle { id, armed }))
     }
 
-    /// Writes one CQE, owner byte last with release ordering, then signals an armed channel.
+    /// From now on CQEs are held back instead of written, until [`Cq::release_held`].
+    pub fn hold(&mut self) {
+        self.held.get_or_insert_with(Vec::new);
+    }
+
+    /// Forgets the held CQEs of QP `qpn`: a QP reset removes its CQEs from the CQ (as mlx5's
+    /// reset cleans the CQ of them), so none reaches the driver after the reset.
+    pub fn forget_held(&mut self, qpn: u32) {
+        if let Some(held) = &mut self.held {
+            held.retain(|c| c.qpn != qpn);
+        }
+    }
+
+    /// Writes the held CQEs, in order, and writes the next ones at once again. Returns the
+    /// first overrun, if the ring had no room for them.
+    pub fn release_held(&mut self) -> Result<(), CqFull> {
+        let Some(held) = self.held.take() else {
+            return Ok(());
+        };
+        held.iter().try_for_each(|info| self.push(info))
+    }
+
+    /// Writes one CQE, owner byte last with release ordering, then signals an armed channel;
+    /// while the device is slow, holds it back instead.
     pub fn push(&mut self, info: &CqeInfo) -> Result<(), CqFull> {
+        if let Some(held) = &mut self.held {
+            held.push(*info);
+            return Ok(());
+        }
         if self.broken {
             return Err(CqFull::Overrun);
         }

@@ -211,6 +211,7 @@ impl Device {
             trace,
             dead: false,
             refuse_rtr_until: None,
+            slow_completions_until: None,
             active: ActiveQps::default(),
         };
         let shared = Arc::new(Shared {
@@ -345,6 +346,21 @@ impl Device {
         let until = self.shared.clock.now() + for_how_long;
         self.shared.lock_core().refuse_rtr_until = Some(until);
         tracing::warn!(device = %self.shared.name, ?for_how_long, "softnic: moves to RTR refused (injected)");
+    }
+
+    /// For `for_how_long` from now the device holds back every CQE it writes, then writes them
+    /// all, in order (the QPs go on executing and acknowledging meanwhile): a NIC that is slow
+    /// to complete but alive. A QP reset forgets its held CQEs. For failure injection.
+    pub fn slow_completions(&self, for_how_long: Duration) {
+        let until = self.shared.clock.now() + for_how_long;
+        let mut core = self.shared.lock_core();
+        core.slow_completions_until = Some(until);
+        for cq in core.cqs.iter_mut().flatten() {
+            cq.hold();
+        }
+        drop(core);
+        tracing::warn!(device = %self.shared.name, ?for_how_long, "softnic: completions held back (injected)");
+        self.shared.waker.wake();
     }
 
     /// Whether [`Device::kill`] was called.
@@ -507,7 +523,12 @@ impl Device {
             return Err(DeviceError::NotReady(qpn));
         }
         match state {
-            QpState::Reset => qp.reset(),
+            QpState::Reset => {
+                qp.reset();
+                for cq in core.cqs.iter_mut().flatten() {
+                    cq.forget_held(qpn);
+                }
+            }
             QpState::Err if core.dead => {
                 // A dead device flushes nothing.
                 qp.attrs.merge(attrs);

@@ -66,6 +66,9 @@ pub(crate) struct Core {
     /// Until this time of the device clock, moves to RTR are refused
     /// ([`crate::Device::refuse_rtr`]).
     pub refuse_rtr_until: Option<Duration>,
+    /// Until this time of the device clock, CQEs are held back and then written in order
+    /// ([`crate::Device::slow_completions`]).
+    pub slow_completions_until: Option<Duration>,
     /// The QPs rounds visit.
     pub active: ActiveQps,
     /// Which slot of `qps` each QPN names.
@@ -172,6 +175,7 @@ impl Core {
             return Activity::default();
         }
         let port_up = self.watch_port(now, events);
+        let slow_until = self.release_slow_completions(now, events);
         let Core {
             wire,
             local_addr,
@@ -208,7 +212,32 @@ impl Core {
         round.send_new_work(waker);
         round.receive(rx);
         let timer = round.service_qps();
-        round.finish(timer)
+        let mut activity = round.finish(timer);
+        if let Some(until) = slow_until {
+            activity.next_deadline = earliest(activity.next_deadline, until);
+        }
+        activity
+    }
+
+    /// Writes the CQEs held back once the slow period has passed; returns when it ends if it
+    /// has not.
+    fn release_slow_completions(&mut self, now: Duration, events: &EventQueue) -> Option<Duration> {
+        let until = self.slow_completions_until?;
+        if now < until {
+            return Some(until);
+        }
+        self.slow_completions_until = None;
+        for (i, cq) in self.cqs.iter_mut().enumerate() {
+            let Some(cq) = cq else { continue };
+            let was_broken = cq.broken;
+            if cq.release_held().is_err() && !was_broken {
+                self.counters.cq_overruns += 1;
+                events.push(crate::AsyncEvent::CqError {
+                    cq: crate::cq::CqId(i as u32),
+                });
+            }
+        }
+        None
     }
 
     /// Reads the port's link state, raising an async event when it changed; returns whether

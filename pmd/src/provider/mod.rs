@@ -63,6 +63,9 @@ pub enum DeviceFault {
     /// For this long the device refuses every move of a QP to RTR, and nothing else changes:
     /// a NIC that recovered from an error and is not ready to connect yet.
     RefuseRtr(std::time::Duration),
+    /// For this long the device holds back every completion it writes, then writes them all
+    /// in order, while its QPs go on executing: a NIC that is slow to complete but alive.
+    SlowCompletions(std::time::Duration),
 }
 
 /// What one round of device work did, and when the device next needs one (a manual-progress

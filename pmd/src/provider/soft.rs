@@ -676,6 +676,7 @@ impl Provider for SoftProvider {
             DeviceFault::QpsFailed => self.device.fail_qps(),
             DeviceFault::LinkFlap => self.device.flap_link(),
             DeviceFault::RefuseRtr(how_long) => self.device.refuse_rtr(how_long),
+            DeviceFault::SlowCompletions(how_long) => self.device.slow_completions(how_long),
         }
         Ok(())
     }
