@@ -20,6 +20,7 @@ use crate::medium::WireImpl;
 use crate::mr::{Access, MrTable, PdId, RegError};
 use crate::qp::{Bell, DoorbellRegister, ErrorCtx, Qp, QpConfig};
 use crate::qp_attr::{check_transition, ModifyError, QpAttrs, QpState};
+use crate::srq::{self, SrqConfig, SrqId, SrqRing};
 use crate::trace::Trace;
 use crate::tx::BATCH;
 pub use crate::udp::SendPath;
@@ -133,6 +134,9 @@ pub enum DeviceError {
     /// No such QP.
     #[error("unknown QP {0:#x}")]
     UnknownQp(u32),
+    /// No such SRQ.
+    #[error("unknown SRQ {0:?}")]
+    UnknownSrq(SrqId),
     /// No MR has this key.
     #[error("no MR has key {0:#x}")]
     UnknownKey(u32),
@@ -204,6 +208,7 @@ impl Device {
             pds: Vec::new(),
             cqs: Vec::new(),
             qps: Vec::new(),
+            srqs: Vec::new(),
             counters: Counters::default(),
             retired: Counters::default(),
             rx: Batch::new(BATCH),
@@ -397,7 +402,10 @@ impl Device {
     pub fn dealloc_pd(&self, pd: PdId) -> Result<(), DeviceError> {
         let mut core = self.shared.lock_core();
         check_pd(&core, pd)?;
-        if core.mrs.any_in_pd(pd) || core.qps.iter().flatten().any(|q| q.pd == pd) {
+        if core.mrs.any_in_pd(pd)
+            || core.qps.iter().flatten().any(|q| q.pd == pd)
+            || core.srqs.iter().flatten().any(|s| srq::lock(s).pd == pd)
+        {
             return Err(DeviceError::Busy("protection domain"));
         }
         core.pds[pd.0 as usize - 1] = false;
@@ -506,6 +514,97 @@ impl Device {
             qpn,
             doorbell: DoorbellRegister::new(bell, self.shared.waker.clone()),
         })
+    }
+
+    /// Creates an RC QP in RESET that takes its receive WQEs from `srq` instead of its own
+    /// receive ring (which the driver leaves empty; `cfg.rq` may be the smallest ring).
+    pub fn create_qp_with_srq(&self, cfg: QpConfig, srq: SrqId) -> Result<QpHandle, DeviceError> {
+        let shared = {
+            let core = self.shared.lock_core();
+            let s = core
+                .srqs
+                .get(srq.0 as usize)
+                .and_then(|s| s.clone())
+                .ok_or(DeviceError::UnknownSrq(srq))?;
+            if srq::lock(&s).pd != cfg.pd {
+                return Err(DeviceError::InvalidConfig(
+                    "the QP and its SRQ are in different protection domains",
+                ));
+            }
+            s
+        };
+        let handle = self.create_qp(cfg)?;
+        let mut core = self.shared.lock_core();
+        let qp = core
+            .qp_mut(handle.qpn)
+            .ok_or(DeviceError::UnknownQp(handle.qpn))?;
+        // In RESET until the driver modifies it, so no packet has met it without its SRQ.
+        qp.srq = Some(shared);
+        Ok(handle)
+    }
+
+    /// Creates a shared receive queue over the caller's ring and doorbell record.
+    pub fn create_srq(&self, cfg: SrqConfig) -> Result<SrqId, DeviceError> {
+        let mut core = self.shared.lock_core();
+        check_pd(&core, cfg.pd)?;
+        let i = core
+            .srqs
+            .iter()
+            .position(|s| s.is_none())
+            .unwrap_or(core.srqs.len());
+        let id = SrqId(i as u32);
+        let ring = SrqRing::new(id, cfg).map_err(DeviceError::InvalidConfig)?;
+        if i == core.srqs.len() {
+            core.srqs.push(Some(ring.into_shared()));
+        } else {
+            core.srqs[i] = Some(ring.into_shared());
+        }
+        Ok(id)
+    }
+
+    fn srq(&self, id: SrqId) -> Result<srq::SharedSrq, DeviceError> {
+        self.shared
+            .lock_core()
+            .srqs
+            .get(id.0 as usize)
+            .and_then(|s| s.clone())
+            .ok_or(DeviceError::UnknownSrq(id))
+    }
+
+    /// Sets an SRQ's limit (`ibv_modify_srq`): non-zero arms it, zero disarms it. It must be
+    /// below the SRQ's number of WQEs.
+    pub fn modify_srq(&self, id: SrqId, limit: u32) -> Result<(), DeviceError> {
+        let s = self.srq(id)?;
+        let r = srq::lock(&s).set_limit(limit);
+        r.map_err(DeviceError::InvalidConfig)
+    }
+
+    /// An SRQ's limit (zero when disarmed, as `ibv_query_srq` reports it) and the receives
+    /// posted and not consumed.
+    pub fn query_srq(&self, id: SrqId) -> Result<(u32, u32), DeviceError> {
+        let s = self.srq(id)?;
+        let r = srq::lock(&s);
+        let (limit, armed) = r.limit();
+        Ok((if armed { limit } else { 0 }, r.available()))
+    }
+
+    /// Destroys an SRQ no QP uses.
+    pub fn destroy_srq(&self, id: SrqId) -> Result<(), DeviceError> {
+        let mut core = self.shared.lock_core();
+        let Some(Some(s)) = core.srqs.get(id.0 as usize) else {
+            return Err(DeviceError::UnknownSrq(id));
+        };
+        let s = s.clone();
+        if core
+            .qps
+            .iter()
+            .flatten()
+            .any(|q| q.srq.as_ref().is_some_and(|q| Arc::ptr_eq(q, &s)))
+        {
+            return Err(DeviceError::Busy("SRQ"));
+        }
+        core.srqs[id.0 as usize] = None;
+        Ok(())
     }
 
     /// Moves a QP to `state` with `attrs` (`ibv_modify_qp`).

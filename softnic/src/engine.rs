@@ -56,6 +56,7 @@ pub(crate) struct Core {
     pub pds: Vec<bool>,
     pub cqs: Vec<Option<Cq>>,
     pub qps: Vec<Option<Qp>>,
+    pub srqs: Vec<Option<crate::srq::SharedSrq>>,
     pub counters: Counters,
     pub retired: Counters,
     pub rx: Batch,

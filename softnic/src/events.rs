@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use crate::cq::CqId;
+use crate::srq::SrqId;
 use crate::waker::EventFd;
 
 /// An asynchronous event.
@@ -28,6 +29,12 @@ pub enum AsyncEvent {
     CqError {
         /// The CQ.
         cq: CqId,
+    },
+    /// The receives left on an SRQ dropped below its armed limit; the limit is disarmed
+    /// (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    SrqLimitReached {
+        /// The SRQ.
+        srq: SrqId,
     },
     /// The device hit a fatal error and does nothing more (`IBV_EVENT_DEVICE_FATAL`): see
     /// [`Device::kill`](crate::Device::kill).

@@ -12,16 +12,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hw_defs::mlx5::{
-    cqe, AtomicSegRepr, Cqe64, CqeOpcode, CqeRepr, CtrlSegRepr, DataSegRepr, ErrCqe, ErrCqeRepr,
-    FenceMode, InlineData, RaddrSegRepr, RecvWqe, SendOpcode, SendRing, SendWqeRepr, Sges,
-    Syndrome, WqeData, SEND_WQE_BB,
+    cqe, srq_wqe, AtomicSegRepr, Cqe64, CqeOpcode, CqeRepr, CtrlSegRepr, DataSegRepr, ErrCqe,
+    ErrCqeRepr, FenceMode, InlineData, RaddrSegRepr, RecvWqe, SendOpcode, SendRing, SendWqeRepr,
+    Sges, SrqNextSeg, Syndrome, WqeData, SEND_WQE_BB,
 };
 use hw_defs::verbs::WcStatus;
 
 use crate::qp::DoorbellRegister;
 use crate::{
     Access, Clock, CompletionChannel, CqConfig, CqHandle, Device, DeviceConfig, DeviceError,
-    Fabric, MrKeys, PathMtu, PdId, ProgressMode, QpAttrs, QpConfig, QpState, QueueMemory, Wire,
+    Fabric, MrKeys, PathMtu, PdId, ProgressMode, QpAttrs, QpConfig, QpState, QueueMemory,
+    SrqConfig, SrqId, Wire,
 };
 
 /// Registered memory owned by the harness.
@@ -349,6 +350,50 @@ impl HarnessQp {
         unsafe { std::slice::from_raw_parts_mut(self.sq.as_ptr(), self.sq.len()) }
     }
 
+    /// Creates a QP in RESET that takes its receives from `srq`.
+    pub fn new_on_srq(
+        dev: &Device,
+        pd: PdId,
+        send_cq: &HarnessCq,
+        recv_cq: &HarnessCq,
+        sizes: QpSizes,
+        srq: &HarnessSrq,
+    ) -> Result<HarnessQp, DeviceError> {
+        let sq = QueueMemory::alloc(sizes.sq_bbs as usize * SEND_WQE_BB);
+        // The QP's own receive ring stays empty: the smallest one.
+        let rq = QueueMemory::alloc(16);
+        let dbrec = QueueMemory::alloc(8);
+        let h = dev.create_qp_with_srq(
+            QpConfig {
+                pd,
+                send_cq: send_cq.handle.id,
+                recv_cq: recv_cq.handle.id,
+                sq: sq.clone(),
+                sq_bbs: sizes.sq_bbs,
+                rq: rq.clone(),
+                rq_wqes: 1,
+                rq_stride: 16,
+                dbrec: dbrec.clone(),
+                max_inline: sizes.max_inline,
+                max_send_sge: sizes.max_send_sge,
+            },
+            srq.id,
+        )?;
+        Ok(HarnessQp {
+            qpn: h.qpn,
+            doorbell: h.doorbell,
+            sq,
+            sq_bbs: sizes.sq_bbs,
+            sq_pi: 0,
+            rq,
+            rq_wqes: 1,
+            rq_stride: 16,
+            rq_pi: 0,
+            dbrec,
+            last_ctrl: 0,
+        })
+    }
+
     /// Writes a send WQE (not yet rung); returns its WQE index.
     pub fn post(&mut self, op: Op, data: Data<'_>, signaled: bool) -> u16 {
         self.post_with(op, data, signaled, FenceMode::None)
@@ -496,6 +541,90 @@ impl HarnessQp {
         self.rq_pi = 0;
         self.dbrec.store_be32(0, 0);
         self.dbrec.store_be32(4, 0);
+    }
+}
+
+/// A shared receive queue driven by the harness, as libmlx5 drives one: its free slots
+/// linked through their next segments from `head` to `tail`, one slot always free.
+pub struct HarnessSrq {
+    /// The device's id for it.
+    pub id: SrqId,
+    ring: QueueMemory,
+    dbrec: QueueMemory,
+    stride: usize,
+    head: u16,
+    tail: u16,
+    /// Receives posted.
+    pub posted: u32,
+}
+
+impl HarnessSrq {
+    /// Creates an SRQ of `wqes` slots (a power of two) of `sges` scatter entries, its limit
+    /// armed at `limit` when non-zero.
+    pub fn new(
+        dev: &Device,
+        pd: PdId,
+        wqes: u32,
+        sges: u32,
+        limit: u32,
+    ) -> Result<HarnessSrq, DeviceError> {
+        let stride = ((sges.max(1) + 1) * 16).next_power_of_two() as usize;
+        let ring = QueueMemory::alloc(wqes as usize * stride);
+        for i in 0..wqes {
+            let mut b = [0u8; srq_wqe::NEXT_SEG_SIZE];
+            SrqNextSeg::new_unchecked(&mut b[..]).set_next_wqe_index(((i + 1) % wqes) as u16);
+            ring.write(i as usize * stride, &b);
+        }
+        let dbrec = QueueMemory::alloc(4);
+        let id = dev.create_srq(SrqConfig {
+            pd,
+            ring: ring.clone(),
+            wqes,
+            stride: stride as u32,
+            dbrec: dbrec.clone(),
+            limit,
+        })?;
+        Ok(HarnessSrq {
+            id,
+            ring,
+            dbrec,
+            stride,
+            head: 0,
+            tail: (wqes - 1) as u16,
+            posted: 0,
+        })
+    }
+
+    /// Posts a receive into the slot at the head of the free list and publishes it; returns
+    /// the slot, or `None` when only the tail is free.
+    pub fn post(&mut self, sges: &[DataSegRepr]) -> Option<u16> {
+        if self.head == self.tail {
+            return None;
+        }
+        let slot = self.head;
+        let off = slot as usize * self.stride;
+        // SAFETY: the ring is ours; the device reads this slot only after the count below
+        // publishes it.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(self.ring.as_ptr().add(off), self.stride) };
+        self.head = SrqNextSeg::new_unchecked(&bytes[..srq_wqe::NEXT_SEG_SIZE]).next_wqe_index();
+        RecvWqe::new_checked(&mut bytes[srq_wqe::NEXT_SEG_SIZE..])
+            .expect("stride")
+            .write(sges)
+            .expect("SGEs fit the stride");
+        self.posted = self.posted.wrapping_add(1);
+        self.dbrec.store_be32(0, self.posted);
+        Some(slot)
+    }
+
+    /// Returns a completed receive's slot to the free list, at its tail.
+    pub fn free(&mut self, slot: u16) {
+        let mut b = [0u8; srq_wqe::NEXT_SEG_SIZE];
+        let off = self.tail as usize * self.stride;
+        self.ring.read(off, &mut b);
+        SrqNextSeg::new_unchecked(&mut b[..]).set_next_wqe_index(slot);
+        self.ring.write(off, &b);
+        self.tail = slot;
     }
 }
 

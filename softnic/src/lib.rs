@@ -10,7 +10,7 @@
 //! `docs/architecture.md`):
 //! - the device and its control verbs: [`device`], [`qp_attr`] (QP states and attributes),
 //!   [`mr`] (PDs, MR table), [`cq`] (CQ ring and events), [`qp`] (rings, doorbell register),
-//!   [`memory`] (caller-supplied queue memory), [`events`] (async events), [`counters`];
+//!   [`srq`] (shared receive queues), [`memory`] (caller-supplied queue memory), [`events`] (async events), [`counters`];
 //! - time and progress: [`clock`], the engine (`engine`, one round of work and the auto-mode
 //!   thread), the wake-up path (`waker`);
 //! - the RC transport: `requester`, `completer`, `responder`, over the decoded packet view in
@@ -46,6 +46,7 @@ mod resources;
 mod responder;
 mod rx_ring;
 mod send_batch;
+pub mod srq;
 mod trace;
 mod tx;
 mod udp;
@@ -69,6 +70,7 @@ pub use memory::QueueMemory;
 pub use mr::{Access, PdId, RegError};
 pub use qp::{DoorbellRegister, QpConfig};
 pub use qp_attr::{ModifyError, PathMtu, QpAttrs, QpState};
+pub use srq::{SrqConfig, SrqId};
 pub use udp::rxe_source_port;
 pub use waker::EventFd;
 pub use wire::{PortState, ROCE_PORT};

@@ -19,6 +19,7 @@ use crate::mr::{Access, PdId};
 use crate::packet::AckKind;
 use crate::qp_attr::{QpAttrs, QpState};
 use crate::resources::Resources;
+use crate::srq::{self, SharedSrq};
 use crate::waker::Waker;
 use crate::wqe::SendWqe;
 
@@ -296,8 +297,11 @@ pub(crate) struct Responder {
     pub ack_pending: bool,
     /// The pending ACK already waited one round for company.
     pub ack_deferred: bool,
-    /// A multi-packet SEND is in progress into receive WQE `rq.rwqe_ci`.
+    /// A multi-packet SEND is in progress into receive WQE `rq.rwqe_ci`, or with an SRQ into
+    /// its slot `srq_wqe`.
     pub in_send: bool,
+    /// The SRQ slot the SEND in progress was taken from.
+    pub srq_wqe: u16,
     pub recv_offset: u32,
     pub recv_sges: Vec<Sge>,
     /// A multi-packet WRITE is in progress.
@@ -324,6 +328,8 @@ pub(crate) struct Qp {
     pub attrs: QpAttrs,
     pub sq: SendQueue,
     pub rq: RecvQueue,
+    /// The SRQ this QP takes its receive WQEs from instead of `rq`.
+    pub srq: Option<SharedSrq>,
     pub dbrec: QueueMemory,
     pub bell: Arc<Bell>,
     pub max_inline: u32,
@@ -398,6 +404,7 @@ impl Qp {
                 stride_shift: cfg.rq_stride.trailing_zeros(),
                 rwqe_ci: 0,
             },
+            srq: None,
             dbrec: cfg.dbrec,
             bell,
             max_inline: cfg.max_inline,
@@ -483,6 +490,25 @@ impl Qp {
             self.req.rnr_left = self.attrs.rnr_retry.unwrap_or(7);
         }
         self.state = to;
+    }
+
+    /// Whether a receive WQE is posted for the next message (on the SRQ when it has one).
+    pub fn has_recv(&self) -> bool {
+        match &self.srq {
+            Some(s) => srq::lock(s).available() > 0,
+            None => self.rq.rwqe_ci != self.rwqe_db_pi(),
+        }
+    }
+
+    /// The counter a receive CQE names for the receive WQE in use (the RQ's consumer index,
+    /// which moves on, or the SRQ slot taken).
+    pub fn recv_done(&mut self) -> u16 {
+        if self.srq.is_some() {
+            return self.resp.srq_wqe;
+        }
+        let index = self.rq.rwqe_ci;
+        self.rq.rwqe_ci = index.wrapping_add(1);
+        index
     }
 
     /// Whether the QP allows the remote access.
@@ -577,6 +603,20 @@ impl Qp {
             {
                 break;
             }
+        }
+        if self.resp.in_send && self.srq.is_some() {
+            // The SRQ slot a SEND was arriving into is consumed: flush it, naming its slot so
+            // the driver frees it. The SRQ's other receives stay for the other QPs.
+            let info = CqeInfo {
+                kind: CqeKind::ResponderError {
+                    syndrome: syndrome::WR_FLUSH,
+                },
+                qpn: self.qpn,
+                wqe_counter: self.resp.srq_wqe,
+                byte_count: 0,
+                imm: None,
+            };
+            push_cqe(ctx.cqs, self.recv_cq, &info, &mut self.counters, ctx.events);
         }
         self.resp.in_send = false;
         self.resp.in_write = false;

@@ -14,6 +14,7 @@ use crate::packet::{AckKind, Header, Kind, NakCode, OutHeader};
 use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp};
 use crate::qp_attr::QpState;
 use crate::resources::{Answer, Resource};
+use crate::srq;
 use crate::tx::Tx;
 
 /// The longest message the responder takes, as rxe (`RXE_MAX_MSG_SZ`): 2^31 bytes. A longer
@@ -160,12 +161,22 @@ fn send(
         return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
     }
     if h.first {
-        if qp.rq.rwqe_ci == qp.rwqe_db_pi() {
-            return rnr(qp, h.psn, tx);
-        }
         let mut sges = std::mem::take(&mut qp.resp.recv_sges);
-        let parsed = qp.rq.read_next(&mut sges, &mut qp.rq_scratch);
+        let parsed = match &qp.srq {
+            Some(s) => srq::lock(s).take(&mut sges).map(|t| {
+                qp.resp.srq_wqe = t.index;
+                if t.limit_reached {
+                    ectx.events.push(AsyncEvent::SrqLimitReached { srq: t.srq });
+                }
+                t.parsed
+            }),
+            None if qp.rq.rwqe_ci == qp.rwqe_db_pi() => None,
+            None => Some(qp.rq.read_next(&mut sges, &mut qp.rq_scratch)),
+        };
         qp.resp.recv_sges = sges;
+        let Some(parsed) = parsed else {
+            return rnr(qp, h.psn, tx);
+        };
         if parsed.is_err() {
             return fatal(
                 qp,
@@ -222,11 +233,10 @@ fn send(
         let info = CqeInfo {
             kind: CqeKind::RecvSend,
             qpn: qp.qpn,
-            wqe_counter: qp.rq.rwqe_ci,
+            wqe_counter: qp.recv_done(),
             byte_count: qp.resp.recv_offset,
             imm: h.imm,
         };
-        qp.rq.rwqe_ci = qp.rq.rwqe_ci.wrapping_add(1);
         recv_cqe(qp, &info, ectx);
     }
     if h.ack_req {
@@ -276,7 +286,7 @@ fn write(
     if len > qp.resp.write_left || (h.last && len != qp.resp.write_left) {
         return fatal(qp, tx, ectx, NakCode::InvalidRequest, None);
     }
-    if h.imm.is_some() && qp.rq.rwqe_ci == qp.rwqe_db_pi() {
+    if h.imm.is_some() && !qp.has_recv() {
         // WRITE_WITH_IMM needs a receive WQE; check before touching memory.
         if h.first {
             qp.resp.write_left = 0;
@@ -303,14 +313,35 @@ fn write(
     if h.last {
         qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
         if h.imm.is_some() {
+            if let Some(s) = &qp.srq {
+                // Checked above that one is posted; it takes no data, only the completion.
+                let mut sges = std::mem::take(&mut qp.resp.recv_sges);
+                let taken = srq::lock(s).take(&mut sges);
+                qp.resp.recv_sges = sges;
+                let Some(t) = taken else {
+                    return rnr(qp, h.psn, tx);
+                };
+                qp.resp.srq_wqe = t.index;
+                if t.limit_reached {
+                    ectx.events.push(AsyncEvent::SrqLimitReached { srq: t.srq });
+                }
+                if t.parsed.is_err() {
+                    return fatal(
+                        qp,
+                        tx,
+                        ectx,
+                        NakCode::RemoteOperational,
+                        Some(syndrome::LOCAL_QP_OPERATION),
+                    );
+                }
+            }
             let info = CqeInfo {
                 kind: CqeKind::RecvWriteImm,
                 qpn: qp.qpn,
-                wqe_counter: qp.rq.rwqe_ci,
+                wqe_counter: qp.recv_done(),
                 byte_count: qp.resp.write_len,
                 imm: h.imm,
             };
-            qp.rq.rwqe_ci = qp.rq.rwqe_ci.wrapping_add(1);
             recv_cqe(qp, &info, ectx);
         }
     }
@@ -515,11 +546,12 @@ fn fatal(
         let info = CqeInfo {
             kind: CqeKind::ResponderError { syndrome: s },
             qpn: qp.qpn,
-            wqe_counter: qp.rq.rwqe_ci,
+            wqe_counter: qp.recv_done(),
             byte_count: 0,
             imm: None,
         };
-        qp.rq.rwqe_ci = qp.rq.rwqe_ci.wrapping_add(1);
+        // Reported here: the flush that follows must not report it again.
+        qp.resp.in_send = false;
         push_cqe(ectx.cqs, qp.recv_cq, &info, &mut qp.counters, ectx.events);
     }
     if nak == NakCode::RemoteAccess {

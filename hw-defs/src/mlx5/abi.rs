@@ -5,7 +5,9 @@
 
 use core::ops::Range;
 
-use super::{atomic_seg, cqe, ctrl_seg, data_seg, dbrec, err_cqe, inline_seg, raddr_seg, wqe};
+use super::{
+    atomic_seg, cqe, ctrl_seg, data_seg, dbrec, err_cqe, inline_seg, raddr_seg, srq_wqe, wqe,
+};
 use crate::verbs::WcStatus;
 
 /// One field of a mirrored C struct.
@@ -87,6 +89,14 @@ pub const STRUCTS: &[StructLayout] = &[
             range("byte_count", data_seg::field::BYTE_COUNT),
             range("lkey", data_seg::field::LKEY),
             range("addr", data_seg::field::ADDR),
+        ],
+    },
+    StructLayout {
+        c_name: "mlx5_wqe_srq_next_seg",
+        size: srq_wqe::NEXT_SEG_SIZE,
+        fields: &[
+            range("next_wqe_index", srq_wqe::field::NEXT_WQE_INDEX),
+            byte("signature", srq_wqe::field::SIGNATURE),
         ],
     },
     StructLayout {

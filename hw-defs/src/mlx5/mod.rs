@@ -4,7 +4,7 @@
 //!
 //! - send WQEs: [`ctrl_seg`], [`raddr_seg`], [`atomic_seg`], [`data_seg`], [`inline_seg`],
 //!   the ring geometry in [`wqe`] and whole WQEs in a ring in [`send_wqe`];
-//! - receive WQEs: [`recv_wqe`];
+//! - receive WQEs: [`recv_wqe`], and a shared receive queue's in [`srq_wqe`];
 //! - completions: [`cqe`], [`req_cqe`] (the send opcode of a requester CQE) and [`err_cqe`]
 //!   (syndromes and their `ibv_wc_status`);
 //! - doorbell records: [`dbrec`].
@@ -21,6 +21,7 @@ pub mod raddr_seg;
 pub mod recv_wqe;
 pub mod req_cqe;
 pub mod send_wqe;
+pub mod srq_wqe;
 pub mod wqe;
 
 pub use atomic_seg::{AtomicSeg, AtomicSegRepr};
@@ -33,4 +34,5 @@ pub use inline_seg::{InlineData, InlineSeg, INLINE_SEG};
 pub use raddr_seg::{RaddrSeg, RaddrSegRepr};
 pub use recv_wqe::RecvWqe;
 pub use send_wqe::{SendRing, SendWqeRepr, Sges, WqeData};
+pub use srq_wqe::SrqNextSeg;
 pub use wqe::{MAX_WQE_BYTES, SEND_WQE_BB, SEND_WQE_DS};
