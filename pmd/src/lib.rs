@@ -37,6 +37,7 @@ pub mod verbs;
 
 pub use control::{
     Context, ContextConfig, Cq, ModifyError, Mr, OpenError, Pd, Qp, QpHandle, RegisteredBuffer,
+    Srq, SrqAttr,
 };
 pub use datapath::wr::{
     BatchPostError, Payload, PostError, RecvWr, Remote, SendFlags, SendOp, SendWr, SgList, Sge,

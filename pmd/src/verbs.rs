@@ -326,6 +326,12 @@ pub struct DeviceAttr {
     pub max_qp_rd_atom: u8,
     /// Outstanding reads/atomics per QP, as requester.
     pub max_qp_init_rd_atom: u8,
+    /// Shared receive queues the device makes (0: none).
+    pub max_srq: u32,
+    /// Largest shared receive queue in receives.
+    pub max_srq_wr: u32,
+    /// Largest scatter list of a shared receive queue's receive.
+    pub max_srq_sge: u32,
 }
 
 /// The state of a port, as in `enum ibv_port_state`.

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use pmd::{PostError, QpState, RecvWr, Remote, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use pmd::{PostError, Qp, QpState, RecvWr, Remote, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 
 #[test]
 fn a_write_lands_in_the_peer_and_completes() {
@@ -527,4 +527,108 @@ fn opening_what_is_not_there_says_what_is_missing() {
     );
     let err = pmd::Context::open("rxe0", &config).unwrap_err();
     assert!(err.to_string().contains("no provider prefix"), "{err}");
+}
+
+/// Two QPs of `b` on one SRQ, each connected to a new QP of `a`: `(a1, a2, srq, b1, b2)`.
+fn srq_pair(a: &Side, b: &Side, max_wr: u32, limit: u32) -> (Qp, Qp, pmd::Srq, Qp, Qp) {
+    let srq = b.pd.create_srq(max_wr, 2, limit).unwrap();
+    let mut b1 = b.pd.create_qp_on_srq(&b.cq, &b.cq, caps(), &srq).unwrap();
+    let mut b2 = b.pd.create_qp_on_srq(&b.cq, &b.cq, caps(), &srq).unwrap();
+    let mut a1 = a.pd.create_qp(&a.cq, &a.cq, caps()).unwrap();
+    let mut a2 = a.pd.create_qp(&a.cq, &a.cq, caps()).unwrap();
+    let (ga, gb) = (a.ctx.query_gid(0).unwrap(), b.ctx.query_gid(0).unwrap());
+    connect(&mut a1, gb, b1.qpn());
+    connect(&mut b1, ga, a1.qpn());
+    connect(&mut a2, gb, b2.qpn());
+    connect(&mut b2, ga, a2.qpn());
+    (a1, a2, srq, b1, b2)
+}
+
+fn send_one(qp: &mut Qp, side: &Side, len: u32) {
+    qp.post_send(&SendWr::new(0, SendOp::Send, &[side.buf.sge(0, len)]))
+        .unwrap();
+    qp.ring_doorbell();
+}
+
+#[test]
+fn two_qps_on_one_srq_each_receive_with_their_qp_number() {
+    let (a, mut b) = two_devices();
+    let (mut a1, mut a2, srq, b1, b2) = srq_pair(&a, &b, 8, 0);
+    for i in 0..4u64 {
+        srq.post_recv(&RecvWr::new(100 + i, &[b.buf.sge(i as usize * 1024, 1024)]))
+            .unwrap();
+    }
+    assert_eq!(srq.outstanding(), 4);
+    a.buf.write(0, b"shared receive queue");
+    send_one(&mut a1, &a, 20);
+    send_one(&mut a2, &a, 20);
+    send_one(&mut a1, &a, 8);
+    let wcs = wait(&[&a.ctx, &b.ctx], &mut b.cq, 3);
+    // The SRQ's receives go in arrival order, which two QPs do not fix between them.
+    let mut ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![100, 101, 102], "{wcs:?}");
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    let mut on_b1: Vec<u32> = wcs
+        .iter()
+        .filter(|w| w.qp_num == b1.qpn())
+        .map(|w| w.byte_len)
+        .collect();
+    on_b1.sort_unstable();
+    assert_eq!(on_b1, vec![8, 20], "{wcs:?}");
+    let on_b2: Vec<_> = wcs.iter().filter(|w| w.qp_num == b2.qpn()).collect();
+    assert_eq!(on_b2.len(), 1, "{wcs:?}");
+    assert_eq!(on_b2[0].byte_len, 20);
+    let mut bytes = [0u8; 20];
+    b.buf
+        .read((on_b2[0].wr_id - 100) as usize * 1024, &mut bytes);
+    assert_eq!(&bytes, b"shared receive queue");
+    assert_eq!(srq.outstanding(), 1);
+    // Completed slots go back to the free list: max_wr receives fit again, not one more.
+    let max_wr = srq.query().unwrap().max_wr;
+    assert!(max_wr >= 8);
+    for i in 0..u64::from(max_wr) - 1 {
+        srq.post_recv(&RecvWr::new(200 + i, &[b.buf.sge(0, 64)]))
+            .unwrap();
+    }
+    assert!(matches!(
+        srq.post_recv(&RecvWr::new(9, &[b.buf.sge(0, 64)])),
+        Err(PostError::QueueFull { .. })
+    ));
+}
+
+#[test]
+fn an_srq_refuses_bad_posts_and_raises_its_limit_event() {
+    let (a, mut b) = two_devices();
+    let (mut a1, _a2, srq, mut b1, _b2) = srq_pair(&a, &b, 8, 0);
+    assert!(matches!(
+        b1.post_recv(&RecvWr::new(1, &[b.buf.sge(0, 8)])),
+        Err(PostError::OnSharedReceiveQueue { .. })
+    ));
+    let three = [b.buf.sge(0, 8), b.buf.sge(8, 8), b.buf.sge(16, 8)];
+    assert!(matches!(
+        srq.post_recv(&RecvWr::new(1, &three)),
+        Err(PostError::TooManySges { max: 2, .. })
+    ));
+    let attr = srq.query().unwrap();
+    assert!(attr.max_wr >= 8);
+    assert_eq!((attr.max_sge, attr.limit), (2, 0));
+    assert!(
+        srq.modify_limit(attr.max_wr + 1).is_err(),
+        "a limit above max_wr"
+    );
+    for i in 0..3 {
+        srq.post_recv(&RecvWr::new(i, &[b.buf.sge(0, 64)])).unwrap();
+    }
+    srq.modify_limit(2).unwrap();
+    assert_eq!(srq.query().unwrap().limit, 2);
+    send_one(&mut a1, &a, 8);
+    wait(&[&a.ctx, &b.ctx], &mut b.cq, 1);
+    assert_eq!(b.ctx.poll_srq_event(), None, "2 left is not below 2");
+    send_one(&mut a1, &a, 8);
+    wait(&[&a.ctx, &b.ctx], &mut b.cq, 1);
+    assert_eq!(b.ctx.poll_srq_event(), Some(srq.handle()));
+    assert_eq!(srq.query().unwrap().limit, 0, "disarmed");
+    assert!(b.pd.create_srq(0, 1, 0).is_err());
+    assert!(b.pd.create_srq(4, 1, 5).is_err());
 }

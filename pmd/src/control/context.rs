@@ -7,7 +7,7 @@ use crate::keys::KeyTable;
 use crate::memory::{Block, HugepagePolicy, MemoryPool};
 use crate::name::{DeviceName, NameError};
 use crate::provider::{
-    CqRequest, DeviceFault, DeviceStep, PortEvent, ProgressModel, Provider, VerbsError,
+    CqRequest, DeviceFault, DeviceStep, Handle, PortEvent, ProgressModel, Provider, VerbsError,
 };
 use crate::verbs::{DeviceAttr, Gid, PortAttr};
 
@@ -169,6 +169,12 @@ impl Context {
     /// A GID of the port (index 0 is the device's address).
     pub fn query_gid(&self, index: u16) -> Result<Gid, VerbsError> {
         self.provider.query_gid(index)
+    }
+
+    /// The oldest unread SRQ limit event: the handle ([`crate::Srq::handle`]) of the SRQ
+    /// whose receives dropped below its armed limit (which is now disarmed).
+    pub fn poll_srq_event(&self) -> Option<Handle> {
+        self.provider.poll_srq_event()
     }
 
     /// How the device makes progress.

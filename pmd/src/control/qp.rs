@@ -16,7 +16,8 @@ use crate::qp_state::{check_transition, QpState, TransitionError};
 use crate::verbs::{QpAttr, QpCaps};
 
 use super::cq::CqShared;
-use super::{Cq, Pd};
+use super::srq::SrqShared;
+use super::{Cq, Pd, Srq};
 
 /// The largest WQE is 63 units of 16 bytes; an atomic header takes 3 of them.
 const MAX_DATA_UNITS: u32 = 63 - 3;
@@ -130,6 +131,8 @@ pub(crate) struct QpControl {
     /// The QP's state, in the gate its queues' posts read.
     gate: Arc<QpGate>,
     saved: Mutex<SavedAttrs>,
+    /// The SRQ it takes its receives from: held so that the SRQ outlives the QP.
+    srq: Option<Arc<SrqShared>>,
 }
 
 impl QpControl {
@@ -309,8 +312,18 @@ impl Qp {
         send_cq: &Cq,
         recv_cq: &Cq,
         caps: QpCaps,
+        srq: Option<&Srq>,
     ) -> Result<Qp, VerbsError> {
         let ctx = pd.context();
+        if let Some(srq) = srq {
+            if !Arc::ptr_eq(srq.pd(), pd) {
+                return Err(invalid(
+                    pd,
+                    "create_qp",
+                    "the SRQ belongs to another protection domain".into(),
+                ));
+            }
+        }
         if !Arc::ptr_eq(send_cq.context(), ctx) || !Arc::ptr_eq(recv_cq.context(), ctx) {
             return Err(invalid(
                 pd,
@@ -333,12 +346,16 @@ impl Qp {
                 ),
             ));
         }
-        let raw = ctx.provider().create_qp(&QpRequest {
+        let req = QpRequest {
             pd: pd.handle(),
             send_cq: send_cq.shared().handle,
             recv_cq: recv_cq.shared().handle,
             caps,
-        })?;
+        };
+        let raw = match srq {
+            Some(srq) => ctx.provider().create_qp_on_srq(&req, srq.handle())?,
+            None => ctx.provider().create_qp(&req)?,
+        };
         let RawQp {
             handle,
             qpn,
@@ -359,6 +376,7 @@ impl Qp {
             caps: granted,
             gate: gate.clone(),
             saved: Mutex::new(SavedAttrs::default()),
+            srq: srq.map(|s| s.shared().clone()),
         });
         // From here on `ctl`'s drop destroys the QP if anything below refuses the rings.
         if !sq.wqe_cnt.is_power_of_two() || sq.stride != 64 {
@@ -381,11 +399,21 @@ impl Qp {
             qpn,
             send: Some(send_track.clone()),
             recv: None,
+            srq: None,
         });
-        recv_cq.shared().attachments.attach(Attachment {
-            qpn,
-            send: None,
-            recv: Some(recv_track.clone()),
+        recv_cq.shared().attachments.attach(match srq {
+            Some(srq) => Attachment {
+                qpn,
+                send: None,
+                recv: None,
+                srq: Some(srq.shared().queue.clone()),
+            },
+            None => Attachment {
+                qpn,
+                send: None,
+                recv: Some(recv_track.clone()),
+                srq: None,
+            },
         });
         let device = ctx.device_arc();
         let recv_dbrec = dbrec.cast::<AtomicU32>();
@@ -424,6 +452,11 @@ impl Qp {
             device,
         });
         Ok(Qp { sq, rq, ctl })
+    }
+
+    /// Whether the QP takes its receives from a shared receive queue.
+    pub fn on_srq(&self) -> bool {
+        self.ctl.srq.is_some()
     }
 
     /// The QP number.
@@ -532,6 +565,9 @@ impl Qp {
     /// Writes and publishes a receive.
     #[inline]
     pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
+        if self.ctl.srq.is_some() {
+            return Err(PostError::OnSharedReceiveQueue { qpn: self.ctl.qpn });
+        }
         self.rq.post(wr)
     }
 
@@ -555,6 +591,18 @@ impl Pd {
         recv_cq: &Cq,
         caps: QpCaps,
     ) -> Result<Qp, VerbsError> {
-        Qp::create(self, send_cq, recv_cq, caps)
+        Qp::create(self, send_cq, recv_cq, caps, None)
+    }
+
+    /// Creates an RC QP (in RESET) that takes its receives from `srq` (of this PD); its
+    /// receive completions, in `recv_cq`, name the QP.
+    pub fn create_qp_on_srq(
+        self: &Arc<Self>,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+        srq: &Srq,
+    ) -> Result<Qp, VerbsError> {
+        Qp::create(self, send_cq, recv_cq, caps, Some(srq))
     }
 }

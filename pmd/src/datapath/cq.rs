@@ -13,6 +13,7 @@ use hw_defs::mlx5::cqe::QPN_MASK;
 use hw_defs::mlx5::{cqe, Cqe64, CqeOpcode, ErrCqe};
 
 use super::barrier;
+use super::srq::SharedRecvQueue;
 use super::track::{RecvTrack, SendTrack};
 use super::wr::{WcOpcode, WcStatus, WorkCompletion};
 
@@ -22,6 +23,8 @@ pub(crate) struct Attachment {
     pub qpn: u32,
     pub send: Option<Arc<SendTrack>>,
     pub recv: Option<Arc<RecvTrack>>,
+    /// The SRQ the QP takes its receives from (then `recv` is `None`).
+    pub srq: Option<Arc<SharedRecvQueue>>,
 }
 
 /// The QPs attached to a CQ. Written on the control path (QP create/destroy), read by the
@@ -54,6 +57,9 @@ impl Attachments {
                 }
                 if a.recv.is_some() {
                     x.recv = a.recv;
+                }
+                if a.srq.is_some() {
+                    x.srq = a.srq;
                 }
             }
             None => list.push(a),
@@ -590,11 +596,16 @@ impl CompletionQueue {
                 true
             }
             raw::RESP_SEND | raw::RESP_SEND_IMM | raw::RESP_SEND_INV | raw::RESP_WR_IMM => {
-                let Some(recv) = &self.local[at].recv else {
-                    self.stats.unknown_qpn += 1;
-                    return false;
+                let retired = match (&self.local[at].recv, &self.local[at].srq) {
+                    (Some(recv), _) => recv.retire(),
+                    // An SRQ's CQE names the slot it consumed.
+                    (None, Some(srq)) => srq.complete(view.wqe_counter()),
+                    (None, None) => {
+                        self.stats.unknown_qpn += 1;
+                        return false;
+                    }
                 };
-                let Some(wr_id) = recv.retire() else {
+                let Some(wr_id) = retired else {
                     self.stats.stale += 1;
                     return false;
                 };
@@ -645,6 +656,15 @@ impl CompletionQueue {
                     self.mark.send.get_or_insert(before);
                     (done.wr_id, send_wc_opcode(err.wqe_opcode()))
                 }
+                None => {
+                    self.stats.stale += 1;
+                    return false;
+                }
+            }
+        } else if let (None, Some(srq)) = (&self.local[at].recv, &self.local[at].srq) {
+            // No mark: QPs on an SRQ are not moved to a backup (`docs/failover.md`).
+            match srq.complete(err.wqe_counter()) {
+                Some(wr_id) => (wr_id, WcOpcode::Recv),
                 None => {
                     self.stats.stale += 1;
                     return false;

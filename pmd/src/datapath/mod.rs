@@ -5,7 +5,8 @@
 //! - [`wr`]: work requests, work completions and post errors;
 //! - [`sq`]: the send queue (post, doorbell), and in [`sq::raw`] the raw WQE access and key
 //!   rewriting only the failover layer uses;
-//! - [`rq`]: the receive queue;
+//! - [`rq`]: the receive queue; [`srq`]: the shared receive queue, the one queue with a lock
+//!   (posts and the completions of several QPs' CQs meet in it, as in libmlx5);
 //! - [`cq`]: the CQ poller;
 //! - [`doorbell`]: the doorbell register (mlx5 UAR/BlueFlame or softnic);
 //! - [`barrier`]: the memory barriers, named after rdma-core's;
@@ -18,6 +19,7 @@ pub mod doorbell;
 pub mod gate;
 pub mod rq;
 pub mod sq;
+pub mod srq;
 pub mod track;
 pub mod wr;
 

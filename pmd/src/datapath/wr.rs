@@ -344,6 +344,12 @@ pub enum PostError {
         /// The QP.
         qpn: u32,
     },
+    /// A receive posted to a QP that takes its receives from a shared receive queue.
+    #[error("QP {qpn:#x} takes its receives from a shared receive queue: post them there")]
+    OnSharedReceiveQueue {
+        /// The QP.
+        qpn: u32,
+    },
     /// An lkey that no MR of the device has.
     #[error("lkey {lkey:#x} is not registered on device {device}")]
     UnknownLkey {

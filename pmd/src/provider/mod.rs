@@ -250,6 +250,37 @@ pub struct QpRequest {
     pub caps: QpCaps,
 }
 
+/// What a shared receive queue is created with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqRequest {
+    /// The PD.
+    pub pd: Handle,
+    /// Receives it must hold at once.
+    pub max_wr: u32,
+    /// Scatter entries per receive.
+    pub max_sge: u32,
+    /// The limit, armed when non-zero.
+    pub limit: u32,
+}
+
+/// What the driver needs to post to a shared receive queue, as `mlx5dv_srq` describes it.
+#[derive(Debug)]
+pub struct RawSrq {
+    /// The provider's handle.
+    pub handle: Handle,
+    /// First byte of the ring.
+    pub buf: NonNull<u8>,
+    /// Slots in the ring (a power of two; one stays free, so `wqe_cnt - 1` receives fit).
+    pub wqe_cnt: u32,
+    /// Bytes per slot: the 16-byte next segment and `stride / 16 - 1` data segments.
+    pub stride: u32,
+    /// The doorbell record: one big-endian 32-bit count of receives posted.
+    pub dbrec: NonNull<u32>,
+}
+
+// SAFETY: as for RawQp: memory owned by the provider object until `destroy_srq`.
+unsafe impl Send for RawSrq {}
+
 /// The control verbs of one opened device.
 ///
 /// Every method may block; none is called from the datapath. Objects are destroyed in the
@@ -308,6 +339,45 @@ pub trait Provider: Send + Sync + 'static {
     fn query_qp(&self, qp: Handle) -> Result<QpState, VerbsError>;
     /// Destroys a QP; its rings must not be touched afterwards.
     fn destroy_qp(&self, qp: Handle) -> Result<(), VerbsError>;
+    /// Creates a shared receive queue. Providers without them refuse (the default).
+    fn create_srq(&self, req: &SrqRequest) -> Result<RawSrq, VerbsError> {
+        let _ = req;
+        Err(self.no_srq("create_srq"))
+    }
+    /// Creates an RC QP in RESET that takes its receives from `srq`; its own receive ring,
+    /// which the driver never posts to, is the smallest the provider makes.
+    fn create_qp_on_srq(&self, req: &QpRequest, srq: Handle) -> Result<RawQp, VerbsError> {
+        let _ = (req, srq);
+        Err(self.no_srq("create_qp"))
+    }
+    /// Sets an SRQ's limit: non-zero arms it, zero disarms it.
+    fn modify_srq(&self, srq: Handle, limit: u32) -> Result<(), VerbsError> {
+        let _ = (srq, limit);
+        Err(self.no_srq("modify_srq"))
+    }
+    /// An SRQ's limit, zero when disarmed.
+    fn query_srq(&self, srq: Handle) -> Result<u32, VerbsError> {
+        let _ = srq;
+        Err(self.no_srq("query_srq"))
+    }
+    /// Destroys an SRQ no QP uses; its ring must not be touched afterwards.
+    fn destroy_srq(&self, srq: Handle) -> Result<(), VerbsError> {
+        let _ = srq;
+        Err(self.no_srq("destroy_srq"))
+    }
+    /// The oldest unread SRQ limit event: the SRQ whose receives dropped below its armed
+    /// limit (which disarmed). Read by one consumer.
+    fn poll_srq_event(&self) -> Option<Handle> {
+        None
+    }
+    /// The refusal of a provider without shared receive queues.
+    fn no_srq(&self, verb: &'static str) -> VerbsError {
+        VerbsError::Unsupported {
+            device: self.name().to_string(),
+            verb,
+            what: "shared receive queues (this provider has none)".into(),
+        }
+    }
     /// How the device makes progress.
     fn progress_model(&self) -> ProgressModel {
         ProgressModel::Auto

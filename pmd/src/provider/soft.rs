@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use softnic::{
     Clock, CompletionChannel, CqConfig, CqHandle, CqId, Device, DeviceConfig, DeviceError, Fabric,
-    PathMtu, PdId, ProgressMode, QpAttrs, QpConfig, QueueMemory, Wire,
+    PathMtu, PdId, ProgressMode, QpAttrs, QpConfig, QueueMemory, SrqConfig, SrqId, Wire,
 };
 
 use super::{
     CompletionEvents, CqRequest, DeviceFault, DeviceStep, Handle, PortEvent, ProgressModel,
-    Provider, QpRequest, RawCq, RawMr, RawQp, RawWorkQueue, VerbsError,
+    Provider, QpRequest, RawCq, RawMr, RawQp, RawSrq, RawWorkQueue, SrqRequest, VerbsError,
 };
 use crate::datapath::doorbell::Doorbell;
 use crate::memory::{Block, MemoryPool};
@@ -161,6 +161,14 @@ pub struct SoftProvider {
     pool: MemoryPool,
     progress: ProgressModel,
     cqs: Mutex<HashMap<u64, CqMem>>,
+    events: Mutex<SoftEventQueues>,
+}
+
+/// The device's async events, sorted for their two readers.
+#[derive(Debug, Default)]
+struct SoftEventQueues {
+    port: std::collections::VecDeque<PortEvent>,
+    srq: std::collections::VecDeque<Handle>,
 }
 
 impl std::fmt::Debug for SoftProvider {
@@ -263,6 +271,7 @@ impl SoftProvider {
             pool: pool.clone(),
             progress: options.progress,
             cqs: Mutex::new(HashMap::new()),
+            events: Mutex::new(SoftEventQueues::default()),
         })
     }
 
@@ -379,6 +388,104 @@ fn max_wqe_bbs(caps: &QpCaps) -> u32 {
     (3 + data).div_ceil(4)
 }
 
+impl SoftProvider {
+    /// Moves the device's async events into the provider's two queues, so that the port
+    /// watch and the SRQ event reader each find theirs whichever drained the device first.
+    fn drain_events(&self) {
+        let mut q = self.lock_events();
+        while let Some(event) = self.device.events().poll() {
+            match event {
+                softnic::AsyncEvent::PortActive => q.port.push_back(PortEvent::Active),
+                softnic::AsyncEvent::PortError => q.port.push_back(PortEvent::Down),
+                softnic::AsyncEvent::DeviceFatal => q.port.push_back(PortEvent::DeviceFatal),
+                softnic::AsyncEvent::SrqLimitReached { srq } => {
+                    q.srq.push_back(Handle(u64::from(srq.0)))
+                }
+                other => {
+                    tracing::warn!(device = %self.name, event = ?other, "async event")
+                }
+            }
+        }
+    }
+
+    fn lock_events(&self) -> std::sync::MutexGuard<'_, SoftEventQueues> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn create_qp_inner(&self, req: &QpRequest, srq: Option<SrqId>) -> Result<RawQp, VerbsError> {
+        let mut caps = req.caps;
+        if srq.is_some() {
+            // Receives come from the SRQ: the QP's own ring is one slot nobody posts to.
+            caps.max_recv_wr = 1;
+            caps.max_recv_sge = 1;
+        }
+        if caps.max_send_sge > MAX_SGE
+            || caps.max_recv_sge > MAX_SGE
+            || caps.max_inline_data > MAX_INLINE
+            || caps.max_send_wr > MAX_WR
+            || caps.max_recv_wr > MAX_WR
+        {
+            return Err(VerbsError::InvalidArgument {
+                device: self.name.to_string(),
+                verb: "create_qp",
+                what: format!("{caps:?} exceeds the device limits (sge {MAX_SGE}, inline {MAX_INLINE}, wr {MAX_WR})"),
+            });
+        }
+        let wqe_bbs = max_wqe_bbs(&caps);
+        let sq_bbs = (caps.max_send_wr.max(1) * wqe_bbs).next_power_of_two();
+        let rq_wqes = caps.max_recv_wr.max(1).next_power_of_two();
+        let rq_stride = (caps.max_recv_sge.max(1) * 16).next_power_of_two();
+        let sq = self.block("create_qp", sq_bbs as usize * 64)?;
+        let rq = self.block("create_qp", (rq_wqes * rq_stride) as usize)?;
+        let dbrec = self.block("create_qp", hw_defs::mlx5::dbrec::SIZE)?;
+        let sq_ptr = NonNull::new(sq.as_ptr()).expect("pool blocks are never null");
+        let rq_ptr = NonNull::new(rq.as_ptr()).expect("pool blocks are never null");
+        let dbrec_ptr =
+            NonNull::new(dbrec.as_ptr().cast::<u32>()).expect("pool blocks are never null");
+        let config = QpConfig {
+            pd: PdId(req.pd.0 as u32),
+            send_cq: self.cq_id(req.send_cq)?,
+            recv_cq: self.cq_id(req.recv_cq)?,
+            sq: queue_memory(sq),
+            sq_bbs,
+            rq: queue_memory(rq),
+            rq_wqes,
+            rq_stride,
+            dbrec: queue_memory(dbrec),
+            max_inline: caps.max_inline_data,
+            max_send_sge: caps.max_send_sge,
+        };
+        let handle = match srq {
+            Some(srq) => self.device.create_qp_with_srq(config, srq),
+            None => self.device.create_qp(config),
+        }
+        .map_err(|e| verbs(&self.name, "create_qp", e))?;
+        Ok(RawQp {
+            handle: Handle(u64::from(handle.qpn)),
+            qpn: handle.qpn,
+            sq: RawWorkQueue {
+                buf: sq_ptr,
+                wqe_cnt: sq_bbs,
+                stride: 64,
+            },
+            rq: RawWorkQueue {
+                buf: rq_ptr,
+                wqe_cnt: rq_wqes,
+                stride: rq_stride,
+            },
+            dbrec: dbrec_ptr,
+            doorbell: Doorbell::Soft(handle.doorbell),
+            caps: QpCaps {
+                max_send_wr: sq_bbs / wqe_bbs,
+                max_recv_wr: rq_wqes,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: rq_stride / 16,
+                max_inline_data: caps.max_inline_data,
+            },
+        })
+    }
+}
+
 impl Provider for SoftProvider {
     fn name(&self) -> &DeviceName {
         &self.name
@@ -394,6 +501,9 @@ impl Provider for SoftProvider {
             max_inline_data: MAX_INLINE,
             max_qp_rd_atom: 16,
             max_qp_init_rd_atom: 16,
+            max_srq: 1 << 16,
+            max_srq_wr: MAX_WR - 1,
+            max_srq_sge: MAX_SGE,
         })
     }
 
@@ -522,71 +632,82 @@ impl Provider for SoftProvider {
     }
 
     fn create_qp(&self, req: &QpRequest) -> Result<RawQp, VerbsError> {
-        let caps = req.caps;
-        if caps.max_send_sge > MAX_SGE
-            || caps.max_recv_sge > MAX_SGE
-            || caps.max_inline_data > MAX_INLINE
-            || caps.max_send_wr > MAX_WR
-            || caps.max_recv_wr > MAX_WR
-        {
+        self.create_qp_inner(req, None)
+    }
+
+    fn create_qp_on_srq(&self, req: &QpRequest, srq: Handle) -> Result<RawQp, VerbsError> {
+        self.create_qp_inner(req, Some(SrqId(srq.0 as u32)))
+    }
+
+    fn create_srq(&self, req: &SrqRequest) -> Result<RawSrq, VerbsError> {
+        if req.max_sge > MAX_SGE || req.max_wr == 0 || req.max_wr >= MAX_WR {
             return Err(VerbsError::InvalidArgument {
                 device: self.name.to_string(),
-                verb: "create_qp",
-                what: format!("{caps:?} exceeds the device limits (sge {MAX_SGE}, inline {MAX_INLINE}, wr {MAX_WR})"),
+                verb: "create_srq",
+                what: format!(
+                    "max_wr {} / max_sge {} outside the device limits (1..{MAX_WR} receives, sge {MAX_SGE})",
+                    req.max_wr, req.max_sge
+                ),
             });
         }
-        let wqe_bbs = max_wqe_bbs(&caps);
-        let sq_bbs = (caps.max_send_wr.max(1) * wqe_bbs).next_power_of_two();
-        let rq_wqes = caps.max_recv_wr.max(1).next_power_of_two();
-        let rq_stride = (caps.max_recv_sge.max(1) * 16).next_power_of_two();
-        let sq = self.block("create_qp", sq_bbs as usize * 64)?;
-        let rq = self.block("create_qp", (rq_wqes * rq_stride) as usize)?;
-        let dbrec = self.block("create_qp", hw_defs::mlx5::dbrec::SIZE)?;
-        let sq_ptr = NonNull::new(sq.as_ptr()).expect("pool blocks are never null");
-        let rq_ptr = NonNull::new(rq.as_ptr()).expect("pool blocks are never null");
+        if req.limit > req.max_wr {
+            return Err(VerbsError::InvalidArgument {
+                device: self.name.to_string(),
+                verb: "create_srq",
+                what: format!("limit {} exceeds max_wr {}", req.limit, req.max_wr),
+            });
+        }
+        // One slot more than asked: the free list's tail is never posted to (libmlx5).
+        let wqes = (req.max_wr + 1).next_power_of_two();
+        let stride = ((req.max_sge.max(1) + 1) * 16).next_power_of_two().max(32);
+        let ring = self.block("create_srq", (wqes * stride) as usize)?;
+        let dbrec = self.block("create_srq", 4)?;
+        let buf = NonNull::new(ring.as_ptr()).expect("pool blocks are never null");
         let dbrec_ptr =
             NonNull::new(dbrec.as_ptr().cast::<u32>()).expect("pool blocks are never null");
-        let handle = self
+        let id = self
             .device
-            .create_qp(QpConfig {
+            .create_srq(SrqConfig {
                 pd: PdId(req.pd.0 as u32),
-                send_cq: self.cq_id(req.send_cq)?,
-                recv_cq: self.cq_id(req.recv_cq)?,
-                sq: queue_memory(sq),
-                sq_bbs,
-                rq: queue_memory(rq),
-                rq_wqes,
-                rq_stride,
+                ring: queue_memory(ring),
+                wqes,
+                stride,
                 dbrec: queue_memory(dbrec),
-                max_inline: caps.max_inline_data,
-                max_send_sge: caps.max_send_sge,
+                limit: req.limit,
             })
-            .map_err(|e| verbs(&self.name, "create_qp", e))?;
-        Ok(RawQp {
-            handle: Handle(u64::from(handle.qpn)),
-            qpn: handle.qpn,
-            sq: RawWorkQueue {
-                buf: sq_ptr,
-                wqe_cnt: sq_bbs,
-                stride: 64,
-            },
-            rq: RawWorkQueue {
-                buf: rq_ptr,
-                wqe_cnt: rq_wqes,
-                stride: rq_stride,
-            },
+            .map_err(|e| verbs(&self.name, "create_srq", e))?;
+        Ok(RawSrq {
+            handle: Handle(u64::from(id.0)),
+            buf,
+            wqe_cnt: wqes,
+            stride,
             dbrec: dbrec_ptr,
-            doorbell: Doorbell::Soft(handle.doorbell),
-            caps: QpCaps {
-                max_send_wr: sq_bbs / wqe_bbs,
-                max_recv_wr: rq_wqes,
-                max_send_sge: caps.max_send_sge,
-                max_recv_sge: rq_stride / 16,
-                max_inline_data: caps.max_inline_data,
-            },
         })
     }
 
+    fn modify_srq(&self, srq: Handle, limit: u32) -> Result<(), VerbsError> {
+        self.device
+            .modify_srq(SrqId(srq.0 as u32), limit)
+            .map_err(|e| verbs(&self.name, "modify_srq", e))
+    }
+
+    fn query_srq(&self, srq: Handle) -> Result<u32, VerbsError> {
+        self.device
+            .query_srq(SrqId(srq.0 as u32))
+            .map(|(limit, _)| limit)
+            .map_err(|e| verbs(&self.name, "query_srq", e))
+    }
+
+    fn destroy_srq(&self, srq: Handle) -> Result<(), VerbsError> {
+        self.device
+            .destroy_srq(SrqId(srq.0 as u32))
+            .map_err(|e| verbs(&self.name, "destroy_srq", e))
+    }
+
+    fn poll_srq_event(&self) -> Option<Handle> {
+        self.drain_events();
+        self.lock_events().srq.pop_front()
+    }
     fn modify_qp(&self, qp: Handle, to: QpState, attr: &QpAttr) -> Result<(), VerbsError> {
         self.device
             .modify_qp(qp.0 as u32, to_soft_state(to), &to_soft_attrs(attr))
@@ -653,17 +774,8 @@ impl Provider for SoftProvider {
                 8,
             )
         };
-        while let Some(event) = self.device.events().poll() {
-            match event {
-                softnic::AsyncEvent::PortActive => return Some(PortEvent::Active),
-                softnic::AsyncEvent::PortError => return Some(PortEvent::Down),
-                softnic::AsyncEvent::DeviceFatal => return Some(PortEvent::DeviceFatal),
-                other => {
-                    tracing::warn!(device = %self.name, event = ?other, "async event")
-                }
-            }
-        }
-        None
+        self.drain_events();
+        self.lock_events().port.pop_front()
     }
 
     fn port_event_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -254,6 +254,9 @@ impl Provider for Shared {
             max_inline_data: 256,
             max_qp_rd_atom: 16,
             max_qp_init_rd_atom: 16,
+            max_srq: 0,
+            max_srq_wr: 0,
+            max_srq_sge: 0,
         })
     }
     fn query_port(&self) -> Result<PortAttr, VerbsError> {

@@ -331,6 +331,10 @@ pub fn device_attr_from_ibv(d: &ibv_device_attr, max_inline_data: u32) -> Device
         max_inline_data,
         max_qp_rd_atom: atom(d.max_qp_rd_atom),
         max_qp_init_rd_atom: atom(d.max_qp_init_rd_atom),
+        // The mlx5 provider makes no SRQs (it refuses them), whatever the device could.
+        max_srq: 0,
+        max_srq_wr: 0,
+        max_srq_sge: 0,
     }
 }
 
