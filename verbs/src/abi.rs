@@ -159,7 +159,7 @@ pub type PostRecvFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 /// `post_srq_recv`.
 pub type PostSrqRecvFn =
-    unsafe extern "C" fn(*mut c_void, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 /// `alloc_mw`.
 pub type AllocMwFn = unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut c_void;
 /// `bind_mw`.
@@ -323,7 +323,7 @@ pub struct ibv_qp {
     pub send_cq: *mut ibv_cq,
     /// Where receives complete.
     pub recv_cq: *mut ibv_cq,
-    /// Its shared receive queue (never one here).
+    /// Its shared receive queue, if it has one.
     pub srq: *mut c_void,
     /// The kernel handle.
     pub handle: u32,
@@ -339,6 +339,54 @@ pub struct ibv_qp {
     pub cond: libc::pthread_cond_t,
     /// Async events acknowledged.
     pub events_completed: u32,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub struct ibv_srq {
+    /// Its device context.
+    pub context: *mut ibv_context,
+    /// The caller's pointer.
+    pub srq_context: *mut c_void,
+    /// Its PD.
+    pub pd: *mut ibv_pd,
+    /// The kernel handle.
+    pub handle: u32,
+    /// For event accounting (kept initialised).
+    pub mutex: libc::pthread_mutex_t,
+    /// For event accounting (kept initialised).
+    pub cond: libc::pthread_cond_t,
+    /// Async events acknowledged.
+    pub events_completed: u32,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_srq_attr {
+    /// Receives it holds.
+    pub max_wr: u32,
+    /// Scatter entries per receive.
+    pub max_sge: u32,
+    /// The limit (0: disarmed).
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    /// The caller's pointer.
+    pub srq_context: *mut c_void,
+    /// Sizes, updated to what was granted, and the limit.
+    pub attr: ibv_srq_attr,
+}
+
+/// `enum ibv_srq_attr_mask`: `IBV_SRQ_MAX_WR` (resize) and `IBV_SRQ_LIMIT`.
+pub mod srq_mask {
+    /// `IBV_SRQ_MAX_WR`.
+    pub const MAX_WR: i32 = 1;
+    /// `IBV_SRQ_LIMIT`.
+    pub const LIMIT: i32 = 2;
 }
 
 /// `struct ibv_sge`.
@@ -665,9 +713,15 @@ pub struct ibv_device_attr {
     pub max_ee_init_rd_atom: c_int,
     /// `enum ibv_atomic_cap`.
     pub atomic_cap: c_uint,
-    /// The rest, up to `max_srq_sge`: all zero here (no EE, RDD, MW, raw QPs, multicast,
-    /// AH, FMR or SRQ).
-    pub _unsupported: [c_int; 14],
+    /// From `max_ee` to `max_map_per_fmr`: all zero here (no EE, RDD, MW, raw QPs,
+    /// multicast, AH or FMR).
+    pub _unsupported: [c_int; 11],
+    /// Shared receive queues.
+    pub max_srq: c_int,
+    /// Receives per shared receive queue.
+    pub max_srq_wr: c_int,
+    /// Scatter entries per shared receive queue receive.
+    pub max_srq_sge: c_int,
     /// P_Keys.
     pub max_pkeys: u16,
     /// Local CA ACK delay.
@@ -749,6 +803,14 @@ pub const LAYOUTS: &[Layout] = &[
         state => "state", qp_type => "qp_type", mutex => "mutex", cond => "cond",
         events_completed => "events_completed",
     }),
+    layout!(ibv_srq {
+        context => "context", srq_context => "srq_context", pd => "pd", handle => "handle",
+        mutex => "mutex", cond => "cond", events_completed => "events_completed",
+    }),
+    layout!(ibv_srq_attr {
+        max_wr => "max_wr", max_sge => "max_sge", srq_limit => "srq_limit",
+    }),
+    layout!(ibv_srq_init_attr { srq_context => "srq_context", attr => "attr" }),
     layout!(ibv_sge { addr => "addr", length => "length", lkey => "lkey" }),
     layout!(ibv_send_wr {
         wr_id => "wr_id", next => "next", sg_list => "sg_list", num_sge => "num_sge",
@@ -806,7 +868,8 @@ pub const LAYOUTS: &[Layout] = &[
         max_qp_wr => "max_qp_wr", device_cap_flags => "device_cap_flags", max_sge => "max_sge",
         max_cq => "max_cq", max_cqe => "max_cqe", max_mr => "max_mr", max_pd => "max_pd",
         max_qp_rd_atom => "max_qp_rd_atom", max_qp_init_rd_atom => "max_qp_init_rd_atom",
-        atomic_cap => "atomic_cap", _unsupported => "max_ee", max_pkeys => "max_pkeys",
+        atomic_cap => "atomic_cap", _unsupported => "max_ee", max_srq => "max_srq",
+        max_srq_wr => "max_srq_wr", max_srq_sge => "max_srq_sge", max_pkeys => "max_pkeys",
         local_ca_ack_delay => "local_ca_ack_delay", phys_port_cnt => "phys_port_cnt",
     }),
     layout!(ibv_gid_entry {

@@ -505,7 +505,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             objects::req_notify_cq
         }),
         _compat_cq_srq: [std::ptr::null_mut(); 7],
-        post_srq_recv: None,
+        post_srq_recv: Some(crate::srq::post_srq_recv),
         _compat_qp: [std::ptr::null_mut(); 4],
         post_send: Some(if resilient.is_some() {
             crate::resilient::post_send
@@ -612,7 +612,23 @@ pub unsafe extern "C" fn ibv_query_device(
         max_qp_init_rd_atom: c_int::from(d.max_qp_init_rd_atom),
         max_ee_init_rd_atom: 0,
         atomic_cap: IBV_ATOMIC_HCA,
-        _unsupported: [0; 14],
+        _unsupported: [0; 11],
+        // A device with a backup makes no SRQs (docs/failover.md).
+        max_srq: if c.resilient.is_some() {
+            0
+        } else {
+            d.max_srq as c_int
+        },
+        max_srq_wr: if c.resilient.is_some() {
+            0
+        } else {
+            d.max_srq_wr as c_int
+        },
+        max_srq_sge: if c.resilient.is_some() {
+            0
+        } else {
+            d.max_srq_sge as c_int
+        },
         max_pkeys: 1,
         local_ca_ack_delay: 16,
         phys_port_cnt: 1,
@@ -863,15 +879,19 @@ pub unsafe extern "C" fn ibv_query_pkey(
 /// `struct ibv_async_event`.
 #[repr(C)]
 pub struct ibv_async_event {
-    /// The element (here the port number).
+    /// The element: the port number, or the `ibv_srq` of an SRQ event.
     pub element: u64,
     /// `enum ibv_event_type`.
     pub event_type: c_int,
 }
 
+/// `IBV_EVENT_SRQ_LIMIT_REACHED`.
+const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
+
 /// `ibv_get_async_event`: on our devices, port and fatal events from the pmd
-/// (`IBV_EVENT_PORT_ACTIVE`, `IBV_EVENT_PORT_ERR`, `IBV_EVENT_DEVICE_FATAL`); it blocks until
-/// one comes, as the real one does.
+/// (`IBV_EVENT_PORT_ACTIVE`, `IBV_EVENT_PORT_ERR`, `IBV_EVENT_DEVICE_FATAL`) and
+/// `IBV_EVENT_SRQ_LIMIT_REACHED` naming the SRQ; it blocks until one comes, as the real one
+/// does.
 ///
 /// # Safety
 /// `ctx` is an open context; `event` is valid for a write of `struct ibv_async_event`.
@@ -886,6 +906,19 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
         };
     };
     loop {
+        if let Some(h) = c.pmd.poll_srq_event() {
+            // An SRQ destroyed since has no one left to tell.
+            if let Some(srq) = crate::srq::by_handle(ctx, h) {
+                // SAFETY: the caller's buffer.
+                unsafe {
+                    event.cast::<ibv_async_event>().write(ibv_async_event {
+                        element: srq,
+                        event_type: IBV_EVENT_SRQ_LIMIT_REACHED,
+                    })
+                };
+                return 0;
+            }
+        }
         if let Some(ev) = c.pmd.poll_port_event() {
             let (element, event_type) = match ev {
                 pmd::provider::PortEvent::Active => (1, 9),

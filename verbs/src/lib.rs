@@ -14,6 +14,7 @@
 //! | [`device`] | the device list, open/close, the query verbs, async events |
 //! | [`objects`] | PD, MR, CQ, completion channel, QP; post, poll and notify for the ops table |
 //! | [`real`] | the system's definitions by `dlvsym(RTLD_NEXT, ...)` |
+//! | [`srq`] | shared receive queues on plain devices: create, modify, query, destroy, `post_srq_recv` |
 //! | [`resilient`] | devices with a backup: resilient QPs, the rendezvous, CQs gathering their completions |
 //! | [`util`] | errno, the once-per-verb refusal line, logging |
 
@@ -23,4 +24,5 @@ pub mod device;
 pub mod objects;
 pub mod real;
 pub mod resilient;
+pub mod srq;
 pub mod util;

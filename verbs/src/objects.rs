@@ -43,7 +43,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///
 /// # Safety
 /// `obj` is null or a live verbs object starting with its context pointer.
-unsafe fn ours<'a, T>(obj: *mut T) -> Option<&'a RsContext> {
+pub(crate) unsafe fn ours<'a, T>(obj: *mut T) -> Option<&'a RsContext> {
     if obj.is_null() {
         return None;
     }
@@ -66,6 +66,11 @@ impl RsPd {
     /// The context the PD was allocated on.
     pub(crate) fn context(&self) -> *mut ibv_context {
         self.ibv.context
+    }
+
+    /// The pmd PD (on a resilient device, its default PD).
+    pub(crate) fn pmd_pd(&self) -> &Arc<pmd::Pd> {
+        &self.pd
     }
 }
 
@@ -697,8 +702,9 @@ pub(crate) fn caps_from(cap: &ibv_qp_cap) -> QpCaps {
     }
 }
 
-/// `ibv_create_qp`: RC only; UD, UC, XRC, raw packet and driver QPs, and QPs on an SRQ, are
-/// refused with `EOPNOTSUPP`.
+/// `ibv_create_qp`: RC only; UD, UC, XRC, raw packet and driver QPs are refused with
+/// `EOPNOTSUPP`. A QP on an SRQ takes its receives from it (plain devices: a device with a
+/// backup has no SRQs).
 ///
 /// # Safety
 /// `pd` is a live PD; `attr` is valid for reads and writes.
@@ -736,12 +742,9 @@ pub unsafe extern "C" fn ibv_create_qp(
         );
         return std::ptr::null_mut();
     }
-    if !a.srq.is_null() {
-        refuse(
-            "ibv_create_qp",
-            "a QP on a shared receive queue",
-            libc::EOPNOTSUPP,
-        );
+    // SAFETY: the caller's SRQ, null or live.
+    if !a.srq.is_null() && unsafe { ours(a.srq) }.is_none() {
+        invalid("ibv_create_qp", "an SRQ of another device", libc::EINVAL);
         return std::ptr::null_mut();
     }
     // SAFETY: the caller's CQs.
@@ -752,6 +755,14 @@ pub unsafe extern "C" fn ibv_create_qp(
     }
     // SAFETY: ours (checked); the pointer is ours.
     let rpd = unsafe { &*pd.cast::<RsPd>() };
+    if rpd.resilient.is_some() && !a.srq.is_null() {
+        refuse(
+            "ibv_create_qp",
+            "a QP on a shared receive queue on a device with a backup (docs/failover.md)",
+            libc::EOPNOTSUPP,
+        );
+        return std::ptr::null_mut();
+    }
     if rpd.resilient.is_some() {
         // SAFETY: a PD of a resilient device; both CQs are ours (checked).
         return unsafe { crate::resilient::create_qp(pd, a) };
@@ -759,13 +770,19 @@ pub unsafe extern "C" fn ibv_create_qp(
     // SAFETY: ours (checked).
     let (scq, rcq) = unsafe { (&*a.send_cq.cast::<RsCq>(), &*a.recv_cq.cast::<RsCq>()) };
     let caps = caps_from(&a.cap);
+    // SAFETY: ours (checked above), live for the call.
+    let srq = (!a.srq.is_null()).then(|| unsafe { crate::srq::pmd_srq(a.srq) });
+    let create = |s: &pmd::Cq, r: &pmd::Cq| match srq {
+        Some(srq) => rpd.pd.create_qp_on_srq(s, r, caps, srq),
+        None => rpd.pd.create_qp(s, r, caps),
+    };
     let created = if std::ptr::eq(scq, rcq) {
         let g = lock(&scq.cq);
-        rpd.pd.create_qp(&g, &g, caps)
+        create(&g, &g)
     } else {
         let s = lock(&scq.cq);
         let r = lock(&rcq.cq);
-        rpd.pd.create_qp(&s, &r, caps)
+        create(&s, &r)
     };
     let qp = match created {
         Ok(q) => q,
@@ -790,7 +807,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             pd,
             send_cq: a.send_cq,
             recv_cq: a.recv_cq,
-            srq: std::ptr::null_mut(),
+            srq: a.srq,
             handle: qpn,
             qp_num: qpn,
             state: QpState::Reset as u32,
@@ -1027,7 +1044,7 @@ pub(crate) unsafe fn write_query(
             (*init).qp_context = ibv.qp_context;
             (*init).send_cq = ibv.send_cq;
             (*init).recv_cq = ibv.recv_cq;
-            (*init).srq = std::ptr::null_mut();
+            (*init).srq = ibv.srq;
             (*init).cap = cap;
             (*init).qp_type = IBV_QPT_RC;
             (*init).sq_sig_all = c_int::from(sig_all);
@@ -1486,9 +1503,6 @@ refused_on_ours! {
     /// provider without it answers.
     ibv_qp_to_qp_ex @ "IBVERBS_1.6" [ours] (qp: *mut ibv_qp) -> *mut c_void,
         "the ibv_wr_* post API (use ibv_post_send)", libc::EOPNOTSUPP, std::ptr::null_mut();
-    /// `ibv_create_srq`: refused on our devices (`EOPNOTSUPP`).
-    ibv_create_srq @ "IBVERBS_1.1" [ours] (pd: *mut ibv_pd, attr: *mut c_void) -> *mut c_void,
-        "shared receive queues", libc::EOPNOTSUPP, std::ptr::null_mut();
     /// `ibv_create_ah`: refused on our devices (`EOPNOTSUPP`: address handles serve UD, which
     /// they do not run).
     ibv_create_ah @ "IBVERBS_1.1" [ours] (pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut c_void,

@@ -579,8 +579,8 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) ->
     done as c_int
 }
 
-/// `ibv_create_qp` on a resilient device, once the common checks passed (RC, no SRQ, both
-/// CQs ours).
+/// `ibv_create_qp` on a resilient device, once the common checks passed (RC, no SRQ: a
+/// device with a backup refuses SRQs, both CQs ours).
 ///
 /// # Safety
 /// `pd` is one of our PDs on a resilient device; `a`'s CQs are ours.

@@ -148,23 +148,16 @@ fn ibv_uc_pingpong_is_refused_as_a_provider_refuses_uc() {
 }
 
 #[test]
-fn ibv_srq_pingpong_is_refused_with_the_providers_errno() {
-    let Some(bin) = binary("ibv_srq_pingpong") else {
-        eprintln!("skipped: /usr/bin/ibv_srq_pingpong is missing (install ibverbs-utils)");
-        return;
-    };
-    let out = Command::new(bin)
-        .args(["-d", "rs0", "-g", "0", "-p", "19047"])
-        .env("LD_PRELOAD", shim())
-        .env("RAILSHIFT_DEVICES", "rs0=soft:lo@127.0.47.1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("ibv_create_srq refused: shared receive queues")
-            && err.contains("Couldn't create SRQ"),
-        "{err}"
+fn ibv_srq_pingpong_checks_its_data_over_16_qps_on_one_srq() {
+    pair("ibv_srq_pingpong", &["-g", "0", "-n", "100", "-c"], 47);
+}
+
+#[test]
+fn ibv_srq_pingpong_with_completion_events_and_4_qps() {
+    pair(
+        "ibv_srq_pingpong",
+        &["-g", "0", "-q", "4", "-n", "100", "-e", "-c"],
+        48,
     );
 }
 
