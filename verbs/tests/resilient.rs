@@ -270,3 +270,32 @@ fn a_backup_without_a_rendezvous_is_an_error_naming_it() {
         "{err}"
     );
 }
+
+#[test]
+fn ibv_srq_pingpong_is_refused_on_a_device_with_a_backup() {
+    let Some(bin) = binary("ibv_srq_pingpong") else {
+        eprintln!("skipped: /usr/bin/ibv_srq_pingpong is missing (install ibverbs-utils)");
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(redis) = redis() else {
+        return;
+    };
+    let job = Job {
+        redis: &redis,
+        key: key_file("srq-57"),
+        prefix: format!("railshift-verbs-test:{}:srq", std::process::id()),
+    };
+    // The server alone: it fails at ibv_create_srq, before it listens.
+    let server = job.side(&bin, &resilient(57, 1), 19157, &["-g", "0"], None);
+    let out = common::finish(server, "ibv_srq_pingpong server on a resilient device");
+    let _ = std::fs::remove_file(&job.key);
+    assert!(!out.status.success(), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ibv_create_srq refused: shared receive queues on a device with a backup")
+            && err.contains("Couldn't create SRQ"),
+        "{}",
+        show(&out)
+    );
+}
