@@ -27,6 +27,11 @@ const CHECKED: &[ModuleDir] = &[
     ModuleDir {
         dir: "pmd/src/failover",
         module_path: &["failover"],
+        folders: true,
+    },
+    ModuleDir {
+        dir: "pmd/src/failover/machine",
+        module_path: &["failover", "machine"],
         folders: false,
     },
     ModuleDir {

@@ -40,7 +40,8 @@ use std::time::{Duration, Instant};
 
 use pmd::failover::{
     Action, Config, ControlMessage, DefaultQpPhase, Epoch, Event, Failover, Observation, Path,
-    Progress, Role, Route, Timestamp, WcStatus, EPOCH_PSN_STRIDE, MAX_ACTIONS_PER_EVENT,
+    Progress, Role, Route, Side, SideEpoch, Timestamp, WcStatus, EPOCH_PSN_STRIDE,
+    MAX_ACTIONS_PER_EVENT,
 };
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -562,15 +563,17 @@ impl World {
             let mut failed_back = false;
             while let Some(observed) = self.hosts[host].machine.poll_observation() {
                 match observed {
-                    Observation::BackupRepaired { .. } => {
+                    Observation::SideRepaired {
+                        epoch: SideEpoch::Backup(_),
+                    } => {
                         self.seen |= SEEN_BACKUP_REPAIRED;
                         if self.seen & SEEN_DEFAULT_CONTROL_REPAIRED != 0 {
                             self.seen |= SEEN_BACKUP_REPAIRED_AFTER_CHANNEL;
                         }
                     }
-                    Observation::DefaultControlRepaired { .. } => {
-                        self.seen |= SEEN_DEFAULT_CONTROL_REPAIRED
-                    }
+                    Observation::SideRepaired {
+                        epoch: SideEpoch::DefaultChannel(_),
+                    } => self.seen |= SEEN_DEFAULT_CONTROL_REPAIRED,
                     Observation::FailedBack { .. } => failed_back = true,
                     _ => {}
                 }
@@ -672,30 +675,40 @@ impl World {
                     events.push_back(Event::ProbeCompleted { ok: false });
                 }
             }
-            Action::SendControl(message) => {
+            Action::SendControl {
+                via: Path::Backup,
+                message,
+            } => {
                 if !self.hosts[host].control_dead {
                     self.control[host].push(message);
                 }
             }
-            Action::SendControlOnDefault(message) => {
+            Action::SendControl {
+                via: Path::Default,
+                message,
+            } => {
                 if self.hosts[host].default_control_dead {
                     // The driver's send on a broken channel fails at once.
-                    events.push_back(Event::DefaultControlFailed);
+                    events.push_back(Event::ControlFailed { via: Path::Default });
                 } else {
                     self.default_control[host].push(message);
                 }
             }
-            Action::ResetDefaultControl => {
+            Action::ResetSide {
+                side: Side::DefaultChannel,
+            } => {
                 // What it had not delivered is gone, and it receives nothing until the
                 // bring-up.
                 self.hosts[host].default_control_dead = true;
                 self.default_control[host].clear();
             }
-            Action::BringUpDefaultControl { epoch } => {
+            Action::BringUpSide {
+                epoch: epoch @ SideEpoch::DefaultChannel(_),
+            } => {
                 self.hosts[host].default_control_dead = false;
-                events.push_back(Event::DefaultControlUp { epoch, ok: true });
+                events.push_back(Event::SideUp { epoch, ok: true });
             }
-            Action::ResetBackup => {
+            Action::ResetSide { side: Side::Backup } => {
                 let h = &mut self.hosts[host];
                 let qp = &mut h.qps[BACKUP];
                 let discards = qp.sq.iter().any(|e| matches!(e.wqe, Wqe::App(_)))
@@ -712,14 +725,16 @@ impl World {
                     self.violate(RESET_DISCARDED_WORK);
                 }
             }
-            Action::BringUpBackup { epoch } => {
+            Action::BringUpSide {
+                epoch: epoch @ SideEpoch::Backup(_),
+            } => {
                 if self.hosts[host].qps[BACKUP].state != QpState::Reset {
                     self.violate(ILLEGAL_QP_TRANSITION);
                 }
                 // Backup epochs tell incarnations apart by their PSNs, as the default pair's.
-                self.hosts[host].qps[BACKUP] = Qp::ready(epoch.0 as u8);
+                self.hosts[host].qps[BACKUP] = Qp::ready(epoch.number() as u8);
                 self.hosts[host].control_dead = false;
-                events.push_back(Event::BackupUp { epoch, ok: true });
+                events.push_back(Event::SideUp { epoch, ok: true });
             }
             Action::DrainBackup => events.push_back(Event::BackupDrained {
                 progress: self.hosts[host].progress,
@@ -1354,7 +1369,7 @@ impl World {
             // An RC QP in ERR answers nothing: the sender's retries run out.
             self.hosts[from].control_dead = true;
             self.control[from].clear();
-            return self.feed(model, from, Event::ControlSendFailed);
+            return self.feed(model, from, Event::ControlFailed { via: Path::Backup });
         }
         self.feed(model, to, Event::Control(message));
     }
@@ -1671,7 +1686,7 @@ impl Model for FailoverModel {
                     // An RC QP in ERR or RESET answers nothing: the sender's retries run out.
                     next.hosts[from].default_control_dead = true;
                     next.default_control[from].clear();
-                    next.feed(self, from, Event::DefaultControlFailed);
+                    next.feed(self, from, Event::ControlFailed { via: Path::Default });
                 } else {
                     next.feed(self, 1 - from, Event::Control(message));
                 }
@@ -1684,7 +1699,7 @@ impl Model for FailoverModel {
                 next.default_control[host].clear();
                 // The channel's posted receives flush; so does the data QP's work (an idle
                 // one's next post would flush at once).
-                next.feed(self, host, Event::DefaultControlFailed);
+                next.feed(self, host, Event::ControlFailed { via: Path::Default });
                 next.feed(
                     self,
                     host,
@@ -1700,7 +1715,7 @@ impl Model for FailoverModel {
                 h.qps[BACKUP].state = QpState::Err;
                 h.control_dead = true;
                 next.control[host].clear();
-                next.feed(self, host, Event::ControlSendFailed);
+                next.feed(self, host, Event::ControlFailed { via: Path::Backup });
             }
             Step::ControlTimeout {
                 from,
@@ -1713,7 +1728,7 @@ impl Model for FailoverModel {
                 }
                 next.hosts[from].control_dead = true;
                 next.control[from].clear();
-                next.feed(self, from, Event::ControlSendFailed);
+                next.feed(self, from, Event::ControlFailed { via: Path::Backup });
             }
             Step::PathDown { path, notified } => {
                 match path {

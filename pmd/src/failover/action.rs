@@ -3,7 +3,7 @@
 use super::config::Epoch;
 use super::message::ControlMessage;
 use super::status::WcStatus;
-use super::vocab::{FailReason, Path};
+use super::vocab::{FailReason, Path, Side, SideEpoch};
 
 /// One step for the driver. The driver performs actions in the order given and reports their
 /// results as events.
@@ -51,36 +51,32 @@ pub enum Action {
     /// Post a zero-length, signaled RDMA WRITE on the default QP and ring; report
     /// [`Event::ProbeCompleted`](super::Event::ProbeCompleted).
     PostProbe,
-    /// Send a control message to the peer on the control QP on the backup devices.
-    SendControl(ControlMessage),
-    /// Send a control message to the peer on the control QP on the default devices: the
-    /// channel that repairs the backup side (`docs/failover.md` 5d), which cannot carry its
-    /// own repair.
-    SendControlOnDefault(ControlMessage),
-    /// Take the backup data QP and the control QP on the backup devices to RESET (they leave
-    /// their backup epoch; the backup rings go back to index 0, stale receive WQEs with them),
-    /// then the control QP to INIT with its receives posted.
-    ResetBackup,
-    /// Take the backup data QP from RESET through INIT and RTR to RTS, and the backup control
-    /// QP from INIT to RTS, with the PSNs of backup epoch `epoch` ([`Epoch::start_psn`] of
-    /// their saved starting PSNs); report [`Event::BackupUp`].
-    ///
-    /// [`Event::BackupUp`]: super::Event::BackupUp
-    BringUpBackup {
-        /// The backup-pair incarnation to bring up.
-        epoch: Epoch,
+    /// Send a control message to the peer on the control QP on `via`'s devices: the backup
+    /// devices' channel carries the protocol; the default devices' channel carries what the
+    /// backup side cannot carry itself (its repair, a failback, an abort once it is gone).
+    SendControl {
+        /// Which channel.
+        via: Path,
+        /// The message.
+        message: ControlMessage,
     },
-    /// Take the control QP on the default devices to RESET (it leaves its channel epoch;
-    /// message numbers back to 0 both ways), then INIT with its receives posted.
-    ResetDefaultControl,
-    /// Take the control QP on the default devices from INIT through RTR to RTS with the PSNs
-    /// of channel epoch `epoch` ([`Epoch::start_psn`] of its published PSNs); report
-    /// [`Event::DefaultControlUp`].
+    /// Take `side` to RESET, so that it leaves its epoch: the backup side (the backup data QP
+    /// and the control QP on the backup devices; the backup rings go back to index 0, stale
+    /// receive WQEs with them) or the control QP on the default devices (message numbers back
+    /// to 0 both ways); then its control QP to INIT with its receives posted.
+    ResetSide {
+        /// Which side.
+        side: Side,
+    },
+    /// Bring `epoch`'s side up in it, with the PSNs of that incarnation ([`Epoch::start_psn`]
+    /// of the saved starting PSNs): the backup data QP from RESET through INIT and RTR to RTS
+    /// and the backup control QP from INIT to RTS, or the default devices' control QP from
+    /// INIT to RTS; report [`Event::SideUp`].
     ///
-    /// [`Event::DefaultControlUp`]: super::Event::DefaultControlUp
-    BringUpDefaultControl {
-        /// The channel incarnation to bring up.
-        epoch: Epoch,
+    /// [`Event::SideUp`]: super::Event::SideUp
+    BringUpSide {
+        /// The side and the incarnation to bring up.
+        epoch: SideEpoch,
     },
     /// Poll the backup CQ: successful completions to the WC buffer in order and into the
     /// counters; report [`Event::BackupDrained`](super::Event::BackupDrained).

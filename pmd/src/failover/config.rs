@@ -121,6 +121,44 @@ impl core::fmt::Display for Epoch {
     }
 }
 
+/// One incarnation of an end's backup side: its backup data QP and its control QP on the
+/// backup devices, reset and brought up together by a backup repair (`docs/failover.md` 5d).
+/// Counted apart from the default pair's [`Epoch`]; its PSNs are laid out the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct BackupEpoch(pub u32);
+
+/// One incarnation of the control channel on the default devices, reset and brought up by a
+/// channel repair (`docs/failover.md` 5d). Counted apart from the default pair's [`Epoch`];
+/// its PSNs are laid out the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ChannelEpoch(pub u32);
+
+impl BackupEpoch {
+    /// The first PSN of this incarnation, for a QP whose saved starting PSN is `base`.
+    pub fn start_psn(self, base: u32) -> u32 {
+        Epoch(self.0).start_psn(base)
+    }
+}
+
+impl ChannelEpoch {
+    /// The first PSN of this incarnation, for a QP whose published starting PSN is `base`.
+    pub fn start_psn(self, base: u32) -> u32 {
+        Epoch(self.0).start_psn(base)
+    }
+}
+
+impl core::fmt::Display for BackupEpoch {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "backup epoch {}", self.0)
+    }
+}
+
+impl core::fmt::Display for ChannelEpoch {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "channel epoch {}", self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

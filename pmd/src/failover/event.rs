@@ -3,7 +3,7 @@
 use super::config::Epoch;
 use super::message::ControlMessage;
 use super::status::WcStatus;
-use super::vocab::Path;
+use super::vocab::{Path, SideEpoch};
 
 /// The driver's counters of two-sided application work, counted since the connection began.
 ///
@@ -65,23 +65,19 @@ pub enum Event {
     },
     /// A control message arrived from the peer.
     Control(ControlMessage),
-    /// A control send completed in error: the control QP (and so the backup path) is gone.
-    ControlSendFailed,
-    /// The control QP on the default devices failed: until it is repaired (over the backup
-    /// devices' channel, `docs/failover.md` 5d) no backup repair and no failback is possible.
-    DefaultControlFailed,
-    /// [`Action::BringUpDefaultControl`](super::Action::BringUpDefaultControl) is done.
-    DefaultControlUp {
-        /// The channel epoch the QP was brought up in.
-        epoch: Epoch,
-        /// Whether it reached RTS.
-        ok: bool,
+    /// The control QP on `via`'s devices failed (a send completed in error, or its receives
+    /// flushed). On the backup devices the backup path is gone with it; on the default
+    /// devices, until it is repaired (over the backup devices' channel, `docs/failover.md`
+    /// 5d) no backup repair and no failback is possible.
+    ControlFailed {
+        /// Which channel.
+        via: Path,
     },
-    /// [`Action::BringUpBackup`](super::Action::BringUpBackup) is done.
-    BackupUp {
-        /// The backup epoch the QPs were brought up in.
-        epoch: Epoch,
-        /// Whether both reached RTS.
+    /// [`Action::BringUpSide`](super::Action::BringUpSide) is done.
+    SideUp {
+        /// The side and the incarnation it was brought up in.
+        epoch: SideEpoch,
+        /// Whether it reached RTS.
         ok: bool,
     },
     /// [`Action::BringUpDefaultQp`](super::Action::BringUpDefaultQp) is done.

@@ -18,7 +18,7 @@
 
 use super::config::Epoch;
 use super::status::WcStatus;
-use super::vocab::FailReason;
+use super::vocab::{FailReason, Side, SideEpoch};
 
 /// What one end tells the other about the failover protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,26 +74,27 @@ pub enum ControlMessage {
         /// The default-pair incarnation switched back to.
         epoch: Epoch,
     },
-    /// Follower to leader, on the control channel on the default devices: "my backup side (the
-    /// backup data QP or the control QP on the backup devices) went to ERR while we ran on
-    /// the default path; repair it." `epoch` is the follower's backup epoch.
-    BackupLost {
-        /// The backup-pair incarnation that failed.
-        epoch: Epoch,
+    /// Follower to leader, on the other side's channel: "my `epoch.side()` went to ERR while
+    /// we ran on; repair it." `epoch` is the follower's incarnation of that side
+    /// (`docs/failover.md` 5d): its backup side (the backup data QP or the control QP on the
+    /// backup devices), told over the default devices' channel, or its control QP on the
+    /// default devices, told over the backup devices' channel.
+    SideLost {
+        /// The side and the incarnation that failed.
+        epoch: SideEpoch,
     },
-    /// Leader to follower, on the default devices' channel: "my backup data QP and backup
-    /// control QP have left every backup epoch before `epoch` (they are in RESET); bring
-    /// yours up in `epoch`."
-    BackupRearm {
-        /// The new backup-pair incarnation.
-        epoch: Epoch,
+    /// Leader to follower, on the other side's channel: "my `epoch.side()` has left every
+    /// incarnation before `epoch` (it is in RESET); bring yours up in `epoch`."
+    SideRearm {
+        /// The side and its new incarnation.
+        epoch: SideEpoch,
     },
-    /// Follower to leader, on the default devices' channel: "my backup data QP and backup
-    /// control QP are in RTS in `epoch`" (or could not be, or may not be now).
-    BackupRearmDone {
+    /// Follower to leader, on the other side's channel: "my `epoch.side()` is in RTS in
+    /// `epoch`" (or could not be, or may not be now).
+    SideRearmDone {
         /// The incarnation the leader asked for.
-        epoch: Epoch,
-        /// Whether the follower's backup side reached RTS.
+        epoch: SideEpoch,
+        /// Whether the follower's side reached RTS.
         ok: bool,
     },
     /// On the default devices' channel: "my backup side failed while traffic was on it; my
@@ -112,28 +113,6 @@ pub enum ControlMessage {
     FailbackReady {
         /// The incarnation both ends agreed on.
         epoch: Epoch,
-    },
-    /// Follower to leader, on the backup devices' channel: "my control QP on the default
-    /// devices went to ERR; repair the default devices' channel." `epoch` is the follower's
-    /// channel epoch (`docs/failover.md` 5d).
-    DefaultControlLost {
-        /// The channel incarnation that failed.
-        epoch: Epoch,
-    },
-    /// Leader to follower, on the backup devices' channel: "my control QP on the default
-    /// devices has left every channel epoch before `epoch` (it is in RESET); bring yours up
-    /// in `epoch`."
-    DefaultControlRearm {
-        /// The new channel incarnation.
-        epoch: Epoch,
-    },
-    /// Follower to leader, on the backup devices' channel: "my control QP on the default
-    /// devices is in RTS in `epoch`" (or could not be, or may not be now).
-    DefaultControlRearmDone {
-        /// The incarnation the leader asked for.
-        epoch: Epoch,
-        /// Whether the follower's channel reached RTS.
-        ok: bool,
     },
     /// "I failed the connection; fail yours."
     Abort {
@@ -206,6 +185,37 @@ mod kind {
     pub const DEFAULT_CONTROL_LOST: u8 = 14;
     pub const DEFAULT_CONTROL_REARM: u8 = 15;
     pub const DEFAULT_CONTROL_REARM_DONE: u8 = 16;
+
+    use super::{Side, SideEpoch};
+
+    /// Which side a repair message's kind is about; call only with a repair kind.
+    pub fn side(kind: u8) -> Side {
+        match kind {
+            BACKUP_LOST | BACKUP_REARM | BACKUP_REARM_DONE => Side::Backup,
+            _ => Side::DefaultChannel,
+        }
+    }
+
+    pub fn lost(epoch: SideEpoch) -> u8 {
+        match epoch.side() {
+            Side::Backup => BACKUP_LOST,
+            Side::DefaultChannel => DEFAULT_CONTROL_LOST,
+        }
+    }
+
+    pub fn rearm(epoch: SideEpoch) -> u8 {
+        match epoch.side() {
+            Side::Backup => BACKUP_REARM,
+            Side::DefaultChannel => DEFAULT_CONTROL_REARM,
+        }
+    }
+
+    pub fn rearm_done(epoch: SideEpoch) -> u8 {
+        match epoch.side() {
+            Side::Backup => BACKUP_REARM_DONE,
+            Side::DefaultChannel => DEFAULT_CONTROL_REARM_DONE,
+        }
+    }
 }
 
 /// A control message as bytes: a view over a buffer of at least [`CONTROL_MESSAGE_LEN`].
@@ -388,24 +398,31 @@ impl ControlRepr {
                 unused(b, "b")?;
                 ControlMessage::RearmReady { epoch }
             }
-            kind::BACKUP_LOST => {
+            kind::BACKUP_LOST | kind::DEFAULT_CONTROL_LOST => {
                 unused(a, "a")?;
                 unused(b, "b")?;
-                ControlMessage::BackupLost { epoch }
+                ControlMessage::SideLost {
+                    epoch: SideEpoch::new(kind::side(kind), epoch.0),
+                }
             }
-            kind::BACKUP_REARM => {
+            kind::BACKUP_REARM | kind::DEFAULT_CONTROL_REARM => {
                 unused(a, "a")?;
                 unused(b, "b")?;
-                ControlMessage::BackupRearm { epoch }
+                ControlMessage::SideRearm {
+                    epoch: SideEpoch::new(kind::side(kind), epoch.0),
+                }
             }
-            kind::BACKUP_REARM_DONE => {
+            kind::BACKUP_REARM_DONE | kind::DEFAULT_CONTROL_REARM_DONE => {
                 unused(a, "a")?;
                 let ok = match b {
                     0 => false,
                     1 => true,
                     _ => return Err(bad("ok")),
                 };
-                ControlMessage::BackupRearmDone { epoch, ok }
+                ControlMessage::SideRearmDone {
+                    epoch: SideEpoch::new(kind::side(kind), epoch.0),
+                    ok,
+                }
             }
             kind::FAILBACK => {
                 unused(b, "b")?;
@@ -418,25 +435,6 @@ impl ControlRepr {
                 unused(a, "a")?;
                 unused(b, "b")?;
                 ControlMessage::FailbackReady { epoch }
-            }
-            kind::DEFAULT_CONTROL_LOST => {
-                unused(a, "a")?;
-                unused(b, "b")?;
-                ControlMessage::DefaultControlLost { epoch }
-            }
-            kind::DEFAULT_CONTROL_REARM => {
-                unused(a, "a")?;
-                unused(b, "b")?;
-                ControlMessage::DefaultControlRearm { epoch }
-            }
-            kind::DEFAULT_CONTROL_REARM_DONE => {
-                unused(a, "a")?;
-                let ok = match b {
-                    0 => false,
-                    1 => true,
-                    _ => return Err(bad("ok")),
-                };
-                ControlMessage::DefaultControlRearmDone { epoch, ok }
             }
             kind::ABORT => {
                 let status = u8::try_from(a).map_err(|_| bad("status"))?;
@@ -469,25 +467,21 @@ impl ControlRepr {
                 sends_before,
             } => (kind::SWITCH_BACK, epoch, sends_before, 0),
             ControlMessage::SwitchBackReady { epoch } => (kind::SWITCH_BACK_READY, epoch, 0, 0),
-            ControlMessage::BackupLost { epoch } => (kind::BACKUP_LOST, epoch, 0, 0),
-            ControlMessage::BackupRearm { epoch } => (kind::BACKUP_REARM, epoch, 0, 0),
-            ControlMessage::BackupRearmDone { epoch, ok } => {
-                (kind::BACKUP_REARM_DONE, epoch, 0, u64::from(ok))
+            ControlMessage::SideLost { epoch } => (kind::lost(epoch), Epoch(epoch.number()), 0, 0),
+            ControlMessage::SideRearm { epoch } => {
+                (kind::rearm(epoch), Epoch(epoch.number()), 0, 0)
             }
+            ControlMessage::SideRearmDone { epoch, ok } => (
+                kind::rearm_done(epoch),
+                Epoch(epoch.number()),
+                0,
+                u64::from(ok),
+            ),
             ControlMessage::Failback {
                 epoch,
                 recvs_completed,
             } => (kind::FAILBACK, epoch, recvs_completed, 0),
             ControlMessage::FailbackReady { epoch } => (kind::FAILBACK_READY, epoch, 0, 0),
-            ControlMessage::DefaultControlLost { epoch } => {
-                (kind::DEFAULT_CONTROL_LOST, epoch, 0, 0)
-            }
-            ControlMessage::DefaultControlRearm { epoch } => {
-                (kind::DEFAULT_CONTROL_REARM, epoch, 0, 0)
-            }
-            ControlMessage::DefaultControlRearmDone { epoch, ok } => {
-                (kind::DEFAULT_CONTROL_REARM_DONE, epoch, 0, u64::from(ok))
-            }
             ControlMessage::Abort { reason } => {
                 let (code, status) = reason.code();
                 (kind::ABORT, Epoch(0), u64::from(u8::from(status)), code)
@@ -563,6 +557,8 @@ mod tests {
     #[test]
     fn every_kind_survives_a_round_trip() {
         let epoch = Epoch(41);
+        let backup = SideEpoch::new(Side::Backup, 42);
+        let channel = SideEpoch::new(Side::DefaultChannel, 43);
         for message in [
             ControlMessage::Failover {
                 epoch,
@@ -579,19 +575,31 @@ mod tests {
                 sends_before: 1 << 33,
             },
             ControlMessage::SwitchBackReady { epoch },
-            ControlMessage::BackupLost { epoch },
-            ControlMessage::BackupRearm { epoch },
-            ControlMessage::BackupRearmDone { epoch, ok: true },
-            ControlMessage::BackupRearmDone { epoch, ok: false },
+            ControlMessage::SideLost { epoch: backup },
+            ControlMessage::SideRearm { epoch: backup },
+            ControlMessage::SideRearmDone {
+                epoch: backup,
+                ok: true,
+            },
+            ControlMessage::SideRearmDone {
+                epoch: backup,
+                ok: false,
+            },
             ControlMessage::Failback {
                 epoch,
                 recvs_completed: (1 << 40) + 3,
             },
             ControlMessage::FailbackReady { epoch },
-            ControlMessage::DefaultControlLost { epoch },
-            ControlMessage::DefaultControlRearm { epoch },
-            ControlMessage::DefaultControlRearmDone { epoch, ok: true },
-            ControlMessage::DefaultControlRearmDone { epoch, ok: false },
+            ControlMessage::SideLost { epoch: channel },
+            ControlMessage::SideRearm { epoch: channel },
+            ControlMessage::SideRearmDone {
+                epoch: channel,
+                ok: true,
+            },
+            ControlMessage::SideRearmDone {
+                epoch: channel,
+                ok: false,
+            },
             ControlMessage::Abort {
                 reason: FailReason::AtomicInFlight,
             },
@@ -609,6 +617,40 @@ mod tests {
         ] {
             assert_eq!(round_trip(message), message);
         }
+    }
+
+    #[test]
+    fn the_side_of_a_repair_message_is_its_wire_kind() {
+        let kind_of = |message| {
+            let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
+            let repr = ControlRepr {
+                dest_qpn: 1,
+                message,
+            };
+            repr.emit(&mut ControlPacket::new_checked(&mut bytes[..]).unwrap());
+            (
+                bytes[3],
+                u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]),
+            )
+        };
+        let backup = SideEpoch::new(Side::Backup, 5);
+        let channel = SideEpoch::new(Side::DefaultChannel, 6);
+        assert_eq!(kind_of(ControlMessage::SideLost { epoch: backup }), (9, 5));
+        assert_eq!(
+            kind_of(ControlMessage::SideRearm { epoch: backup }),
+            (10, 5)
+        );
+        let done = |epoch| ControlMessage::SideRearmDone { epoch, ok: true };
+        assert_eq!(kind_of(done(backup)), (11, 5));
+        assert_eq!(
+            kind_of(ControlMessage::SideLost { epoch: channel }),
+            (14, 6)
+        );
+        assert_eq!(
+            kind_of(ControlMessage::SideRearm { epoch: channel }),
+            (15, 6)
+        );
+        assert_eq!(kind_of(done(channel)), (16, 6));
     }
 
     #[test]

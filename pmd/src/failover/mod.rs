@@ -30,7 +30,8 @@ mod tests;
 
 pub use action::{Action, Route};
 pub use config::{
-    rc_retry_budget, Config, Epoch, Role, DEFAULT_OUTAGE_TOLERANCE, EPOCH_PSN_STRIDE,
+    rc_retry_budget, BackupEpoch, ChannelEpoch, Config, Epoch, Role, DEFAULT_OUTAGE_TOLERANCE,
+    EPOCH_PSN_STRIDE,
 };
 pub use event::{Event, Progress};
 pub use machine::{Actions, DefaultQpPhase, Failover, RecvPhase, SendPhase, MAX_ACTIONS_PER_EVENT};
@@ -38,4 +39,4 @@ pub use message::{ControlMessage, ControlPacket, ControlRepr, MessageError, CONT
 pub use observation::{Observation, RoundTrigger};
 pub use status::{ErrorClass, WcStatus};
 pub use time::Timestamp;
-pub use vocab::{FailReason, Path};
+pub use vocab::{FailReason, Path, Side, SideEpoch};

@@ -4,6 +4,7 @@
 
 use super::config::Epoch;
 use super::status::WcStatus;
+use super::vocab::SideEpoch;
 
 /// Something the machine observed; the driver takes them with
 /// [`Failover::poll_observation`](super::Failover::poll_observation), oldest first.
@@ -22,18 +23,12 @@ pub enum Observation {
         /// The epoch the default pair came back in.
         epoch: Epoch,
     },
-    /// The backup side, lost while the connection ran on the default path, was brought back
-    /// (reset and reconnected with the peer): the connection is protected again.
-    BackupRepaired {
-        /// The backup epoch it came back in.
-        epoch: Epoch,
-    },
-    /// The control channel on the default devices, lost, was brought back (reset and
-    /// reconnected with the peer over the backup devices' channel): backup repairs and
-    /// failbacks are possible again.
-    DefaultControlRepaired {
-        /// The channel epoch it came back in.
-        epoch: Epoch,
+    /// A side lost while the connection ran on was brought back (reset and reconnected with
+    /// the peer): the backup side (the connection is protected again) or the default
+    /// devices' channel (backup repairs and failbacks are possible again).
+    SideRepaired {
+        /// The side and the incarnation it came back in.
+        epoch: SideEpoch,
     },
     /// The backup failed while traffic depended on it and the default path is up: a failback
     /// round started (`docs/failover.md` 5e).

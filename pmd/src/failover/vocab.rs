@@ -1,8 +1,9 @@
 //! The words the failover machine's events, actions and control messages share: which path,
-//! and why a connection failed. A leaf: it imports nothing of the machine, so `action`,
-//! `event` and `message` all use it without importing each other in a circle. (Epochs, the
-//! other shared word, are in `config`, also a leaf.)
+//! which side a repair brings back, and why a connection failed. A leaf but for `config`'s
+//! epochs (also a leaf): it imports nothing of the machine, so `action`, `event` and
+//! `message` all use it without importing each other in a circle.
 
+use super::config::{BackupEpoch, ChannelEpoch};
 use super::status::WcStatus;
 
 /// One of the two QPs of a resilient connection end, and the device it lives on.
@@ -12,6 +13,104 @@ pub enum Path {
     Default,
     /// The backup QP on the backup device (which also carries the control QP).
     Backup,
+}
+
+/// A part of a connection end that is lost while the connection runs on, and that the two
+/// ends repair by resetting it and bringing it up in a new incarnation (`docs/failover.md`
+/// 5d). Each side's repair messages travel on the other side's channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// The backup data QP and the control QP on the backup devices; repaired over the
+    /// control channel on the default devices.
+    Backup,
+    /// The control channel on the default devices (the channel backup repairs and failbacks
+    /// travel on); repaired over the backup devices' channel.
+    DefaultChannel,
+}
+
+impl Side {
+    /// The device pair this side lives on: its link must be up for it to come back.
+    pub fn path(self) -> Path {
+        match self {
+            Side::Backup => Path::Backup,
+            Side::DefaultChannel => Path::Default,
+        }
+    }
+
+    /// The control channel this side's repair messages travel on: the other side's.
+    pub fn repaired_via(self) -> Path {
+        match self {
+            Side::Backup => Path::Default,
+            Side::DefaultChannel => Path::Backup,
+        }
+    }
+
+    /// The other side, whose channel carries this side's repair.
+    pub fn other(self) -> Side {
+        match self {
+            Side::Backup => Side::DefaultChannel,
+            Side::DefaultChannel => Side::Backup,
+        }
+    }
+}
+
+/// One incarnation of a repaired [`Side`]: which side, and its epoch, typed by side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SideEpoch {
+    /// An incarnation of the backup side.
+    Backup(BackupEpoch),
+    /// An incarnation of the default devices' control channel.
+    DefaultChannel(ChannelEpoch),
+}
+
+impl SideEpoch {
+    /// Incarnation `number` of `side`.
+    pub fn new(side: Side, number: u32) -> Self {
+        match side {
+            Side::Backup => SideEpoch::Backup(BackupEpoch(number)),
+            Side::DefaultChannel => SideEpoch::DefaultChannel(ChannelEpoch(number)),
+        }
+    }
+
+    /// The side it is an incarnation of.
+    pub fn side(self) -> Side {
+        match self {
+            SideEpoch::Backup(_) => Side::Backup,
+            SideEpoch::DefaultChannel(_) => Side::DefaultChannel,
+        }
+    }
+
+    /// Its number within its side.
+    pub fn number(self) -> u32 {
+        match self {
+            SideEpoch::Backup(BackupEpoch(n)) | SideEpoch::DefaultChannel(ChannelEpoch(n)) => n,
+        }
+    }
+
+    /// The first PSN of this incarnation, for a QP whose saved starting PSN is `base`: laid
+    /// out as the default pair's epochs are ([`Epoch::start_psn`]).
+    ///
+    /// [`Epoch::start_psn`]: super::Epoch::start_psn
+    pub fn start_psn(self, base: u32) -> u32 {
+        match self {
+            SideEpoch::Backup(epoch) => epoch.start_psn(base),
+            SideEpoch::DefaultChannel(epoch) => epoch.start_psn(base),
+        }
+    }
+
+    /// The same side's next incarnation.
+    pub fn next(self) -> Self {
+        SideEpoch::new(self.side(), self.number().saturating_add(1))
+    }
+}
+
+impl core::fmt::Display for SideEpoch {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            SideEpoch::Backup(epoch) => epoch.fmt(f),
+            SideEpoch::DefaultChannel(epoch) => epoch.fmt(f),
+        }
+    }
 }
 
 /// Why failover gave up and surfaced an error to the application.

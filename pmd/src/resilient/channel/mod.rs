@@ -37,7 +37,7 @@ use crate::control::ModifyError;
 use crate::control::{Pd, Qp, RegisteredBuffer};
 use crate::datapath::wr::{RecvWr, Remote, SendOp, SendWr, WcOpcode, WorkCompletion};
 use crate::failover::{
-    ControlMessage, ControlPacket, ControlRepr, Epoch, Event, Path, CONTROL_MESSAGE_LEN,
+    ControlMessage, ControlPacket, ControlRepr, Event, Path, Side, SideEpoch, CONTROL_MESSAGE_LEN,
 };
 use crate::provider::VerbsError;
 use crate::qp_state::QpState;
@@ -331,12 +331,16 @@ impl ControlChannel {
             template_rts: template_rts.clone(),
             handshake_timeout,
         });
-        self.bring_up(&mut c, Epoch(0))
+        let side = match self.path {
+            Path::Backup => Side::Backup,
+            Path::Default => Side::DefaultChannel,
+        };
+        self.bring_up(&mut c, SideEpoch::new(side, 0))
     }
 
     /// INIT -> RTR -> RTS towards the peer kept by `connect`, both directions' PSNs those of
-    /// `epoch` ([`Epoch::start_psn`] of the published ones).
-    fn bring_up(&self, c: &mut Inner, epoch: Epoch) -> Result<(), ModifyError> {
+    /// `epoch` ([`SideEpoch::start_psn`] of the published ones).
+    fn bring_up(&self, c: &mut Inner, epoch: SideEpoch) -> Result<(), ModifyError> {
         let Some(peer) = &c.peer else {
             return Err(ModifyError::NotSaved {
                 qpn: self.qpn,
@@ -389,8 +393,9 @@ impl ControlChannel {
     }
 
     /// Connects the channel again, after [`ControlChannel::reset`], to the same peer in
-    /// backup epoch `epoch`: the peer's channel must have left every earlier epoch.
-    pub fn reconnect(&self, epoch: Epoch) -> Result<(), ModifyError> {
+    /// `epoch`, the incarnation of the side it belongs to (the backup side, or the default
+    /// devices' channel): the peer's channel must have left every earlier one.
+    pub fn reconnect(&self, epoch: SideEpoch) -> Result<(), ModifyError> {
         let mut c = self.lock();
         self.bring_up(&mut c, epoch)
     }
@@ -440,7 +445,7 @@ impl ControlChannel {
 
     /// Takes one completion of the channel's QP (the shared CQ's poll hands it over): a
     /// message for us becomes [`Event::Control`], a failed completion one
-    /// [`Event::ControlSendFailed`] (the channel is then dead).
+    /// [`Event::ControlFailed`] (the channel is then dead).
     pub fn take(&self, wc: &WorkCompletion, out: &mut Vec<Event>) {
         let mut guard = self.lock();
         let c = &mut *guard;
@@ -448,10 +453,7 @@ impl ControlChannel {
             if !c.broken {
                 tracing::warn!(control_qpn = self.qpn, path = ?self.path, status = ?wc.status, "failover: control QP failed");
                 c.broken = true;
-                out.push(match self.path {
-                    Path::Backup => Event::ControlSendFailed,
-                    Path::Default => Event::DefaultControlFailed,
-                });
+                out.push(Event::ControlFailed { via: self.path });
             }
             return;
         }
@@ -904,8 +906,8 @@ mod tests {
         // Refused at a with a remote access error, which ends both ends of the channel (an
         // RC responder's QP goes to ERR on it: the connection is left unprotected, closed
         // rather than open), and the memory is untouched.
-        assert_eq!(to_b, [Event::ControlSendFailed]);
-        assert_eq!(to_a, [Event::ControlSendFailed]);
+        assert_eq!(to_b, [Event::ControlFailed { via: Path::Backup }]);
+        assert_eq!(to_a, [Event::ControlFailed { via: Path::Backup }]);
         let mut bytes = [0u8; 32];
         memory.read(0, &mut bytes);
         assert_eq!(bytes, [0u8; 32]);

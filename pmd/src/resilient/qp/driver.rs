@@ -18,7 +18,7 @@ use crate::datapath::cq::ErrorMark;
 use crate::datapath::wr::{WcStatus, WorkCompletion};
 use crate::failover::{
     DefaultQpPhase, Event, Failover, Observation, Path, Progress, Role, RoundTrigger, SendPhase,
-    Timestamp,
+    SideEpoch, Timestamp,
 };
 use crate::qp_state::QpState;
 use crate::verbs::QpAttr;
@@ -332,8 +332,12 @@ impl ResilientQp {
                 log.round_started(cause, now, epoch.0)
             }
             Observation::SwitchBackStarted { .. } => log.switch_started(now),
-            Observation::BackupRepaired { epoch } => log.backup_repaired(epoch.0),
-            Observation::DefaultControlRepaired { epoch } => log.default_control_repaired(epoch.0),
+            Observation::SideRepaired {
+                epoch: SideEpoch::Backup(epoch),
+            } => log.backup_repaired(epoch.0),
+            Observation::SideRepaired {
+                epoch: SideEpoch::DefaultChannel(epoch),
+            } => log.default_control_repaired(epoch.0),
             Observation::FailbackStarted { epoch } => log.failback_started(now, epoch.0),
             Observation::FailedBack { epoch } => log.failed_back(now, epoch.0),
         }

@@ -11,7 +11,9 @@ use crate::datapath::sq::raw::{
     mapped_peer_rkey, rewrite_recv_keys, rewrite_send_keys, OutstandingWqe,
 };
 use crate::datapath::wr::{PostError, Remote, SendOp, SendWr, WcStatus};
-use crate::failover::{Action, Epoch, Event, FailReason, Path, Timestamp};
+use crate::failover::{
+    Action, BackupEpoch, Epoch, Event, FailReason, Path, Side, SideEpoch, Timestamp,
+};
 use crate::qp_state::QpState;
 use crate::verbs::QpAttr;
 
@@ -54,48 +56,43 @@ impl ResilientQp {
                 self.enqueue(Event::DefaultQpUp { epoch, ok });
             }
             Action::PostProbe => self.post_probe(),
-            Action::SendControl(message) => {
+            Action::SendControl { via, message } => {
                 let Some(b) = &self.slow.backup else { return };
-                tracing::debug!(qp = %self.shared.name, ?message, "failover: control message sent");
-                if let Err(e) = b.control.send(message) {
-                    tracing::warn!(qp = %self.shared.name, error = %e, ?message, "failover: control message not sent");
-                    self.enqueue(Event::ControlSendFailed);
-                }
-            }
-            Action::SendControlOnDefault(message) => {
-                let Some(b) = &self.slow.backup else { return };
-                if let Err(e) = b.default_control.send(message) {
-                    tracing::warn!(qp = %self.shared.name, error = %e, ?message, "failover: control message on the default devices not sent");
-                    self.enqueue(Event::DefaultControlFailed);
-                }
-            }
-            Action::ResetBackup => self.reset_backup(),
-            Action::BringUpBackup { epoch } => {
-                let ok = match self.bring_up_backup(epoch) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!(qp = %self.shared.name, backup_epoch = %epoch, error = %e, "failover: backup side not brought up");
-                        false
-                    }
+                let channel = match via {
+                    Path::Backup => &b.control,
+                    Path::Default => &b.default_control,
                 };
-                self.enqueue(Event::BackupUp { epoch, ok });
+                tracing::debug!(qp = %self.shared.name, ?message, "failover: control message sent");
+                if let Err(e) = channel.send(message) {
+                    tracing::warn!(qp = %self.shared.name, ?via, error = %e, ?message, "failover: control message not sent");
+                    self.enqueue(Event::ControlFailed { via });
+                }
             }
-            Action::ResetDefaultControl => {
+            Action::ResetSide { side: Side::Backup } => self.reset_backup(),
+            Action::ResetSide {
+                side: Side::DefaultChannel,
+            } => {
                 let Some(b) = &self.slow.backup else { return };
                 if let Err(e) = b.default_control.reset() {
                     tracing::warn!(qp = %self.shared.name, error = %e, "failover: control QP on the default devices not reset");
                 }
             }
-            Action::BringUpDefaultControl { epoch } => {
-                let Some(b) = &self.slow.backup else { return };
-                let ok = match b.default_control.reconnect(epoch) {
+            Action::BringUpSide { epoch } => {
+                let result = match epoch {
+                    SideEpoch::Backup(backup) => self.bring_up_backup(backup),
+                    SideEpoch::DefaultChannel(_) => match &self.slow.backup {
+                        Some(b) => b.default_control.reconnect(epoch),
+                        None => return,
+                    },
+                };
+                let ok = match result {
                     Ok(()) => true,
                     Err(e) => {
-                        tracing::warn!(qp = %self.shared.name, channel_epoch = %epoch, error = %e, "failover: control QP on the default devices not brought up");
+                        tracing::warn!(qp = %self.shared.name, %epoch, error = %e, "failover: side not brought up");
                         false
                     }
                 };
-                self.enqueue(Event::DefaultControlUp { epoch, ok });
+                self.enqueue(Event::SideUp { epoch, ok });
             }
             Action::DrainBackup => {
                 self.collect(Path::Backup);
@@ -196,7 +193,7 @@ impl ResilientQp {
     /// The backup data QP RESET -> INIT -> RTR -> RTS towards the peer's backup QP, with the
     /// application's attributes and the PSNs of backup epoch `epoch`; the backup control QP
     /// INIT -> RTR -> RTS in the same epoch.
-    fn bring_up_backup(&mut self, epoch: Epoch) -> Result<(), ModifyError> {
+    fn bring_up_backup(&mut self, epoch: BackupEpoch) -> Result<(), ModifyError> {
         let b = self.slow.backup.as_mut().ok_or(ModifyError::NotSaved {
             qpn: self.slow.env.default_qpn,
             state: QpState::Init,
@@ -221,7 +218,7 @@ impl ResilientQp {
         b.qp.modify(QpState::Init, &init)?;
         b.qp.modify(QpState::Rtr, &rtr)?;
         b.qp.modify(QpState::Rts, &rts)?;
-        b.control.reconnect(epoch)
+        b.control.reconnect(SideEpoch::Backup(epoch))
     }
 
     fn post_probe(&mut self) {

@@ -7,7 +7,13 @@ use super::message::ControlMessage;
 use super::observation::{Observation, Observations, RoundTrigger};
 use super::status::{ErrorClass, WcStatus};
 use super::time::Timestamp;
-use super::vocab::{FailReason, Path};
+use super::vocab::{FailReason, Path, Side};
+
+mod failback;
+mod repair;
+
+use failback::{FailbackRound, PeerFailback};
+use repair::SideRepair;
 
 /// The SHIFT failover machine of one end of a resilient connection.
 ///
@@ -45,27 +51,13 @@ pub struct Failover {
     owes_rearm_ready: bool,
     default_link: Link,
     backup_link: Link,
-    /// False once a backup QP or the control QP went to ERR: the backup pair cannot be
-    /// brought back without the peer, so the connection runs unprotected until the backup
-    /// side is repaired (`backup_repair`).
-    backup_usable: bool,
-    /// The highest backup epoch this end has used or agreed to: the incarnation of its
-    /// backup data QP and backup control QP, which a repair resets and brings back.
-    backup_epoch: Epoch,
-    /// Bringing a lost backup side back while the connection runs on the default path.
-    backup_repair: Repair,
-    /// Consecutive failed backup repair attempts (leader).
-    backup_repair_failures: u32,
-    /// False once the control QP on the default devices failed: the channel the backup
-    /// repair and failback messages travel on is gone until it is repaired.
-    default_control_usable: bool,
-    /// The highest channel epoch of the control QP on the default devices this end has used
-    /// or agreed to.
-    default_control_epoch: Epoch,
-    /// Bringing a lost default devices' channel back, over the backup devices' channel.
-    default_control_repair: Repair,
-    /// Consecutive failed repair attempts of the default devices' channel (leader).
-    default_control_repair_failures: u32,
+    /// The backup side (the backup data QP and the control QP on the backup devices): lost
+    /// when one of them goes to ERR, since the backup pair cannot be brought back without
+    /// the peer, so the connection runs unprotected until both ends repair it.
+    backup: SideRepair,
+    /// The control channel on the default devices, which carries the backup side's repair
+    /// and the failback; lost and repaired the same way, over the backup devices' channel.
+    default_channel: SideRepair,
     /// Stale receive WQEs left at the head of the backup RQ by the last receive switch-back.
     stale_backup_recvs: u64,
     /// The backup link is down while something needs it: the connection fails if it is not
@@ -107,49 +99,6 @@ enum SendState {
     /// The backup failed while traffic depended on it: both directions move to the default
     /// pair in a new epoch (`docs/failover.md` 5e); sends are withheld on the default QP.
     FailingBack(FailbackRound),
-}
-
-/// One failback round: both ends put their backup QP and default QP in ERR, drain them,
-/// exchange `Failback` messages on the default devices' channel (an epoch proposal and a
-/// receive counter), bring their default QP up in the higher proposal with their receives on
-/// it, tell each other (`FailbackReady`) and ring the sends the peer did not consume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct FailbackRound {
-    step: FailbackStep,
-    /// The peer's `Failback` message, once it arrived.
-    peer: Option<PeerFailback>,
-    /// The peer's `FailbackReady` arrived before this end's default QP was up.
-    peer_ready: bool,
-    /// The default pair failed too (the round replaced a failover round, or started from a
-    /// default failure with the backup lost): past the deadline both paths were down for
-    /// the RC budget, `backup-unavailable`, not a handshake timeout.
-    default_failed: bool,
-    /// Past it the connection fails: the handshake timeout while the default link is up, the
-    /// RC retry budget while it is down.
-    deadline: Timestamp,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct PeerFailback {
-    epoch: Epoch,
-    recvs_completed: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum FailbackStep {
-    /// Waiting for the driver to drain both QPs.
-    Draining,
-    /// Our `Failback` is sent; waiting for the peer's, and for the default link.
-    AwaitingPeer {
-        drained: Progress,
-        proposed: Epoch,
-        sends_before_first_read: Option<u64>,
-    },
-    /// The default QP is being brought up in `epoch` with the work moved onto it.
-    BringingUp { epoch: Epoch },
-    /// Our receives are on the default QP in `epoch` and the peer was told; waiting for its
-    /// `FailbackReady` to ring our sends.
-    AwaitingReady { epoch: Epoch },
 }
 
 /// One failover round: both ends put their default QP in ERR, drain it, move receives to the
@@ -219,30 +168,6 @@ enum DefaultQp {
     BringingUp,
     /// Out of its epoch (ERR, then RESET) and brought up again by a failback round.
     FailingBack,
-}
-
-/// Repairing one side that is lost while the connection runs on: the backup side (the backup
-/// data QP and the control QP on the backup devices, reset and brought up in a new backup
-/// epoch at both ends, over the control channel on the default devices), or the control
-/// channel on the default devices (its QP reset and brought up in a new channel epoch, over
-/// the backup devices' channel). Led by the leader, as a rearm of the default pair is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Repair {
-    /// Nothing to repair, or nothing for this end to do.
-    Idle,
-    /// The backup side is lost. Leader: the next attempt, not before `not_before` (and the
-    /// backup link up for the hold-down). Follower: `tell_leader` means it owes the leader a
-    /// `BackupLost`, sent at the same conditions.
-    Lost {
-        not_before: Timestamp,
-        tell_leader: bool,
-    },
-    /// Leader: its backup side is reset; `BackupRearm` sent, waiting for `BackupRearmDone`.
-    AwaitingFollower { deadline: Timestamp },
-    /// Leader: the follower's backup side is up; bringing its own up.
-    BringingUp { deadline: Timestamp },
-    /// Follower: bringing its backup side up at the leader's request.
-    FollowerBringingUp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -326,14 +251,8 @@ impl Failover {
                 up: true,
                 since: now,
             },
-            backup_usable: true,
-            backup_epoch: Epoch(0),
-            backup_repair: Repair::Idle,
-            backup_repair_failures: 0,
-            default_control_usable: true,
-            default_control_epoch: Epoch(0),
-            default_control_repair: Repair::Idle,
-            default_control_repair_failures: 0,
+            backup: SideRepair::new(Side::Backup),
+            default_channel: SideRepair::new(Side::DefaultChannel),
             stale_backup_recvs: 0,
             backup_deadline: None,
             failed: None,
@@ -407,16 +326,18 @@ impl Failover {
                     up: false,
                     since: now,
                 };
-                if self.backup_repair_in_progress() {
-                    self.backup_repair_failed(now);
+                if self.repair_in_progress(Side::Backup) {
+                    self.repair_failed(Side::Backup, now);
                 }
-                if self.default_control_repair_in_progress() {
+                if self.repair_in_progress(Side::DefaultChannel) {
                     // Its messages travel on the backup devices' channel.
-                    self.default_control_repair_failed(now);
+                    self.repair_failed(Side::DefaultChannel, now);
                 }
                 self.backup_failed(WcStatus::RetryExcErr, false, now, out)
             }
-            Event::ControlSendFailed => self.backup_failed(WcStatus::RetryExcErr, true, now, out),
+            Event::ControlFailed { via: Path::Backup } => {
+                self.backup_failed(WcStatus::RetryExcErr, true, now, out)
+            }
             // Back to the default pair when the backup dies with traffic on it.
             Event::Control(Msg::Failback {
                 epoch,
@@ -435,34 +356,21 @@ impl Failover {
                 sends_before_first_read,
             } => self.failback_drained(progress, atomic_in_flight, sends_before_first_read, out),
             Event::Control(Msg::FailbackReady { epoch }) => self.peer_failback_ready(epoch, out),
-            // Repairing a backup side lost while idle.
-            Event::DefaultControlFailed => {
+            // Repairing a side lost while the connection runs on.
+            Event::ControlFailed { via: Path::Default } => {
                 tracing::warn!("failover: the control QP on the default devices failed; no backup repair or failback until it is repaired");
                 if self.failing_back() {
-                    self.default_control_usable = false;
+                    self.default_channel.usable = false;
                     return self.fail(FailReason::BackupUnavailable, out);
                 }
-                self.default_control_lost(now);
+                self.side_lost(Side::DefaultChannel, now);
             }
-            // Repairing the default devices' channel, over the backup devices' channel.
-            Event::Control(Msg::DefaultControlLost { epoch }) => {
-                self.peer_lost_default_control(epoch, now, out)
+            Event::Control(Msg::SideLost { epoch }) => self.peer_lost_side(epoch, now, out),
+            Event::Control(Msg::SideRearm { epoch }) => self.side_rearm_requested(epoch, now, out),
+            Event::Control(Msg::SideRearmDone { epoch, ok }) => {
+                self.side_rearm_done(epoch, ok, now, out)
             }
-            Event::Control(Msg::DefaultControlRearm { epoch }) => {
-                self.default_control_rearm_requested(epoch, now, out)
-            }
-            Event::Control(Msg::DefaultControlRearmDone { epoch, ok }) => {
-                self.default_control_rearm_done(epoch, ok, now, out)
-            }
-            Event::DefaultControlUp { epoch, ok } => self.default_control_up(epoch, ok, now, out),
-            Event::Control(Msg::BackupLost { epoch }) => self.peer_lost_backup(epoch, now, out),
-            Event::Control(Msg::BackupRearm { epoch }) => {
-                self.backup_rearm_requested(epoch, now, out)
-            }
-            Event::Control(Msg::BackupRearmDone { epoch, ok }) => {
-                self.backup_rearm_done(epoch, ok, now, out)
-            }
-            Event::BackupUp { epoch, ok } => self.backup_up(epoch, ok, now, out),
+            Event::SideUp { epoch, ok } => self.side_up(epoch, ok, now, out),
             Event::LinkUp {
                 path: Path::Default,
             } => {
@@ -563,8 +471,8 @@ impl Failover {
             recv,
             rearm,
             self.backup_deadline,
-            self.backup_repair_due(),
-            self.default_control_repair_due(),
+            self.repair_due(Side::Backup),
+            self.repair_due(Side::DefaultChannel),
         ]
         .into_iter()
         .flatten()
@@ -725,14 +633,14 @@ impl Failover {
         now: Timestamp,
         out: &mut Actions,
     ) {
-        if !self.backup_usable && self.may_fail_back() && !self.config.no_path_wait().is_zero() {
+        if !self.backup.usable && self.may_fail_back() && !self.config.no_path_wait().is_zero() {
             // The backup side is lost (being repaired): wait for the default path, within the
             // outage tolerance, by a failback round (5e). A peer whose
             // backup works follows on our `Failback`.
             tracing::warn!(%epoch, "failover: default path failed and the backup side is lost; waiting for the default path");
             return self.start_failback(None, true, now, out);
         }
-        if !self.backup_usable || (!self.backup_link.up && self.config.no_path_wait().is_zero()) {
+        if !self.backup.usable || (!self.backup_link.up && self.config.no_path_wait().is_zero()) {
             tracing::warn!(%epoch, "failover: default path failed and the backup path is down");
             return self.fail(FailReason::BackupUnavailable, out);
         }
@@ -837,11 +745,14 @@ impl Failover {
             out.push(Action::CopyRecvsToBackup);
             self.recv = RecvState::Fallback;
         }
-        out.push(Action::SendControl(ControlMessage::Failover {
-            epoch: round.epoch,
-            recvs_completed: progress.recvs_completed,
-            stale_recvs: self.stale_backup_recvs,
-        }));
+        out.push(Action::SendControl {
+            via: Path::Backup,
+            message: ControlMessage::Failover {
+                epoch: round.epoch,
+                recvs_completed: progress.recvs_completed,
+                stale_recvs: self.stale_backup_recvs,
+            },
+        });
         // The peer burns them before anything else it sends on the backup QP.
         self.stale_backup_recvs = 0;
         self.last_round = Some(round.epoch);
@@ -905,7 +816,7 @@ impl Failover {
             return;
         }
         if qp_in_error {
-            self.backup_lost(now);
+            self.side_lost(Side::Backup, now);
         }
         match ErrorClass::of(status) {
             ErrorClass::Refusal => self.fail(FailReason::Refused { status }, out),
@@ -1001,23 +912,24 @@ impl Failover {
             }
             DefaultQp::Dead { .. } if self.rearm_ready_at().is_some_and(|due| now >= due) => {
                 self.owes_rearm_ready = false;
-                out.push(Action::SendControl(ControlMessage::RearmReady {
-                    epoch: self.epoch,
-                }));
+                out.push(Action::SendControl {
+                    via: Path::Backup,
+                    message: ControlMessage::RearmReady { epoch: self.epoch },
+                });
             }
             _ => {}
         }
-        if self.backup_repair_due().is_some_and(|due| now >= due) {
-            self.backup_repair_tick(now, out);
+        if self.repair_due(Side::Backup).is_some_and(|due| now >= due) {
+            self.repair_tick(Side::Backup, now, out);
         }
         // At most two actions; with less room left (a rearm attempt started by this tick),
         // the next tick, due at once, takes it.
         if self
-            .default_control_repair_due()
+            .repair_due(Side::DefaultChannel)
             .is_some_and(|due| now >= due)
             && out.len() + 2 <= MAX_ACTIONS_PER_EVENT
         {
-            self.default_control_repair_tick(now, out);
+            self.repair_tick(Side::DefaultChannel, now, out);
         }
     }
 
@@ -1035,7 +947,7 @@ impl Failover {
     fn paths_allow_rearm(&self) -> bool {
         self.default_link.up
             && self.backup_link.up
-            && self.backup_usable
+            && self.backup.usable
             && !matches!(
                 self.send,
                 SendState::FailingOver(_) | SendState::FailingBack(_)
@@ -1087,9 +999,10 @@ impl Failover {
         self.epoch_sent_nothing = true;
         tracing::debug!(epoch = %self.epoch, "failover: rearm attempt");
         out.push(Action::ResetDefaultQp);
-        out.push(Action::SendControl(ControlMessage::Rearm {
-            epoch: self.epoch,
-        }));
+        out.push(Action::SendControl {
+            via: Path::Backup,
+            message: ControlMessage::Rearm { epoch: self.epoch },
+        });
         self.default_qp = DefaultQp::Rearming {
             step: RearmStep::AwaitingFollower,
             deadline: now + self.config.handshake_timeout,
@@ -1158,10 +1071,10 @@ impl Failover {
             });
         }
         self.default_qp = DefaultQp::Dead { backoff_until: now };
-        out.push(Action::SendControl(ControlMessage::RearmDone {
-            epoch,
-            ok: false,
-        }));
+        out.push(Action::SendControl {
+            via: Path::Backup,
+            message: ControlMessage::RearmDone { epoch, ok: false },
+        });
     }
 
     fn default_qp_up(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Actions) {
@@ -1172,10 +1085,10 @@ impl Failover {
         match self.default_qp {
             DefaultQp::BringingUp if up => {
                 self.default_qp = DefaultQp::Live { confirmed: false };
-                out.push(Action::SendControl(ControlMessage::RearmDone {
-                    epoch,
-                    ok: true,
-                }));
+                out.push(Action::SendControl {
+                    via: Path::Backup,
+                    message: ControlMessage::RearmDone { epoch, ok: true },
+                });
             }
             DefaultQp::BringingUp => self.refuse_epoch(epoch, now, out),
             DefaultQp::Rearming {
@@ -1243,9 +1156,10 @@ impl Failover {
         tracing::info!(epoch = %self.epoch, "failover: default path is back");
         self.default_qp = DefaultQp::Live { confirmed: true };
         self.rearm_failures = 0;
-        out.push(Action::SendControl(ControlMessage::PathUp {
-            epoch: self.epoch,
-        }));
+        out.push(Action::SendControl {
+            via: Path::Backup,
+            message: ControlMessage::PathUp { epoch: self.epoch },
+        });
         self.default_path_confirmed();
     }
 
@@ -1269,746 +1183,6 @@ impl Failover {
         }
     }
 
-    // ---- Repairing a backup side lost while idle (docs/failover.md 5d) -------------------
-
-    /// A backup data QP or the backup control QP went to ERR: the backup side is lost until
-    /// both ends reset it and bring it up in a new backup epoch.
-    fn backup_lost(&mut self, now: Timestamp) {
-        self.backup_usable = false;
-        if self.default_control_repair_in_progress() {
-            // Its messages travel on the backup devices' channel.
-            self.default_control_repair_failed(now);
-        }
-        match self.backup_repair {
-            Repair::Idle => {
-                self.backup_repair = Repair::Lost {
-                    not_before: now,
-                    tell_leader: self.config.role == Role::Follower,
-                }
-            }
-            // An attempt under way: its QPs failed, or an old incarnation's error arrived
-            // late; either way the attempt does not stand.
-            _ if self.backup_repair_in_progress() => self.backup_repair_failed(now),
-            _ => {}
-        }
-    }
-
-    fn backup_repair_in_progress(&self) -> bool {
-        matches!(
-            self.backup_repair,
-            Repair::AwaitingFollower { .. }
-                | Repair::BringingUp { .. }
-                | Repair::FollowerBringingUp
-        )
-    }
-
-    /// What a repair needs of this end: both links up, the default devices' channel working,
-    /// and nothing depending on the backup path (everything on a live default pair: the
-    /// backup side is reset, so nothing may be on it, and its last messages are not lost).
-    fn paths_allow_backup_repair(&self) -> bool {
-        self.backup_link.up
-            && self.default_link.up
-            && self.default_control_usable
-            && !self.needs_backup()
-    }
-
-    /// When the repair next needs this end to act: the leader's next attempt or its
-    /// deadline, the follower's `BackupLost`.
-    fn backup_repair_due(&self) -> Option<Timestamp> {
-        match self.backup_repair {
-            Repair::Lost {
-                not_before,
-                tell_leader,
-            } => {
-                let acts = self.config.role == Role::Leader || tell_leader;
-                (acts && self.paths_allow_backup_repair())
-                    .then(|| not_before.max(self.backup_link.since + self.config.holddown))
-            }
-            Repair::AwaitingFollower { deadline } | Repair::BringingUp { deadline } => {
-                Some(deadline)
-            }
-            Repair::Idle | Repair::FollowerBringingUp => None,
-        }
-    }
-
-    fn backup_repair_tick(&mut self, now: Timestamp, out: &mut Actions) {
-        match self.backup_repair {
-            Repair::Lost { .. } if self.config.role == Role::Leader => {
-                // Our backup side leaves its epoch (RESET) before the follower hears of the
-                // next one.
-                self.backup_epoch = self.backup_epoch.next();
-                self.stale_backup_recvs = 0;
-                tracing::info!(backup_epoch = %self.backup_epoch, "failover: repairing the backup side");
-                out.push(Action::ResetBackup);
-                out.push(Action::SendControlOnDefault(ControlMessage::BackupRearm {
-                    epoch: self.backup_epoch,
-                }));
-                self.backup_repair = Repair::AwaitingFollower {
-                    deadline: now + self.config.handshake_timeout,
-                };
-            }
-            Repair::Lost { not_before, .. } => {
-                out.push(Action::SendControlOnDefault(ControlMessage::BackupLost {
-                    epoch: self.backup_epoch,
-                }));
-                self.backup_repair = Repair::Lost {
-                    not_before,
-                    tell_leader: false,
-                };
-            }
-            Repair::AwaitingFollower { .. } | Repair::BringingUp { .. } => {
-                tracing::debug!(backup_epoch = %self.backup_epoch, "failover: backup repair attempt timed out");
-                self.backup_repair_failed(now)
-            }
-            Repair::Idle | Repair::FollowerBringingUp => {}
-        }
-    }
-
-    fn backup_repair_failed(&mut self, now: Timestamp) {
-        self.backup_repair_failures = self.backup_repair_failures.saturating_add(1);
-        let not_before = now + self.config.backoff(self.backup_repair_failures);
-        tracing::debug!(backup_epoch = %self.backup_epoch, failures = self.backup_repair_failures, "failover: backup repair attempt failed");
-        self.backup_usable = false;
-        self.backup_repair = Repair::Lost {
-            not_before,
-            tell_leader: false,
-        };
-    }
-
-    /// Leader: the follower lost its backup side; ours must be reset with it.
-    fn peer_lost_backup(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
-        if self.config.role == Role::Follower {
-            return self.protocol_violation("BackupLost to a follower", out);
-        }
-        if epoch > self.backup_epoch {
-            return self.protocol_violation("BackupLost for a backup epoch not begun", out);
-        }
-        if epoch == self.backup_epoch && !self.backup_repair_in_progress() {
-            tracing::warn!(backup_epoch = %epoch, "failover: the peer lost its backup side");
-            self.backup_lost(now);
-            self.fail_back_if_awaiting_ready(now, out);
-        }
-    }
-
-    /// The peer's backup side is gone (lost, or reset for a repair) while our switch-back
-    /// waits for its `SwitchBackReady`, which travels on that side's channel and may have
-    /// gone with it: the peer, whose receives are back on its default QP, needs nothing of
-    /// the backup and would never fail back itself. Move the traffic to the default pair
-    /// (5e) instead of waiting for an answer that may never come.
-    fn fail_back_if_awaiting_ready(&mut self, now: Timestamp, out: &mut Actions) {
-        let awaiting_ready = matches!(
-            self.send,
-            SendState::WaitDrained {
-                notified: Some(_),
-                ..
-            }
-        );
-        if awaiting_ready && self.may_fail_back() {
-            tracing::warn!(epoch = %self.epoch, "failover: the peer's backup side went away before its SwitchBackReady came; failing back");
-            self.start_failback(None, false, now, out);
-        }
-    }
-
-    /// Follower: the leader's backup side has left every backup epoch before `epoch`.
-    fn backup_rearm_requested(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
-        if self.config.role == Role::Leader || epoch <= self.backup_epoch {
-            return self.protocol_violation("BackupRearm to a leader or for an old epoch", out);
-        }
-        self.backup_epoch = epoch;
-        // The leader's backup side is in RESET: ours cannot carry anything now either.
-        self.backup_usable = false;
-        if !self.paths_allow_backup_repair() {
-            // A switch-back waiting for the leader's `SwitchBackReady`: the reset discarded it
-            // if it had not arrived; the refusal below tells the leader the attempt failed,
-            // and the traffic moves to the default pair.
-            self.fail_back_if_awaiting_ready(now, out);
-            self.backup_repair = Repair::Lost {
-                not_before: now,
-                tell_leader: false,
-            };
-            out.push(Action::SendControlOnDefault(
-                ControlMessage::BackupRearmDone { epoch, ok: false },
-            ));
-            return;
-        }
-        self.stale_backup_recvs = 0;
-        out.push(Action::ResetBackup);
-        out.push(Action::BringUpBackup { epoch });
-        self.backup_repair = Repair::FollowerBringingUp;
-    }
-
-    /// Leader: the follower's backup side is in RTS in `epoch` (it left every earlier one).
-    fn backup_rearm_done(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Actions) {
-        if self.config.role == Role::Follower {
-            return self.protocol_violation("BackupRearmDone to a follower", out);
-        }
-        match self.backup_repair {
-            Repair::AwaitingFollower { deadline } if epoch == self.backup_epoch => {
-                if ok && self.paths_allow_backup_repair() {
-                    out.push(Action::BringUpBackup { epoch });
-                    self.backup_repair = Repair::BringingUp { deadline };
-                } else {
-                    self.backup_repair_failed(now);
-                }
-            }
-            // An abandoned attempt.
-            _ => {}
-        }
-    }
-
-    fn backup_up(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Actions) {
-        if epoch != self.backup_epoch {
-            return;
-        }
-        let up = ok && self.backup_link.up;
-        match self.backup_repair {
-            Repair::BringingUp { .. } if up => self.backup_repaired(),
-            Repair::BringingUp { .. } => self.backup_repair_failed(now),
-            Repair::FollowerBringingUp => {
-                out.push(Action::SendControlOnDefault(
-                    ControlMessage::BackupRearmDone { epoch, ok: up },
-                ));
-                if up {
-                    self.backup_repaired();
-                } else {
-                    self.backup_repair = Repair::Lost {
-                        not_before: now,
-                        tell_leader: false,
-                    };
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn backup_repaired(&mut self) {
-        tracing::info!(backup_epoch = %self.backup_epoch, "failover: backup side repaired; the connection is protected again");
-        self.backup_usable = true;
-        self.backup_repair = Repair::Idle;
-        self.backup_repair_failures = 0;
-        self.observations.push(Observation::BackupRepaired {
-            epoch: self.backup_epoch,
-        });
-    }
-
-    // ---- Repairing the default devices' channel (docs/failover.md 5d) --------------------
-
-    /// The control QP on the default devices went to ERR (here, or at the peer, which said
-    /// so): the channel is lost until both ends reset it and bring it up in a new channel
-    /// epoch. A backup repair under way loses its messages with it.
-    fn default_control_lost(&mut self, now: Timestamp) {
-        self.default_control_usable = false;
-        if self.backup_repair_in_progress() {
-            self.backup_repair_failed(now);
-        }
-        match self.default_control_repair {
-            Repair::Idle => {
-                self.default_control_repair = Repair::Lost {
-                    not_before: now,
-                    tell_leader: self.config.role == Role::Follower,
-                }
-            }
-            // An attempt under way: a failure of the reset channel's old incarnation, or of
-            // the new one; either way the attempt does not stand.
-            _ if self.default_control_repair_in_progress() => {
-                self.default_control_repair_failed(now)
-            }
-            _ => {}
-        }
-    }
-
-    fn default_control_repair_in_progress(&self) -> bool {
-        matches!(
-            self.default_control_repair,
-            Repair::AwaitingFollower { .. }
-                | Repair::BringingUp { .. }
-                | Repair::FollowerBringingUp
-        )
-    }
-
-    /// What a repair of the default devices' channel needs of this end: both links up, the
-    /// backup devices' channel (which carries the repair's messages) usable, and no failback
-    /// running (it needs the channel as it is: its backup is gone, so no repair could
-    /// finish). A failover round does not stop it: the default device that failed its QPs
-    /// starts one at the same moment, and a repair refused for it would leave the leader's
-    /// channel reset and the follower's up, so that the follower's next message (a
-    /// `Failback`, when its backup dies next) is lost (the testbed's all-targets soak, seed
-    /// 7, `--holddown 100ms`).
-    fn paths_allow_default_control_repair(&self) -> bool {
-        self.default_link.up && self.backup_link.up && self.backup_usable && !self.failing_back()
-    }
-
-    /// When the channel repair next needs this end to act: the leader's next attempt (after
-    /// the backoff and the default link's hold-down) or its deadline, the follower's
-    /// `DefaultControlLost`.
-    fn default_control_repair_due(&self) -> Option<Timestamp> {
-        match self.default_control_repair {
-            Repair::Lost {
-                not_before,
-                tell_leader,
-            } => {
-                let acts = self.config.role == Role::Leader || tell_leader;
-                (acts && self.paths_allow_default_control_repair())
-                    .then(|| not_before.max(self.default_link.since + self.config.holddown))
-            }
-            Repair::AwaitingFollower { deadline } | Repair::BringingUp { deadline } => {
-                Some(deadline)
-            }
-            Repair::Idle | Repair::FollowerBringingUp => None,
-        }
-    }
-
-    fn default_control_repair_tick(&mut self, now: Timestamp, out: &mut Actions) {
-        match self.default_control_repair {
-            Repair::Lost { .. } if self.config.role == Role::Leader => {
-                // Our channel leaves its epoch (RESET) before the follower hears of the next.
-                self.default_control_epoch = self.default_control_epoch.next();
-                tracing::info!(channel_epoch = %self.default_control_epoch, "failover: repairing the default devices' control channel");
-                out.push(Action::ResetDefaultControl);
-                out.push(Action::SendControl(ControlMessage::DefaultControlRearm {
-                    epoch: self.default_control_epoch,
-                }));
-                self.default_control_repair = Repair::AwaitingFollower {
-                    deadline: now + self.config.handshake_timeout,
-                };
-            }
-            Repair::Lost { not_before, .. } => {
-                out.push(Action::SendControl(ControlMessage::DefaultControlLost {
-                    epoch: self.default_control_epoch,
-                }));
-                self.default_control_repair = Repair::Lost {
-                    not_before,
-                    tell_leader: false,
-                };
-            }
-            Repair::AwaitingFollower { .. } | Repair::BringingUp { .. } => {
-                tracing::debug!(channel_epoch = %self.default_control_epoch, "failover: default devices' channel repair attempt timed out");
-                self.default_control_repair_failed(now)
-            }
-            Repair::Idle | Repair::FollowerBringingUp => {}
-        }
-    }
-
-    fn default_control_repair_failed(&mut self, now: Timestamp) {
-        self.default_control_repair_failures =
-            self.default_control_repair_failures.saturating_add(1);
-        let not_before = now + self.config.backoff(self.default_control_repair_failures);
-        tracing::debug!(channel_epoch = %self.default_control_epoch, failures = self.default_control_repair_failures, "failover: default devices' channel repair attempt failed");
-        self.default_control_usable = false;
-        self.default_control_repair = Repair::Lost {
-            not_before,
-            tell_leader: false,
-        };
-    }
-
-    /// Leader: the follower's default devices' channel failed; ours is reset with it.
-    fn peer_lost_default_control(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
-        if self.config.role == Role::Follower {
-            return self.protocol_violation("DefaultControlLost to a follower", out);
-        }
-        if epoch > self.default_control_epoch {
-            return self
-                .protocol_violation("DefaultControlLost for a channel epoch not begun", out);
-        }
-        if epoch == self.default_control_epoch && !self.default_control_repair_in_progress() {
-            tracing::warn!(channel_epoch = %epoch, "failover: the peer lost its default devices' control channel");
-            if self.failing_back() {
-                return self.fail(FailReason::BackupUnavailable, out);
-            }
-            self.default_control_lost(now);
-        }
-    }
-
-    /// Follower: the leader's default devices' channel has left every channel epoch before
-    /// `epoch`.
-    fn default_control_rearm_requested(&mut self, epoch: Epoch, now: Timestamp, out: &mut Actions) {
-        if self.config.role == Role::Leader || epoch <= self.default_control_epoch {
-            return self
-                .protocol_violation("DefaultControlRearm to a leader or for an old epoch", out);
-        }
-        self.default_control_epoch = epoch;
-        // The leader's channel is in RESET: ours carries nothing now either.
-        self.default_control_usable = false;
-        if self.backup_repair_in_progress() {
-            self.backup_repair_failed(now);
-        }
-        if !self.paths_allow_default_control_repair() {
-            self.default_control_repair = Repair::Lost {
-                not_before: now,
-                tell_leader: false,
-            };
-            out.push(Action::SendControl(
-                ControlMessage::DefaultControlRearmDone { epoch, ok: false },
-            ));
-            return;
-        }
-        out.push(Action::ResetDefaultControl);
-        out.push(Action::BringUpDefaultControl { epoch });
-        self.default_control_repair = Repair::FollowerBringingUp;
-    }
-
-    /// Leader: the follower's channel is in RTS in `epoch` (it left every earlier one).
-    fn default_control_rearm_done(
-        &mut self,
-        epoch: Epoch,
-        ok: bool,
-        now: Timestamp,
-        out: &mut Actions,
-    ) {
-        if self.config.role == Role::Follower {
-            return self.protocol_violation("DefaultControlRearmDone to a follower", out);
-        }
-        match self.default_control_repair {
-            Repair::AwaitingFollower { deadline } if epoch == self.default_control_epoch => {
-                if ok && self.paths_allow_default_control_repair() {
-                    out.push(Action::BringUpDefaultControl { epoch });
-                    self.default_control_repair = Repair::BringingUp { deadline };
-                } else {
-                    self.default_control_repair_failed(now);
-                }
-            }
-            // An abandoned attempt.
-            _ => {}
-        }
-    }
-
-    fn default_control_up(&mut self, epoch: Epoch, ok: bool, now: Timestamp, out: &mut Actions) {
-        if epoch != self.default_control_epoch {
-            return;
-        }
-        let up = ok && self.default_link.up;
-        match self.default_control_repair {
-            Repair::BringingUp { .. } if up => self.default_control_repaired(),
-            Repair::BringingUp { .. } => self.default_control_repair_failed(now),
-            Repair::FollowerBringingUp => {
-                out.push(Action::SendControl(
-                    ControlMessage::DefaultControlRearmDone { epoch, ok: up },
-                ));
-                if up {
-                    self.default_control_repaired();
-                } else {
-                    self.default_control_repair = Repair::Lost {
-                        not_before: now,
-                        tell_leader: false,
-                    };
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn default_control_repaired(&mut self) {
-        tracing::info!(channel_epoch = %self.default_control_epoch, "failover: the default devices' control channel is repaired");
-        self.default_control_usable = true;
-        self.default_control_repair = Repair::Idle;
-        self.default_control_repair_failures = 0;
-        self.observations.push(Observation::DefaultControlRepaired {
-            epoch: self.default_control_epoch,
-        });
-    }
-
-    // ---- Failback: the backup dies with traffic on it (docs/failover.md 5e) --------------
-
-    fn failing_back(&self) -> bool {
-        matches!(self.send, SendState::FailingBack(_))
-    }
-
-    /// Whether a backup failure can be answered by moving the traffic to the default pair:
-    /// the default devices' channel works and no failback is running. During a failover
-    /// round (the default pair failed too) the failback waits for the default path within
-    /// the RC budget: whichever path comes back first.
-    fn may_fail_back(&self) -> bool {
-        self.default_control_usable && !self.failing_back()
-    }
-
-    fn failback_due(&self, now: Timestamp) -> bool {
-        matches!(self.send, SendState::FailingBack(round) if now >= round.deadline)
-    }
-
-    /// The backup failed while traffic depended on it (or the peer said so): both QPs to ERR
-    /// (this end leaves every epoch of both pairs) and drained.
-    /// `default_failed`: the default pair failed too (a failover round was running or is
-    /// starting): the round waits for it no longer than the RC budget, whatever its link
-    /// says.
-    fn start_failback(
-        &mut self,
-        peer: Option<PeerFailback>,
-        default_failed: bool,
-        now: Timestamp,
-        out: &mut Actions,
-    ) {
-        let default_failed = default_failed || matches!(self.send, SendState::FailingOver(_));
-        let deadline = if self.default_link.up && !default_failed {
-            now + self.config.handshake_timeout
-        } else {
-            // The default path is down too: it may come back within the outage tolerance
-            // (5c), counted from the first of the failures that are waiting.
-            let budget = now + self.config.no_path_wait();
-            self.backup_deadline.map_or(budget, |d| d.min(budget))
-        };
-        // The backup pair is gone for this round; the repair brings it back later (5d).
-        self.backup_lost(now);
-        self.backup_deadline = None;
-        tracing::warn!(epoch = %self.epoch, started_by_peer = peer.is_some(), default_link_up = self.default_link.up, "failover: traffic needs a path and the backup is gone; failing back to the default path");
-        self.observations
-            .push(Observation::FailbackStarted { epoch: self.epoch });
-        self.send = SendState::FailingBack(FailbackRound {
-            step: FailbackStep::Draining,
-            peer,
-            peer_ready: false,
-            default_failed,
-            deadline,
-        });
-        self.recv = RecvState::FailingBack;
-        self.default_qp = DefaultQp::FailingBack;
-        self.owes_rearm_ready = false;
-        self.rearm_failures = 0;
-        out.push(Action::MoveQpToErr { path: Path::Backup });
-        out.push(Action::MoveQpToErr {
-            path: Path::Default,
-        });
-        out.push(Action::DrainForFailback);
-    }
-
-    /// The peer's `Failback`: it starts our round, or completes what our round waits for.
-    fn peer_failing_back(&mut self, peer: PeerFailback, now: Timestamp, out: &mut Actions) {
-        if self.last_failback.is_some_and(|last| peer.epoch <= last) {
-            return self.protocol_violation("Failback for an epoch already failed back to", out);
-        }
-        self.default_path_carried(now);
-        match self.send {
-            SendState::FailingBack(round) if round.peer.is_none() => {
-                self.send = SendState::FailingBack(FailbackRound {
-                    peer: Some(peer),
-                    ..round
-                });
-                self.maybe_bring_up_failback(out);
-            }
-            SendState::FailingBack(_) => {
-                self.protocol_violation("a second Failback in one failback round", out)
-            }
-            // Our default pair failed too, and the peer's backup side is gone: the round
-            // becomes a failback, waiting for the default path within the RC budget.
-            _ => self.start_failback(Some(peer), false, now, out),
-        }
-    }
-
-    fn failback_drained(
-        &mut self,
-        progress: Progress,
-        atomic: bool,
-        sends_before_first_read: Option<u64>,
-        out: &mut Actions,
-    ) {
-        let SendState::FailingBack(
-            round @ FailbackRound {
-                step: FailbackStep::Draining,
-                ..
-            },
-        ) = self.send
-        else {
-            return;
-        };
-        if atomic {
-            return self.fail(FailReason::AtomicInFlight, out);
-        }
-        // Past every epoch our default QP was in (it is in ERR now). The leader's proposal is
-        // the higher one (the follower's epochs are the leader's), so its PSN quarter choice
-        // decides.
-        let proposed = self.next_epoch();
-        out.push(Action::SendControlOnDefault(ControlMessage::Failback {
-            epoch: proposed,
-            recvs_completed: progress.recvs_completed,
-        }));
-        self.send = SendState::FailingBack(FailbackRound {
-            step: FailbackStep::AwaitingPeer {
-                drained: progress,
-                proposed,
-                sends_before_first_read,
-            },
-            ..round
-        });
-        self.maybe_bring_up_failback(out);
-    }
-
-    /// Both `Failback`s known and the default link up: bring the default QP up in the higher
-    /// proposal. Both QPs were in ERR when their message left (H1: neither is in an earlier
-    /// epoch any more), and each proposal is above every epoch its end's QP was in.
-    fn maybe_bring_up_failback(&mut self, out: &mut Actions) {
-        let SendState::FailingBack(round) = self.send else {
-            return;
-        };
-        let (
-            FailbackStep::AwaitingPeer {
-                drained,
-                proposed,
-                sends_before_first_read,
-            },
-            Some(peer),
-        ) = (round.step, round.peer)
-        else {
-            return;
-        };
-        if !self.default_link.up {
-            return;
-        }
-        if peer.recvs_completed > drained.sends_posted {
-            return self.protocol_violation("peer consumed more sends than were posted", out);
-        }
-        if sends_before_first_read.is_some_and(|before| peer.recvs_completed > before) {
-            return self.fail(FailReason::ReadOvertaken, out);
-        }
-        let epoch = proposed.max(peer.epoch);
-        self.epoch = epoch;
-        self.epoch_sent_nothing = false;
-        self.last_failback = Some(epoch);
-        // The backup RQ is left in ERR; the repair resets it, its stale receives with it.
-        self.stale_backup_recvs = 0;
-        out.push(Action::Failback {
-            epoch,
-            skip_through: peer.recvs_completed,
-        });
-        self.send = SendState::FailingBack(FailbackRound {
-            step: FailbackStep::BringingUp { epoch },
-            ..round
-        });
-    }
-
-    /// The default QP is up in `epoch` with everything moved onto it: receives may be
-    /// posted there directly, and the peer may ring its sends.
-    fn failback_up(&mut self, epoch: Epoch, up: bool, out: &mut Actions) {
-        let SendState::FailingBack(round) = self.send else {
-            return;
-        };
-        if round.step != (FailbackStep::BringingUp { epoch }) {
-            return;
-        }
-        if !up {
-            tracing::warn!(%epoch, "failover: failing back, the default QP did not come up");
-            return self.fail(FailReason::BackupUnavailable, out);
-        }
-        self.recv = RecvState::Default;
-        out.push(Action::SendControlOnDefault(
-            ControlMessage::FailbackReady { epoch },
-        ));
-        if round.peer_ready {
-            return self.finish_failback(epoch, out);
-        }
-        self.send = SendState::FailingBack(FailbackRound {
-            step: FailbackStep::AwaitingReady { epoch },
-            ..round
-        });
-    }
-
-    /// A failback message came over the default devices' channel: the default path carries
-    /// packets, whatever the link watch said (a netdev can be reported running up to a
-    /// second after it is up again, `docs/testbed.md` "Known problems"). As a `Failover`
-    /// arriving over the backup path resumes a round that waits for the backup link.
-    fn default_path_carried(&mut self, now: Timestamp) {
-        if !self.default_link.up {
-            tracing::info!(
-                "failover: a failback message came over the default path; its link is taken as up"
-            );
-            self.default_link = Link {
-                up: true,
-                since: now,
-            };
-        }
-    }
-
-    /// The peer's receives are on its default QP in `epoch`.
-    fn peer_failback_ready(&mut self, epoch: Epoch, out: &mut Actions) {
-        let SendState::FailingBack(round) = self.send else {
-            return self.protocol_violation("FailbackReady outside a failback round", out);
-        };
-        let agreed = match (round.step, round.peer) {
-            (
-                FailbackStep::AwaitingReady { epoch: e } | FailbackStep::BringingUp { epoch: e },
-                _,
-            ) => Some(e),
-            (FailbackStep::AwaitingPeer { proposed, .. }, Some(peer)) => {
-                Some(proposed.max(peer.epoch))
-            }
-            _ => None,
-        };
-        if agreed != Some(epoch) {
-            return self.protocol_violation("FailbackReady for another epoch", out);
-        }
-        match round.step {
-            FailbackStep::AwaitingReady { .. } => self.finish_failback(epoch, out),
-            _ => {
-                self.send = SendState::FailingBack(FailbackRound {
-                    peer_ready: true,
-                    ..round
-                })
-            }
-        }
-    }
-
-    fn finish_failback(&mut self, epoch: Epoch, out: &mut Actions) {
-        out.push(Action::ReleaseDefaultDoorbell);
-        self.send = SendState::Default;
-        self.default_qp = DefaultQp::Live { confirmed: true };
-        tracing::info!(%epoch, "failover: traffic back on the default path after the backup failed");
-        self.observations.push(Observation::FailedBack { epoch });
-    }
-
-    /// The default link came back while a failover round waits for the backup link: the
-    /// default path came back first, so the round becomes a failback (our `Failover` has
-    /// not left: the peer moved nothing on its strength).
-    fn default_back_first(&mut self, now: Timestamp, out: &mut Actions) {
-        let SendState::FailingOver(round) = self.send else {
-            return;
-        };
-        let waiting = matches!(
-            round.step,
-            RoundStep::Draining | RoundStep::AwaitingBackup { .. }
-        );
-        if waiting && !self.backup_link.up && self.may_fail_back() {
-            tracing::info!(epoch = %round.epoch, "failover: the default link came back before the backup link; failing back");
-            self.start_failback(None, true, now, out);
-        }
-    }
-
-    /// The default link went down during a failback: before the default QP is up, the round
-    /// waits for it no longer than the RC retry budget (5b).
-    fn failback_link_down(&mut self, now: Timestamp) {
-        if let SendState::FailingBack(round) = self.send {
-            if matches!(
-                round.step,
-                FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
-            ) {
-                self.send = SendState::FailingBack(FailbackRound {
-                    deadline: round.deadline.min(now + self.config.no_path_wait()),
-                    ..round
-                });
-            }
-        }
-    }
-
-    /// The default link is back during a failback: the handshake may proceed.
-    fn failback_link_up(&mut self, now: Timestamp, out: &mut Actions) {
-        if let SendState::FailingBack(round) = self.send {
-            if matches!(
-                round.step,
-                FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
-            ) {
-                // The path is back within the budget: the handshake gets its own time from
-                // now. The peer's `Failback`, posted while a link was down, arrives at its
-                // control QP's next retransmission, up to one control ACK timeout after
-                // the link-up (268 ms at the defaults); counted from the first failure, the
-                // RC budget could end before it (seen: both default NICs down 98 ms, the
-                // responder's down again 5 ms later for 213 ms, and both ends gave up 1 ms
-                // before the retransmission that would have carried their messages).
-                self.send = SendState::FailingBack(FailbackRound {
-                    deadline: round.deadline.max(now + self.config.handshake_timeout),
-                    ..round
-                });
-                self.maybe_bring_up_failback(out);
-            }
-        }
-    }
-
     // ---- States 3 -> 4 -> 1: switch back behind a fence ----------------------------------
 
     /// State 3 -> 4: the application's signaled WR on the backup QP is the fence.
@@ -2029,10 +1203,13 @@ impl Failover {
             notified: None,
         } = self.send
         {
-            out.push(Action::SendControl(ControlMessage::SwitchBack {
-                epoch: self.epoch,
-                sends_before,
-            }));
+            out.push(Action::SendControl {
+                via: Path::Backup,
+                message: ControlMessage::SwitchBack {
+                    epoch: self.epoch,
+                    sends_before,
+                },
+            });
             let deadline = now + self.config.handshake_timeout;
             self.send = SendState::WaitDrained {
                 sends_before,
@@ -2077,9 +1254,10 @@ impl Failover {
                 out.push(Action::MoveRecvsToDefault {
                     consumed_through: sends_before,
                 });
-                out.push(Action::SendControl(ControlMessage::SwitchBackReady {
-                    epoch: self.epoch,
-                }));
+                out.push(Action::SendControl {
+                    via: Path::Backup,
+                    message: ControlMessage::SwitchBackReady { epoch: self.epoch },
+                });
                 self.stale_backup_recvs += progress.recvs_posted.saturating_sub(sends_before);
                 self.recv = RecvState::Default;
                 tracing::info!(epoch = %self.epoch, stale = self.stale_backup_recvs, "failover: receives back on the default path");
@@ -2129,15 +1307,19 @@ impl Failover {
             reason,
             FailReason::PeerAborted | FailReason::BackupUnavailable | FailReason::OutageTolerance
         );
-        if self.failing_back() || !self.backup_usable && self.last_failback.is_some() {
+        if self.failing_back() || !self.backup.usable && self.last_failback.is_some() {
             // The backup channel is gone; the default devices' one may still carry it.
-            if reason != FailReason::PeerAborted && self.default_control_usable {
-                out.push(Action::SendControlOnDefault(ControlMessage::Abort {
-                    reason,
-                }));
+            if reason != FailReason::PeerAborted && self.default_channel.usable {
+                out.push(Action::SendControl {
+                    via: Path::Default,
+                    message: ControlMessage::Abort { reason },
+                });
             }
         } else if peer_may_hear {
-            out.push(Action::SendControl(ControlMessage::Abort { reason }));
+            out.push(Action::SendControl {
+                via: Path::Backup,
+                message: ControlMessage::Abort { reason },
+            });
         }
     }
 
@@ -2153,5 +1335,13 @@ impl Failover {
 
     fn default_is_live(&self) -> bool {
         matches!(self.default_qp, DefaultQp::Live { .. })
+    }
+
+    /// The link of `path`'s device, as last reported.
+    fn link(&self, path: Path) -> Link {
+        match path {
+            Path::Default => self.default_link,
+            Path::Backup => self.backup_link,
+        }
     }
 }

@@ -1,0 +1,384 @@
+//! Failback (`docs/failover.md` 5e): the backup dies while traffic depends on it, and both
+//! directions move to the default pair in a new epoch, over the default devices' channel.
+
+use super::{Actions, DefaultQp, Failover, Link, RecvState, RoundStep, SendState};
+use crate::failover::action::Action;
+use crate::failover::config::Epoch;
+use crate::failover::event::Progress;
+use crate::failover::message::ControlMessage;
+use crate::failover::observation::Observation;
+use crate::failover::time::Timestamp;
+use crate::failover::vocab::{FailReason, Path, Side};
+
+/// One failback round: both ends put their backup QP and default QP in ERR, drain them,
+/// exchange `Failback` messages on the default devices' channel (an epoch proposal and a
+/// receive counter), bring their default QP up in the higher proposal with their receives on
+/// it, tell each other (`FailbackReady`) and ring the sends the peer did not consume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct FailbackRound {
+    pub(super) step: FailbackStep,
+    /// The peer's `Failback` message, once it arrived.
+    pub(super) peer: Option<PeerFailback>,
+    /// The peer's `FailbackReady` arrived before this end's default QP was up.
+    pub(super) peer_ready: bool,
+    /// The default pair failed too (the round replaced a failover round, or started from a
+    /// default failure with the backup lost): past the deadline both paths were down for
+    /// the RC budget, `backup-unavailable`, not a handshake timeout.
+    pub(super) default_failed: bool,
+    /// Past it the connection fails: the handshake timeout while the default link is up, the
+    /// RC retry budget while it is down.
+    pub(super) deadline: Timestamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct PeerFailback {
+    pub(super) epoch: Epoch,
+    pub(super) recvs_completed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum FailbackStep {
+    /// Waiting for the driver to drain both QPs.
+    Draining,
+    /// Our `Failback` is sent; waiting for the peer's, and for the default link.
+    AwaitingPeer {
+        drained: Progress,
+        proposed: Epoch,
+        sends_before_first_read: Option<u64>,
+    },
+    /// The default QP is being brought up in `epoch` with the work moved onto it.
+    BringingUp { epoch: Epoch },
+    /// Our receives are on the default QP in `epoch` and the peer was told; waiting for its
+    /// `FailbackReady` to ring our sends.
+    AwaitingReady { epoch: Epoch },
+}
+
+impl Failover {
+    pub(super) fn failing_back(&self) -> bool {
+        matches!(self.send, SendState::FailingBack(_))
+    }
+
+    /// Whether a backup failure can be answered by moving the traffic to the default pair:
+    /// the default devices' channel works and no failback is running. During a failover
+    /// round (the default pair failed too) the failback waits for the default path within
+    /// the RC budget: whichever path comes back first.
+    pub(super) fn may_fail_back(&self) -> bool {
+        self.default_channel.usable && !self.failing_back()
+    }
+
+    pub(super) fn failback_due(&self, now: Timestamp) -> bool {
+        matches!(self.send, SendState::FailingBack(round) if now >= round.deadline)
+    }
+
+    /// The backup failed while traffic depended on it (or the peer said so): both QPs to ERR
+    /// (this end leaves every epoch of both pairs) and drained.
+    /// `default_failed`: the default pair failed too (a failover round was running or is
+    /// starting): the round waits for it no longer than the RC budget, whatever its link
+    /// says.
+    pub(super) fn start_failback(
+        &mut self,
+        peer: Option<PeerFailback>,
+        default_failed: bool,
+        now: Timestamp,
+        out: &mut Actions,
+    ) {
+        let default_failed = default_failed || matches!(self.send, SendState::FailingOver(_));
+        let deadline = if self.default_link.up && !default_failed {
+            now + self.config.handshake_timeout
+        } else {
+            // The default path is down too: it may come back within the outage tolerance
+            // (5c), counted from the first of the failures that are waiting.
+            let budget = now + self.config.no_path_wait();
+            self.backup_deadline.map_or(budget, |d| d.min(budget))
+        };
+        // The backup pair is gone for this round; the repair brings it back later (5d).
+        self.side_lost(Side::Backup, now);
+        self.backup_deadline = None;
+        tracing::warn!(epoch = %self.epoch, started_by_peer = peer.is_some(), default_link_up = self.default_link.up, "failover: traffic needs a path and the backup is gone; failing back to the default path");
+        self.observations
+            .push(Observation::FailbackStarted { epoch: self.epoch });
+        self.send = SendState::FailingBack(FailbackRound {
+            step: FailbackStep::Draining,
+            peer,
+            peer_ready: false,
+            default_failed,
+            deadline,
+        });
+        self.recv = RecvState::FailingBack;
+        self.default_qp = DefaultQp::FailingBack;
+        self.owes_rearm_ready = false;
+        self.rearm_failures = 0;
+        out.push(Action::MoveQpToErr { path: Path::Backup });
+        out.push(Action::MoveQpToErr {
+            path: Path::Default,
+        });
+        out.push(Action::DrainForFailback);
+    }
+
+    /// The peer's `Failback`: it starts our round, or completes what our round waits for.
+    pub(super) fn peer_failing_back(
+        &mut self,
+        peer: PeerFailback,
+        now: Timestamp,
+        out: &mut Actions,
+    ) {
+        if self.last_failback.is_some_and(|last| peer.epoch <= last) {
+            return self.protocol_violation("Failback for an epoch already failed back to", out);
+        }
+        self.default_path_carried(now);
+        match self.send {
+            SendState::FailingBack(round) if round.peer.is_none() => {
+                self.send = SendState::FailingBack(FailbackRound {
+                    peer: Some(peer),
+                    ..round
+                });
+                self.maybe_bring_up_failback(out);
+            }
+            SendState::FailingBack(_) => {
+                self.protocol_violation("a second Failback in one failback round", out)
+            }
+            // Our default pair failed too, and the peer's backup side is gone: the round
+            // becomes a failback, waiting for the default path within the RC budget.
+            _ => self.start_failback(Some(peer), false, now, out),
+        }
+    }
+
+    pub(super) fn failback_drained(
+        &mut self,
+        progress: Progress,
+        atomic: bool,
+        sends_before_first_read: Option<u64>,
+        out: &mut Actions,
+    ) {
+        let SendState::FailingBack(
+            round @ FailbackRound {
+                step: FailbackStep::Draining,
+                ..
+            },
+        ) = self.send
+        else {
+            return;
+        };
+        if atomic {
+            return self.fail(FailReason::AtomicInFlight, out);
+        }
+        // Past every epoch our default QP was in (it is in ERR now). The leader's proposal is
+        // the higher one (the follower's epochs are the leader's), so its PSN quarter choice
+        // decides.
+        let proposed = self.next_epoch();
+        out.push(Action::SendControl {
+            via: Path::Default,
+            message: ControlMessage::Failback {
+                epoch: proposed,
+                recvs_completed: progress.recvs_completed,
+            },
+        });
+        self.send = SendState::FailingBack(FailbackRound {
+            step: FailbackStep::AwaitingPeer {
+                drained: progress,
+                proposed,
+                sends_before_first_read,
+            },
+            ..round
+        });
+        self.maybe_bring_up_failback(out);
+    }
+
+    /// Both `Failback`s known and the default link up: bring the default QP up in the higher
+    /// proposal. Both QPs were in ERR when their message left (H1: neither is in an earlier
+    /// epoch any more), and each proposal is above every epoch its end's QP was in.
+    pub(super) fn maybe_bring_up_failback(&mut self, out: &mut Actions) {
+        let SendState::FailingBack(round) = self.send else {
+            return;
+        };
+        let (
+            FailbackStep::AwaitingPeer {
+                drained,
+                proposed,
+                sends_before_first_read,
+            },
+            Some(peer),
+        ) = (round.step, round.peer)
+        else {
+            return;
+        };
+        if !self.default_link.up {
+            return;
+        }
+        if peer.recvs_completed > drained.sends_posted {
+            return self.protocol_violation("peer consumed more sends than were posted", out);
+        }
+        if sends_before_first_read.is_some_and(|before| peer.recvs_completed > before) {
+            return self.fail(FailReason::ReadOvertaken, out);
+        }
+        let epoch = proposed.max(peer.epoch);
+        self.epoch = epoch;
+        self.epoch_sent_nothing = false;
+        self.last_failback = Some(epoch);
+        // The backup RQ is left in ERR; the repair resets it, its stale receives with it.
+        self.stale_backup_recvs = 0;
+        out.push(Action::Failback {
+            epoch,
+            skip_through: peer.recvs_completed,
+        });
+        self.send = SendState::FailingBack(FailbackRound {
+            step: FailbackStep::BringingUp { epoch },
+            ..round
+        });
+    }
+
+    /// The default QP is up in `epoch` with everything moved onto it: receives may be
+    /// posted there directly, and the peer may ring its sends.
+    pub(super) fn failback_up(&mut self, epoch: Epoch, up: bool, out: &mut Actions) {
+        let SendState::FailingBack(round) = self.send else {
+            return;
+        };
+        if round.step != (FailbackStep::BringingUp { epoch }) {
+            return;
+        }
+        if !up {
+            tracing::warn!(%epoch, "failover: failing back, the default QP did not come up");
+            return self.fail(FailReason::BackupUnavailable, out);
+        }
+        self.recv = RecvState::Default;
+        out.push(Action::SendControl {
+            via: Path::Default,
+            message: ControlMessage::FailbackReady { epoch },
+        });
+        if round.peer_ready {
+            return self.finish_failback(epoch, out);
+        }
+        self.send = SendState::FailingBack(FailbackRound {
+            step: FailbackStep::AwaitingReady { epoch },
+            ..round
+        });
+    }
+
+    /// A failback message came over the default devices' channel: the default path carries
+    /// packets, whatever the link watch said (a netdev can be reported running up to a
+    /// second after it is up again, `docs/testbed.md` "Known problems"). As a `Failover`
+    /// arriving over the backup path resumes a round that waits for the backup link.
+    pub(super) fn default_path_carried(&mut self, now: Timestamp) {
+        if !self.default_link.up {
+            tracing::info!(
+                "failover: a failback message came over the default path; its link is taken as up"
+            );
+            self.default_link = Link {
+                up: true,
+                since: now,
+            };
+        }
+    }
+
+    /// The peer's receives are on its default QP in `epoch`.
+    pub(super) fn peer_failback_ready(&mut self, epoch: Epoch, out: &mut Actions) {
+        let SendState::FailingBack(round) = self.send else {
+            return self.protocol_violation("FailbackReady outside a failback round", out);
+        };
+        let agreed = match (round.step, round.peer) {
+            (
+                FailbackStep::AwaitingReady { epoch: e } | FailbackStep::BringingUp { epoch: e },
+                _,
+            ) => Some(e),
+            (FailbackStep::AwaitingPeer { proposed, .. }, Some(peer)) => {
+                Some(proposed.max(peer.epoch))
+            }
+            _ => None,
+        };
+        if agreed != Some(epoch) {
+            return self.protocol_violation("FailbackReady for another epoch", out);
+        }
+        match round.step {
+            FailbackStep::AwaitingReady { .. } => self.finish_failback(epoch, out),
+            _ => {
+                self.send = SendState::FailingBack(FailbackRound {
+                    peer_ready: true,
+                    ..round
+                })
+            }
+        }
+    }
+
+    pub(super) fn finish_failback(&mut self, epoch: Epoch, out: &mut Actions) {
+        out.push(Action::ReleaseDefaultDoorbell);
+        self.send = SendState::Default;
+        self.default_qp = DefaultQp::Live { confirmed: true };
+        tracing::info!(%epoch, "failover: traffic back on the default path after the backup failed");
+        self.observations.push(Observation::FailedBack { epoch });
+    }
+
+    /// The default link came back while a failover round waits for the backup link: the
+    /// default path came back first, so the round becomes a failback (our `Failover` has
+    /// not left: the peer moved nothing on its strength).
+    pub(super) fn default_back_first(&mut self, now: Timestamp, out: &mut Actions) {
+        let SendState::FailingOver(round) = self.send else {
+            return;
+        };
+        let waiting = matches!(
+            round.step,
+            RoundStep::Draining | RoundStep::AwaitingBackup { .. }
+        );
+        if waiting && !self.backup_link.up && self.may_fail_back() {
+            tracing::info!(epoch = %round.epoch, "failover: the default link came back before the backup link; failing back");
+            self.start_failback(None, true, now, out);
+        }
+    }
+
+    /// The default link went down during a failback: before the default QP is up, the round
+    /// waits for it no longer than the RC retry budget (5b).
+    pub(super) fn failback_link_down(&mut self, now: Timestamp) {
+        if let SendState::FailingBack(round) = self.send {
+            if matches!(
+                round.step,
+                FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
+            ) {
+                self.send = SendState::FailingBack(FailbackRound {
+                    deadline: round.deadline.min(now + self.config.no_path_wait()),
+                    ..round
+                });
+            }
+        }
+    }
+
+    /// The default link is back during a failback: the handshake may proceed.
+    pub(super) fn failback_link_up(&mut self, now: Timestamp, out: &mut Actions) {
+        if let SendState::FailingBack(round) = self.send {
+            if matches!(
+                round.step,
+                FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
+            ) {
+                // The path is back within the budget: the handshake gets its own time from
+                // now. The peer's `Failback`, posted while a link was down, arrives at its
+                // control QP's next retransmission, up to one control ACK timeout after
+                // the link-up (268 ms at the defaults); counted from the first failure, the
+                // RC budget could end before it (seen: both default NICs down 98 ms, the
+                // responder's down again 5 ms later for 213 ms, and both ends gave up 1 ms
+                // before the retransmission that would have carried their messages).
+                self.send = SendState::FailingBack(FailbackRound {
+                    deadline: round.deadline.max(now + self.config.handshake_timeout),
+                    ..round
+                });
+                self.maybe_bring_up_failback(out);
+            }
+        }
+    }
+
+    /// The peer's backup side is gone (lost, or reset for a repair) while our switch-back
+    /// waits for its `SwitchBackReady`, which travels on that side's channel and may have
+    /// gone with it: the peer, whose receives are back on its default QP, needs nothing of
+    /// the backup and would never fail back itself. Move the traffic to the default pair
+    /// (5e) instead of waiting for an answer that may never come.
+    pub(super) fn fail_back_if_awaiting_ready(&mut self, now: Timestamp, out: &mut Actions) {
+        let awaiting_ready = matches!(
+            self.send,
+            SendState::WaitDrained {
+                notified: Some(_),
+                ..
+            }
+        );
+        if awaiting_ready && self.may_fail_back() {
+            tracing::warn!(epoch = %self.epoch, "failover: the peer's backup side went away before its SwitchBackReady came; failing back");
+            self.start_failback(None, false, now, out);
+        }
+    }
+}
