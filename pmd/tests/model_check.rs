@@ -38,6 +38,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use pmd::failover::plan::{plan_copy, sends_before_first_read, PlannedSend};
 use pmd::failover::{
     Action, Config, ControlMessage, DefaultQpPhase, Epoch, Event, Failover, Observation, Path,
     Progress, Role, Route, Side, SideEpoch, Timestamp, WcStatus, EPOCH_PSN_STRIDE,
@@ -540,6 +541,42 @@ impl FailoverModel {
     fn wr(&self, host: usize, index: u8) -> Wr {
         self.program(host)[usize::from(index)]
     }
+
+    /// `host`'s application WQEs among `entries`, as the real planners see them (the
+    /// driver's lists leave its own WQEs out).
+    fn planned(&self, host: usize, entries: &[SqEntry]) -> Vec<Planned> {
+        entries
+            .iter()
+            .filter_map(|e| match e.wqe {
+                Wqe::App(n) => Some(Planned {
+                    op: self.wr(host, n).op,
+                    sent: e.psn.is_some(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// An application WQE of the model, for `pmd::failover::plan`'s planners.
+struct Planned {
+    op: Op,
+    /// It has a PSN: the NIC may have sent it.
+    sent: bool,
+}
+
+impl PlannedSend for Planned {
+    fn two_sided(&self) -> bool {
+        self.op.two_sided()
+    }
+
+    fn is_read(&self) -> bool {
+        self.op == Op::Read
+    }
+
+    fn maybe_sent(&self) -> bool {
+        self.sent
+    }
 }
 
 impl World {
@@ -796,12 +833,14 @@ impl World {
         };
         let atomic_in_flight =
             sent().any(|e| matches!(e.wqe, Wqe::App(n) if model.wr(host, n).op == Op::FetchAdd));
-        let sends_before_first_read = sent().find_map(|e| match e.wqe {
-            Wqe::App(n) if model.wr(host, n).op == Op::Read => {
-                Some(u64::from(two_sided_ordinal(model.program(host), n)))
-            }
-            _ => None,
-        });
+        let unfinished: Vec<SqEntry> = h.qps[BACKUP]
+            .sq
+            .iter()
+            .chain(h.qps[DEFAULT].sq.iter())
+            .copied()
+            .collect();
+        let sends_before_first_read =
+            sends_before_first_read(&model.planned(host, &unfinished), h.progress.sends_posted);
         if atomic_in_flight {
             self.seen |= SEEN_ATOMIC_REFUSED;
         }
@@ -855,16 +894,13 @@ impl World {
         if model.policy != Policy::UnboundedPacketLifetime {
             self.expire_packets(e);
         }
-        let skip = outstanding
-            .iter()
-            .rposition(|entry| match entry.wqe {
-                Wqe::App(n) => {
-                    model.wr(host, n).op.two_sided()
-                        && u64::from(two_sided_ordinal(model.program(host), n)) < skip_through
-                }
-                _ => false,
-            })
-            .map_or(0, |at| at + 1);
+        let sends_posted = self.hosts[host].progress.sends_posted;
+        let skip = plan_copy(
+            &model.planned(host, &outstanding),
+            sends_posted,
+            skip_through,
+        )
+        .consumed;
         for entry in &outstanding[..skip] {
             if let Wqe::App(n) = entry.wqe {
                 self.complete(model, host, n);
@@ -885,12 +921,10 @@ impl World {
             _ => false,
         });
         // The oldest READ that was sent and has not completed may have executed at the peer.
-        let sends_before_first_read = h.qps[DEFAULT].sq.iter().find_map(|e| match e.wqe {
-            Wqe::App(n) if e.psn.is_some() && model.wr(host, n).op == Op::Read => {
-                Some(u64::from(two_sided_ordinal(model.program(host), n)))
-            }
-            _ => None,
-        });
+        let sends_before_first_read = sends_before_first_read(
+            &model.planned(host, &h.qps[DEFAULT].sq),
+            h.progress.sends_posted,
+        );
         let event = Event::DefaultDrained {
             progress: h.progress,
             first_error: h.first_default_error,
@@ -909,20 +943,20 @@ impl World {
             self.seen |= SEEN_FAILOVER_AFTER_REPAIR;
         }
         let mut outstanding: Vec<SqEntry> = self.host(host).qps[DEFAULT].sq.drain(..).collect();
+        // The driver's list leaves its own WQEs (a probe) out.
+        outstanding.retain(|e| matches!(e.wqe, Wqe::App(_)));
         // Everything up to the last send the peer consumed was executed (RC executes in order).
+        let sends_posted = self.hosts[host].progress.sends_posted;
         let skip = match model.policy {
             Policy::RetransmitEverything => 0,
-            _ => outstanding
-                .iter()
-                .rposition(|e| match e.wqe {
-                    Wqe::App(n) => {
-                        let w = model.wr(host, n);
-                        w.op.two_sided()
-                            && u64::from(two_sided_ordinal(model.program(host), n)) < skip_through
-                    }
-                    _ => false,
-                })
-                .map_or(0, |at| at + 1),
+            _ => {
+                plan_copy(
+                    &model.planned(host, &outstanding),
+                    sends_posted,
+                    skip_through,
+                )
+                .consumed
+            }
         };
         if skip > 0 {
             self.seen |= SEEN_SKIP;

@@ -21,6 +21,7 @@ mod event;
 mod machine;
 mod message;
 mod observation;
+pub mod plan;
 mod status;
 mod time;
 mod vocab;

@@ -23,9 +23,9 @@ use crate::failover::{
 use crate::qp_state::QpState;
 use crate::verbs::QpAttr;
 
-use super::plan::sends_before_first_read;
 use super::work::{internal_wr_id, is_recv, two_sided_opcode};
 use super::{Backup, ResilientQp};
+use crate::failover::plan::sends_before_first_read;
 use crate::resilient::service::mailbox::{BackupParts, Mail};
 use crate::resilient::stats::Cause;
 

@@ -10,7 +10,9 @@ use crate::datapath::sq::raw::OutstandingWqe;
 use crate::datapath::wr::WcStatus;
 use crate::failover::{Epoch, Event, Path, Timestamp};
 
-use super::plan::{plan_copy, sends_before_first_read};
+use crate::failover::plan::{plan_copy, sends_before_first_read};
+
+use super::plan::skipped_completions;
 use super::ResilientQp;
 use crate::datapath::sq::raw::{mapped_peer_rkey, rewrite_recv_keys, rewrite_send_keys};
 
@@ -141,7 +143,7 @@ impl ResilientQp {
         let list: Vec<OutstandingWqe> = sends.iter().map(|s| s.wqe).collect();
         let plan = plan_copy(&list, self.sends_posted, skip_through);
         let qpn = self.slow.env.default_qpn;
-        self.slow.wcs.extend(plan.completions(&list, qpn));
+        self.slow.wcs.extend(skipped_completions(&plan, &list, qpn));
         let skipped = plan.consumed as u64;
         let mut reposted = 0u64;
         for (k, s) in sends.iter().enumerate().skip(plan.consumed) {

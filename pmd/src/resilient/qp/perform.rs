@@ -17,7 +17,9 @@ use crate::failover::{
 use crate::qp_state::QpState;
 use crate::verbs::QpAttr;
 
-use super::plan::{plan_copy, plan_error_completions, Unfinished};
+use crate::failover::plan::plan_copy;
+
+use super::plan::{plan_error_completions, skipped_completions, Unfinished};
 use super::work::internal_wr_id;
 use super::ResilientQp;
 
@@ -346,7 +348,7 @@ impl ResilientQp {
         // 1. Consumed by the peer: complete, do not send again.
         let skipped = plan.skipped(&list).count() as u64;
         let qpn = self.slow.env.default_qpn;
-        self.slow.wcs.extend(plan.completions(&list, qpn));
+        self.slow.wcs.extend(skipped_completions(&plan, &list, qpn));
         // 2. Burns, first of all on the backup SQ.
         let mut failure = None;
         if burn > 0 {

@@ -1,118 +1,52 @@
-//! Pure planning for the failover's ring work: which WQEs a failover round completes, sends
-//! again or leaves, and which error completions a failed connection hands the application.
-//! Inputs are lists read from the rings and the round's book; outputs are plans the driver
-//! then posts. Nothing here touches a device, so the tests below call the planners directly.
+//! The driver's side of the failover's planning: which WQEs a round completes or sends again
+//! is [`crate::failover::plan`]'s (pure, and run by the model check too) over the WQEs read
+//! from the rings; here are what those plans owe the application as completions, and which
+//! error completions a failed connection hands it. Nothing here touches a device, so the
+//! tests below call the planners directly.
 
 use hw_defs::mlx5::SendOpcode;
 
 use crate::datapath::cq::send_wc_opcode;
 use crate::datapath::sq::raw::OutstandingWqe;
 use crate::datapath::wr::{WcOpcode, WcStatus, WorkCompletion};
+use crate::failover::plan::{CopyPlan, PlannedSend};
 use crate::failover::Path;
 
 use super::book::Book;
 use super::work::{is_recv, two_sided_opcode};
 
-/// What a failover round does with the default SQ's outstanding WQEs (`list`, oldest first),
-/// from [`plan_copy`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct CopyPlan {
-    /// How many WQEs at the head of the list the peer has consumed, itself or through a later
-    /// two-sided send that it consumed: they are not sent again.
-    pub consumed: usize,
-    /// Whether a READ is among them: its response never came, and it must not be executed
-    /// again (the machine refuses such a round, `FailReason::ReadOvertaken`, before it asks
-    /// for the copy; the driver treats this as the backup QP's error rather than lose it).
-    pub overtaken_read: bool,
-}
-
-/// The two-sided sends posted before the oldest READ of the default SQ's outstanding WQEs
-/// `list` (oldest first) that was rung, when `sends_posted` two-sided sends were posted in
-/// all; `None` without such a READ. A READ never rung never executed and moves like any WR.
-pub(super) fn sends_before_first_read(list: &[OutstandingWqe], sends_posted: u64) -> Option<u64> {
-    let on_default = list
-        .iter()
-        .filter(|w| two_sided_opcode(w.info.opcode))
-        .count() as u64;
-    let mut before = sends_posted.saturating_sub(on_default);
-    for w in list {
-        if w.info.opcode == SendOpcode::RdmaRead && w.published {
-            return Some(before);
-        }
-        if two_sided_opcode(w.info.opcode) {
-            before += 1;
-        }
+impl PlannedSend for OutstandingWqe {
+    fn two_sided(&self) -> bool {
+        two_sided_opcode(self.info.opcode)
     }
-    None
-}
 
-/// Plans the move of the default SQ's outstanding WQEs `list` (oldest first; the last ones
-/// the application posted) to the backup SQ, when `sends_posted` two-sided sends were posted
-/// in all and the peer has consumed the first `skip_through` of them.
-pub(super) fn plan_copy(list: &[OutstandingWqe], sends_posted: u64, skip_through: u64) -> CopyPlan {
-    // Two-sided ordinals: the WQEs on the default ring are the last ones posted.
-    let on_default = list
-        .iter()
-        .filter(|w| two_sided_opcode(w.info.opcode))
-        .count() as u64;
-    let mut ordinal = sends_posted.saturating_sub(on_default);
-    let mut consumed = 0;
-    for (i, w) in list.iter().enumerate() {
-        if two_sided_opcode(w.info.opcode) {
-            ordinal += 1;
-            if ordinal <= skip_through {
-                consumed = i + 1;
-            }
-        }
+    fn is_read(&self) -> bool {
+        self.info.opcode == SendOpcode::RdmaRead
     }
-    let overtaken_read = list[..consumed]
-        .iter()
-        .any(|w| w.info.opcode == SendOpcode::RdmaRead);
-    CopyPlan {
-        consumed,
-        overtaken_read,
+
+    fn maybe_sent(&self) -> bool {
+        self.published
     }
 }
 
-impl CopyPlan {
-    /// The WQEs completed without being sent again, in order: the consumed ones (a plan
-    /// with an [`overtaken_read`](Self::overtaken_read) is not to be carried out).
-    pub fn skipped<'a>(
-        &self,
-        list: &'a [OutstandingWqe],
-    ) -> impl Iterator<Item = &'a OutstandingWqe> + 'a {
-        list[..self.consumed].iter()
-    }
-
-    /// The successful completions the skipped WQEs owe the application (the signaled ones),
-    /// naming QP `qpn`.
-    pub fn completions<'a>(
-        &self,
-        list: &'a [OutstandingWqe],
-        qpn: u32,
-    ) -> impl Iterator<Item = WorkCompletion> + 'a {
-        self.skipped(list)
-            .filter(|w| w.info.signaled)
-            .map(move |w| WorkCompletion {
-                wr_id: w.wr_id,
-                status: WcStatus::Success,
-                opcode: send_wc_opcode(u8::from(w.info.opcode)),
-                byte_len: 0,
-                imm: None,
-                qp_num: qpn,
-                vendor_err: 0,
-            })
-    }
-
-    /// The WQEs to post on the backup SQ (behind the burns), in order: everything the peer
-    /// has not consumed, READs among them (no later request executed at the peer as far as
-    /// the peer's counter says, as for a plain RC retransmission).
-    pub fn posts<'a>(
-        &self,
-        list: &'a [OutstandingWqe],
-    ) -> impl Iterator<Item = &'a OutstandingWqe> + 'a {
-        list[self.consumed..].iter()
-    }
+/// The successful completions the WQEs `plan` skips (of `list`) owe the application: the
+/// signaled ones, naming QP `qpn`.
+pub(super) fn skipped_completions<'a>(
+    plan: &CopyPlan,
+    list: &'a [OutstandingWqe],
+    qpn: u32,
+) -> impl Iterator<Item = WorkCompletion> + 'a {
+    plan.skipped(list)
+        .filter(|w| w.info.signaled)
+        .map(move |w| WorkCompletion {
+            wr_id: w.wr_id,
+            status: WcStatus::Success,
+            opcode: send_wc_opcode(u8::from(w.info.opcode)),
+            byte_len: 0,
+            imm: None,
+            qp_num: qpn,
+            vendor_err: 0,
+        })
 }
 
 /// One QP's unfinished work when the connection fails, read from its rings: every send WQE
@@ -194,6 +128,7 @@ pub(super) fn plan_error_completions(
 mod tests {
     use super::*;
     use crate::datapath::track::WqeInfo;
+    use crate::failover::plan::{plan_copy, sends_before_first_read};
     use crate::resilient::qp::work::internal_wr_id;
 
     fn wqe(counter: u32, wr_id: u64, opcode: SendOpcode, signaled: bool) -> OutstandingWqe {
@@ -230,7 +165,7 @@ mod tests {
         let plan = plan_copy(&list, 10, 7);
         assert_eq!(plan.consumed, 0);
         assert_eq!(ids(plan.posts(&list)), [1, 2, 3, 4, 5]);
-        assert_eq!(plan.completions(&list, 9).count(), 0);
+        assert_eq!(skipped_completions(&plan, &list, 9).count(), 0);
     }
 
     #[test]
@@ -243,7 +178,7 @@ mod tests {
         assert_eq!(ids(plan.skipped(&list)), [1, 2]);
         // The READ goes again, in its place, with what the peer has not consumed.
         assert_eq!(ids(plan.posts(&list)), [3, 4, 5]);
-        let wcs: Vec<WorkCompletion> = plan.completions(&list, 0x42).collect();
+        let wcs: Vec<WorkCompletion> = skipped_completions(&plan, &list, 0x42).collect();
         assert_eq!(wcs.len(), 1, "only signaled skipped WQEs complete: {wcs:?}");
         assert_eq!(wcs[0].wr_id, 2);
         assert_eq!(wcs[0].status, WcStatus::Success);
