@@ -1253,6 +1253,18 @@ pub(crate) unsafe fn send_wr<'a>(
         }
         Payload::Gather(list)
     };
+    Ok(SendWr {
+        wr_id: wr.wr_id,
+        op,
+        payload,
+        flags: send_flags(wr, sig_all),
+    })
+}
+
+/// The request's signaled, fenced and solicited flags (signaled also by the QP's
+/// `sq_sig_all`).
+#[inline(always)]
+fn send_flags(wr: &ibv_send_wr, sig_all: bool) -> SendFlags {
     let mut flags = SendFlags::NONE;
     if sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0 {
         flags = flags | SendFlags::SIGNALED;
@@ -1263,12 +1275,43 @@ pub(crate) unsafe fn send_wr<'a>(
     if wr.send_flags & IBV_SEND_SOLICITED != 0 {
         flags = flags | SendFlags::SOLICITED;
     }
-    Ok(SendWr {
-        wr_id: wr.wr_id,
+    flags
+}
+
+/// A request the pmd's fast path may take, by its parts: a WRITE, WRITE with immediate,
+/// SEND or SEND with immediate of one gather entry, not inline. Anything else is `None`
+/// and goes through [`send_wr`] and the pmd's full post.
+///
+/// # Safety
+/// `wr` is a valid work request whose gather list holds `num_sge` entries.
+#[inline(always)]
+unsafe fn fast_parts(wr: &ibv_send_wr, sig_all: bool) -> Option<(SendOp, SendFlags, Sge)> {
+    if wr.num_sge != 1 || wr.sg_list.is_null() || wr.send_flags & IBV_SEND_INLINE != 0 {
+        return None;
+    }
+    let remote = Remote {
+        addr: wr.wr.remote_addr,
+        rkey: wr.wr.rdma_rkey_or_compare_add as u32,
+    };
+    let op = match wr.opcode {
+        IBV_WR_RDMA_WRITE => SendOp::Write { remote },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteImm {
+            remote,
+            imm: u32::from_be(wr.imm_data),
+        },
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => SendOp::SendImm {
+            imm: u32::from_be(wr.imm_data),
+        },
+        _ => return None,
+    };
+    // SAFETY: the caller's list of one entry.
+    let s = unsafe { &*wr.sg_list };
+    Some((
         op,
-        payload,
-        flags,
-    })
+        send_flags(wr, sig_all),
+        Sge::new(s.addr, s.length, s.lkey),
+    ))
 }
 
 pub(crate) fn post_errno(e: &pmd::PostError) -> c_int {
@@ -1278,20 +1321,26 @@ pub(crate) fn post_errno(e: &pmd::PostError) -> c_int {
     }
 }
 
-/// Posts the list at `wr` in order through `post` on `qp`, then calls `ring` on it once for
-/// all of it (whatever was posted before a refusal goes out); on a refused request `bad_wr`
-/// names it and its errno is returned. Generic over the closures so that each caller's post
-/// inlines.
+/// Posts the list at `wr` in order on `qp`, then calls `ring` on it once for all of it
+/// (whatever was posted before a refusal goes out); on a refused request `bad_wr` names it
+/// and its errno is returned. A request of the pmd's fast-path kind is first offered to
+/// `fast` by its parts (`true`: posted), without building a pmd request; the rest, and one
+/// `fast` declines, go whole through `post`, which checks everything. Generic over the
+/// closures so that each caller's post inlines.
 ///
 /// # Safety
 /// `wr` is a valid list; `bad_wr` is null or writable.
 #[inline(always)]
+// The QP's two post settings and the three steps stay separate arguments: each caller's
+// closures inline into the loop.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn post_send_list<Q>(
     qp: &mut Q,
     mut wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
     sig_all: bool,
     max_inline: u32,
+    mut fast: impl FnMut(&mut Q, u64, SendOp, SendFlags, &Sge) -> bool,
     mut post: impl FnMut(&mut Q, &SendWr<'_>) -> Result<(), pmd::PostError>,
     ring: impl FnOnce(&mut Q),
 ) -> c_int {
@@ -1300,6 +1349,13 @@ pub(crate) unsafe fn post_send_list<Q>(
     while !wr.is_null() {
         // SAFETY: the caller's list.
         let w = unsafe { &*wr };
+        // SAFETY: the caller's request.
+        if let Some((op, flags, sge)) = unsafe { fast_parts(w, sig_all) } {
+            if fast(qp, w.wr_id, op, flags, &sge) {
+                wr = w.next;
+                continue;
+            }
+        }
         // SAFETY: the caller's request.
         let posted = match unsafe { send_wr(w, sig_all, max_inline, &mut inline_buf) } {
             Ok(swr) => post(qp, &swr).map_err(|e| {
@@ -1348,6 +1404,10 @@ pub unsafe extern "C" fn post_send(
             bad_wr,
             rs.sq_sig_all,
             rs.max_inline,
+            |q, wr_id, op, flags, sge| {
+                let parts = pmd::datapath::sq::RequestParts { wr_id, flags };
+                q.post_send_fast_parts(&parts, op, sge).is_some()
+            },
             |q, swr| q.post_send(swr).map(|_| ()),
             |q| q.ring_doorbell(),
         )

@@ -827,6 +827,8 @@ pub unsafe extern "C" fn post_send(
             bad_wr,
             cell.sig_all,
             cell.max_inline,
+            // The failover layer counts what it posts: every request through its post.
+            |_, _, _, _, _| false,
             |g, swr| g.qp.post_send(swr),
             |g| g.qp.ring_doorbell(),
         )

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use crate::datapath::cq::Attachment;
 use crate::datapath::gate::QpGate;
 use crate::datapath::rq::{RecvQueue, RecvQueueParts};
+use crate::datapath::sq::RequestParts;
 use crate::datapath::sq::{DoorbellError, SendQueue, SendQueueParts};
 use crate::datapath::track::{RecvTrack, SendTrack};
-use crate::datapath::wr::{BatchPostError, PostError, RecvWr, SendWr};
+use crate::datapath::wr::{BatchPostError, PostError, RecvWr, SendOp, SendWr, Sge};
 use crate::provider::{Handle, QpRequest, RawQp, VerbsError};
 use crate::qp_state::{check_transition, QpState, TransitionError};
 use crate::verbs::{QpAttr, QpCaps};
@@ -541,6 +542,20 @@ impl Qp {
     #[inline]
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
         self.sq.post(wr)
+    }
+
+    /// The fast path alone for a one-entry WRITE, WRITE with immediate, SEND or SEND with
+    /// immediate given by its parts; `None` (nothing written) sends the caller to
+    /// [`Qp::post_send`] with the whole request, which checks everything
+    /// (`SendQueue::post_fast_parts`).
+    #[inline(always)]
+    pub fn post_send_fast_parts(
+        &mut self,
+        wr: &RequestParts,
+        op: SendOp,
+        sge: &Sge,
+    ) -> Option<u16> {
+        self.sq.post_fast_parts(wr, op, sge)
     }
 
     /// Posts `wrs` in order as one batch (`ibv_post_send` with a list): runs of one-entry

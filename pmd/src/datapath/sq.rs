@@ -357,6 +357,47 @@ impl BlockTemplate {
     }
 }
 
+/// What the fast path reads of a request besides its opcode and entry: read through the
+/// reference when the WQE is written, not carried in registers across the room and key
+/// checks before it.
+pub trait FastRequest {
+    /// Returned in the completion.
+    fn wr_id(&self) -> u64;
+    /// Signaled, fenced, solicited.
+    fn flags(&self) -> SendFlags;
+}
+
+impl FastRequest for SendWr<'_> {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline(always)]
+    fn flags(&self) -> SendFlags {
+        self.flags
+    }
+}
+
+/// A request's id and flags, for [`SendQueue::post_fast_parts`].
+#[derive(Debug, Clone, Copy)]
+pub struct RequestParts {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Signaled, fenced, solicited.
+    pub flags: SendFlags,
+}
+
+impl FastRequest for RequestParts {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline(always)]
+    fn flags(&self) -> SendFlags {
+        self.flags
+    }
+}
+
 /// Writes the one-block WQE of opcode `FAST_OPS[T]` (the one `t` is for) at producer counter
 /// `at`, into ring block `bb`, and its track slot `slot`. The caller has checked the entry
 /// (key cache), the gate and the room, and addressed `bb` and `slot` for `at`.
@@ -367,7 +408,7 @@ fn write_block_at<const T: usize>(
     bb: *mut u8,
     slot: *mut Slot,
     at: u32,
-    wr: &SendWr<'_>,
+    wr: &impl FastRequest,
     sge: &Sge,
     remote: Remote,
     imm: u32,
@@ -375,7 +416,7 @@ fn write_block_at<const T: usize>(
     // The control segment's first word with the WQE index (big-endian) in bytes 1..3.
     let index_bytes = ((at << 8) & 0x00ff_ff00).swap_bytes();
     let ctrl_hi = t.ctrl | u64::from(index_bytes);
-    let ctrl_lo = ctrl_lo(wr.flags) | (u64::from(imm.to_be()) << 32);
+    let ctrl_lo = ctrl_lo(wr.flags()) | (u64::from(imm.to_be()) << 32);
     let data_hi = u64::from(sge.len.to_be()) | t.lkey_word;
     let data_lo = sge.addr.to_be();
     // SAFETY: `bb` is the 64-byte block (8 words) of `at` inside the ring, 8-byte aligned (the
@@ -397,7 +438,7 @@ fn write_block_at<const T: usize>(
     }
     // SAFETY: `slot` is the track's slot of `at`, alive as long as the track the queue holds.
     let slot = unsafe { &*slot };
-    slot.wr_id.store(wr.wr_id, Ordering::Relaxed);
+    slot.wr_id.store(wr.wr_id(), Ordering::Relaxed);
     slot.meta.store(t.slot_meta, Ordering::Relaxed);
 }
 
@@ -650,6 +691,23 @@ impl SendQueue {
         self.post_fast_counting(wr, &mut 0)
     }
 
+    /// [`SendQueue::post_fast`] for a request given by its parts rather than a [`SendWr`]
+    /// (the verbs shim, which holds an `ibv_send_wr`): the WRITE, WRITE with immediate, SEND or
+    /// SEND with immediate `op` of the one gather entry `sge`. `None` means "not this case"
+    /// (nothing written): the caller then posts the whole [`SendWr`] through
+    /// [`SendQueue::post`], which makes every check and gives every error, so a request the
+    /// fast path takes is one `post` would have taken the same way.
+    #[inline(always)]
+    pub fn post_fast_parts(&mut self, wr: &RequestParts, op: SendOp, sge: &Sge) -> Option<u16> {
+        match op {
+            SendOp::Write { remote } => self.fast_one::<0>(wr, sge, remote, 0),
+            SendOp::WriteImm { remote, imm } => self.fast_one::<1>(wr, sge, remote, imm),
+            SendOp::Send => self.fast_one::<2>(wr, sge, Remote::default(), 0),
+            SendOp::SendImm { imm } => self.fast_one::<3>(wr, sge, Remote::default(), imm),
+            _ => None,
+        }
+    }
+
     /// [`SendQueue::post_fast`], adding one to `two_sided` for a work request that consumes a
     /// receive at the peer (SEND, SEND with immediate, WRITE with immediate): the failover
     /// layer's count, kept where the opcode is known anyway, so a WRITE pays nothing for it.
@@ -691,7 +749,7 @@ impl SendQueue {
     #[inline(always)]
     fn fast_one<const T: usize>(
         &mut self,
-        wr: &SendWr<'_>,
+        wr: &impl FastRequest,
         sge: &Sge,
         remote: Remote,
         imm: u32,
