@@ -136,7 +136,7 @@ fn run_bandwidth(
     report: &mut Report,
     faults: Option<&FaultChannel>,
 ) -> Result<Ran, AppError> {
-    let layout = Layout::of(o);
+    let layout = Layout::of(o)?;
     let mut s = Session::establish(o, layout.buffer_len(), layout.caps(o), |mem| {
         bw::prepare_buffer(o, mem, layout)
     })?;

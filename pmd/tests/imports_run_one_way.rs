@@ -37,6 +37,11 @@ const CHECKED: &[ModuleDir] = &[
     ModuleDir {
         dir: "apps/src",
         module_path: &[],
+        folders: true,
+    },
+    ModuleDir {
+        dir: "apps/src/bw",
+        module_path: &["bw"],
         folders: false,
     },
     ModuleDir {
