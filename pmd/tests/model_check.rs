@@ -28,8 +28,10 @@
 //! Broken policies run the same model and the checker must find a counterexample, which
 //! shows the properties can fail: "retransmit everything outstanding" (the driver ignoring
 //! the peer's receive counter and the atomic check), no epoch PSNs, stale receives ignored,
-//! READs sent again first, the fence recognised only last in its batch, packets living
-//! forever; and a READ without the fence flag returns changed data on plain RC.
+//! READs sent again first, the fence recognised only last in its batch, a failback that
+//! drops the receives posted after a round's copy, a failback that resets the default ring
+//! before its bring-up; and a READ without the fence flag returns
+//! changed data on plain RC.
 //!
 //! Run: `cargo test -p pmd --test model_check -- --nocapture` (prints bounds, state counts
 //! and times).
@@ -156,6 +158,9 @@ struct Budget {
     /// its path fails no more: whatever that failure hits (a switch-back, its last message
     /// on the backup channel), the traffic has a path and the connection must not fail.
     backup_qps_fail_with_the_default_live: bool,
+    /// A default device refuses the next move of its QP to RTR (a NIC recovering), so a
+    /// bring-up fails with the link up.
+    rtr_refusals: u8,
 }
 
 struct Scenario {
@@ -168,7 +173,7 @@ struct Scenario {
     roles: [Role; 2],
     budget: Budget,
     /// What the run must reach (`SEEN_*` bits).
-    coverage: u16,
+    coverage: u32,
 }
 
 impl Scenario {
@@ -177,6 +182,7 @@ impl Scenario {
         self.budget.backup_failures == 0
             && self.budget.backup_qp_failures == 0
             && self.budget.default_qp_failures == 0
+            && self.budget.rtr_refusals == 0
             && self
                 .programs
                 .iter()
@@ -203,8 +209,8 @@ impl fmt::Display for Scenario {
         write!(
             f,
             "{}: A posts [{}] and {} recvs ({:?}); B posts [{}] and {} recvs ({:?}); recvs {}; \
-             default path fails <= {}x, repaired <= {}x, its QPs fail <= {}x; backup fails <= {}x, \
-             its QPs fail <= {}x; \
+             default path fails <= {}x, repaired <= {}x, its QPs fail <= {}x, RTR refused <= {}x; \
+             backup fails <= {}x, its QPs fail <= {}x; \
              packets lost <= {}; timer ticks <= {}; quiet-time timeouts <= {}; retry_cnt {}",
             self.name,
             program(self.programs[A]),
@@ -221,6 +227,7 @@ impl fmt::Display for Scenario {
             b.default_failures,
             b.default_repairs,
             b.default_qp_failures,
+            b.rtr_refusals,
             b.backup_failures,
             b.backup_qp_failures,
             b.losses,
@@ -253,6 +260,14 @@ enum Policy {
     FenceOnlyLastInBatch,
     /// Shift, but a packet may outlive any number of incarnations (no lifetime bound).
     UnboundedPacketLifetime,
+    /// The driver before the failback kept receives posted meanwhile: once a failover round
+    /// copied the default RQ to the backup, a failback took the backup RQ's receives only and
+    /// dropped those posted on the default RQ after the copy.
+    FailbackDropsRecvsAfterCopy,
+    /// The driver before the failback kept the rings until its bring-up succeeded: the
+    /// default ring was reset before the bring-up, and when it failed every send (the backup
+    /// ring's too) was kept for the error while the backup ring stayed.
+    FailbackResetsBeforeBringUp,
 }
 
 const A: usize = 0;
@@ -399,6 +414,11 @@ struct Host {
     /// The driver is draining the default CQ: it finishes once the default QP has left RTS
     /// (flushes appear only then).
     draining: bool,
+    /// A failover round copied the default RQ to the backup and the default QP was not
+    /// reset since (the driver's `Book::default_recvs_copied`).
+    recvs_copied: bool,
+    /// The default device refuses the next move of its QP to RTR.
+    refuses_rtr: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -416,7 +436,7 @@ struct World {
     budget: Budget,
     now: u64,
     violations: u16,
-    seen: u16,
+    seen: u32,
     /// A quiet-time wait moved the clock past a timer that was due but could not tick (the
     /// tick budget was spent): from here the run is cut by the bounds, not by the protocol.
     /// Tracked only where a property needs it.
@@ -442,31 +462,36 @@ const READ_BEFORE_EARLIER: u16 = 1 << 14;
 const FOREIGN_COMPLETION: u16 = 1 << 15;
 
 // Coverage, one bit each.
-const SEEN_FAILOVER: u16 = 1 << 0;
-const SEEN_SWITCH_BACK: u16 = 1 << 1;
-const SEEN_BURN: u16 = 1 << 2;
-const SEEN_ATOMIC_REFUSED: u16 = 1 << 3;
-const SEEN_SKIP: u16 = 1 << 4;
-const SEEN_STALE_PACKET: u16 = 1 << 5;
+const SEEN_FAILOVER: u32 = 1 << 0;
+const SEEN_SWITCH_BACK: u32 = 1 << 1;
+const SEEN_BURN: u32 = 1 << 2;
+const SEEN_ATOMIC_REFUSED: u32 = 1 << 3;
+const SEEN_SKIP: u32 = 1 << 4;
+const SEEN_STALE_PACKET: u32 = 1 << 5;
 /// Not recorded in `World::seen`: computed from the state.
-const SEEN_QUIET_AFTER_FAILOVER: u16 = 1 << 6;
+const SEEN_QUIET_AFTER_FAILOVER: u32 = 1 << 6;
 /// One poll batch retired the driver's fence and a later signaled WQE together.
-const SEEN_FENCE_IN_BATCH: u16 = 1 << 7;
+const SEEN_FENCE_IN_BATCH: u32 = 1 << 7;
 /// A READ executed again on the backup path.
-const SEEN_READ_ON_BACKUP: u16 = 1 << 8;
+const SEEN_READ_ON_BACKUP: u32 = 1 << 8;
+/// A failback that replaced a failover round after its receive copy moved a receive the
+/// application posted on the default RQ meanwhile.
+const SEEN_RECV_DURING_FAILBACK: u32 = 1 << 15;
+/// A failback's bring-up was refused (the default device refused RTR).
+const SEEN_FAILBACK_REFUSED: u32 = 1 << 16;
 /// A default QP came up in epoch 4 or later: refused attempts came before it (epochs four
 /// apart share PSNs, and a refused attempt's successor is four epochs on).
-const SEEN_EPOCH_4: u16 = 1 << 9;
+const SEEN_EPOCH_4: u32 = 1 << 9;
 /// A backup side lost while idle was repaired (both ends' backup QPs in a new backup epoch).
-const SEEN_BACKUP_REPAIRED: u16 = 1 << 10;
+const SEEN_BACKUP_REPAIRED: u32 = 1 << 10;
 /// A failover round completed after a backup repair (over the repaired backup pair).
-const SEEN_FAILOVER_AFTER_REPAIR: u16 = 1 << 11;
+const SEEN_FAILOVER_AFTER_REPAIR: u32 = 1 << 11;
 /// Traffic moved back to the default pair after the backup failed under it (5e).
-const SEEN_FAILBACK: u16 = 1 << 12;
+const SEEN_FAILBACK: u32 = 1 << 12;
 /// The default devices' control channel, lost, was repaired over the backup devices' one.
-const SEEN_DEFAULT_CONTROL_REPAIRED: u16 = 1 << 13;
+const SEEN_DEFAULT_CONTROL_REPAIRED: u32 = 1 << 13;
 /// A backup side was repaired over a repaired default devices' channel.
-const SEEN_BACKUP_REPAIRED_AFTER_CHANNEL: u16 = 1 << 14;
+const SEEN_BACKUP_REPAIRED_AFTER_CHANNEL: u32 = 1 << 14;
 
 /// One step of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -500,6 +525,8 @@ enum Step {
     /// `host`'s default device fails its QPs: the default data QP and the default devices'
     /// control QP go to ERR (the link stays up).
     DefaultQpsFail { host: usize },
+    /// `host`'s default device will refuse the next move of its QP to RTR.
+    RefuseRtr { host: usize },
     /// The oldest message `from` sent on the control channel on the default devices arrives
     /// (it waits while the default path is down: the model does not exhaust its retries).
     DeliverDefaultControl { from: usize },
@@ -667,11 +694,13 @@ impl World {
                 let h = self.host(host);
                 let moved: Vec<RqEntry> = h.qps[DEFAULT].rq.drain(..).collect();
                 h.qps[BACKUP].rq.extend(moved);
+                h.recvs_copied = true;
             }
             Action::CopySendsToBackup { burn, skip_through } => {
                 self.copy_sends(model, host, burn, skip_through)
             }
             Action::ResetDefaultQp => {
+                self.hosts[host].recvs_copied = false;
                 let qp = &mut self.hosts[host].qps[DEFAULT];
                 let discards = qp.sq.iter().any(|e| matches!(e.wqe, Wqe::App(_)))
                     || qp.rq.iter().any(|e| matches!(e, RqEntry::App(_)));
@@ -690,6 +719,8 @@ impl World {
                 }
                 let link_down =
                     !self.paths[DEFAULT].up && self.paths[DEFAULT].notified.includes(host);
+                let refused = std::mem::take(&mut self.hosts[host].refuses_rtr);
+                let link_down = link_down || refused;
                 if !link_down {
                     let epoch = epoch.0 as u8;
                     self.hosts[host].qps[DEFAULT] = Qp::ready(epoch);
@@ -866,6 +897,20 @@ impl World {
         if link_down {
             return false;
         }
+        if std::mem::take(&mut self.hosts[host].refuses_rtr) {
+            self.seen |= SEEN_FAILBACK_REFUSED;
+            if model.policy == Policy::FailbackResetsBeforeBringUp {
+                // The default ring was reset before the bring-up and every send kept for the
+                // connection's error, the backup ring's too, while the backup ring stays:
+                // its WQEs are listed twice. The default RQ's receives are gone.
+                let h = &mut self.hosts[host];
+                let [default, backup] = &mut h.qps;
+                let backup_sends: Vec<SqEntry> = backup.sq.clone();
+                default.sq.extend(backup_sends);
+                default.rq.clear();
+            }
+            return false;
+        }
         let h = &mut self.hosts[host];
         let [default, backup] = &mut h.qps;
         let mut outstanding: Vec<SqEntry> = backup.sq.drain(..).collect();
@@ -876,12 +921,22 @@ impl World {
             .drain(..)
             .filter(|e| matches!(e, RqEntry::App(_)))
             .collect();
-        recvs.extend(
-            default
-                .rq
-                .drain(..)
-                .filter(|e| matches!(e, RqEntry::App(_))),
-        );
+        let default_recvs = default
+            .rq
+            .drain(..)
+            .filter(|e| matches!(e, RqEntry::App(_)));
+        if h.recvs_copied && model.policy == Policy::FailbackDropsRecvsAfterCopy {
+            if default_recvs.count() > 0 {
+                self.seen |= SEEN_RECV_DURING_FAILBACK;
+            }
+        } else {
+            let before = recvs.len();
+            recvs.extend(default_recvs);
+            if h.recvs_copied && recvs.len() > before {
+                self.seen |= SEEN_RECV_DURING_FAILBACK;
+            }
+        }
+        h.recvs_copied = false;
         // The driver's fence was the backup SQ's: gone with it.
         h.fence = false;
         h.first_default_error = None;
@@ -1571,6 +1626,8 @@ impl Model for FailoverModel {
                 control_dead: false,
                 default_control_dead: false,
                 draining: false,
+                recvs_copied: false,
+                refuses_rtr: false,
             }
         };
         let up = PathState {
@@ -1658,6 +1715,12 @@ impl Model for FailoverModel {
         if quiet && later && world.budget.waits > 0 {
             steps.push(Step::Wait);
         }
+        // Not work in progress: a refusal waits for a bring-up, as a path failure does.
+        for host in [A, B] {
+            if world.budget.rtr_refusals > 0 && !world.hosts[host].refuses_rtr {
+                steps.push(Step::RefuseRtr { host });
+            }
+        }
         // The application and the faults, at any moment.
         for host in [A, B] {
             if usize::from(world.hosts[host].posted) < self.program(host).len() {
@@ -1742,6 +1805,10 @@ impl Model for FailoverModel {
                         status: WcStatus::WrFlushErr,
                     },
                 );
+            }
+            Step::RefuseRtr { host } => {
+                next.budget.rtr_refusals -= 1;
+                next.hosts[host].refuses_rtr = true;
             }
             Step::BackupQpsFail { host } => {
                 next.budget.backup_qp_failures -= 1;
@@ -1910,7 +1977,7 @@ impl Model for FailoverModel {
         ];
         // What the scenario must reach, so that a pass cannot come from a model that never
         // gets there.
-        let coverage: [(u16, &'static str, Condition); 15] = [
+        let coverage: [(u32, &'static str, Condition); 17] = [
             (SEEN_FAILOVER, "a failover completes", |_, w| {
                 w.seen & SEEN_FAILOVER != 0
             }),
@@ -1971,6 +2038,16 @@ impl Model for FailoverModel {
                 SEEN_BACKUP_REPAIRED_AFTER_CHANNEL,
                 "a backup side is repaired over a repaired default devices' channel",
                 |_, w| w.seen & SEEN_BACKUP_REPAIRED_AFTER_CHANNEL != 0,
+            ),
+            (
+                SEEN_FAILBACK_REFUSED,
+                "a failback's bring-up is refused",
+                |_, w| w.seen & SEEN_FAILBACK_REFUSED != 0,
+            ),
+            (
+                SEEN_RECV_DURING_FAILBACK,
+                "a failback after a round's receive copy moves a receive posted meanwhile",
+                |_, w| w.seen & SEEN_RECV_DURING_FAILBACK != 0,
             ),
             (
                 SEEN_EPOCH_4,
@@ -2099,6 +2176,7 @@ const fn budget(
         ticks,
         waits: 1,
         backup_qps_fail_with_the_default_live: false,
+        rtr_refusals: 0,
     }
 }
 
@@ -2109,6 +2187,8 @@ const READ_AFTER_EARLIER: &str = "a READ sees every request posted before it";
 const READ_UNCHANGED: &str =
     "a READ completing with success never returns data a later request changed";
 const OWN_COMPLETIONS: &str = "the application sees completions of its own WRs only";
+const NOT_DUPLICATED: &str = "application completions are neither duplicated nor reordered";
+const QUIET_DONE: &str = "when the system is quiet, everything posted has completed or failed";
 
 /// NCCL-Simple traffic one way, the sender leading the rearm: failover, rearm, switch-back,
 /// a second failure after (or during) the switch-back.
@@ -2270,6 +2350,45 @@ fn backup_fails_too() -> Scenario {
     }
 }
 
+/// One SEND A -> B, B's one receive posted at any moment; the default path fails and comes
+/// back once and a backup device fails its QPs once: a failback can replace B's failover
+/// round after it copied its (empty) default RQ to the backup, with B's receive posted
+/// meanwhile on the default RQ (unpublished). It must be moved to the default QP brought up,
+/// and the SEND land in it.
+fn recv_during_failback() -> Scenario {
+    Scenario {
+        name: "one SEND A -> B, B's receive posted during a failback",
+        programs: [ONE_SEND, NOTHING],
+        recvs: [0, 1],
+        recvs_up_front: false,
+        roles: [Role::Leader, Role::Follower],
+        budget: Budget {
+            backup_qp_failures: 1,
+            ..budget(1, 1, 0, 0, 2)
+        },
+        coverage: SEEN_FAILOVER | SEEN_FAILBACK | SEEN_RECV_DURING_FAILBACK,
+    }
+}
+
+/// Two SENDs A -> B, B's receives up front, over a failover; a backup device fails its QPs
+/// (a failback) and a default device may refuse RTR: a failback whose bring-up fails fails
+/// the connection, and every WR outstanding then completes once, in error.
+fn failback_refused() -> Scenario {
+    Scenario {
+        name: "two SENDs A -> B, a failback whose bring-up is refused",
+        programs: [TWO_SENDS, NOTHING],
+        recvs: [0, 2],
+        recvs_up_front: true,
+        roles: [Role::Leader, Role::Follower],
+        budget: Budget {
+            backup_qp_failures: 1,
+            rtr_refusals: 1,
+            ..budget(1, 1, 0, 0, 2)
+        },
+        coverage: SEEN_FAILOVER | SEEN_FAILBACK_REFUSED,
+    }
+}
+
 /// One notification A -> B through a failover and the switch-back; B's backup device fails
 /// its QPs once the default pair is live again at both ends, at any point of the
 /// switch-back: after B moved its receives back and posted `SwitchBackReady` on the backup
@@ -2345,6 +2464,40 @@ fn shift_repairs_a_backup_whose_qps_failed_while_idle_and_fails_over_through_it(
 #[test]
 fn shift_repairs_the_default_devices_channel_after_the_default_device_failed_its_qps() {
     verify(default_qps_fail());
+}
+
+#[test]
+fn shift_moves_receives_posted_during_a_failback() {
+    verify(recv_during_failback());
+}
+
+#[test]
+fn a_failback_that_drops_receives_posted_after_the_copy_loses_a_send() {
+    refute(
+        Scenario {
+            coverage: 0,
+            ..recv_during_failback()
+        },
+        Policy::FailbackDropsRecvsAfterCopy,
+        QUIET_DONE,
+    );
+}
+
+#[test]
+fn shift_completes_each_wr_once_when_a_failbacks_bring_up_fails() {
+    verify(failback_refused());
+}
+
+#[test]
+fn a_failback_that_resets_the_ring_before_its_bring_up_flushes_sends_twice() {
+    refute(
+        Scenario {
+            coverage: 0,
+            ..failback_refused()
+        },
+        Policy::FailbackResetsBeforeBringUp,
+        NOT_DUPLICATED,
+    );
 }
 
 #[test]
