@@ -1414,8 +1414,9 @@ pub unsafe extern "C" fn post_send(
     }
 }
 
-/// Posts the receive list at `wr` in order through `post`; on a refused request `bad_wr`
-/// names it and its errno is returned.
+/// Posts the receive list at `wr` in order through `post` (for a QP's receive queue or an
+/// SRQ); on a refused request `bad_wr` names it, its errno is returned, and the log line names
+/// `verb`.
 ///
 /// # Safety
 /// `wr` is a valid list; `bad_wr` is null or writable.
@@ -1423,6 +1424,7 @@ pub unsafe extern "C" fn post_send(
 pub(crate) unsafe fn post_recv_list(
     mut wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
+    verb: &'static str,
     mut post: impl FnMut(&RecvWr) -> Result<(), pmd::PostError>,
 ) -> c_int {
     while !wr.is_null() {
@@ -1441,7 +1443,7 @@ pub(crate) unsafe fn post_recv_list(
         if let Err(e) = post(&RecvWr::new(w.wr_id, &list)) {
             let errno = post_errno(&e);
             if errno != libc::ENOMEM {
-                invalid("ibv_post_recv", &e.to_string(), errno);
+                invalid(verb, &e.to_string(), errno);
             }
             if !bad_wr.is_null() {
                 // SAFETY: the caller's slot.
@@ -1467,7 +1469,7 @@ pub unsafe extern "C" fn post_recv(
     let rs = unsafe { &*qp.cast::<RsQp>() };
     let mut guard = lock(&rs.qp);
     // SAFETY: forwarded from the caller.
-    unsafe { post_recv_list(wr, bad_wr, |rwr| guard.post_recv(rwr)) }
+    unsafe { post_recv_list(wr, bad_wr, "ibv_post_recv", |rwr| guard.post_recv(rwr)) }
 }
 
 /// The opcode numbering the pmd shares with verbs, checked once here.

@@ -849,5 +849,5 @@ pub unsafe extern "C" fn post_recv(
     let rs = unsafe { &*qp.cast::<RQp>() };
     let mut g = lock(&rs.cell.inner);
     // SAFETY: forwarded from the caller.
-    unsafe { post_recv_list(wr, bad_wr, |rwr| g.qp.post_recv(rwr)) }
+    unsafe { post_recv_list(wr, bad_wr, "ibv_post_recv", |rwr| g.qp.post_recv(rwr)) }
 }

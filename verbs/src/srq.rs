@@ -6,11 +6,9 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 
-use pmd::{RecvWr, SgList, Sge};
-
 use crate::abi::*;
 use crate::device::null_with;
-use crate::objects::{lock, ours, post_errno, RsPd};
+use crate::objects::{lock, ours, post_recv_list, RsPd};
 use crate::real::real_fns;
 use crate::util::{invalid, refuse};
 
@@ -236,39 +234,13 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 /// `srq` is one of our live SRQs; `wr` is a valid list; `bad_wr` is null or writable.
 pub unsafe extern "C" fn post_srq_recv(
     srq: *mut ibv_srq,
-    mut wr: *mut ibv_recv_wr,
+    wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     // SAFETY: the inline wrapper passes one of our SRQs.
     let rs = unsafe { &*srq.cast::<RsSrq>() };
-    while !wr.is_null() {
-        // SAFETY: the caller's list.
-        let w = unsafe { &*wr };
-        let sges: &[ibv_sge] = if w.num_sge <= 0 || w.sg_list.is_null() {
-            &[]
-        } else {
-            // SAFETY: the caller's list of `num_sge` entries.
-            unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
-        };
-        let list: SgList = sges
-            .iter()
-            .map(|s| Sge::new(s.addr, s.length, s.lkey))
-            .collect();
-        let posted = rs.srq.post_recv(&RecvWr::new(w.wr_id, &list));
-        if let Err(e) = posted {
-            let errno = post_errno(&e);
-            if errno != libc::ENOMEM {
-                invalid("ibv_post_srq_recv", &e.to_string(), errno);
-            }
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's slot.
-                unsafe { bad_wr.write(wr) };
-            }
-            return errno;
-        }
-        wr = w.next;
-    }
-    0
+    // SAFETY: the caller's list and slot, forwarded.
+    unsafe { post_recv_list(wr, bad_wr, "ibv_post_srq_recv", |rwr| rs.srq.post_recv(rwr)) }
 }
 
 /// The pmd SRQ behind one of ours, for `ibv_create_qp`.
