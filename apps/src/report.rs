@@ -195,31 +195,14 @@ impl Timeline {
     }
 }
 
-/// `failover.events[]` of the JSON.
+/// `failover.events[]` of the JSON: the QP's event record and when it came in the run.
 #[derive(Debug, Clone, Serialize)]
 pub struct EventJson {
-    /// failover | switch-back | failback | refused | error
-    pub kind: String,
-    /// When the event completed.
-    pub unix_ms: f64,
+    /// The event as the QP logged it.
+    #[serde(flatten)]
+    pub event: FailoverEvent,
     /// Since the tool started measuring.
     pub t_ms: f64,
-    /// Why.
-    pub cause: String,
-    /// The device that failed or came back.
-    pub device: String,
-    /// When the failure was detected.
-    pub detected_unix_ms: f64,
-    /// First successful completion on the new path.
-    pub first_success_unix_ms: Option<f64>,
-    /// Detection to first success.
-    pub fallback_latency_us: Option<f64>,
-    /// WQEs copied.
-    pub wqes_copied: u64,
-    /// WQEs sent again.
-    pub wqes_retransmitted: u64,
-    /// WQEs not sent again.
-    pub wqes_skipped: u64,
 }
 
 /// The `failover` section.
@@ -274,17 +257,8 @@ impl FailoverJson {
             events: events
                 .iter()
                 .map(|e| EventJson {
-                    kind: e.kind.as_str().to_owned(),
-                    unix_ms: e.unix_ms,
+                    event: e.clone(),
                     t_ms: e.unix_ms - start_unix_ms,
-                    cause: e.cause.as_str().to_owned(),
-                    device: e.device.clone(),
-                    detected_unix_ms: e.detected_unix_ms,
-                    first_success_unix_ms: e.first_success_unix_ms,
-                    fallback_latency_us: e.fallback_latency_us,
-                    wqes_copied: e.wqes_copied,
-                    wqes_retransmitted: e.wqes_retransmitted,
-                    wqes_skipped: e.wqes_skipped,
                 })
                 .collect(),
         }
@@ -305,7 +279,8 @@ impl FailoverJson {
             .last_fallback_latency_us
             .or(self.last_fallback_latency_us);
         self.events.extend(other.events);
-        self.events.sort_by(|a, b| a.unix_ms.total_cmp(&b.unix_ms));
+        self.events
+            .sort_by(|a, b| a.event.unix_ms.total_cmp(&b.event.unix_ms));
     }
 
     /// Prints the summary perftest lacks, for a resilient QP only: a plain run's output
@@ -325,12 +300,12 @@ impl FailoverJson {
             self.last_fallback_latency_us
                 .map_or("-".to_owned(), |us| format!("{us:.1} us"))
         );
-        for e in &self.events {
+        for EventJson { event: e, t_ms } in &self.events {
             say!(
                 "   {:>10.1} ms  {:<11} cause {:<22} device {:<20} fallback {:>10}  copied {} retransmitted {} skipped {}",
-                e.t_ms,
-                e.kind,
-                e.cause,
+                t_ms,
+                e.kind.as_str(),
+                e.cause.as_str(),
                 e.device,
                 e.fallback_latency_us
                     .map_or("-".to_owned(), |us| format!("{us:.1} us")),

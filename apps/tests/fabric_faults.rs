@@ -139,8 +139,8 @@ fn write_bw_check_fails_over_and_back_with_every_byte_intact() {
     let fo = &c.report.failover;
     assert_eq!(fo.failovers, 1, "{fo:?}");
     assert_eq!(fo.switch_backs, 1, "{fo:?}");
-    let first = &fo.events[0];
-    assert_eq!(first.kind, "failover");
+    let first = &fo.events[0].event;
+    assert_eq!(first.kind.as_str(), "failover");
     assert!(
         ["link-down", "flushed", "retry-exceeded"].contains(&first.cause.as_str()),
         "{first:?}"
@@ -222,7 +222,7 @@ fn write_bw_run_to_completion_fails_over_and_back_with_every_byte_intact() {
     let fo = &c.report.failover;
     assert_eq!(fo.failovers, 1, "{fo:?}");
     assert_eq!(fo.switch_backs, 1, "{fo:?}");
-    assert!(fo.events[0].fallback_latency_us.is_some());
+    assert!(fo.events[0].event.fallback_latency_us.is_some());
     let check = s.report.check.as_ref().unwrap();
     assert_eq!(check.errors, 0);
     assert_eq!(check.notification_errors, 0);
@@ -337,7 +337,7 @@ fn write_bw_check_fails_over_when_the_default_device_dies_through_the_fault_chan
     assert!(s.report.faults.is_none());
     let fo = &c.report.failover;
     assert_eq!(fo.failovers, 1, "{fo:?}");
-    assert_eq!(fo.events[0].cause, "device-fatal", "{fo:?}");
+    assert_eq!(fo.events[0].event.cause.as_str(), "device-fatal", "{fo:?}");
     assert!(c.report.timeline.iter().any(|t| t.state == "fallback"));
     let check = s.report.check.as_ref().unwrap();
     assert_eq!(check.errors, 0);
@@ -482,8 +482,8 @@ fn atomic_bw_refuses_to_fail_over_with_an_atomic_in_flight_and_executes_nothing_
     let fo = &c.report.failover;
     assert_eq!(fo.failovers, 0, "{fo:?}");
     assert_eq!(fo.refusals, 1, "{fo:?}");
-    assert_eq!(fo.events[0].kind, "refused");
-    assert_eq!(fo.events[0].cause, "atomic-in-flight");
+    assert_eq!(fo.events[0].event.kind.as_str(), "refused");
+    assert_eq!(fo.events[0].event.cause.as_str(), "atomic-in-flight");
     let a = c.report.atomic.as_ref().unwrap();
     let counter = a.remote_counter.expect("the server reports its counter");
     assert!(a.fetched_in_sequence, "{a:?}");
@@ -495,7 +495,7 @@ fn atomic_bw_refuses_to_fail_over_with_an_atomic_in_flight_and_executes_nothing_
                 .failover
                 .events
                 .iter()
-                .all(|e| e.kind != "failover")
+                .all(|e| e.event.kind.as_str() != "failover")
     );
 }
 

@@ -22,7 +22,7 @@ use crate::fail::LogEntry;
 use crate::linkwatch::LinkChange;
 use crate::paths::Availability;
 use crate::report::Loss;
-use crate::schedule::{draw, draw_up, TimeRange};
+use crate::schedule::{draw, draw_up, Placed, TimeRange};
 use crate::target::FailTarget;
 use crate::topology::Role;
 
@@ -31,17 +31,6 @@ use crate::topology::Role;
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_millis(4300);
 /// The default cap on both rails down together.
 pub const DEFAULT_MAX_BOTH_DOWN: Duration = Duration::from_secs(1);
-
-/// A failure placed on the timeline: `target` down from `down` to `up`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Placed {
-    /// What fails.
-    pub target: FailTarget,
-    /// When it goes down, from the start of the traffic.
-    pub down: Duration,
-    /// When it comes back.
-    pub up: Duration,
-}
 
 /// The four links of `rail`: host A's NIC, host B's NIC, and the switch ports facing each.
 pub fn rail_targets(rail: u8) -> [FailTarget; 4] {

@@ -170,9 +170,9 @@ pub fn timeline_png(
             .map_or(RGBColor(90, 90, 90), |(_, c)| *c)
     };
     let mut seen: Vec<&str> = Vec::new();
-    for event in &report.failover.events {
-        if !seen.contains(&event.kind.as_str()) {
-            seen.push(event.kind.as_str());
+    for e in &report.failover.events {
+        if !seen.contains(&e.event.kind.as_str()) {
+            seen.push(e.event.kind.as_str());
         }
     }
     for kind in seen {
@@ -181,8 +181,8 @@ pub fn timeline_png(
             .failover
             .events
             .iter()
-            .filter(|e| e.kind == kind)
-            .map(|e| secs(e.unix_ms))
+            .filter(|e| e.event.kind.as_str() == kind)
+            .map(|e| secs(e.event.unix_ms))
             .filter(|x| (0.0..=x_max).contains(x))
             .map(|x| PathElement::new(vec![(x, 0.0), (x, y_max)], color.stroke_width(1)))
             .collect();
@@ -293,7 +293,8 @@ pub fn against_qps_png(series: &[QpSeries], title: &str, path: &Path) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{FailoverEvent, FailoverSummary, Sample};
+    use crate::report::{test_event, FailoverSummary, Sample};
+    use pmd::resilient::EventKind;
 
     #[test]
     fn a_timeline_with_a_failure_window_becomes_a_png() {
@@ -310,11 +311,7 @@ mod tests {
             size: 65536,
             timeline,
             failover: FailoverSummary {
-                events: vec![FailoverEvent {
-                    kind: "failover".into(),
-                    unix_ms: 1_001_000.0,
-                    ..FailoverEvent::default()
-                }],
+                events: vec![test_event(EventKind::Failover, 1_001_000.0)],
                 ..FailoverSummary::default()
             },
             ..AppReport::default()

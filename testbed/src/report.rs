@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use pmd::resilient::{EventKind, FailoverEvent};
 use serde::{Deserialize, Serialize};
 
 use crate::fail::LogEntry;
@@ -32,33 +33,17 @@ pub struct Sample {
     pub state: String,
 }
 
-/// One failover event of an application.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct FailoverEvent {
-    /// `failover`, `switch-back`, `failback`, `refused` or `error`.
-    pub kind: String,
-    /// When the event completed.
-    pub unix_ms: f64,
-    /// What caused it.
-    pub cause: String,
-    /// The device concerned.
-    pub device: String,
-    /// When the failure was noticed (first error CQE polled, or link-down handled).
-    pub detected_unix_ms: Option<f64>,
-    /// First successful completion on the new path.
-    pub first_success_unix_ms: Option<f64>,
-    /// First error polled to first success on the backup.
-    pub fallback_latency_us: Option<f64>,
-    /// WQEs copied to the other rings.
-    pub wqes_copied: u64,
-    /// WQEs sent again.
-    pub wqes_retransmitted: u64,
-    /// WQEs not sent again because the peer had consumed them.
-    pub wqes_skipped: u64,
+/// One failover event of an application: the QP's record as the apps write it, and which of
+/// the application's QPs it concerns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppEvent {
+    /// The event.
+    #[serde(flatten)]
+    pub event: FailoverEvent,
     /// Which of the application's QPs (0-based, in the order it made them) the event
     /// concerns. Not written by the apps yet (PROPOSED in `docs/apps-json.md`); without it,
     /// `all_on_backup_ms` counts events instead of QPs.
+    #[serde(default)]
     pub qp: Option<u32>,
 }
 
@@ -84,7 +69,7 @@ pub struct FailoverSummary {
     /// WQEs skipped across all events.
     pub wqes_skipped: u64,
     /// Every event, in order.
-    pub events: Vec<FailoverEvent>,
+    pub events: Vec<AppEvent>,
 }
 
 /// The data-check section of an application report.
@@ -336,7 +321,8 @@ pub fn figures(
     let switch_done_after = |t: f64| {
         events
             .iter()
-            .filter(|e| e.kind == "switch-back" && e.unix_ms >= t)
+            .map(|e| &e.event)
+            .filter(|e| e.kind == EventKind::SwitchBack && e.unix_ms >= t)
             .map(|e| e.unix_ms)
             .next()
     };
@@ -377,7 +363,7 @@ pub fn figures(
     let detection_ms = first_default_down.and_then(|down| {
         events
             .iter()
-            .filter_map(|e| e.detected_unix_ms)
+            .map(|e| e.event.detected_unix_ms)
             .find(|&d| d >= down)
             .map(|d| d - down)
     });
@@ -387,7 +373,8 @@ pub fn figures(
             .filter_map(|w| {
                 events
                     .iter()
-                    .filter(|e| e.kind == "failover")
+                    .map(|e| &e.event)
+                    .filter(|e| e.kind == EventKind::Failover)
                     .filter_map(|e| e.first_success_unix_ms)
                     .find(|&t| t >= w.down && w.up.is_none_or(|u| t <= u))
                     .map(|t| t - w.down)
@@ -397,7 +384,8 @@ pub fn figures(
     let fallback_latency_us = Percentiles::of(
         events
             .iter()
-            .filter(|e| e.kind == "failover")
+            .map(|e| &e.event)
+            .filter(|e| e.kind == EventKind::Failover)
             .filter_map(|e| e.fallback_latency_us)
             .collect(),
     );
@@ -451,12 +439,11 @@ pub fn figures(
 /// With the events' `qp` index, each QP's earliest; without it, the `qps`-th earliest event
 /// (exact while each QP fails over once per window). Windows where fewer QPs got there
 /// give no sample.
-fn all_on_backup(
-    events: &[FailoverEvent],
-    wins: &[Window],
-    qps: u64,
-) -> (Percentiles, Option<String>) {
-    let failovers: Vec<&FailoverEvent> = events.iter().filter(|e| e.kind == "failover").collect();
+fn all_on_backup(events: &[AppEvent], wins: &[Window], qps: u64) -> (Percentiles, Option<String>) {
+    let failovers: Vec<&AppEvent> = events
+        .iter()
+        .filter(|e| e.event.kind == EventKind::Failover)
+        .collect();
     if failovers.is_empty() {
         return (Percentiles::default(), None);
     }
@@ -468,7 +455,7 @@ fn all_on_backup(
             let mut firsts: Vec<f64> = if by_qp {
                 let mut earliest: BTreeMap<u32, f64> = BTreeMap::new();
                 for e in &failovers {
-                    if let (Some(qp), Some(t)) = (e.qp, e.first_success_unix_ms) {
+                    if let (Some(qp), Some(t)) = (e.qp, e.event.first_success_unix_ms) {
                         if within(t) {
                             let slot = earliest.entry(qp).or_insert(t);
                             *slot = slot.min(t);
@@ -479,7 +466,7 @@ fn all_on_backup(
             } else {
                 failovers
                     .iter()
-                    .filter_map(|e| e.first_success_unix_ms)
+                    .filter_map(|e| e.event.first_success_unix_ms)
                     .filter(|&t| within(t))
                     .collect()
             };
@@ -503,11 +490,9 @@ fn losses(
         .failover
         .events
         .iter()
-        .filter(|e| e.kind == "error")
-        .map(|e| {
-            let detected = e.detected_unix_ms.unwrap_or(e.unix_ms);
-            (e.unix_ms, detected, e.cause.clone())
-        })
+        .map(|e| &e.event)
+        .filter(|e| e.kind == EventKind::Error)
+        .map(|e| (e.unix_ms, e.detected_unix_ms, e.cause.as_str().to_owned()))
         .collect();
     if lost.is_empty() {
         // A run stopped by an error the failover layer did not log (a plain QP, or a
@@ -533,9 +518,29 @@ fn losses(
         .collect()
 }
 
+/// An event of `kind` completed at `unix_ms`, detected then, with nothing copied, for tests.
+#[cfg(test)]
+pub(crate) fn test_event(kind: EventKind, unix_ms: f64) -> AppEvent {
+    let event = FailoverEvent {
+        kind,
+        unix_ms,
+        cause: pmd::resilient::Cause::LinkDown,
+        device: "soft:nic0".to_owned(),
+        detected_unix_ms: unix_ms,
+        first_success_unix_ms: None,
+        fallback_latency_us: None,
+        wqes_copied: 0,
+        wqes_retransmitted: 0,
+        wqes_skipped: 0,
+        epoch: 0,
+    };
+    AppEvent { event, qp: None }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pmd::resilient::Cause;
 
     fn entry(target: &str, action: LinkAction, unix_ms: f64) -> LogEntry {
         LogEntry {
@@ -581,19 +586,16 @@ mod tests {
                 failovers: 1,
                 switch_backs: 1,
                 events: vec![
-                    FailoverEvent {
-                        kind: "failover".into(),
-                        unix_ms: 2004.0,
-                        detected_unix_ms: Some(2001.5),
-                        first_success_unix_ms: Some(2003.0),
-                        fallback_latency_us: Some(1500.0),
-                        ..FailoverEvent::default()
+                    AppEvent {
+                        event: FailoverEvent {
+                            detected_unix_ms: 2001.5,
+                            first_success_unix_ms: Some(2003.0),
+                            fallback_latency_us: Some(1500.0),
+                            ..test_event(EventKind::Failover, 2004.0).event
+                        },
+                        qp: None,
                     },
-                    FailoverEvent {
-                        kind: "switch-back".into(),
-                        unix_ms: 4050.0,
-                        ..FailoverEvent::default()
-                    },
+                    test_event(EventKind::SwitchBack, 4050.0),
                 ],
                 ..FailoverSummary::default()
             },
@@ -703,15 +705,13 @@ mod tests {
         assert!(r.check.is_none());
     }
 
-    fn failover_at(first_success: f64, qp: Option<u32>) -> FailoverEvent {
-        FailoverEvent {
-            kind: "failover".into(),
-            unix_ms: first_success,
-            detected_unix_ms: Some(2001.0),
+    fn failover_at(first_success: f64, qp: Option<u32>) -> AppEvent {
+        let event = FailoverEvent {
+            detected_unix_ms: 2001.0,
             first_success_unix_ms: Some(first_success),
-            qp,
-            ..FailoverEvent::default()
-        }
+            ..test_event(EventKind::Failover, first_success).event
+        };
+        AppEvent { event, qp }
     }
 
     #[test]
@@ -754,14 +754,13 @@ mod tests {
         assert_eq!(f.all_on_backup_ms.p50, f.backup_traffic_ms.p50);
     }
 
-    fn lost_at(detected: f64, at: f64) -> FailoverEvent {
-        FailoverEvent {
-            kind: "error".into(),
-            cause: "backup-unavailable".into(),
-            unix_ms: at,
-            detected_unix_ms: Some(detected),
-            ..FailoverEvent::default()
-        }
+    fn lost_at(detected: f64, at: f64) -> AppEvent {
+        let event = FailoverEvent {
+            cause: Cause::BackupUnavailable,
+            detected_unix_ms: detected,
+            ..test_event(EventKind::Error, at).event
+        };
+        AppEvent { event, qp: None }
     }
 
     #[test]
@@ -824,7 +823,9 @@ mod tests {
     #[test]
     fn backup_rearms_and_fault_acks_are_read_when_present() {
         let text = r#"{"failover":{"failovers":2,"backup_rearms":3,"events":[
-            {"kind":"failover","qp":5}]},
+            {"kind":"failover","unix_ms":5.0,"cause":"link-down","device":"soft:nic0",
+             "detected_unix_ms":4.0,"first_success_unix_ms":null,"fallback_latency_us":null,
+             "wqes_copied":0,"wqes_retransmitted":0,"wqes_skipped":0,"t_ms":1.0,"qp":5}]},
             "faults":[{"command":"device-dead soft:nic0","applied_unix_ms":12.5}]}"#;
         let r: AppReport = serde_json::from_str(text).unwrap();
         assert_eq!(r.failover.backup_rearms, Some(3));

@@ -146,17 +146,37 @@ pub fn draw_up(rng: &mut ChaCha8Rng, ranges: &[TimeRange]) -> Duration {
     }
 }
 
-/// A failure placed on the timeline.
-#[derive(Debug, Clone, Copy)]
-struct Placed {
-    target: FailTarget,
-    down: Duration,
-    up: Duration,
+/// A failure placed on the timeline: `target` down from `down` to `up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    /// What fails.
+    pub target: FailTarget,
+    /// When it goes down, from the start of the traffic.
+    pub down: Duration,
+    /// When it comes back (a target without an up step: when the window drawn for its repair
+    /// ends).
+    pub up: Duration,
+}
+
+/// A schedule drawn once: the failures as placed and the steps that carry them out. A run
+/// executes the steps and its verdict judges against the same failures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Drawn {
+    /// Each failure with its down and up times (`once` has its steps only: its target may
+    /// stay down).
+    pub failures: Vec<Placed>,
+    /// The steps, in time order (a dead device has no up step).
+    pub steps: Vec<Step>,
 }
 
 impl Schedule {
     /// The steps of this schedule, in time order (a dead device has no up step).
     pub fn steps(&self) -> Vec<Step> {
+        self.draw().steps
+    }
+
+    /// Draws the schedule: the same schedule always draws the same failures and steps.
+    pub fn draw(&self) -> Drawn {
         let placed = match self {
             Schedule::Once {
                 target,
@@ -175,7 +195,10 @@ impl Schedule {
                         action: LinkAction::Up,
                     });
                 }
-                return steps;
+                return Drawn {
+                    failures: Vec::new(),
+                    steps,
+                };
             }
             Schedule::Flap {
                 target,
@@ -215,17 +238,10 @@ impl Schedule {
                 up,
                 max_both_down,
                 seed,
-            } => crate::chaos::draw_failures(*start, *until, *down, up, *max_both_down, *seed)
-                .into_iter()
-                .map(|p| Placed {
-                    target: p.target,
-                    down: p.down,
-                    up: p.up,
-                })
-                .collect(),
+            } => crate::chaos::draw_failures(*start, *until, *down, up, *max_both_down, *seed),
         };
         let mut steps = Vec::with_capacity(placed.len() * 2);
-        for p in placed {
+        for p in &placed {
             steps.push(Step {
                 at: p.down,
                 target: p.target,
@@ -241,7 +257,10 @@ impl Schedule {
         }
         // Stable: a recovery and a failure planned for the same instant keep their order.
         steps.sort_by_key(|s| s.at);
-        steps
+        Drawn {
+            failures: placed,
+            steps,
+        }
     }
 }
 
@@ -429,6 +448,40 @@ mod tests {
         }
         assert!(open.is_empty(), "never recovered: {open:?}");
         out
+    }
+
+    #[test]
+    fn a_chaos_schedule_draws_the_failures_its_verdict_judges_and_steps_from_them() {
+        let schedule = Schedule::Chaos {
+            start: ms(2000),
+            until: ms(30_000),
+            down: (ms(100), ms(2000)),
+            up: vec![(ms(300), ms(3000))],
+            max_both_down: ms(1000),
+            seed: 3,
+        };
+        let drawn = schedule.draw();
+        let failures = crate::chaos::draw_failures(
+            ms(2000),
+            ms(30_000),
+            (ms(100), ms(2000)),
+            &[(ms(300), ms(3000))],
+            ms(1000),
+            3,
+        );
+        assert_eq!(drawn.failures, failures);
+        assert_eq!(drawn.steps, schedule.steps());
+        assert_eq!(drawn.steps.len(), 2 * failures.len());
+        for f in &failures {
+            for (at, action) in [(f.down, LinkAction::Down), (f.up, LinkAction::Up)] {
+                let step = Step {
+                    at,
+                    target: f.target,
+                    action,
+                };
+                assert!(drawn.steps.contains(&step), "{step:?} not drawn");
+            }
+        }
     }
 
     #[test]

@@ -67,4 +67,4 @@ pub use revoke::{
     Grant, LeaseId, Leases, Quarantine, QuarantinePhase, RevokeOutcome, StepFailure, DEFAULT_GRACE,
 };
 pub use service::{FailoverService, ServiceConfig, ShadowOrder};
-pub use stats::{Cause, EventKind, FailoverEvent, FailoverStats, EVENT_LOG_CAPACITY};
+pub use stats::{Cause, EventKind, FailoverEvent, FailoverStats, UnknownName, EVENT_LOG_CAPACITY};

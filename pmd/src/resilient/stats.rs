@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::failover::{FailReason, WcStatus};
 
 /// Counters of one resilient QP, since it was created.
@@ -48,8 +50,9 @@ pub struct FailoverStats {
 /// Events a QP keeps; later ones are counted in [`FailoverStats::events_dropped`].
 pub const EVENT_LOG_CAPACITY: usize = 4096;
 
-/// What happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What happened. In JSON, its name ([`EventKind::as_str`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "&'static str", try_from = "String")]
 pub enum EventKind {
     /// Traffic moved from the default QP to the backup QP.
     Failover,
@@ -67,6 +70,15 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// Every kind, for reading names back.
+    const ALL: [EventKind; 5] = [
+        EventKind::Failover,
+        EventKind::SwitchBack,
+        EventKind::Refused,
+        EventKind::Error,
+        EventKind::Failback,
+    ];
+
     /// The name the apps' JSON uses.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -79,8 +91,9 @@ impl EventKind {
     }
 }
 
-/// Why it happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Why it happened. In JSON, its name ([`Cause::as_str`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "&'static str", try_from = "String")]
 pub enum Cause {
     /// The default device's link went down (link watch).
     LinkDown,
@@ -122,6 +135,38 @@ pub enum Cause {
 }
 
 impl Cause {
+    /// One cause of each name, for reading names back: a refusal's name is its status, and
+    /// statuses without a name of their own read back as a general error, which has none
+    /// either.
+    const ALL: [Cause; 26] = [
+        Cause::LinkDown,
+        Cause::DeviceFatal,
+        Cause::RetryExceeded,
+        Cause::ResponseTimeout,
+        Cause::Fatal,
+        Cause::Flushed,
+        Cause::PeerFailover,
+        Cause::PathRecovered,
+        Cause::BackupFailed,
+        Cause::Refused(WcStatus::RemAccessErr),
+        Cause::Refused(WcStatus::LocProtErr),
+        Cause::Refused(WcStatus::RemInvReqErr),
+        Cause::Refused(WcStatus::LocLenErr),
+        Cause::Refused(WcStatus::RemOpErr),
+        Cause::Refused(WcStatus::LocQpOpErr),
+        Cause::Refused(WcStatus::RnrRetryExcErr),
+        Cause::Refused(WcStatus::LocAccessErr),
+        Cause::Refused(WcStatus::GeneralErr),
+        Cause::AtomicInFlight,
+        Cause::ReadOvertaken,
+        Cause::BackupUnavailable,
+        Cause::OutageTolerance,
+        Cause::PeerAborted,
+        Cause::HandshakeTimeout,
+        Cause::ProtocolViolation,
+        Cause::Revoked,
+    ];
+
     /// The cause of a failover round started by an error completion with `status`.
     pub(crate) fn of_status(status: WcStatus) -> Cause {
         match status {
@@ -183,19 +228,20 @@ impl Cause {
     }
 }
 
-/// One entry of a QP's event log: exactly what `failover.events[]` of the apps' JSON holds.
-#[derive(Debug, Clone, PartialEq)]
+/// One entry of a QP's event log: exactly what `failover.events[]` of the apps' JSON holds
+/// (`docs/apps-json.md`), and what the testbed reads back from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FailoverEvent {
     /// What happened.
     pub kind: EventKind,
+    /// When the event completed (the round finished, the sends switched back, the error was
+    /// surfaced), Unix milliseconds (virtual milliseconds under a virtual clock).
+    pub unix_ms: f64,
     /// Why.
     pub cause: Cause,
     /// The device that failed (failover, refusal, error) or came back (switch-back, failback:
     /// the default device).
     pub device: String,
-    /// When the event completed (the round finished, the sends switched back, the error was
-    /// surfaced), Unix milliseconds (virtual milliseconds under a virtual clock).
-    pub unix_ms: f64,
     /// When the failure was detected: the first error completion polled, the link-down
     /// handled, or the peer's message handled.
     pub detected_unix_ms: f64,
@@ -209,7 +255,8 @@ pub struct FailoverEvent {
     pub wqes_retransmitted: u64,
     /// Application sends completed without being sent again.
     pub wqes_skipped: u64,
-    /// The default-pair incarnation the event concerns.
+    /// The default-pair incarnation the event concerns. Not in the JSON: 0 when read from it.
+    #[serde(skip)]
     pub epoch: u32,
 }
 
@@ -217,5 +264,105 @@ impl FailoverEvent {
     /// Detection to completion of the event itself, milliseconds.
     pub fn duration_ms(&self) -> f64 {
         self.unix_ms - self.detected_unix_ms
+    }
+}
+
+/// A name in an event's JSON that names no [`EventKind`] or [`Cause`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {name:?}")]
+pub struct UnknownName {
+    /// `event kind` or `cause`.
+    what: &'static str,
+    /// The name as read.
+    name: String,
+}
+
+/// JSON for a type with `as_str` names and an `ALL` list: serialized as its name, read back
+/// from it.
+macro_rules! named_in_json {
+    ($type:ident, $what:literal) => {
+        #[doc = concat!("Serializes as [`", stringify!($type), "::as_str`].")]
+        impl From<$type> for &'static str {
+            fn from(value: $type) -> &'static str {
+                value.as_str()
+            }
+        }
+
+        #[doc = concat!("Reads a [`", stringify!($type), "::as_str`] name back.")]
+        impl TryFrom<String> for $type {
+            type Error = UnknownName;
+
+            fn try_from(name: String) -> Result<$type, UnknownName> {
+                read_name(&$type::ALL, $type::as_str, $what, name)
+            }
+        }
+    };
+}
+
+named_in_json!(EventKind, "event kind");
+named_in_json!(Cause, "cause");
+
+/// The member of `all` whose name is `name`.
+fn read_name<T: Copy>(
+    all: &[T],
+    name_of: fn(T) -> &'static str,
+    what: &'static str,
+    name: String,
+) -> Result<T, UnknownName> {
+    all.iter()
+        .copied()
+        .find(|&value| name_of(value) == name)
+        .ok_or(UnknownName { what, name })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_kind_reads_back_from_its_name() {
+        for kind in EventKind::ALL {
+            assert_eq!(EventKind::try_from(kind.as_str().to_owned()), Ok(kind));
+        }
+    }
+
+    #[test]
+    fn every_cause_reads_back_as_a_cause_of_the_same_name() {
+        let refusals = (0..=u8::MAX).map(|s| Cause::Refused(WcStatus::from(s)));
+        for cause in Cause::ALL.into_iter().chain(refusals) {
+            let read = Cause::try_from(cause.as_str().to_owned());
+            assert_eq!(read.map(Cause::as_str), Ok(cause.as_str()), "{cause:?}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_name_is_an_error_that_names_it() {
+        let err = Cause::try_from("sunspots".to_owned()).unwrap_err();
+        assert_eq!(err.to_string(), r#"unknown cause "sunspots""#);
+        assert!(EventKind::try_from("Failover".to_owned()).is_err());
+    }
+
+    #[test]
+    fn an_event_is_written_with_names_and_without_its_epoch_and_reads_back() {
+        let event = FailoverEvent {
+            kind: EventKind::SwitchBack,
+            unix_ms: 2004.5,
+            cause: Cause::Refused(WcStatus::RemAccessErr),
+            device: "soft:nic0".to_owned(),
+            detected_unix_ms: 2001.5,
+            first_success_unix_ms: Some(2003.0),
+            fallback_latency_us: None,
+            wqes_copied: 3,
+            wqes_retransmitted: 2,
+            wqes_skipped: 1,
+            epoch: 7,
+        };
+        let json = serde_json::to_string(&event).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kind":"switch-back","unix_ms":2004.5,"cause":"remote-access-error","device":"soft:nic0","detected_unix_ms":2001.5,"first_success_unix_ms":2003.0,"fallback_latency_us":null,"wqes_copied":3,"wqes_retransmitted":2,"wqes_skipped":1}"#
+        );
+        let read: FailoverEvent = serde_json::from_str(&json).unwrap();
+        assert_eq!(read, FailoverEvent { epoch: 0, ..event });
     }
 }

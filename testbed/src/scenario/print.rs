@@ -97,13 +97,18 @@ pub fn print_timeline(result: &ScenarioResult) {
         "failover summary: {} failovers, {} switch-backs, {} WQEs retransmitted, {} skipped as delivered",
         f.failovers, f.switch_backs, f.wqes_retransmitted, f.wqes_skipped
     );
-    for e in &f.events {
+    for e in f.events.iter().map(|e| &e.event) {
         let lat = e
             .fallback_latency_us
             .map_or(String::new(), |l| format!(", fallback latency {l:.0} us"));
         println!(
             "  {} ({}) on {}: {} WQEs copied, {} retransmitted, {} skipped{lat}",
-            e.kind, e.cause, e.device, e.wqes_copied, e.wqes_retransmitted, e.wqes_skipped
+            e.kind.as_str(),
+            e.cause.as_str(),
+            e.device,
+            e.wqes_copied,
+            e.wqes_retransmitted,
+            e.wqes_skipped
         );
     }
 }

@@ -14,6 +14,7 @@ use crate::fail::{self, LogEntry};
 use crate::faults;
 use crate::linkwatch::{LinkChange, LinkWatch};
 use crate::report::{self, Figures};
+use crate::schedule::{Drawn, Placed};
 use crate::topology::{Role, TestbedInfo};
 
 /// Why a scenario failed to run (not: why the driver failed a check; that is in the result).
@@ -60,6 +61,10 @@ pub struct RunResult {
     pub not_reached: Vec<LogEntry>,
     /// Every change of a rail link's state the kernel reported during the schedule.
     pub link_reports: Vec<LinkChange>,
+    /// The failures the schedule placed, as drawn for this run (a `chaos` verdict judges
+    /// against them).
+    #[serde(skip)]
+    pub planned: Vec<Placed>,
     /// The client's whole report.
     pub client_report: serde_json::Value,
     /// The server's whole report, when it wrote one.
@@ -176,7 +181,10 @@ fn run_once(
         tag: format!("{}-{tag}", scenario_slug(o.name)),
         client_timeout: o.run_length() + o.setup_allowance() + Duration::from_secs(30),
     };
-    let steps = o.schedule().steps();
+    let Drawn {
+        failures: planned,
+        steps,
+    } = o.schedule().draw();
     // From here every rail link is up; what the kernel reports from now on judges the
     // losses (a link set up counts from when it is reported running).
     let watch = LinkWatch::start(info).map_err(|detail| ScenarioError::Links { detail })?;
@@ -231,6 +239,7 @@ fn run_once(
         failures: log,
         not_reached,
         link_reports,
+        planned,
         client_report: client_raw,
         server_report: server_raw,
     })

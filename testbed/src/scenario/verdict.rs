@@ -8,7 +8,7 @@ use super::{scenario_slug, Op, Ratios, RunResult, ScenarioName, ScenarioOptions}
 use crate::chaos::{self, ChaosReport};
 use crate::fail::LogEntry;
 use crate::report::{self, Figures};
-use crate::schedule::{LinkAction, Schedule};
+use crate::schedule::LinkAction;
 use crate::target::FailTarget;
 use crate::topology::Role;
 
@@ -59,27 +59,17 @@ pub struct Goals {
     pub baseline_stopped: Option<bool>,
 }
 
-/// Judges a `chaos` run's losses against the windows without any path.
+/// Judges a `chaos` run's losses against the windows without any path and the failures the
+/// run drew.
 fn chaos_report(o: &ScenarioOptions, r: &RunResult) -> ChaosReport {
     let whole: Vec<LogEntry> = r.failures.iter().chain(&r.not_reached).cloned().collect();
-    let planned = match o.schedule() {
-        Schedule::Chaos {
-            start,
-            until,
-            down,
-            up,
-            max_both_down,
-            seed,
-        } => chaos::draw_failures(start, until, down, &up, max_both_down, seed),
-        _ => Vec::new(),
-    };
     chaos::judge(
         &whole,
         &r.link_reports,
         &r.figures.losses,
         o.tolerance,
         o.max_both_down,
-        &planned,
+        &r.planned,
     )
 }
 
@@ -300,6 +290,7 @@ mod tests {
             failures: Vec::new(),
             not_reached: Vec::new(),
             link_reports: Vec::new(),
+            planned: Vec::new(),
             client_report: serde_json::Value::Null,
             server_report: None,
         }
