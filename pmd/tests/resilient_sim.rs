@@ -9,6 +9,7 @@ use std::time::Duration;
 use pmd::provider::DeviceFault;
 use pmd::resilient::{Cause, EventKind, ResilientState};
 use pmd::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use sim::scenario::{assert_both_hosts, assert_ran, both_ways, Scenario};
 use sim::traffic::{assert_clean, nccl, step, Dir, Traffic};
 use sim::*;
 
@@ -74,10 +75,7 @@ fn the_default_path_comes_back_and_sends_switch_back_in_order() {
         sim.b.qp.state()
     );
     assert_clean(&mut t, &mut sim);
-    for h in [&sim.a, &sim.b] {
-        let stats = h.qp.stats();
-        assert_eq!((stats.failovers, stats.switch_backs), (1, 1), "{stats:?}");
-    }
+    assert_both_hosts(&sim, |s| (s.failovers, s.switch_backs), (1, 1));
     let back = &sim.a.qp.events()[1];
     assert_eq!(
         (back.kind, back.cause),
@@ -91,10 +89,7 @@ fn a_recovery_at_the_follower_switches_back_after_its_holddown_not_the_leaders_b
     // leader's rearm attempts are refused and back off (10, 20, 40, ... ms); B tells it when
     // its hold-down (50 ms) is over, so the switch-back does not wait for the next attempt
     // (without that message it came 141 ms after link-up).
-    let mut sim = Sim::new(7, config());
-    let mut dir = Dir::new(true, 1000);
-    dir.interval = Duration::from_millis(1);
-    let mut t = Traffic::new(vec![dir], sim.now());
+    let (mut sim, mut t) = Scenario::new(7).one_way(1000, Duration::from_millis(1));
     let outage = Duration::from_millis(400);
     let mut up_at = None;
     let mut back_at = None;
@@ -437,21 +432,9 @@ fn a_poll_array_longer_than_a_batch_takes_a_whole_failovers_flushes_in_one_call(
     assert_eq!(sim.a.qp.events()[0].cause, Cause::RetryExceeded);
 }
 
-/// Both directions of NCCL-like traffic, checked by their receivers, one iteration every
-/// 500 us (so that it still runs when the failures come).
-fn both_ways(sim: &Sim, total: u64) -> Traffic {
-    let paced = |from_a| {
-        let mut d = Dir::new(from_a, total);
-        d.interval = Duration::from_micros(500);
-        d
-    };
-    Traffic::new(vec![paced(true), paced(false)], sim.now())
-}
-
 #[test]
 fn the_backup_dying_during_a_switch_back_moves_the_traffic_back_to_the_default() {
-    let mut sim = Sim::new(12, config());
-    let mut t = both_ways(&sim, 1_000);
+    let (mut sim, mut t) = Scenario::new(12).both_ways(1_000);
     let mut phase = 0;
     let mut partitioned = None;
     let done = sim.run_until(Duration::from_secs(10), |s| {
@@ -477,32 +460,18 @@ fn the_backup_dying_during_a_switch_back_moves_the_traffic_back_to_the_default()
         }
         step(&mut t, s) && phase == 2
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {:?} completed, states {:?} {:?}, stats {:?} {:?}, events {:?}",
-        t.dirs.iter().map(|d| d.completed).collect::<Vec<_>>(),
-        sim.a.qp.state(),
-        sim.b.qp.state(),
-        sim.a.qp.stats(),
-        sim.b.qp.stats(),
-        sim.a.qp.events()
-    );
+    assert_ran(done, phase, &t, &sim);
     assert_clean(&mut t, &mut sim);
     // The traffic was running when the backup failed, and went on.
     let (_, done_a, done_b) = partitioned.expect("partitioned");
     assert!(done_a < 1_000 && done_b < 1_000, "{done_a} {done_b}");
-    for h in [&sim.a, &sim.b] {
-        let stats = h.qp.stats();
-        assert_eq!(stats.failbacks, 1, "{stats:?} {:?}", h.qp.events());
-        assert_eq!(stats.errors, 0, "{stats:?} {:?}", h.qp.events());
-    }
+    assert_both_hosts(&sim, |s| (s.failbacks, s.errors), (1, 0));
     assert_eq!(sim.a.qp.state(), ResilientState::Default);
 }
 
 #[test]
 fn the_backup_device_failing_its_qps_during_the_holddown_moves_the_traffic_back() {
-    let mut sim = Sim::new(41, config());
-    let mut t = both_ways(&sim, 1_000);
+    let (mut sim, mut t) = Scenario::new(41).both_ways(1_000);
     let mut phase = 0;
     let done = sim.run_until(Duration::from_secs(10), |s| {
         if phase == 0 && t.dirs[0].completed >= 10 {
@@ -526,15 +495,7 @@ fn the_backup_device_failing_its_qps_during_the_holddown_moves_the_traffic_back(
         }
         step(&mut t, s) && phase == 3
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {:?} completed, states {:?} {:?}, stats {:?} {:?}",
-        t.dirs.iter().map(|d| d.completed).collect::<Vec<_>>(),
-        sim.a.qp.state(),
-        sim.b.qp.state(),
-        sim.a.qp.stats(),
-        sim.b.qp.stats()
-    );
+    assert_ran(done, phase, &t, &sim);
     assert_clean(&mut t, &mut sim);
     for h in [&sim.a, &sim.b] {
         let stats = h.qp.stats();
@@ -668,11 +629,8 @@ fn a_connection_fails_over_again_after_switching_back_with_both_ends_sending_inl
         sim.b.qp.events()
     );
     assert_clean(&mut t, &mut sim);
-    for h in [&sim.a, &sim.b] {
-        let stats = h.qp.stats();
-        assert_eq!((stats.failovers, stats.switch_backs), (2, 2), "{stats:?}");
-        assert_eq!((stats.refusals, stats.errors), (0, 0), "{stats:?}");
-    }
+    assert_both_hosts(&sim, |s| (s.failovers, s.switch_backs), (2, 2));
+    assert_both_hosts(&sim, |s| (s.refusals, s.errors), (0, 0));
 }
 
 #[test]
@@ -745,15 +703,8 @@ fn repeated_failovers_of_every_kind_flush_no_phantom_receives_into_the_default_c
     // reset were flushed into it (they come out stale, or cleaned when a reset follows).
     let polled = sim.b.qp.bypass().1.poller().stats();
     assert_eq!((polled.stale, polled.cleaned), (0, 0), "{polled:?}");
-    for h in [&sim.a, &sim.b] {
-        let stats = h.qp.stats();
-        assert_eq!(
-            (stats.failovers, stats.switch_backs),
-            (rounds, rounds),
-            "{stats:?}"
-        );
-        assert_eq!((stats.refusals, stats.errors), (0, 0), "{stats:?}");
-    }
+    assert_both_hosts(&sim, |s| (s.failovers, s.switch_backs), (rounds, rounds));
+    assert_both_hosts(&sim, |s| (s.refusals, s.errors), (0, 0));
 }
 
 #[test]
@@ -805,6 +756,28 @@ fn a_batch_goes_to_the_default_path_then_after_a_failover_to_the_backup() {
     assert_eq!(sim.a.qp.stats().failovers, 1);
 }
 
+/// A pair (seed `seed`) whose host A failed over with nothing outstanding, posted a signaled
+/// SEND (wr_id 1) that stalls on the backup QP because B has no receive posted, and, its
+/// default path back, posted its switch-back fence behind the SEND: A waits in WaitDrained.
+fn fence_behind_a_stalled_send(seed: u64) -> Sim {
+    let mut sim = Sim::new(seed, config());
+    sim.link_down(A_DEFAULT, Some(Duration::from_millis(5)));
+    assert!(sim.run_until(Duration::from_secs(1), |s| {
+        s.a.qp.state() == ResilientState::Fallback
+    }));
+    let send = SendWr::new(1, SendOp::Send, &[sim.a.buf.sge(0, 8)]).signaled();
+    sim.a.qp.post_send(&send).unwrap();
+    sim.a.qp.ring_doorbell();
+    assert!(
+        sim.run_until(Duration::from_secs(2), |s| {
+            s.a.qp.state() == ResilientState::WaitDrained
+        }),
+        "A never posted its fence: {:?}",
+        sim.a.qp.state()
+    );
+    sim
+}
+
 /// Issue 14, gap 3. A's backup SQ holds, in order: a SEND that B has no receive for (RNR,
 /// retried every 640 us), the switch-back fence behind it, and, after the default path failed
 /// again during WaitDrained, the withheld signaled WRITE copied behind the fence. When B posts
@@ -813,24 +786,7 @@ fn a_batch_goes_to_the_default_path_then_after_a_failover_to_the_backup() {
 /// it is cleared, so the next recovery can post a fence and switch back.
 #[test]
 fn a_fence_retired_in_one_batch_with_a_later_signaled_wqe_is_swallowed_and_cleared() {
-    let mut sim = Sim::new(21, config());
-    // A's first failover, with nothing outstanding.
-    sim.link_down(A_DEFAULT, Some(Duration::from_millis(5)));
-    assert!(sim.run_until(Duration::from_secs(1), |s| {
-        s.a.qp.state() == ResilientState::Fallback
-    }));
-    // The SEND stalls on the backup QP: B has no receive posted.
-    let send = SendWr::new(1, SendOp::Send, &[sim.a.buf.sge(0, 8)]).signaled();
-    sim.a.qp.post_send(&send).unwrap();
-    sim.a.qp.ring_doorbell();
-    // The default path comes back; A posts its fence behind the SEND and waits in WaitDrained.
-    assert!(
-        sim.run_until(Duration::from_secs(2), |s| {
-            s.a.qp.state() == ResilientState::WaitDrained
-        }),
-        "A never posted its fence: {:?}",
-        sim.a.qp.state()
-    );
+    let mut sim = fence_behind_a_stalled_send(21);
     // A signaled WRITE, withheld on the default QP; then the default path fails again.
     let write = SendWr::new(
         3,
@@ -1011,9 +967,7 @@ fn a_receiver_whose_device_died_unannounced_drains_until_the_deadline_and_fails_
         sim.b.qp.events()
     );
     assert_clean(&mut t, &mut sim);
-    for h in [&sim.a, &sim.b] {
-        assert_eq!(h.qp.stats().failovers, 1, "{:?}", h.qp.events());
-    }
+    assert_both_hosts(&sim, |s| s.failovers, 1);
     assert_eq!(sim.b.qp.events()[0].cause, Cause::PeerFailover);
 }
 
@@ -1022,22 +976,7 @@ fn a_receiver_whose_device_died_unannounced_drains_until_the_deadline_and_fails_
 /// seeded simulation, seed 3676 of 10,000: a flush with the internal wr_id reached it).
 #[test]
 fn a_fence_flushed_by_a_failing_backup_never_reaches_the_application() {
-    let mut sim = Sim::new(34, config());
-    sim.link_down(A_DEFAULT, Some(Duration::from_millis(5)));
-    assert!(sim.run_until(Duration::from_secs(1), |s| {
-        s.a.qp.state() == ResilientState::Fallback
-    }));
-    // The SEND stalls on the backup QP (B has no receive posted), the fence waits behind it.
-    let send = SendWr::new(1, SendOp::Send, &[sim.a.buf.sge(0, 8)]).signaled();
-    sim.a.qp.post_send(&send).unwrap();
-    sim.a.qp.ring_doorbell();
-    assert!(
-        sim.run_until(Duration::from_secs(2), |s| {
-            s.a.qp.state() == ResilientState::WaitDrained
-        }),
-        "A never posted its fence: {:?}",
-        sim.a.qp.state()
-    );
+    let mut sim = fence_behind_a_stalled_send(34);
     // Both paths die under the fence (the default alone back would take the traffic, 5e):
     // the connection fails.
     sim.link_down(A_DEFAULT, None);
@@ -1078,22 +1017,11 @@ fn a_backup_side_whose_qps_failed_while_idle_is_repaired_and_the_next_failover_w
             && s.a.qp.state() == ResilientState::Fallback
             && s.b.qp.state() == ResilientState::Fallback
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {} of 300 completed, states {:?} {:?}, stats {:?} {:?}",
-        t.dirs[0].completed,
-        sim.a.qp.state(),
-        sim.b.qp.state(),
-        sim.a.qp.stats(),
-        sim.b.qp.stats()
-    );
+    assert_ran(done, phase, &t, &sim);
     assert_clean(&mut t, &mut sim);
     assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
-    for h in [&sim.a, &sim.b] {
-        let stats = h.qp.stats();
-        assert_eq!((stats.backup_rearms, stats.failovers), (1, 1), "{stats:?}");
-        assert_eq!(stats.errors, 0, "{stats:?}");
-    }
+    assert_both_hosts(&sim, |s| (s.backup_rearms, s.failovers), (1, 1));
+    assert_both_hosts(&sim, |s| s.errors, 0);
 }
 
 /// Traffic on the backup since B's default link went down; then both backup links go down,
@@ -1104,13 +1032,10 @@ fn a_backup_side_whose_qps_failed_while_idle_is_repaired_and_the_next_failover_w
 /// `Failback`. The second loss shape of docs/failover.md 5c, scaled to the simulation.
 #[test]
 fn a_round_waiting_for_the_peers_failover_follows_its_failback() {
-    let mut config = config();
-    config.holddown = Duration::from_millis(100);
-    config.handshake_timeout = Duration::from_secs(2);
-    let mut sim = Sim::new(119, config);
-    let mut d = Dir::new(true, 1000);
-    d.interval = Duration::from_micros(100);
-    let mut t = Traffic::new(vec![d], sim.now());
+    let (mut sim, mut t) = Scenario::new(119)
+        .holddown(Duration::from_millis(100))
+        .handshake_timeout(Duration::from_secs(2))
+        .one_way(1000, Duration::from_micros(100));
     let mut phase = 0;
     let done = sim.run_until(Duration::from_secs(2), |s| {
         if phase == 0 && t.dirs[0].completed >= 10 {
@@ -1124,25 +1049,9 @@ fn a_round_waiting_for_the_peers_failover_follows_its_failback() {
         }
         step(&mut t, s) && phase == 2
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {} completed, states {:?} {:?}, stats {:?} {:?}",
-        t.dirs[0].completed,
-        sim.a.qp.state(),
-        sim.b.qp.state(),
-        sim.a.qp.stats(),
-        sim.b.qp.stats()
-    );
+    assert_ran(done, phase, &t, &sim);
     assert_clean(&mut t, &mut sim);
-    for h in [&sim.a, &sim.b] {
-        let stats = h.qp.stats();
-        assert_eq!(
-            (stats.failbacks, stats.errors),
-            (1, 0),
-            "{stats:?} {:?}",
-            h.qp.events()
-        );
-    }
+    assert_both_hosts(&sim, |s| (s.failbacks, s.errors), (1, 0));
     // B's round never completed: the failback took its place.
     assert_eq!(sim.b.qp.stats().failovers, 0);
 }
@@ -1154,9 +1063,7 @@ fn a_round_waiting_for_the_peers_failover_follows_its_failback() {
 /// repaired over the repaired channel (5d), and a default link failure fails over again.
 #[test]
 fn a_default_device_failing_its_qps_has_its_control_channel_repaired_and_later_repairs_work() {
-    let mut sim = Sim::new(53, config());
-    let mut t = nccl(&sim, 1_000);
-    t.dirs[0].interval = Duration::from_micros(500);
+    let (mut sim, mut t) = Scenario::new(53).one_way(1_000, Duration::from_micros(500));
     let mut phase = 0;
     let mut failed_at = Duration::ZERO;
     let mut completed_at_link_down = 0;
@@ -1187,33 +1094,23 @@ fn a_default_device_failing_its_qps_has_its_control_channel_repaired_and_later_r
             && s.a.qp.state() == ResilientState::Fallback
             && s.b.qp.state() == ResilientState::Fallback
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {} of 1000 completed, states {:?} {:?}, stats {:?} {:?}",
-        t.dirs[0].completed,
-        sim.a.qp.state(),
-        sim.b.qp.state(),
-        sim.a.qp.stats(),
-        sim.b.qp.stats()
-    );
+    assert_ran(done, phase, &t, &sim);
     assert_clean(&mut t, &mut sim);
     // The traffic was still running at the last failure, and completed through it.
     assert!(completed_at_link_down < 1_000, "{completed_at_link_down}");
-    for h in [&sim.a, &sim.b] {
-        let stats = h.qp.stats();
-        assert_eq!(
+    assert_both_hosts(
+        &sim,
+        |s| {
             (
-                stats.failovers,
-                stats.switch_backs,
-                stats.default_control_repairs,
-                stats.backup_rearms,
-                stats.errors
-            ),
-            (2, 1, 1, 1, 0),
-            "{stats:?} {:?}",
-            h.qp.events()
-        );
-    }
+                s.failovers,
+                s.switch_backs,
+                s.default_control_repairs,
+                s.backup_rearms,
+                s.errors,
+            )
+        },
+        (2, 1, 1, 1, 0),
+    );
 }
 
 /// B's default link goes down and B fails over, but A's `Failover` never reaches B (A's
@@ -1224,13 +1121,10 @@ fn a_default_device_failing_its_qps_has_its_control_channel_repaired_and_later_r
 /// ring (the later notifications landed in the wrong receives).
 #[test]
 fn receives_posted_during_a_failback_that_replaced_a_waiting_round_are_kept() {
-    let mut config = config();
-    config.holddown = Duration::from_millis(100);
-    config.handshake_timeout = Duration::from_secs(2);
-    let mut sim = Sim::new(119, config);
-    let mut d = Dir::new(true, 200);
-    d.interval = Duration::from_micros(100);
-    let mut t = Traffic::new(vec![d], sim.now());
+    let (mut sim, mut t) = Scenario::new(119)
+        .holddown(Duration::from_millis(100))
+        .handshake_timeout(Duration::from_secs(2))
+        .one_way(200, Duration::from_micros(100));
     let mut phase = 0;
     let mut down_at = Duration::ZERO;
     let done = sim.run_until(Duration::from_secs(2), |s| {
@@ -1259,25 +1153,9 @@ fn receives_posted_during_a_failback_that_replaced_a_waiting_round_are_kept() {
         }
         step(&mut t, s) && phase == 3
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {} completed, states {:?} {:?}, stats {:?} {:?}",
-        t.dirs[0].completed,
-        sim.a.qp.state(),
-        sim.b.qp.state(),
-        sim.a.qp.stats(),
-        sim.b.qp.stats()
-    );
+    assert_ran(done, phase, &t, &sim);
     assert_clean(&mut t, &mut sim);
-    for h in [&sim.a, &sim.b] {
-        let stats = h.qp.stats();
-        assert_eq!(
-            (stats.failbacks, stats.errors),
-            (1, 0),
-            "{stats:?} {:?}",
-            h.qp.events()
-        );
-    }
+    assert_both_hosts(&sim, |s| (s.failbacks, s.errors), (1, 0));
 }
 
 /// B's default link goes down for good and A's backup path to B drops everything: B's round
@@ -1286,9 +1164,7 @@ fn receives_posted_during_a_failback_that_replaced_a_waiting_round_are_kept() {
 /// backup RQ and the originals on the default RQ were both flushed.
 #[test]
 fn a_round_failing_after_copying_its_receives_flushes_each_receive_once() {
-    let mut sim = Sim::new(7, config());
-    let mut t = nccl(&sim, 200);
-    t.dirs[0].interval = Duration::from_micros(100);
+    let (mut sim, mut t) = Scenario::new(7).one_way(200, Duration::from_micros(100));
     let mut phase = 0;
     let done = sim.run_until(Duration::from_secs(5), |s| {
         if phase == 0 && t.dirs[0].completed >= 10 {
@@ -1329,9 +1205,7 @@ fn a_round_failing_after_copying_its_receives_flushes_each_receive_once() {
 /// poll; an adopted QP polled every retry interval).
 #[test]
 fn a_default_device_dying_during_a_rearm_leaves_nothing_outstanding() {
-    let mut sim = Sim::new(41, config());
-    let mut t = nccl(&sim, 60);
-    t.dirs[0].interval = Duration::from_millis(1);
+    let (mut sim, mut t) = Scenario::new(41).one_way(60, Duration::from_millis(1));
     let mut phase = 0;
     let done = sim.run_until(Duration::from_secs(5), |s| {
         if phase == 0 && t.dirs[0].completed >= 10 {
@@ -1346,13 +1220,7 @@ fn a_default_device_dying_during_a_rearm_leaves_nothing_outstanding() {
         }
         step(&mut t, s) && phase == 2
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {} of 60 completed, states {:?} {:?}",
-        t.dirs[0].completed,
-        sim.a.qp.state(),
-        sim.b.qp.state()
-    );
+    assert_ran(done, phase, &t, &sim);
     assert_clean(&mut t, &mut sim);
     sim.run_for(Duration::from_secs(1));
     assert!(
@@ -1368,9 +1236,7 @@ fn a_default_device_dying_during_a_rearm_leaves_nothing_outstanding() {
 /// QP is never brought up again (no rearm, no failback toward a device that executes nothing).
 #[test]
 fn a_dead_default_device_whose_link_flaps_stays_down_for_failover() {
-    let mut sim = Sim::new(43, config());
-    let mut t = nccl(&sim, 200);
-    t.dirs[0].interval = Duration::from_millis(2);
+    let (mut sim, mut t) = Scenario::new(43).one_way(200, Duration::from_millis(2));
     let mut phase = 0;
     let mut flapped_at = Duration::ZERO;
     let mut left_dead = Vec::new();
@@ -1392,13 +1258,7 @@ fn a_dead_default_device_whose_link_flaps_stays_down_for_failover() {
         }
         step(&mut t, s) && phase == 2 && s.now() >= flapped_at + Duration::from_millis(300)
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {} of 200 completed, states {:?} {:?}",
-        t.dirs[0].completed,
-        sim.a.qp.state(),
-        sim.b.qp.state()
-    );
+    assert_ran(done, phase, &t, &sim);
     assert_clean(&mut t, &mut sim);
     assert!(
         left_dead.is_empty(),
@@ -1420,9 +1280,7 @@ fn a_dead_default_device_whose_link_flaps_stays_down_for_failover() {
 /// and the checker counts every completion.
 #[test]
 fn completions_a_slow_nic_writes_after_the_drain_deadline_are_discarded() {
-    let mut sim = Sim::new(47, config());
-    let mut t = nccl(&sim, 200);
-    t.dirs[0].interval = Duration::from_millis(1);
+    let (mut sim, mut t) = Scenario::new(47).one_way(200, Duration::from_millis(1));
     let mut phase = 0;
     let mut slowed_at = Duration::ZERO;
     let done = sim.run_until(Duration::from_secs(5), |s| {
@@ -1442,13 +1300,7 @@ fn completions_a_slow_nic_writes_after_the_drain_deadline_are_discarded() {
         }
         step(&mut t, s) && phase == 2 && s.now() >= slowed_at + Duration::from_millis(400)
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {} of 200 completed, states {:?} {:?}",
-        t.dirs[0].completed,
-        sim.a.qp.state(),
-        sim.b.qp.state()
-    );
+    assert_ran(done, phase, &t, &sim);
     assert_clean(&mut t, &mut sim);
     // A's round ended after its device wrote what it held (the window this test is about).
     let event = &sim.a.qp.events()[0];
@@ -1474,9 +1326,9 @@ fn burns_that_do_not_fit_the_backup_send_queue_keep_the_sends_to_move() {
         max_recv_wr: 8,
         ..caps()
     };
-    let mut sim = Sim::with_caps(11, config(), [small_sq, caps()]);
-    let mut t = nccl(&sim, 800);
-    t.dirs[0].interval = Duration::from_micros(200);
+    let (mut sim, mut t) = Scenario::new(11)
+        .a_caps(small_sq)
+        .one_way(800, Duration::from_micros(200));
     t.dirs[0].recv_window = 100;
     let mut phase = 0;
     let done = sim.run_until(Duration::from_secs(10), |s| {
@@ -1499,15 +1351,7 @@ fn burns_that_do_not_fit_the_backup_send_queue_keep_the_sends_to_move() {
             && s.a.qp.state() == ResilientState::Failed
             && s.b.qp.state() == ResilientState::Failed
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {} completed, states {:?} {:?}, events {:?} {:?}",
-        t.dirs[0].completed,
-        sim.a.qp.state(),
-        sim.b.qp.state(),
-        sim.a.qp.events(),
-        sim.b.qp.events()
-    );
+    assert_ran(done, phase, &t, &sim);
     t.check_markers(&mut sim);
     t.check_exactly_once(&mut sim, Duration::from_secs(1));
     assert!(t.violations.is_empty(), "{:#?}", t.violations);
@@ -1531,8 +1375,7 @@ fn burns_that_do_not_fit_the_backup_send_queue_keep_the_sends_to_move() {
 /// ring, reset by the failback) never completed.
 #[test]
 fn a_failback_whose_default_qp_does_not_come_up_completes_each_wr_once() {
-    let mut sim = Sim::new(41, config());
-    let mut t = both_ways(&sim, 1_000);
+    let (mut sim, mut t) = Scenario::new(41).both_ways(1_000);
     let mut phase = 0;
     let done = sim.run_until(Duration::from_secs(10), |s| {
         if phase == 0 && t.dirs[0].completed >= 10 {
@@ -1562,15 +1405,7 @@ fn a_failback_whose_default_qp_does_not_come_up_completes_each_wr_once() {
             && s.a.qp.state() == ResilientState::Failed
             && s.b.qp.state() == ResilientState::Failed
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: {:?} completed, states {:?} {:?}, events {:?} {:?}",
-        t.dirs.iter().map(|d| d.completed).collect::<Vec<_>>(),
-        sim.a.qp.state(),
-        sim.b.qp.state(),
-        sim.a.qp.events(),
-        sim.b.qp.events()
-    );
+    assert_ran(done, phase, &t, &sim);
     t.check_markers(&mut sim);
     t.check_exactly_once(&mut sim, Duration::from_secs(1));
     assert!(t.violations.is_empty(), "{:#?}", t.violations);
@@ -1621,14 +1456,7 @@ fn a_failback_meeting_a_key_without_a_default_counterpart_moves_nothing() {
             && s.a.qp.state() == ResilientState::Failed
             && s.b.qp.state() == ResilientState::Failed
     });
-    assert!(
-        done,
-        "stalled in phase {phase}: states {:?} {:?}, events {:?} {:?}",
-        sim.a.qp.state(),
-        sim.b.qp.state(),
-        sim.a.qp.events(),
-        sim.b.qp.events()
-    );
+    assert_ran(done, phase, &t, &sim);
     t.check_markers(&mut sim);
     t.check_exactly_once(&mut sim, Duration::from_secs(1));
     assert!(t.violations.is_empty(), "{:#?}", t.violations);
@@ -1638,9 +1466,7 @@ fn a_failback_meeting_a_key_without_a_default_counterpart_moves_nothing() {
         "the failback moved work: {:?}",
         sim.a.qp.events()
     );
-    for h in [&sim.a, &sim.b] {
-        assert_eq!(h.qp.stats().failbacks, 0, "{:?}", h.qp.events());
-    }
+    assert_both_hosts(&sim, |s| s.failbacks, 0);
 }
 
 #[test]

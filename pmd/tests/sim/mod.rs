@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod scenario;
 pub mod traffic;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -30,6 +30,31 @@ fn failback_ready(epoch: u32) -> Event {
     })
 }
 
+/// Drives a leader whose backup side was lost while idle into a failback round with the default
+/// link down: the link went down at 100 ms, the default QP drained at 101 ms.
+fn failing_back_with_the_default_link_down() -> Failover {
+    let mut machine = backup_lost_while_idle(Role::Leader);
+    step(&mut machine, link_down(Path::Default), at(100));
+    step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
+    machine
+}
+
+/// Ends a failback round whose drain is done once the peer's `Failback` for epoch 1 comes at
+/// `now`, having consumed `peer_recvs`: traffic back on the default QP, the connection up.
+fn finish_failback_in_epoch_1(machine: &mut Failover, peer_recvs: u64, now: Timestamp) {
+    assert_eq!(
+        step(machine, peer_failback(1, peer_recvs), now),
+        [Action::Failback {
+            epoch: Epoch(1),
+            skip_through: peer_recvs
+        }]
+    );
+    step(machine, qp_up(1, true), now);
+    step(machine, failback_ready(1), now);
+    assert_eq!(machine.send_route(), Route::Default);
+    assert_eq!(machine.failed(), None);
+}
+
 /// Takes every observation; the epoch a failback ended in, if one did.
 fn observed_failback(machine: &mut Failover) -> Option<Epoch> {
     let mut back = None;
@@ -95,20 +120,8 @@ fn complete_failback(
 #[test]
 fn the_backup_dying_during_the_holddown_moves_traffic_back_to_the_default() {
     let mut machine = failed_over(Role::Leader);
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(12),
-    );
-    step(
-        &mut machine,
-        Event::LinkUp {
-            path: Path::Default,
-        },
-        at(300),
-    );
+    step(&mut machine, link_down(Path::Default), at(12));
+    step(&mut machine, link_up(Path::Default), at(300));
     // Hold-down running (until 1.3 s): a backup error here must repair, not end the
     // connection.
     let actions = step(&mut machine, backup_error(), at(400));
@@ -135,7 +148,7 @@ fn the_backup_dying_during_a_rearm_fails_back_above_the_attempts_epoch() {
     step(&mut leader, Event::Tick, due);
     assert_eq!(leader.epoch(), Epoch(1));
     assert_eq!(
-        step(&mut leader, Event::ControlFailed { via: Path::Backup }, due),
+        step(&mut leader, control_failed(Path::Backup), due),
         FAILBACK_START
     );
     // The follower never heard of epoch 1 and proposes it; the leader's wins, above every
@@ -199,7 +212,7 @@ fn both_ends_detecting_the_backup_failure_agree_on_one_epoch() {
     let mut b = failed_over(Role::Follower);
     assert_eq!(step(&mut a, backup_error(), at(20)), FAILBACK_START);
     assert_eq!(
-        step(&mut b, Event::ControlFailed { via: Path::Backup }, at(20)),
+        step(&mut b, control_failed(Path::Backup), at(20)),
         FAILBACK_START
     );
     // Each end's message arrives while the other is still draining: kept for later.
@@ -285,10 +298,7 @@ fn an_end_that_saw_nothing_learns_of_the_backup_failure_from_the_failback_messag
     );
     // The backup QP's flushes that follow are the round's own.
     assert_eq!(step(&mut machine, backup_error(), at(21)), []);
-    assert_eq!(
-        step(&mut machine, Event::LinkDown { path: Path::Backup }, at(21)),
-        []
-    );
+    assert_eq!(step(&mut machine, link_down(Path::Backup), at(21)), []);
     step(&mut machine, qp_up(1, true), at(22));
     step(&mut machine, failback_ready(1), at(23));
     assert_eq!(machine.send_route(), Route::Default);
@@ -298,24 +308,14 @@ fn an_end_that_saw_nothing_learns_of_the_backup_failure_from_the_failback_messag
 #[test]
 fn a_failback_with_the_default_link_down_waits_the_rc_budget_then_fails() {
     let mut machine = failed_over(Role::Leader);
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(12),
-    );
+    step(&mut machine, link_down(Path::Default), at(12));
     assert_eq!(step(&mut machine, backup_error(), at(100)), FAILBACK_START);
     step(&mut machine, failback_drained(progress(4, 4, 2)), at(101));
     // Nothing comes over the default path while it is down.
     let deadline = machine.poll_timeout().unwrap();
     assert_eq!(deadline, at(100) + budget());
     assert_eq!(step(&mut machine, Event::Tick, at(400)), []);
-    let actions = step(&mut machine, Event::Tick, deadline);
-    assert_eq!(
-        surfaced(&actions),
-        Some((WcStatus::RetryExcErr, FailReason::BackupUnavailable))
-    );
+    let actions = assert_fails_at(&mut machine, deadline, FailReason::BackupUnavailable);
     // The peer is told on the default devices' channel, if it still carries anything.
     assert!(
         actions.iter().any(|a| matches!(
@@ -334,40 +334,18 @@ fn a_failback_with_the_default_link_down_waits_the_rc_budget_then_fails() {
 #[test]
 fn a_failback_proceeds_when_the_default_link_returns_within_the_budget() {
     let mut machine = failed_over(Role::Leader);
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(12),
-    );
+    step(&mut machine, link_down(Path::Default), at(12));
     step(&mut machine, backup_error(), at(100));
     step(&mut machine, failback_drained(progress(4, 4, 2)), at(101));
-    step(
-        &mut machine,
-        Event::LinkUp {
-            path: Path::Default,
-        },
-        at(500),
-    );
+    step(&mut machine, link_up(Path::Default), at(500));
     // The peer's message comes once the path is back.
-    assert_eq!(
-        step(&mut machine, peer_failback(1, 3), at(502)),
-        [Action::Failback {
-            epoch: Epoch(1),
-            skip_through: 3
-        }]
-    );
-    step(&mut machine, qp_up(1, true), at(501));
-    step(&mut machine, failback_ready(1), at(502));
-    assert_eq!(machine.send_route(), Route::Default);
-    assert_eq!(machine.failed(), None);
+    finish_failback_in_epoch_1(&mut machine, 3, at(502));
 }
 
 #[test]
 fn the_backup_link_down_past_the_budget_fails_back_when_the_default_is_up() {
     let mut machine = failed_over(Role::Leader);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(20));
+    step(&mut machine, link_down(Path::Backup), at(20));
     let deadline = at(20) + budget();
     assert_eq!(machine.poll_timeout(), Some(deadline));
     assert_eq!(step(&mut machine, Event::Tick, deadline), FAILBACK_START);
@@ -383,7 +361,7 @@ fn an_atomic_in_flight_on_the_backup_fails_the_failback() {
         sends_before_first_read: None,
     };
     assert_eq!(
-        surfaced(&step(&mut machine, event, at(21))).map(|(_, r)| r),
+        failure_reason(&step(&mut machine, event, at(21))),
         Some(FailReason::AtomicInFlight)
     );
 }
@@ -399,7 +377,7 @@ fn a_read_overtaken_on_the_backup_fails_the_failback() {
     };
     step(&mut machine, event, at(21));
     assert_eq!(
-        surfaced(&step(&mut machine, peer_failback(1, 3), at(22))).map(|(_, r)| r),
+        failure_reason(&step(&mut machine, peer_failback(1, 3), at(22))),
         Some(FailReason::ReadOvertaken)
     );
 }
@@ -410,10 +388,7 @@ fn a_failback_without_answer_times_out() {
     step(&mut machine, backup_error(), at(20));
     step(&mut machine, failback_drained(progress(4, 4, 2)), at(21));
     let actions = step(&mut machine, Event::Tick, at(20) + Duration::from_secs(2));
-    assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
-        Some(FailReason::HandshakeTimeout)
-    );
+    assert_eq!(failure_reason(&actions), Some(FailReason::HandshakeTimeout));
 }
 
 #[test]
@@ -421,7 +396,7 @@ fn a_second_failback_message_in_one_round_is_a_protocol_violation() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, peer_failback(1, 3), at(20));
     assert_eq!(
-        surfaced(&step(&mut machine, peer_failback(1, 3), at(21))).map(|(_, r)| r),
+        failure_reason(&step(&mut machine, peer_failback(1, 3), at(21))),
         Some(FailReason::ProtocolViolation)
     );
 }
@@ -431,40 +406,13 @@ fn a_second_failback_message_in_one_round_is_a_protocol_violation() {
 #[test]
 fn a_default_failure_with_the_backup_lost_fails_back_when_the_default_returns_in_time() {
     // The backup side lost while idle, not yet repaired; then the default link goes down.
-    let mut machine = end(Role::Leader);
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(5),
-    );
-    let actions = step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(100),
-    );
+    let mut machine = backup_lost_while_idle(Role::Leader);
+    let actions = step(&mut machine, link_down(Path::Default), at(100));
     // Before: backup-unavailable at once.
     assert_eq!(actions, FAILBACK_START);
     step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
-    step(
-        &mut machine,
-        Event::LinkUp {
-            path: Path::Default,
-        },
-        at(300),
-    );
-    assert_eq!(
-        step(&mut machine, peer_failback(1, 2), at(301)),
-        [Action::Failback {
-            epoch: Epoch(1),
-            skip_through: 2
-        }]
-    );
-    step(&mut machine, qp_up(1, true), at(301));
-    step(&mut machine, failback_ready(1), at(302));
-    assert_eq!(machine.send_route(), Route::Default);
-    assert_eq!(machine.failed(), None);
+    step(&mut machine, link_up(Path::Default), at(300));
+    finish_failback_in_epoch_1(&mut machine, 2, at(301));
     assert_eq!(observed_failback(&mut machine), Some(Epoch(1)));
 }
 
@@ -474,30 +422,13 @@ fn a_default_link_back_late_in_the_budget_gives_the_peers_failback_the_handshake
     // its link comes back 30 ms before the RC budget ends, and the peer's `Failback` (posted
     // while a link was down) arrives at its control QP's next retransmission, after the
     // budget.
-    let mut machine = end(Role::Leader);
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(5),
-    );
+    let mut machine = backup_lost_while_idle(Role::Leader);
     let down = at(100);
-    let actions = step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        down,
-    );
+    let actions = step(&mut machine, link_down(Path::Default), down);
     assert_eq!(actions, FAILBACK_START);
     step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
     let back = down + (budget() - Duration::from_millis(30));
-    step(
-        &mut machine,
-        Event::LinkUp {
-            path: Path::Default,
-        },
-        back,
-    );
+    step(&mut machine, link_up(Path::Default), back);
     // Before: backup-unavailable here, the path up for 30 ms.
     assert_eq!(step(&mut machine, Event::Tick, down + budget()), []);
     assert_eq!(machine.failed(), None);
@@ -518,48 +449,19 @@ fn a_default_link_back_late_in_the_budget_gives_the_peers_failback_the_handshake
 #[test]
 fn a_failback_whose_default_link_returns_but_whose_peer_stays_silent_fails_after_the_handshake_timeout(
 ) {
-    let mut machine = end(Role::Leader);
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(5),
-    );
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(100),
-    );
-    step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
+    let mut machine = failing_back_with_the_default_link_down();
     let back = at(300);
-    step(
-        &mut machine,
-        Event::LinkUp {
-            path: Path::Default,
-        },
-        back,
-    );
+    step(&mut machine, link_up(Path::Default), back);
     let deadline = back + Config::new(Role::Leader).handshake_timeout;
     assert_eq!(machine.poll_timeout(), Some(deadline));
-    let actions = step(&mut machine, Event::Tick, deadline);
-    assert_eq!(
-        surfaced(&actions),
-        Some((WcStatus::RetryExcErr, FailReason::BackupUnavailable))
-    );
+    assert_fails_at(&mut machine, deadline, FailReason::BackupUnavailable);
 }
 
 #[test]
 fn backup_qps_failing_while_a_round_waits_for_the_backup_link_fail_back_instead() {
     let mut machine = end(Role::Leader);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(10),
-    );
+    step(&mut machine, link_down(Path::Backup), at(5));
+    step(&mut machine, link_down(Path::Default), at(10));
     step(&mut machine, drained(progress(4, 4, 2)), at(11));
     assert_eq!(machine.send_phase(), SendPhase::FailingOver);
     // Before: backup-unavailable at once, although the default came back 159 ms later.
@@ -567,13 +469,7 @@ fn backup_qps_failing_while_a_round_waits_for_the_backup_link_fail_back_instead(
     // The wait is the budget counted from the first failure that waits (the round's).
     assert_eq!(machine.poll_timeout(), Some(at(10) + budget()));
     step(&mut machine, failback_drained(progress(4, 4, 2)), at(51));
-    step(
-        &mut machine,
-        Event::LinkUp {
-            path: Path::Default,
-        },
-        at(169),
-    );
+    step(&mut machine, link_up(Path::Default), at(169));
     step(&mut machine, peer_failback(1, 3), at(170));
     step(&mut machine, qp_up(1, true), at(170));
     step(&mut machine, failback_ready(1), at(171));
@@ -584,24 +480,12 @@ fn backup_qps_failing_while_a_round_waits_for_the_backup_link_fail_back_instead(
 #[test]
 fn the_default_link_back_before_the_backup_link_turns_the_round_into_a_failback() {
     let mut machine = end(Role::Follower);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(10),
-    );
+    step(&mut machine, link_down(Path::Backup), at(5));
+    step(&mut machine, link_down(Path::Default), at(10));
     step(&mut machine, drained(progress(4, 4, 2)), at(11));
     // Our Failover never left; the default path is back first.
     assert_eq!(
-        step(
-            &mut machine,
-            Event::LinkUp {
-                path: Path::Default
-            },
-            at(200)
-        ),
+        step(&mut machine, link_up(Path::Default), at(200)),
         FAILBACK_START
     );
     assert_eq!(machine.send_phase(), SendPhase::FailingBack);
@@ -632,20 +516,7 @@ fn a_round_waiting_for_the_peers_failover_follows_its_failback() {
 
 #[test]
 fn the_peers_failback_over_the_default_path_proves_it_up_before_the_link_watch_does() {
-    let mut machine = end(Role::Leader);
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(5),
-    );
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(100),
-    );
-    step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
+    let mut machine = failing_back_with_the_default_link_down();
     // The link is up again but not yet reported; the peer's message came over it.
     assert_eq!(
         step(&mut machine, peer_failback(1, 2), at(300)),

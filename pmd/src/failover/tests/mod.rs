@@ -123,6 +123,18 @@ fn switch_back_ready(epoch: u32) -> Event {
     })
 }
 
+fn link_down(path: Path) -> Event {
+    Event::LinkDown { path }
+}
+
+fn link_up(path: Path) -> Event {
+    Event::LinkUp { path }
+}
+
+fn control_failed(via: Path) -> Event {
+    Event::ControlFailed { via }
+}
+
 fn retry_exhausted() -> Event {
     Event::ErrorCompletion {
         path: Path::Default,
@@ -160,6 +172,27 @@ fn follower_back_on_default_path() -> Failover {
     step(&mut machine, path_up(1), at(5_001));
     assert_eq!(machine.send_phase(), SendPhase::WaitSignaled);
     machine
+}
+
+/// Drives an end from Default into losing its backup side while idle (its control QP on the
+/// backup devices failed at 5 ms).
+fn backup_lost_while_idle(role: Role) -> Failover {
+    let mut machine = end(role);
+    step(&mut machine, control_failed(Path::Backup), at(5));
+    machine
+}
+
+/// Ticks `machine` at `deadline` and asserts that the tick fails the connection for `reason`
+/// (with the status of an exhausted retry, as a plain RC QP would end); returns what it asked.
+fn assert_fails_at(machine: &mut Failover, deadline: Timestamp, reason: FailReason) -> Vec<Action> {
+    let actions = step(machine, Event::Tick, deadline);
+    assert_eq!(surfaced(&actions), Some((WcStatus::RetryExcErr, reason)));
+    actions
+}
+
+/// The reason of the connection failure `actions` surface, if they surface one.
+fn failure_reason(actions: &[Action]) -> Option<FailReason> {
+    surfaced(actions).map(|(_, reason)| reason)
 }
 
 fn surfaced(actions: &[Action]) -> Option<(WcStatus, FailReason)> {
@@ -214,13 +247,7 @@ fn retry_exhaustion_in_default_moves_the_default_qp_to_err_and_drains_it() {
 #[test]
 fn link_down_in_default_moves_default_qp_to_err() {
     let mut machine = end(Role::Follower);
-    let actions = step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(10),
-    );
+    let actions = step(&mut machine, link_down(Path::Default), at(10));
     assert_eq!(
         actions,
         [
@@ -238,16 +265,7 @@ fn without_link_watch_link_down_waits_for_retry_exhaustion() {
     let mut config = rc_only(Role::Leader);
     config.link_watch = false;
     let mut machine = Failover::new(config, at(0));
-    assert_eq!(
-        step(
-            &mut machine,
-            Event::LinkDown {
-                path: Path::Default
-            },
-            at(10)
-        ),
-        []
-    );
+    assert_eq!(step(&mut machine, link_down(Path::Default), at(10)), []);
     assert_eq!(machine.send_phase(), SendPhase::Default);
 }
 
@@ -379,16 +397,7 @@ fn a_second_error_while_failing_over_changes_nothing() {
     let mut machine = end(Role::Leader);
     step(&mut machine, retry_exhausted(), at(10));
     assert_eq!(step(&mut machine, retry_exhausted(), at(10)), []);
-    assert_eq!(
-        step(
-            &mut machine,
-            Event::LinkDown {
-                path: Path::Default
-            },
-            at(10)
-        ),
-        []
-    );
+    assert_eq!(step(&mut machine, link_down(Path::Default), at(10)), []);
 }
 
 #[test]
@@ -549,10 +558,7 @@ fn the_rc_budget_is_what_a_plain_qp_waits_before_retry_exceeded() {
 #[test]
 fn a_default_failure_while_the_backup_link_is_down_waits_the_rc_budget_then_fails() {
     let mut machine = end(Role::Leader);
-    assert_eq!(
-        step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5)),
-        []
-    );
+    assert_eq!(step(&mut machine, link_down(Path::Backup), at(5)), []);
     // The default is drained at once; the Failover message waits for the backup link.
     let actions = step(&mut machine, retry_exhausted(), at(10));
     assert!(actions.contains(&Action::DrainDefault), "{actions:?}");
@@ -571,20 +577,16 @@ fn a_default_failure_while_the_backup_link_is_down_waits_the_rc_budget_then_fail
     let deadline = machine.poll_timeout().unwrap();
     assert_eq!(deadline, at(10) + budget());
     assert_eq!(step(&mut machine, Event::Tick, at(400)), []);
-    let actions = step(&mut machine, Event::Tick, deadline);
-    assert_eq!(
-        surfaced(&actions),
-        Some((WcStatus::RetryExcErr, FailReason::BackupUnavailable))
-    );
+    assert_fails_at(&mut machine, deadline, FailReason::BackupUnavailable);
 }
 
 #[test]
 fn a_default_failure_fails_over_when_the_backup_link_returns_within_the_budget() {
     let mut machine = end(Role::Follower);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    step(&mut machine, link_down(Path::Backup), at(5));
     step(&mut machine, retry_exhausted(), at(10));
     step(&mut machine, drained(progress(4, 4, 2)), at(11));
-    let actions = step(&mut machine, Event::LinkUp { path: Path::Backup }, at(300));
+    let actions = step(&mut machine, link_up(Path::Backup), at(300));
     assert!(
         actions.iter().any(|a| matches!(
             a,
@@ -608,7 +610,7 @@ fn a_default_failure_fails_over_when_the_backup_link_returns_within_the_budget()
 #[test]
 fn a_peer_failover_message_while_waiting_for_the_backup_link_resumes_the_round() {
     let mut machine = end(Role::Leader);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    step(&mut machine, link_down(Path::Backup), at(5));
     step(&mut machine, retry_exhausted(), at(10));
     step(&mut machine, drained(progress(4, 4, 2)), at(11));
     // It came over the backup path, so that path works whatever the link event said.
@@ -631,7 +633,7 @@ fn with_no_backup_wait_a_default_failure_with_the_backup_link_down_fails_at_once
     let mut config = rc_only(Role::Leader);
     config.backup_wait = Duration::ZERO;
     let mut machine = Failover::new(config, at(0));
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    step(&mut machine, link_down(Path::Backup), at(5));
     let actions = step(&mut machine, retry_exhausted(), at(10));
     assert_eq!(
         surfaced(&actions),
@@ -643,8 +645,8 @@ fn with_no_backup_wait_a_default_failure_with_the_backup_link_down_fails_at_once
 #[test]
 fn a_backup_link_that_came_back_protects_again() {
     let mut machine = end(Role::Leader);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
-    step(&mut machine, Event::LinkUp { path: Path::Backup }, at(6));
+    step(&mut machine, link_down(Path::Backup), at(5));
+    step(&mut machine, link_up(Path::Backup), at(6));
     assert!(step(&mut machine, retry_exhausted(), at(10)).contains(&Action::DrainDefault));
 }
 
@@ -657,10 +659,7 @@ fn a_handshake_without_answer_times_out() {
     assert_eq!(deadline, at(10) + Duration::from_secs(2));
     assert_eq!(step(&mut machine, Event::Tick, at(1_000)), []);
     let actions = step(&mut machine, Event::Tick, deadline);
-    assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
-        Some(FailReason::HandshakeTimeout)
-    );
+    assert_eq!(failure_reason(&actions), Some(FailReason::HandshakeTimeout));
 }
 
 #[test]
@@ -670,7 +669,7 @@ fn a_peer_claiming_more_receives_than_we_sent_is_a_protocol_violation() {
     step(&mut machine, drained(progress(2, 0, 0)), at(10));
     let actions = step(&mut machine, peer_failover(0, 3, 0), at(10));
     assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
+        failure_reason(&actions),
         Some(FailReason::ProtocolViolation)
     );
 }
@@ -680,7 +679,7 @@ fn a_failover_message_for_a_future_epoch_is_a_protocol_violation() {
     let mut machine = end(Role::Follower);
     let actions = step(&mut machine, peer_failover(3, 0, 0), at(10));
     assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
+        failure_reason(&actions),
         Some(FailReason::ProtocolViolation)
     );
 }
@@ -691,26 +690,13 @@ fn a_failover_message_for_a_future_epoch_is_a_protocol_violation() {
 fn backup_link_down_in_fallback_fails_after_the_rc_budget_not_at_the_link_down() {
     let mut machine = failed_over(Role::Leader);
     // The default link is down too: no failback (5e) can take the traffic.
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(15),
-    );
+    step(&mut machine, link_down(Path::Default), at(15));
     // Issue 15: this failed the connection at the link-down although a plain RC QP would
     // have retried through a 0.37 s outage.
-    assert_eq!(
-        step(&mut machine, Event::LinkDown { path: Path::Backup }, at(20)),
-        []
-    );
+    assert_eq!(step(&mut machine, link_down(Path::Backup), at(20)), []);
     let deadline = at(20) + budget();
     assert!(machine.poll_timeout().unwrap() <= deadline);
-    let actions = step(&mut machine, Event::Tick, deadline);
-    assert_eq!(
-        surfaced(&actions),
-        Some((WcStatus::RetryExcErr, FailReason::BackupUnavailable))
-    );
+    let actions = assert_fails_at(&mut machine, deadline, FailReason::BackupUnavailable);
     assert!(
         !actions.iter().any(|a| matches!(
             a,
@@ -726,8 +712,8 @@ fn backup_link_down_in_fallback_fails_after_the_rc_budget_not_at_the_link_down()
 #[test]
 fn a_backup_link_back_within_the_budget_keeps_the_connection_on_the_backup() {
     let mut machine = failed_over(Role::Leader);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(20));
-    step(&mut machine, Event::LinkUp { path: Path::Backup }, at(390));
+    step(&mut machine, link_down(Path::Backup), at(20));
+    step(&mut machine, link_up(Path::Backup), at(390));
     assert_eq!(step(&mut machine, Event::Tick, at(20) + budget()), []);
     assert_eq!(machine.failed(), None);
     assert_eq!(machine.send_route(), Route::Backup);
@@ -736,17 +722,13 @@ fn a_backup_link_back_within_the_budget_keeps_the_connection_on_the_backup() {
 #[test]
 fn a_transport_error_on_the_backup_in_fallback_with_the_default_channel_gone_fails() {
     let mut machine = failed_over(Role::Follower);
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Default },
-        at(15),
-    );
+    step(&mut machine, control_failed(Path::Default), at(15));
     let event = Event::ErrorCompletion {
         path: Path::Backup,
         status: WcStatus::RetryExcErr,
     };
     assert_eq!(
-        surfaced(&step(&mut machine, event, at(20))).map(|(_, r)| r),
+        failure_reason(&step(&mut machine, event, at(20))),
         Some(FailReason::BackupUnavailable)
     );
 }
@@ -754,18 +736,10 @@ fn a_transport_error_on_the_backup_in_fallback_with_the_default_channel_gone_fai
 #[test]
 fn a_control_send_failure_in_fallback_with_the_default_channel_gone_fails() {
     let mut machine = failed_over(Role::Follower);
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Default },
-        at(15),
-    );
-    let actions = step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(20),
-    );
+    step(&mut machine, control_failed(Path::Default), at(15));
+    let actions = step(&mut machine, control_failed(Path::Backup), at(20));
     assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
+        failure_reason(&actions),
         Some(FailReason::BackupUnavailable)
     );
 }
@@ -773,24 +747,17 @@ fn a_control_send_failure_in_fallback_with_the_default_channel_gone_fails() {
 #[test]
 fn losing_the_idle_backup_leaves_default_traffic_running() {
     let mut machine = end(Role::Leader);
-    assert_eq!(
-        step(
-            &mut machine,
-            Event::ControlFailed { via: Path::Backup },
-            at(5)
-        ),
-        []
-    );
+    assert_eq!(step(&mut machine, control_failed(Path::Backup), at(5)), []);
     assert_eq!(machine.send_route(), Route::Default);
     // A later default failure can no longer fail over, even once the link is up: it waits
     // for the default path within the RC budget (a failback round, 5e), then fails.
-    step(&mut machine, Event::LinkUp { path: Path::Backup }, at(6));
+    step(&mut machine, link_up(Path::Backup), at(6));
     let actions = step(&mut machine, retry_exhausted(), at(10));
     assert_eq!(actions, FAILBACK_START);
     assert_eq!(machine.poll_timeout(), Some(at(10) + budget()));
     let actions = step(&mut machine, Event::Tick, at(10) + budget());
     assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
+        failure_reason(&actions),
         Some(FailReason::BackupUnavailable)
     );
 }
@@ -809,25 +776,13 @@ fn leader_waits_for_backoff_and_holddown_before_rearming() {
 #[test]
 fn a_link_that_just_came_up_is_held_down() {
     let mut machine = failed_over(Role::Leader);
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(3_000),
-    );
+    step(&mut machine, link_down(Path::Default), at(3_000));
     assert_eq!(
         machine.poll_timeout(),
         None,
         "no attempts while the link is down"
     );
-    step(
-        &mut machine,
-        Event::LinkUp {
-            path: Path::Default,
-        },
-        at(4_000),
-    );
+    step(&mut machine, link_up(Path::Default), at(4_000));
     assert_eq!(machine.poll_timeout(), Some(at(5_000)));
 }
 
@@ -1004,13 +959,7 @@ fn a_stale_rearm_done_is_ignored() {
 fn rearm_is_abandoned_when_the_default_link_goes_down() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, Event::Tick, at(1_000));
-    let actions = step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(1_001),
-    );
+    let actions = step(&mut machine, link_down(Path::Default), at(1_001));
     assert_eq!(
         actions,
         [Action::MoveQpToErr {
@@ -1073,13 +1022,7 @@ fn follower_moves_an_unconfirmed_qp_to_err_before_a_newer_epoch() {
 #[test]
 fn follower_refuses_rearm_while_its_link_is_down() {
     let mut machine = failed_over(Role::Follower);
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(4_000),
-    );
+    step(&mut machine, link_down(Path::Default), at(4_000));
     let actions = step(&mut machine, rearm(1), at(5_000));
     assert_eq!(
         actions,
@@ -1096,20 +1039,8 @@ fn follower_refuses_rearm_while_its_link_is_down() {
 #[test]
 fn follower_refuses_rearm_within_its_holddown() {
     let mut machine = failed_over(Role::Follower);
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(4_000),
-    );
-    step(
-        &mut machine,
-        Event::LinkUp {
-            path: Path::Default,
-        },
-        at(4_500),
-    );
+    step(&mut machine, link_down(Path::Default), at(4_000));
+    step(&mut machine, link_up(Path::Default), at(4_500));
     let refused = [Action::SendControl {
         via: Path::Backup,
         message: ControlMessage::RearmDone {
@@ -1138,13 +1069,9 @@ fn a_follower_that_refused_tells_the_leader_when_its_holddown_ends() {
     let mut machine = failed_over(Role::Follower);
     let link = |up: bool| {
         if up {
-            Event::LinkUp {
-                path: Path::Default,
-            }
+            link_up(Path::Default)
         } else {
-            Event::LinkDown {
-                path: Path::Default,
-            }
+            link_down(Path::Default)
         }
     };
     step(&mut machine, link(false), at(4_000));
@@ -1258,7 +1185,7 @@ fn a_rearm_sent_to_a_leader_is_a_protocol_violation() {
     let mut machine = failed_over(Role::Leader);
     let actions = step(&mut machine, rearm(1), at(5_000));
     assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
+        failure_reason(&actions),
         Some(FailReason::ProtocolViolation)
     );
 }
@@ -1268,7 +1195,7 @@ fn a_rearm_for_an_old_epoch_is_a_protocol_violation() {
     let mut machine = follower_back_on_default_path();
     let actions = step(&mut machine, rearm(1), at(6_000));
     assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
+        failure_reason(&actions),
         Some(FailReason::ProtocolViolation)
     );
 }
@@ -1375,10 +1302,7 @@ fn a_switch_back_that_gets_no_answer_times_out() {
     );
     step(&mut machine, Event::FenceCompleted, at(2_001));
     let actions = step(&mut machine, Event::Tick, at(4_001));
-    assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
-        Some(FailReason::HandshakeTimeout)
-    );
+    assert_eq!(failure_reason(&actions), Some(FailReason::HandshakeTimeout));
 }
 
 #[test]
@@ -1498,13 +1422,7 @@ fn the_peers_stale_receives_are_burned_before_the_copies() {
 #[test]
 fn a_switch_back_after_the_pair_failed_again_is_ignored() {
     let mut machine = follower_back_on_default_path();
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(6_000),
-    );
+    step(&mut machine, link_down(Path::Default), at(6_000));
     let switch = switch_back(1, 5);
     assert_eq!(step(&mut machine, switch, at(6_001)), []);
     assert_eq!(machine.recv_phase(), RecvPhase::Fallback);
@@ -1534,13 +1452,7 @@ fn the_default_dying_during_wait_drained_moves_withheld_sends_to_the_backup() {
         },
         at(2_000),
     );
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(2_001),
-    );
+    step(&mut machine, link_down(Path::Default), at(2_001));
     assert_eq!(machine.send_route(), Route::DefaultWithheld);
     step(&mut machine, drained(progress(9, 4, 3)), at(2_001));
     let actions = step(&mut machine, peer_failover(1, 5, 0), at(2_002));
@@ -1564,7 +1476,7 @@ fn a_switch_back_while_receives_are_on_the_default_qp_is_a_protocol_violation() 
     let switch = switch_back(0, 1);
     let actions = step(&mut machine, switch, at(10));
     assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
+        failure_reason(&actions),
         Some(FailReason::ProtocolViolation)
     );
 }
@@ -1605,9 +1517,7 @@ fn a_failed_end_ignores_everything() {
         retry_exhausted(),
         peer_failover(0, 0, 0),
         Event::Tick,
-        Event::LinkDown {
-            path: Path::Default,
-        },
+        link_down(Path::Default),
     ] {
         assert_eq!(step(&mut machine, event, at(20)), []);
     }
@@ -1641,9 +1551,7 @@ fn a_round_started_by_an_error_completion_is_observed_with_its_status() {
 #[test]
 fn rounds_started_by_link_down_and_by_the_peer_are_observed_as_such() {
     let mut machine = end(Role::Follower);
-    let link_down = Event::LinkDown {
-        path: Path::Default,
-    };
+    let link_down = link_down(Path::Default);
     step(&mut machine, link_down, at(10));
     assert!(matches!(
         observed(&mut machine)[..],
@@ -1668,16 +1576,8 @@ fn a_round_that_cannot_start_is_not_observed() {
     let mut machine = end(Role::Leader);
     // The control QP went to ERR: the backup pair cannot come back without the peer, and
     // with the default devices' channel gone no failback can wait for the default either.
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Default },
-        at(4),
-    );
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(5),
-    );
+    step(&mut machine, control_failed(Path::Default), at(4));
+    step(&mut machine, control_failed(Path::Backup), at(5));
     let actions = step(&mut machine, retry_exhausted(), at(10));
     assert!(surfaced(&actions).is_some());
     assert_eq!(observed(&mut machine), []);

@@ -26,7 +26,7 @@ fn the_default_outage_tolerance_is_one_nccl_try_and_longer_than_the_rc_budget() 
 #[test]
 fn a_default_failure_with_the_backup_link_down_holds_the_work_past_the_rc_budget() {
     let mut machine = tolerant(Role::Follower);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    step(&mut machine, link_down(Path::Backup), at(5));
     step(&mut machine, retry_exhausted(), at(10));
     step(&mut machine, drained(progress(4, 4, 2)), at(11));
     assert_eq!(
@@ -39,11 +39,7 @@ fn a_default_failure_with_the_backup_link_down_holds_the_work_past_the_rc_budget
     assert_eq!(machine.failed(), None);
     assert_eq!(machine.send_route(), Route::DefaultWithheld);
     // The backup link comes back 3 s after the failure: the round goes on.
-    let actions = step(
-        &mut machine,
-        Event::LinkUp { path: Path::Backup },
-        at(3_010),
-    );
+    let actions = step(&mut machine, link_up(Path::Backup), at(3_010));
     assert!(
         actions.iter().any(|a| matches!(
             a,
@@ -62,29 +58,19 @@ fn a_default_failure_with_the_backup_link_down_holds_the_work_past_the_rc_budget
 #[test]
 fn a_default_failure_with_the_backup_link_down_past_the_tolerance_fails_naming_it() {
     let mut machine = tolerant(Role::Leader);
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(5));
+    step(&mut machine, link_down(Path::Backup), at(5));
     step(&mut machine, retry_exhausted(), at(10));
     step(&mut machine, drained(progress(2, 2, 0)), at(11));
     let deadline = machine.poll_timeout().unwrap();
     assert_eq!(deadline, at(10) + DEFAULT_OUTAGE_TOLERANCE);
     assert_eq!(step(&mut machine, Event::Tick, at(4_000)), []);
-    let actions = step(&mut machine, Event::Tick, deadline);
-    assert_eq!(
-        surfaced(&actions),
-        Some((WcStatus::RetryExcErr, FailReason::OutageTolerance))
-    );
+    assert_fails_at(&mut machine, deadline, FailReason::OutageTolerance);
 }
 
 #[test]
 fn a_failback_with_the_default_link_down_holds_the_work_for_the_tolerance() {
     let mut machine = tolerant_failed_over(Role::Leader);
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(12),
-    );
+    step(&mut machine, link_down(Path::Default), at(12));
     assert_eq!(step(&mut machine, backup_error(), at(100)), FAILBACK_START);
     step(&mut machine, failback_drained(progress(4, 4, 2)), at(101));
     assert_eq!(
@@ -96,13 +82,7 @@ fn a_failback_with_the_default_link_down_holds_the_work_for_the_tolerance() {
     assert_eq!(machine.failed(), None);
     assert_eq!(machine.send_route(), Route::DefaultWithheld);
     // The default link is back: the peer's Failback and the bring-up go on as in 5e.
-    step(
-        &mut machine,
-        Event::LinkUp {
-            path: Path::Default,
-        },
-        at(2_200),
-    );
+    step(&mut machine, link_up(Path::Default), at(2_200));
     let actions = step(
         &mut machine,
         Event::Control(ControlMessage::Failback {
@@ -121,21 +101,11 @@ fn a_failback_with_the_default_link_down_holds_the_work_for_the_tolerance() {
 #[test]
 fn a_failback_with_the_default_link_down_past_the_tolerance_fails_naming_it() {
     let mut machine = tolerant_failed_over(Role::Leader);
-    step(
-        &mut machine,
-        Event::LinkDown {
-            path: Path::Default,
-        },
-        at(12),
-    );
+    step(&mut machine, link_down(Path::Default), at(12));
     step(&mut machine, backup_error(), at(100));
     step(&mut machine, failback_drained(progress(4, 4, 2)), at(101));
     let deadline = machine.poll_timeout().unwrap();
-    let actions = step(&mut machine, Event::Tick, deadline);
-    assert_eq!(
-        surfaced(&actions),
-        Some((WcStatus::RetryExcErr, FailReason::OutageTolerance))
-    );
+    assert_fails_at(&mut machine, deadline, FailReason::OutageTolerance);
     assert_eq!(
         FailReason::OutageTolerance.to_string(),
         "no path answered for the whole outage tolerance"
@@ -145,11 +115,7 @@ fn a_failback_with_the_default_link_down_past_the_tolerance_fails_naming_it() {
 #[test]
 fn the_backup_link_down_in_fallback_holds_the_work_past_the_rc_budget() {
     let mut machine = tolerant_failed_over(Role::Leader);
-    step(
-        &mut machine,
-        Event::LinkDown { path: Path::Backup },
-        at(100),
-    );
+    step(&mut machine, link_down(Path::Backup), at(100));
     assert_eq!(
         machine.poll_timeout(),
         Some(at(100) + DEFAULT_OUTAGE_TOLERANCE)
@@ -157,11 +123,7 @@ fn the_backup_link_down_in_fallback_holds_the_work_past_the_rc_budget() {
     let later = at(100) + budget() + Duration::from_millis(1);
     assert_eq!(step(&mut machine, Event::Tick, later), []);
     assert_eq!(machine.failed(), None);
-    step(
-        &mut machine,
-        Event::LinkUp { path: Path::Backup },
-        at(1_500),
-    );
+    step(&mut machine, link_up(Path::Backup), at(1_500));
     assert_eq!(machine.send_phase(), SendPhase::Fallback);
     assert_eq!(machine.failed(), None);
 }

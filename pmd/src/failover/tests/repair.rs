@@ -4,38 +4,65 @@ use super::*;
 
 // ---- The backup side ------------------------------------------------------------------------
 
-fn backup_up(epoch: u32, ok: bool) -> Event {
+/// The bring-up of incarnation `epoch` of `side` finished (`ok`: its QPs are up).
+fn side_up(side: Side, epoch: u32, ok: bool) -> Event {
     Event::SideUp {
-        epoch: backup(epoch),
+        epoch: SideEpoch::new(side, epoch),
         ok,
     }
 }
 
-/// Takes every observation; whether one said the backup side was repaired.
-fn observed_repair(machine: &mut Failover) -> bool {
+fn backup_up(epoch: u32, ok: bool) -> Event {
+    side_up(Side::Backup, epoch, ok)
+}
+
+/// Drives a follower whose control QP on `side` failed at 5 ms until it has told the leader, once,
+/// over the other side's channel.
+fn follower_that_told_the_leader_it_lost(side: Side) -> Failover {
+    let (lost, via) = match side {
+        Side::Backup => (Path::Backup, Path::Default),
+        Side::DefaultChannel => (Path::Default, Path::Backup),
+    };
+    let mut machine = end(Role::Follower);
+    assert_eq!(step(&mut machine, control_failed(lost), at(5)), []);
+    tells_the_leader_it_lost(&mut machine, via, SideEpoch::new(side, 0));
+    assert_eq!(machine.poll_timeout(), None, "told once");
+    machine
+}
+
+/// A follower that lost a side: at its next tick it tells the leader, over `via`, that it lost
+/// incarnation `epoch`.
+fn tells_the_leader_it_lost(machine: &mut Failover, via: Path, epoch: SideEpoch) {
+    let due = machine
+        .poll_timeout()
+        .expect("the follower tells the leader");
+    assert_eq!(
+        step(machine, Event::Tick, due),
+        [Action::SendControl {
+            via,
+            message: ControlMessage::SideLost { epoch }
+        }]
+    );
+}
+
+/// Takes every observation; whether one said `side` was repaired.
+fn observed_repair_of(machine: &mut Failover, side: Side) -> bool {
     let mut repaired = false;
     while let Some(o) = machine.poll_observation() {
-        repaired |= matches!(
-            o,
-            Observation::SideRepaired {
-                epoch: SideEpoch::Backup(_)
-            }
-        );
+        repaired |= matches!(o, Observation::SideRepaired { epoch } if epoch.side() == side);
     }
     repaired
+}
+
+/// Takes every observation; whether one said the backup side was repaired.
+fn observed_repair(machine: &mut Failover) -> bool {
+    observed_repair_of(machine, Side::Backup)
 }
 
 #[test]
 fn a_leader_repairs_a_backup_lost_while_idle_and_is_protected_again() {
     let mut machine = end(Role::Leader);
-    assert_eq!(
-        step(
-            &mut machine,
-            Event::ControlFailed { via: Path::Backup },
-            at(5)
-        ),
-        []
-    );
+    assert_eq!(step(&mut machine, control_failed(Path::Backup), at(5)), []);
     // The backup link has been up since the start: the hold-down is counted from there.
     let due = machine.poll_timeout().expect("a repair is scheduled");
     assert_eq!(due, at(1000));
@@ -71,26 +98,7 @@ fn a_leader_repairs_a_backup_lost_while_idle_and_is_protected_again() {
 
 #[test]
 fn a_follower_that_lost_its_backup_asks_the_leader_then_follows_its_repair() {
-    let mut machine = end(Role::Follower);
-    assert_eq!(
-        step(
-            &mut machine,
-            Event::ControlFailed { via: Path::Backup },
-            at(5)
-        ),
-        []
-    );
-    let due = machine
-        .poll_timeout()
-        .expect("the follower tells the leader");
-    assert_eq!(
-        step(&mut machine, Event::Tick, due),
-        [Action::SendControl {
-            via: Path::Default,
-            message: ControlMessage::SideLost { epoch: backup(0) }
-        }]
-    );
-    assert_eq!(machine.poll_timeout(), None, "told once");
+    let mut machine = follower_that_told_the_leader_it_lost(Side::Backup);
     assert_eq!(
         step(
             &mut machine,
@@ -175,12 +183,7 @@ fn a_backup_repair_is_not_attempted_while_traffic_is_on_the_backup() {
 
 #[test]
 fn an_unanswered_or_refused_backup_repair_backs_off_and_tries_again() {
-    let mut machine = end(Role::Leader);
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(5),
-    );
+    let mut machine = backup_lost_while_idle(Role::Leader);
     step(&mut machine, Event::Tick, at(1000));
     let deadline = machine.poll_timeout().unwrap();
     assert_eq!(deadline, at(3000), "the handshake timeout");
@@ -214,48 +217,27 @@ fn an_unanswered_or_refused_backup_repair_backs_off_and_tries_again() {
     assert_eq!(actions, FAILBACK_START);
     let actions = step(&mut machine, Event::Tick, at(3300) + budget());
     assert_eq!(
-        surfaced(&actions).map(|(_, r)| r),
+        failure_reason(&actions),
         Some(FailReason::BackupUnavailable)
     );
 }
 
 #[test]
 fn without_the_default_devices_channel_no_backup_repair_is_attempted() {
-    let mut machine = end(Role::Leader);
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(5),
-    );
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Default },
-        at(6),
-    );
+    let mut machine = backup_lost_while_idle(Role::Leader);
+    step(&mut machine, control_failed(Path::Default), at(6));
     assert_eq!(machine.poll_timeout(), None);
 }
 
 // ---- Repairing the default devices' channel (docs/failover.md 5d) ------------------------
 
 fn channel_up(epoch: u32, ok: bool) -> Event {
-    Event::SideUp {
-        epoch: channel(epoch),
-        ok,
-    }
+    side_up(Side::DefaultChannel, epoch, ok)
 }
 
 /// Takes every observation; whether one said the default devices' channel was repaired.
 fn observed_channel_repair(machine: &mut Failover) -> bool {
-    let mut repaired = false;
-    while let Some(o) = machine.poll_observation() {
-        repaired |= matches!(
-            o,
-            Observation::SideRepaired {
-                epoch: SideEpoch::DefaultChannel(_)
-            }
-        );
-    }
-    repaired
+    observed_repair_of(machine, Side::DefaultChannel)
 }
 
 /// Leader: a default devices' channel lost at `lost` is repaired at its next tick.
@@ -294,24 +276,13 @@ fn leader_repairs_channel(machine: &mut Failover, epoch: u32) {
 #[test]
 fn a_leader_repairs_its_default_devices_channel_and_a_later_backup_loss_is_repaired() {
     let mut machine = end(Role::Leader);
-    assert_eq!(
-        step(
-            &mut machine,
-            Event::ControlFailed { via: Path::Default },
-            at(5)
-        ),
-        []
-    );
+    assert_eq!(step(&mut machine, control_failed(Path::Default), at(5)), []);
     // The default link has been up since the start: the hold-down is counted from there.
     assert_eq!(machine.poll_timeout(), Some(at(1000)));
     leader_repairs_channel(&mut machine, 1);
     assert_eq!(machine.poll_timeout(), None);
     // The backup side, lost later, is repaired over the repaired channel.
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(2000),
-    );
+    step(&mut machine, control_failed(Path::Backup), at(2000));
     let due = machine
         .poll_timeout()
         .expect("a backup repair is scheduled");
@@ -329,26 +300,7 @@ fn a_leader_repairs_its_default_devices_channel_and_a_later_backup_loss_is_repai
 
 #[test]
 fn a_follower_that_lost_its_default_devices_channel_asks_the_leader_then_follows() {
-    let mut machine = end(Role::Follower);
-    assert_eq!(
-        step(
-            &mut machine,
-            Event::ControlFailed { via: Path::Default },
-            at(5)
-        ),
-        []
-    );
-    let due = machine
-        .poll_timeout()
-        .expect("the follower tells the leader");
-    assert_eq!(
-        step(&mut machine, Event::Tick, due),
-        [Action::SendControl {
-            via: Path::Backup,
-            message: ControlMessage::SideLost { epoch: channel(0) }
-        }]
-    );
-    assert_eq!(machine.poll_timeout(), None, "told once");
+    let mut machine = follower_that_told_the_leader_it_lost(Side::DefaultChannel);
     let rearm = Event::Control(ControlMessage::SideRearm { epoch: channel(1) });
     assert_eq!(
         step(&mut machine, rearm, at(1500)),
@@ -371,21 +323,8 @@ fn a_follower_that_lost_its_default_devices_channel_asks_the_leader_then_follows
     );
     assert!(observed_channel_repair(&mut machine));
     // The channel carries a backup repair again: the follower asks for one.
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Backup },
-        at(2000),
-    );
-    let due = machine
-        .poll_timeout()
-        .expect("the follower tells the leader");
-    assert_eq!(
-        step(&mut machine, Event::Tick, due),
-        [Action::SendControl {
-            via: Path::Default,
-            message: ControlMessage::SideLost { epoch: backup(0) }
-        }]
-    );
+    step(&mut machine, control_failed(Path::Backup), at(2000));
+    tells_the_leader_it_lost(&mut machine, Path::Default, backup(0));
 }
 
 #[test]
@@ -408,7 +347,7 @@ fn a_follower_whose_channel_works_resets_it_when_the_leader_repairs_its_own() {
     assert_eq!(actions.len(), 1);
     assert!(observed_channel_repair(&mut machine));
     assert_eq!(
-        surfaced(&step(&mut machine, stale, at(1600))).map(|(_, r)| r),
+        failure_reason(&step(&mut machine, stale, at(1600))),
         Some(FailReason::ProtocolViolation),
         "a rearm for an epoch already entered"
     );
@@ -435,11 +374,7 @@ fn the_default_channel_lost_with_the_default_qps_is_repaired_after_the_failover_
     config.holddown = Duration::ZERO;
     let mut machine = Failover::new(config, at(0));
     assert_eq!(
-        step(
-            &mut machine,
-            Event::ControlFailed { via: Path::Default },
-            at(10)
-        ),
+        step(&mut machine, control_failed(Path::Default), at(10)),
         []
     );
     assert_eq!(
@@ -480,18 +415,14 @@ fn the_default_channel_lost_with_the_default_qps_is_repaired_after_the_failover_
 #[test]
 fn a_default_channel_repair_waits_for_the_backup_channel_and_backs_off_when_unanswered() {
     let mut machine = end(Role::Leader);
-    step(
-        &mut machine,
-        Event::ControlFailed { via: Path::Default },
-        at(5),
-    );
-    step(&mut machine, Event::LinkDown { path: Path::Backup }, at(6));
+    step(&mut machine, control_failed(Path::Default), at(5));
+    step(&mut machine, link_down(Path::Backup), at(6));
     assert_eq!(
         machine.poll_timeout(),
         None,
         "its messages need the backup link"
     );
-    step(&mut machine, Event::LinkUp { path: Path::Backup }, at(700));
+    step(&mut machine, link_up(Path::Backup), at(700));
     let due = machine.poll_timeout().unwrap();
     assert_eq!(due, at(1000));
     step(&mut machine, Event::Tick, due);
@@ -513,11 +444,7 @@ fn a_default_channel_repair_waits_for_the_backup_channel_and_backs_off_when_unan
         ]
     );
     // The backup link going down abandons the attempt.
-    step(
-        &mut machine,
-        Event::LinkDown { path: Path::Backup },
-        at(3300),
-    );
+    step(&mut machine, link_down(Path::Backup), at(3300));
     let late = Event::Control(ControlMessage::SideRearmDone {
         epoch: channel(2),
         ok: true,
