@@ -301,7 +301,7 @@ fn read_bw_check_with_a_changing_server_buffer_reads_no_stale_or_newer_data_thro
     assert!(c.report.iterations > 0);
 }
 
-/// Issue 14, gap 1: the client's default device dies silently, asked for through its fault
+/// The client's default device dies silently, asked for through its fault
 /// channel as the testbed does: failover (cause `device-fatal`), not connection loss, and
 /// every byte the server checks intact.
 #[test]
@@ -346,7 +346,7 @@ fn write_bw_check_fails_over_when_the_default_device_dies_through_the_fault_chan
     assert!(c.report.iterations > 0);
 }
 
-/// Issue 15 item 1 through the fault channel, as the testbed's `initiator-dev1-qps-failed`
+/// A backup side repaired, through the fault channel, as the testbed's `initiator-dev1-qps-failed`
 /// does it: the client's backup device fails every QP while traffic runs on the default
 /// path; the pair repairs its backup side (one re-arm on each end), nothing reaches the
 /// application, and a default failure after the repair fails over through the repaired

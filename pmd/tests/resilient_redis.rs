@@ -169,7 +169,7 @@ fn a_connection_set_up_through_redis_fails_over_and_finds_later_rkeys_there() {
     assert_eq!(&bytes, b"found through redis");
 }
 
-/// Issue 14, gap 4. B deregisters an MR whose backup mapping A cached on an earlier failover:
+/// B deregisters an MR whose backup mapping A cached on an earlier failover:
 /// B's shadow withdraws the mapping from the store, and A's next round finds it gone when it
 /// would retransmit a WRITE naming the old rkey. The WRITE fails closed (`LOC_PROT_ERR`, never
 /// sent on the backup path) instead of going out through the stale backup rkey.
@@ -178,7 +178,7 @@ fn a_retransmission_through_a_withdrawn_rkey_mapping_fails_closed() {
     retransmit_after_withdrawal(22, "withdraw", |_, _, _, _| {});
 }
 
-/// Issue 16, item 2. As above, but whoever can write the store hides the withdrawal under an
+/// As above, but whoever can write the store hides the withdrawal under an
 /// entry they forged: A's next round refuses it and fails closed rather than falling back on
 /// the mapping it cached (which names memory B deregistered).
 #[test]
@@ -291,7 +291,7 @@ fn qp_key(prefix: &str, a: &PeerAttrs) -> String {
     format!("{prefix}:qp:{}:{}", a.default_gid, a.default_qpn)
 }
 
-/// Issue 16, item 2. An entry written by someone without the job's secret, one with a byte
+/// An entry written by someone without the job's secret, one with a byte
 /// changed, and one without a MAC at all are refused by name, counted, and never used.
 #[test]
 fn a_forged_altered_or_unsealed_entry_is_refused_and_counted() {
@@ -336,7 +336,7 @@ fn a_forged_altered_or_unsealed_entry_is_refused_and_counted() {
     );
 }
 
-/// Issue 16, item 2. A genuine entry written back after a newer one (the attributes of an
+/// A genuine entry written back after a newer one (the attributes of an
 /// earlier QP with the same number; a mapping its publisher withdrew since) is a replay.
 #[test]
 fn a_replayed_older_entry_is_refused_as_stale() {
@@ -372,7 +372,7 @@ fn a_replayed_older_entry_is_refused_as_stale() {
     assert_eq!(reader.refusals().stale_epoch, 2);
 }
 
-/// Issue 16, item 2. A genuine entry moved to another connection's key (or another rkey's
+/// A genuine entry moved to another connection's key (or another rkey's
 /// field) is refused as that connection's, not used as this one's.
 #[test]
 fn an_entry_of_another_connection_is_refused() {
@@ -400,7 +400,7 @@ fn an_entry_of_another_connection_is_refused() {
     assert_eq!(reader.refusals().wrong_entry, 2);
 }
 
-/// Issue 16, item 2. Where the attributes came inline and the store holds the same end's
+/// Where the attributes came inline and the store holds the same end's
 /// too, a disagreement is refused by name and counted.
 #[test]
 fn the_store_is_cross_checked_against_the_inline_exchange() {
@@ -443,7 +443,7 @@ fn the_store_is_cross_checked_against_the_inline_exchange() {
     assert_eq!(store.refusals().inline_mismatch, 2);
 }
 
-/// Issue 16, item 2. Only MRs with remote access have their keys published: a local-only
+/// Only MRs with remote access have their keys published: a local-only
 /// MR's keys go neither into the inline blob nor into the store.
 #[test]
 fn a_local_only_mr_is_never_published() {
@@ -504,7 +504,7 @@ fn a_local_only_mr_is_never_published_to_redis() {
     assert_eq!(check.refusals().total(), 0);
 }
 
-/// Issue 16, item 2. A Redis ACL user in the URL: it works with its password, and a wrong
+/// A Redis ACL user in the URL: it works with its password, and a wrong
 /// one is an error that says authentication failed, without the password in it.
 #[test]
 fn an_acl_user_works_and_a_wrong_password_is_named() {
@@ -657,7 +657,7 @@ impl Drop for TlsServer {
     }
 }
 
-/// Issue 16, item 2. The store over TLS (`rediss://`, pmd's `redis-tls` feature): with the
+/// The store over TLS (`rediss://`, pmd's `redis-tls` feature): with the
 /// cluster's CA the rendezvous works; trusting only the system's roots, the server's
 /// certificate is refused.
 #[cfg(feature = "redis-tls")]

@@ -286,7 +286,8 @@ impl Schedule {
             },
             kind: Kind::Nccl,
         };
-        // Issue 14's additions, from a generator of their own (older seeds keep their faults).
+        // SEND and READ traffic, and a default device that dies (its fatal event announced or
+        // lost), from a generator of their own (older seeds keep their faults).
         let mut more = ChaCha8Rng::seed_from_u64(seed ^ 0x1414_1414_1414);
         schedule.kind = match more.random_range(0..8) {
             0 | 1 => Kind::Send,
@@ -306,7 +307,7 @@ impl Schedule {
                 announced,
             });
         }
-        // Issue 15's addition, from a generator of its own: the backup device fails its QPs.
+        // The backup device failing its QPs, from a generator of its own.
         let mut backup_qps = ChaCha8Rng::seed_from_u64(seed ^ 0x1515_1515_1515);
         if backup_qps.random_bool(1.0 / 5.0) {
             schedule.hurts.push(Hurt::BackupQpsFailed {
@@ -314,7 +315,7 @@ impl Schedule {
                 at: ms(&mut backup_qps, 0, 300),
             });
         }
-        // Issue 15's repair of the default devices' channel, from a generator of its own: a
+        // The default devices' channel lost and repaired, from a generator of its own: a
         // default device fails its QPs (not one that dies: it would find no QPs to fail).
         let mut default_qps = ChaCha8Rng::seed_from_u64(seed ^ 0x1515_0d0d_0d0d);
         if default_qps.random_bool(1.0 / 6.0) && !schedule.device_dies() {

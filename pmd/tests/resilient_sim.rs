@@ -450,7 +450,7 @@ fn the_backup_dying_during_a_switch_back_moves_the_traffic_back_to_the_default()
             )
         {
             // The switch-back under way: the backup path vanishes under it (no link event,
-            // the backup QPs exhaust their retries). Issue 15 ended the connection here.
+            // the backup QPs exhaust their retries): the traffic goes back to the default path.
             let now = s.now();
             for rule in softnic::FaultRule::partition(A_BACKUP, B_BACKUP, now, None) {
                 s.fabric.add_rule(rule);
@@ -778,7 +778,7 @@ fn fence_behind_a_stalled_send(seed: u64) -> Sim {
     sim
 }
 
-/// Issue 14, gap 3. A's backup SQ holds, in order: a SEND that B has no receive for (RNR,
+/// A's backup SQ holds, in order: a SEND that B has no receive for (RNR,
 /// retried every 640 us), the switch-back fence behind it, and, after the default path failed
 /// again during WaitDrained, the withheld signaled WRITE copied behind the fence. When B posts
 /// its receive, one retry runs all three and one ACK retires them: A polls the fence and the
@@ -826,7 +826,7 @@ fn a_fence_retired_in_one_batch_with_a_later_signaled_wqe_is_swallowed_and_clear
     );
 }
 
-/// Issue 14, gap 2: a READ whose response was lost, followed by a WRITE to the same bytes and
+/// A READ whose response was lost, followed by a WRITE to the same bytes and
 /// a SEND that the peer executed, must not be executed again on the backup: it would read
 /// what the later WRITE wrote and report it as a `Success`. The connection fails instead, the
 /// READ's completion first, as when an atomic is in flight.
@@ -902,7 +902,7 @@ fn a_read_overtaken_by_a_later_executed_write_is_never_returned_as_success() {
     assert_eq!(sim.b.qp.state(), ResilientState::Failed, "B was told");
 }
 
-/// Issue 14, gap 1: the default device of the sender dies without flushing anything (its
+/// The default device of the sender dies without flushing anything (its
 /// device-fatal event is all the driver learns; its link stays up). The round must not wait
 /// for flushes that never come: traffic goes on on the backup, checked byte by byte.
 #[test]
@@ -936,7 +936,7 @@ fn a_default_device_that_dies_without_flushing_fails_over_on_its_fatal_event() {
     assert_eq!(sim.b.qp.stats().failovers, 1);
 }
 
-/// Issue 14, gap 1: the receiver's default device dies silently and its fatal event is lost
+/// The receiver's default device dies silently and its fatal event is lost
 /// (read by someone else): nothing tells its driver. The sender's retries run out, its
 /// `Failover` starts the receiver's round, and the receiver's drain gives up waiting for
 /// flushes after `drain_timeout`: the receives and WQEs without a completion are unknown,

@@ -71,7 +71,7 @@ pub struct IdleLatResult {
     pub p99_alone_us: f64,
     /// See `p99_alone_us`.
     pub p99_with_idle_us: f64,
-    /// Issue 17's goal: the ratio at most 1.05.
+    /// The goal: the ratio at most 1.05.
     pub goal_within_5pct: bool,
 }
 

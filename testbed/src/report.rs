@@ -766,7 +766,7 @@ mod tests {
     #[test]
     fn a_loss_while_the_other_rail_was_up_is_the_drivers_fault() {
         let (mut app, _) = story();
-        // Issue 15's first run: both default NICs down and back, then the initiator's
+        // Both default NICs down and back, then the initiator's
         // backup NIC down (for longer than the budget) while traffic is on the backup; the
         // default rail is up.
         let log = vec![

@@ -58,7 +58,7 @@ pub struct SweepResult {
     pub points: Vec<SweepPoint>,
     /// `all_on_backup_ms` at the largest count that ran, over the 1-QP figure.
     pub largest_over_one: Option<f64>,
-    /// Issue 17's goal: the largest count (1,000 QPs) all on the backup within 2x the 1-QP
+    /// The goal: the largest count (1,000 QPs) all on the backup within 2x the 1-QP
     /// figure; `null` when either figure is missing.
     pub goal_within_2x: Option<bool>,
 }

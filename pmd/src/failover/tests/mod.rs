@@ -428,7 +428,7 @@ fn an_atomic_in_flight_surfaces_the_error_instead_of_failing_over() {
     assert_eq!(machine.send_route(), Route::Closed);
 }
 
-/// Issue 14, gap 2: a READ rung before the peer's last consumed send would read what that
+/// A READ rung before the peer's last consumed send would read what that
 /// send (and what came before it) changed if executed again; the round refuses.
 #[test]
 fn a_read_overtaken_by_a_consumed_send_fails_the_connection_instead_of_going_again() {
@@ -691,8 +691,8 @@ fn backup_link_down_in_fallback_fails_after_the_rc_budget_not_at_the_link_down()
     let mut machine = failed_over(Role::Leader);
     // The default link is down too: no failback (5e) can take the traffic.
     step(&mut machine, link_down(Path::Default), at(15));
-    // Issue 15: this failed the connection at the link-down although a plain RC QP would
-    // have retried through a 0.37 s outage.
+    // Not a failure at the link-down: a plain RC QP would have retried through a 0.37 s
+    // outage.
     assert_eq!(step(&mut machine, link_down(Path::Backup), at(20)), []);
     let deadline = at(20) + budget();
     assert!(machine.poll_timeout().unwrap() <= deadline);
