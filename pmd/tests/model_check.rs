@@ -2102,14 +2102,20 @@ impl FailoverModel {
                     | Step::Wait
             )
         });
-        // A deadline left but no quiet-time timeout in the budget: the bounds cut the run.
-        let cut = world.budget.waits == 0
-            && [A, B].iter().any(|&h| {
-                world.hosts[h]
-                    .machine
-                    .poll_timeout()
-                    .is_some_and(|t| t.as_nanos() > world.now)
-            });
+        // A deadline left but no quiet-time timeout in the budget, or a timer due but no
+        // tick in the budget: the bounds cut the run. (A due timer hides the later deadlines
+        // behind it: `poll_timeout` is the earliest. Seen since a handshake waits the outage
+        // tolerance: a repair attempt timed out at the 2 s quiet-time wait and is due again
+        // at once, while the switch-back that would fail the connection waits until 4.29 s.)
+        let cut = [A, B].iter().any(|&h| {
+            world.hosts[h].machine.poll_timeout().is_some_and(|t| {
+                if t.as_nanos() > world.now {
+                    world.budget.waits == 0
+                } else {
+                    world.budget.ticks == 0
+                }
+            })
+        });
         !busy && !cut
     }
 }

@@ -30,7 +30,8 @@ pub struct Config {
     pub backoff_initial: Duration,
     /// The longest wait between rearm attempts.
     pub backoff_max: Duration,
-    /// How long a failover handshake may wait for the peer before the connection is failed.
+    /// How long a failover handshake may wait for the peer before the connection is failed,
+    /// at least ([`Config::handshake_wait`] takes the outage tolerance where that is longer).
     pub handshake_timeout: Duration,
     /// How long the backup link may be down while something needs it (a failover round, or
     /// traffic on the backup) before the connection fails with `backup-unavailable`: the
@@ -79,6 +80,16 @@ impl Config {
     /// outage tolerance, or the RC retry budget where that is longer.
     pub fn no_path_wait(&self) -> Duration {
         self.outage_tolerance.max(self.backup_wait)
+    }
+
+    /// How long a handshake that holds the application's work (a failover round, a
+    /// failback, a switch-back's fence) waits for the peer before the connection fails: the
+    /// handshake timeout, or the outage tolerance where that is longer. The peer's side of
+    /// the path its answer travels on can be down where this end cannot see it (its NIC, the
+    /// switch port facing it), and then nothing answers: that is an outage, which the
+    /// tolerance bounds, not a silent peer.
+    pub fn handshake_wait(&self) -> Duration {
+        self.handshake_timeout.max(self.no_path_wait())
     }
 
     /// The wait after `failures` consecutive failed rearm attempts.

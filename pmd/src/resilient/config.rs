@@ -34,8 +34,10 @@ pub struct ResilientConfig {
     pub backoff_initial: Duration,
     /// The longest wait between rearm attempts.
     pub backoff_max: Duration,
-    /// How long a failover or switch-back handshake waits for the peer before the
-    /// connection fails.
+    /// How long a failover, failback or switch-back handshake waits for the peer before the
+    /// connection fails, at least: the machine waits the outage tolerance where that is
+    /// longer (`failover::Config::handshake_wait`), since the peer's side of the path can be
+    /// down where this end cannot see it.
     pub handshake_timeout: Duration,
     /// How long a connection holds its work while no path answers before it fails
     /// (`docs/failover.md` 5c); the control QPs' retries outlast it too. Default 4.29 s.

@@ -84,7 +84,12 @@ impl Failover {
     ) {
         let default_failed = default_failed || matches!(self.send, SendState::FailingOver(_));
         let deadline = if self.default_link.up && !default_failed {
-            now + self.config.handshake_timeout
+            // The backup is gone, so the default path is the only one left, and a peer
+            // whose side of it is down (a link this end cannot see) cannot answer: the
+            // round waits the outage tolerance, not only the handshake timeout (seen in the
+            // chaos scenario: a failback gave up 2 s in while the peer's default NIC was
+            // down and its own `Failback` waited for it).
+            now + self.config.handshake_wait()
         } else {
             // The default path is down too: it may come back within the outage tolerance
             // (5c), counted from the first of the failures that are waiting.
@@ -325,7 +330,11 @@ impl Failover {
     }
 
     /// The default link went down during a failback: before the default QP is up, the round
-    /// waits for it no longer than the RC retry budget (5b).
+    /// waits for it the outage tolerance from now (the handshake timeout stops: the peer
+    /// cannot answer over a path that carries nothing). Before, the wait was capped at
+    /// what was left of the handshake timeout (the shorter of the two), so a failback
+    /// whose default link went down 1.9 s into its handshake ended with `outage-tolerance`
+    /// 0.1 s later (issue 29, the chaos scenario's write seed 2).
     pub(super) fn failback_link_down(&mut self, now: Timestamp) {
         if let SendState::FailingBack(round) = self.send {
             if matches!(
@@ -333,7 +342,7 @@ impl Failover {
                 FailbackStep::Draining | FailbackStep::AwaitingPeer { .. }
             ) {
                 self.send = SendState::FailingBack(FailbackRound {
-                    deadline: round.deadline.min(now + self.config.no_path_wait()),
+                    deadline: now + self.config.no_path_wait(),
                     ..round
                 });
             }
@@ -355,7 +364,7 @@ impl Failover {
                 // responder's down again 5 ms later for 213 ms, and both ends gave up 1 ms
                 // before the retransmission that would have carried their messages).
                 self.send = SendState::FailingBack(FailbackRound {
-                    deadline: round.deadline.max(now + self.config.handshake_timeout),
+                    deadline: round.deadline.max(now + self.config.handshake_wait()),
                     ..round
                 });
                 self.maybe_bring_up_failback(out);

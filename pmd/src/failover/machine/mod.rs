@@ -326,6 +326,7 @@ impl Failover {
                     up: false,
                     since: now,
                 };
+                self.pause_backup_handshakes();
                 if self.repair_in_progress(Side::Backup) {
                     self.repair_failed(Side::Backup, now);
                 }
@@ -387,6 +388,7 @@ impl Failover {
                     since: now,
                 };
                 self.backup_deadline = None;
+                self.resume_backup_handshakes(now);
                 self.resume_round(now, out);
             }
             // State 2: bring the default pair back into a new epoch and probe it.
@@ -656,7 +658,7 @@ impl Failover {
             trigger,
         });
         tracing::info!(%epoch, started_by_peer = peer.is_some(), "failover: default path failed, failing over");
-        let deadline = now + self.config.handshake_timeout;
+        let deadline = now + self.config.handshake_wait();
         self.send = SendState::FailingOver(Round {
             epoch,
             step: RoundStep::Draining,
@@ -764,7 +766,7 @@ impl Failover {
                         drained: progress,
                         sends_before_first_read,
                     },
-                    deadline: round.deadline.min(now + self.config.handshake_timeout),
+                    deadline: round.deadline.min(now + self.config.handshake_wait()),
                     ..round
                 })
             }
@@ -841,6 +843,47 @@ impl Failover {
                 qp_in_error,
                 "failover: backup path lost while idle; connection unprotected"
             ),
+        }
+    }
+
+    /// The backup link went down while a handshake on its channel (a failover round's
+    /// `Failover` exchange, a switch-back's `SwitchBack` / `SwitchBackReady`) waits for the
+    /// peer: the peer cannot answer over a path that carries nothing, so the handshake timeout
+    /// stops and the outage tolerance (`backup_deadline`, armed by [`Failover::backup_failed`]
+    /// since the handshake needs the backup) bounds the wait instead. Before, the 2 s
+    /// handshake timeout ended a connection whose backup link was down for less than the
+    /// 4.29 s tolerance (the chaos scenario's `handshake-timeout`, issue 29).
+    fn pause_backup_handshakes(&mut self) {
+        match &mut self.send {
+            SendState::FailingOver(Round {
+                step: RoundStep::Draining | RoundStep::AwaitingPeer { .. },
+                deadline,
+                ..
+            })
+            | SendState::WaitDrained {
+                notified: Some(deadline),
+                ..
+            } => *deadline = Timestamp::MAX,
+            _ => {}
+        }
+    }
+
+    /// The backup link is back: a handshake paused by [`Failover::pause_backup_handshakes`]
+    /// gets its whole wait ([`Config::handshake_wait`]) from now (the peer's answer, posted while the link was
+    /// down, arrives at its control QP's next retransmission).
+    fn resume_backup_handshakes(&mut self, now: Timestamp) {
+        let resumed = now + self.config.handshake_wait();
+        match &mut self.send {
+            SendState::FailingOver(Round {
+                step: RoundStep::Draining | RoundStep::AwaitingPeer { .. },
+                deadline,
+                ..
+            })
+            | SendState::WaitDrained {
+                notified: Some(deadline),
+                ..
+            } => *deadline = (*deadline).min(resumed),
+            _ => {}
         }
     }
 
@@ -1210,7 +1253,7 @@ impl Failover {
                     sends_before,
                 },
             });
-            let deadline = now + self.config.handshake_timeout;
+            let deadline = now + self.config.handshake_wait();
             self.send = SendState::WaitDrained {
                 sends_before,
                 notified: Some(deadline),

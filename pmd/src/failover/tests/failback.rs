@@ -533,7 +533,7 @@ fn the_peers_failback_over_the_default_path_proves_it_up_before_the_link_watch_d
 
 /// Drives `machine` (back on the default path, WaitSignaled) through the fence: its
 /// `SwitchBack` has left and it waits for the peer's `SwitchBackReady`.
-fn awaiting_switch_back_ready(machine: &mut Failover) {
+pub(super) fn awaiting_switch_back_ready(machine: &mut Failover) {
     let fence = Event::SignaledPosted {
         progress: progress(7, 4, 3),
     };

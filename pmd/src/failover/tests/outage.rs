@@ -1,6 +1,6 @@
 //! The outage tolerance (`docs/failover.md` 5c): work held while no path answers.
 
-use super::failback::{backup_error, failback_drained};
+use super::failback::{awaiting_switch_back_ready, backup_error, failback_drained};
 use super::*;
 
 /// Drives a default-configured leader into Fallback.
@@ -126,4 +126,203 @@ fn the_backup_link_down_in_fallback_holds_the_work_past_the_rc_budget() {
     step(&mut machine, link_up(Path::Backup), at(1_500));
     assert_eq!(machine.send_phase(), SendPhase::Fallback);
     assert_eq!(machine.failed(), None);
+}
+
+fn peer_failback(epoch: u32, recvs_completed: u64) -> Event {
+    Event::Control(ControlMessage::Failback {
+        epoch: Epoch(epoch),
+        recvs_completed,
+    })
+}
+
+#[test]
+fn a_failback_whose_default_link_goes_down_during_its_handshake_holds_the_work_for_the_tolerance() {
+    // The backup dies under traffic with the default link up: the failback's handshake has
+    // the handshake timeout (2 s), until the default link goes down 1.9 s in. From then on
+    // nothing answers, and the round waits the outage tolerance, not the 0.1 s left of the
+    // handshake (before: `outage-tolerance` at 2.1 s, 0.2 s into the outage).
+    let mut machine = tolerant_failed_over(Role::Leader);
+    assert_eq!(step(&mut machine, backup_error(), at(100)), FAILBACK_START);
+    step(&mut machine, failback_drained(progress(4, 4, 2)), at(101));
+    let down = Event::LinkDown {
+        path: Path::Default,
+    };
+    step(&mut machine, down, at(2_000));
+    assert_eq!(
+        machine.poll_timeout(),
+        Some(at(2_000) + DEFAULT_OUTAGE_TOLERANCE)
+    );
+    let actions = step(&mut machine, Event::Tick, at(2_100));
+    assert_eq!(surfaced(&actions), None, "{actions:?}");
+    assert_eq!(machine.send_route(), Route::DefaultWithheld);
+    // Back 3 s later: the peer's Failback arrives and the round goes on.
+    let up = Event::LinkUp {
+        path: Path::Default,
+    };
+    step(&mut machine, up, at(5_000));
+    let actions = step(&mut machine, peer_failback(1, 3), at(5_010));
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Failback { .. })),
+        "{actions:?}"
+    );
+    assert_eq!(machine.failed(), None);
+}
+
+#[test]
+fn a_failback_whose_default_link_goes_down_during_its_handshake_fails_after_the_tolerance() {
+    let mut machine = tolerant_failed_over(Role::Leader);
+    step(&mut machine, backup_error(), at(100));
+    step(&mut machine, failback_drained(progress(4, 4, 2)), at(101));
+    let down = Event::LinkDown {
+        path: Path::Default,
+    };
+    step(&mut machine, down, at(1_000));
+    let deadline = at(1_000) + DEFAULT_OUTAGE_TOLERANCE;
+    assert_eq!(step(&mut machine, Event::Tick, at(4_000)), []);
+    let actions = step(&mut machine, Event::Tick, deadline);
+    assert_eq!(
+        surfaced(&actions),
+        Some((WcStatus::RetryExcErr, FailReason::OutageTolerance))
+    );
+}
+
+#[test]
+fn a_round_whose_backup_link_goes_down_while_awaiting_the_peer_waits_the_tolerance_not_the_handshake(
+) {
+    // Our `Failover` left at 10 ms; the backup link goes down at 500 ms, so the peer's answer
+    // cannot arrive. Before: `handshake-timeout` at 2.01 s, 1.5 s into the outage.
+    let mut machine = tolerant(Role::Leader);
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(10));
+    let down = Event::LinkDown { path: Path::Backup };
+    step(&mut machine, down, at(500));
+    assert_eq!(
+        machine.poll_timeout(),
+        Some(at(500) + DEFAULT_OUTAGE_TOLERANCE)
+    );
+    let actions = step(&mut machine, Event::Tick, at(2_010));
+    assert_eq!(surfaced(&actions), None, "{actions:?}");
+    assert_eq!(machine.send_route(), Route::DefaultWithheld);
+    // Back at 3 s: the handshake gets its whole wait from then.
+    step(
+        &mut machine,
+        Event::LinkUp { path: Path::Backup },
+        at(3_000),
+    );
+    assert_eq!(
+        machine.poll_timeout(),
+        Some(at(3_000) + DEFAULT_OUTAGE_TOLERANCE)
+    );
+    assert_eq!(step(&mut machine, Event::Tick, at(5_000)), []);
+    step(&mut machine, peer_failover(0, 3, 0), at(4_100));
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+    assert_eq!(machine.failed(), None);
+}
+
+#[test]
+fn a_round_whose_peer_stays_silent_after_the_backup_link_returns_times_out() {
+    let mut machine = tolerant(Role::Leader);
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(10));
+    step(
+        &mut machine,
+        Event::LinkDown { path: Path::Backup },
+        at(500),
+    );
+    step(
+        &mut machine,
+        Event::LinkUp { path: Path::Backup },
+        at(1_000),
+    );
+    // The whole wait from the link-up, not from the message.
+    let from_message = at(10) + DEFAULT_OUTAGE_TOLERANCE;
+    assert_eq!(step(&mut machine, Event::Tick, from_message), []);
+    let actions = step(
+        &mut machine,
+        Event::Tick,
+        at(1_000) + DEFAULT_OUTAGE_TOLERANCE,
+    );
+    assert_eq!(
+        surfaced(&actions),
+        Some((WcStatus::RetryExcErr, FailReason::HandshakeTimeout))
+    );
+}
+
+#[test]
+fn a_switch_back_whose_backup_link_flaps_gets_the_handshake_timeout_from_the_link_up() {
+    // The `SwitchBack` left at 6.001 s; the backup link is down from 6.1 s to 6.5 s (within
+    // the RC budget). Before: `handshake-timeout` at 8.001 s.
+    let mut machine = leader_back_on_default_path();
+    awaiting_switch_back_ready(&mut machine);
+    step(
+        &mut machine,
+        Event::LinkDown { path: Path::Backup },
+        at(6_100),
+    );
+    step(
+        &mut machine,
+        Event::LinkUp { path: Path::Backup },
+        at(6_500),
+    );
+    let actions = step(&mut machine, Event::Tick, at(8_001));
+    assert_eq!(surfaced(&actions), None, "{actions:?}");
+    let epoch = machine.epoch().0;
+    let actions = step(&mut machine, switch_back_ready(epoch), at(8_100));
+    assert_eq!(actions, [Action::ReleaseDefaultDoorbell]);
+    assert_eq!(machine.send_phase(), SendPhase::Default);
+}
+
+#[test]
+fn a_failback_whose_peer_is_silent_while_this_ends_default_link_is_up_waits_the_tolerance() {
+    // The backup dies under traffic; this end's default link is up, the peer's default NIC
+    // is down (this end cannot see it), so the peer's `Failback` waits at its end. Before:
+    // `handshake-timeout` 2 s after the start, with the peer's message still on its way.
+    let mut machine = tolerant_failed_over(Role::Leader);
+    assert_eq!(step(&mut machine, backup_error(), at(100)), FAILBACK_START);
+    step(&mut machine, failback_drained(progress(4, 4, 2)), at(101));
+    assert_eq!(
+        machine.poll_timeout(),
+        Some(at(100) + DEFAULT_OUTAGE_TOLERANCE)
+    );
+    let actions = step(&mut machine, Event::Tick, at(2_100));
+    assert_eq!(surfaced(&actions), None, "{actions:?}");
+    let actions = step(&mut machine, peer_failback(1, 3), at(3_500));
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Failback { .. })),
+        "{actions:?}"
+    );
+    // A peer that never answers: the connection ends at the tolerance.
+    let mut silent = tolerant_failed_over(Role::Leader);
+    step(&mut silent, backup_error(), at(100));
+    step(&mut silent, failback_drained(progress(4, 4, 2)), at(101));
+    let actions = step(&mut silent, Event::Tick, at(100) + DEFAULT_OUTAGE_TOLERANCE);
+    assert_eq!(
+        surfaced(&actions),
+        Some((WcStatus::RetryExcErr, FailReason::HandshakeTimeout))
+    );
+}
+
+#[test]
+fn a_round_whose_peer_cannot_answer_waits_the_tolerance_not_the_handshake_timeout() {
+    // This end's links are up; the peer's backup NIC is down (this end cannot see it), so
+    // the peer's `Failover` waits at its end. Before: `handshake-timeout` 2 s after our
+    // message (the chaos scenario, write seed 3).
+    let mut machine = tolerant(Role::Leader);
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(10));
+    assert_eq!(
+        machine.poll_timeout(),
+        Some(at(10) + DEFAULT_OUTAGE_TOLERANCE)
+    );
+    let actions = step(&mut machine, Event::Tick, at(2_010));
+    assert_eq!(surfaced(&actions), None, "{actions:?}");
+    step(&mut machine, peer_failover(0, 3, 0), at(3_000));
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+    let config = Config::new(Role::Leader);
+    assert_eq!(config.handshake_wait(), DEFAULT_OUTAGE_TOLERANCE);
+    // Without a tolerance (the RC budget alone) the handshake timeout stays.
+    assert_eq!(
+        rc_only(Role::Leader).handshake_wait(),
+        config.handshake_timeout
+    );
 }
