@@ -97,11 +97,6 @@ impl SideEpoch {
             SideEpoch::DefaultChannel(epoch) => epoch.start_psn(base),
         }
     }
-
-    /// The same side's next incarnation.
-    pub fn next(self) -> Self {
-        SideEpoch::new(self.side(), self.number().saturating_add(1))
-    }
 }
 
 impl core::fmt::Display for SideEpoch {

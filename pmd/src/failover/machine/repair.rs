@@ -21,6 +21,10 @@ pub(super) struct SideRepair {
     pub(super) usable: bool,
     /// The highest incarnation of the side this end has used or agreed to.
     pub(super) epoch: SideEpoch,
+    /// Leader: the follower refused `epoch`, so neither end's side came up in it and no
+    /// packet of it was sent: its PSN quarter is still fresh and the next attempt stays in it
+    /// ([`SideRepair::next_epoch`]).
+    pub(super) epoch_sent_nothing: bool,
     /// Bringing the side back.
     pub(super) repair: Repair,
     /// Consecutive failed repair attempts (leader).
@@ -53,6 +57,7 @@ impl SideRepair {
         SideRepair {
             usable: true,
             epoch: SideEpoch::new(side, 0),
+            epoch_sent_nothing: false,
             repair: Repair::Idle,
             failures: 0,
         }
@@ -66,6 +71,17 @@ impl SideRepair {
                 | Repair::BringingUp { .. }
                 | Repair::FollowerBringingUp
         )
+    }
+
+    /// The incarnation the leader's next attempt brings the side up in, laid out as the
+    /// default pair's (`Failover::next_epoch`): four on, in the same PSN quarter, after an
+    /// attempt the follower refused; one on after any other, since a follower whose answer
+    /// did not come back in time, or whose side came up while the leader's did not, may have
+    /// sent packets of it. So refused attempts use no PSN space: a quarter is entered again
+    /// only after three later incarnations may have sent, however many were refused between.
+    fn next_epoch(&self) -> SideEpoch {
+        let step = if self.epoch_sent_nothing { 4 } else { 1 };
+        SideEpoch::new(self.epoch.side(), self.epoch.number().saturating_add(step))
     }
 
     /// The attempt failed, or the side was lost again: the leader tries again after the
@@ -176,8 +192,11 @@ impl Failover {
             Repair::Lost { .. } if self.config.role == Role::Leader => {
                 // Our side leaves its incarnation (RESET) before the follower hears of the
                 // next one.
-                let epoch = self.side(side).epoch.next();
-                self.side_mut(side).epoch = epoch;
+                let r = self.side_mut(side);
+                let epoch = r.next_epoch();
+                r.epoch = epoch;
+                // Until the follower refuses, it may bring its side up and send.
+                r.epoch_sent_nothing = false;
                 if side == Side::Backup {
                     self.stale_backup_recvs = 0;
                 }
@@ -300,6 +319,8 @@ impl Failover {
                     out.push(Action::BringUpSide { epoch });
                     self.side_mut(side).repair = Repair::BringingUp { deadline };
                 } else {
+                    // A refusing follower did not bring its side up, and ours is in RESET.
+                    self.side_mut(side).epoch_sent_nothing = !ok;
                     self.repair_failed(side, now);
                 }
             }

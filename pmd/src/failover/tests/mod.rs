@@ -936,6 +936,32 @@ fn an_attempt_that_came_up_moves_the_next_one_to_the_next_psn_quarter() {
 }
 
 #[test]
+fn the_next_incarnation_comes_up_no_sooner_than_the_backoff_after_the_old_one_left_rts() {
+    // The bound for an incarnation that sent more than 2^22 packets (docs/failover.md 6, "Old
+    // packets"): its last PSNs may lie just above the next epoch's start, so a packet of it
+    // executes in the next incarnation if it is still in the network when that one comes up.
+    // A rearm keeps it out for at least the backoff after the round moved the old QP to ERR,
+    // even with the default link up for long (the error was the QP's own).
+    let mut machine = end(Role::Leader);
+    let failed = at(60_000);
+    let actions = step(&mut machine, retry_exhausted(), failed);
+    assert!(actions.contains(&Action::MoveQpToErr {
+        path: Path::Default
+    }));
+    step(&mut machine, drained(progress(4, 4, 2)), failed);
+    step(&mut machine, peer_failover(0, 3, 0), failed);
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+    let backoff = Config::new(Role::Leader).backoff_initial;
+    assert_eq!(backoff, Duration::from_millis(100));
+    let due = machine.poll_timeout().unwrap();
+    assert_eq!(due, failed + backoff);
+    assert_eq!(step(&mut machine, Event::Tick, at(60_099)), []);
+    let actions = step(&mut machine, Event::Tick, due);
+    assert_eq!(actions[0], Action::ResetDefaultQp);
+    assert_eq!(machine.epoch(), Epoch(1));
+}
+
+#[test]
 fn a_rearm_attempt_without_answer_is_abandoned() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, Event::Tick, at(1_000));

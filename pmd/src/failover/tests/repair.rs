@@ -222,6 +222,92 @@ fn an_unanswered_or_refused_backup_repair_backs_off_and_tries_again() {
     );
 }
 
+/// The backup epoch a leader's repair attempt asks for, from the actions of the tick that
+/// started it.
+fn side_rearm_epoch(actions: &[Action]) -> SideEpoch {
+    actions
+        .iter()
+        .find_map(|a| match a {
+            Action::SendControl {
+                message: ControlMessage::SideRearm { epoch },
+                ..
+            } => Some(*epoch),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no repair attempt in {actions:?}"))
+}
+
+#[test]
+fn refused_backup_repair_attempts_do_not_use_up_the_psn_space_of_the_incarnation_lost() {
+    // The follower refuses five attempts (traffic on its backup, or its backup link not yet
+    // up for the hold-down), 200, 400 and 800 ms of backoff apart: the fourth starts 1.4 s
+    // after the first, and packets of the lost incarnation held in a PFC-paused switch may
+    // still live. Before, the fourth attempt was backup epoch 4, whose PSNs are epoch 0's.
+    let quarter = |epoch: SideEpoch| epoch.start_psn(0) / EPOCH_PSN_STRIDE;
+    let mut machine = end(Role::Leader);
+    let lost = quarter(backup(0));
+    step(
+        &mut machine,
+        Event::ControlFailed { via: Path::Backup },
+        at(5),
+    );
+    let mut attempts = Vec::new();
+    for _ in 0..5 {
+        let due = machine.poll_timeout().expect("an attempt is scheduled");
+        let epoch = side_rearm_epoch(&step(&mut machine, Event::Tick, due));
+        attempts.push(epoch);
+        let refused = Event::Control(ControlMessage::SideRearmDone { epoch, ok: false });
+        assert_eq!(step(&mut machine, refused, due), []);
+    }
+    assert!(
+        attempts.iter().all(|&e| quarter(e) != lost),
+        "attempts {attempts:?} re-enter the PSN quarter of the incarnation lost"
+    );
+    // Nothing was sent in them: they all share the next quarter.
+    assert!(attempts.iter().all(|&e| quarter(e) == lost + 1));
+    assert!(attempts.windows(2).all(|w| w[0].number() < w[1].number()));
+
+    // An attempt the follower accepts may send (its side is up even if ours then fails to
+    // come up): the next one moves one quarter on.
+    let due = machine.poll_timeout().unwrap();
+    let accepted = side_rearm_epoch(&step(&mut machine, Event::Tick, due));
+    assert_eq!(accepted, backup(21));
+    let done = Event::Control(ControlMessage::SideRearmDone {
+        epoch: accepted,
+        ok: true,
+    });
+    assert_eq!(
+        step(&mut machine, done, due),
+        [Action::BringUpSide { epoch: accepted }]
+    );
+    assert_eq!(step(&mut machine, backup_up(21, false), due), []);
+    let due = machine.poll_timeout().unwrap();
+    let next = side_rearm_epoch(&step(&mut machine, Event::Tick, due));
+    assert_eq!(next, backup(22));
+    assert_eq!(quarter(next), quarter(accepted) + 1);
+}
+
+#[test]
+fn an_unanswered_backup_repair_attempt_moves_the_next_one_to_the_next_psn_quarter() {
+    // No answer within the handshake timeout: the follower may have brought its side up and
+    // sent, its answer lost.
+    let mut machine = end(Role::Leader);
+    step(
+        &mut machine,
+        Event::ControlFailed { via: Path::Backup },
+        at(5),
+    );
+    let first = side_rearm_epoch(&step(&mut machine, Event::Tick, at(1000)));
+    assert_eq!(first, backup(1));
+    let deadline = machine.poll_timeout().unwrap();
+    assert_eq!(step(&mut machine, Event::Tick, deadline), []);
+    let due = machine.poll_timeout().unwrap();
+    assert_eq!(
+        side_rearm_epoch(&step(&mut machine, Event::Tick, due)),
+        backup(2)
+    );
+}
+
 #[test]
 fn without_the_default_devices_channel_no_backup_repair_is_attempted() {
     let mut machine = backup_lost_while_idle(Role::Leader);
