@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use pmd::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use pmd::{PostError, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use super::Sim;
 
@@ -313,6 +313,11 @@ impl Traffic {
         let now = s.now();
         let mut wake: Option<Duration> = None;
         let mut tracked = Vec::new();
+        for dir in 0..self.dirs.len() {
+            if self.dirs[dir].credits {
+                self.post_credits(s, dir);
+            }
+        }
         for d in &mut self.dirs {
             let receiver = s.host(!d.from_a);
             while d.recvs_posted < d.total && d.recvs_posted < d.notified + d.recv_window {
@@ -548,27 +553,42 @@ impl Traffic {
         buf.write(dst, &[MARKER; SLOT]);
         d.notified += 1;
         if d.credits {
-            // Hand the slot back: the count, inline, into the sender's credit word.
-            let word = d.notified.to_le_bytes();
+            let dir = d.index();
+            self.post_credits(s, dir);
+        }
+    }
+
+    /// Hands slots back: one credit per notification seen, each the count so far, inline,
+    /// into the sender's credit word. A credit the receiver's send queue has no room for
+    /// waits for the next step, as an application retries a post refused with ENOMEM: the
+    /// sender's window is bounded by its own completions, so one catching up after a stall can
+    /// run ahead of credits whose completions a delay holds back (seed 2229 of 10,000: 121
+    /// credits outstanding in a send queue of 128).
+    fn post_credits(&mut self, s: &mut Sim, dir: usize) {
+        let d = &mut self.dirs[dir];
+        while d.credits_posted < d.notified {
+            let credit = d.credits_posted + 1;
+            let word = credit.to_le_bytes();
             let remote = s.host(d.from_a).buf.remote(credit_word(dir));
-            let wr =
-                SendWr::inline(d.notified | CREDIT, SendOp::Write { remote }, &word).signaled();
+            let wr = SendWr::inline(credit | CREDIT, SendOp::Write { remote }, &word).signaled();
             let receiver = s.host(!d.from_a);
             match receiver.qp.post_send(&wr) {
                 Ok(()) => {
                     receiver.qp.ring_doorbell();
-                    d.credits_posted += 1;
+                    d.credits_posted = credit;
                     let wr = Posted {
                         signaled: true,
                         completions: 0,
                     };
-                    self.posted
-                        .insert((!d.from_a, false, d.notified | CREDIT), wr);
+                    self.posted.insert((!d.from_a, false, credit | CREDIT), wr);
                 }
-                Err(e) if receiver.qp.state() != pmd::resilient::ResilientState::Failed => self
-                    .violations
-                    .push(format!("credit {} not posted: {e}", d.notified)),
-                Err(_) => {}
+                Err(PostError::QueueFull { .. }) => break,
+                Err(e) if receiver.qp.state() != pmd::resilient::ResilientState::Failed => {
+                    self.violations
+                        .push(format!("credit {credit} not posted: {e}"));
+                    break;
+                }
+                Err(_) => break,
             }
         }
     }
