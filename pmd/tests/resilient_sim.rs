@@ -1499,3 +1499,39 @@ fn both_paths_down_past_the_rc_budget_but_within_the_tolerance_loses_nothing() {
         assert_ne!(sim.b.qp.state(), ResilientState::Failed, "seed {seed}");
     }
 }
+
+#[test]
+fn a_first_transmission_lost_on_the_backup_is_resent_long_before_the_ack_timeout() {
+    // The tools' ACK timeout (code 14, 67 ms) on every QP, default and backup.
+    let mut sim = Sim::with_ack_timeout(41, config(), 14);
+    let mut t = nccl(&sim, 60);
+    let (mut down, mut lost) = (false, false);
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if !down && t.dirs[0].completed >= 10 {
+            s.link_down(A_DEFAULT, None);
+            down = true;
+        }
+        if down && !lost && s.a.qp.state() == ResilientState::Fallback {
+            // A's round has just put its outstanding WRITEs on the backup SQ and rung it; the
+            // devices send them in the next round, into a millisecond's partition.
+            let now = s.now();
+            let end = Some(now + Duration::from_millis(1));
+            for rule in softnic::FaultRule::partition(A_BACKUP, B_BACKUP, now, end) {
+                s.fabric.add_rule(rule);
+            }
+            lost = true;
+        }
+        step(&mut t, s)
+    });
+    assert!(done && lost, "down {down}, lost {lost}: {:?}", t.dirs);
+    assert_clean(&mut t, &mut sim);
+    let event = &sim.a.qp.events()[0];
+    assert_eq!(event.kind, EventKind::Failover);
+    assert!(event.wqes_retransmitted > 0, "{event:?}");
+    // Resent on the failover's short timer (2 ms), not after the 67 ms ACK timeout.
+    let latency = event.fallback_latency_us.expect("a success on the backup");
+    assert!(
+        latency < 20_000.0,
+        "first success on the backup after {latency} us"
+    );
+}

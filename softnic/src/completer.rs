@@ -283,6 +283,8 @@ fn progressed(qp: &mut Qp, now: Duration) {
     qp.req.retry_left = qp.attrs.retry_cnt.unwrap_or(7);
     qp.req.rnr_left = qp.attrs.rnr_retry.unwrap_or(7);
     qp.req.retrying_from = None;
+    // What follows runs on the QP's own timer, never on a short one armed before.
+    qp.req.short_deadline = None;
     let outstanding =
         psn_delta(qp.req.high_psn, qp.req.comp_psn) > 0 || qp.sq.slot_ci < qp.sq.slot_req_ci;
     qp.req.timer = if outstanding {

@@ -50,6 +50,8 @@ pub struct Counters {
     pub retransmitted_packets: u64,
     /// Local ACK timeouts that fired.
     pub timeouts: u64,
+    /// Short retransmit timers (armed after a re-post) that fired.
+    pub short_timeouts: u64,
     /// NAKs this side sent.
     pub naks_sent: NakCounts,
     /// NAKs this side received.
@@ -101,6 +103,7 @@ impl Counters {
         self.rx_bytes += o.rx_bytes;
         self.retransmitted_packets += o.retransmitted_packets;
         self.timeouts += o.timeouts;
+        self.short_timeouts += o.short_timeouts;
         self.naks_sent.add(&o.naks_sent);
         self.naks_received.add(&o.naks_received);
         self.duplicate_requests += o.duplicate_requests;

@@ -607,6 +607,42 @@ impl Device {
         Ok(())
     }
 
+    /// Covers the next transmission of QP `qpn` with a short ACK timeout, once: the next time
+    /// its ACK timer starts (or now, if a timer running would fire later) it runs for
+    /// `timeout` instead of the QP's `timeout` attribute. When it fires the QP goes back N
+    /// without spending a retry; any acknowledgment first puts the normal timer back. What a
+    /// driver asks for after it re-posts work on a QP (a failover onto a backup), so that a
+    /// first transmission lost there is resent in `timeout`, not after the full RC timeout.
+    pub fn arm_short_retransmit(&self, qpn: u32, timeout: Duration) -> Result<(), DeviceError> {
+        if timeout.is_zero() {
+            return Err(DeviceError::InvalidConfig(
+                "a short retransmit timeout must be longer than zero",
+            ));
+        }
+        let now = self.shared.clock.now();
+        let mut guard = self.shared.lock_core();
+        let core = &mut *guard;
+        let qp = core
+            .qp_index(qpn)
+            .and_then(|i| core.qps.get_mut(i))
+            .and_then(|q| q.as_mut())
+            .ok_or(DeviceError::UnknownQp(qpn))?;
+        match qp.req.timer {
+            Some(t) if now + timeout < t => {
+                qp.req.timer = Some(now + timeout);
+                qp.req.short_deadline = qp.req.timer;
+                qp.req.short_timeout = None;
+            }
+            // A timer already due sooner covers it.
+            Some(_) => qp.req.short_timeout = None,
+            None => qp.req.short_timeout = Some(timeout),
+        }
+        core.active.mark(qp);
+        drop(guard);
+        self.shared.waker.wake();
+        Ok(())
+    }
+
     /// Moves a QP to `state` with `attrs` (`ibv_modify_qp`).
     pub fn modify_qp(&self, qpn: u32, state: QpState, attrs: &QpAttrs) -> Result<(), DeviceError> {
         let mut guard = self.shared.lock_core();

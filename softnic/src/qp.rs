@@ -282,6 +282,11 @@ pub(crate) struct Requester {
     pub since_ack_req: u32,
     /// Messages started (24 bits): the next WQE's `msn`.
     pub msn: u32,
+    /// A short ACK timeout asked for after a re-post (`Device::arm_short_retransmit`): used
+    /// once, the next time the ACK timer starts.
+    pub short_timeout: Option<Duration>,
+    /// The deadline of the running ACK timer when that timer is the short one.
+    pub short_deadline: Option<Duration>,
 }
 
 /// Responder state.

@@ -246,7 +246,9 @@ fn send_one(
         qp.req.offset = 0;
     }
     if qp.req.timer.is_none() {
-        qp.req.timer = timeout.map(|t| tx.now + t);
+        let short = qp.req.short_timeout.take();
+        qp.req.timer = short.or(timeout).map(|t| tx.now + t);
+        qp.req.short_deadline = short.and(qp.req.timer);
     }
     Ok(())
 }
@@ -298,7 +300,17 @@ pub(crate) fn check_timer(qp: &mut Qp, now: Duration, ectx: &mut ErrorCtx<'_>) {
         return;
     }
     qp.req.timer = None;
+    let short = qp.req.short_deadline.take() == Some(deadline);
     if psn_delta(qp.req.high_psn, qp.req.comp_psn) <= 0 && qp.sq.slot_ci == qp.sq.slot_req_ci {
+        return;
+    }
+    if short {
+        // The short timer after a re-post: resend early, spending no retry (the normal timer
+        // covers the resend, with every retry left).
+        qp.counters.short_timeouts += 1;
+        qp.req.retrying_from = Some(qp.req.comp_psn);
+        let from = qp.req.comp_psn;
+        go_back(qp, from);
         return;
     }
     qp.counters.timeouts += 1;

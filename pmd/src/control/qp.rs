@@ -572,6 +572,16 @@ impl Qp {
         self.sq.ring_doorbell()
     }
 
+    /// Asks the device to cover the next transmission with a short ACK timeout, once
+    /// ([`crate::provider::Provider::arm_short_retransmit`]).
+    pub fn arm_short_retransmit(&self, timeout: std::time::Duration) -> Result<(), VerbsError> {
+        self.ctl
+            .pd
+            .context()
+            .provider()
+            .arm_short_retransmit(self.ctl.handle, timeout)
+    }
+
     /// Publishes the WQEs up to and including the one at `index`; later ones stay withheld.
     pub fn ring_doorbell_through(&mut self, index: u16) -> Result<(), DoorbellError> {
         self.sq.ring_doorbell_through(index)

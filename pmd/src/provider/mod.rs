@@ -378,6 +378,14 @@ pub trait Provider: Send + Sync + 'static {
             what: "shared receive queues (this provider has none)".into(),
         }
     }
+    /// Covers the next transmission of `qp` with a short ACK timeout `timeout`, once, instead
+    /// of the QP's full one: what the failover asks for after re-posting work on a backup QP,
+    /// so that a first transmission lost there is resent soon. The default does nothing (a
+    /// ConnectX has no such knob: its QPs keep their `timeout` attribute).
+    fn arm_short_retransmit(&self, qp: Handle, timeout: Duration) -> Result<(), VerbsError> {
+        let _ = (qp, timeout);
+        Ok(())
+    }
     /// How the device makes progress.
     fn progress_model(&self) -> ProgressModel {
         ProgressModel::Auto

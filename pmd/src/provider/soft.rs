@@ -725,6 +725,12 @@ impl Provider for SoftProvider {
         );
     }
 
+    fn arm_short_retransmit(&self, qp: Handle, timeout: Duration) -> Result<(), VerbsError> {
+        self.device
+            .arm_short_retransmit(qp.0 as u32, timeout)
+            .map_err(|e| verbs(&self.name, "arm_short_retransmit", e))
+    }
+
     fn query_qp(&self, qp: Handle) -> Result<QpState, VerbsError> {
         self.device
             .query_qp(qp.0 as u32)

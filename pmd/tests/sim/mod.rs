@@ -166,7 +166,16 @@ impl Sim {
     }
 
     pub fn with_latency(seed: u64, config: ResilientConfig, latency: Duration) -> Sim {
-        Sim::build(seed, config, latency, [None, None], [caps(), caps()])
+        Sim::build(seed, config, latency, [None, None], [caps(), caps()], rts())
+    }
+
+    /// Two hosts whose QPs (default and backup) have the local ACK timeout `code` instead of
+    /// [`rts`]'s 4 ms.
+    pub fn with_ack_timeout(seed: u64, config: ResilientConfig, code: u8) -> Sim {
+        let mut attrs = rts();
+        attrs.timeout = Some(code);
+        let latency = Duration::from_micros(2);
+        Sim::build(seed, config, latency, [None, None], [caps(), caps()], attrs)
     }
 
     /// Two hosts whose QPs have the given capacities (host A's, host B's).
@@ -177,6 +186,7 @@ impl Sim {
             Duration::from_micros(2),
             [None, None],
             qp_caps,
+            rts(),
         )
     }
 
@@ -193,6 +203,7 @@ impl Sim {
             Duration::from_micros(2),
             stores,
             [caps(), caps()],
+            rts(),
         )
     }
 
@@ -202,6 +213,7 @@ impl Sim {
         latency: Duration,
         stores: [Option<Arc<dyn Rendezvous>>; 2],
         qp_caps: [QpCaps; 2],
+        rts: QpAttr,
     ) -> Sim {
         let inline = stores.iter().all(Option::is_none);
         let [store_a, store_b] = stores;
@@ -245,13 +257,13 @@ impl Sim {
             poll_slots: 32,
             app_polled: false,
         };
-        sim.connect(inline);
+        sim.connect(inline, &rts);
         sim
     }
 
     /// The inline rendezvous (unless the hosts use a store) and the application's bring-up,
     /// then waits for protection.
-    fn connect(&mut self, inline: bool) {
+    fn connect(&mut self, inline: bool, rts: &QpAttr) {
         if inline {
             let blob_a = self.until_blob(true);
             let blob_b = self.until_blob(false);
@@ -261,8 +273,8 @@ impl Sim {
         let gid = |h: &Host| h.devices[0].query_gid(0).unwrap();
         let (ga, gb) = (gid(&self.a), gid(&self.b));
         let (qa, qb) = (self.a.qp.qpn(), self.b.qp.qpn());
-        bring_up(&mut self.a.qp, gb, qb, &rts());
-        bring_up(&mut self.b.qp, ga, qa, &rts());
+        bring_up(&mut self.a.qp, gb, qb, rts);
+        bring_up(&mut self.b.qp, ga, qa, rts);
         let ok = self.run_until(Duration::from_secs(1), |s| {
             s.a.qp.is_protected() && s.b.qp.is_protected()
         });

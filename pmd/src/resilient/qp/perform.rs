@@ -23,6 +23,12 @@ use super::plan::{plan_error_completions, skipped_completions, Unfinished};
 use super::work::internal_wr_id;
 use super::ResilientQp;
 
+/// The ACK timeout that covers the first transmission of the WQEs copied to the backup: a
+/// copy lost there is resent after this, not after the QP's full timeout. Short enough for a
+/// failover's tail, long enough that a busy 2-core machine's first ACK rarely misses it (a
+/// miss costs one early resend of what is in flight, no retry).
+const FIRST_RETRANSMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Why a receive WQE could not be copied to another RQ.
 enum RecvCopyError {
     /// Its lkey has no counterpart on the other device.
@@ -385,6 +391,14 @@ impl ResilientQp {
             }
         }
         if let Some(b) = self.slow.backup.as_mut() {
+            if copied > 0 || burn > 0 {
+                // Armed before the doorbell, so that it covers the first packet: a copy lost
+                // on the backup is resent in a few milliseconds, not after the QP's RC ACK
+                // timeout (67 ms at the tools' `-u 14`).
+                if let Err(e) = b.qp.arm_short_retransmit(FIRST_RETRANSMIT_TIMEOUT) {
+                    tracing::debug!(qp = %self.shared.name, error = %e, "failover: no short retransmit timer");
+                }
+            }
             b.qp.ring_doorbell();
         }
         self.slow.scratch.wqe_bytes = bytes;
