@@ -13,7 +13,7 @@ use railshift_verbs::device::{
     RsContext,
 };
 use railshift_verbs::objects::{
-    ibv_alloc_pd, ibv_create_cq, ibv_create_qp, ibv_modify_qp, ibv_reg_mr, pmd_cq, pmd_qp,
+    connect_rc, ibv_alloc_pd, ibv_create_cq, ibv_create_qp, ibv_reg_mr, pmd_cq, pmd_qp,
 };
 
 /// One side's verbs objects (leaked: they live as long as the benchmark process).
@@ -36,10 +36,6 @@ pub fn configure(fabric: &str) {
         format!("rsbench0=fabric:{fabric}/0,rsbench1=fabric:{fabric}/1"),
     );
     std::env::remove_var("RAILSHIFT_PROGRESS");
-}
-
-fn check(what: &str, rc: c_int) {
-    assert_eq!(rc, 0, "{what} failed: {rc}");
 }
 
 /// Opens device `name` and makes a PD, an MR of `buf_len` bytes, a CQ of `cqe` and an RC QP.
@@ -92,76 +88,9 @@ fn side(name: &str, buf_len: usize, cqe: c_int, max_send_wr: u32) -> Side {
 
 /// Moves `qp` to RTS towards the peer's `gid` and `qpn`.
 fn connect(qp: *mut ibv_qp, gid: ibv_gid, qpn: u32) {
-    let mut a = ibv_qp_attr {
-        qp_state: 1,
-        port_num: 1,
-        qp_access_flags: 1 | 2 | 4,
-        ..ibv_qp_attr::default()
-    };
-    // SAFETY: our live QP and valid attributes, for each transition below.
-    unsafe {
-        check(
-            "modify to INIT",
-            ibv_modify_qp(
-                qp,
-                &mut a,
-                qp_mask::STATE | qp_mask::PKEY_INDEX | qp_mask::PORT | qp_mask::ACCESS_FLAGS,
-            ),
-        );
-        let mut a = ibv_qp_attr {
-            qp_state: 2,
-            path_mtu: 5,
-            dest_qp_num: qpn,
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            ah_attr: ibv_ah_attr {
-                grh: ibv_global_route {
-                    dgid: gid,
-                    hop_limit: 64,
-                    ..ibv_global_route::default()
-                },
-                is_global: 1,
-                port_num: 1,
-                ..ibv_ah_attr::default()
-            },
-            ..ibv_qp_attr::default()
-        };
-        check(
-            "modify to RTR",
-            ibv_modify_qp(
-                qp,
-                &mut a,
-                qp_mask::STATE
-                    | qp_mask::AV
-                    | qp_mask::PATH_MTU
-                    | qp_mask::DEST_QPN
-                    | qp_mask::RQ_PSN
-                    | qp_mask::MAX_DEST_RD_ATOMIC
-                    | qp_mask::MIN_RNR_TIMER,
-            ),
-        );
-        let mut a = ibv_qp_attr {
-            qp_state: 3,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            ..ibv_qp_attr::default()
-        };
-        check(
-            "modify to RTS",
-            ibv_modify_qp(
-                qp,
-                &mut a,
-                qp_mask::STATE
-                    | qp_mask::TIMEOUT
-                    | qp_mask::RETRY_CNT
-                    | qp_mask::RNR_RETRY
-                    | qp_mask::SQ_PSN
-                    | qp_mask::MAX_QP_RD_ATOMIC,
-            ),
-        );
-    }
+    // SAFETY: our live QP.
+    let done = unsafe { connect_rc(qp, gid, qpn) };
+    done.unwrap_or_else(|(state, rc)| panic!("modify to state {state} failed: {rc}"));
 }
 
 /// A connected QP pair on the shim's two devices (configure first).

@@ -40,8 +40,8 @@ pub use control::{
     Srq, SrqAttr,
 };
 pub use datapath::wr::{
-    BatchPostError, Payload, PostError, RecvWr, Remote, SendFlags, SendOp, SendWr, SgList, Sge,
-    WcOpcode, WcStatus, WorkCompletion,
+    BatchPostError, CompletionLayout, Payload, PostError, RecvWr, Remote, SendFlags, SendOp,
+    SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use name::DeviceName;
 pub use qp_state::QpState;

@@ -6,9 +6,10 @@ mod sim;
 
 use std::time::Duration;
 
+use pmd::datapath::sq::RequestParts;
 use pmd::provider::DeviceFault;
-use pmd::resilient::{Cause, EventKind, ResilientState};
-use pmd::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use pmd::resilient::{Cause, EventKind, ResilientQp, ResilientState};
+use pmd::{RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use sim::scenario::{assert_both_hosts, assert_ran, both_ways, Scenario};
 use sim::traffic::{assert_clean, nccl, step, Dir, Traffic};
 use sim::*;
@@ -330,7 +331,44 @@ fn with_both_paths_down_every_posted_work_request_fails_after_the_outage_toleran
 
 #[test]
 fn sends_both_ways_land_in_their_own_receives_across_a_failover() {
-    let mut sim = Sim::new(9, config());
+    let fast = sends_both_ways_across_a_failover(9, |qp, wr, _| {
+        qp.post_send(wr).unwrap();
+        false
+    });
+    assert_eq!(fast, 0);
+}
+
+/// The verbs shim posts a one-entry SEND by its parts (`post_send_fast_parts`), without a
+/// `SendWr`: what it writes must be recorded for a failover exactly as `post_send` records
+/// it (the WQE in the default QP's ring, the two-sided send counted), or the failover skips
+/// or repeats the sends the peer had already received when the link went.
+#[test]
+fn sends_posted_by_their_parts_are_moved_by_a_failover_like_whole_posts() {
+    let fast = sends_both_ways_across_a_failover(9, |qp, wr, sge| {
+        let parts = RequestParts {
+            wr_id: wr.wr_id,
+            flags: wr.flags,
+        };
+        if qp.post_send_fast_parts(&parts, wr.op, sge).is_some() {
+            return true;
+        }
+        // Declined (the route is not the default): the whole request, as the shim does.
+        qp.post_send(wr).unwrap();
+        false
+    });
+    // Both sides' sends before the failover, and the peer's after it, went the fast way.
+    assert!(fast >= 40, "only {fast} sends took the fast path");
+}
+
+/// 100 SENDs each way, at most 8 outstanding per side, each posted by `post` (which says
+/// whether its fast path took it); A's default link goes down after 20 of A's completed.
+/// Every send lands once, in order, in the receive of its number, with its data. Returns how
+/// many sends `post` put through its fast path.
+fn sends_both_ways_across_a_failover(
+    seed: u64,
+    mut post: impl FnMut(&mut ResilientQp, &SendWr<'_>, &Sge) -> bool,
+) -> u64 {
+    let mut sim = Sim::new(seed, config());
     const N: u64 = 100;
     for h in [&mut sim.a, &mut sim.b] {
         for i in 0..N {
@@ -341,6 +379,7 @@ fn sends_both_ways_land_in_their_own_receives_across_a_failover() {
     let mut sent = [0u64; 2];
     let mut done = [0u64; 2];
     let mut got = [0u64; 2];
+    let mut fast = 0u64;
     let mut errors = Vec::new();
     let mut down = false;
     sim.run_until(Duration::from_secs(5), |s| {
@@ -350,8 +389,9 @@ fn sends_both_ways_land_in_their_own_receives_across_a_failover() {
                 let i = sent[side];
                 h.buf
                     .write(i as usize * 16, &(i * 1000 + side as u64).to_le_bytes());
-                let wr = SendWr::new(i, SendOp::Send, &[h.buf.sge(i as usize * 16, 8)]).signaled();
-                h.qp.post_send(&wr).unwrap();
+                let sge = h.buf.sge(i as usize * 16, 8);
+                let wr = SendWr::new(i, SendOp::Send, &[sge]).signaled();
+                fast += u64::from(post(&mut h.qp, &wr, &sge));
                 sent[side] += 1;
             }
             h.qp.ring_doorbell();
@@ -389,6 +429,7 @@ fn sends_both_ways_land_in_their_own_receives_across_a_failover() {
     assert!(errors.is_empty(), "{errors:#?}");
     assert_eq!((done, got), ([N, N], [N, N]));
     assert_eq!(sim.a.qp.stats().failovers, 1);
+    fast
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! caller holds is the pointer to ours; an object is ours when its context is.
 
 use std::ffi::{c_int, c_void};
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pmd::{
@@ -612,9 +613,6 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) 
     }
 }
 
-/// Completions converted per round of `poll_cq`.
-const POLL_BATCH: usize = 16;
-
 pub(crate) fn to_ibv_wc(wc: &WorkCompletion) -> ibv_wc {
     let status: u8 = wc.status.into();
     ibv_wc {
@@ -634,6 +632,32 @@ pub(crate) fn to_ibv_wc(wc: &WorkCompletion) -> ibv_wc {
     }
 }
 
+/// The pmd's poller writes `ibv_wc`s straight into the application's array: no
+/// `WorkCompletion` array between, no conversion pass after.
+impl pmd::CompletionLayout for ibv_wc {
+    type SendTemplate = ibv_wc;
+
+    #[inline(always)]
+    fn send_template(hot: &WorkCompletion) -> ibv_wc {
+        to_ibv_wc(hot)
+    }
+
+    #[inline(always)]
+    fn send(template: &ibv_wc, wr_id: u64, opcode: WcOpcode) -> ibv_wc {
+        ibv_wc {
+            wr_id,
+            // `WcOpcode`'s discriminants are `enum ibv_wc_opcode`'s values.
+            opcode: opcode as u32,
+            ..*template
+        }
+    }
+
+    #[inline(always)]
+    fn from_completion(wc: &WorkCompletion) -> ibv_wc {
+        to_ibv_wc(wc)
+    }
+}
+
 /// The ops table's `poll_cq`: polls, and when the CQ is empty on a manual-progress device,
 /// runs the device once and polls again (run-to-completion).
 ///
@@ -643,23 +667,14 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) ->
     // SAFETY: the inline wrapper passes one of our CQs.
     let rs = unsafe { &*cq.cast::<RsCq>() };
     let _driving = rs.activity.driving();
-    let mut guard = lock(&rs.cq);
     let want = n.max(0) as usize;
-    let mut done = 0usize;
-    let mut buf = [WorkCompletion::EMPTY; POLL_BATCH];
-    while done < want {
-        let chunk = (want - done).min(POLL_BATCH);
-        let got = guard.poll_with_progress(&mut buf[..chunk]);
-        for (i, wc) in buf[..got].iter().enumerate() {
-            // SAFETY: the caller's array holds `n` entries.
-            unsafe { out.add(done + i).write(to_ibv_wc(wc)) };
-        }
-        done += got;
-        if got < chunk {
-            break;
-        }
+    if want == 0 || out.is_null() {
+        return 0;
     }
-    done as c_int
+    // SAFETY: the caller's array holds `n` entries (not null, checked); the poll only writes
+    // whole entries into it, which is what `MaybeUninit` slots allow.
+    let slots = unsafe { std::slice::from_raw_parts_mut(out.cast::<MaybeUninit<ibv_wc>>(), want) };
+    lock(&rs.cq).poll_with_progress_into(slots) as c_int
 }
 
 /// A queue pair.
@@ -690,6 +705,79 @@ pub unsafe fn pmd_qp<'a>(qp: *mut ibv_qp) -> &'a Mutex<pmd::Qp> {
 pub unsafe fn pmd_cq<'a>(cq: *mut ibv_cq) -> &'a Mutex<pmd::Cq> {
     // SAFETY: the caller's plain CQ, which is an RsCq.
     unsafe { &(*cq.cast::<RsCq>()).cq }
+}
+
+/// Moves `qp` through INIT, RTR and RTS towards the peer's `gid` (index 0's, RoCE v2) and
+/// `qpn` with the attributes perftest uses (MTU 4096, timeout 14, 7 retries), as a program
+/// does through `ibv_modify_qp`: for the benchmark and the tests that bring up QP pairs in
+/// process. The first refusal is returned as `(state asked, errno)`.
+///
+/// # Safety
+/// `qp` is a live QP.
+#[doc(hidden)]
+pub unsafe fn connect_rc(qp: *mut ibv_qp, gid: ibv_gid, qpn: u32) -> Result<(), (u32, c_int)> {
+    let steps: [(ibv_qp_attr, c_int); 3] = [
+        (
+            ibv_qp_attr {
+                qp_state: 1,
+                port_num: 1,
+                qp_access_flags: 1 | 2 | 4,
+                ..ibv_qp_attr::default()
+            },
+            qp_mask::STATE | qp_mask::PKEY_INDEX | qp_mask::PORT | qp_mask::ACCESS_FLAGS,
+        ),
+        (
+            ibv_qp_attr {
+                qp_state: 2,
+                path_mtu: 5,
+                dest_qp_num: qpn,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: 12,
+                ah_attr: ibv_ah_attr {
+                    grh: ibv_global_route {
+                        dgid: gid,
+                        hop_limit: 64,
+                        ..ibv_global_route::default()
+                    },
+                    is_global: 1,
+                    port_num: 1,
+                    ..ibv_ah_attr::default()
+                },
+                ..ibv_qp_attr::default()
+            },
+            qp_mask::STATE
+                | qp_mask::AV
+                | qp_mask::PATH_MTU
+                | qp_mask::DEST_QPN
+                | qp_mask::RQ_PSN
+                | qp_mask::MAX_DEST_RD_ATOMIC
+                | qp_mask::MIN_RNR_TIMER,
+        ),
+        (
+            ibv_qp_attr {
+                qp_state: 3,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 1,
+                ..ibv_qp_attr::default()
+            },
+            qp_mask::STATE
+                | qp_mask::TIMEOUT
+                | qp_mask::RETRY_CNT
+                | qp_mask::RNR_RETRY
+                | qp_mask::SQ_PSN
+                | qp_mask::MAX_QP_RD_ATOMIC,
+        ),
+    ];
+    for (mut attr, mask) in steps {
+        // SAFETY: the caller's live QP and valid attributes.
+        let rc = unsafe { ibv_modify_qp(qp, &mut attr, mask) };
+        if rc != 0 {
+            return Err((attr.qp_state, rc));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn caps_from(cap: &ibv_qp_cap) -> QpCaps {

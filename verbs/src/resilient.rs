@@ -827,8 +827,13 @@ pub unsafe extern "C" fn post_send(
             bad_wr,
             cell.sig_all,
             cell.max_inline,
-            // The failover layer counts what it posts: every request through its post.
-            |_, _, _, _, _| false,
+            // The default QP's fast path, which records the request for a failover as the
+            // general post does (it counts the two-sided ones); declined while the route is
+            // not the default, and then the whole request takes the failover layer's post.
+            |g, wr_id, op, flags, sge| {
+                let parts = pmd::datapath::sq::RequestParts { wr_id, flags };
+                g.qp.post_send_fast_parts(&parts, op, sge).is_some()
+            },
             |g, swr| g.qp.post_send(swr),
             |g| g.qp.ring_doorbell(),
         )

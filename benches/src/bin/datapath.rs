@@ -30,7 +30,11 @@
 //!   a doorbell; polls of 32), in alternating rounds; `overhead_shim_post_ratio`,
 //!   `overhead_shim_poll_ratio`: the median over round pairs of shim over direct (as the
 //!   resilient ones). The devices' helper threads are kept out (the benchmark runs the devices
-//!   between timed regions, as everywhere here).
+//!   between timed regions, as everywhere here). Without `--no-instr` the same four
+//!   measurements are also counted by callgrind (`shim_post_calls32_instr`,
+//!   `shim_direct_post_calls32_instr`, `shim_poll_instr`, `shim_direct_poll_instr`, per WRITE
+//!   and per CQE), with `overhead_shim_post_instr_ratio` and `overhead_shim_poll_instr_ratio`:
+//!   the same ratios in instructions, which the machine's load does not move.
 //!
 //! Each figure is the median over rounds (the report's main keys) and the best round (the
 //! `*_best_ns` keys beside them: the cost when no other process disturbs the core). Usage:
@@ -648,15 +652,32 @@ fn instruction_report(report: &mut Report) {
         "poll_instr (per CQE, polls of 32)",
         goal(poll, 35.0)
     );
-    for (name, r, b) in [
-        ("post", Counting::ResilientPost32, Counting::BypassPost32),
-        ("poll", Counting::ResilientPoll, Counting::BypassPoll),
+    for (layer, name, r, b) in [
+        (
+            "resilient",
+            "post",
+            Counting::ResilientPost32,
+            Counting::BypassPost32,
+        ),
+        (
+            "resilient",
+            "poll",
+            Counting::ResilientPoll,
+            Counting::BypassPoll,
+        ),
+        ("shim", "post", Counting::ShimPost, Counting::ShimDirectPost),
+        ("shim", "poll", Counting::ShimPoll, Counting::ShimDirectPoll),
     ] {
         if let (Some(r), Some(b)) = (get(r), get(b)) {
-            report.number(&format!("overhead_{name}_instr_ratio"), r / b);
+            let key = if layer == "shim" {
+                format!("overhead_shim_{name}_instr_ratio")
+            } else {
+                format!("overhead_{name}_instr_ratio")
+            };
+            report.number(&key, r / b);
             println!(
                 "  {:<44} {r:>7.1}  direct {b:.1}, ratio {:.3}",
-                format!("resilient_{name}_instr"),
+                format!("{layer}_{name}_instr"),
                 r / b
             );
         }
@@ -692,10 +713,18 @@ enum Counting {
     ResilientPoll,
     /// `Poll` on the resilient QP's own default CQ used directly.
     BypassPoll,
+    /// Lists of 32 WRITEs through the verbs shim's ops-table `post_send`.
+    ShimPost,
+    /// The same QP's pmd QP used directly: 32 `post_send` calls and a doorbell.
+    ShimDirectPost,
+    /// CQEs polled 32 at a time through the verbs shim's ops-table `poll_cq`.
+    ShimPoll,
+    /// The same CQ's pmd CQ polled directly, 32 at a time.
+    ShimDirectPoll,
 }
 
 impl Counting {
-    const ALL: [Counting; 8] = [
+    const ALL: [Counting; 12] = [
         Counting::Post32,
         Counting::PostCalls32,
         Counting::PostOnly,
@@ -704,6 +733,10 @@ impl Counting {
         Counting::BypassPost32,
         Counting::ResilientPoll,
         Counting::BypassPoll,
+        Counting::ShimPost,
+        Counting::ShimDirectPost,
+        Counting::ShimPoll,
+        Counting::ShimDirectPoll,
     ];
 
     fn name(self) -> &'static str {
@@ -716,6 +749,10 @@ impl Counting {
             Counting::BypassPost32 => "bypass-post32",
             Counting::ResilientPoll => "resilient-poll",
             Counting::BypassPoll => "bypass-poll",
+            Counting::ShimPost => "shim-post",
+            Counting::ShimDirectPost => "shim-direct-post",
+            Counting::ShimPoll => "shim-poll",
+            Counting::ShimDirectPoll => "shim-direct-poll",
         }
     }
 
@@ -730,6 +767,10 @@ impl Counting {
             Counting::BypassPost32 => "resilient_bypass_post_instr",
             Counting::ResilientPoll => "resilient_poll_instr",
             Counting::BypassPoll => "resilient_bypass_poll_instr",
+            Counting::ShimPost => "shim_post_calls32_instr",
+            Counting::ShimDirectPost => "shim_direct_post_calls32_instr",
+            Counting::ShimPoll => "shim_poll_instr",
+            Counting::ShimDirectPoll => "shim_direct_poll_instr",
         }
     }
 
@@ -801,14 +842,23 @@ fn count_child(what: Counting) -> u64 {
             }
             rounds * POLL_ROUND
         }
+        Counting::ShimPost | Counting::ShimDirectPost => {
+            compare_shim(rounds, Some(what));
+            rounds * ROUND
+        }
+        Counting::ShimPoll | Counting::ShimDirectPoll => {
+            compare_shim(rounds, Some(what));
+            rounds * POLL_ROUND
+        }
     };
     ops as u64
 }
 
 /// The shim's ops-table post and poll against the same QP's pmd rings used directly, in
 /// alternating rounds: what the verbs layer costs (conversion of each `ibv_send_wr`, the
-/// QP's and CQ's mutex, the `ibv_wc` conversion, the function pointers).
-fn compare_shim(rounds: usize) -> (Compared, Compared) {
+/// QP's and CQ's mutex, the function pointers). With `only` (an instruction-counting child),
+/// `rounds` rounds of that one measurement and nothing else; `None` returned.
+fn compare_shim(rounds: usize, only: Option<Counting>) -> Option<(Compared, Compared)> {
     use benches::verbs_shim::{configure, poll_cq, post_send, Pair};
     use railshift_verbs::abi::{ibv_send_wr, ibv_send_wr_wr, ibv_sge, ibv_wc};
     configure(&fabric(2));
@@ -930,20 +980,36 @@ fn compare_shim(rounds: usize) -> (Compared, Compared) {
         drain(1);
         ns
     };
-    // Warm both once.
-    shim_post(&mut chain);
-    direct_post();
-    let (mut d, mut v) = (Vec::new(), Vec::new());
-    for i in 0..rounds {
-        if i % 2 == 0 {
-            d.push(direct_post());
-            v.push(shim_post(&mut chain));
-        } else {
-            v.push(shim_post(&mut chain));
-            d.push(direct_post());
+    let post = match only {
+        Some(what @ (Counting::ShimPost | Counting::ShimDirectPost)) => {
+            for _ in 0..rounds {
+                if what == Counting::ShimPost {
+                    shim_post(&mut chain);
+                } else {
+                    direct_post();
+                }
+            }
+            return None;
         }
-    }
-    let post = Compared::of(std::mem::take(&mut d), std::mem::take(&mut v));
+        // Counting a poll: no post is measured.
+        Some(_) => None,
+        None => {
+            // Warm both once.
+            shim_post(&mut chain);
+            direct_post();
+            let (mut d, mut v) = (Vec::new(), Vec::new());
+            for i in 0..rounds {
+                if i % 2 == 0 {
+                    d.push(direct_post());
+                    v.push(shim_post(&mut chain));
+                } else {
+                    v.push(shim_post(&mut chain));
+                    d.push(direct_post());
+                }
+            }
+            Some(Compared::of(d, v))
+        }
+    };
     // Polling: the device writes POLL_ROUND CQEs first (untimed), then one side polls them.
     let poll_wrs = pmd_wrs(POLL_ROUND, true);
     let fill = || {
@@ -1000,6 +1066,17 @@ fn compare_shim(rounds: usize) -> (Compared, Compared) {
         assert!(wcs.iter().all(|w| w.is_ok()), "a WRITE failed");
         ns
     };
+    if let Some(what) = only {
+        for _ in 0..rounds {
+            if what == Counting::ShimPoll {
+                shim_poll();
+            } else {
+                direct_poll();
+            }
+        }
+        return None;
+    }
+    let (mut d, mut v) = (Vec::new(), Vec::new());
     for i in 0..rounds / 4 + 1 {
         if i % 2 == 0 {
             d.push(direct_poll());
@@ -1009,7 +1086,7 @@ fn compare_shim(rounds: usize) -> (Compared, Compared) {
             d.push(direct_poll());
         }
     }
-    (post, Compared::of(d, v))
+    Some((post?, Compared::of(d, v)))
 }
 
 /// Prints a table of figures measured directly and through a layer, in alternating rounds.
@@ -1109,7 +1186,7 @@ fn main() {
         let mut protected = resilient();
         post(&mut protected, 5, 32, Api::Batch);
         let compared = compare(&mut protected, rounds);
-        let shim = compare_shim(rounds);
+        let shim = compare_shim(rounds, None).expect("both sides measured");
         let pages = match bench.local_page_size() {
             pmd::memory::PageSize::Huge => "2 MiB hugepages",
             pmd::memory::PageSize::Base => "4 KiB pages",

@@ -1,12 +1,13 @@
 //! Completion queues.
 
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::datapath::cq::{Attachments, CompletionQueue, CqRing};
-use crate::datapath::wr::WorkCompletion;
+use crate::datapath::wr::{as_slots, CompletionLayout, WorkCompletion};
 use crate::provider::{CompletionEvents, CqRequest, Handle, VerbsError};
 
 use super::Context;
@@ -112,11 +113,27 @@ impl Cq {
     /// from inside its poll loop (polling advances the device).
     #[inline]
     pub fn poll_with_progress(&mut self, wcs: &mut [WorkCompletion]) -> usize {
-        let n = self.poller.poll(wcs);
+        self.poll_with_progress_into(as_slots(wcs))
+    }
+
+    /// [`Cq::poll`] into a caller's layout (the verbs shim's `ibv_wc`): writes the first `n`
+    /// slots of `out`, which need not be initialised before, and returns `n`.
+    #[inline]
+    pub fn poll_into<L: CompletionLayout>(&mut self, out: &mut [MaybeUninit<L>]) -> usize {
+        self.poller.poll_into(out)
+    }
+
+    /// [`Cq::poll_with_progress`] into a caller's layout ([`Cq::poll_into`]).
+    #[inline]
+    pub fn poll_with_progress_into<L: CompletionLayout>(
+        &mut self,
+        out: &mut [MaybeUninit<L>],
+    ) -> usize {
+        let n = self.poller.poll_into(out);
         if n > 0 || !self.shared.ctx.progress() {
             return n;
         }
-        self.poller.poll(wcs)
+        self.poller.poll_into(out)
     }
 
     /// The CQ number.

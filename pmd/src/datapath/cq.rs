@@ -5,6 +5,7 @@
 //! ([`Attachments`]); the poller keeps a private copy of that list and refreshes it only when
 //! a generation counter says it changed, so a poll takes no lock and allocates nothing.
 
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use hw_defs::mlx5::{cqe, Cqe64, CqeOpcode, ErrCqe};
 use super::barrier;
 use super::srq::SharedRecvQueue;
 use super::track::{RecvTrack, SendTrack};
-use super::wr::{WcOpcode, WcStatus, WorkCompletion};
+use super::wr::{as_slots, CompletionLayout, WcOpcode, WcStatus, WorkCompletion};
 
 /// One QP's bookkeeping as a CQ sees it.
 #[derive(Debug, Clone)]
@@ -278,9 +279,10 @@ pub struct CompletionQueue {
     hot_qpn_word: u32,
     /// That QP's number.
     hot_qpn: u32,
-    /// The completion the fast loop writes for that QP, but for its id and opcode: copied
-    /// whole from here (memory the compiler cannot see into, so the copy stays two 16-byte
-    /// moves instead of becoming one store per field).
+    /// The completion the fast loop writes for that QP, but for its id and opcode: the
+    /// layout's template is made from it once per poll (read from memory, values the
+    /// compiler cannot see into, so a copy of it stays a few 16-byte moves instead of
+    /// becoming one store per field).
     hot_wc: WorkCompletion,
     /// Entries in the ring (a power of two): `cqe_m + 1`.
     count: u32,
@@ -431,13 +433,21 @@ impl CompletionQueue {
     /// through the general decoder, after which the tight loop takes over again.
     #[inline]
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> usize {
+        self.poll_into(as_slots(wcs))
+    }
+
+    /// [`CompletionQueue::poll`] into a caller's layout ([`CompletionLayout`]): writes the
+    /// first `n` slots of `out`, each a whole completion, and returns `n`. The slots need not
+    /// be initialised before.
+    #[inline]
+    pub fn poll_into<L: CompletionLayout>(&mut self, out: &mut [MaybeUninit<L>]) -> usize {
         self.refresh();
         let first = self.cqe_ci;
         let mut n = 0;
         loop {
-            let (k, stop) = self.poll_fast(&mut wcs[n..]);
+            let (k, stop) = self.poll_fast(&mut out[n..]);
             n += k;
-            if stop == Stop::Empty || n == wcs.len() {
+            if stop == Stop::Empty || n == out.len() {
                 break;
             }
             let Some(ptr) = self.owned(self.cqe_ci) else {
@@ -448,7 +458,9 @@ impl CompletionQueue {
             // moves past it.
             let bytes = unsafe { &*(ptr as *const [u8; cqe::SIZE]) };
             self.cqe_ci = self.cqe_ci.wrapping_add(1);
-            if self.decode(bytes, &mut wcs[n]) {
+            let mut wc = WorkCompletion::EMPTY;
+            if self.decode(bytes, &mut wc) {
+                out[n].write(L::from_completion(&wc));
                 n += 1;
             }
         }
@@ -466,7 +478,7 @@ impl CompletionQueue {
     /// pointers advance by strides; the send track's consumer counter stays in a register and
     /// is published once ([`SendTrack::retirer`]).
     #[inline(always)]
-    fn poll_fast(&mut self, wcs: &mut [WorkCompletion]) -> (usize, Stop) {
+    fn poll_fast<L: CompletionLayout>(&mut self, out: &mut [MaybeUninit<L>]) -> (usize, Stop) {
         let Some(track) = self.hot_send else {
             return (0, Stop::Other);
         };
@@ -476,16 +488,18 @@ impl CompletionQueue {
         let ci = self.cqe_ci;
         let ring = self.ring;
         let lap_left = (ring.cqe_m - (ci & ring.cqe_m) + 1) as usize;
-        let max = wcs.len().min(lap_left);
+        let max = out.len().min(lap_left);
         // Format 0, REQ (opcode 0), this lap's owner bit; the solicited bit (1) is ignored.
         let want = ((ci >> ring.cqe_n) & 1) as u8;
         let qpn_word = self.hot_qpn_word;
         let stride = 1usize << ring.entry_shift;
         let mut cqe = ring.entry(ci);
         let mut retirer = track.retirer();
-        let template = &self.hot_wc;
+        // The completion every CQE of the loop shares but for its id and opcode, in the
+        // caller's layout, made once.
+        let template = L::send_template(&self.hot_wc);
         let first = cqe;
-        for wc in &mut wcs[..max] {
+        for slot in &mut out[..max] {
             let op_own = ring.op_own(cqe).load(Ordering::Relaxed);
             if op_own & !0x02 != want {
                 break;
@@ -511,16 +525,12 @@ impl CompletionQueue {
             let Some(wr_id) = retirer.retire(u16::from_be(counter)) else {
                 break;
             };
-            // The template whole (read from memory, the compiler copies it as two 16-byte
-            // moves; a value it knows field by field would take seven stores), then the two
-            // fields that differ.
-            *wc = *template;
-            wc.wr_id = wr_id;
-            wc.opcode = if op < u32::from(raw::SEND - raw::RDMA_WRITE) {
+            let opcode = if op < u32::from(raw::SEND - raw::RDMA_WRITE) {
                 WcOpcode::RdmaWrite
             } else {
                 WcOpcode::Send
             };
+            slot.write(L::send(&template, wr_id, opcode));
             cqe = cqe.wrapping_add(stride);
         }
         // How many it took, from how far the CQE pointer moved (one counter less in the loop).

@@ -699,13 +699,28 @@ impl SendQueue {
     /// fast path takes is one `post` would have taken the same way.
     #[inline(always)]
     pub fn post_fast_parts(&mut self, wr: &RequestParts, op: SendOp, sge: &Sge) -> Option<u16> {
-        match op {
-            SendOp::Write { remote } => self.fast_one::<0>(wr, sge, remote, 0),
+        self.post_fast_parts_counting(wr, op, sge, &mut 0)
+    }
+
+    /// [`SendQueue::post_fast_parts`], adding one to `two_sided` for a work request that
+    /// consumes a receive at the peer, as [`SendQueue::post_fast_counting`] does.
+    #[inline(always)]
+    pub(crate) fn post_fast_parts_counting(
+        &mut self,
+        wr: &RequestParts,
+        op: SendOp,
+        sge: &Sge,
+        two_sided: &mut u64,
+    ) -> Option<u16> {
+        let index = match op {
+            SendOp::Write { remote } => return self.fast_one::<0>(wr, sge, remote, 0),
             SendOp::WriteImm { remote, imm } => self.fast_one::<1>(wr, sge, remote, imm),
             SendOp::Send => self.fast_one::<2>(wr, sge, Remote::default(), 0),
             SendOp::SendImm { imm } => self.fast_one::<3>(wr, sge, Remote::default(), imm),
             _ => None,
-        }
+        }?;
+        *two_sided += 1;
+        Some(index)
     }
 
     /// [`SendQueue::post_fast`], adding one to `two_sided` for a work request that consumes a

@@ -1,5 +1,7 @@
 //! Work requests going in, work completions coming out, and the errors a post can give.
 
+use std::mem::MaybeUninit;
+
 use smallvec::SmallVec;
 
 pub use hw_defs::verbs::WcStatus;
@@ -310,6 +312,58 @@ impl WorkCompletion {
 impl Default for WorkCompletion {
     fn default() -> WorkCompletion {
         WorkCompletion::EMPTY
+    }
+}
+
+/// The layout a CQ poll writes its completions in: the pmd's own [`WorkCompletion`], or a
+/// caller's (the verbs shim writes libibverbs' `struct ibv_wc`), written straight from the
+/// CQE into the caller's array with no `WorkCompletion` array and no conversion pass after
+/// the poll. The poller is generic over it, so each layout gets its own monomorphised loop
+/// and a layout's constructors inline into it.
+pub trait CompletionLayout: Sized {
+    /// What the poller's tight loop copies for each successful WRITE or SEND of the QP it
+    /// expects before setting the two fields that differ; made once per poll.
+    type SendTemplate: Copy;
+
+    /// The template for the successful sends of the QP `hot` is a completion of (`hot`'s
+    /// `wr_id` and `opcode` are placeholders).
+    fn send_template(hot: &WorkCompletion) -> Self::SendTemplate;
+
+    /// A successful send completion: `template` with `wr_id` and `opcode` set.
+    fn send(template: &Self::SendTemplate, wr_id: u64, opcode: WcOpcode) -> Self;
+
+    /// Any other completion, in this layout.
+    fn from_completion(wc: &WorkCompletion) -> Self;
+}
+
+/// An initialised completion array as slots a poll writes ([`CompletionLayout`]).
+#[inline(always)]
+pub(crate) fn as_slots(wcs: &mut [WorkCompletion]) -> &mut [MaybeUninit<WorkCompletion>] {
+    // SAFETY: `MaybeUninit<T>` has `T`'s layout, and a poll writes only whole, initialised
+    // completions into its slots, so `wcs` stays initialised.
+    unsafe { &mut *(wcs as *mut [WorkCompletion] as *mut [MaybeUninit<WorkCompletion>]) }
+}
+
+impl CompletionLayout for WorkCompletion {
+    type SendTemplate = WorkCompletion;
+
+    #[inline(always)]
+    fn send_template(hot: &WorkCompletion) -> WorkCompletion {
+        *hot
+    }
+
+    #[inline(always)]
+    fn send(template: &WorkCompletion, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            opcode,
+            ..*template
+        }
+    }
+
+    #[inline(always)]
+    fn from_completion(wc: &WorkCompletion) -> WorkCompletion {
+        *wc
     }
 }
 

@@ -30,8 +30,9 @@ use crossbeam_utils::sync::Unparker;
 
 use crate::control::{Context, Cq, Qp, SavedAttrs};
 use crate::datapath::sq::raw::OutstandingWqe;
+use crate::datapath::sq::RequestParts;
 use crate::datapath::wr::{
-    BatchPostError, Payload, PostError, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus,
+    BatchPostError, Payload, PostError, RecvWr, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
     WorkCompletion,
 };
 use crate::failover::{Event, FailReason, Failover, Route, SendPhase, Timestamp};
@@ -282,6 +283,24 @@ impl ResilientQp {
             return Ok(());
         }
         self.post_send_slow(wr)
+    }
+
+    /// [`ResilientQp::post_send`]'s fast path alone, for a one-entry WRITE, WRITE with
+    /// immediate, SEND or SEND with immediate given by its parts (the verbs shim, which holds
+    /// an `ibv_send_wr`): the default QP's own fast path writes it and the two-sided ones are
+    /// counted, exactly as `post_send` records them for a failover. `None` (nothing written:
+    /// the route is not the default, or the request needs the general checks) sends the
+    /// caller to `post_send` with the whole request.
+    #[inline(always)]
+    pub fn post_send_fast_parts(
+        &mut self,
+        wr: &RequestParts,
+        op: SendOp,
+        sge: &Sge,
+    ) -> Option<u16> {
+        self.default
+            .send_queue()
+            .post_fast_parts_counting(wr, op, sge, &mut self.sends_posted)
     }
 
     /// Posts `wrs` in order as one batch: runs of one-entry RDMA WRITEs on the default QP's
