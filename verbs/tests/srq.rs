@@ -395,7 +395,21 @@ fn an_srq_falling_below_its_limit_raises_srq_limit_reached() {
         post(sqp, wrs.as_mut_ptr(), &mut bad)
     };
     assert_eq!(rc, 0, "post_send");
-    tx.completions(5);
+    // The poller's fast loop writes these: each field as libibverbs defines it.
+    let sent = tx.completions(5);
+    let fields: Vec<_> = sent
+        .iter()
+        .map(|w| {
+            (
+                w.wr_id, w.opcode, w.qp_num, w.byte_len, w.wc_flags, w.imm_data,
+            )
+        })
+        .collect();
+    let want: Vec<_> = (0..5u64).map(|i| (i, 0, sqpn, 0, 0, 0)).collect();
+    assert_eq!(
+        fields, want,
+        "(wr_id, opcode, qp_num, byte_len, wc_flags, imm_data)"
+    );
     let received = rx.completions(5);
     assert!(received.iter().all(|w| w.qp_num == rqpn && w.opcode == 128));
 
