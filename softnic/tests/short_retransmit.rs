@@ -6,9 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{next_within, pair_with};
+use common::{next_within, pair_with, post_write};
 use hw_defs::verbs::WcStatus;
-use softnic::harness::{ConnectOptions, Data, Node, Op, QpSizes, Sim};
+use softnic::harness::{ConnectOptions, Node, QpSizes, Sim};
 use softnic::{DeviceError, FaultRule};
 
 /// A pair whose WRITE's first transmission is lost (a partition for the first millisecond),
@@ -27,19 +27,6 @@ fn lossy_start() -> (Sim, Node, Node) {
     (sim, a, b)
 }
 
-fn post_one_write(a: &mut Node, b: &Node) {
-    let sge = [a.buf.sge(0, 64)];
-    a.qp.post(
-        Op::Write {
-            raddr: b.buf.addr(0),
-            rkey: b.buf.keys.rkey,
-        },
-        Data::Sges(&sge),
-        true,
-    );
-    a.qp.ring();
-}
-
 #[test]
 fn a_lost_first_transmission_under_a_short_timer_is_resent_in_its_time_without_spending_a_retry() {
     let (sim, mut a, b) = lossy_start();
@@ -47,7 +34,7 @@ fn a_lost_first_transmission_under_a_short_timer_is_resent_in_its_time_without_s
         .arm_short_retransmit(a.qp.qpn, Duration::from_millis(2))
         .unwrap();
     let start = sim.clock.now();
-    post_one_write(&mut a, &b);
+    post_write(&mut a, &b, 64);
     let c = next_within(&sim, &[&a.dev, &b.dev], &mut a.scq, Duration::from_secs(1)).unwrap();
     let took = sim.clock.now() - start;
     // retry_cnt 0: a normal timeout would have ended the QP in RETRY_EXC_ERR.
@@ -61,7 +48,7 @@ fn a_lost_first_transmission_under_a_short_timer_is_resent_in_its_time_without_s
 fn without_a_short_timer_a_lost_first_transmission_waits_for_the_full_ack_timeout() {
     let (sim, mut a, b) = lossy_start();
     let start = sim.clock.now();
-    post_one_write(&mut a, &b);
+    post_write(&mut a, &b, 64);
     let c = next_within(&sim, &[&a.dev, &b.dev], &mut a.scq, Duration::from_secs(1)).unwrap();
     let took = sim.clock.now() - start;
     assert_eq!(c.status, WcStatus::RetryExcErr);
@@ -74,7 +61,7 @@ fn a_short_timer_is_used_once_then_the_normal_timeout_applies() {
     a.dev
         .arm_short_retransmit(a.qp.qpn, Duration::from_millis(2))
         .unwrap();
-    post_one_write(&mut a, &b);
+    post_write(&mut a, &b, 64);
     let c = next_within(&sim, &[&a.dev, &b.dev], &mut a.scq, Duration::from_secs(1)).unwrap();
     assert_eq!(c.status, WcStatus::Success);
     // A second loss, not covered: the normal timer, and with no retry left, the error.
@@ -83,7 +70,7 @@ fn a_short_timer_is_used_once_then_the_normal_timeout_applies() {
         sim.fabric.add_rule(r);
     }
     let start = sim.clock.now();
-    post_one_write(&mut a, &b);
+    post_write(&mut a, &b, 64);
     let c = next_within(&sim, &[&a.dev, &b.dev], &mut a.scq, Duration::from_secs(1)).unwrap();
     assert_eq!(c.status, WcStatus::RetryExcErr);
     assert!(sim.clock.now() - start >= Duration::from_millis(67));
@@ -94,7 +81,7 @@ fn a_short_timer_is_used_once_then_the_normal_timeout_applies() {
 fn a_short_timer_armed_while_the_normal_one_runs_brings_the_resend_forward() {
     let (sim, mut a, b) = lossy_start();
     let start = sim.clock.now();
-    post_one_write(&mut a, &b);
+    post_write(&mut a, &b, 64);
     // The WRITE leaves (and is lost) under the 67 ms timer; the short one replaces it.
     a.dev.progress(sim.clock.now());
     a.dev

@@ -66,8 +66,8 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Posts a signaled WRITE of `len` bytes from the start of `a`'s buffer to the start of `b`'s,
-/// rings, and returns its completion's status.
-pub fn write_and_wait(sim: &Sim, a: &mut Node, b: &Node, len: u32) -> WcStatus {
+/// and rings.
+pub fn post_write(a: &mut Node, b: &Node, len: u32) {
     let sge = [a.buf.sge(0, len)];
     a.qp.post(
         Op::Write {
@@ -78,5 +78,10 @@ pub fn write_and_wait(sim: &Sim, a: &mut Node, b: &Node, len: u32) -> WcStatus {
         true,
     );
     a.qp.ring();
+}
+
+/// [`post_write`], then waits for its completion and returns its status.
+pub fn write_and_wait(sim: &Sim, a: &mut Node, b: &Node, len: u32) -> WcStatus {
+    post_write(a, b, len);
     next(sim, &[&a.dev, &b.dev], &mut a.scq).status
 }

@@ -846,14 +846,9 @@ impl Failover {
         }
     }
 
-    /// The backup link went down while a handshake on its channel (a failover round's
-    /// `Failover` exchange, a switch-back's `SwitchBack` / `SwitchBackReady`) waits for the
-    /// peer: the peer cannot answer over a path that carries nothing, so the handshake timeout
-    /// stops and the outage tolerance (`backup_deadline`, armed by [`Failover::backup_failed`]
-    /// since the handshake needs the backup) bounds the wait instead. Before, the 2 s
-    /// handshake timeout ended a connection whose backup link was down for less than the
-    /// 4.29 s tolerance (the chaos scenario's `handshake-timeout`, issue 29).
-    fn pause_backup_handshakes(&mut self) {
+    /// The deadline of a handshake on the backup's channel (a failover round's `Failover`
+    /// exchange, a switch-back's `SwitchBack` / `SwitchBackReady`) that waits for the peer.
+    fn backup_handshake_deadline(&mut self) -> Option<&mut Timestamp> {
         match &mut self.send {
             SendState::FailingOver(Round {
                 step: RoundStep::Draining | RoundStep::AwaitingPeer { .. },
@@ -863,27 +858,29 @@ impl Failover {
             | SendState::WaitDrained {
                 notified: Some(deadline),
                 ..
-            } => *deadline = Timestamp::MAX,
-            _ => {}
+            } => Some(deadline),
+            _ => None,
+        }
+    }
+
+    /// The backup link went down while a handshake on its channel waits for the peer: the
+    /// peer cannot answer over a path that carries nothing, so the handshake timeout stops and
+    /// the outage tolerance (`backup_deadline`, armed by [`Failover::backup_failed`] since the
+    /// handshake needs the backup) bounds the wait instead, so that a backup link down for
+    /// less than the tolerance never ends the connection with `handshake-timeout`.
+    fn pause_backup_handshakes(&mut self) {
+        if let Some(deadline) = self.backup_handshake_deadline() {
+            *deadline = Timestamp::MAX;
         }
     }
 
     /// The backup link is back: a handshake paused by [`Failover::pause_backup_handshakes`]
-    /// gets its whole wait ([`Config::handshake_wait`]) from now (the peer's answer, posted while the link was
-    /// down, arrives at its control QP's next retransmission).
+    /// gets its whole wait ([`Config::handshake_wait`]) from now (the peer's answer, posted
+    /// while the link was down, arrives at its control QP's next retransmission).
     fn resume_backup_handshakes(&mut self, now: Timestamp) {
         let resumed = now + self.config.handshake_wait();
-        match &mut self.send {
-            SendState::FailingOver(Round {
-                step: RoundStep::Draining | RoundStep::AwaitingPeer { .. },
-                deadline,
-                ..
-            })
-            | SendState::WaitDrained {
-                notified: Some(deadline),
-                ..
-            } => *deadline = (*deadline).min(resumed),
-            _ => {}
+        if let Some(deadline) = self.backup_handshake_deadline() {
+            *deadline = (*deadline).min(resumed);
         }
     }
 
