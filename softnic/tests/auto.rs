@@ -245,10 +245,12 @@ fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
          {at_dereg} of {}",
         LEN / 1024
     );
-    // Generous bounds for a loaded 2-core machine: built whole, the READ held the lock for
-    // its whole 1 GiB (seconds).
+    // Built whole, the READ held the lock for its whole 1 GiB: `dereg_mr` returned only after
+    // every response was sent, which the count below catches whatever the load. The times are
+    // generous bounds for a loaded 2-core machine (`dereg_mr` measured 515 ms once at load
+    // ~2 with a build running beside it).
     assert!(write_time < Duration::from_secs(2), "{write_time:?}");
-    assert!(dereg_time < Duration::from_millis(500), "{dereg_time:?}");
+    assert!(dereg_time < Duration::from_secs(2), "{dereg_time:?}");
     assert!(at_dereg < (LEN / 1024) as u64);
     // Read after dereg_mr returned: at most the NAK came after.
     assert!(after.tx_packets <= at_dereg + 1, "{after:?}");
