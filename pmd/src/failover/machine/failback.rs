@@ -110,7 +110,20 @@ impl Failover {
             deadline,
         });
         self.recv = RecvState::FailingBack;
-        self.default_qp = DefaultQp::FailingBack;
+        // The bound is on the last incarnation that carried traffic (6, "Old packets"): a
+        // rearm attempt's sends nothing but its probe, and starts no sooner than the bound.
+        let up_after = match self.default_qp {
+            // Out of RTS since the failover round that set the backoff (no attempt since):
+            // the rearm's own bound.
+            DefaultQp::Dead { backoff_until } if self.rearm_failures == 0 => {
+                backoff_until.min(now + self.config.backoff_initial)
+            }
+            // Carrying traffic until the `MoveQpToErr` below.
+            DefaultQp::Live { confirmed: true } => now + self.config.backoff_initial,
+            // A rearm attempt came (or is) between: it already waited the bound.
+            _ => now,
+        };
+        self.default_qp = DefaultQp::FailingBack { up_after };
         self.owes_rearm_ready = false;
         self.rearm_failures = 0;
         out.push(Action::MoveQpToErr { path: Path::Backup });
@@ -137,7 +150,7 @@ impl Failover {
                     peer: Some(peer),
                     ..round
                 });
-                self.maybe_bring_up_failback(out);
+                self.maybe_bring_up_failback(now, out);
             }
             SendState::FailingBack(_) => {
                 self.protocol_violation("a second Failback in one failback round", out)
@@ -153,6 +166,7 @@ impl Failover {
         progress: Progress,
         atomic: bool,
         sends_before_first_read: Option<u64>,
+        now: Timestamp,
         out: &mut Actions,
     ) {
         let SendState::FailingBack(
@@ -186,13 +200,16 @@ impl Failover {
             },
             ..round
         });
-        self.maybe_bring_up_failback(out);
+        self.maybe_bring_up_failback(now, out);
     }
 
-    /// Both `Failback`s known and the default link up: bring the default QP up in the higher
-    /// proposal. Both QPs were in ERR when their message left (H1: neither is in an earlier
-    /// epoch any more), and each proposal is above every epoch its end's QP was in.
-    pub(super) fn maybe_bring_up_failback(&mut self, out: &mut Actions) {
+    /// Both `Failback`s known, the default link up and the backoff since our default QP left
+    /// RTS over: bring the default QP up in the higher proposal. Both QPs were in ERR when
+    /// their message left (H1: neither is in an earlier epoch any more), and each proposal is
+    /// above every epoch its end's QP was in. The wait is a rearm's (6, "Old packets"): a
+    /// packet our old incarnation sent executes in the peer's new one only once this end's
+    /// new incarnation sends up to its PSN, so no sooner than the backoff after it was sent.
+    pub(super) fn maybe_bring_up_failback(&mut self, now: Timestamp, out: &mut Actions) {
         let SendState::FailingBack(round) = self.send else {
             return;
         };
@@ -216,6 +233,10 @@ impl Failover {
         if sends_before_first_read.is_some_and(|before| peer.recvs_completed > before) {
             return self.fail(FailReason::ReadOvertaken, out);
         }
+        if self.failback_bring_up_at().is_some_and(|due| now < due) {
+            // A `Tick` at `poll_timeout` brings it up.
+            return;
+        }
         let epoch = proposed.max(peer.epoch);
         self.epoch = epoch;
         self.epoch_sent_nothing = false;
@@ -230,6 +251,18 @@ impl Failover {
             step: FailbackStep::BringingUp { epoch },
             ..round
         });
+    }
+
+    /// When a failback round whose bring-up waits only for the backoff since the default QP
+    /// left RTS may bring it up (the peer's `Failback` is here and the default link is up).
+    pub(super) fn failback_bring_up_at(&self) -> Option<Timestamp> {
+        let (SendState::FailingBack(round), DefaultQp::FailingBack { up_after }) =
+            (self.send, self.default_qp)
+        else {
+            return None;
+        };
+        let awaiting_peer = matches!(round.step, FailbackStep::AwaitingPeer { .. });
+        (awaiting_peer && round.peer.is_some() && self.default_link.up).then_some(up_after)
     }
 
     /// The default QP is up in `epoch` with everything moved onto it: receives may be
@@ -367,7 +400,7 @@ impl Failover {
                     deadline: round.deadline.max(now + self.config.handshake_wait()),
                     ..round
                 });
-                self.maybe_bring_up_failback(out);
+                self.maybe_bring_up_failback(now, out);
             }
         }
     }

@@ -166,8 +166,10 @@ enum DefaultQp {
     },
     /// Follower: being brought up into the current epoch at the leader's request.
     BringingUp,
-    /// Out of its epoch (ERR, then RESET) and brought up again by a failback round.
-    FailingBack,
+    /// Out of its epoch (ERR, then RESET) and brought up again by a failback round, no sooner
+    /// than `up_after`: the backoff after its last incarnation left RTS, the bound a rearm
+    /// keeps too (`docs/failover.md` 6, "Old packets").
+    FailingBack { up_after: Timestamp },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -355,7 +357,13 @@ impl Failover {
                 progress,
                 atomic_in_flight,
                 sends_before_first_read,
-            } => self.failback_drained(progress, atomic_in_flight, sends_before_first_read, out),
+            } => self.failback_drained(
+                progress,
+                atomic_in_flight,
+                sends_before_first_read,
+                now,
+                out,
+            ),
             Event::Control(Msg::FailbackReady { epoch }) => self.peer_failback_ready(epoch, out),
             // Repairing a side lost while the connection runs on.
             Event::ControlFailed { via: Path::Default } => {
@@ -473,6 +481,7 @@ impl Failover {
             recv,
             rearm,
             self.backup_deadline,
+            self.failback_bring_up_at(),
             self.repair_due(Side::Backup),
             self.repair_due(Side::DefaultChannel),
         ]
@@ -524,7 +533,7 @@ impl Failover {
             DefaultQp::Live { confirmed: true } => DefaultQpPhase::Live,
             DefaultQp::Live { confirmed: false } => DefaultQpPhase::Unconfirmed,
             DefaultQp::Dead { .. } => DefaultQpPhase::Dead,
-            DefaultQp::Rearming { .. } | DefaultQp::BringingUp | DefaultQp::FailingBack => {
+            DefaultQp::Rearming { .. } | DefaultQp::BringingUp | DefaultQp::FailingBack { .. } => {
                 DefaultQpPhase::Rearming
             }
         }
@@ -563,7 +572,7 @@ impl Failover {
                 });
                 self.rearm_failed(now);
             }
-            DefaultQp::FailingBack => self.failback_link_down(now),
+            DefaultQp::FailingBack { .. } => self.failback_link_down(now),
             _ => {}
         }
     }
@@ -930,6 +939,7 @@ impl Failover {
             SendState::FailingBack(_) if self.failback_due(now) => {
                 return self.fail(FailReason::HandshakeTimeout, out)
             }
+            SendState::FailingBack(_) => self.maybe_bring_up_failback(now, out),
             _ => {}
         }
         if let RecvState::SwitchingBack {
@@ -1075,7 +1085,7 @@ impl Failover {
         match self.default_qp {
             DefaultQp::Live { confirmed: true }
             | DefaultQp::Rearming { .. }
-            | DefaultQp::FailingBack => {
+            | DefaultQp::FailingBack { .. } => {
                 self.protocol_violation("Rearm while the default pair is confirmed", out)
             }
             _ if !ready => {
@@ -1151,7 +1161,7 @@ impl Failover {
                 });
                 self.rearm_failed(now);
             }
-            DefaultQp::FailingBack => self.failback_up(epoch, up, out),
+            DefaultQp::FailingBack { .. } => self.failback_up(epoch, up, out),
             _ => {}
         }
     }

@@ -17,7 +17,7 @@ pub(super) fn failback_drained(progress: Progress) -> Event {
     }
 }
 
-fn peer_failback(epoch: u32, recvs_completed: u64) -> Event {
+pub(super) fn peer_failback(epoch: u32, recvs_completed: u64) -> Event {
     Event::Control(ControlMessage::Failback {
         epoch: Epoch(epoch),
         recvs_completed,
@@ -153,6 +153,7 @@ fn the_backup_dying_during_a_rearm_fails_back_above_the_attempts_epoch() {
     );
     // The follower never heard of epoch 1 and proposes it; the leader's wins, above every
     // epoch either QP was in, and in epoch 1's PSN quarter: the attempt sent nothing there.
+    // No wait: the attempt itself started no sooner than the backoff after the round.
     assert_eq!(
         complete_failback(&mut leader, progress(4, 4, 2), 1, 3, due),
         Epoch(5)
@@ -195,14 +196,14 @@ fn the_backup_dying_with_one_direction_switched_back_moves_the_other_back_too() 
     assert_eq!(machine.recv_route(), Route::Backup);
     let actions = step(&mut machine, backup_error(), at(2_100));
     // The default QP carries our sends: it leaves epoch 1 too, and its work moves with
-    // the backup's.
+    // the backup's, no sooner than the backoff after it left RTS.
     assert_eq!(actions, FAILBACK_START);
     assert_eq!(
-        complete_failback(&mut machine, progress(9, 4, 3), 2, 8, at(2_101)),
+        complete_failback(&mut machine, progress(9, 4, 3), 2, 8, at(2_200)),
         Epoch(2)
     );
     // The SwitchBack of the peer's abandoned switch-back, late on the backup channel.
-    assert_eq!(step(&mut machine, switch_back(1, 4), at(2_102)), []);
+    assert_eq!(step(&mut machine, switch_back(1, 4), at(2_201)), []);
     assert_eq!(machine.failed(), None);
 }
 
@@ -210,13 +211,14 @@ fn the_backup_dying_with_one_direction_switched_back_moves_the_other_back_too() 
 fn both_ends_detecting_the_backup_failure_agree_on_one_epoch() {
     let mut a = failed_over(Role::Leader);
     let mut b = failed_over(Role::Follower);
-    assert_eq!(step(&mut a, backup_error(), at(20)), FAILBACK_START);
+    // Past the backoff since both default QPs left RTS (10 ms): the bring-ups need not wait.
+    assert_eq!(step(&mut a, backup_error(), at(120)), FAILBACK_START);
     assert_eq!(
-        step(&mut b, control_failed(Path::Backup), at(20)),
+        step(&mut b, control_failed(Path::Backup), at(120)),
         FAILBACK_START
     );
     // Each end's message arrives while the other is still draining: kept for later.
-    let from_a = step(&mut a, failback_drained(progress(6, 5, 3)), at(21));
+    let from_a = step(&mut a, failback_drained(progress(6, 5, 3)), at(121));
     for action in from_a {
         let Action::SendControl {
             via: Path::Default,
@@ -225,9 +227,9 @@ fn both_ends_detecting_the_backup_failure_agree_on_one_epoch() {
         else {
             panic!("{action:?}")
         };
-        assert_eq!(step(&mut b, Event::Control(message), at(21)), []);
+        assert_eq!(step(&mut b, Event::Control(message), at(121)), []);
     }
-    let from_b = step(&mut b, failback_drained(progress(5, 6, 4)), at(22));
+    let from_b = step(&mut b, failback_drained(progress(5, 6, 4)), at(122));
     assert!(
         from_b.contains(&Action::Failback {
             epoch: Epoch(1),
@@ -243,17 +245,17 @@ fn both_ends_detecting_the_backup_failure_agree_on_one_epoch() {
         panic!("{from_b:?}")
     };
     assert_eq!(
-        step(&mut a, Event::Control(message), at(23)),
+        step(&mut a, Event::Control(message), at(123)),
         [Action::Failback {
             epoch: Epoch(1),
             skip_through: 4
         }]
     );
     // The peer's FailbackReady may come before our QP is up: the ring waits for it.
-    step(&mut b, qp_up(1, true), at(24));
-    assert_eq!(step(&mut a, failback_ready(1), at(24)), []);
+    step(&mut b, qp_up(1, true), at(124));
+    assert_eq!(step(&mut a, failback_ready(1), at(124)), []);
     assert_eq!(
-        step(&mut a, qp_up(1, true), at(25)),
+        step(&mut a, qp_up(1, true), at(125)),
         [
             Action::SendControl {
                 via: Path::Default,
@@ -263,7 +265,7 @@ fn both_ends_detecting_the_backup_failure_agree_on_one_epoch() {
         ]
     );
     assert_eq!(
-        step(&mut b, failback_ready(1), at(26)),
+        step(&mut b, failback_ready(1), at(126)),
         [Action::ReleaseDefaultDoorbell]
     );
     assert_eq!(observed_failback(&mut a), Some(Epoch(1)));
@@ -273,13 +275,14 @@ fn both_ends_detecting_the_backup_failure_agree_on_one_epoch() {
 #[test]
 fn an_end_that_saw_nothing_learns_of_the_backup_failure_from_the_failback_message() {
     let mut machine = failed_over(Role::Follower);
+    // Past the backoff since its default QP left RTS (10 ms): the bring-up need not wait.
     // Its backup QP is still in RTS (retrying); the peer's message starts its round.
     assert_eq!(
-        step(&mut machine, peer_failback(1, 3), at(20)),
+        step(&mut machine, peer_failback(1, 3), at(120)),
         FAILBACK_START
     );
     assert_eq!(machine.send_phase(), SendPhase::FailingBack);
-    let actions = step(&mut machine, failback_drained(progress(4, 4, 2)), at(21));
+    let actions = step(&mut machine, failback_drained(progress(4, 4, 2)), at(121));
     assert_eq!(
         actions,
         [
@@ -297,10 +300,10 @@ fn an_end_that_saw_nothing_learns_of_the_backup_failure_from_the_failback_messag
         ]
     );
     // The backup QP's flushes that follow are the round's own.
-    assert_eq!(step(&mut machine, backup_error(), at(21)), []);
-    assert_eq!(step(&mut machine, link_down(Path::Backup), at(21)), []);
-    step(&mut machine, qp_up(1, true), at(22));
-    step(&mut machine, failback_ready(1), at(23));
+    assert_eq!(step(&mut machine, backup_error(), at(121)), []);
+    assert_eq!(step(&mut machine, link_down(Path::Backup), at(121)), []);
+    step(&mut machine, qp_up(1, true), at(122));
+    step(&mut machine, failback_ready(1), at(123));
     assert_eq!(machine.send_route(), Route::Default);
     assert_eq!(machine.failed(), None);
 }
@@ -505,12 +508,21 @@ fn a_round_waiting_for_the_peers_failover_follows_its_failback() {
         FAILBACK_START
     );
     step(&mut machine, failback_drained(progress(4, 4, 2)), at(21));
-    step(&mut machine, qp_up(1, true), at(22));
-    step(&mut machine, failback_ready(1), at(23));
+    // The bring-up waits the backoff since the default QP left RTS at 10 ms.
+    assert_eq!(machine.poll_timeout(), Some(at(110)));
+    assert_eq!(
+        step(&mut machine, Event::Tick, at(110)),
+        [Action::Failback {
+            epoch: Epoch(1),
+            skip_through: 3
+        }]
+    );
+    step(&mut machine, qp_up(1, true), at(111));
+    step(&mut machine, failback_ready(1), at(112));
     assert_eq!(machine.send_route(), Route::Default);
     assert_eq!(machine.failed(), None);
     // The peer's Failover of the abandoned round, late on the backup channel: ignored.
-    assert_eq!(step(&mut machine, peer_failover(0, 3, 0), at(24)), []);
+    assert_eq!(step(&mut machine, peer_failover(0, 3, 0), at(113)), []);
     assert_eq!(machine.failed(), None);
 }
 

@@ -962,6 +962,43 @@ fn the_next_incarnation_comes_up_no_sooner_than_the_backoff_after_the_old_one_le
 }
 
 #[test]
+fn a_failback_brings_the_default_up_no_sooner_than_the_backoff_after_it_left_rts() {
+    // The same bound for a failback (5e) as for a rearm, above: the backup dies 10 ms after
+    // the default QP left RTS, both ends drain and their `Failback` messages cross at once.
+    // Before, the default QP came up in the new epoch then, 10 ms after the old one left.
+    let mut machine = end(Role::Leader);
+    let failed = at(60_000);
+    step(&mut machine, retry_exhausted(), failed);
+    step(&mut machine, drained(progress(4, 4, 2)), failed);
+    step(&mut machine, peer_failover(0, 3, 0), failed);
+    let backup_died = at(60_010);
+    assert_eq!(
+        step(&mut machine, failback::backup_error(), backup_died),
+        FAILBACK_START
+    );
+    step(
+        &mut machine,
+        failback::failback_drained(progress(4, 4, 2)),
+        backup_died,
+    );
+    assert_eq!(
+        step(&mut machine, failback::peer_failback(1, 3), backup_died),
+        []
+    );
+    let due = failed + Config::new(Role::Leader).backoff_initial;
+    assert_eq!(machine.poll_timeout(), Some(due));
+    assert_eq!(step(&mut machine, Event::Tick, at(60_099)), []);
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [Action::Failback {
+            epoch: Epoch(1),
+            skip_through: 3
+        }]
+    );
+    assert_eq!(machine.send_phase(), SendPhase::FailingBack);
+}
+
+#[test]
 fn a_rearm_attempt_without_answer_is_abandoned() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, Event::Tick, at(1_000));
