@@ -364,10 +364,8 @@ impl Failover {
 
     /// The default link went down during a failback: before the default QP is up, the round
     /// waits for it the outage tolerance from now (the handshake timeout stops: the peer
-    /// cannot answer over a path that carries nothing). Before, the wait was capped at
-    /// what was left of the handshake timeout (the shorter of the two), so a failback
-    /// whose default link went down 1.9 s into its handshake ended with `outage-tolerance`
-    /// 0.1 s later (issue 29, the chaos scenario's write seed 2).
+    /// cannot answer over a path that carries nothing), never what is left of the handshake
+    /// timeout, which can be a few milliseconds for a link that went down late in it.
     pub(super) fn failback_link_down(&mut self, now: Timestamp) {
         if let SendState::FailingBack(round) = self.send {
             if matches!(
