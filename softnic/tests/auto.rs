@@ -179,6 +179,10 @@ fn busy_poll_engines_complete_work_too() {
 #[test]
 fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
     const LEN: usize = 1 << 30;
+    // Several 1 GiB READs of the same MR back to back (within `rd_atomic`), so the responder
+    // is still answering when `dereg_mr` runs however fast this machine is: one READ alone
+    // finished before `dereg_mr` on a quiet machine, and the test then checked nothing.
+    const READS: usize = 8;
     let (_fabric, mut a, b) = auto_pair();
     let (acq, bcq) = (
         HarnessCq::new(&a.dev, 64, None).unwrap(),
@@ -188,7 +192,7 @@ fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
     let mut qa = HarnessQp::new(&a.dev, a.pd, &acq, &acq, QpSizes::default()).unwrap();
     let qb = HarnessQp::new(&b.dev, b.pd, &bcq, &bcq, QpSizes::default()).unwrap();
     connect(&a.dev, &qa, &b.dev, &qb, &ConnectOptions::default()).unwrap();
-    // calloc'd: only the pages the READ reaches are touched.
+    // calloc'd: only the pages the READs reach are touched.
     let mut src = vec![0u8; LEN];
     let mut dst = vec![0u8; LEN];
     // SAFETY: both vectors outlive their registrations (deregistered below).
@@ -207,14 +211,16 @@ fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
         lkey: dkeys.lkey,
         addr: dst.as_ptr() as u64,
     }];
-    a.qp.post(
-        Op::Read {
-            raddr: src.as_ptr() as u64,
-            rkey: skeys.rkey,
-        },
-        Data::Sges(&sge),
-        true,
-    );
+    for _ in 0..READS {
+        a.qp.post(
+            Op::Read {
+                raddr: src.as_ptr() as u64,
+                rkey: skeys.rkey,
+            },
+            Data::Sges(&sge),
+            true,
+        );
+    }
     a.qp.ring();
     let read_tx = || b.dev.qp_counters(b.qp.qpn).unwrap().tx_packets;
     let end = Instant::now() + Duration::from_secs(10);
@@ -238,20 +244,35 @@ fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
     b.dev.dereg_mr(skeys.lkey).unwrap();
     let dereg_time = t.elapsed();
     let at_dereg = read_tx();
-    assert_eq!(wait(&mut a.scq).status, WcStatus::RemAccessErr);
+    // READs execute in order: those answered whole before `dereg_mr` succeed, the one being
+    // answered ends with the remote access NAK (and the QP with it).
+    let mut whole = 0;
+    let failed = loop {
+        let c = wait(&mut a.scq);
+        if c.status != WcStatus::Success {
+            break c.status;
+        }
+        whole += 1;
+    };
+    assert_eq!(failed, WcStatus::RemAccessErr, "after {whole} whole READs");
     let after = b.dev.qp_counters(b.qp.qpn).unwrap();
+    let total = (READS * LEN / 1024) as u64;
     eprintln!(
-        "WRITE beside the READ {write_time:?}, dereg_mr {dereg_time:?}, READ responses sent \
-         {at_dereg} of {}",
-        LEN / 1024
+        "WRITE beside the READs {write_time:?}, dereg_mr {dereg_time:?}, READ responses sent \
+         {at_dereg} of {total} ({whole} READs whole)"
     );
-    // Built whole, the READ held the lock for its whole 1 GiB: `dereg_mr` returned only after
-    // every response was sent, which the count below catches whatever the load. The times are
-    // generous bounds for a loaded 2-core machine (`dereg_mr` measured 515 ms once at load
-    // ~2 with a build running beside it).
+    // Built whole, a READ held the lock for its whole 1 GiB: `dereg_mr` returned only between
+    // two READs, every response of the one before sent, which the count below catches whatever
+    // the load (responses go out in order, so the READ that failed had sent some but not all
+    // of its own). The times are generous bounds for a loaded 2-core machine (`dereg_mr`
+    // measured 515 ms once at load ~2 with a build running beside it).
     assert!(write_time < Duration::from_secs(2), "{write_time:?}");
     assert!(dereg_time < Duration::from_secs(2), "{dereg_time:?}");
-    assert!(at_dereg < (LEN / 1024) as u64);
+    let per_read = (LEN / 1024) as u64;
+    assert!(
+        whole < READS && at_dereg > whole as u64 * per_read && at_dereg < total,
+        "dereg_mr returned between two READs, not within one"
+    );
     // Read after dereg_mr returned: at most the NAK came after.
     assert!(after.tx_packets <= at_dereg + 1, "{after:?}");
     assert_eq!(after.naks_sent.remote_access, 1, "{after:?}");
