@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::fail;
-use crate::schedule::LinkAction;
+use crate::schedule::{LinkAction, Schedule, Step};
 use crate::target::FailTarget;
 use crate::topology::{Role, TestbedInfo};
 
@@ -97,17 +97,29 @@ impl Tool {
     }
 }
 
+/// Both rails failing at random under a stock tool, as the `chaos` scenario draws them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StockChaos {
+    /// The seed of the draw.
+    pub seed: u64,
+    /// The longest time both rails may be down together.
+    pub max_both_down: Duration,
+}
+
 /// How a stock run goes.
 #[derive(Debug, Clone)]
 pub struct StockOptions {
     /// The tools, one pair after the other.
     pub tools: Vec<Tool>,
-    /// What fails.
+    /// What fails (one cut; ignored under `chaos`).
     pub target: FailTarget,
-    /// When it fails, after the client started.
+    /// When it fails, after the client started (under `chaos`: when failures start).
     pub at: Duration,
-    /// How long it stays down.
+    /// How long it stays down (one cut).
     pub down: Duration,
+    /// Instead of one cut, both rails fail at random from `at` until 3 s before the
+    /// perftest tools' `-D` ends (`ibv_rc_pingpong`: until `-D` too, or until it exits).
+    pub chaos: Option<StockChaos>,
     /// The perftest tools' `-D`.
     pub duration: Duration,
     /// `ibv_rc_pingpong`'s `-n`.
@@ -137,6 +149,8 @@ pub struct StockOutcome {
     pub failovers: [u64; 2],
     /// Whether either side printed the tool's completion error.
     pub completion_error: bool,
+    /// Link failures applied while the client ran.
+    pub failures: usize,
     /// The client's log.
     pub client_log: PathBuf,
     /// Whether the outcome is what the mode expects.
@@ -323,6 +337,45 @@ fn key_file(out_dir: &Path) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// How long before the end of `-D` a chaos schedule stops starting failures, so that the
+/// tools' last seconds (and their final exchange of results) run on a steady path.
+const CHAOS_QUIET_END: Duration = Duration::from_secs(3);
+
+impl StockOptions {
+    /// The link steps of one run, from the client's start: one cut, or a chaos schedule
+    /// (the `chaos` scenario's failure and up ranges).
+    fn steps(&self) -> Vec<Step> {
+        match self.chaos {
+            None => Schedule::Once {
+                target: self.target,
+                at: self.at,
+                duration: Some(self.down),
+            }
+            .steps(),
+            Some(c) => Schedule::Chaos {
+                start: self.at,
+                until: self.duration.saturating_sub(CHAOS_QUIET_END).max(self.at),
+                down: (Duration::from_millis(100), Duration::from_secs(2)),
+                up: vec![(Duration::from_millis(300), Duration::from_secs(3))],
+                max_both_down: c.max_both_down,
+                seed: c.seed,
+            }
+            .steps(),
+        }
+    }
+
+    /// What fails, in words.
+    pub fn cut_words(&self) -> String {
+        match self.chaos {
+            None => format!("{} cut", self.target),
+            Some(c) => format!(
+                "both rails failing at random (seed {}, both down together at most {:?})",
+                c.seed, c.max_both_down
+            ),
+        }
+    }
+}
+
 /// Runs every tool of `o` in every mode, one pair at a time; `say` gets a line per event.
 pub fn run(
     info: &TestbedInfo,
@@ -372,16 +425,23 @@ pub fn run(
             }
             let mut client = side.spawn(&a.netns, tool, port, Some(&b.mgmt_addr), &client_log)?;
             let started = Instant::now();
+            let steps = o.steps();
+            let last_step = steps.last().map_or(Duration::ZERO, |s| s.at);
             say(&format!(
-                "{} ({mode}): started; {} fails at {:?} for {:?}",
+                "{} ({mode}): started; {}: {} link steps from {:?} to {:?}",
                 tool.binary(),
-                o.target,
+                o.cut_words(),
+                steps.len(),
                 o.at,
-                o.down
+                last_step
             ));
+            // Steps run in order; once the client exited, only the recoveries still run, and
+            // every link down is brought up before the next tool starts.
+            let mut next = 0;
+            let mut down: Vec<FailTarget> = Vec::new();
             let mut cut = false;
-            let mut restored = false;
-            let deadline = started + o.at + o.down + Duration::from_secs(300);
+            let mut failures = 0;
+            let deadline = started + last_step + Duration::from_secs(300);
             let mut client_exit = None;
             let mut server_exit: Option<(Option<i32>, Instant)> = None;
             loop {
@@ -394,21 +454,31 @@ pub fn run(
                     }
                 }
                 let now = started.elapsed();
-                if !cut && now >= o.at && client_exit.is_none() {
-                    fail::apply(info, o.target, LinkAction::Down)?;
+                while let Some(step) = steps.get(next).filter(|s| s.at <= now) {
+                    next += 1;
+                    if step.action == LinkAction::Down && client_exit.is_some() {
+                        continue;
+                    }
+                    if step.action == LinkAction::Up && !down.contains(&step.target) {
+                        continue;
+                    }
+                    fail::apply(info, step.target, step.action)?;
+                    match step.action {
+                        LinkAction::Down => {
+                            down.push(step.target);
+                            cut = true;
+                            failures += 1;
+                        }
+                        LinkAction::Up => down.retain(|t| *t != step.target),
+                    }
                     say(&format!(
-                        "  t={:.1} s: {} down",
+                        "  t={:.1} s: {} {}",
                         now.as_secs_f64(),
-                        o.target
+                        step.target,
+                        step.action
                     ));
-                    cut = true;
                 }
-                if cut && !restored && now >= o.at + o.down {
-                    fail::apply(info, o.target, LinkAction::Up)?;
-                    say(&format!("  t={:.1} s: {} up", now.as_secs_f64(), o.target));
-                    restored = true;
-                }
-                let settled = restored || !cut;
+                let settled = down.is_empty();
                 if client_exit.is_some() && settled {
                     break;
                 }
@@ -424,8 +494,8 @@ pub fn run(
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            if cut && !restored {
-                fail::apply(info, o.target, LinkAction::Up)?;
+            for target in down.drain(..) {
+                fail::apply(info, target, LinkAction::Up)?;
             }
             let client_code = match client_exit {
                 Some(code) => code,
@@ -484,6 +554,7 @@ pub fn run(
                 exits,
                 failovers: failed_over,
                 completion_error,
+                failures,
                 client_log: client_log.clone(),
                 passed,
                 why,
@@ -500,9 +571,10 @@ pub fn run(
 /// One line per outcome.
 pub fn summary(o: &StockOutcome) -> String {
     format!(
-        "{:<16} {:<11} client exit {:<4} server exit {:<4} failovers {}/{} completion error {:<3} {}",
+        "{:<16} {:<11} link failures {:<3} client exit {:<4} server exit {:<4} failovers {}/{} completion error {:<3} {}",
         o.tool.binary(),
         if o.failover { "failover" } else { "no-failover" },
+        o.failures,
         o.exits[0].map_or("-".to_owned(), |c| c.to_string()),
         o.exits[1].map_or("-".to_owned(), |c| c.to_string()),
         o.failovers[0],
@@ -526,6 +598,54 @@ mod tests {
                    railshift verbs: rs0 QP 0x2 destroyed: Fallback, 1 failovers, 0 switch-backs, 0 WQEs retransmitted\n";
         assert_eq!(failovers(log), 3);
         assert_eq!(failovers("nothing"), 0);
+    }
+
+    fn options(chaos: Option<StockChaos>) -> StockOptions {
+        StockOptions {
+            tools: vec![Tool::RcPingpong],
+            target: FailTarget::InitiatorNic { rail: 0 },
+            at: Duration::from_secs(1),
+            down: Duration::from_secs(2),
+            chaos,
+            duration: Duration::from_secs(20),
+            iters: 1000,
+            modes: vec![true],
+            shim: PathBuf::new(),
+            out_dir: PathBuf::new(),
+            holddown: Duration::from_millis(100),
+            port: 18600,
+        }
+    }
+
+    #[test]
+    fn one_cut_is_two_steps_and_chaos_fails_both_rails_inside_its_window() {
+        let once = options(None).steps();
+        assert_eq!(once.len(), 2);
+        assert_eq!(
+            (once[0].at, once[0].action),
+            (Duration::from_secs(1), LinkAction::Down)
+        );
+        assert_eq!(
+            (once[1].at, once[1].action),
+            (Duration::from_secs(3), LinkAction::Up)
+        );
+        let chaos = options(Some(StockChaos {
+            seed: 1,
+            max_both_down: Duration::from_secs(1),
+        }))
+        .steps();
+        let downs: Vec<&Step> = chaos
+            .iter()
+            .filter(|s| s.action == LinkAction::Down)
+            .collect();
+        assert!(downs.len() >= 4, "{chaos:?}");
+        assert_eq!(downs.len() * 2, chaos.len());
+        for d in &downs {
+            assert!(d.at >= Duration::from_secs(1) && d.at < Duration::from_secs(17));
+        }
+        for rail in 0..2 {
+            assert!(downs.iter().any(|d| d.target.rail() == rail), "{chaos:?}");
+        }
     }
 
     #[test]

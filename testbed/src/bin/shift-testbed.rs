@@ -145,6 +145,13 @@ enum Command {
         /// How long it stays down.
         #[arg(long, default_value = "2s", value_parser = schedule::parse_duration)]
         down: std::time::Duration,
+        /// Instead of one cut, both rails' links fail at random, overlapping (the `chaos`
+        /// scenario's draw, from this seed), from --at until 3 s before -D ends.
+        #[arg(long, value_name = "SEED")]
+        chaos: Option<u64>,
+        /// With --chaos: the longest time both rails may be down together.
+        #[arg(long, default_value = "1s", value_parser = schedule::parse_duration, requires = "chaos")]
+        max_both_down: std::time::Duration,
         /// The perftest tools' -D (seconds).
         #[arg(long, short = 'D', default_value = "10s", value_parser = schedule::parse_duration)]
         duration: std::time::Duration,
@@ -576,6 +583,8 @@ fn run(cli: Cli) -> Result<(), String> {
             rail,
             at,
             down,
+            chaos,
+            max_both_down,
             duration,
             iters,
             failover_only,
@@ -591,6 +600,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 target: FailTarget::parse(&target, rail)?,
                 at,
                 down,
+                chaos: chaos.map(|seed| testbed::stock::StockChaos {
+                    seed,
+                    max_both_down,
+                }),
                 duration,
                 iters,
                 modes: match (failover_only, no_failover) {
@@ -606,7 +619,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 port,
             };
             let outcomes = testbed::stock::run(&info, &o, &mut |line| println!("{line}"))?;
-            println!("stock tools across a {} cut:", o.target);
+            println!("stock tools under {}:", o.cut_words());
             for outcome in &outcomes {
                 println!("  {}", testbed::stock::summary(outcome));
             }
