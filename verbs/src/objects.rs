@@ -1393,40 +1393,123 @@ fn send_flags(wr: &ibv_send_wr, sig_all: bool) -> SendFlags {
     flags
 }
 
-/// A request the pmd's fast path may take, by its parts: a WRITE, WRITE with immediate,
-/// SEND or SEND with immediate of one gather entry, not inline. Anything else is `None`
-/// and goes through [`send_wr`] and the pmd's full post.
+/// The pmd's send flags for each `ibv_send_flags & 7` (FENCE 1, SIGNALED 2, SOLICITED 4),
+/// plus 8 for a QP whose every request is signaled (`sq_sig_all`): the fast path's flag
+/// conversion as one load instead of three tests ([`send_flags`] is the general path's, and
+/// a test checks that the two agree).
+const FAST_SEND_FLAGS: [SendFlags; 16] = {
+    let mut table = [SendFlags::NONE; 16];
+    let mut i = 0;
+    while i < 16 {
+        let mut bits = 0;
+        if i & 8 != 0 || i & IBV_SEND_SIGNALED as usize != 0 {
+            bits |= SendFlags::SIGNALED.bits();
+        }
+        if i & IBV_SEND_FENCE as usize != 0 {
+            bits |= SendFlags::FENCE.bits();
+        }
+        if i & IBV_SEND_SOLICITED as usize != 0 {
+            bits |= SendFlags::SOLICITED.bits();
+        }
+        table[i] = SendFlags::from_bits_truncate(bits);
+        i += 1;
+    }
+    table
+};
+
+/// A send queue the ops table's `post_send` posts on: a plain device's pmd QP, or a
+/// resilient QP's state. A trait rather than closures so that its fast path inlines into
+/// each opcode's arm of [`post_fast_parts`] (four call sites of a closure are past the
+/// inliner's limit, and an outlined call cost more than the second match it saved).
+pub(crate) trait SendPoster {
+    /// The pmd's fast path alone for a one-entry WRITE, WRITE with immediate, SEND or SEND
+    /// with immediate given by its parts; `false` (nothing written) sends the request to
+    /// [`SendPoster::post_general`].
+    fn post_fast(&mut self, wr: &pmd::datapath::sq::RequestParts, op: SendOp, sge: &Sge) -> bool;
+    /// The pmd's general post, which makes every check and gives every error.
+    fn post_general(&mut self, wr: &SendWr<'_>) -> Result<(), pmd::PostError>;
+    /// Publishes what was written with one doorbell.
+    fn ring_doorbell(&mut self);
+}
+
+impl SendPoster for pmd::Qp {
+    #[inline(always)]
+    fn post_fast(&mut self, wr: &pmd::datapath::sq::RequestParts, op: SendOp, sge: &Sge) -> bool {
+        self.post_send_fast_parts(wr, op, sge).is_some()
+    }
+    #[inline]
+    fn post_general(&mut self, wr: &SendWr<'_>) -> Result<(), pmd::PostError> {
+        self.post_send(wr).map(|_| ())
+    }
+    #[inline]
+    fn ring_doorbell(&mut self) {
+        pmd::Qp::ring_doorbell(self)
+    }
+}
+
+/// Offers `wr` to `qp`'s fast path by its parts when it is of the pmd's fast-path kind: a
+/// WRITE, WRITE with immediate, SEND or SEND with immediate of one gather entry, not inline.
+/// Whether it was posted; `false` (nothing posted) sends it to the general post, which checks
+/// everything and gives every error. Each opcode's arm passes a constant [`SendOp`] variant,
+/// so the pmd's own match on the variant folds away where the fast path inlines.
 ///
 /// # Safety
 /// `wr` is a valid work request whose gather list holds `num_sge` entries.
 #[inline(always)]
-unsafe fn fast_parts(wr: &ibv_send_wr, sig_all: bool) -> Option<(SendOp, SendFlags, Sge)> {
-    if wr.num_sge != 1 || wr.sg_list.is_null() || wr.send_flags & IBV_SEND_INLINE != 0 {
-        return None;
+unsafe fn post_fast_parts(qp: &mut impl SendPoster, wr: &ibv_send_wr, sig_all: bool) -> bool {
+    // One entry and not inline in one test: `num_sge ^ 1` is 0 for 1 entry alone.
+    if (wr.num_sge as u32 ^ 1) | (wr.send_flags & IBV_SEND_INLINE) != 0 || wr.sg_list.is_null() {
+        return false;
     }
+    // SAFETY: the caller's list of one entry.
+    let s = unsafe { &*wr.sg_list };
+    let sge = Sge::new(s.addr, s.length, s.lkey);
+    let parts = pmd::datapath::sq::RequestParts {
+        wr_id: wr.wr_id,
+        flags: FAST_SEND_FLAGS[(wr.send_flags & 7) as usize | usize::from(sig_all) << 3],
+    };
     let remote = Remote {
         addr: wr.wr.remote_addr,
         rkey: wr.wr.rdma_rkey_or_compare_add as u32,
     };
-    let op = match wr.opcode {
-        IBV_WR_RDMA_WRITE => SendOp::Write { remote },
-        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteImm {
-            remote,
-            imm: u32::from_be(wr.imm_data),
-        },
-        IBV_WR_SEND => SendOp::Send,
-        IBV_WR_SEND_WITH_IMM => SendOp::SendImm {
-            imm: u32::from_be(wr.imm_data),
-        },
-        _ => return None,
-    };
-    // SAFETY: the caller's list of one entry.
-    let s = unsafe { &*wr.sg_list };
-    Some((
-        op,
-        send_flags(wr, sig_all),
-        Sge::new(s.addr, s.length, s.lkey),
-    ))
+    let imm = u32::from_be(wr.imm_data);
+    match wr.opcode {
+        IBV_WR_RDMA_WRITE => qp.post_fast(&parts, SendOp::Write { remote }, &sge),
+        IBV_WR_RDMA_WRITE_WITH_IMM => qp.post_fast(&parts, SendOp::WriteImm { remote, imm }, &sge),
+        IBV_WR_SEND => qp.post_fast(&parts, SendOp::Send, &sge),
+        IBV_WR_SEND_WITH_IMM => qp.post_fast(&parts, SendOp::SendImm { imm }, &sge),
+        _ => false,
+    }
+}
+
+/// Posts `wr` whole through `qp`'s general post, which makes every check: a request the
+/// fast path did not take. Out of line, with the inline-data buffer it needs, so
+/// the fast path's loop neither carries nor zeroes that buffer. The errno of a refusal, its
+/// reason logged.
+///
+/// # Safety
+/// `wr` is a valid work request whose gather list holds `num_sge` entries.
+#[inline(never)]
+unsafe fn post_general(
+    qp: &mut impl SendPoster,
+    wr: &ibv_send_wr,
+    sig_all: bool,
+    max_inline: u32,
+) -> Result<(), c_int> {
+    let mut inline_buf = [0u8; INLINE_GATHER];
+    // SAFETY: the caller's request.
+    match unsafe { send_wr(wr, sig_all, max_inline, &mut inline_buf) } {
+        Ok(swr) => qp.post_general(&swr).map_err(|e| {
+            let errno = post_errno(&e);
+            if errno == libc::ENOMEM {
+                crate::util::set_errno(errno);
+                errno
+            } else {
+                invalid("ibv_post_send", &e.to_string(), errno)
+            }
+        }),
+        Err((why, errno)) => Err(invalid("ibv_post_send", &why, errno)),
+    }
 }
 
 pub(crate) fn post_errno(e: &pmd::PostError) -> c_int {
@@ -1436,65 +1519,41 @@ pub(crate) fn post_errno(e: &pmd::PostError) -> c_int {
     }
 }
 
-/// Posts the list at `wr` in order on `qp`, then calls `ring` on it once for all of it
+/// Posts the list at `wr` in order on `qp`, then rings its doorbell once for all of it
 /// (whatever was posted before a refusal goes out); on a refused request `bad_wr` names it
-/// and its errno is returned. A request of the pmd's fast-path kind is first offered to
-/// `fast` by its parts (`true`: posted), without building a pmd request; the rest, and one
-/// `fast` declines, go whole through `post`, which checks everything. Generic over the
-/// closures so that each caller's post inlines.
+/// and its errno is returned. A request of the pmd's fast-path kind is first offered to the
+/// fast path by its parts, without building a pmd request; the rest, and one the fast path
+/// declines, go whole through the general post, which checks everything.
 ///
 /// # Safety
 /// `wr` is a valid list; `bad_wr` is null or writable.
 #[inline(always)]
-// The QP's two post settings and the three steps stay separate arguments: each caller's
-// closures inline into the loop.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn post_send_list<Q>(
-    qp: &mut Q,
+pub(crate) unsafe fn post_send_list(
+    qp: &mut impl SendPoster,
     mut wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
     sig_all: bool,
     max_inline: u32,
-    mut fast: impl FnMut(&mut Q, u64, SendOp, SendFlags, &Sge) -> bool,
-    mut post: impl FnMut(&mut Q, &SendWr<'_>) -> Result<(), pmd::PostError>,
-    ring: impl FnOnce(&mut Q),
 ) -> c_int {
-    let mut inline_buf = [0u8; INLINE_GATHER];
     let mut result = 0;
     while !wr.is_null() {
         // SAFETY: the caller's list.
         let w = unsafe { &*wr };
         // SAFETY: the caller's request.
-        if let Some((op, flags, sge)) = unsafe { fast_parts(w, sig_all) } {
-            if fast(qp, w.wr_id, op, flags, &sge) {
-                wr = w.next;
-                continue;
-            }
-        }
-        // SAFETY: the caller's request.
-        let posted = match unsafe { send_wr(w, sig_all, max_inline, &mut inline_buf) } {
-            Ok(swr) => post(qp, &swr).map_err(|e| {
-                let errno = post_errno(&e);
-                if errno == libc::ENOMEM {
-                    crate::util::set_errno(errno);
-                    errno
-                } else {
-                    invalid("ibv_post_send", &e.to_string(), errno)
+        if !unsafe { post_fast_parts(qp, w, sig_all) } {
+            // SAFETY: the caller's request.
+            if let Err(errno) = unsafe { post_general(qp, w, sig_all, max_inline) } {
+                if !bad_wr.is_null() {
+                    // SAFETY: the caller's slot.
+                    unsafe { bad_wr.write(wr) };
                 }
-            }),
-            Err((why, errno)) => Err(invalid("ibv_post_send", &why, errno)),
-        };
-        if let Err(errno) = posted {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's slot.
-                unsafe { bad_wr.write(wr) };
+                result = errno;
+                break;
             }
-            result = errno;
-            break;
         }
         wr = w.next;
     }
-    ring(qp);
+    qp.ring_doorbell();
     result
 }
 
@@ -1512,21 +1571,7 @@ pub unsafe extern "C" fn post_send(
     let rs = unsafe { &*qp.cast::<RsQp>() };
     let mut guard = lock(&rs.qp);
     // SAFETY: forwarded from the caller.
-    unsafe {
-        post_send_list(
-            &mut *guard,
-            wr,
-            bad_wr,
-            rs.sq_sig_all,
-            rs.max_inline,
-            |q, wr_id, op, flags, sge| {
-                let parts = pmd::datapath::sq::RequestParts { wr_id, flags };
-                q.post_send_fast_parts(&parts, op, sge).is_some()
-            },
-            |q, swr| q.post_send(swr).map(|_| ()),
-            |q| q.ring_doorbell(),
-        )
-    }
+    unsafe { post_send_list(&mut *guard, wr, bad_wr, rs.sq_sig_all, rs.max_inline) }
 }
 
 /// Posts the receive list at `wr` in order through `post` (for a QP's receive queue or an
@@ -1690,4 +1735,29 @@ refused_on_ours! {
     /// `ibv_detach_mcast`: refused on our devices (`EOPNOTSUPP`).
     ibv_detach_mcast @ "IBVERBS_1.1" [ours] (qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int,
         "multicast (UD)", libc::EOPNOTSUPP, libc::EOPNOTSUPP;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast path's flag table gives what the general path's conversion gives, for every
+    /// combination of the three flags (and the inline bit, which the table ignores), with
+    /// and without `sq_sig_all`.
+    #[test]
+    fn the_fast_flag_table_agrees_with_the_general_conversion() {
+        // SAFETY: ibv_send_wr is plain data; all zeroes is a valid value.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        for bits in 0..16 {
+            for sig_all in [false, true] {
+                wr.send_flags = bits;
+                let index = (bits & 7) as usize | usize::from(sig_all) << 3;
+                assert_eq!(
+                    FAST_SEND_FLAGS[index],
+                    send_flags(&wr, sig_all),
+                    "send_flags {bits:#x}, sq_sig_all {sig_all}"
+                );
+            }
+        }
+    }
 }

@@ -33,13 +33,14 @@ use pmd::resilient::{
     FailoverService, RedisRendezvous, Rendezvous, RendezvousKey, ResilientConfig, ResilientContext,
     ResilientPd, ResilientQp, ServiceConfig,
 };
-use pmd::{QpAttr, QpState, WcOpcode, WorkCompletion};
+use pmd::{QpAttr, QpState, SendOp, SendWr, Sge, WcOpcode, WorkCompletion};
 
 use crate::abi::*;
 use crate::config::{DeviceSpec, Progress, Resilience, RENDEZVOUS_VAR};
 use crate::device::{open_pmd_context, PollActivity, RsContext};
 use crate::objects::{
     caps_from, lock, post_recv_list, post_send_list, qp_attr_from, to_ibv_wc, write_query, RsPd,
+    SendPoster,
 };
 use crate::util::invalid;
 
@@ -797,6 +798,24 @@ pub unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     0
 }
 
+/// A resilient QP's posts: the default QP's fast path, which records the request for a
+/// failover as the general post does (it counts the two-sided ones), declined while the route
+/// is not the default; then the whole request takes the failover layer's post.
+impl SendPoster for QpInner {
+    #[inline(always)]
+    fn post_fast(&mut self, wr: &pmd::datapath::sq::RequestParts, op: SendOp, sge: &Sge) -> bool {
+        self.qp.post_send_fast_parts(wr, op, sge).is_some()
+    }
+    #[inline]
+    fn post_general(&mut self, wr: &SendWr<'_>) -> Result<(), pmd::PostError> {
+        self.qp.post_send(wr)
+    }
+    #[inline]
+    fn ring_doorbell(&mut self) {
+        self.qp.ring_doorbell()
+    }
+}
+
 /// The ops table's `post_send` on a resilient device.
 ///
 /// # Safety
@@ -820,24 +839,7 @@ pub unsafe extern "C" fn post_send(
         return invalid("ibv_post_send", "the QP is in RTR", libc::EINVAL);
     }
     // SAFETY: forwarded from the caller.
-    unsafe {
-        post_send_list(
-            &mut *g,
-            wr,
-            bad_wr,
-            cell.sig_all,
-            cell.max_inline,
-            // The default QP's fast path, which records the request for a failover as the
-            // general post does (it counts the two-sided ones); declined while the route is
-            // not the default, and then the whole request takes the failover layer's post.
-            |g, wr_id, op, flags, sge| {
-                let parts = pmd::datapath::sq::RequestParts { wr_id, flags };
-                g.qp.post_send_fast_parts(&parts, op, sge).is_some()
-            },
-            |g, swr| g.qp.post_send(swr),
-            |g| g.qp.ring_doorbell(),
-        )
-    }
+    unsafe { post_send_list(&mut *g, wr, bad_wr, cell.sig_all, cell.max_inline) }
 }
 
 /// The ops table's `post_recv` on a resilient device.

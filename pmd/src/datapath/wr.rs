@@ -143,8 +143,15 @@ impl SendFlags {
     }
 
     /// The raw bits (SIGNALED 1, FENCE 2, SOLICITED 4).
-    pub fn bits(self) -> u8 {
+    pub const fn bits(self) -> u8 {
         self.0
+    }
+
+    /// The flags whose raw bits (as [`SendFlags::bits`] gives them) are set in `bits`; other
+    /// bits are ignored. A `const fn`, so that a translation table can be built at compile
+    /// time (the verbs shim's from `ibv_send_flags`).
+    pub const fn from_bits_truncate(bits: u8) -> SendFlags {
+        SendFlags(bits & 7)
     }
 }
 
