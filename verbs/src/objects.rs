@@ -16,6 +16,7 @@ use crate::abi::*;
 use crate::device::{null_with, our_context, RsContext};
 use crate::real::real_fns;
 use crate::util::{invalid, refuse};
+use pmd::datapath::sq::FastRequest;
 
 real_fns! {
     ibv_alloc_pd @ "IBVERBS_1.1": fn(*mut ibv_context) -> *mut ibv_pd;
@@ -1425,7 +1426,7 @@ pub(crate) trait SendPoster {
     /// The pmd's fast path alone for a one-entry WRITE, WRITE with immediate, SEND or SEND
     /// with immediate given by its parts; `false` (nothing written) sends the request to
     /// [`SendPoster::post_general`].
-    fn post_fast(&mut self, wr: &pmd::datapath::sq::RequestParts, op: SendOp, sge: &Sge) -> bool;
+    fn post_fast(&mut self, wr: &impl FastRequest, op: SendOp, sge: &Sge) -> bool;
     /// The pmd's general post, which makes every check and gives every error.
     fn post_general(&mut self, wr: &SendWr<'_>) -> Result<(), pmd::PostError>;
     /// Publishes what was written with one doorbell.
@@ -1434,7 +1435,7 @@ pub(crate) trait SendPoster {
 
 impl SendPoster for pmd::Qp {
     #[inline(always)]
-    fn post_fast(&mut self, wr: &pmd::datapath::sq::RequestParts, op: SendOp, sge: &Sge) -> bool {
+    fn post_fast(&mut self, wr: &impl FastRequest, op: SendOp, sge: &Sge) -> bool {
         self.post_send_fast_parts(wr, op, sge).is_some()
     }
     #[inline]
@@ -1444,6 +1445,25 @@ impl SendPoster for pmd::Qp {
     #[inline]
     fn ring_doorbell(&mut self) {
         pmd::Qp::ring_doorbell(self)
+    }
+}
+
+/// An `ibv_send_wr` as the pmd's fast path reads its id and flags: through the reference,
+/// when the WQE is written, so neither is loaded and carried (spilled) across the room and
+/// key checks before it.
+struct VerbsRequest<'a> {
+    wr: &'a ibv_send_wr,
+    sig_all: bool,
+}
+
+impl FastRequest for VerbsRequest<'_> {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr.wr_id
+    }
+    #[inline(always)]
+    fn flags(&self) -> SendFlags {
+        FAST_SEND_FLAGS[(self.wr.send_flags & 7) as usize | usize::from(self.sig_all) << 3]
     }
 }
 
@@ -1457,30 +1477,54 @@ impl SendPoster for pmd::Qp {
 /// `wr` is a valid work request whose gather list holds `num_sge` entries.
 #[inline(always)]
 unsafe fn post_fast_parts(qp: &mut impl SendPoster, wr: &ibv_send_wr, sig_all: bool) -> bool {
-    // One entry and not inline in one test: `num_sge ^ 1` is 0 for 1 entry alone.
-    if (wr.num_sge as u32 ^ 1) | (wr.send_flags & IBV_SEND_INLINE) != 0 || wr.sg_list.is_null() {
+    // One entry and not inline: zero for exactly that (`num_sge ^ 1` is 0 for 1 entry alone).
+    let not_one_plain_entry = (wr.num_sge as u32 ^ 1) | (wr.send_flags & IBV_SEND_INLINE);
+    if wr.sg_list.is_null() {
         return false;
     }
-    // SAFETY: the caller's list of one entry.
-    let s = unsafe { &*wr.sg_list };
-    let sge = Sge::new(s.addr, s.length, s.lkey);
-    let parts = pmd::datapath::sq::RequestParts {
-        wr_id: wr.wr_id,
-        flags: FAST_SEND_FLAGS[(wr.send_flags & 7) as usize | usize::from(sig_all) << 3],
-    };
-    let remote = Remote {
+    // SAFETY: the caller's list of one entry (when `not_one_plain_entry` is 0), an
+    // `ibv_sge`, which is laid out as the pmd's `Sge` (checked below): read in place by the
+    // fast path's checks, not copied first.
+    let sge = unsafe { &*wr.sg_list.cast::<Sge>() };
+    let request = VerbsRequest { wr, sig_all };
+    // The remote address and immediate are read in the arms that use them.
+    let remote = || Remote {
         addr: wr.wr.remote_addr,
         rkey: wr.wr.rdma_rkey_or_compare_add as u32,
     };
-    let imm = u32::from_be(wr.imm_data);
+    let imm = || u32::from_be(wr.imm_data);
+    // A WRITE of one plain entry in one test (its opcode is 0), as the pmd's own fast path
+    // tests for a WRITE first: no jump table, which a match on the opcode compiles to.
+    if not_one_plain_entry | wr.opcode == 0 {
+        return qp.post_fast(&request, SendOp::Write { remote: remote() }, sge);
+    }
+    if not_one_plain_entry != 0 {
+        return false;
+    }
     match wr.opcode {
-        IBV_WR_RDMA_WRITE => qp.post_fast(&parts, SendOp::Write { remote }, &sge),
-        IBV_WR_RDMA_WRITE_WITH_IMM => qp.post_fast(&parts, SendOp::WriteImm { remote, imm }, &sge),
-        IBV_WR_SEND => qp.post_fast(&parts, SendOp::Send, &sge),
-        IBV_WR_SEND_WITH_IMM => qp.post_fast(&parts, SendOp::SendImm { imm }, &sge),
+        IBV_WR_RDMA_WRITE_WITH_IMM => {
+            let op = SendOp::WriteImm {
+                remote: remote(),
+                imm: imm(),
+            };
+            qp.post_fast(&request, op, sge)
+        }
+        IBV_WR_SEND => qp.post_fast(&request, SendOp::Send, sge),
+        IBV_WR_SEND_WITH_IMM => qp.post_fast(&request, SendOp::SendImm { imm: imm() }, sge),
         _ => false,
     }
 }
+
+/// `ibv_sge` is the pmd's `Sge` in memory, and a WRITE's opcode is 0, which
+/// [`post_fast_parts`] relies on.
+const _: () = {
+    assert!(IBV_WR_RDMA_WRITE == 0);
+    assert!(std::mem::size_of::<ibv_sge>() == std::mem::size_of::<Sge>());
+    assert!(std::mem::align_of::<ibv_sge>() == std::mem::align_of::<Sge>());
+    assert!(std::mem::offset_of!(ibv_sge, addr) == std::mem::offset_of!(Sge, addr));
+    assert!(std::mem::offset_of!(ibv_sge, length) == std::mem::offset_of!(Sge, len));
+    assert!(std::mem::offset_of!(ibv_sge, lkey) == std::mem::offset_of!(Sge, lkey));
+};
 
 /// Posts `wr` whole through `qp`'s general post, which makes every check: a request the
 /// fast path did not take. Out of line, with the inline-data buffer it needs, so

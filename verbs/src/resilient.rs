@@ -803,7 +803,12 @@ pub unsafe fn destroy_qp(qp: *mut ibv_qp) -> c_int {
 /// is not the default; then the whole request takes the failover layer's post.
 impl SendPoster for QpInner {
     #[inline(always)]
-    fn post_fast(&mut self, wr: &pmd::datapath::sq::RequestParts, op: SendOp, sge: &Sge) -> bool {
+    fn post_fast(
+        &mut self,
+        wr: &impl pmd::datapath::sq::FastRequest,
+        op: SendOp,
+        sge: &Sge,
+    ) -> bool {
         self.qp.post_send_fast_parts(wr, op, sge).is_some()
     }
     #[inline]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use crate::datapath::cq::Attachment;
 use crate::datapath::gate::QpGate;
 use crate::datapath::rq::{RecvQueue, RecvQueueParts};
-use crate::datapath::sq::RequestParts;
+use crate::datapath::sq::FastRequest;
 use crate::datapath::sq::{DoorbellError, SendQueue, SendQueueParts};
 use crate::datapath::track::{RecvTrack, SendTrack};
 use crate::datapath::wr::{BatchPostError, PostError, RecvWr, SendOp, SendWr, Sge};
@@ -551,7 +551,7 @@ impl Qp {
     #[inline(always)]
     pub fn post_send_fast_parts(
         &mut self,
-        wr: &RequestParts,
+        wr: &impl FastRequest,
         op: SendOp,
         sge: &Sge,
     ) -> Option<u16> {

@@ -692,13 +692,14 @@ impl SendQueue {
     }
 
     /// [`SendQueue::post_fast`] for a request given by its parts rather than a [`SendWr`]
-    /// (the verbs shim, which holds an `ibv_send_wr`): the WRITE, WRITE with immediate, SEND or
+    /// (the verbs shim, which holds an `ibv_send_wr`; its id and flags are read through `wr`
+    /// only when the WQE is written, after the checks): the WRITE, WRITE with immediate, SEND or
     /// SEND with immediate `op` of the one gather entry `sge`. `None` means "not this case"
     /// (nothing written): the caller then posts the whole [`SendWr`] through
     /// [`SendQueue::post`], which makes every check and gives every error, so a request the
     /// fast path takes is one `post` would have taken the same way.
     #[inline(always)]
-    pub fn post_fast_parts(&mut self, wr: &RequestParts, op: SendOp, sge: &Sge) -> Option<u16> {
+    pub fn post_fast_parts(&mut self, wr: &impl FastRequest, op: SendOp, sge: &Sge) -> Option<u16> {
         self.post_fast_parts_counting(wr, op, sge, &mut 0)
     }
 
@@ -707,7 +708,7 @@ impl SendQueue {
     #[inline(always)]
     pub(crate) fn post_fast_parts_counting(
         &mut self,
-        wr: &RequestParts,
+        wr: &impl FastRequest,
         op: SendOp,
         sge: &Sge,
         two_sided: &mut u64,

@@ -8,8 +8,11 @@ pub use hw_defs::verbs::WcStatus;
 
 use crate::qp_state::QpState;
 
-/// One gather or scatter entry: `len` bytes at `addr` in the MR of `lkey`.
+/// One gather or scatter entry: `len` bytes at `addr` in the MR of `lkey`. Laid out as
+/// `struct ibv_sge` (`repr(C)`, the same fields in the same order), so that the verbs shim's
+/// fast path reads the application's entry in place rather than copying it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Sge {
     /// First byte (a virtual address in this process).
     pub addr: u64,

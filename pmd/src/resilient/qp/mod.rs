@@ -30,7 +30,7 @@ use crossbeam_utils::sync::Unparker;
 
 use crate::control::{Context, Cq, Qp, SavedAttrs};
 use crate::datapath::sq::raw::OutstandingWqe;
-use crate::datapath::sq::RequestParts;
+use crate::datapath::sq::FastRequest;
 use crate::datapath::wr::{
     BatchPostError, Payload, PostError, RecvWr, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
     WorkCompletion,
@@ -294,7 +294,7 @@ impl ResilientQp {
     #[inline(always)]
     pub fn post_send_fast_parts(
         &mut self,
-        wr: &RequestParts,
+        wr: &impl FastRequest,
         op: SendOp,
         sge: &Sge,
     ) -> Option<u16> {
