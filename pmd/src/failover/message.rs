@@ -14,7 +14,10 @@
 //!
 //! `dest QPN` names the receiving end's default QP, so one control QP pair can serve every
 //! resilient connection between two backup devices. Counters travel as full 64-bit values: no
-//! wrap-around reconstruction is needed on the receiving side.
+//! wrap-around reconstruction is needed on the receiving side. A wait travels as a duration in
+//! nanoseconds, never as a point in time: the two ends' clocks are not synchronized.
+
+use core::time::Duration;
 
 use super::config::Epoch;
 use super::status::WcStatus;
@@ -107,6 +110,12 @@ pub enum ControlMessage {
         epoch: Epoch,
         /// Application receives the sender has completed, counted since the connection began.
         recvs_completed: u64,
+        /// How long, from the moment the sender posted this, until its default QP's last
+        /// incarnation that carried traffic is the backoff past leaving RTS; zero if it is
+        /// already. The receiver brings its default QP up no sooner than that after the
+        /// message arrived (`docs/failover.md` 6, "Old packets"). At most
+        /// [`MAX_FAILBACK_WAIT`]: a longer wait is sent as that.
+        wait: Duration,
     },
     /// On the default devices' channel: "my default QP is in RTS in `epoch` and my receive
     /// WQEs are on it: ring what you moved there."
@@ -152,6 +161,12 @@ pub enum MessageError {
 
 /// The size of a control message on the wire.
 pub const CONTROL_MESSAGE_LEN: usize = 32;
+
+/// The longest wait a `Failback` message may carry. The wait is what is left of the sender's
+/// rearm backoff (100 ms by default), so anything up to it is legitimate; a longer one would
+/// only delay the failback (a packet is assumed to live less than the backoff), and the
+/// parser refuses it as a malformed field rather than let a peer stall the round.
+pub const MAX_FAILBACK_WAIT: Duration = Duration::from_secs(1);
 
 const MAGIC: u16 = 0x5253; // "RS"
 const VERSION: u8 = 1;
@@ -425,10 +440,14 @@ impl ControlRepr {
                 }
             }
             kind::FAILBACK => {
-                unused(b, "b")?;
+                let wait = Duration::from_nanos(b);
+                if wait > MAX_FAILBACK_WAIT {
+                    return Err(bad("wait"));
+                }
                 ControlMessage::Failback {
                     epoch,
                     recvs_completed: a,
+                    wait,
                 }
             }
             kind::FAILBACK_READY => {
@@ -480,7 +499,13 @@ impl ControlRepr {
             ControlMessage::Failback {
                 epoch,
                 recvs_completed,
-            } => (kind::FAILBACK, epoch, recvs_completed, 0),
+                wait,
+            } => {
+                let nanos = wait.min(MAX_FAILBACK_WAIT).as_nanos();
+                // Within `MAX_FAILBACK_WAIT`, so it fits 64 bits of nanoseconds.
+                let wait = u64::try_from(nanos).unwrap_or(u64::MAX);
+                (kind::FAILBACK, epoch, recvs_completed, wait)
+            }
             ControlMessage::FailbackReady { epoch } => (kind::FAILBACK_READY, epoch, 0, 0),
             ControlMessage::Abort { reason } => {
                 let (code, status) = reason.code();
@@ -588,6 +613,12 @@ mod tests {
             ControlMessage::Failback {
                 epoch,
                 recvs_completed: (1 << 40) + 3,
+                wait: Duration::from_nanos(87_654_321),
+            },
+            ControlMessage::Failback {
+                epoch,
+                recvs_completed: 0,
+                wait: MAX_FAILBACK_WAIT,
             },
             ControlMessage::FailbackReady { epoch },
             ControlMessage::SideLost { epoch: channel },
@@ -712,6 +743,59 @@ mod tests {
             MessageError::BadField {
                 kind: 3,
                 field: "ok"
+            }
+        );
+    }
+
+    fn failback_bytes(wait: Duration) -> [u8; CONTROL_MESSAGE_LEN] {
+        let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
+        let repr = ControlRepr {
+            dest_qpn: 1,
+            message: ControlMessage::Failback {
+                epoch: Epoch(2),
+                recvs_completed: 5,
+                wait,
+            },
+        };
+        repr.emit(&mut ControlPacket::new_checked(&mut bytes[..]).unwrap());
+        bytes
+    }
+
+    #[test]
+    fn a_failback_wait_travels_as_nanoseconds_in_value_b() {
+        let bytes = failback_bytes(Duration::from_millis(42));
+        assert_eq!(bytes[3], 12);
+        assert_eq!(bytes[24..32], 42_000_000u64.to_be_bytes());
+    }
+
+    #[test]
+    fn a_failback_wait_above_the_maximum_is_refused() {
+        let mut bytes = failback_bytes(Duration::ZERO);
+        let over = MAX_FAILBACK_WAIT.as_nanos() as u64 + 1;
+        bytes[24..32].copy_from_slice(&over.to_be_bytes());
+        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
+        assert_eq!(
+            ControlRepr::parse(&packet).unwrap_err(),
+            MessageError::BadField {
+                kind: 12,
+                field: "wait"
+            }
+        );
+        bytes[24..32].copy_from_slice(&u64::MAX.to_be_bytes());
+        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
+        assert!(ControlRepr::parse(&packet).is_err());
+    }
+
+    #[test]
+    fn a_failback_wait_longer_than_the_maximum_is_sent_as_the_maximum() {
+        let bytes = failback_bytes(Duration::from_secs(u64::MAX));
+        let parsed = ControlRepr::parse(&ControlPacket::new_checked(&bytes[..]).unwrap());
+        assert_eq!(
+            parsed.unwrap().message,
+            ControlMessage::Failback {
+                epoch: Epoch(2),
+                recvs_completed: 5,
+                wait: MAX_FAILBACK_WAIT,
             }
         );
     }

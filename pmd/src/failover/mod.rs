@@ -36,7 +36,10 @@ pub use config::{
 };
 pub use event::{Event, Progress};
 pub use machine::{Actions, DefaultQpPhase, Failover, RecvPhase, SendPhase, MAX_ACTIONS_PER_EVENT};
-pub use message::{ControlMessage, ControlPacket, ControlRepr, MessageError, CONTROL_MESSAGE_LEN};
+pub use message::{
+    ControlMessage, ControlPacket, ControlRepr, MessageError, CONTROL_MESSAGE_LEN,
+    MAX_FAILBACK_WAIT,
+};
 pub use observation::{Observation, RoundTrigger};
 pub use status::{ErrorClass, WcStatus};
 pub use time::Timestamp;

@@ -1,6 +1,8 @@
 //! Failback (`docs/failover.md` 5e): the backup dies while traffic depends on it, and both
 //! directions move to the default pair in a new epoch, over the default devices' channel.
 
+use core::time::Duration;
+
 use super::{Actions, DefaultQp, Failover, Link, RecvState, RoundStep, SendState};
 use crate::failover::action::Action;
 use crate::failover::config::Epoch;
@@ -34,6 +36,9 @@ pub(super) struct FailbackRound {
 pub(super) struct PeerFailback {
     pub(super) epoch: Epoch,
     pub(super) recvs_completed: u64,
+    /// When the peer's default QP is, at the latest, the backoff past leaving RTS: the wait its
+    /// message carried, counted from its arrival here (no sooner than from its sending).
+    pub(super) up_after: Timestamp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,6 +88,13 @@ impl Failover {
         out: &mut Actions,
     ) {
         let default_failed = default_failed || matches!(self.send, SendState::FailingOver(_));
+        // Whether our own bound covers the peer's old QP too (6, "Old packets"): its
+        // `Failover` arrived (a finished round counts the backoff from that, `finish_round`)
+        // or a rearm attempt came since (it started past both ends' bounds). Not while the
+        // default pair carried traffic until now, nor for a round still waiting for the
+        // peer's `Failover`: then the wait the peer's `Failback` carries is what tells.
+        let peer_covered = !matches!(self.send, SendState::FailingOver(_))
+            && !matches!(self.default_qp, DefaultQp::Live { confirmed: true });
         let deadline = if self.default_link.up && !default_failed {
             // The backup is gone, so the default path is the only one left, and a peer
             // whose side of it is down (a link this end cannot see) cannot answer: the
@@ -120,10 +132,13 @@ impl Failover {
             }
             // Carrying traffic until the `MoveQpToErr` below.
             DefaultQp::Live { confirmed: true } => now + self.config.backoff_initial,
-            // A rearm attempt came (or is) between: it already waited the bound.
+            // A rearm attempt came (or is) between: it started past both ends' bounds.
             _ => now,
         };
-        self.default_qp = DefaultQp::FailingBack { up_after };
+        self.default_qp = DefaultQp::FailingBack {
+            up_after,
+            peer_covered,
+        };
         self.owes_rearm_ready = false;
         self.rearm_failures = 0;
         out.push(Action::MoveQpToErr { path: Path::Backup });
@@ -185,11 +200,17 @@ impl Failover {
         // the higher one (the follower's epochs are the leader's), so its PSN quarter choice
         // decides.
         let proposed = self.next_epoch();
+        // What is left of our own bound, for the peer's bring-up (6, "Old packets").
+        let wait = match self.default_qp {
+            DefaultQp::FailingBack { up_after, .. } => up_after.saturating_since(now),
+            _ => Duration::ZERO,
+        };
         out.push(Action::SendControl {
             via: Path::Default,
             message: ControlMessage::Failback {
                 epoch: proposed,
                 recvs_completed: progress.recvs_completed,
+                wait,
             },
         });
         self.send = SendState::FailingBack(FailbackRound {
@@ -203,12 +224,13 @@ impl Failover {
         self.maybe_bring_up_failback(now, out);
     }
 
-    /// Both `Failback`s known, the default link up and the backoff since our default QP left
-    /// RTS over: bring the default QP up in the higher proposal. Both QPs were in ERR when
-    /// their message left (H1: neither is in an earlier epoch any more), and each proposal is
-    /// above every epoch its end's QP was in. The wait is a rearm's (6, "Old packets"): a
-    /// packet our old incarnation sent executes in the peer's new one only once this end's
-    /// new incarnation sends up to its PSN, so no sooner than the backoff after it was sent.
+    /// Both `Failback`s known, the default link up and the backoff since both ends' default
+    /// QPs left RTS over: bring the default QP up in the higher proposal. Both QPs were in
+    /// ERR when their message left (H1: neither is in an earlier epoch any more), and each
+    /// proposal is above every epoch its end's QP was in. The wait is a rearm's (6, "Old
+    /// packets"): an old packet whose PSN is the new start PSN is in sequence as soon as the
+    /// receiving QP is up, so each end waits out the peer's bound (carried in its `Failback`)
+    /// as well as its own.
     pub(super) fn maybe_bring_up_failback(&mut self, now: Timestamp, out: &mut Actions) {
         let SendState::FailingBack(round) = self.send else {
             return;
@@ -253,16 +275,32 @@ impl Failover {
         });
     }
 
-    /// When a failback round whose bring-up waits only for the backoff since the default QP
-    /// left RTS may bring it up (the peer's `Failback` is here and the default link is up).
+    /// When a failback round whose bring-up waits only for the backoff since both default
+    /// QPs left RTS may bring it up (the peer's `Failback` is here and the default link is
+    /// up): the later of our bound and the peer's, unless ours covers the peer's already.
+    /// The peer's is counted from its message's arrival, so a message that was long in the
+    /// network (a control QP's retransmission, hundreds of milliseconds) makes it later than
+    /// it is: only taken where nothing better is known.
     pub(super) fn failback_bring_up_at(&self) -> Option<Timestamp> {
-        let (SendState::FailingBack(round), DefaultQp::FailingBack { up_after }) =
-            (self.send, self.default_qp)
+        let (
+            SendState::FailingBack(round),
+            DefaultQp::FailingBack {
+                up_after,
+                peer_covered,
+            },
+        ) = (self.send, self.default_qp)
         else {
             return None;
         };
         let awaiting_peer = matches!(round.step, FailbackStep::AwaitingPeer { .. });
-        (awaiting_peer && round.peer.is_some() && self.default_link.up).then_some(up_after)
+        let peer = round
+            .peer
+            .filter(|_| awaiting_peer && self.default_link.up)?;
+        Some(if peer_covered {
+            up_after
+        } else {
+            up_after.max(peer.up_after)
+        })
     }
 
     /// The default QP is up in `epoch` with everything moved onto it: receives may be

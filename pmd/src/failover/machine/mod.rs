@@ -167,9 +167,14 @@ enum DefaultQp {
     /// Follower: being brought up into the current epoch at the leader's request.
     BringingUp,
     /// Out of its epoch (ERR, then RESET) and brought up again by a failback round, no sooner
-    /// than `up_after`: the backoff after its last incarnation left RTS, the bound a rearm
-    /// keeps too (`docs/failover.md` 6, "Old packets").
-    FailingBack { up_after: Timestamp },
+    /// than `up_after` (the backoff after its last incarnation that carried traffic left RTS)
+    /// nor, unless `peer_covered` (`up_after` is past the peer's bound too), than the peer's
+    /// own bound its `Failback` carried: the bound a rearm keeps too (`docs/failover.md` 6,
+    /// "Old packets").
+    FailingBack {
+        up_after: Timestamp,
+        peer_covered: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -345,10 +350,12 @@ impl Failover {
             Event::Control(Msg::Failback {
                 epoch,
                 recvs_completed,
+                wait,
             }) => self.peer_failing_back(
                 PeerFailback {
                     epoch,
                     recvs_completed,
+                    up_after: now + wait,
                 },
                 now,
                 out,
@@ -620,7 +627,7 @@ impl Failover {
                     RoundStep::AwaitingPeer {
                         drained,
                         sends_before_first_read,
-                    } => self.finish_round(peer, drained, sends_before_first_read, out),
+                    } => self.finish_round(peer, drained, sends_before_first_read, now, out),
                 }
             }
             SendState::FailingOver(_) => {
@@ -768,7 +775,7 @@ impl Failover {
         self.stale_backup_recvs = 0;
         self.last_round = Some(round.epoch);
         match round.peer {
-            Some(peer) => self.finish_round(peer, progress, sends_before_first_read, out),
+            Some(peer) => self.finish_round(peer, progress, sends_before_first_read, now, out),
             None => {
                 self.send = SendState::FailingOver(Round {
                     step: RoundStep::AwaitingPeer {
@@ -787,6 +794,7 @@ impl Failover {
         peer: PeerFailover,
         drained: Progress,
         sends_before_first_read: Option<u64>,
+        now: Timestamp,
         out: &mut Actions,
     ) {
         if peer.recvs_completed > drained.sends_posted {
@@ -809,6 +817,15 @@ impl Failover {
         });
         out.push(Action::ResetDefaultQp);
         self.send = SendState::Fallback;
+        // The peer's default QP left RTS before its `Failover` left (it drained first), and
+        // possibly long after ours: the next incarnation comes up no sooner than the backoff
+        // after the peer's too (6, "Old packets"). Counted from now, no sooner than the
+        // message's arrival, so no clock is compared.
+        if let DefaultQp::Dead { backoff_until } = self.default_qp {
+            self.default_qp = DefaultQp::Dead {
+                backoff_until: backoff_until.max(now + self.config.backoff_initial),
+            };
+        }
     }
 
     // ---- The backup path ------------------------------------------------------------------

@@ -18,9 +18,15 @@ pub(super) fn failback_drained(progress: Progress) -> Event {
 }
 
 pub(super) fn peer_failback(epoch: u32, recvs_completed: u64) -> Event {
+    peer_failback_waiting(epoch, recvs_completed, Duration::ZERO)
+}
+
+/// The peer's `Failback`, its own bound `wait` from passing.
+pub(super) fn peer_failback_waiting(epoch: u32, recvs_completed: u64, wait: Duration) -> Event {
     Event::Control(ControlMessage::Failback {
         epoch: Epoch(epoch),
         recvs_completed,
+        wait,
     })
 }
 
@@ -83,6 +89,7 @@ fn complete_failback(
             message: ControlMessage::Failback {
                 epoch: proposed,
                 recvs_completed: mine.recvs_completed,
+                wait: Duration::ZERO,
             }
         }]
     );
@@ -290,7 +297,8 @@ fn an_end_that_saw_nothing_learns_of_the_backup_failure_from_the_failback_messag
                 via: Path::Default,
                 message: ControlMessage::Failback {
                     epoch: Epoch(1),
-                    recvs_completed: 2
+                    recvs_completed: 2,
+                    wait: Duration::ZERO,
                 }
             },
             Action::Failback {

@@ -999,6 +999,115 @@ fn a_failback_brings_the_default_up_no_sooner_than_the_backoff_after_it_left_rts
 }
 
 #[test]
+fn a_failback_brings_the_default_up_no_sooner_than_the_backoff_after_the_peers_qp_left_rts() {
+    // The receiver's side of the bound: an old packet of the peer's whose PSN is the new start
+    // PSN is in sequence as soon as our new QP is up, so our bring-up waits for the peer's
+    // old QP too. Our sends are back on the default QP, the peer's still on the backup; the
+    // backup dies at 2_100 and our default QP leaves RTS then. The peer's leaves only when
+    // our `Failback` reached it, so its own bound runs 100 ms from its message (sent at once
+    // after its drain) and arrives 50 ms after ours started. Before, our default QP came up
+    // at 2_200, 50 ms after the peer's old one may have sent its last packet.
+    let mut machine = leader_back_on_default_path();
+    step(
+        &mut machine,
+        Event::SignaledPosted {
+            progress: progress(7, 4, 3),
+        },
+        at(2_000),
+    );
+    step(&mut machine, Event::FenceCompleted, at(2_001));
+    step(&mut machine, switch_back_ready(1), at(2_002));
+    let backoff = Config::new(Role::Leader).backoff_initial;
+    assert_eq!(
+        step(&mut machine, failback::backup_error(), at(2_100)),
+        FAILBACK_START
+    );
+    // Our message carries what is left of our own bound: 99 ms of the 100.
+    assert_eq!(
+        step(
+            &mut machine,
+            failback::failback_drained(progress(9, 4, 3)),
+            at(2_101)
+        ),
+        [Action::SendControl {
+            via: Path::Default,
+            message: ControlMessage::Failback {
+                epoch: Epoch(2),
+                recvs_completed: 3,
+                wait: Duration::from_millis(99),
+            },
+        }]
+    );
+    let peers = failback::peer_failback_waiting(2, 8, backoff);
+    assert_eq!(step(&mut machine, peers, at(2_150)), []);
+    assert_eq!(machine.poll_timeout(), Some(at(2_150) + backoff));
+    // Our own bound passed; the peer's did not.
+    assert_eq!(step(&mut machine, Event::Tick, at(2_200)), []);
+    assert_eq!(step(&mut machine, Event::Tick, at(2_249)), []);
+    assert_eq!(
+        step(&mut machine, Event::Tick, at(2_250)),
+        [Action::Failback {
+            epoch: Epoch(2),
+            skip_through: 8
+        }]
+    );
+}
+
+#[test]
+fn a_failback_after_a_finished_round_does_not_wait_out_a_late_peer_messages_wait() {
+    // Our own bound covers the peer's old QP when its `Failover` arrived (the round counted
+    // the backoff from that): the wait the peer's `Failback` carries is counted from its
+    // arrival, and a message a control QP retransmitted arrives hundreds of milliseconds late
+    // (the testbed soak, seed 1: 536 ms, and the extra 84 ms wait lost the connection 3 runs
+    // of 3, its other device failing before the failback was done).
+    let mut machine = failed_over(Role::Leader);
+    assert_eq!(
+        step(&mut machine, failback::backup_error(), at(20)),
+        FAILBACK_START
+    );
+    step(
+        &mut machine,
+        failback::failback_drained(progress(4, 4, 2)),
+        at(21),
+    );
+    // Sent at 25 with 86 ms left of the peer's bound; arrives at 600.
+    let late = failback::peer_failback_waiting(1, 3, Duration::from_millis(86));
+    assert_eq!(
+        step(&mut machine, late, at(600)),
+        [Action::Failback {
+            epoch: Epoch(1),
+            skip_through: 3
+        }]
+    );
+}
+
+#[test]
+fn a_rearm_comes_up_no_sooner_than_the_backoff_after_the_peers_failover() {
+    // The rearm's side of the same bound: the leader's new QP comes up (on the follower's
+    // `RearmDone`) after the attempt started, and an old packet of the follower's at the new
+    // start PSN is in sequence there at once. The follower's default QP left RTS before its
+    // `Failover` left, possibly long after the leader's (here it kept sending 95 ms), so the
+    // attempt waits the backoff after that message arrived too. Before, it started at
+    // 60_100, 5 ms after the follower's old QP may have sent its last packet. (The
+    // follower's new QP comes up on the `Rearm`, no sooner than the backoff after the
+    // leader's left RTS: no gap there.)
+    let mut machine = end(Role::Leader);
+    let failed = at(60_000);
+    step(&mut machine, retry_exhausted(), failed);
+    step(&mut machine, drained(progress(4, 4, 2)), failed);
+    let arrived = at(60_095);
+    step(&mut machine, peer_failover(0, 3, 0), arrived);
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+    let due = arrived + Config::new(Role::Leader).backoff_initial;
+    assert_eq!(machine.poll_timeout(), Some(due));
+    assert_eq!(step(&mut machine, Event::Tick, at(60_100)), []);
+    assert_eq!(step(&mut machine, Event::Tick, at(60_194)), []);
+    let actions = step(&mut machine, Event::Tick, due);
+    assert_eq!(actions[0], Action::ResetDefaultQp);
+    assert_eq!(machine.epoch(), Epoch(1));
+}
+
+#[test]
 fn a_rearm_attempt_without_answer_is_abandoned() {
     let mut machine = failed_over(Role::Leader);
     step(&mut machine, Event::Tick, at(1_000));

@@ -88,6 +88,7 @@ fn a_failback_with_the_default_link_down_holds_the_work_for_the_tolerance() {
         Event::Control(ControlMessage::Failback {
             epoch: Epoch(1),
             recvs_completed: 3,
+            wait: Duration::ZERO,
         }),
         at(2_210),
     );
@@ -132,6 +133,7 @@ fn peer_failback(epoch: u32, recvs_completed: u64) -> Event {
     Event::Control(ControlMessage::Failback {
         epoch: Epoch(epoch),
         recvs_completed,
+        wait: Duration::ZERO,
     })
 }
 
