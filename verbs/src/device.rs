@@ -121,33 +121,44 @@ fn progress() -> Progress {
     }
 }
 
-/// What the application's polls tell the helper thread of a poll-progress device.
+/// What the application's polls tell the helper thread of a poll-progress device: one word,
+/// so that entering `ibv_poll_cq` is one atomic add (and leaving it one subtract), not one
+/// per count.
 #[derive(Debug, Default)]
 pub struct PollActivity {
-    /// Threads inside `ibv_poll_cq` (or an `ibv_destroy_qp` linger) on a plain device now.
-    driving: AtomicU64,
-    /// `ibv_poll_cq` calls counted.
-    polls: AtomicU64,
+    /// Low 32 bits: threads inside `ibv_poll_cq` (or an `ibv_destroy_qp` linger) on a plain
+    /// device now. High 32 bits: `ibv_poll_cq` calls counted, wrapping.
+    state: AtomicU64,
 }
 
+/// One thread driving, in [`PollActivity::state`].
+const DRIVING_ONE: u64 = 1;
+/// One poll counted, in [`PollActivity::state`].
+const POLL_ONE: u64 = 1 << 32;
+
 impl PollActivity {
-    /// The calling thread drives the device until the guard drops.
+    /// The calling thread drives the device until the guard drops; its poll is counted.
     #[inline]
     pub fn driving(&self) -> Driving<'_> {
-        self.driving.fetch_add(1, Ordering::Relaxed);
-        self.polls.fetch_add(1, Ordering::Relaxed);
+        self.state
+            .fetch_add(DRIVING_ONE | POLL_ONE, Ordering::Relaxed);
         Driving(self)
     }
 
     /// The application polled.
     #[inline]
     pub fn polled(&self) {
-        self.polls.fetch_add(1, Ordering::Relaxed);
+        self.state.fetch_add(POLL_ONE, Ordering::Relaxed);
     }
 
-    /// The polls counted so far.
+    /// The polls counted so far (modulo 2^32: compare for a change, not for an order).
     pub fn count(&self) -> u64 {
-        self.polls.load(Ordering::Relaxed)
+        self.state.load(Ordering::Relaxed) >> 32
+    }
+
+    /// Whether a thread drives the device now.
+    pub fn is_driven(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & (POLL_ONE - 1) != 0
     }
 }
 
@@ -157,7 +168,7 @@ pub struct Driving<'a>(&'a PollActivity);
 impl Drop for Driving<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.0.driving.fetch_sub(1, Ordering::Relaxed);
+        self.0.state.fetch_sub(DRIVING_ONE, Ordering::Relaxed);
     }
 }
 
@@ -192,7 +203,7 @@ fn helper(ctx: Weak<pmd::Context>, activity: Arc<PollActivity>) {
         // A thread inside ibv_poll_cq that polled nothing since the last look is off its core
         // (a loaded machine): the device must not wait for it.
         let now = activity.count();
-        let polling = activity.driving.load(Ordering::Relaxed) > 0 && now != seen;
+        let polling = activity.is_driven() && now != seen;
         seen = now;
         gap = if !polling && c.step().busy {
             BUSY_GAP
@@ -953,4 +964,34 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
 pub fn null_with<T>(errno: c_int) -> *mut T {
     set_errno(errno);
     std::ptr::null_mut()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two counts share one word: a driving thread is counted as a poll and as driving
+    /// until its guard drops; a poll alone counts only as a poll; a driving count past the
+    /// low half's first bits does not reach the poll count.
+    #[test]
+    fn the_poll_activity_counts_polls_and_driving_threads_apart() {
+        let activity = PollActivity::default();
+        assert!(!activity.is_driven());
+        let first = activity.driving();
+        let second = activity.driving();
+        assert!(activity.is_driven());
+        assert_eq!(activity.count(), 2);
+        activity.polled();
+        assert_eq!(activity.count(), 3);
+        drop(first);
+        assert!(activity.is_driven());
+        drop(second);
+        assert!(!activity.is_driven());
+        assert_eq!(activity.count(), 3);
+        let many: Vec<_> = (0..300).map(|_| activity.driving()).collect();
+        assert_eq!(activity.count(), 303);
+        drop(many);
+        assert!(!activity.is_driven());
+        assert_eq!(activity.count(), 303);
+    }
 }
