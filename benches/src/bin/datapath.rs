@@ -1015,12 +1015,16 @@ fn compare_shim(rounds: usize, only: Option<Counting>) -> Option<(Compared, Comp
     let fill = || {
         for batch in poll_wrs.chunks(32) {
             let written = {
+                // Counted before the doorbell: the device may write some of the batch's CQEs
+                // at once (the shim's helper thread runs it while nothing polls), and a count
+                // read after them would wait for CQEs that never come.
+                let before = dcq.lock().expect("cq").poller().ready();
                 let mut q = dqp.lock().expect("qp");
                 for wr in batch {
                     q.post_send(wr).expect("post");
                 }
                 q.ring_doorbell();
-                dcq.lock().expect("cq").poller().ready() + batch.len() as u32
+                before + batch.len() as u32
             };
             let deadline = Instant::now() + Duration::from_secs(10);
             while dcq.lock().expect("cq").poller().ready() < written {
