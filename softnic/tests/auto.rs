@@ -183,6 +183,12 @@ fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
     // is still answering when `dereg_mr` runs however fast this machine is: one READ alone
     // finished before `dereg_mr` on a quiet machine, and the test then checked nothing.
     const READS: usize = 8;
+    // Declared before the devices, so dropped after them: a failed assertion unwinds while
+    // both MRs are registered, and the engines must stop before the memory goes (freed first,
+    // an engine still answering the READs wrote into freed pages: SIGSEGV instead of the
+    // assertion's message).
+    let mut src = vec![0u8; LEN];
+    let mut dst = vec![0u8; LEN];
     let (_fabric, mut a, b) = auto_pair();
     let (acq, bcq) = (
         HarnessCq::new(&a.dev, 64, None).unwrap(),
@@ -193,9 +199,8 @@ fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
     let qb = HarnessQp::new(&b.dev, b.pd, &bcq, &bcq, QpSizes::default()).unwrap();
     connect(&a.dev, &qa, &b.dev, &qb, &ConnectOptions::default()).unwrap();
     // calloc'd: only the pages the READs reach are touched.
-    let mut src = vec![0u8; LEN];
-    let mut dst = vec![0u8; LEN];
-    // SAFETY: both vectors outlive their registrations (deregistered below).
+    // SAFETY: both vectors outlive their registrations (deregistered below, or the devices
+    // dropped first when an assertion fails).
     let (skeys, dkeys) = unsafe {
         (
             b.dev
