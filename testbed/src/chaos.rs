@@ -31,6 +31,10 @@ use crate::topology::Role;
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_millis(4300);
 /// The default cap on both rails down together.
 pub const DEFAULT_MAX_BOTH_DOWN: Duration = Duration::from_secs(1);
+/// How long one failure keeps its link down, by default: 100 ms to 2 s.
+pub const DEFAULT_DOWN: TimeRange = (Duration::from_millis(100), Duration::from_secs(2));
+/// How long a rail stays up between its failures, by default: 300 ms to 3 s.
+pub const DEFAULT_UP: TimeRange = (Duration::from_millis(300), Duration::from_secs(3));
 
 /// The four links of `rail`: host A's NIC, host B's NIC, and the switch ports facing each.
 pub fn rail_targets(rail: u8) -> [FailTarget; 4] {

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::chaos;
 use crate::fail;
 use crate::schedule::{LinkAction, Schedule, Step};
 use crate::target::FailTarget;
@@ -343,7 +344,7 @@ const CHAOS_QUIET_END: Duration = Duration::from_secs(3);
 
 impl StockOptions {
     /// The link steps of one run, from the client's start: one cut, or a chaos schedule
-    /// (the `chaos` scenario's failure and up ranges).
+    /// (the `chaos` scenario's default failure and up ranges).
     fn steps(&self) -> Vec<Step> {
         match self.chaos {
             None => Schedule::Once {
@@ -355,8 +356,8 @@ impl StockOptions {
             Some(c) => Schedule::Chaos {
                 start: self.at,
                 until: self.duration.saturating_sub(CHAOS_QUIET_END).max(self.at),
-                down: (Duration::from_millis(100), Duration::from_secs(2)),
-                up: vec![(Duration::from_millis(300), Duration::from_secs(3))],
+                down: chaos::DEFAULT_DOWN,
+                up: vec![chaos::DEFAULT_UP],
                 max_both_down: c.max_both_down,
                 seed: c.seed,
             }

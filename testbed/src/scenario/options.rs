@@ -202,12 +202,12 @@ impl ScenarioOptions {
             flaps: 20,
             soak_failures: 200,
             down_range: if chaos {
-                (Duration::from_millis(100), Duration::from_secs(2))
+                chaos::DEFAULT_DOWN
             } else {
                 (Duration::from_millis(50), Duration::from_millis(300))
             },
             up_ranges: if chaos {
-                vec![(Duration::from_millis(300), Duration::from_secs(3))]
+                vec![chaos::DEFAULT_UP]
             } else {
                 vec![(Duration::from_millis(1200), Duration::from_millis(1600))]
             },
