@@ -189,16 +189,7 @@ fn the_backup_dying_during_a_rearm_fails_back_above_the_attempts_epoch() {
 #[test]
 fn the_backup_dying_with_one_direction_switched_back_moves_the_other_back_too() {
     // Our sends are back on the default QP; the peer's still come on the backup.
-    let mut machine = leader_back_on_default_path();
-    step(
-        &mut machine,
-        Event::SignaledPosted {
-            progress: progress(7, 4, 3),
-        },
-        at(2_000),
-    );
-    step(&mut machine, Event::FenceCompleted, at(2_001));
-    step(&mut machine, switch_back_ready(1), at(2_002));
+    let mut machine = leader_sending_on_default_peer_on_backup();
     assert_eq!(machine.send_route(), Route::Default);
     assert_eq!(machine.recv_route(), Route::Backup);
     let actions = step(&mut machine, backup_error(), at(2_100));

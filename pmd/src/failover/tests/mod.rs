@@ -144,10 +144,16 @@ fn retry_exhausted() -> Event {
 
 /// Drives an end from Default through a whole failover round into Fallback.
 fn failed_over(role: Role) -> Failover {
+    failed_over_at(role, at(10), at(11))
+}
+
+/// [`failed_over`], the default QP failing (and the round draining) at `failed` and the
+/// peer's `Failover` arriving at `peer_arrives`.
+fn failed_over_at(role: Role, failed: Timestamp, peer_arrives: Timestamp) -> Failover {
     let mut machine = end(role);
-    step(&mut machine, retry_exhausted(), at(10));
-    step(&mut machine, drained(progress(4, 4, 2)), at(10));
-    step(&mut machine, peer_failover(0, 3, 0), at(11));
+    step(&mut machine, retry_exhausted(), failed);
+    step(&mut machine, drained(progress(4, 4, 2)), failed);
+    step(&mut machine, peer_failover(0, 3, 0), peer_arrives);
     assert_eq!(machine.send_phase(), SendPhase::Fallback);
     machine
 }
@@ -161,6 +167,22 @@ fn leader_back_on_default_path() -> Failover {
     step(&mut machine, qp_up(1, true), due);
     step(&mut machine, Event::ProbeCompleted { ok: true }, due);
     assert_eq!(machine.send_phase(), SendPhase::WaitSignaled);
+    machine
+}
+
+/// [`leader_back_on_default_path`], then its sends switched back to the default QP while
+/// the peer's still come on the backup (at 2_002).
+fn leader_sending_on_default_peer_on_backup() -> Failover {
+    let mut machine = leader_back_on_default_path();
+    step(
+        &mut machine,
+        Event::SignaledPosted {
+            progress: progress(7, 4, 3),
+        },
+        at(2_000),
+    );
+    step(&mut machine, Event::FenceCompleted, at(2_001));
+    step(&mut machine, switch_back_ready(1), at(2_002));
     machine
 }
 
@@ -966,11 +988,8 @@ fn a_failback_brings_the_default_up_no_sooner_than_the_backoff_after_it_left_rts
     // The same bound for a failback (5e) as for a rearm, above: the backup dies 10 ms after
     // the default QP left RTS, both ends drain and their `Failback` messages cross at once.
     // Before, the default QP came up in the new epoch then, 10 ms after the old one left.
-    let mut machine = end(Role::Leader);
     let failed = at(60_000);
-    step(&mut machine, retry_exhausted(), failed);
-    step(&mut machine, drained(progress(4, 4, 2)), failed);
-    step(&mut machine, peer_failover(0, 3, 0), failed);
+    let mut machine = failed_over_at(Role::Leader, failed, failed);
     let backup_died = at(60_010);
     assert_eq!(
         step(&mut machine, failback::backup_error(), backup_died),
@@ -1007,16 +1026,7 @@ fn a_failback_brings_the_default_up_no_sooner_than_the_backoff_after_the_peers_q
     // our `Failback` reached it, so its own bound runs 100 ms from its message (sent at once
     // after its drain) and arrives 50 ms after ours started. Before, our default QP came up
     // at 2_200, 50 ms after the peer's old one may have sent its last packet.
-    let mut machine = leader_back_on_default_path();
-    step(
-        &mut machine,
-        Event::SignaledPosted {
-            progress: progress(7, 4, 3),
-        },
-        at(2_000),
-    );
-    step(&mut machine, Event::FenceCompleted, at(2_001));
-    step(&mut machine, switch_back_ready(1), at(2_002));
+    let mut machine = leader_sending_on_default_peer_on_backup();
     let backoff = Config::new(Role::Leader).backoff_initial;
     assert_eq!(
         step(&mut machine, failback::backup_error(), at(2_100)),
@@ -1091,13 +1101,8 @@ fn a_rearm_comes_up_no_sooner_than_the_backoff_after_the_peers_failover() {
     // 60_100, 5 ms after the follower's old QP may have sent its last packet. (The
     // follower's new QP comes up on the `Rearm`, no sooner than the backoff after the
     // leader's left RTS: no gap there.)
-    let mut machine = end(Role::Leader);
-    let failed = at(60_000);
-    step(&mut machine, retry_exhausted(), failed);
-    step(&mut machine, drained(progress(4, 4, 2)), failed);
     let arrived = at(60_095);
-    step(&mut machine, peer_failover(0, 3, 0), arrived);
-    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+    let mut machine = failed_over_at(Role::Leader, at(60_000), arrived);
     let due = arrived + Config::new(Role::Leader).backoff_initial;
     assert_eq!(machine.poll_timeout(), Some(due));
     assert_eq!(step(&mut machine, Event::Tick, at(60_100)), []);
