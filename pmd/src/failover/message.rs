@@ -537,14 +537,25 @@ mod tests {
         0, 0, 0, 0, 0, 0, 0, 2, // stale_recvs
     ];
 
-    fn round_trip(message: ControlMessage) -> ControlMessage {
+    /// `message` to QPN 0x123456 as it goes on the wire, emitted over 0xff bytes so that a
+    /// byte emit leaves unwritten shows.
+    fn emitted(message: ControlMessage) -> [u8; CONTROL_MESSAGE_LEN] {
         let mut bytes = [0xffu8; CONTROL_MESSAGE_LEN];
         let repr = ControlRepr {
             dest_qpn: 0x12_3456,
             message,
         };
         repr.emit(&mut ControlPacket::new_checked(&mut bytes[..]).unwrap());
-        let parsed = ControlRepr::parse(&ControlPacket::new_checked(&bytes[..]).unwrap()).unwrap();
+        bytes
+    }
+
+    /// What the parser makes of `bytes`, a whole message.
+    fn parsed(bytes: &[u8]) -> Result<ControlRepr, MessageError> {
+        ControlRepr::parse(&ControlPacket::new_checked(bytes).unwrap())
+    }
+
+    fn round_trip(message: ControlMessage) -> ControlMessage {
+        let parsed = parsed(&emitted(message)).unwrap();
         assert_eq!(parsed.dest_qpn, 0x12_3456);
         parsed.message
     }
@@ -696,20 +707,15 @@ mod tests {
     fn foreign_bytes_are_refused() {
         let mut bytes = FAILOVER_BYTES;
         bytes[0] = 0x00;
-        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
-        assert_eq!(
-            ControlRepr::parse(&packet).unwrap_err(),
-            MessageError::BadMagic(0x0053)
-        );
+        assert_eq!(parsed(&bytes).unwrap_err(), MessageError::BadMagic(0x0053));
     }
 
     #[test]
     fn a_newer_version_is_refused() {
         let mut bytes = FAILOVER_BYTES;
         bytes[2] = 2;
-        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
         assert_eq!(
-            ControlRepr::parse(&packet).unwrap_err(),
+            parsed(&bytes).unwrap_err(),
             MessageError::UnsupportedVersion(2)
         );
     }
@@ -718,28 +724,18 @@ mod tests {
     fn an_unknown_kind_is_refused() {
         let mut bytes = FAILOVER_BYTES;
         bytes[3] = 99;
-        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
-        assert_eq!(
-            ControlRepr::parse(&packet).unwrap_err(),
-            MessageError::UnknownKind(99)
-        );
+        assert_eq!(parsed(&bytes).unwrap_err(), MessageError::UnknownKind(99));
     }
 
     #[test]
     fn a_rearm_done_flag_other_than_zero_or_one_is_refused() {
-        let mut bytes = [0u8; 32];
-        let repr = ControlRepr {
-            dest_qpn: 1,
-            message: ControlMessage::RearmDone {
-                epoch: Epoch(1),
-                ok: true,
-            },
-        };
-        repr.emit(&mut ControlPacket::new_checked(&mut bytes[..]).unwrap());
+        let mut bytes = emitted(ControlMessage::RearmDone {
+            epoch: Epoch(1),
+            ok: true,
+        });
         bytes[31] = 2;
-        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
         assert_eq!(
-            ControlRepr::parse(&packet).unwrap_err(),
+            parsed(&bytes).unwrap_err(),
             MessageError::BadField {
                 kind: 3,
                 field: "ok"
@@ -748,17 +744,11 @@ mod tests {
     }
 
     fn failback_bytes(wait: Duration) -> [u8; CONTROL_MESSAGE_LEN] {
-        let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
-        let repr = ControlRepr {
-            dest_qpn: 1,
-            message: ControlMessage::Failback {
-                epoch: Epoch(2),
-                recvs_completed: 5,
-                wait,
-            },
-        };
-        repr.emit(&mut ControlPacket::new_checked(&mut bytes[..]).unwrap());
-        bytes
+        emitted(ControlMessage::Failback {
+            epoch: Epoch(2),
+            recvs_completed: 5,
+            wait,
+        })
     }
 
     #[test]
@@ -773,25 +763,22 @@ mod tests {
         let mut bytes = failback_bytes(Duration::ZERO);
         let over = MAX_FAILBACK_WAIT.as_nanos() as u64 + 1;
         bytes[24..32].copy_from_slice(&over.to_be_bytes());
-        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
         assert_eq!(
-            ControlRepr::parse(&packet).unwrap_err(),
+            parsed(&bytes).unwrap_err(),
             MessageError::BadField {
                 kind: 12,
                 field: "wait"
             }
         );
         bytes[24..32].copy_from_slice(&u64::MAX.to_be_bytes());
-        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
-        assert!(ControlRepr::parse(&packet).is_err());
+        assert!(parsed(&bytes).is_err());
     }
 
     #[test]
     fn a_failback_wait_longer_than_the_maximum_is_sent_as_the_maximum() {
         let bytes = failback_bytes(Duration::from_secs(u64::MAX));
-        let parsed = ControlRepr::parse(&ControlPacket::new_checked(&bytes[..]).unwrap());
         assert_eq!(
-            parsed.unwrap().message,
+            parsed(&bytes).unwrap().message,
             ControlMessage::Failback {
                 epoch: Epoch(2),
                 recvs_completed: 5,
@@ -804,9 +791,8 @@ mod tests {
     fn nonzero_reserved_bytes_are_refused() {
         let mut bytes = FAILOVER_BYTES;
         bytes[13] = 1;
-        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
         assert_eq!(
-            ControlRepr::parse(&packet).unwrap_err(),
+            parsed(&bytes).unwrap_err(),
             MessageError::BadField {
                 kind: 1,
                 field: "reserved"
@@ -818,9 +804,8 @@ mod tests {
     fn a_qpn_wider_than_24_bits_is_refused() {
         let mut bytes = FAILOVER_BYTES;
         bytes[4] = 1;
-        let packet = ControlPacket::new_checked(&bytes[..]).unwrap();
         assert_eq!(
-            ControlRepr::parse(&packet).unwrap_err(),
+            parsed(&bytes).unwrap_err(),
             MessageError::BadField {
                 kind: 1,
                 field: "dest_qpn"
