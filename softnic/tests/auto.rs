@@ -6,7 +6,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use common::pattern;
+use common::{pattern, WholeRead};
 use hw_defs::verbs::WcStatus;
 use softnic::harness::{
     connect, Completion, ConnectOptions, Data, HarnessCq, HarnessQp, Node, Op, QpSizes,
@@ -201,30 +201,9 @@ fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
     // calloc'd: only the pages the READs reach are touched.
     // SAFETY: both vectors outlive their registrations (deregistered below, or the devices
     // dropped first when an assertion fails).
-    let (skeys, dkeys) = unsafe {
-        (
-            b.dev
-                .reg_mr(b.pd, src.as_mut_ptr(), LEN, softnic::Access::REMOTE_READ)
-                .unwrap(),
-            a.dev
-                .reg_mr(a.pd, dst.as_mut_ptr(), LEN, softnic::Access::LOCAL_WRITE)
-                .unwrap(),
-        )
-    };
-    let sge = [hw_defs::mlx5::DataSegRepr {
-        byte_count: LEN as u32,
-        lkey: dkeys.lkey,
-        addr: dst.as_ptr() as u64,
-    }];
+    let read = unsafe { WholeRead::register(&a, &b, &mut src, &mut dst) };
     for _ in 0..READS {
-        a.qp.post(
-            Op::Read {
-                raddr: src.as_ptr() as u64,
-                rkey: skeys.rkey,
-            },
-            Data::Sges(&sge),
-            true,
-        );
+        read.post(&mut a.qp);
     }
     a.qp.ring();
     let read_tx = || b.dev.qp_counters(b.qp.qpn).unwrap().tx_packets;
@@ -246,7 +225,7 @@ fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
     assert_eq!(wait(&mut acq).status, WcStatus::Success);
     let write_time = t.elapsed();
     let t = Instant::now();
-    b.dev.dereg_mr(skeys.lkey).unwrap();
+    b.dev.dereg_mr(read.src.lkey).unwrap();
     let dereg_time = t.elapsed();
     let at_dereg = read_tx();
     // READs execute in order: those answered whole before `dereg_mr` succeed, the one being
@@ -281,6 +260,6 @@ fn dereg_mr_and_another_qp_are_not_stalled_by_a_1_gib_read() {
     // Read after dereg_mr returned: at most the NAK came after.
     assert!(after.tx_packets <= at_dereg + 1, "{after:?}");
     assert_eq!(after.naks_sent.remote_access, 1, "{after:?}");
-    a.dev.dereg_mr(dkeys.lkey).unwrap();
+    a.dev.dereg_mr(read.dst.lkey).unwrap();
     drop((src, dst));
 }

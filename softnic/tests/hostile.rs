@@ -6,8 +6,7 @@ mod common;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use common::{next, pair_with, pattern, seed, write_and_wait};
-use hw_defs::mlx5::DataSegRepr;
+use common::{next, pair_with, pattern, seed, write_and_wait, WholeRead};
 use hw_defs::roce::icrc;
 use hw_defs::verbs::WcStatus;
 use rand::{Rng, SeedableRng};
@@ -677,29 +676,8 @@ fn a_1_gib_read_is_answered_across_rounds_while_another_qp_and_dereg_mr_progress
     let mut dst = vec![0u8; LEN];
     src[..8].copy_from_slice(b"railshft");
     // SAFETY: both vectors outlive their registrations (deregistered below).
-    let (skeys, dkeys) = unsafe {
-        (
-            b.dev
-                .reg_mr(b.pd, src.as_mut_ptr(), LEN, softnic::Access::REMOTE_READ)
-                .unwrap(),
-            a.dev
-                .reg_mr(a.pd, dst.as_mut_ptr(), LEN, softnic::Access::LOCAL_WRITE)
-                .unwrap(),
-        )
-    };
-    let sge = [DataSegRepr {
-        byte_count: LEN as u32,
-        lkey: dkeys.lkey,
-        addr: dst.as_ptr() as u64,
-    }];
-    a.qp.post(
-        Op::Read {
-            raddr: src.as_ptr() as u64,
-            rkey: skeys.rkey,
-        },
-        Data::Sges(&sge),
-        true,
-    );
+    let read = unsafe { WholeRead::register(&a, &b, &mut src, &mut dst) };
+    read.post(&mut a.qp);
     a.qp.ring();
     let total_packets = (LEN / 4096) as u64;
     let read_tx = || b.dev.qp_counters(b.qp.qpn).unwrap().tx_packets;
@@ -750,7 +728,7 @@ fn a_1_gib_read_is_answered_across_rounds_while_another_qp_and_dereg_mr_progress
     b.buf.read(0, &mut got);
     assert_eq!(got, [0x42; 4096]);
     // dereg_mr in the middle: the next response is a remote access NAK, and nothing after.
-    b.dev.dereg_mr(skeys.lkey).unwrap();
+    b.dev.dereg_mr(read.src.lkey).unwrap();
     let at_dereg = read_tx();
     let mut read_done = None;
     for _ in 0..1000 {
@@ -770,7 +748,7 @@ fn a_1_gib_read_is_answered_across_rounds_while_another_qp_and_dereg_mr_progress
     assert_eq!(c.naks_sent.remote_access, 1, "{c:?}");
     let mut first = [0u8; 8];
     first.copy_from_slice(&dst[..8]);
-    a.dev.dereg_mr(dkeys.lkey).unwrap();
+    a.dev.dereg_mr(read.dst.lkey).unwrap();
     assert_eq!(&first, b"railshft");
     drop((src, dst));
 }

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use hw_defs::verbs::WcStatus;
 use softnic::harness::{
-    connect, Completion, ConnectOptions, Data, HarnessCq, Node, Op, QpSizes, Sim,
+    connect, Completion, ConnectOptions, Data, HarnessCq, HarnessQp, Node, Op, QpSizes, Sim,
 };
-use softnic::Device;
+use softnic::{Device, MrKeys};
 
 /// Two nodes on a fabric, connected.
 pub fn pair_with(
@@ -84,4 +84,78 @@ pub fn post_write(a: &mut Node, b: &Node, len: u32) {
 pub fn write_and_wait(sim: &Sim, a: &mut Node, b: &Node, len: u32) -> WcStatus {
     post_write(a, b, len);
     next(sim, &[&a.dev, &b.dev], &mut a.scq).status
+}
+
+/// READs of the whole of a buffer at one node into the whole of a buffer at another: the two
+/// registrations and the READ's one scatter entry.
+pub struct WholeRead {
+    /// The source's keys, at the responder (remote READ).
+    pub src: MrKeys,
+    /// The destination's keys, at the requester (local write).
+    pub dst: MrKeys,
+    raddr: u64,
+    sge: [hw_defs::mlx5::DataSegRepr; 1],
+}
+
+impl WholeRead {
+    /// Registers `src` at `responder` for remote READ and `dst` at `requester` for local
+    /// write.
+    ///
+    /// # Safety
+    /// Both buffers outlive their registrations (and the devices' engines, where a failed
+    /// assertion can unwind before the deregistration).
+    pub unsafe fn register(
+        requester: &Node,
+        responder: &Node,
+        src: &mut [u8],
+        dst: &mut [u8],
+    ) -> WholeRead {
+        assert_eq!(src.len(), dst.len());
+        // SAFETY: the caller's promise.
+        let (src_keys, dst_keys) = unsafe {
+            (
+                responder
+                    .dev
+                    .reg_mr(
+                        responder.pd,
+                        src.as_mut_ptr(),
+                        src.len(),
+                        softnic::Access::REMOTE_READ,
+                    )
+                    .unwrap(),
+                requester
+                    .dev
+                    .reg_mr(
+                        requester.pd,
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                        softnic::Access::LOCAL_WRITE,
+                    )
+                    .unwrap(),
+            )
+        };
+        WholeRead {
+            src: src_keys,
+            dst: dst_keys,
+            raddr: src.as_ptr() as u64,
+            sge: [hw_defs::mlx5::DataSegRepr {
+                byte_count: dst.len() as u32,
+                lkey: dst_keys.lkey,
+                addr: dst.as_ptr() as u64,
+            }],
+        }
+    }
+
+    /// Posts one signaled READ of the whole source into the whole destination on `qp`
+    /// (without ringing).
+    pub fn post(&self, qp: &mut HarnessQp) {
+        qp.post(
+            Op::Read {
+                raddr: self.raddr,
+                rkey: self.src.rkey,
+            },
+            Data::Sges(&self.sge),
+            true,
+        );
+    }
 }
