@@ -11,11 +11,21 @@
 //! - `plain_qp`: a plain QP with such a CQ, connected and in RTS;
 //! - `resilient_qp`: a resilient QP in RTS and protected: its default QP and CQ, and the
 //!   backup QP, its CQ, and the control QP pair's end with its CQ and ring, which the failover
-//!   service created.
+//!   service created;
+//!
+//! and, to break `resilient_qp - plain_qp` down into its parts, plain objects of the shapes
+//! the failover service gives the backup side (`docs/failover.md` 9):
+//! - `backup_cq`: a CQ of the size the backup QP's CQ has (the same rule at the backup depths);
+//! - `backup_qp`: a plain QP at the backup depths with such a CQ, connected and in RTS;
+//! - `control_qp`: what one control channel holds: a PD of its own, a QP at the control depth
+//!   (inline messages), its ring registered, and its share of a CQ (`2 x depth` entries, a CQ
+//!   of its own here), connected and in RTS. A resilient QP has two (one per device).
 //!
 //! Per object, in KiB: the growth divided by the objects on both hosts. `backup_side_kib` is
 //! `resilient_qp - plain_qp`, what failover adds per QP (the paper's "per backup QP" plus its
-//! CQ); `for_qps_mib` are the three at `--qps` (one host). Prints one JSON object.
+//! CQ); `rest_kib` is what the parts above leave of it (`backup_side - backup_qp - 2 x
+//! control_qp`: the resilient QP's own bookkeeping, its shadow and the service's records);
+//! `for_qps_mib` are the objects at `--qps` (one host). Prints one JSON object.
 //!
 //!     cargo run --release -p benches --bin qp_memory -- [--qps 1000] [--json OUT]
 
@@ -24,8 +34,9 @@ use std::time::Duration;
 
 use benches::fabric::{caps, rtr, Fabric, A_BACKUP, A_DEFAULT, B_BACKUP, B_DEFAULT};
 use clap::{Parser, ValueEnum};
+use pmd::failover::CONTROL_MESSAGE_LEN;
 use pmd::resilient::{FailoverService, ResilientConfig, ResilientContext, ServiceConfig};
-use pmd::{Access, Gid, QpAttr, QpState};
+use pmd::{Access, Gid, QpAttr, QpCaps, QpState};
 use serde_json::json;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -36,6 +47,12 @@ enum Kind {
     PlainQp,
     #[value(name = "resilient_qp")]
     ResilientQp,
+    #[value(name = "backup_cq")]
+    BackupCq,
+    #[value(name = "backup_qp")]
+    BackupQp,
+    #[value(name = "control_qp")]
+    ControlQp,
 }
 
 impl Kind {
@@ -44,9 +61,22 @@ impl Kind {
             Kind::Cq => "cq",
             Kind::PlainQp => "plain_qp",
             Kind::ResilientQp => "resilient_qp",
+            Kind::BackupCq => "backup_cq",
+            Kind::BackupQp => "backup_qp",
+            Kind::ControlQp => "control_qp",
         }
     }
 }
+
+/// Every kind, in the order they are measured.
+const KINDS: [Kind; 6] = [
+    Kind::Cq,
+    Kind::PlainQp,
+    Kind::ResilientQp,
+    Kind::BackupCq,
+    Kind::BackupQp,
+    Kind::ControlQp,
+];
 
 #[derive(Parser)]
 #[command(about = "memory per resilient QP against a plain QP and a CQ (SHIFT section 6)")]
@@ -97,11 +127,101 @@ impl Footprint {
     }
 }
 
-/// CQ entries of a resilient QP's own CQ at the benches' caps (`pmd`'s rule: every WQE both
-/// queues hold, twice).
-fn cq_entries() -> u32 {
-    let c = caps();
+/// CQ entries of a resilient QP's own CQ for a QP of `c` (`pmd`'s rule: every WQE both queues
+/// hold, twice).
+fn cq_entries_for(c: QpCaps) -> u32 {
     2 * (c.max_send_wr + c.max_recv_wr).max(8)
+}
+
+/// CQ entries of a resilient QP's own CQ at the benches' caps.
+fn cq_entries() -> u32 {
+    cq_entries_for(caps())
+}
+
+/// The depths the failover service gives the backup QP of a QP of the benches' caps (`pmd`'s
+/// rule, `docs/failover.md` 3.5): the backup SQ holds the peer's burns (a default RQ's worth)
+/// in front of a default SQ, the backup RQ two default RQs.
+fn backup_caps() -> QpCaps {
+    let c = caps();
+    QpCaps {
+        max_send_wr: c.max_send_wr + c.max_recv_wr,
+        max_recv_wr: 2 * c.max_recv_wr,
+        ..c
+    }
+}
+
+/// The depths of a control channel's QP at the default control depth (inline messages).
+fn control_caps() -> QpCaps {
+    let depth = ResilientConfig::default()
+        .control_depth
+        .max(4)
+        .next_power_of_two();
+    QpCaps {
+        max_send_wr: depth,
+        max_recv_wr: depth,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: CONTROL_MESSAGE_LEN as u32,
+    }
+}
+
+/// Creates `n` CQs of `entries` on the default device of each host and returns how much the
+/// footprint grew.
+fn cqs(f: &Fabric, n: u32, entries: u32) -> Footprint {
+    let (a, b) = (f.open(A_DEFAULT), f.open(B_DEFAULT));
+    let before = Footprint::now();
+    let cqs: Vec<_> = (0..n)
+        .flat_map(|_| [&a, &b])
+        .map(|ctx| ctx.create_cq(entries, false).expect("create_cq"))
+        .collect();
+    let grown = Footprint::now().since(before);
+    drop(cqs);
+    grown
+}
+
+/// Creates `n` connected pairs of plain QPs of `caps`, each QP with a CQ of its own of
+/// `cq_entries`, on the default devices of both hosts, and returns how much the footprint
+/// grew. With `ring_len`, each QP also gets a PD of its own and a registered ring of that
+/// many bytes (a control channel's shape).
+fn plain_pairs(
+    f: &Fabric,
+    n: u32,
+    caps: QpCaps,
+    cq_entries: u32,
+    ring_len: Option<usize>,
+) -> Footprint {
+    let (a, b) = (f.open(A_DEFAULT), f.open(B_DEFAULT));
+    let (ga, gb) = (a.query_gid(0).unwrap(), b.query_gid(0).unwrap());
+    let (shared_a, shared_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let before = Footprint::now();
+    let mut pairs = Vec::new();
+    for _ in 0..n {
+        let (pd_a, pd_b, rings) = match ring_len {
+            Some(len) => {
+                let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+                let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+                let rings = (
+                    pd_a.alloc_buffer(len, access).expect("alloc_buffer"),
+                    pd_b.alloc_buffer(len, access).expect("alloc_buffer"),
+                );
+                (pd_a, pd_b, Some(rings))
+            }
+            None => (shared_a.clone(), shared_b.clone(), None),
+        };
+        let cq_a = a.create_cq(cq_entries, false).expect("create_cq");
+        let cq_b = b.create_cq(cq_entries, false).expect("create_cq");
+        let mut qa = pd_a.create_qp(&cq_a, &cq_a, caps).expect("create_qp");
+        let mut qb = pd_b.create_qp(&cq_b, &cq_b, caps).expect("create_qp");
+        let (qpn_a, qpn_b) = (qa.qpn(), qb.qpn());
+        connect_pair((ga, qpn_a), (gb, qpn_b), |end, state, attr| {
+            let qp = if end == 0 { &mut qa } else { &mut qb };
+            qp.modify(state, attr).map(drop).map_err(|e| e.to_string())
+        });
+        pairs.push((cq_a, cq_b, qa, qb, rings, pd_a, pd_b));
+    }
+    let grown = Footprint::now().since(before);
+    drop(pairs);
+    grown
 }
 
 /// Brings QP 0 (at `a`: GID, QPN) and QP 1 (at `b`) to RTS towards each other through
@@ -134,38 +254,14 @@ fn connect_pair(
 fn measure(kind: Kind, n: u32) -> Footprint {
     let f = Fabric::new();
     match kind {
-        Kind::Cq => {
-            let (a, b) = (f.open(A_DEFAULT), f.open(B_DEFAULT));
-            let before = Footprint::now();
-            let cqs: Vec<_> = (0..n)
-                .flat_map(|_| [&a, &b])
-                .map(|ctx| ctx.create_cq(cq_entries(), false).expect("create_cq"))
-                .collect();
-            let grown = Footprint::now().since(before);
-            drop(cqs);
-            grown
-        }
-        Kind::PlainQp => {
-            let (a, b) = (f.open(A_DEFAULT), f.open(B_DEFAULT));
-            let (ga, gb) = (a.query_gid(0).unwrap(), b.query_gid(0).unwrap());
-            let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-            let before = Footprint::now();
-            let mut pairs = Vec::new();
-            for _ in 0..n {
-                let cq_a = a.create_cq(cq_entries(), false).expect("create_cq");
-                let cq_b = b.create_cq(cq_entries(), false).expect("create_cq");
-                let mut qa = pd_a.create_qp(&cq_a, &cq_a, caps()).expect("create_qp");
-                let mut qb = pd_b.create_qp(&cq_b, &cq_b, caps()).expect("create_qp");
-                let (qpn_a, qpn_b) = (qa.qpn(), qb.qpn());
-                connect_pair((ga, qpn_a), (gb, qpn_b), |end, state, attr| {
-                    let qp = if end == 0 { &mut qa } else { &mut qb };
-                    qp.modify(state, attr).map(drop).map_err(|e| e.to_string())
-                });
-                pairs.push((cq_a, cq_b, qa, qb));
-            }
-            let grown = Footprint::now().since(before);
-            drop(pairs);
-            grown
+        Kind::Cq => cqs(&f, n, cq_entries()),
+        Kind::PlainQp => plain_pairs(&f, n, caps(), cq_entries(), None),
+        Kind::BackupCq => cqs(&f, n, cq_entries_for(backup_caps())),
+        Kind::BackupQp => plain_pairs(&f, n, backup_caps(), cq_entries_for(backup_caps()), None),
+        Kind::ControlQp => {
+            let c = control_caps();
+            let ring = 2 * c.max_send_wr as usize * CONTROL_MESSAGE_LEN;
+            plain_pairs(&f, n, c, 2 * c.max_send_wr, Some(ring))
         }
         Kind::ResilientQp => {
             let service_a = FailoverService::start(ServiceConfig::default()).expect("service");
@@ -252,7 +348,7 @@ fn main() {
     let n = args.qps;
     let mut resident = std::collections::BTreeMap::new();
     let mut reserved = std::collections::BTreeMap::new();
-    for kind in [Kind::Cq, Kind::PlainQp, Kind::ResilientQp] {
+    for kind in KINDS {
         let grown = match measure_in_child(kind, n) {
             Ok(grown) => grown,
             Err(e) => {
@@ -269,6 +365,7 @@ fn main() {
         json!({
             "per_object_kib": per,
             "backup_side_kib": per["resilient_qp"] - per["plain_qp"],
+            "rest_kib": per["resilient_qp"] - per["plain_qp"] - per["backup_qp"] - 2.0 * per["control_qp"],
             "ratio": per["resilient_qp"] / per["plain_qp"],
             "for_qps_mib": per
                 .iter()
@@ -276,7 +373,7 @@ fn main() {
                 .collect::<serde_json::Map<_, _>>(),
         })
     };
-    let c = caps();
+    let (c, b, k) = (caps(), backup_caps(), control_caps());
     let out = json!({
         "qp_memory": {
             "resident": summary(&resident),
@@ -284,6 +381,8 @@ fn main() {
         },
         "qps": n,
         "caps": {"max_send_wr": c.max_send_wr, "max_recv_wr": c.max_recv_wr, "cq_entries": cq_entries()},
+        "backup_caps": {"max_send_wr": b.max_send_wr, "max_recv_wr": b.max_recv_wr, "cq_entries": cq_entries_for(b)},
+        "control_caps": {"max_send_wr": k.max_send_wr, "max_recv_wr": k.max_recv_wr, "max_inline_data": k.max_inline_data, "cq_entries": 2 * k.max_send_wr},
         "measure": "growth of VmRSS (resident) and VmData (reserved) of a child process per kind, divided by the objects on both hosts",
         "device": "softnic on an in-process fabric (engine threads)",
     });
