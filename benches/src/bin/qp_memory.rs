@@ -19,24 +19,30 @@
 //! - `backup_qp`: a plain QP at the backup depths with such a CQ, connected and in RTS;
 //! - `control_qp`: what one control channel holds: a PD of its own, a QP at the control depth
 //!   (inline messages), its ring registered, and its share of a CQ (`2 x depth` entries, a CQ
-//!   of its own here), connected and in RTS. A resilient QP has two (one per device).
+//!   of its own here), connected and in RTS. A resilient QP has two (one per device);
+//! - `backup_qp_shared_cq`: `backup_qp`, but the QPs of a host share CQs the way the control
+//!   channels of a device do (`pmd/src/resilient/channel/cq.rs`: each member's worst case,
+//!   a CQ of 16 members' worth first, each next one twice as many up to 512): what sharing
+//!   the backup CQs would save.
 //!
 //! Per object, in KiB: the growth divided by the objects on both hosts. `backup_side_kib` is
 //! `resilient_qp - plain_qp`, what failover adds per QP (the paper's "per backup QP" plus its
 //! CQ); `rest_kib` is what the parts above leave of it (`backup_side - backup_qp - 2 x
 //! control_qp`: the resilient QP's own bookkeeping, its shadow and the service's records);
+//! `shared_backup_cq_saves_kib` is `backup_qp - backup_qp_shared_cq`;
 //! `for_qps_mib` are the objects at `--qps` (one host). Prints one JSON object.
 //!
 //!     cargo run --release -p benches --bin qp_memory -- [--qps 1000] [--json OUT]
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use benches::fabric::{caps, rtr, Fabric, A_BACKUP, A_DEFAULT, B_BACKUP, B_DEFAULT};
 use clap::{Parser, ValueEnum};
 use pmd::failover::CONTROL_MESSAGE_LEN;
 use pmd::resilient::{FailoverService, ResilientConfig, ResilientContext, ServiceConfig};
-use pmd::{Access, Gid, QpAttr, QpCaps, QpState};
+use pmd::{Access, Context, Cq, Gid, QpAttr, QpCaps, QpState};
 use serde_json::json;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -53,6 +59,8 @@ enum Kind {
     BackupQp,
     #[value(name = "control_qp")]
     ControlQp,
+    #[value(name = "backup_qp_shared_cq")]
+    BackupQpSharedCq,
 }
 
 impl Kind {
@@ -64,19 +72,73 @@ impl Kind {
             Kind::BackupCq => "backup_cq",
             Kind::BackupQp => "backup_qp",
             Kind::ControlQp => "control_qp",
+            Kind::BackupQpSharedCq => "backup_qp_shared_cq",
         }
     }
 }
 
 /// Every kind, in the order they are measured.
-const KINDS: [Kind; 6] = [
+const KINDS: [Kind; 7] = [
     Kind::Cq,
     Kind::PlainQp,
     Kind::ResilientQp,
     Kind::BackupCq,
     Kind::BackupQp,
     Kind::ControlQp,
+    Kind::BackupQpSharedCq,
 ];
+
+/// Members a host's first shared CQ takes, and the most one takes (`channel/cq.rs`'s rule).
+const FIRST_MEMBERS_PER_CQ: u32 = 16;
+const MAX_MEMBERS_PER_CQ: u32 = 512;
+
+/// Where the QPs of [`plain_pairs`] complete.
+#[derive(Clone, Copy)]
+enum CqPlan {
+    /// Each QP has a CQ of its own of this many entries.
+    Own(u32),
+    /// The QPs of a host share CQs, each member taking this many entries of one.
+    Shared(u32),
+}
+
+/// One host's CQs under a [`CqPlan`]: the CQ the next QP completes in.
+struct HostCqs {
+    plan: CqPlan,
+    /// The CQs made so far, and how many more members the last one takes.
+    cqs: Vec<Cq>,
+    room: u32,
+}
+
+impl HostCqs {
+    fn new(plan: CqPlan) -> HostCqs {
+        HostCqs {
+            plan,
+            cqs: Vec::new(),
+            room: 0,
+        }
+    }
+
+    /// The CQ for the next QP on `ctx`, creating one when the plan needs it.
+    fn next(&mut self, ctx: &Arc<Context>) -> &Cq {
+        match self.plan {
+            CqPlan::Own(entries) => {
+                self.cqs
+                    .push(ctx.create_cq(entries, false).expect("create_cq"));
+            }
+            CqPlan::Shared(per_member) => {
+                if self.room == 0 {
+                    let shift = self.cqs.len().min(16) as u32;
+                    let members = (FIRST_MEMBERS_PER_CQ << shift).min(MAX_MEMBERS_PER_CQ);
+                    let cq = ctx.create_cq(members * per_member, false);
+                    self.cqs.push(cq.expect("create_cq"));
+                    self.room = members;
+                }
+                self.room -= 1;
+            }
+        }
+        self.cqs.last().expect("one was made")
+    }
+}
 
 #[derive(Parser)]
 #[command(about = "memory per resilient QP against a plain QP and a CQ (SHIFT section 6)")]
@@ -179,21 +241,21 @@ fn cqs(f: &Fabric, n: u32, entries: u32) -> Footprint {
     grown
 }
 
-/// Creates `n` connected pairs of plain QPs of `caps`, each QP with a CQ of its own of
-/// `cq_entries`, on the default devices of both hosts, and returns how much the footprint
-/// grew. With `ring_len`, each QP also gets a PD of its own and a registered ring of that
+/// Creates `n` connected pairs of plain QPs of `caps` completing in CQs as `cqs` plans, on
+/// the default devices of both hosts, and returns how much the footprint grew. With `ring_len`, each QP also gets a PD of its own and a registered ring of that
 /// many bytes (a control channel's shape).
 fn plain_pairs(
     f: &Fabric,
     n: u32,
     caps: QpCaps,
-    cq_entries: u32,
+    cqs: CqPlan,
     ring_len: Option<usize>,
 ) -> Footprint {
     let (a, b) = (f.open(A_DEFAULT), f.open(B_DEFAULT));
     let (ga, gb) = (a.query_gid(0).unwrap(), b.query_gid(0).unwrap());
     let (shared_a, shared_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let before = Footprint::now();
+    let (mut cqs_a, mut cqs_b) = (HostCqs::new(cqs), HostCqs::new(cqs));
     let mut pairs = Vec::new();
     for _ in 0..n {
         let (pd_a, pd_b, rings) = match ring_len {
@@ -208,19 +270,20 @@ fn plain_pairs(
             }
             None => (shared_a.clone(), shared_b.clone(), None),
         };
-        let cq_a = a.create_cq(cq_entries, false).expect("create_cq");
-        let cq_b = b.create_cq(cq_entries, false).expect("create_cq");
-        let mut qa = pd_a.create_qp(&cq_a, &cq_a, caps).expect("create_qp");
-        let mut qb = pd_b.create_qp(&cq_b, &cq_b, caps).expect("create_qp");
+        let cq_a = cqs_a.next(&a);
+        let mut qa = pd_a.create_qp(cq_a, cq_a, caps).expect("create_qp");
+        let cq_b = cqs_b.next(&b);
+        let mut qb = pd_b.create_qp(cq_b, cq_b, caps).expect("create_qp");
         let (qpn_a, qpn_b) = (qa.qpn(), qb.qpn());
         connect_pair((ga, qpn_a), (gb, qpn_b), |end, state, attr| {
             let qp = if end == 0 { &mut qa } else { &mut qb };
             qp.modify(state, attr).map(drop).map_err(|e| e.to_string())
         });
-        pairs.push((cq_a, cq_b, qa, qb, rings, pd_a, pd_b));
+        pairs.push((qa, qb, rings, pd_a, pd_b));
     }
     let grown = Footprint::now().since(before);
     drop(pairs);
+    drop((cqs_a, cqs_b));
     grown
 }
 
@@ -255,13 +318,20 @@ fn measure(kind: Kind, n: u32) -> Footprint {
     let f = Fabric::new();
     match kind {
         Kind::Cq => cqs(&f, n, cq_entries()),
-        Kind::PlainQp => plain_pairs(&f, n, caps(), cq_entries(), None),
+        Kind::PlainQp => plain_pairs(&f, n, caps(), CqPlan::Own(cq_entries()), None),
         Kind::BackupCq => cqs(&f, n, cq_entries_for(backup_caps())),
-        Kind::BackupQp => plain_pairs(&f, n, backup_caps(), cq_entries_for(backup_caps()), None),
+        Kind::BackupQp => {
+            let entries = cq_entries_for(backup_caps());
+            plain_pairs(&f, n, backup_caps(), CqPlan::Own(entries), None)
+        }
+        Kind::BackupQpSharedCq => {
+            let entries = cq_entries_for(backup_caps());
+            plain_pairs(&f, n, backup_caps(), CqPlan::Shared(entries), None)
+        }
         Kind::ControlQp => {
             let c = control_caps();
             let ring = 2 * c.max_send_wr as usize * CONTROL_MESSAGE_LEN;
-            plain_pairs(&f, n, c, 2 * c.max_send_wr, Some(ring))
+            plain_pairs(&f, n, c, CqPlan::Own(2 * c.max_send_wr), Some(ring))
         }
         Kind::ResilientQp => {
             let service_a = FailoverService::start(ServiceConfig::default()).expect("service");
@@ -366,6 +436,7 @@ fn main() {
             "per_object_kib": per,
             "backup_side_kib": per["resilient_qp"] - per["plain_qp"],
             "rest_kib": per["resilient_qp"] - per["plain_qp"] - per["backup_qp"] - 2.0 * per["control_qp"],
+            "shared_backup_cq_saves_kib": per["backup_qp"] - per["backup_qp_shared_cq"],
             "ratio": per["resilient_qp"] / per["plain_qp"],
             "for_qps_mib": per
                 .iter()
