@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use thiserror::Error;
 use crate::clock::Clock;
 use crate::counters::Counters;
 use crate::cq::{Cq, CqConfig, CqHandle, CqId};
-use crate::engine::{ActiveQps, Activity, Core, QpNumbers, Shared};
+use crate::engine::{ActiveQps, Activity, Core, CoreLock, QpNumbers, Shared};
 use crate::events::EventQueue;
 use crate::fabric::Fabric;
 use crate::medium::WireImpl;
@@ -221,7 +221,7 @@ impl Device {
         };
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
-            core: Mutex::new(core),
+            core: CoreLock::new(core),
             waker: waker.clone(),
             clock: cfg.clock.clone(),
             events: Arc::new(EventQueue::new()?),

@@ -3,11 +3,12 @@
 //!
 //! A round: read the port state, take doorbells, receive and process packet batches, fire
 //! timers, let each QP's requester send, flush the transmit batch. The device lock is taken once
-//! per round, never per packet. In auto mode an idle engine sleeps in `epoll_wait` on its
+//! per round, never per packet, and between rounds the engine gives way to a control call
+//! waiting for it ([`CoreLock`]). In auto mode an idle engine sleeps in `epoll_wait` on its
 //! socket, link monitor and doorbell eventfd, with the nearest timer as the timeout.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -499,10 +500,84 @@ fn earliest(a: Option<Duration>, b: Duration) -> Option<Duration> {
     Some(a.map_or(b, |a| a.min(b)))
 }
 
+/// The device lock over the core, fair to control calls.
+///
+/// The engine takes the lock for a round and, busy, takes it again at once. std's mutex is not
+/// fair: the engine, already running when it releases the lock, nearly always takes it again
+/// before a waiter it woke gets to run, so a control call (`dereg_mr`, `modify_qp`) could wait
+/// as long as the engine stayed busy (a 1 GiB READ: seconds). So a control call says that it
+/// waits, and the engine, between two rounds, gives way: while one waits, it does not take the
+/// lock again until one has taken it. A control call then waits for two rounds at most (the
+/// one in progress, and the next if the engine looked just before the call said it waits).
+/// The engine gives way to one control call per round, so calls that come one after another
+/// slow it but cannot stop it.
+pub(crate) struct CoreLock {
+    core: Mutex<Core>,
+    /// Control calls waiting for the lock (the low 32 bits), and how many took it (the high
+    /// 32 bits, wrapping): both in one word, so that the engine reads them together and sees
+    /// one get in even when another comes meanwhile.
+    turns: AtomicU64,
+}
+
+/// One control call waiting, in `CoreLock::turns`.
+const WAITING: u64 = 1;
+/// One control call that took the lock, in `CoreLock::turns`.
+const ENTERED: u64 = 1 << 32;
+
+impl CoreLock {
+    pub fn new(core: Core) -> CoreLock {
+        CoreLock {
+            core: Mutex::new(core),
+            turns: AtomicU64::new(0),
+        }
+    }
+
+    /// The lock for a control call (or a manual round): the engine gives way to it.
+    pub fn lock(&self) -> MutexGuard<'_, Core> {
+        // Relaxed throughout: `turns` orders nothing (the mutex publishes the core); it only
+        // tells the engine when to hold back, and an engine that reads it late gives way one
+        // round later.
+        self.turns.fetch_add(WAITING, Ordering::Relaxed);
+        let guard = self.lock_for_round();
+        // No longer waiting, and one more in, in one step (the waiting count is at least 1).
+        self.turns.fetch_add(ENTERED - WAITING, Ordering::Relaxed);
+        guard
+    }
+
+    /// The lock for the engine's round.
+    pub fn lock_for_round(&self) -> MutexGuard<'_, Core> {
+        // The core is plain data; a panic elsewhere must not wedge the device.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called by the engine between rounds, without the lock: if a control call waits, returns
+    /// once one has taken the lock (or none waits any more). One relaxed load when none waits.
+    #[inline]
+    pub fn give_way(&self) {
+        let seen = self.turns.load(Ordering::Relaxed);
+        if seen as u32 != 0 {
+            self.wait_for_an_entry(seen);
+        }
+    }
+
+    #[cold]
+    fn wait_for_an_entry(&self, seen: u64) {
+        // The engine does not hold the lock, so a waiting call gets it and the count of those
+        // that took it moves: this ends (yielding, so that the waiter can run on this CPU).
+        loop {
+            std::thread::yield_now();
+            let now = self.turns.load(Ordering::Relaxed);
+            if now as u32 == 0 || now >> 32 != seen >> 32 {
+                return;
+            }
+        }
+    }
+}
+
 /// What the device and its engine thread share.
 pub(crate) struct Shared {
     pub name: String,
-    pub core: Mutex<Core>,
+    pub core: CoreLock,
     pub waker: Arc<Waker>,
     pub clock: Clock,
     pub events: Arc<EventQueue>,
@@ -511,9 +586,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The device lock, for a control call: see [`CoreLock`].
     pub fn lock_core(&self) -> MutexGuard<'_, Core> {
-        // The core is plain data; a panic elsewhere must not wedge the device.
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
+        self.core.lock()
     }
 }
 
@@ -536,9 +611,12 @@ pub(crate) fn run_engine(
     let mut idle_rounds = 0u32;
     while !shared.stop.load(Ordering::Acquire) {
         let now = shared.clock.now();
-        let activity = shared
-            .lock_core()
-            .round(now, &shared.clock, &shared.waker, &shared.events);
+        let activity =
+            shared
+                .core
+                .lock_for_round()
+                .round(now, &shared.clock, &shared.waker, &shared.events);
+        shared.core.give_way();
         if activity.busy {
             idle_rounds = 0;
             continue;
