@@ -193,6 +193,7 @@ impl Device {
         wire.attach_waker(waker.clone());
         let local_addr = wire.local_addr();
         let port = wire.port_state(cfg.clock.now());
+        let reported_port = wire.reported_port_state(cfg.clock.now());
         let trace = match &cfg.pcap {
             Some(path) => Some(Trace::create(path, cfg.clock.now()).map_err(DeviceError::Trace)?),
             None => None,
@@ -203,6 +204,7 @@ impl Device {
             wire,
             local_addr,
             port,
+            reported_port,
             mrs: MrTable::new(cfg.key_seed),
             qpns: QpNumbers::new(cfg.key_seed),
             pds: Vec::new(),
@@ -280,9 +282,10 @@ impl Device {
         &self.shared.clock
     }
 
-    /// The port's link state as of the last round.
+    /// The port's link state as reported to the driver, as of the last round (a fabric's
+    /// report rule can make it late or wrong; packets follow the physical state).
     pub fn port_state(&self) -> PortState {
-        self.shared.lock_core().port
+        self.shared.lock_core().reported_port
     }
 
     /// Async events (port active/error, QP fatal, CQ error, device fatal).

@@ -52,7 +52,11 @@ pub struct Activity {
 pub(crate) struct Core {
     pub wire: WireImpl,
     pub local_addr: IpAddr,
+    /// The port's physical link state: a port that is down sends and receives nothing.
     pub port: PortState,
+    /// The link state reported to the driver (port events, [`crate::Device::port_state`]):
+    /// the physical one except where a fabric's report rule makes it late or wrong.
+    pub reported_port: PortState,
     pub mrs: MrTable,
     pub pds: Vec<bool>,
     pub cqs: Vec<Option<Cq>>,
@@ -242,14 +246,21 @@ impl Core {
         None
     }
 
-    /// Reads the port's link state, raising an async event when it changed; returns whether
-    /// the port is up.
+    /// Reads the port's link state, raising an async event when its reported state changed;
+    /// returns whether the port is physically up.
     fn watch_port(&mut self, now: Duration, events: &EventQueue) -> bool {
         let state = self.wire.port_state(now);
         if state != self.port {
             self.port = state;
             tracing::info!(?state, "port state changed");
-            events.push(if state == PortState::Active {
+        }
+        let reported = self.wire.reported_port_state(now);
+        if reported != self.reported_port {
+            self.reported_port = reported;
+            if reported != state {
+                tracing::info!(?reported, physical = ?state, "port state reported, not physical");
+            }
+            events.push(if reported == PortState::Active {
                 AsyncEvent::PortActive
             } else {
                 AsyncEvent::PortError

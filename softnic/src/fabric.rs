@@ -45,6 +45,34 @@ pub enum Fault {
         /// Port index.
         port: usize,
     },
+    /// During the rule's window the port's link is *reported* to its device's driver (port
+    /// events, the queried port state) as `up` or down, whatever it physically is: a report
+    /// that comes late (a kernel that says RUNNING hundreds of ms after the link is back, a
+    /// down noticed late) or is wrong (a blip reported that never happened, a dead link
+    /// reported up). Packets follow the physical state (`LinkDown`) alone. Of several
+    /// active report rules of one port, the one added last decides.
+    LinkReport {
+        /// Port index.
+        port: usize,
+        /// What is reported.
+        up: bool,
+    },
+}
+
+impl Fault {
+    /// The port a link rule (physical or reported) is about.
+    fn link_port(&self) -> Option<usize> {
+        match *self {
+            Fault::LinkDown { port } | Fault::LinkReport { port, .. } => Some(port),
+            _ => None,
+        }
+    }
+
+    /// Whether the rule changes a port's link state (its edges are moments a simulation
+    /// must stop at).
+    fn is_link_rule(&self) -> bool {
+        self.link_port().is_some()
+    }
 }
 
 /// A fault, the packets it applies to, and when.
@@ -82,6 +110,23 @@ impl FaultRule {
             to: None,
             start: down_at,
             end: up_at,
+        }
+    }
+
+    /// Port `port`'s link is reported `up` (or down) from `from` until `until` (None: for
+    /// good), whatever it physically is ([`Fault::LinkReport`]).
+    pub fn link_report(
+        port: usize,
+        up: bool,
+        from: Duration,
+        until: Option<Duration>,
+    ) -> FaultRule {
+        FaultRule {
+            fault: Fault::LinkReport { port, up },
+            from: None,
+            to: None,
+            start: from,
+            end: until,
         }
     }
 
@@ -271,7 +316,7 @@ impl Fabric {
         let links = f
             .rules
             .iter()
-            .filter(|r| matches!(r.fault, Fault::LinkDown { .. }))
+            .filter(|r| r.fault.is_link_rule())
             .flat_map(|r| [Some(r.start), r.end])
             .flatten();
         arrivals.chain(links).filter(|&t| t > now).min()
@@ -334,6 +379,20 @@ impl FabricInner {
             PortState::Active
         } else {
             PortState::Down
+        }
+    }
+
+    /// The link state port `port`'s device reports: a [`Fault::LinkReport`] rule's word
+    /// while one is active, the physical state otherwise.
+    fn reported_state(&self, port: usize, now: Duration) -> PortState {
+        let report = self.rules.iter().rev().find_map(|r| match r.fault {
+            Fault::LinkReport { port: p, up } if p == port && r.active(now) => Some(up),
+            _ => None,
+        });
+        match report {
+            Some(true) => PortState::Active,
+            Some(false) => PortState::Down,
+            None => self.state(port, now),
         }
     }
 
@@ -426,7 +485,7 @@ impl FabricInner {
                         corrupt = true;
                     }
                 }
-                Fault::LinkDown { .. } => {}
+                Fault::LinkDown { .. } | Fault::LinkReport { .. } => {}
             }
         }
         for copy in 0..copies {
@@ -490,6 +549,11 @@ impl FabricPort {
         self.fabric.lock().state(self.port, now)
     }
 
+    /// The link state this port's device reports ([`Fault::LinkReport`]).
+    pub(crate) fn reported_state(&self, now: Duration) -> PortState {
+        self.fabric.lock().reported_state(self.port, now)
+    }
+
     pub(crate) fn next_event(&self, now: Duration) -> Option<Duration> {
         let f = self.fabric.lock();
         let arrival = f
@@ -500,7 +564,7 @@ impl FabricPort {
         let edges = f
             .rules
             .iter()
-            .filter(|r| r.fault == Fault::LinkDown { port: self.port })
+            .filter(|r| r.fault.link_port() == Some(self.port))
             .flat_map(|r| [Some(r.start), r.end])
             .flatten()
             .filter(|&t| t > now);

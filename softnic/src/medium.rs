@@ -73,6 +73,15 @@ impl WireImpl {
         }
     }
 
+    /// The link state the port reports to its driver: the physical one, except where a
+    /// fabric's [`crate::Fault::LinkReport`] rule says otherwise.
+    pub fn reported_port_state(&mut self, now: Duration) -> PortState {
+        match self {
+            WireImpl::Udp(w) => w.port_state(),
+            WireImpl::Fabric(p) => p.reported_state(now),
+        }
+    }
+
     /// The earliest time something will arrive that is already on its way (fabric delays).
     pub fn next_arrival(&self, now: Duration) -> Option<Duration> {
         match self {

@@ -9,7 +9,7 @@ use common::{next, next_within, pair_with};
 use hw_defs::mlx5::{CqeOpcode, Syndrome};
 use hw_defs::verbs::WcStatus;
 use softnic::harness::{bring_up, ConnectOptions, Data, HarnessCq, HarnessQp, Op, QpSizes};
-use softnic::{AsyncEvent, FaultRule, QpAttrs, QpState};
+use softnic::{AsyncEvent, FaultRule, PortState, QpAttrs, QpState};
 
 fn pair() -> (
     softnic::harness::Sim,
@@ -384,6 +384,81 @@ fn link_down_and_up_raise_port_events() {
     assert_eq!(a.dev.events().poll(), Some(AsyncEvent::PortError));
     assert_eq!(a.dev.events().poll(), Some(AsyncEvent::PortActive));
     assert_eq!(a.dev.events().poll(), None);
+}
+
+#[test]
+fn a_late_link_report_moves_the_events_but_not_the_packets() {
+    let (sim, mut a, b) = pair();
+    // Physically down 1-2 ms; reported down 1.5-4 ms (noticed late, back late).
+    let ms = Duration::from_millis;
+    sim.fabric
+        .add_rule(FaultRule::link_down(0, ms(1), Some(ms(2))));
+    sim.fabric.add_rule(FaultRule::link_report(
+        0,
+        true,
+        ms(1),
+        Some(ms(1) + ms(1) / 2),
+    ));
+    sim.fabric.add_rule(FaultRule::link_report(
+        0,
+        false,
+        ms(1) + ms(1) / 2,
+        Some(ms(4)),
+    ));
+    // `run_until` runs for a span of virtual time: to 1.25 ms, then to 3 ms.
+    sim.run_until(&[&a.dev, &b.dev], ms(1) + ms(1) / 4, || false);
+    assert_eq!(a.dev.events().poll(), None, "the down is not reported yet");
+    sim.run_until(&[&a.dev, &b.dev], ms(3) - sim.clock.now(), || false);
+    assert_eq!(a.dev.events().poll(), Some(AsyncEvent::PortError));
+    assert_eq!(a.dev.events().poll(), None, "the up is not reported yet");
+    assert_eq!(a.dev.port_state(), PortState::Down);
+    // Reported down, physically up: a WRITE goes through.
+    let sge = [a.buf.sge(0, 8)];
+    a.buf.write(0, &[7; 8]);
+    let idx = a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(0),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
+    a.qp.ring();
+    let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
+    assert_eq!((c.status, c.wqe_counter), (WcStatus::Success, idx));
+    assert_eq!(b.buf.read_u64(0), u64::from_ne_bytes([7; 8]));
+    assert!(
+        sim.clock.now() < ms(4),
+        "the WRITE took until {:?}",
+        sim.clock.now()
+    );
+    sim.run_until(&[&a.dev, &b.dev], ms(5) - sim.clock.now(), || false);
+    assert_eq!(a.dev.events().poll(), Some(AsyncEvent::PortActive));
+    assert_eq!(a.dev.port_state(), PortState::Active);
+}
+
+#[test]
+fn a_link_reported_up_while_down_carries_nothing() {
+    let (sim, mut a, b) = pair();
+    let ms = Duration::from_millis;
+    sim.fabric.add_rule(FaultRule::link_down(0, ms(1), None));
+    sim.fabric
+        .add_rule(FaultRule::link_report(0, true, ms(1), None));
+    sim.run_until(&[&a.dev, &b.dev], ms(2), || false);
+    assert_eq!(a.dev.events().poll(), None);
+    assert_eq!(a.dev.port_state(), PortState::Active);
+    let sge = [a.buf.sge(0, 8)];
+    let idx = a.qp.post(
+        Op::Write {
+            raddr: b.buf.addr(0),
+            rkey: b.buf.keys.rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
+    a.qp.ring();
+    let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
+    assert_eq!((c.status, c.wqe_counter), (WcStatus::RetryExcErr, idx));
 }
 
 #[test]
