@@ -1576,3 +1576,98 @@ fn a_first_transmission_lost_on_the_backup_is_resent_long_before_the_ack_timeout
         "first success on the backup after {latency} us"
     );
 }
+
+/// The backup SQ is deeper than the default one (it also takes the peer's burns), but a
+/// failback moves everything outstanding back to the default SQ: the application may have no
+/// more sends outstanding on the backup than its own send queue holds. Before, the backup
+/// route took up to the backup SQ's depth, and a failback then met a default SQ too small for
+/// the work (seed 226 of the chaos schedules: "send queue full: 128 of 128", the connection
+/// failed with a local QP operation error).
+#[test]
+fn on_the_backup_the_application_has_no_more_sends_outstanding_than_its_send_queue_holds() {
+    let mut sim = Sim::new(7, config());
+    sim.link_down(A_DEFAULT, None);
+    sim.run_until(Duration::from_secs(2), |s| {
+        s.a.qp.state() == ResilientState::Fallback
+    });
+    assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
+    let capacity = sim.a.qp.caps().max_send_wr;
+    let remote = sim.b.buf.remote(0);
+    let sge = [sim.a.buf.sge(0, 8)];
+    let mut accepted = 0u32;
+    let refusal = loop {
+        let wr = SendWr::new(u64::from(accepted), SendOp::Write { remote }, &sge).signaled();
+        match sim.a.qp.post_send(&wr) {
+            Ok(()) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            accepted <= 2 * capacity,
+            "no refusal after {accepted} posts"
+        );
+    };
+    assert_eq!(accepted, capacity, "{refusal}");
+    assert!(
+        matches!(refusal, pmd::PostError::QueueFull { .. }),
+        "{refusal}"
+    );
+    // What was taken completes, and then there is room again.
+    sim.a.qp.ring_doorbell();
+    let wcs = completions(&mut sim, true, capacity as usize, Duration::from_secs(2));
+    assert!(
+        wcs.iter().all(|wc| wc.status == WcStatus::Success),
+        "{wcs:?}"
+    );
+    let wr = SendWr::new(0, SendOp::Write { remote }, &sge).signaled();
+    sim.a.qp.post_send(&wr).unwrap();
+}
+
+/// A failover round owns every WQE of the default SQ from its first error, those its flushes
+/// retired too, and moves them all to the backup: sends withheld during the round must fit
+/// beside them. Before, the round's flushes made the default SQ look empty, the application
+/// could post a second ring's worth, and the backup then held more than the default SQ could
+/// take back (seed 226 of the chaos schedules).
+#[test]
+fn during_a_round_the_sends_it_will_move_and_those_withheld_fit_one_send_queue() {
+    let mut sim = Sim::new(8, config());
+    // The backup link down first, so the round waits for it with the default QP drained.
+    sim.link_down(A_BACKUP, Some(Duration::from_millis(200)));
+    sim.link_down(B_DEFAULT, None);
+    let capacity = sim.a.qp.caps().max_send_wr;
+    let remote = sim.b.buf.remote(0);
+    let sge = [sim.a.buf.sge(0, 8)];
+    let mut accepted = 0u32;
+    for _ in 0..capacity / 2 {
+        let wr = SendWr::new(u64::from(accepted), SendOp::Write { remote }, &sge).signaled();
+        sim.a.qp.post_send(&wr).unwrap();
+        accepted += 1;
+    }
+    sim.a.qp.ring_doorbell();
+    // Retry exhaustion, the round, the drain: every WQE flushed, none completed.
+    sim.run_until(Duration::from_millis(150), |s| {
+        s.a.qp.progress();
+        s.a.qp.state() == ResilientState::FailingOver && s.a.qp.completions_waiting() == 0
+    });
+    sim.run_for(Duration::from_millis(20));
+    assert_eq!(sim.a.qp.state(), ResilientState::FailingOver);
+    let refusal = loop {
+        let wr = SendWr::new(u64::from(accepted), SendOp::Write { remote }, &sge).signaled();
+        match sim.a.qp.post_send(&wr) {
+            Ok(()) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            accepted <= 3 * capacity,
+            "no refusal after {accepted} posts"
+        );
+    };
+    assert_eq!(accepted, capacity, "{refusal}");
+    // The backup link returns: everything moves to the backup and completes there.
+    sim.a.qp.ring_doorbell();
+    let wcs = completions(&mut sim, true, capacity as usize, Duration::from_secs(2));
+    assert_eq!(wcs.len(), capacity as usize);
+    assert!(
+        wcs.iter().all(|wc| wc.status == WcStatus::Success),
+        "{wcs:?}"
+    );
+}

@@ -565,6 +565,11 @@ impl SendQueue {
         self.takes_work_in_error = true;
     }
 
+    /// Work requests written and not yet completed (the consumer counter read afresh).
+    pub fn outstanding_requests(&mut self) -> u32 {
+        self.wr_max - self.free().1
+    }
+
     /// Basic blocks in the ring.
     pub fn capacity(&self) -> u32 {
         self.wqe_m + 1

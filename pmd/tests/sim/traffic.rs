@@ -91,6 +91,8 @@ pub struct Dir {
     pub credits: bool,
     pub credits_posted: u64,
     pub credits_done: u64,
+    /// WRs of iteration `posted` already posted: a full send queue stopped it part way.
+    pub partial: usize,
     start: Duration,
 }
 
@@ -114,6 +116,7 @@ impl Dir {
             credits: false,
             credits_posted: 0,
             credits_done: 0,
+            partial: 0,
             start: Duration::ZERO,
         }
     }
@@ -345,64 +348,61 @@ impl Traffic {
                 let i = d.posted;
                 let (src, dst) = (d.src(i), d.dst(i));
                 let peer = s.host(!d.from_a).buf.remote(0);
-                if d.kind == Kind::Read {
-                    // The receiver's data, in place before the READ can reach it.
-                    s.host(!d.from_a).buf.write(dst, &pattern(d.index(), i));
+                if d.partial == 0 {
+                    // The data, in place before the first WR of the iteration goes out: the
+                    // receiver's for a READ (before the READ can reach it), the sender's
+                    // otherwise.
+                    match d.kind {
+                        Kind::Read => {
+                            s.host(!d.from_a).buf.write(dst, &pattern(d.index(), i));
+                            s.host(d.from_a).buf.write(src, &[0; SLOT]);
+                        }
+                        Kind::Nccl | Kind::Send => {
+                            s.host(d.from_a).buf.write(src, &pattern(d.index(), i))
+                        }
+                    }
                 }
                 let sender = s.host(d.from_a);
-                let mut ok = true;
-                match d.kind {
-                    Kind::Nccl => sender.buf.write(src, &pattern(d.index(), i)),
-                    Kind::Send => {
-                        sender.buf.write(src, &pattern(d.index(), i));
-                        let send = SendWr::new(
-                            i * 10 + 9,
-                            SendOp::Send,
-                            &[sender.buf.sge(src, SLOT as u32)],
-                        )
-                        .signaled();
-                        let posted = sender.qp.post_send(&send).is_ok();
-                        if posted {
-                            tracked.push((d.from_a, false, i * 10 + 9, true));
-                        }
-                        ok &= posted;
-                    }
-                    Kind::Read => {
-                        sender.buf.write(src, &[0; SLOT]);
-                        let remote = pmd::Remote {
-                            addr: peer.addr + dst as u64,
-                            rkey: peer.rkey,
-                        };
-                        let read = SendWr::new(
-                            i * 10 + 5,
-                            SendOp::Read { remote },
-                            &[sender.buf.sge(src, SLOT as u32)],
-                        )
-                        .signaled();
-                        let posted = sender.qp.post_send(&read).is_ok();
-                        if posted {
-                            tracked.push((d.from_a, false, i * 10 + 5, true));
-                        }
-                        ok &= posted;
-                    }
-                }
                 let half = SLOT / 2;
-                let writes = if d.kind == Kind::Nccl { 2 } else { 0 };
-                for k in 0..writes {
-                    let remote = pmd::Remote {
-                        addr: peer.addr + (dst + k * half) as u64,
-                        rkey: peer.rkey,
-                    };
-                    let wr = SendWr::new(
-                        i * 10 + k as u64,
-                        SendOp::Write { remote },
-                        &[sender.buf.sge(src + k * half, half as u32)],
-                    );
-                    let posted = sender.qp.post_send(&wr).is_ok();
-                    if posted {
-                        tracked.push((d.from_a, false, i * 10 + k as u64, false));
+                let read_remote = pmd::Remote {
+                    addr: peer.addr + dst as u64,
+                    rkey: peer.rkey,
+                };
+                let send_sge = [sender.buf.sge(src, SLOT as u32)];
+                let write_sges = [
+                    [sender.buf.sge(src, half as u32)],
+                    [sender.buf.sge(src + half, half as u32)],
+                ];
+                // The iteration's WRs in order, each with whether it is signaled.
+                let mut wrs: Vec<(SendWr<'_>, bool)> = Vec::with_capacity(3);
+                match d.kind {
+                    Kind::Send => wrs.push((
+                        SendWr::new(i * 10 + 9, SendOp::Send, &send_sge).signaled(),
+                        true,
+                    )),
+                    Kind::Read => wrs.push((
+                        SendWr::new(
+                            i * 10 + 5,
+                            SendOp::Read {
+                                remote: read_remote,
+                            },
+                            &send_sge,
+                        )
+                        .signaled(),
+                        true,
+                    )),
+                    Kind::Nccl => {
+                        for (k, sge) in write_sges.iter().enumerate() {
+                            let remote = pmd::Remote {
+                                addr: peer.addr + (dst + k * half) as u64,
+                                rkey: peer.rkey,
+                            };
+                            wrs.push((
+                                SendWr::new(i * 10 + k as u64, SendOp::Write { remote }, sge),
+                                false,
+                            ));
+                        }
                     }
-                    ok &= posted;
                 }
                 if d.kind != Kind::Send {
                     let note = SendWr::new(
@@ -419,18 +419,40 @@ impl Traffic {
                     } else {
                         note
                     };
-                    let posted = sender.qp.post_send(&note).is_ok();
-                    if posted {
-                        tracked.push((d.from_a, false, i * 10 + 9, true));
+                    wrs.push((note, true));
+                }
+                // From where the last step stopped: a send queue that was full (a failback
+                // reposts a whole ring) takes the rest when it has room, as an application
+                // retries a post refused with ENOMEM; any other refusal means the QP failed.
+                let mut full = false;
+                let mut failed = false;
+                for (wr, signaled) in &wrs[d.partial..] {
+                    match sender.qp.post_send(wr) {
+                        Ok(()) => {
+                            tracked.push((d.from_a, false, wr.wr_id, *signaled));
+                            d.partial += 1;
+                        }
+                        Err(PostError::QueueFull { .. }) => {
+                            full = true;
+                            break;
+                        }
+                        Err(_) => {
+                            failed = true;
+                            break;
+                        }
                     }
-                    ok &= posted;
                 }
                 rang = true;
-                if !ok {
+                if failed {
                     // The sender's QP failed: nothing more goes out.
                     d.refused += 1;
                     break;
                 }
+                if full {
+                    // Completions make room; the device's progress brings the next step.
+                    break;
+                }
+                d.partial = 0;
                 d.posted += 1;
             }
             if rang {

@@ -126,6 +126,32 @@ impl Book {
                 || self.probe == Some(w.counter))
     }
 
+    /// How many of the backup SQ's outstanding WQEs are the failover's own when its consumer
+    /// counter is `done`: the burns not completed yet (one basic block each) and an
+    /// outstanding fence.
+    pub fn internal_on_backup(&self, done: u32) -> u32 {
+        let burns: u32 = self
+            .burns
+            .iter()
+            .map(|&(start, end)| {
+                if in_range(done, start, end) {
+                    end.wrapping_sub(done)
+                } else if done.wrapping_sub(end) < (1 << 31) {
+                    // `done` is at or past `end`: every burn of the range completed.
+                    0
+                } else {
+                    end.wrapping_sub(start)
+                }
+            })
+            .sum();
+        let fences = [self.fence, self.failed_fence]
+            .iter()
+            .flatten()
+            .filter(|&&past| past.wrapping_sub(done).wrapping_sub(1) < (1 << 31))
+            .count() as u32;
+        burns + fences
+    }
+
     /// Forgets burn ranges the backup SQ has completed past: `done` is its consumer counter,
     /// `written` its producer counter.
     pub fn prune_burns(&mut self, done: u32, written: u32) {
@@ -224,6 +250,32 @@ mod tests {
             ..internal_at(11, 1)
         };
         assert!(!book.is_internal(&application));
+    }
+
+    #[test]
+    fn the_failovers_own_outstanding_on_the_backup_are_the_burns_and_the_fence_not_done() {
+        let book = Book {
+            burns: VecDeque::from([(10, 12), (14, 17)]),
+            fence: Some(21),
+            ..Book::default()
+        };
+        // Before everything: 2 + 3 burns and the fence (the WQE at 20).
+        assert_eq!(book.internal_on_backup(5), 6);
+        // Inside the first range: 1 + 3 + 1.
+        assert_eq!(book.internal_on_backup(11), 5);
+        // Past both ranges, the fence not done.
+        assert_eq!(book.internal_on_backup(17), 1);
+        assert_eq!(book.internal_on_backup(20), 1);
+        // Past the fence.
+        assert_eq!(book.internal_on_backup(21), 0);
+        // Counters that wrapped.
+        let wrapped = Book {
+            burns: VecDeque::from([(u32::MAX - 1, 2)]),
+            ..Book::default()
+        };
+        assert_eq!(wrapped.internal_on_backup(u32::MAX - 3), 4);
+        assert_eq!(wrapped.internal_on_backup(0), 2);
+        assert_eq!(wrapped.internal_on_backup(2), 0);
     }
 
     #[test]

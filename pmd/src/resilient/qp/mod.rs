@@ -681,6 +681,58 @@ impl ResilientQp {
             .map_or(Route::Default, |m| m.recv_route())
     }
 
+    /// The application's send WRs outstanding on both rings, while posts take a slow route:
+    /// every one a failback would move to the default SQ (as
+    /// [`ResilientQp::failback_send_list`] finds them). On each ring that is what its
+    /// counters say is outstanding, except after an error: the flushes then retired WQEs that
+    /// are still to move (a round's or a failback's), so they are counted from where the
+    /// unfinished work starts, walking them. The backup SQ's less the failover's own.
+    fn sends_outstanding(&mut self) -> u32 {
+        let book = &self.slow.book;
+        let on_backup = match self.slow.backup.as_mut() {
+            None => 0,
+            Some(b) => {
+                let sq = b.qp.send_queue();
+                match book.errored[1].send_start {
+                    Some(start) => sq
+                        .written_from(start)
+                        .filter(|w| !book.is_internal(w))
+                        .count() as u32,
+                    None => {
+                        let done = sq.completed();
+                        sq.outstanding_requests()
+                            .saturating_sub(book.internal_on_backup(done))
+                    }
+                }
+            }
+        };
+        let sq = self.default.send_queue();
+        let completed = (sq.completed(), self.default.recv_queue().completed());
+        let on_default = match book.default_unfinished(completed) {
+            (start, _) if start == completed.0 => self.default.send_queue().outstanding_requests(),
+            (start, _) => self.default.send_queue().written_from(start).count() as u32,
+        };
+        on_backup + on_default
+    }
+
+    /// Refuses a send the application's send queue has no room for: the backup SQ is deeper
+    /// than the default one (it also takes the peer's burns), and a round may leave work on
+    /// both rings at once, but everything outstanding must fit the default SQ, where a
+    /// failback moves it all (`docs/failover.md` 5e).
+    fn admit_send(&mut self) -> Result<(), PostError> {
+        let capacity = self.caps().max_send_wr;
+        let outstanding = self.sends_outstanding();
+        if outstanding >= capacity {
+            return Err(PostError::QueueFull {
+                queue: "send",
+                outstanding,
+                capacity,
+                needed: 1,
+            });
+        }
+        Ok(())
+    }
+
     #[cold]
     #[inline(never)]
     fn post_send_slow(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
@@ -689,9 +741,11 @@ impl ResilientQp {
                 self.default.post_send(wr)?;
             }
             Route::DefaultWithheld => {
+                self.admit_send()?;
                 self.default.send_queue().post_withheld(wr)?;
             }
             Route::Backup => {
+                self.admit_send()?;
                 let translated = self.translate_send(wr)?;
                 let backup = self.slow.backup.as_mut().expect("routed to backup");
                 backup.qp.post_send(&translated)?;
