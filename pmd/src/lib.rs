@@ -40,8 +40,8 @@ pub use control::{
     Srq, SrqAttr,
 };
 pub use datapath::wr::{
-    BatchPostError, CompletionLayout, Payload, PostError, RecvWr, Remote, SendFlags, SendOp,
-    SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion,
+    BatchPostError, CompletionLayout, FastSend, Payload, PostError, RecvWr, Remote, SendFlags,
+    SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use name::DeviceName;
 pub use qp_state::QpState;

@@ -8,8 +8,8 @@ use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pmd::{
-    Access, AddressVector, Gid, Mtu, Payload, QpAttr, QpCaps, QpState, RecvWr, Remote, SendFlags,
-    SendOp, SendWr, SgList, Sge, WcOpcode, WorkCompletion,
+    Access, AddressVector, FastSend, Gid, Mtu, Payload, QpAttr, QpCaps, QpState, RecvWr, Remote,
+    SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WorkCompletion,
 };
 
 use crate::abi::*;
@@ -633,51 +633,78 @@ pub(crate) fn to_ibv_wc(wc: &WorkCompletion) -> ibv_wc {
     }
 }
 
-/// A successful send's completion on QP `qp_num`, its id and opcode left 0.
-#[inline(always)]
-const fn send_wc(qp_num: u32) -> ibv_wc {
-    ibv_wc {
-        wr_id: 0,
-        status: 0,
-        opcode: 0,
-        vendor_err: 0,
-        byte_len: 0,
-        imm_data: 0,
-        qp_num,
-        src_qp: 0,
-        wc_flags: 0,
-        pkey_index: 0,
-        slid: 0,
-        sl: 0,
-        dlid_path_bits: 0,
-    }
+/// Two adjacent `u32` fields of an `ibv_wc`, `first` at the lower address, as the 8-byte
+/// word that holds them in memory (whatever the byte order).
+const fn u32_pair(first: u32, second: u32) -> u64 {
+    let (a, b) = (first.to_ne_bytes(), second.to_ne_bytes());
+    u64::from_ne_bytes([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]])
 }
+
+/// `ibv_wc_status`'s `IBV_WC_SUCCESS`.
+const IBV_WC_SUCCESS: u32 = 0;
+
+/// Bytes 8..16 of a fast-path send's `ibv_wc` (`status`, `opcode`), by [`FastSend`] kind:
+/// the poller's loop writes one load from this table, built at compile time from
+/// [`FastSend::opcode`], instead of a compare and two stores.
+const FAST_SEND_STATUS_OPCODE: [u64; 4] = {
+    let mut words = [0; 4];
+    let mut i = 0;
+    while i < words.len() {
+        // `WcOpcode`'s discriminants are `enum ibv_wc_opcode`'s values.
+        words[i] = u32_pair(IBV_WC_SUCCESS, FastSend::ALL[i].opcode() as u32);
+        i += 1;
+    }
+    words
+};
+
+// The fast path writes an `ibv_wc` as six 8-byte words: `wr_id`; `status`, `opcode`;
+// `vendor_err`, `byte_len`; `imm_data`, `qp_num`; `src_qp`, `wc_flags`; the 16- and 8-bit
+// fields and the tail padding. These are the offsets it assumes (abi.rs's layout test checks
+// the same offsets against verbs.h).
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<ibv_wc>() == 48 && align_of::<ibv_wc>() == 8);
+    assert!(offset_of!(ibv_wc, status) == 8 && offset_of!(ibv_wc, opcode) == 12);
+    assert!(offset_of!(ibv_wc, vendor_err) == 16 && offset_of!(ibv_wc, byte_len) == 20);
+    assert!(offset_of!(ibv_wc, imm_data) == 24 && offset_of!(ibv_wc, qp_num) == 28);
+    assert!(offset_of!(ibv_wc, src_qp) == 32 && offset_of!(ibv_wc, wc_flags) == 36);
+    assert!(offset_of!(ibv_wc, pkey_index) == 40);
+};
 
 /// The pmd's poller writes `ibv_wc`s straight into the application's array: no
 /// `WorkCompletion` array between, no conversion pass after.
 impl pmd::CompletionLayout for ibv_wc {
-    /// The QP number alone: a successful send's completion is constant but for its id,
-    /// opcode and QP (status success, no length, immediate, flags or vendor error, as
-    /// libmlx5 reports a WRITE's or SEND's), so the loop writes constants, not a 48-byte copy.
-    type SendTemplate = u32;
+    /// Bytes 16..48 of the completion as four words: a successful send's completion is
+    /// constant but for its id, opcode and QP (status success, no length, immediate, flags or
+    /// vendor error, as libmlx5 reports a WRITE's or SEND's), so the loop writes six words,
+    /// not twelve fields.
+    type SendTemplate = [u64; 4];
 
     #[inline(always)]
-    fn send_template(hot: &WorkCompletion) -> u32 {
+    fn send_template(hot: &WorkCompletion) -> [u64; 4] {
         debug_assert!(
             hot.is_ok() && hot.byte_len == 0 && hot.imm.is_none() && hot.vendor_err == 0,
             "a send template that is not a plain successful send: {hot:?}"
         );
-        hot.qp_num
+        // vendor_err, byte_len; imm_data, qp_num; src_qp, wc_flags; the small fields.
+        [0, u32_pair(0, hot.qp_num), 0, 0]
     }
 
     #[inline(always)]
-    fn send(qp_num: &u32, wr_id: u64, opcode: WcOpcode) -> ibv_wc {
-        ibv_wc {
+    fn send(tail: &[u64; 4], wr_id: u64, kind: FastSend) -> ibv_wc {
+        let words: [u64; 6] = [
             wr_id,
-            // `WcOpcode`'s discriminants are `enum ibv_wc_opcode`'s values.
-            opcode: opcode as u32,
-            ..send_wc(*qp_num)
-        }
+            // `kind` is at most 3: the index needs no bounds check.
+            FAST_SEND_STATUS_OPCODE[kind as usize],
+            tail[0],
+            tail[1],
+            tail[2],
+            tail[3],
+        ];
+        // SAFETY: `ibv_wc` is `repr(C)`, 48 bytes (the compiler checks the sizes), and made
+        // of integers only, so any bytes are a valid value; the words hold its fields at the
+        // offsets asserted above (the last two bytes land in its tail padding).
+        unsafe { std::mem::transmute::<[u64; 6], ibv_wc>(words) }
     }
 
     #[inline(always)]
@@ -1773,6 +1800,129 @@ refused_on_ours! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A successful send's completion on QP 0x1234 with id 77, as the fields verbs.h names.
+    fn plain_send_wc(opcode: u32) -> [u64; 13] {
+        [77, 0, u64::from(opcode), 0, 0, 0, 0x1234, 0, 0, 0, 0, 0, 0]
+    }
+
+    /// An `ibv_wc`'s fields in declaration order, to compare whole completions.
+    fn fields(wc: &ibv_wc) -> [u64; 13] {
+        [
+            wc.wr_id,
+            wc.status.into(),
+            wc.opcode.into(),
+            wc.vendor_err.into(),
+            wc.byte_len.into(),
+            wc.imm_data.into(),
+            wc.qp_num.into(),
+            wc.src_qp.into(),
+            wc.wc_flags.into(),
+            wc.pkey_index.into(),
+            wc.slid.into(),
+            wc.sl.into(),
+            wc.dlid_path_bits.into(),
+        ]
+    }
+
+    /// The poll loop's `ibv_wc` for each fast-path kind, entry by entry: verbs.h's
+    /// `IBV_WC_RDMA_WRITE` (1) for both WRITEs, `IBV_WC_SEND` (0) for both SENDs, status
+    /// `IBV_WC_SUCCESS` (0), the QP, and nothing else; the same as the general conversion.
+    /// Fails if the word table swaps two kinds or the words miss a field.
+    #[test]
+    fn the_fast_completion_table_writes_each_kind_as_verbs_h_numbers_it() {
+        use pmd::CompletionLayout;
+        let hot = WorkCompletion {
+            qp_num: 0x1234,
+            ..WorkCompletion::EMPTY
+        };
+        let tail = <ibv_wc as CompletionLayout>::send_template(&hot);
+        for (kind, opcode) in [
+            (FastSend::Write, 1),
+            (FastSend::WriteImm, 1),
+            (FastSend::Send, 0),
+            (FastSend::SendImm, 0),
+        ] {
+            let wc = <ibv_wc as CompletionLayout>::send(&tail, 77, kind);
+            assert_eq!(fields(&wc), plain_send_wc(opcode), "{kind:?}");
+            let general = to_ibv_wc(&WorkCompletion {
+                wr_id: 77,
+                opcode: kind.opcode(),
+                ..hot
+            });
+            assert_eq!(fields(&general), plain_send_wc(opcode), "{kind:?}");
+        }
+    }
+
+    /// The general conversion gives every status verbs.h's number (`enum ibv_wc_status`,
+    /// written out here, not taken from the pmd's enum) and every opcode its
+    /// `enum ibv_wc_opcode` number; an immediate sets `IBV_WC_WITH_IMM` and travels in
+    /// network order.
+    #[test]
+    fn the_general_conversion_numbers_statuses_and_opcodes_as_verbs_h() {
+        use pmd::WcStatus as S;
+        let statuses = [
+            (S::Success, 0),
+            (S::LocLenErr, 1),
+            (S::LocQpOpErr, 2),
+            (S::LocEecOpErr, 3),
+            (S::LocProtErr, 4),
+            (S::WrFlushErr, 5),
+            (S::MwBindErr, 6),
+            (S::BadRespErr, 7),
+            (S::LocAccessErr, 8),
+            (S::RemInvReqErr, 9),
+            (S::RemAccessErr, 10),
+            (S::RemOpErr, 11),
+            (S::RetryExcErr, 12),
+            (S::RnrRetryExcErr, 13),
+            (S::LocRddViolErr, 14),
+            (S::RemInvRdReqErr, 15),
+            (S::RemAbortErr, 16),
+            (S::InvEecnErr, 17),
+            (S::InvEecStateErr, 18),
+            (S::FatalErr, 19),
+            (S::RespTimeoutErr, 20),
+            (S::GeneralErr, 21),
+            (S::TmErr, 22),
+            (S::TmRndvIncomplete, 23),
+        ];
+        for (status, number) in statuses {
+            let wc = to_ibv_wc(&WorkCompletion {
+                status,
+                vendor_err: 0x81,
+                ..WorkCompletion::EMPTY
+            });
+            assert_eq!(wc.status, number, "{status:?}");
+            assert_eq!(wc.vendor_err, 0x81, "{status:?}");
+        }
+        let opcodes = [
+            (WcOpcode::Send, 0),
+            (WcOpcode::RdmaWrite, 1),
+            (WcOpcode::RdmaRead, 2),
+            (WcOpcode::CompSwap, 3),
+            (WcOpcode::FetchAdd, 4),
+            (WcOpcode::Recv, 128),
+            (WcOpcode::RecvRdmaWithImm, 129),
+        ];
+        for (opcode, number) in opcodes {
+            let wc = to_ibv_wc(&WorkCompletion {
+                opcode,
+                ..WorkCompletion::EMPTY
+            });
+            assert_eq!(wc.opcode, number, "{opcode:?}");
+            assert_eq!(wc.wc_flags, 0, "{opcode:?}");
+        }
+        let wc = to_ibv_wc(&WorkCompletion {
+            opcode: WcOpcode::Recv,
+            byte_len: 64,
+            imm: Some(0x0102_0304),
+            ..WorkCompletion::EMPTY
+        });
+        assert_eq!(wc.wc_flags, IBV_WC_WITH_IMM);
+        assert_eq!(wc.imm_data.to_ne_bytes(), [1, 2, 3, 4]);
+        assert_eq!(wc.byte_len, 64);
+    }
 
     /// The flag table gives each verbs flag its pmd flag, for every combination of the
     /// three flags (and the inline bit, which the table ignores), with and without

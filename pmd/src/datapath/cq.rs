@@ -16,7 +16,7 @@ use hw_defs::mlx5::{cqe, Cqe64, CqeOpcode, ErrCqe};
 use super::barrier;
 use super::srq::SharedRecvQueue;
 use super::track::{RecvTrack, SendTrack};
-use super::wr::{as_slots, CompletionLayout, WcOpcode, WcStatus, WorkCompletion};
+use super::wr::{as_slots, CompletionLayout, FastSend, WcOpcode, WcStatus, WorkCompletion};
 
 /// One QP's bookkeeping as a CQ sees it.
 #[derive(Debug, Clone)]
@@ -249,11 +249,13 @@ impl CqRing {
 /// The consumer index travels mod 2^24.
 const CI_MASK: u32 = 0x00ff_ffff;
 
-// The fast loop takes send opcodes RDMA_WRITE..RDMA_WRITE + 4 as one range.
+// The fast loop takes send opcodes RDMA_WRITE..RDMA_WRITE + 4 as one range, numbered as
+// `FastSend` numbers them.
 const _: () = assert!(
-    raw::RDMA_WRITE_IMM == raw::RDMA_WRITE + 1
-        && raw::SEND == raw::RDMA_WRITE + 2
-        && raw::SEND_IMM == raw::RDMA_WRITE + 3
+    raw::RDMA_WRITE_IMM == raw::RDMA_WRITE + FastSend::WriteImm as u8
+        && raw::SEND == raw::RDMA_WRITE + FastSend::Send as u8
+        && raw::SEND_IMM == raw::RDMA_WRITE + FastSend::SendImm as u8
+        && FastSend::Write as u8 == 0
 );
 
 /// Why the fast loop stopped.
@@ -518,19 +520,15 @@ impl CompletionQueue {
             // The hot QP's CQE leaves the send opcode alone in the low byte; WRITE,
             // WRITE_IMM, SEND and SEND_IMM are 8..12 (anything else, another QP included,
             // falls outside).
-            let op = (word ^ qpn_word).wrapping_sub(u32::from(raw::RDMA_WRITE));
-            if op > u32::from(raw::SEND_IMM - raw::RDMA_WRITE) {
+            let Some(kind) =
+                FastSend::from_index((word ^ qpn_word).wrapping_sub(u32::from(raw::RDMA_WRITE)))
+            else {
                 break;
-            }
+            };
             let Some(wr_id) = retirer.retire(u16::from_be(counter)) else {
                 break;
             };
-            let opcode = if op < u32::from(raw::SEND - raw::RDMA_WRITE) {
-                WcOpcode::RdmaWrite
-            } else {
-                WcOpcode::Send
-            };
-            slot.write(L::send(&template, wr_id, opcode));
+            slot.write(L::send(&template, wr_id, kind));
             cqe = cqe.wrapping_add(stride);
         }
         // How many it took, from how far the CQE pointer moved (one counter less in the loop).
@@ -824,6 +822,29 @@ mod tests {
             send_wc_opcode(u8::from(SendOpcode::SendImm)),
             WcOpcode::Send
         );
+    }
+
+    /// The fast loop's numbering of the four send opcodes, and each one's completion opcode,
+    /// written out entry by entry and checked against the general decoder's mapping.
+    #[test]
+    fn fast_send_kinds_are_the_cqe_send_opcodes_and_complete_as_libmlx5_reports() {
+        let expected = [
+            (raw::RDMA_WRITE, FastSend::Write, WcOpcode::RdmaWrite),
+            (raw::RDMA_WRITE_IMM, FastSend::WriteImm, WcOpcode::RdmaWrite),
+            (raw::SEND, FastSend::Send, WcOpcode::Send),
+            (raw::SEND_IMM, FastSend::SendImm, WcOpcode::Send),
+        ];
+        for (send_opcode, kind, opcode) in expected {
+            let index = u32::from(send_opcode - raw::RDMA_WRITE);
+            assert_eq!(FastSend::from_index(index), Some(kind), "{send_opcode:#x}");
+            assert_eq!(FastSend::ALL[index as usize], kind);
+            assert_eq!(kind.opcode(), opcode, "{kind:?}");
+            assert_eq!(send_wc_opcode(send_opcode), opcode, "{kind:?}");
+        }
+        // What the loop's range check leaves to the general decoder.
+        for index in [4, 8, 0xff, u32::MAX] {
+            assert_eq!(FastSend::from_index(index), None, "{index}");
+        }
     }
 
     /// A ring of `count` 64-byte CQEs whose first `written` positions (from 0) the device has

@@ -325,6 +325,66 @@ impl Default for WorkCompletion {
     }
 }
 
+/// A successful requester completion the poller's tight loop takes, numbered as the CQE
+/// numbers the completed WQE's opcode (byte 56) less RDMA WRITE's: a layout indexes a
+/// four-entry table with it ([`CompletionLayout::send`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FastSend {
+    /// An RDMA WRITE.
+    Write = 0,
+    /// An RDMA WRITE with immediate.
+    WriteImm = 1,
+    /// A SEND.
+    Send = 2,
+    /// A SEND with immediate.
+    SendImm = 3,
+}
+
+impl FastSend {
+    /// Every kind, in discriminant order: `ALL[k as usize] == k`.
+    pub const ALL: [FastSend; 4] = [
+        FastSend::Write,
+        FastSend::WriteImm,
+        FastSend::Send,
+        FastSend::SendImm,
+    ];
+
+    /// The kind numbered `index` (the CQE's send opcode less RDMA WRITE's), none past 3.
+    #[inline(always)]
+    pub const fn from_index(index: u32) -> Option<FastSend> {
+        if index <= FastSend::SendImm as u32 {
+            // SAFETY: `FastSend` is `repr(u8)` with the discriminants 0..=3 (checked below),
+            // and `index` is one of them. Not a match: LLVM turned a four-way match and the
+            // opcode's compare after it into a shifted bit table, two instructions more per
+            // CQE in the pmd's own poll loop (callgrind, `datapath --count
+            // shim-direct-poll`: 40.9 instructions per CQE against 38.9).
+            Some(unsafe { std::mem::transmute::<u8, FastSend>(index as u8) })
+        } else {
+            None
+        }
+    }
+
+    /// The completion's opcode, as libmlx5 reports a requester's: a WRITE with immediate
+    /// completes as a WRITE, a SEND with immediate as a SEND.
+    #[inline(always)]
+    pub const fn opcode(self) -> WcOpcode {
+        match self {
+            FastSend::Write | FastSend::WriteImm => WcOpcode::RdmaWrite,
+            FastSend::Send | FastSend::SendImm => WcOpcode::Send,
+        }
+    }
+}
+
+// `FastSend::from_index` relies on the discriminants being exactly 0..=3.
+const _: () = {
+    let mut i = 0;
+    while i < FastSend::ALL.len() {
+        assert!(FastSend::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// The layout a CQ poll writes its completions in: the pmd's own [`WorkCompletion`], or a
 /// caller's (the verbs shim writes libibverbs' `struct ibv_wc`), written straight from the
 /// CQE into the caller's array with no `WorkCompletion` array and no conversion pass after
@@ -339,8 +399,10 @@ pub trait CompletionLayout: Sized {
     /// `wr_id` and `opcode` are placeholders).
     fn send_template(hot: &WorkCompletion) -> Self::SendTemplate;
 
-    /// A successful send completion: `template` with `wr_id` and `opcode` set.
-    fn send(template: &Self::SendTemplate, wr_id: u64, opcode: WcOpcode) -> Self;
+    /// A successful send completion: `template` with `wr_id` and the opcode of `kind` set.
+    /// `kind` is the CQE's own number for the operation, so a layout can map it with a
+    /// four-entry table instead of a compare ([`FastSend::opcode`] is the mapping).
+    fn send(template: &Self::SendTemplate, wr_id: u64, kind: FastSend) -> Self;
 
     /// Any other completion, in this layout.
     fn from_completion(wc: &WorkCompletion) -> Self;
@@ -363,10 +425,10 @@ impl CompletionLayout for WorkCompletion {
     }
 
     #[inline(always)]
-    fn send(template: &WorkCompletion, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+    fn send(template: &WorkCompletion, wr_id: u64, kind: FastSend) -> WorkCompletion {
         WorkCompletion {
             wr_id,
-            opcode,
+            opcode: kind.opcode(),
             ..*template
         }
     }
