@@ -27,8 +27,21 @@ RAILSHIFT_PACKAGES=(
   "qemu-system-x86:/usr/bin/qemu-system-x86_64"
 )
 
+# Starts a step: closes the one before with its time, and prints the time since the script
+# began, so a CI log says where its minutes went. `step "done"` also prints every step's time.
+RAILSHIFT_STEP_TIMES=()
+RAILSHIFT_STEP_NAME=""
+RAILSHIFT_STEP_START=$SECONDS
 step() {
-  printf '\n==> %s\n' "$*"
+  if [ -n "$RAILSHIFT_STEP_NAME" ]; then
+    RAILSHIFT_STEP_TIMES+=("$(printf '%5d s  %s' $((SECONDS - RAILSHIFT_STEP_START)) "$RAILSHIFT_STEP_NAME")")
+  fi
+  RAILSHIFT_STEP_NAME="$*"
+  RAILSHIFT_STEP_START=$SECONDS
+  printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"
+  if [ "$*" = "done" ]; then
+    printf '%s\n' "time per step:" "${RAILSHIFT_STEP_TIMES[@]}"
+  fi
 }
 
 # Installs whatever in RAILSHIFT_PACKAGES is missing, with apt-get, after apt-get update.
