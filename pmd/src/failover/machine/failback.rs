@@ -384,15 +384,17 @@ impl Failover {
     }
 
     /// The default link came back while a failover round waits for the backup link: the
-    /// default path came back first, so the round becomes a failback (our `Failover` has
-    /// not left: the peer moved nothing on its strength).
+    /// default path came back first, so the round becomes a failback. Our `Failover` may
+    /// have left (it goes while the backup link is reported down): a peer that took it is
+    /// in Fallback and follows our `Failback` from there, and one that takes it later ignores
+    /// it (a round from before a failback).
     pub(super) fn default_back_first(&mut self, now: Timestamp, out: &mut Actions) {
         let SendState::FailingOver(round) = self.send else {
             return;
         };
         let waiting = matches!(
             round.step,
-            RoundStep::Draining | RoundStep::AwaitingBackup { .. }
+            RoundStep::Draining | RoundStep::AwaitingPeer { .. }
         );
         if waiting && !self.backup_link.up && self.may_fail_back() {
             tracing::info!(epoch = %round.epoch, "failover: the default link came back before the backup link; failing back");

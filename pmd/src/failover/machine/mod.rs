@@ -117,12 +117,6 @@ struct Round {
 enum RoundStep {
     /// Waiting for the driver to drain the default QP.
     Draining,
-    /// The default QP is drained but the backup link is down: our `Failover` message waits
-    /// for it (until `backup_deadline`).
-    AwaitingBackup {
-        drained: Progress,
-        sends_before_first_read: Option<u64>,
-    },
     /// Our `Failover` message is sent; waiting for the peer's.
     AwaitingPeer {
         drained: Progress,
@@ -404,7 +398,6 @@ impl Failover {
                 };
                 self.backup_deadline = None;
                 self.resume_backup_handshakes(now);
-                self.resume_round(now, out);
             }
             // State 2: bring the default pair back into a new epoch and probe it.
             Event::Tick => self.tick(now, out),
@@ -598,6 +591,7 @@ impl Failover {
             // failback took its place (the peer follows our `Failback`).
             return;
         }
+        self.backup_path_carried(now);
         match self.send {
             SendState::FailingOver(round) if round.epoch == epoch && round.peer.is_none() => {
                 match round.step {
@@ -606,23 +600,6 @@ impl Failover {
                             peer: Some(peer),
                             ..round
                         })
-                    }
-                    // The peer's message came over the backup path: it works again.
-                    RoundStep::AwaitingBackup {
-                        drained,
-                        sends_before_first_read,
-                    } => {
-                        self.backup_deadline = None;
-                        self.send_failover(
-                            Round {
-                                peer: Some(peer),
-                                ..round
-                            },
-                            drained,
-                            sends_before_first_read,
-                            now,
-                            out,
-                        )
                     }
                     RoundStep::AwaitingPeer {
                         drained,
@@ -716,36 +693,31 @@ impl Failover {
         if atomic {
             return self.fail(FailReason::AtomicInFlight, out);
         }
-        if !self.backup_link.up {
-            self.send = SendState::FailingOver(Round {
-                step: RoundStep::AwaitingBackup {
-                    drained: progress,
-                    sends_before_first_read,
-                },
-                // The backup deadline bounds this wait; the handshake's starts when we send.
-                deadline: Timestamp::MAX,
-                ..round
-            });
-            return;
-        }
         self.send_failover(round, progress, sends_before_first_read, now, out);
+        if !self.backup_link.up {
+            // The link is reported down, which is a hint, not the truth (a kernel reports a
+            // netdev running up to seconds late): the message goes now, and the control QP
+            // delivers it at its first retransmission once the path carries packets. The
+            // handshake's wait starts at the link-up (or at the peer's answer, which shows
+            // the path works); the outage tolerance bounds the wait till then.
+            tracing::info!(epoch = %round.epoch, "failover: backup link reported down; the Failover message goes anyway");
+            self.pause_backup_handshakes();
+        }
     }
 
-    /// The backup link is up again: a round that waited for it sends its `Failover` now.
-    fn resume_round(&mut self, now: Timestamp, out: &mut Actions) {
-        if let SendState::FailingOver(
-            round @ Round {
-                step:
-                    RoundStep::AwaitingBackup {
-                        drained,
-                        sends_before_first_read,
-                    },
-                ..
-            },
-        ) = self.send
-        {
-            tracing::info!(epoch = %round.epoch, "failover: backup link up again; resuming the round");
-            self.send_failover(round, drained, sends_before_first_read, now, out);
+    /// A `Failover` came over the backup path: it carries packets, whatever the link watch
+    /// said (as [`Failover::default_path_carried`] for the default path).
+    fn backup_path_carried(&mut self, now: Timestamp) {
+        if !self.backup_link.up {
+            tracing::info!(
+                "failover: a Failover message came over the backup path; its link is taken as up"
+            );
+            self.backup_link = Link {
+                up: true,
+                since: now,
+            };
+            self.backup_deadline = None;
+            self.resume_backup_handshakes(now);
         }
     }
 

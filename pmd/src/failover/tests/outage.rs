@@ -38,18 +38,9 @@ fn a_default_failure_with_the_backup_link_down_holds_the_work_past_the_rc_budget
     assert_eq!(step(&mut machine, Event::Tick, later), []);
     assert_eq!(machine.failed(), None);
     assert_eq!(machine.send_route(), Route::DefaultWithheld);
-    // The backup link comes back 3 s after the failure: the round goes on.
-    let actions = step(&mut machine, link_up(Path::Backup), at(3_010));
-    assert!(
-        actions.iter().any(|a| matches!(
-            a,
-            Action::SendControl {
-                via: Path::Backup,
-                message: ControlMessage::Failover { .. }
-            }
-        )),
-        "{actions:?}"
-    );
+    // The backup link comes back 3 s after the failure: the peer's answer (to the message
+    // sent at the drain) finishes the round.
+    step(&mut machine, link_up(Path::Backup), at(3_010));
     step(&mut machine, peer_failover(0, 3, 0), at(3_020));
     assert_eq!(machine.send_phase(), SendPhase::Fallback);
     assert_eq!(machine.failed(), None);
