@@ -1592,25 +1592,8 @@ fn on_the_backup_the_application_has_no_more_sends_outstanding_than_its_send_que
     });
     assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
     let capacity = sim.a.qp.caps().max_send_wr;
-    let remote = sim.b.buf.remote(0);
-    let sge = [sim.a.buf.sge(0, 8)];
-    let mut accepted = 0u32;
-    let refusal = loop {
-        let wr = SendWr::new(u64::from(accepted), SendOp::Write { remote }, &sge).signaled();
-        match sim.a.qp.post_send(&wr) {
-            Ok(()) => accepted += 1,
-            Err(e) => break e,
-        }
-        assert!(
-            accepted <= 2 * capacity,
-            "no refusal after {accepted} posts"
-        );
-    };
+    let (accepted, refusal) = post_writes_until_refused(&mut sim, 0);
     assert_eq!(accepted, capacity, "{refusal}");
-    assert!(
-        matches!(refusal, pmd::PostError::QueueFull { .. }),
-        "{refusal}"
-    );
     // What was taken completes, and then there is room again.
     sim.a.qp.ring_doorbell();
     let wcs = completions(&mut sim, true, capacity as usize, Duration::from_secs(2));
@@ -1618,8 +1601,8 @@ fn on_the_backup_the_application_has_no_more_sends_outstanding_than_its_send_que
         wcs.iter().all(|wc| wc.status == WcStatus::Success),
         "{wcs:?}"
     );
-    let wr = SendWr::new(0, SendOp::Write { remote }, &sge).signaled();
-    sim.a.qp.post_send(&wr).unwrap();
+    let (again, _) = post_writes_until_refused(&mut sim, 0);
+    assert_eq!(again, capacity);
 }
 
 /// A failover round owns every WQE of the default SQ from its first error, those its flushes
@@ -1650,17 +1633,7 @@ fn during_a_round_the_sends_it_will_move_and_those_withheld_fit_one_send_queue()
     });
     sim.run_for(Duration::from_millis(20));
     assert_eq!(sim.a.qp.state(), ResilientState::FailingOver);
-    let refusal = loop {
-        let wr = SendWr::new(u64::from(accepted), SendOp::Write { remote }, &sge).signaled();
-        match sim.a.qp.post_send(&wr) {
-            Ok(()) => accepted += 1,
-            Err(e) => break e,
-        }
-        assert!(
-            accepted <= 3 * capacity,
-            "no refusal after {accepted} posts"
-        );
-    };
+    let (accepted, refusal) = post_writes_until_refused(&mut sim, accepted);
     assert_eq!(accepted, capacity, "{refusal}");
     // The backup link returns: everything moves to the backup and completes there.
     sim.a.qp.ring_doorbell();
@@ -1670,4 +1643,25 @@ fn during_a_round_the_sends_it_will_move_and_those_withheld_fit_one_send_queue()
         wcs.iter().all(|wc| wc.status == WcStatus::Success),
         "{wcs:?}"
     );
+}
+
+/// Posts signaled 8-byte WRITEs from A to B, numbered from `posted` on, until one is refused;
+/// returns how many were taken in all and the refusal, which must be a full queue.
+fn post_writes_until_refused(sim: &mut Sim, mut posted: u32) -> (u32, pmd::PostError) {
+    let remote = sim.b.buf.remote(0);
+    let sge = [sim.a.buf.sge(0, 8)];
+    let limit = 3 * sim.a.qp.caps().max_send_wr;
+    let refusal = loop {
+        let wr = SendWr::new(u64::from(posted), SendOp::Write { remote }, &sge).signaled();
+        match sim.a.qp.post_send(&wr) {
+            Ok(()) => posted += 1,
+            Err(e) => break e,
+        }
+        assert!(posted <= limit, "no refusal after {posted} posts");
+    };
+    assert!(
+        matches!(refusal, pmd::PostError::QueueFull { .. }),
+        "{refusal}"
+    );
+    (posted, refusal)
 }
