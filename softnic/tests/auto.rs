@@ -287,11 +287,13 @@ fn a_control_call_waits_for_at_most_two_rounds_of_an_engine_answering_reads() {
     const CALLS: usize = 1000;
     // The responder answers 128 packets per round (engine.rs's ANSWER_BUDGET).
     const ROUND: u64 = 128;
-    // Twice the two rounds: a call descheduled in the instant between reading the fabric's
-    // count and saying that it waits leaves the engine free meanwhile, the scheduler's doing
-    // (2 of some 18,000 calls waited 2.5 and 3 rounds so; none more). Before the engine gave
-    // way, the slowest of 1,000 calls waited 10 to 2,900 rounds (16 runs).
-    const LIMIT: u64 = 4 * ROUND;
+    // Four times the two rounds: a call descheduled in the instant between reading the
+    // fabric's count and saying that it waits leaves the engine free meanwhile, the
+    // scheduler's doing (2 of some 18,000 calls waited 2.5 and 3 rounds so on the dev VM, and
+    // 1 of 1,000 waited 6.5 rounds in a tools/test run beside three builds). Before the engine
+    // gave way, the slowest of 1,000 calls waited 10.5 to 2,900 rounds (16 runs), so the
+    // bound still fails every run measured before.
+    const LIMIT: u64 = 8 * ROUND;
     // Declared before the devices, so dropped after them (as in the test above).
     let mut src = vec![0u8; LEN];
     let mut dst = vec![0u8; LEN];
