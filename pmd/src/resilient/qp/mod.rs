@@ -706,11 +706,25 @@ impl ResilientQp {
                 }
             }
         };
+        // The default SQ's probe (a rearm's, while sends go to the backup) is the failover's
+        // own: an application with a one-entry send queue (`ibv_rc_pingpong`) must still post.
+        let probe = book.probe;
         let sq = self.default.send_queue();
         let completed = (sq.completed(), self.default.recv_queue().completed());
         let on_default = match book.default_unfinished(completed) {
-            (start, _) if start == completed.0 => self.default.send_queue().outstanding_requests(),
-            (start, _) => self.default.send_queue().written_from(start).count() as u32,
+            (start, _) if start == completed.0 => {
+                let sq = self.default.send_queue();
+                let ci = completed.0;
+                let probing =
+                    probe.is_some_and(|p| p.wrapping_sub(ci) < sq.written().wrapping_sub(ci));
+                sq.outstanding_requests().saturating_sub(u32::from(probing))
+            }
+            (start, _) => self
+                .default
+                .send_queue()
+                .written_from(start)
+                .filter(|w| Some(w.counter) != probe)
+                .count() as u32,
         };
         on_backup + on_default
     }
