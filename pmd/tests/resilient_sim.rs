@@ -1645,6 +1645,53 @@ fn during_a_round_the_sends_it_will_move_and_those_withheld_fit_one_send_queue()
     );
 }
 
+/// A rearm's probe on the default SQ is the failover's own: while it is out, the application
+/// still has its whole send queue on the backup route. `ibv_rc_pingpong` has a one-entry send
+/// queue; when the admission counted the probe, its next send was refused for as long as the
+/// probe was out, and tools/test's stock cut failed (de88db1).
+#[test]
+fn a_rearms_probe_leaves_the_application_its_whole_send_queue() {
+    let mut sim = Sim::new(9, config());
+    let down = Duration::from_millis(200);
+    let up = sim.clock.now() + down;
+    sim.link_down(A_DEFAULT, Some(down));
+    sim.run_until(Duration::from_secs(2), |s| {
+        s.a.qp.state() == ResilientState::Fallback
+    });
+    assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
+    // The link comes back but carries nothing between the default devices for a while: the
+    // rearm goes through (its messages take the backup path) and its probe waits on the
+    // default QP's retransmissions.
+    let blocked = Duration::from_millis(300);
+    for rule in softnic::FaultRule::partition(A_DEFAULT, B_DEFAULT, up, Some(up + blocked)) {
+        sim.fabric.add_rule(rule);
+    }
+    let holddown = config().holddown;
+    let probing = up + holddown + Duration::from_millis(100);
+    sim.run_until(probing - sim.clock.now(), |_| false);
+    assert_eq!(sim.a.qp.state(), ResilientState::Fallback, "still probing");
+    let capacity = sim.a.qp.caps().max_send_wr;
+    let (accepted, refusal) = post_writes_until_refused(&mut sim, 0);
+    assert_eq!(accepted, capacity, "{refusal}");
+    // The probe gets through once the default path carries packets, and the sends switch
+    // back: it was out while the posts above were taken.
+    sim.a.qp.ring_doorbell();
+    let wcs = completions(&mut sim, true, capacity as usize, Duration::from_secs(2));
+    assert!(
+        wcs.iter().all(|wc| wc.status == WcStatus::Success),
+        "{wcs:?}"
+    );
+    sim.run_until(Duration::from_secs(3), |s| {
+        s.a.qp.state() == ResilientState::Default
+    });
+    assert_eq!(sim.a.qp.state(), ResilientState::Default);
+    assert!(
+        sim.clock.now() >= up + blocked,
+        "switched back at {:?}",
+        sim.clock.now()
+    );
+}
+
 /// Posts signaled 8-byte WRITEs from A to B, numbered from `posted` on, until one is refused;
 /// returns how many were taken in all and the refusal, which must be a full queue.
 fn post_writes_until_refused(sim: &mut Sim, mut posted: u32) -> (u32, pmd::PostError) {

@@ -79,20 +79,53 @@ impl ResilientQp {
     /// how many are the backup SQ's.
     fn failback_send_list(&mut self) -> (Vec<OutstandingWqe>, usize) {
         let mut list = Vec::new();
+        let mut on_backup = 0;
+        self.for_each_unfinished_send(|path, w| {
+            on_backup += usize::from(path == Path::Backup);
+            list.push(w);
+        });
+        (list, on_backup)
+    }
+
+    /// Calls `each` with the application's unfinished send WQEs, oldest first, and the ring
+    /// each is on: the backup SQ's from its first error (or its consumer counter), then the
+    /// default SQ's from where [`Book::default_unfinished`](super::book::Book::default_unfinished) puts the start; the failover's own
+    /// WQEs left out (the backup's burns and fence, a rearm's probe on the default SQ). The
+    /// one rule of which sends are the application's: a failback moves these, and the send
+    /// admission counts them (`ResilientQp::sends_outstanding`).
+    pub(super) fn for_each_unfinished_send(&mut self, mut each: impl FnMut(Path, OutstandingWqe)) {
+        let completed = self.default_completed();
         let book = &self.slow.book;
         if let Some(b) = self.slow.backup.as_mut() {
             let sq = b.qp.send_queue();
             let start = book.errored[1].send_start.unwrap_or(sq.completed());
-            list.extend(sq.written_from(start).filter(|w| !book.is_internal(w)));
+            sq.written_from(start)
+                .filter(|w| !book.is_internal(w))
+                .for_each(|w| each(Path::Backup, w));
         }
-        let on_backup = list.len();
-        let sq = self.default.send_queue();
-        let completed = (sq.completed(), self.default.recv_queue().completed());
         let (start, _) = book.default_unfinished(completed);
         let probe = book.probe;
-        let sq = self.default.send_queue();
-        list.extend(sq.written_from(start).filter(|w| Some(w.counter) != probe));
-        (list, on_backup)
+        self.default
+            .send_queue()
+            .written_from(start)
+            .filter(|w| Some(w.counter) != probe)
+            .for_each(|w| each(Path::Default, w));
+    }
+
+    /// Whether both rings' unfinished sends start at their consumer counters: no error or
+    /// drain noted a start behind them, so their counters say what is outstanding.
+    pub(super) fn unfinished_sends_start_at_completed(&mut self) -> bool {
+        let completed = self.default_completed();
+        self.slow.book.errored[1].send_start.is_none()
+            && self.slow.book.default_unfinished(completed).0 == completed.0
+    }
+
+    /// The default rings' consumer counters, (send, receive).
+    fn default_completed(&mut self) -> (u32, u32) {
+        (
+            self.default.send_queue().completed(),
+            self.default.recv_queue().completed(),
+        )
     }
 
     /// [`Action::Failback`](crate::failover::Action::Failback).

@@ -682,51 +682,40 @@ impl ResilientQp {
     }
 
     /// The application's send WRs outstanding on both rings, while posts take a slow route:
-    /// every one a failback would move to the default SQ (as
-    /// [`ResilientQp::failback_send_list`] finds them). On each ring that is what its
-    /// counters say is outstanding, except after an error: the flushes then retired WQEs that
-    /// are still to move (a round's or a failback's), so they are counted from where the
-    /// unfinished work starts, walking them. The backup SQ's less the failover's own.
+    /// exactly the WQEs a failback would move to the default SQ
+    /// ([`ResilientQp::for_each_unfinished_send`]). While both rings' unfinished work starts
+    /// at their consumer counters (no error noted), the counters say it in O(1): what each SQ
+    /// holds, less the failover's own WQEs on it; otherwise (after an error, whose flushes
+    /// retired WQEs that are still to move) they are walked.
     fn sends_outstanding(&mut self) -> u32 {
+        if !self.unfinished_sends_start_at_completed() {
+            let mut walked = 0;
+            self.for_each_unfinished_send(|_, _| walked += 1);
+            return walked;
+        }
         let book = &self.slow.book;
-        let on_backup = match self.slow.backup.as_mut() {
-            None => 0,
-            Some(b) => {
-                let sq = b.qp.send_queue();
-                match book.errored[1].send_start {
-                    Some(start) => sq
-                        .written_from(start)
-                        .filter(|w| !book.is_internal(w))
-                        .count() as u32,
-                    None => {
-                        let done = sq.completed();
-                        sq.outstanding_requests()
-                            .saturating_sub(book.internal_on_backup(done))
-                    }
-                }
-            }
-        };
-        // The default SQ's probe (a rearm's, while sends go to the backup) is the failover's
-        // own: an application with a one-entry send queue (`ibv_rc_pingpong`) must still post.
-        let probe = book.probe;
+        let on_backup = self.slow.backup.as_mut().map_or(0, |b| {
+            let sq = b.qp.send_queue();
+            let done = sq.completed();
+            sq.outstanding_requests()
+                .saturating_sub(book.internal_on_backup(done))
+        });
         let sq = self.default.send_queue();
-        let completed = (sq.completed(), self.default.recv_queue().completed());
-        let on_default = match book.default_unfinished(completed) {
-            (start, _) if start == completed.0 => {
-                let sq = self.default.send_queue();
-                let ci = completed.0;
-                let probing =
-                    probe.is_some_and(|p| p.wrapping_sub(ci) < sq.written().wrapping_sub(ci));
-                sq.outstanding_requests().saturating_sub(u32::from(probing))
-            }
-            (start, _) => self
-                .default
-                .send_queue()
-                .written_from(start)
-                .filter(|w| Some(w.counter) != probe)
-                .count() as u32,
-        };
-        on_backup + on_default
+        let ci = sq.completed();
+        let probing = book
+            .probe
+            .is_some_and(|p| p.wrapping_sub(ci) < sq.written().wrapping_sub(ci));
+        let counted = on_backup + sq.outstanding_requests().saturating_sub(u32::from(probing));
+        if cfg!(debug_assertions) {
+            // The shortcut must agree with the walk a failback makes.
+            let mut walked = 0;
+            self.for_each_unfinished_send(|_, _| walked += 1);
+            debug_assert_eq!(
+                counted, walked,
+                "send admission's count against the failback's list"
+            );
+        }
+        counted
     }
 
     /// Refuses a send the application's send queue has no room for: the backup SQ is deeper
