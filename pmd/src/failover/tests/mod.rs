@@ -1572,16 +1572,7 @@ fn stale_receives_left_on_the_backup_are_announced_at_the_next_failover() {
 
 #[test]
 fn the_peers_stale_receives_are_burned_before_the_copies() {
-    let mut machine = leader_back_on_default_path();
-    step(
-        &mut machine,
-        Event::SignaledPosted {
-            progress: progress(7, 4, 3),
-        },
-        at(2_000),
-    );
-    step(&mut machine, Event::FenceCompleted, at(2_001));
-    step(&mut machine, switch_back_ready(1), at(2_002));
+    let mut machine = leader_sending_on_default_peer_on_backup();
     step(&mut machine, retry_exhausted(), at(3_000));
     step(&mut machine, drained(progress(9, 4, 4)), at(3_000));
     let actions = step(&mut machine, peer_failover(1, 8, 2), at(3_001));
