@@ -6,7 +6,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use common::{pattern, WholeRead};
+use common::{pattern, post_write, WholeRead};
 use hw_defs::verbs::WcStatus;
 use softnic::harness::{
     connect, Completion, ConnectOptions, Data, HarnessCq, HarnessQp, Node, Op, QpSizes,
@@ -129,16 +129,7 @@ fn a_doorbell_wakes_an_engine_that_went_to_sleep() {
     let (_fabric, mut a, b) = auto_pair();
     // Long enough for both engines to have gone to sleep in epoll.
     std::thread::sleep(Duration::from_millis(300));
-    let sge = [a.buf.sge(0, 8)];
-    a.qp.post(
-        Op::Write {
-            raddr: b.buf.addr(0),
-            rkey: b.buf.keys.rkey,
-        },
-        Data::Sges(&sge),
-        true,
-    );
-    a.qp.ring();
+    post_write(&mut a, &b, 8);
     assert_eq!(wait(&mut a.scq).status, WcStatus::Success);
 }
 

@@ -5,12 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{next, next_within, pair_with};
+use common::{next, next_within, pair_with, post_write};
 use hw_defs::mlx5::{CqeOpcode, Syndrome};
 use hw_defs::verbs::WcStatus;
-use softnic::harness::{
-    bring_up, Completion, ConnectOptions, Data, HarnessCq, HarnessQp, Op, QpSizes,
-};
+use softnic::harness::{bring_up, ConnectOptions, Data, HarnessCq, HarnessQp, Op, QpSizes};
 use softnic::{AsyncEvent, FaultRule, PortState, QpAttrs, QpState};
 
 fn pair() -> (
@@ -416,7 +414,8 @@ fn a_late_link_report_moves_the_events_but_not_the_packets() {
     assert_eq!(a.dev.port_state(), PortState::Down);
     // Reported down, physically up: a WRITE goes through.
     a.buf.write(0, &[7; 8]);
-    let (idx, c) = write_8_bytes(&sim, &mut a, &b);
+    let idx = post_write(&mut a, &b, 8);
+    let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
     assert_eq!((c.status, c.wqe_counter), (WcStatus::Success, idx));
     assert_eq!(b.buf.read_u64(0), u64::from_ne_bytes([7; 8]));
     assert!(
@@ -439,28 +438,9 @@ fn a_link_reported_up_while_down_carries_nothing() {
     sim.run_until(&[&a.dev, &b.dev], ms(2), || false);
     assert_eq!(a.dev.events().poll(), None);
     assert_eq!(a.dev.port_state(), PortState::Active);
-    let (idx, c) = write_8_bytes(&sim, &mut a, &b);
+    let idx = post_write(&mut a, &b, 8);
+    let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
     assert_eq!((c.status, c.wqe_counter), (WcStatus::RetryExcErr, idx));
-}
-
-/// Posts a signaled 8-byte WRITE from the start of A's buffer to the start of B's, rings,
-/// and returns its index and its completion.
-fn write_8_bytes(
-    sim: &softnic::harness::Sim,
-    a: &mut softnic::harness::Node,
-    b: &softnic::harness::Node,
-) -> (u16, Completion) {
-    let sge = [a.buf.sge(0, 8)];
-    let idx = a.qp.post(
-        Op::Write {
-            raddr: b.buf.addr(0),
-            rkey: b.buf.keys.rkey,
-        },
-        Data::Sges(&sge),
-        true,
-    );
-    a.qp.ring();
-    (idx, next(sim, &[&a.dev, &b.dev], &mut a.scq))
 }
 
 #[test]

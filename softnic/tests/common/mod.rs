@@ -66,10 +66,10 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Posts a signaled WRITE of `len` bytes from the start of `a`'s buffer to the start of `b`'s,
-/// and rings.
-pub fn post_write(a: &mut Node, b: &Node, len: u32) {
+/// and rings; returns the WQE's index.
+pub fn post_write(a: &mut Node, b: &Node, len: u32) -> u16 {
     let sge = [a.buf.sge(0, len)];
-    a.qp.post(
+    let idx = a.qp.post(
         Op::Write {
             raddr: b.buf.addr(0),
             rkey: b.buf.keys.rkey,
@@ -78,6 +78,7 @@ pub fn post_write(a: &mut Node, b: &Node, len: u32) {
         true,
     );
     a.qp.ring();
+    idx
 }
 
 /// [`post_write`], then waits for its completion and returns its status.
