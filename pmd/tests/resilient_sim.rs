@@ -124,6 +124,65 @@ fn a_recovery_at_the_follower_switches_back_after_its_holddown_not_the_leaders_b
     assert_eq!((stats.failovers, stats.switch_backs), (1, 1), "{stats:?}");
 }
 
+/// A default link down for ten minutes, then back, ends in a switch-back (issue 29, long
+/// outages): the traffic runs on the backup all the while, and the switch-back comes at most
+/// one backoff (the default cap, 5 s) after the hold-down. The leader's default link, then the
+/// follower's; each reported as it is, and reported up (wrongly) from a second into the
+/// outage, so that the leader's rearm attempts fail for ten minutes: they go on at the capped
+/// backoff with no cap on their number.
+#[test]
+fn a_default_link_down_for_ten_minutes_then_back_ends_in_a_switch_back() {
+    let backoff_max = Duration::from_secs(5);
+    let outage = Duration::from_secs(600);
+    let cases = [A_DEFAULT, B_DEFAULT].map(|port| [(port, false), (port, true)]);
+    for (port, reported_up) in cases.into_iter().flatten() {
+        let (mut sim, mut t) = Scenario::new(11)
+            .backoff_max(backoff_max)
+            .one_way(700, Duration::from_secs(1));
+        let mut up_at = None;
+        let mut back_at = None;
+        let done = sim.run_until(Duration::from_secs(900), |s| {
+            if up_at.is_none() && t.dirs[0].completed >= 10 {
+                s.link_down(port, Some(outage));
+                up_at = Some(s.now() + outage);
+                if reported_up {
+                    let from = s.now() + Duration::from_secs(1);
+                    let report = softnic::FaultRule::link_report(port, true, from, None);
+                    s.fabric.add_rule(report);
+                }
+            }
+            let both_default = s.a.qp.state() == ResilientState::Default
+                && s.b.qp.state() == ResilientState::Default;
+            if back_at.is_none() && up_at.is_some_and(|up| s.now() > up) && both_default {
+                back_at = Some(s.now());
+            }
+            step(&mut t, s) && back_at.is_some()
+        });
+        assert!(
+            done,
+            "port {port}, reported up {reported_up}: stalled: {} completed, states {:?} {:?}",
+            t.dirs[0].completed,
+            sim.a.qp.state(),
+            sim.b.qp.state()
+        );
+        assert_clean(&mut t, &mut sim);
+        let after_up = back_at.unwrap() - up_at.unwrap();
+        let holddown = config().holddown;
+        assert!(
+            after_up <= holddown + backoff_max + Duration::from_millis(100),
+            "port {port}, reported up {reported_up}: switched back {after_up:?} after link-up"
+        );
+        for h in [&sim.a, &sim.b] {
+            let stats = h.qp.stats();
+            assert_eq!(
+                (stats.failovers, stats.switch_backs),
+                (1, 1),
+                "port {port}, reported up {reported_up}: {stats:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn retry_exhaustion_without_a_link_event_fails_over_too() {
     let mut sim = Sim::new(4, config());

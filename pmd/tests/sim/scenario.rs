@@ -36,6 +36,12 @@ impl Scenario {
         self
     }
 
+    /// The longest wait between rearm attempts.
+    pub fn backoff_max(mut self, backoff_max: Duration) -> Scenario {
+        self.config.backoff_max = backoff_max;
+        self
+    }
+
     /// How long an end waits for its peer's answer in a handshake.
     pub fn handshake_timeout(mut self, timeout: Duration) -> Scenario {
         self.config.handshake_timeout = timeout;
