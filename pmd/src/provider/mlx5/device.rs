@@ -188,13 +188,18 @@ impl Device {
         Ok(Gid(unsafe { gid.raw }))
     }
 
-    /// The device's index of the GID the pmd calls index 0 (see [`GidMap`]).
-    pub fn gid_map(&self, table_len: u16) -> GidMap {
+    /// The device's index of the GID the pmd calls index 0 (see [`GidMap`]), and that GID:
+    /// `held`'s entry when the device has one already (see [`GidMap::resolve`]).
+    pub fn gid_map(
+        &self,
+        table_len: u16,
+        held: Option<Gid>,
+    ) -> Result<(GidMap, Option<Gid>), String> {
         let sysfs = PathBuf::from(format!(
             "/sys/class/infiniband/{}/ports/1/gid_attrs/types",
             self.ibdev
         ));
-        GidMap::choose(table_len, |i| {
+        GidMap::resolve(table_len, held, |i| {
             let kind = std::fs::read_to_string(sysfs.join(i.to_string())).ok()?;
             let gid = self.hw_gid(i).ok()?;
             Some((kind, gid))
@@ -249,6 +254,42 @@ impl GidMap {
         GidMap {
             preferred: first_v2.unwrap_or(0),
         }
+    }
+
+    /// The map for a device whose pmd GID 0 is `held` once it has been resolved: the RoCE v2
+    /// entry holding that GID, wherever it now sits, or [`GidMap::choose`]'s pick the first
+    /// time. Returns the GID to hold too (none while the pick is not a RoCE v2 GID).
+    ///
+    /// Why hold it: peers know the device by that GID (they connected to it), and the table
+    /// is not fixed: an address removed and added again on the netdev comes back at another
+    /// index (NCCL PR #2183), and with two addresses the first choice can move to the other.
+    /// While the held GID is absent (its address removed) there is no right index; the error
+    /// names the GID, and the caller (a rearm or repair) fails and tries again later, when the
+    /// address may be back.
+    pub fn resolve(
+        table_len: u16,
+        held: Option<Gid>,
+        entry: impl Fn(u16) -> Option<(String, Gid)>,
+    ) -> Result<(GidMap, Option<Gid>), String> {
+        let Some(held) = held else {
+            let map = GidMap::choose(table_len, &entry);
+            // Only a RoCE v2 GID is held: the identity map of a table without one (no
+            // sysfs, an InfiniBand port) stays the identity map.
+            let gid = entry(map.preferred)
+                .filter(|(kind, g)| kind.trim() == "RoCE v2" && *g != Gid::default())
+                .map(|(_, g)| g);
+            return Ok((map, gid));
+        };
+        (0..table_len)
+            .find(|&i| entry(i).is_some_and(|(kind, g)| kind.trim() == "RoCE v2" && g == held))
+            .map(|preferred| (GidMap { preferred }, Some(held)))
+            .ok_or_else(|| {
+                format!(
+                    "the device's GID {} ({}) is no longer in its GID table (its address removed?)",
+                    held,
+                    held.to_ip()
+                )
+            })
     }
 
     /// The device index of pmd index `index`.
@@ -310,6 +351,41 @@ mod tests {
         assert_eq!(map.to_device(3), 0);
         assert_eq!(map.to_device(1), 1);
         assert_eq!(map.to_device(2), 2);
+    }
+
+    /// A table as sysfs and ibv_query_gid give it.
+    fn table<'a>(entries: &'a [(&'static str, Gid)]) -> impl Fn(u16) -> Option<(String, Gid)> + 'a {
+        |i| {
+            entries
+                .get(usize::from(i))
+                .map(|(k, g)| (format!("{k}\n"), *g))
+        }
+    }
+
+    #[test]
+    fn the_held_gid_is_found_wherever_a_readded_address_puts_it_and_its_absence_is_an_error() {
+        let a = Gid::from(Ipv4Addr::new(198, 18, 0, 1));
+        let b = Gid::from(Ipv4Addr::new(198, 18, 0, 9));
+        // First resolution: the policy's pick (the first RoCE v2 IPv4 GID), returned to hold.
+        let before = [("RoCE v2", link_local()), ("RoCE v2", a), ("RoCE v2", b)];
+        let (map, held) = GidMap::resolve(3, None, table(&before)).unwrap();
+        assert_eq!((map.to_device(0), held), (1, Some(a)));
+        let held = held.unwrap();
+        // `a` removed: no index is right, and the error names the address.
+        let removed = [("RoCE v2", link_local()), ("RoCE v2", b)];
+        let err = GidMap::resolve(2, Some(held), table(&removed)).unwrap_err();
+        assert!(err.contains("198.18.0.1"), "{err}");
+        // `a` added again, now after `b`: found at its new index, not the policy's `b`.
+        let readded = [("RoCE v2", link_local()), ("RoCE v2", b), ("RoCE v2", a)];
+        let (map, gid) = GidMap::resolve(3, Some(held), table(&readded)).unwrap();
+        assert_eq!((map.to_device(0), gid), (2, Some(a)));
+        assert_eq!(GidMap::choose(3, table(&readded)).to_device(0), 1);
+        // Only as RoCE v2: a v1 entry of the same GID is not it.
+        let v1_only = [("IB/RoCE v1", a)];
+        assert!(GidMap::resolve(1, Some(held), table(&v1_only)).is_err());
+        // Nothing RoCE v2 at the first resolution: the identity map, nothing held.
+        let (map, gid) = GidMap::resolve(8, None, |_| None).unwrap();
+        assert_eq!((map, gid), (GidMap::IDENTITY, None));
     }
 
     #[test]

@@ -109,6 +109,9 @@ pub struct Mlx5Provider {
     blueflame: bool,
     /// The inline size the device grants, found at the first `query_device`.
     granted_inline: OnceLock<u32>,
+    /// The GID the pmd's index 0 resolved to first: the address peers know the device by,
+    /// looked up by value at every later resolution (`GidMap::resolve`).
+    held_gid: OnceLock<Gid>,
 }
 
 impl std::fmt::Debug for Mlx5Provider {
@@ -139,6 +142,7 @@ impl Mlx5Provider {
             objects: Mutex::new(Objects::default()),
             blueflame,
             granted_inline: OnceLock::new(),
+            held_gid: OnceLock::new(),
         };
         attr::check_link_layer(&provider.label, provider.port_attr()?.link_layer)?;
         if !blueflame {
@@ -226,7 +230,19 @@ impl Mlx5Provider {
     }
 
     fn gid_map(&self) -> Result<GidMap, VerbsError> {
-        Ok(self.device.gid_map(self.query_port()?.gid_tbl_len))
+        let table_len = self.query_port()?.gid_tbl_len;
+        let (map, gid) = self
+            .device
+            .gid_map(table_len, self.held_gid.get().copied())
+            .map_err(|reason| VerbsError::Failed {
+                device: self.label.clone(),
+                verb: "ibv_query_gid",
+                reason,
+            })?;
+        if let Some(gid) = gid {
+            self.held_gid.get_or_init(|| gid);
+        }
+        Ok(map)
     }
 
     /// A thread domain and a parent domain over `pd`, or `None` (logged once) where the
