@@ -19,8 +19,11 @@ use crate::row::PeerRow;
 pub const MAGIC: &str = "railshift-apps";
 /// Version of the exchange format; a peer with another one is refused.
 pub const VERSION: u32 = 1;
-/// Largest frame accepted.
-const MAX_FRAME: usize = 1 << 20;
+/// Largest frame accepted: a hello of [`crate::cli::MAX_QPS`] QPs with room to spare (each
+/// QP's entry, its backup attributes in hex included, is about 310 bytes; 4 KiB is allowed),
+/// while a length read from another protocol's first bytes (perftest's text, HTTP) is still
+/// far above it and named as such.
+const MAX_FRAME: usize = crate::cli::MAX_QPS as usize * 4096;
 
 /// Why the exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -775,6 +778,34 @@ mod tests {
             let (server, _) = listener.accept().unwrap();
             (Channel::new(server).unwrap(), client)
         }
+    }
+
+    /// `-q 4096` with failover: the hello carries every QP's attributes and backup blob (1.28
+    /// MB measured between two shift_write_bw), which a 1 MiB frame limit refused as "not a
+    /// railshift tool".
+    #[test]
+    fn a_hello_of_the_most_qps_with_backup_attributes_passes_the_frame_limit() {
+        let one = hello().qps[0].clone();
+        let qps: Vec<QpInfo> = (0..crate::cli::MAX_QPS)
+            .map(|i| QpInfo {
+                qpn: i,
+                backup: Some(to_hex(&[0xa5; 300])),
+                ..one.clone()
+            })
+            .collect();
+        let ours = Hello::new(params(), qps);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sent = ours.clone();
+        let sender = std::thread::spawn(move || {
+            let mut c = Channel::new(TcpStream::connect(addr).unwrap()).unwrap();
+            c.send(&Msg::Hello(sent)).unwrap();
+        });
+        let (server, _) = listener.accept().unwrap();
+        let mut theirs = Channel::new(server).unwrap();
+        let got = theirs.recv(Duration::from_secs(20)).unwrap();
+        sender.join().unwrap();
+        assert_eq!(got, Msg::Hello(ours));
     }
 
     #[test]
