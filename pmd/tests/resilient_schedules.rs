@@ -984,3 +984,19 @@ fn chaos_of_both_paths_with_late_and_wrong_link_reports_keeps_the_connection_whi
         );
     }
 }
+
+/// Chaos schedules that lost their connection to a control message posted while its path
+/// flapped: a failback's `FailbackReady` on the default devices' channel, resent only on the
+/// control QP's 67 ms ACK timer, whose resends kept landing in the default links' down
+/// windows (down 15-50 ms, up 40-90 ms) until the outage tolerance ran out. The control QPs'
+/// retransmit probe (resends from 2 ms doubling to 16 ms) gets it through in an up window.
+#[test]
+fn chaos_schedules_whose_control_messages_met_a_flapping_path_keep_the_connection() {
+    for seed in [1824, 1937] {
+        let schedule = Schedule::draw_chaos(seed);
+        assert!(schedule.must_survive, "seed {seed}: the draw changed");
+        if let Err(e) = run(&schedule) {
+            panic!("seed {seed}: {e}");
+        }
+    }
+}

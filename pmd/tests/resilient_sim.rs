@@ -1771,3 +1771,76 @@ fn post_writes_until_refused(sim: &mut Sim, mut posted: u32) -> (u32, pmd::PostE
     );
     (posted, refusal)
 }
+
+/// Fails A's default link while the backup path is dead for 80 ms (`reported`: A's backup
+/// link down and reported so, coming back with a link-up; otherwise B's backup link, dead
+/// and reported up throughout, so that nothing ever reports the path back); returns when the
+/// path came back and A's first success on the backup, both in virtual ms.
+fn failover_into_a_dead_backup(seed: u64, reported: bool) -> (f64, f64) {
+    let mut sim = Sim::new(seed, config());
+    let mut t = nccl(&sim, 200);
+    let mut back_at = None;
+    let done = sim.run_until(Duration::from_secs(5), |s| {
+        if back_at.is_none() && t.dirs[0].completed >= 10 {
+            let now = s.now();
+            let back = now + Duration::from_millis(80);
+            if reported {
+                s.link_down(A_BACKUP, Some(Duration::from_millis(80)));
+            } else {
+                s.fabric
+                    .add_rule(softnic::FaultRule::link_down(B_BACKUP, now, Some(back)));
+                s.fabric.add_rule(softnic::FaultRule::link_report(
+                    B_BACKUP,
+                    true,
+                    now,
+                    Some(back),
+                ));
+            }
+            s.link_down(A_DEFAULT, None);
+            back_at = Some(back);
+        }
+        step(&mut t, s) && s.a.qp.state() != ResilientState::Failed
+    });
+    assert!(done, "stalled or failed: {:?}", sim.a.qp.events());
+    assert_clean(&mut t, &mut sim);
+    let event = &sim.a.qp.events()[0];
+    assert_eq!(event.kind, EventKind::Failover, "{event:?}");
+    let back = back_at.expect("the fault was injected").as_secs_f64() * 1e3;
+    let success = event
+        .first_success_unix_ms
+        .expect("a success on the backup");
+    assert!(
+        success >= back,
+        "a success at {success} ms before the path was back at {back} ms"
+    );
+    (back, success)
+}
+
+/// The round's `Failover` messages, sent while the backup path was dead, are resent by the
+/// control QPs' retransmit probe (2 ms doubling to 16 ms) once it carries packets, although
+/// no link is ever reported back. Before, only the control QP's 67 ms ACK timer resent them:
+/// the first success came 54 ms after the path's return (at the resend 134 ms after the
+/// failure).
+#[test]
+fn a_control_message_sent_into_a_dead_path_gets_through_within_the_probe_cap_of_its_return() {
+    let (back, success) = failover_into_a_dead_backup(61, false);
+    assert!(
+        success - back < 16.0 + 3.0,
+        "first success {:.1} ms after the path came back",
+        success - back
+    );
+}
+
+/// A backup link reported back up resends the stuck `Failover` at once, and the peer, whose
+/// own `Failover` is stuck too, resends it when ours arrives: the round finishes within a
+/// couple of milliseconds of the link-up, not at the probe's next resend (14 ms later here)
+/// nor at the ACK timer's.
+#[test]
+fn a_control_message_sent_into_a_path_reported_down_goes_again_at_its_link_up() {
+    let (back, success) = failover_into_a_dead_backup(62, true);
+    assert!(
+        success - back < 3.0,
+        "first success {:.1} ms after the link came back",
+        success - back
+    );
+}

@@ -12,7 +12,7 @@ use crate::mr::MrTable;
 use crate::packet::{rnr_timer, AckKind, Header, Kind, NakCode};
 use crate::qp::{syndrome, ErrorCtx, Qp};
 use crate::qp_attr::QpState;
-use crate::requester::{complete_head, go_back};
+use crate::requester::{complete_head, go_back, start_probe};
 use crate::wqe::WqeOp;
 
 /// Handles one response packet for `qp`.
@@ -295,4 +295,9 @@ fn progressed(qp: &mut Qp, now: Duration) {
     } else {
         None
     };
+    // The path carries packets: a probe's backoff starts over.
+    qp.req.probe_at = None;
+    if let (true, Some(p)) = (outstanding, qp.req.probe) {
+        start_probe(qp, p, now);
+    }
 }

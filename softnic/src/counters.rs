@@ -52,6 +52,8 @@ pub struct Counters {
     pub timeouts: u64,
     /// Short retransmit timers (armed after a re-post) that fired.
     pub short_timeouts: u64,
+    /// Resends of a retransmit probe (`Device::set_retransmit_probe`, `Device::retransmit_now`).
+    pub probe_resends: u64,
     /// NAKs this side sent.
     pub naks_sent: NakCounts,
     /// NAKs this side received.
@@ -104,6 +106,7 @@ impl Counters {
         self.retransmitted_packets += o.retransmitted_packets;
         self.timeouts += o.timeouts;
         self.short_timeouts += o.short_timeouts;
+        self.probe_resends += o.probe_resends;
         self.naks_sent.add(&o.naks_sent);
         self.naks_received.add(&o.naks_received);
         self.duplicate_requests += o.duplicate_requests;

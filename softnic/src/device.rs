@@ -18,8 +18,9 @@ use crate::events::EventQueue;
 use crate::fabric::Fabric;
 use crate::medium::WireImpl;
 use crate::mr::{Access, MrTable, PdId, RegError};
-use crate::qp::{Bell, DoorbellRegister, ErrorCtx, Qp, QpConfig};
+use crate::qp::{Bell, DoorbellRegister, ErrorCtx, Qp, QpConfig, RetransmitProbe};
 use crate::qp_attr::{check_transition, ModifyError, QpAttrs, QpState};
+use crate::requester;
 use crate::srq::{self, SrqConfig, SrqId, SrqRing};
 use crate::trace::Trace;
 use crate::tx::BATCH;
@@ -640,6 +641,61 @@ impl Device {
             Some(_) => qp.req.short_timeout = None,
             None => qp.req.short_timeout = Some(timeout),
         }
+        core.active.mark(qp);
+        drop(guard);
+        self.shared.waker.wake();
+        Ok(())
+    }
+
+    /// Gives QP `qpn` a retransmit probe ([`RetransmitProbe`]): while it has packets
+    /// unacknowledged it resends them at a backoff from `probe.first` doubling to `probe.cap`,
+    /// spending no retry and leaving its ACK timer's deadline where it was. Kept until the QP
+    /// is reset. What a driver asks of a control QP whose messages must get through as soon
+    /// as a flapping path carries packets, not at the next full ACK timeout.
+    pub fn set_retransmit_probe(
+        &self,
+        qpn: u32,
+        probe: RetransmitProbe,
+    ) -> Result<(), DeviceError> {
+        if probe.first.is_zero() || probe.cap < probe.first {
+            return Err(DeviceError::InvalidConfig(
+                "a retransmit probe needs a first wait above zero and a cap not below it",
+            ));
+        }
+        let now = self.shared.clock.now();
+        self.with_qp_marked(qpn, |qp| {
+            qp.req.probe = Some(probe);
+            if qp.req.probe_at.is_none() && requester::unacknowledged(qp) {
+                requester::start_probe(qp, probe, now);
+            }
+        })
+    }
+
+    /// Resends what QP `qpn` has unacknowledged now (go-back-N from the oldest), spending no
+    /// retry and leaving its ACK timer where it was; a probe's backoff starts over. Nothing
+    /// happens if everything was acknowledged. What a driver asks for when it learns that the
+    /// path may carry packets again (its link reported up, a message from the peer).
+    pub fn retransmit_now(&self, qpn: u32) -> Result<(), DeviceError> {
+        let now = self.shared.clock.now();
+        self.with_qp_marked(qpn, |qp| {
+            qp.req.probe_at = Some(now);
+            if let Some(p) = qp.req.probe {
+                qp.req.probe_next = p.first;
+            }
+        })
+    }
+
+    /// Runs `f` on QP `qpn` under the device's lock, then puts the QP on the active list and
+    /// wakes the engine, so that a timer `f` set is watched.
+    fn with_qp_marked(&self, qpn: u32, f: impl FnOnce(&mut Qp)) -> Result<(), DeviceError> {
+        let mut guard = self.shared.lock_core();
+        let core = &mut *guard;
+        let qp = core
+            .qp_index(qpn)
+            .and_then(|i| core.qps.get_mut(i))
+            .and_then(|q| q.as_mut())
+            .ok_or(DeviceError::UnknownQp(qpn))?;
+        f(qp);
         core.active.mark(qp);
         drop(guard);
         self.shared.waker.wake();

@@ -447,7 +447,10 @@ impl Round<'_> {
             let more = transmit(qp, self.mrs, &mut self.out, &mut self.ectx, true);
             self.busy |= more;
             let mut waiting = more || qp.resp.ack_pending;
-            for t in [qp.req.timer, qp.req.rnr_until].into_iter().flatten() {
+            for t in [qp.req.timer, qp.req.probe_at, qp.req.rnr_until]
+                .into_iter()
+                .flatten()
+            {
                 timer = earliest(timer, t);
                 waiting = true;
             }

@@ -68,7 +68,7 @@ pub use events::{AsyncEvent, EventQueue};
 pub use fabric::{Fabric, FabricStats, Fault, FaultRule};
 pub use memory::QueueMemory;
 pub use mr::{Access, PdId, RegError};
-pub use qp::{DoorbellRegister, QpConfig};
+pub use qp::{DoorbellRegister, QpConfig, RetransmitProbe};
 pub use qp_attr::{ModifyError, PathMtu, QpAttrs, QpState};
 pub use srq::{SrqConfig, SrqId};
 pub use udp::rxe_source_port;

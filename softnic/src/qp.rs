@@ -287,6 +287,30 @@ pub(crate) struct Requester {
     pub short_timeout: Option<Duration>,
     /// The deadline of the running ACK timer when that timer is the short one.
     pub short_deadline: Option<Duration>,
+    /// Resends while anything is unacknowledged, at a capped backoff, beside the ACK timer
+    /// (`Device::set_retransmit_probe`); none unless asked for. A reset clears it.
+    pub probe: Option<RetransmitProbe>,
+    /// When the next probe resend is due (only while something is unacknowledged).
+    pub probe_at: Option<Duration>,
+    /// The wait after that resend: doubles from the probe's `first` up to its `cap`.
+    pub probe_next: Duration,
+}
+
+/// A QP's retransmit probe (`Device::set_retransmit_probe`): while the QP has packets
+/// unacknowledged it resends them (go-back-N from the oldest) `first` after the transmission
+/// that left them outstanding, then at twice the last wait up to `cap`, starting over at
+/// `first` on every acknowledgment. A probe resend spends no retry and leaves the ACK timer
+/// where it was, so the QP's own `timeout` x `retry_cnt` still decides when it gives up.
+///
+/// What a driver asks of a QP whose few messages must get through as soon as the path
+/// carries packets again (a failover's control QP): its ACK timer alone resends once per
+/// timeout, and under a flapping link those resends can keep landing in the down windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetransmitProbe {
+    /// The first wait.
+    pub first: Duration,
+    /// The longest wait.
+    pub cap: Duration,
 }
 
 /// Responder state.
@@ -563,6 +587,7 @@ impl Qp {
         tracing::debug!(qpn = self.qpn, syndrome = ?failed, "QP enters the error state");
         self.state = QpState::Err;
         self.req.timer = None;
+        self.req.probe_at = None;
         self.req.rnr_until = None;
         if let Some(s) = failed {
             if self.sq.slot_ci < self.sq.slot_pi {

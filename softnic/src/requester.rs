@@ -11,7 +11,7 @@ use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma;
 use crate::mr::MrTable;
 use crate::packet::{AtomicEth, Kind, OutHeader, Reth};
-use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, ACK_REQ_EVERY};
+use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, RetransmitProbe, ACK_REQ_EVERY};
 use crate::qp_attr::QpState;
 use crate::tx::Tx;
 use crate::wqe::WqeOp;
@@ -250,7 +250,23 @@ fn send_one(
         qp.req.timer = short.or(timeout).map(|t| tx.now + t);
         qp.req.short_deadline = short.and(qp.req.timer);
     }
+    if qp.req.probe_at.is_none() {
+        if let Some(p) = qp.req.probe {
+            start_probe(qp, p, tx.now);
+        }
+    }
     Ok(())
+}
+
+/// Whether the QP has sent something not yet acknowledged.
+pub(crate) fn unacknowledged(qp: &Qp) -> bool {
+    psn_delta(qp.req.high_psn, qp.req.comp_psn) > 0 || qp.sq.slot_ci < qp.sq.slot_req_ci
+}
+
+/// Starts a probe's backoff over: the next resend `first` from `now`.
+pub(crate) fn start_probe(qp: &mut Qp, probe: RetransmitProbe, now: Duration) {
+    qp.req.probe_at = Some(now + probe.first);
+    qp.req.probe_next = (probe.first * 2).min(probe.cap);
 }
 
 /// Go-back-N: the next packet sent is `from` again, and everything after it.
@@ -293,8 +309,40 @@ pub(crate) fn go_back(qp: &mut Qp, from: u32) {
     qp.req.timer = None;
 }
 
-/// Fires the local ACK timer if due: retry (go back N) or, with no retries left, error.
+/// Resends what is unacknowledged if the probe (or `Device::retransmit_now`) is due: go back
+/// N from the oldest unacknowledged PSN, spending no retry and leaving the ACK timer's
+/// deadline where it was, so that probes never postpone the RC retry budget.
+fn check_probe(qp: &mut Qp, now: Duration) {
+    let Some(due) = qp.req.probe_at else { return };
+    if qp.state != QpState::Rts {
+        qp.req.probe_at = None;
+        return;
+    }
+    if now < due {
+        return;
+    }
+    if !unacknowledged(qp) {
+        // Everything was acknowledged: the next transmission starts the probe again.
+        qp.req.probe_at = None;
+        return;
+    }
+    qp.req.probe_at = qp.req.probe.map(|p| {
+        let wait = qp.req.probe_next;
+        qp.req.probe_next = (wait * 2).min(p.cap);
+        now + wait
+    });
+    qp.counters.probe_resends += 1;
+    let ack_timer = qp.req.timer;
+    qp.req.retrying_from = Some(qp.req.comp_psn);
+    let from = qp.req.comp_psn;
+    go_back(qp, from);
+    qp.req.timer = ack_timer;
+}
+
+/// Fires the local ACK timer if due: retry (go back N) or, with no retries left, error. A
+/// retransmit probe due first resends without spending a retry.
 pub(crate) fn check_timer(qp: &mut Qp, now: Duration, ectx: &mut ErrorCtx<'_>) {
+    check_probe(qp, now);
     let Some(deadline) = qp.req.timer else { return };
     if now < deadline || qp.state != QpState::Rts {
         return;

@@ -582,6 +582,30 @@ impl Qp {
             .arm_short_retransmit(self.ctl.handle, timeout)
     }
 
+    /// Gives the QP a retransmit probe from `first` doubling to `cap`
+    /// ([`crate::provider::Provider::set_retransmit_probe`]).
+    pub fn set_retransmit_probe(
+        &self,
+        first: std::time::Duration,
+        cap: std::time::Duration,
+    ) -> Result<(), VerbsError> {
+        self.ctl
+            .pd
+            .context()
+            .provider()
+            .set_retransmit_probe(self.ctl.handle, first, cap)
+    }
+
+    /// Resends what the QP has unacknowledged now
+    /// ([`crate::provider::Provider::retransmit_now`]).
+    pub fn retransmit_now(&self) -> Result<(), VerbsError> {
+        self.ctl
+            .pd
+            .context()
+            .provider()
+            .retransmit_now(self.ctl.handle)
+    }
+
     /// Publishes the WQEs up to and including the one at `index`; later ones stay withheld.
     pub fn ring_doorbell_through(&mut self, index: u16) -> Result<(), DoorbellError> {
         self.sq.ring_doorbell_through(index)

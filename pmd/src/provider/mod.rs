@@ -386,6 +386,28 @@ pub trait Provider: Send + Sync + 'static {
         let _ = (qp, timeout);
         Ok(())
     }
+    /// Gives `qp` a retransmit probe: while it has packets unacknowledged they are resent
+    /// `first` after the transmission that left them outstanding, then at twice the last wait
+    /// up to `cap`, spending no retry and leaving the ACK timer (which still decides when the
+    /// QP gives up) where it was. What the failover asks of its control QPs, so that a message
+    /// sent while its path is down gets through soon after the path carries packets again.
+    /// The default does nothing: a ConnectX resends only on its ACK timer (`timeout`).
+    fn set_retransmit_probe(
+        &self,
+        qp: Handle,
+        first: Duration,
+        cap: Duration,
+    ) -> Result<(), VerbsError> {
+        let _ = (qp, first, cap);
+        Ok(())
+    }
+    /// Resends what `qp` has unacknowledged now, spending no retry and leaving its ACK timer
+    /// where it was: what the failover asks when a path may be back (its link reported up, a
+    /// message from the peer over it). The default does nothing (a ConnectX has no such verb).
+    fn retransmit_now(&self, qp: Handle) -> Result<(), VerbsError> {
+        let _ = qp;
+        Ok(())
+    }
     /// How the device makes progress.
     fn progress_model(&self) -> ProgressModel {
         ProgressModel::Auto

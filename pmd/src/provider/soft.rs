@@ -731,6 +731,23 @@ impl Provider for SoftProvider {
             .map_err(|e| verbs(&self.name, "arm_short_retransmit", e))
     }
 
+    fn set_retransmit_probe(
+        &self,
+        qp: Handle,
+        first: Duration,
+        cap: Duration,
+    ) -> Result<(), VerbsError> {
+        self.device
+            .set_retransmit_probe(qp.0 as u32, softnic::RetransmitProbe { first, cap })
+            .map_err(|e| verbs(&self.name, "set_retransmit_probe", e))
+    }
+
+    fn retransmit_now(&self, qp: Handle) -> Result<(), VerbsError> {
+        self.device
+            .retransmit_now(qp.0 as u32)
+            .map_err(|e| verbs(&self.name, "retransmit_now", e))
+    }
+
     fn query_qp(&self, qp: Handle) -> Result<QpState, VerbsError> {
         self.device
             .query_qp(qp.0 as u32)

@@ -241,6 +241,29 @@ impl<C: TakesCompletions> ControlCqs<C> {
         Ok(Reservation { cq, entries })
     }
 
+    /// Hands every live channel of `ctx`'s shared CQs to `f` (no lock held while `f` runs).
+    pub(crate) fn each_channel_on(&self, ctx: &Arc<Context>, mut f: impl FnMut(&C)) {
+        let cqs: Vec<Arc<ControlCq<C>>> = {
+            let devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+            devices
+                .iter()
+                .filter(|(d, _)| d.upgrade().is_some_and(|d| Arc::ptr_eq(&d, ctx)))
+                .flat_map(|(_, cqs)| cqs.iter().filter_map(Weak::upgrade))
+                .collect()
+        };
+        for cq in cqs {
+            let members: Vec<Arc<C>> = cq
+                .polling()
+                .members
+                .iter()
+                .filter_map(|(_, w)| w.upgrade())
+                .collect();
+            for channel in &members {
+                f(channel);
+            }
+        }
+    }
+
     /// Every shared CQ that still has a channel.
     pub(crate) fn live(&self, out: &mut Vec<Arc<ControlCq<C>>>) {
         out.clear();

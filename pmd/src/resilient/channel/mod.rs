@@ -32,6 +32,7 @@
 pub(super) mod cq;
 
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use crate::control::ModifyError;
 use crate::control::{Pd, Qp, RegisteredBuffer};
@@ -86,6 +87,8 @@ struct Inner {
     peer: Option<PeerLink>,
     /// Messages dropped: out of sequence, not one whole slot, or not a ring write.
     dropped: u64,
+    /// Messages sent and not yet acknowledged (their send completions not polled).
+    unacked: u32,
 }
 
 /// What [`ControlChannel::connect`] was told of the peer, kept for a reconnection in a new
@@ -125,6 +128,23 @@ impl std::fmt::Debug for ControlChannel {
 
 /// Retries of the control QP: the most RC allows (3 bits).
 const CONTROL_RETRY_CNT: u8 = 7;
+
+/// The control QP's retransmit probe: while a message is unacknowledged it is resent 2 ms
+/// after it was sent, then at twice the last wait up to 16 ms, spending no RC retry.
+///
+/// Why: the control QP's own ACK timer is long on purpose (its 8 tries outlast the handshake
+/// wait, [`control_ack_timeout`]: 67 ms at the simulation's attributes, 537 ms at the apps'),
+/// so a message sent while its path is down was resent once per ACK timeout; under a
+/// flapping link those resends kept landing in the down windows, and after one outage the
+/// round waited up to a whole timeout although the path was back. A resend every 16 ms at
+/// most finds any window the path is up for longer than that; the ACK timer, which the
+/// probe never moves, still decides when the path is given up. The cost while a path is
+/// down: one 32-byte packet per unacknowledged channel every 16 ms; while an ACK is only
+/// slow (queued behind a round's windows), a few duplicates the peer re-acknowledges and
+/// does not execute.
+const PROBE_FIRST: Duration = Duration::from_millis(2);
+/// The longest wait between two resends of the probe.
+const PROBE_CAP: Duration = Duration::from_millis(16);
 
 /// The control QP's local ACK timeout exponent (4.096 us x 2^t): the application's
 /// (`app`, 14 when it set none; 0, no timeout, stays 0), raised until the control QP's
@@ -231,6 +251,7 @@ impl ControlChannel {
                 broken: false,
                 peer: None,
                 dropped: 0,
+                unacked: 0,
             }),
             path,
             qpn,
@@ -368,8 +389,30 @@ impl ControlChannel {
         rts.max_rd_atomic = Some(0);
         c.qp.modify(QpState::Rtr, &rtr)?;
         c.qp.modify(QpState::Rts, &rts)?;
+        if let Err(e) = c.qp.set_retransmit_probe(PROBE_FIRST, PROBE_CAP) {
+            // Messages then wait for the ACK timer, as on a ConnectX: slower, not wrong.
+            tracing::warn!(control_qpn = self.qpn, error = %e, "failover: control QP without a retransmit probe");
+        }
         c.broken = false;
         Ok(())
+    }
+
+    /// Resends the channel's unacknowledged messages now, if it has any: the path may carry
+    /// packets again (its link was reported up, or a message of the peer came over it).
+    /// Nothing is delivered twice: the resend carries the same PSNs, which the peer's QP
+    /// acknowledges again without executing (and a repeat that reached the ring would fail
+    /// its sequence check). On a ConnectX this does nothing (the ACK timer resends).
+    pub fn path_may_be_back(&self) {
+        let c = self.lock();
+        if c.unacked > 0 && !c.broken {
+            Self::resend_now(&c, self.qpn);
+        }
+    }
+
+    fn resend_now(c: &Inner, qpn: u32) {
+        if let Err(e) = c.qp.retransmit_now() {
+            tracing::debug!(control_qpn = qpn, error = %e, "failover: control resend not asked for");
+        }
     }
 
     /// Takes the channel out of its epoch: the QP to RESET (what it had posted is gone, and
@@ -386,6 +429,7 @@ impl ControlChannel {
             c.qp.modify(QpState::Reset, &QpAttr::default())?;
             c.next_send = 0;
             c.next_recv = 0;
+            c.unacked = 0;
             // Nothing may be sent before the reconnection.
             c.broken = true;
         }
@@ -439,6 +483,7 @@ impl ControlChannel {
             reason: e.to_string(),
         })?;
         c.next_send = number.wrapping_add(1);
+        c.unacked += 1;
         c.qp.ring_doorbell();
         Ok(())
     }
@@ -458,7 +503,13 @@ impl ControlChannel {
             return;
         }
         if wc.wr_id == SEND_WR_ID {
+            // Acknowledged by the peer's QP.
+            c.unacked = c.unacked.saturating_sub(1);
             return;
+        }
+        if c.unacked > 0 {
+            // The peer's message came over the path ours are stuck on: it carries packets.
+            Self::resend_now(c, self.qpn);
         }
         let (Some(number), WcOpcode::RecvRdmaWithImm) = (wc.imm, wc.opcode) else {
             // A SEND from a peer that does not write: nothing to read.
@@ -563,6 +614,12 @@ mod tests {
     /// Two control channels on two softnic devices of one fabric, connected; default QPNs
     /// 0x11 (a) and 0x22 (b).
     fn pair(fabric: &str) -> (End, End) {
+        let (a, b, _) = pair_on_fabric(fabric);
+        (a, b)
+    }
+
+    /// [`pair`], with the fabric (port 0 is a's, port 1 b's).
+    fn pair_on_fabric(fabric: &str) -> (End, End, softnic::Fabric) {
         let f = softnic::Fabric::new(7, std::time::Duration::ZERO);
         f.add_port("198.18.1.1".parse().unwrap());
         f.add_port("198.18.1.2".parse().unwrap());
@@ -606,7 +663,7 @@ mod tests {
                 )
                 .unwrap();
         }
-        (a, b)
+        (a, b, f)
     }
 
     /// Runs both devices and polls both channels (as the service does: the sender's
@@ -935,5 +992,50 @@ mod tests {
             [Event::Control(ControlMessage::PathUp { epoch: Epoch(7) })]
         );
         assert_eq!(a.channel.dropped(), 2);
+    }
+
+    #[test]
+    fn a_message_whose_acks_are_lost_is_probed_again_and_delivered_once() {
+        let name = format!("control-probe-{}", std::process::id());
+        let (a, b, fabric) = pair_on_fabric(&name);
+        // b's acknowledgments are lost for 200 ms, less than the control QP's 268 ms ACK
+        // timer: a's control QP resends the message on its probe (at 2, 6, 14, 30, 46, ...
+        // ms), and b's QP takes each resend for the duplicate it is.
+        let now = fabric.clock().now();
+        fabric.add_rule(softnic::FaultRule {
+            fault: softnic::Fault::Partition,
+            from: Some(1),
+            to: Some(0),
+            start: now,
+            end: Some(now + Duration::from_millis(200)),
+        });
+        a.channel
+            .send(ControlMessage::PathUp { epoch: Epoch(9) })
+            .unwrap();
+        let mut events = [Vec::new(), Vec::new()];
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while (a.channel.lock().unacked > 0 || events[1].is_empty())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_micros(100));
+            a.ctx.progress();
+            b.ctx.progress();
+            a.channel.poll(&mut events[0]);
+            b.channel.poll(&mut events[1]);
+        }
+        assert_eq!(a.channel.lock().unacked, 0, "never acknowledged");
+        let [to_a, to_b] = settle(&a, &b);
+        events[0].extend(to_a);
+        events[1].extend(to_b);
+        assert_eq!(events[0], []);
+        assert_eq!(
+            events[1],
+            [Event::Control(ControlMessage::PathUp { epoch: Epoch(9) })]
+        );
+        assert_eq!(b.channel.dropped(), 0);
+        // The first ACK was lost, and the ACKs of the resends in the window: without the
+        // probe only the first, the ACK timer's resend coming after the window.
+        assert!(fabric.stats().blackholed >= 2, "{:?}", fabric.stats());
+        unregister_fabric(&name);
     }
 }

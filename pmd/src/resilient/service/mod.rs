@@ -494,6 +494,13 @@ impl ServiceHandle {
                     mailbox.post(Mail::Event(event));
                     told += 1;
                 }
+                if up {
+                    // A control message stuck on this device's path goes again now, not at
+                    // its probe's next resend: the link is only a hint, but a cheap one.
+                    self.inner
+                        .control_cqs
+                        .each_channel_on(&ctx, ControlChannel::path_may_be_back);
+                }
                 tracing::info!(device = %ctx.name(), ?change, qps = told, elapsed_us = started.elapsed().as_micros() as u64, "failover service: link change handed to every QP");
             }
             st.changes = changes;
