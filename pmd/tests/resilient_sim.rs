@@ -92,29 +92,7 @@ fn a_recovery_at_the_follower_switches_back_after_its_holddown_not_the_leaders_b
     // (without that message it came 141 ms after link-up).
     let (mut sim, mut t) = Scenario::new(7).one_way(1000, Duration::from_millis(1));
     let outage = Duration::from_millis(400);
-    let mut up_at = None;
-    let mut back_at = None;
-    let done = sim.run_until(Duration::from_secs(10), |s| {
-        if up_at.is_none() && t.dirs[0].completed >= 10 {
-            s.link_down(B_DEFAULT, Some(outage));
-            up_at = Some(s.now() + outage);
-        }
-        let both_default =
-            s.a.qp.state() == ResilientState::Default && s.b.qp.state() == ResilientState::Default;
-        if back_at.is_none() && up_at.is_some_and(|up| s.now() > up) && both_default {
-            back_at = Some(s.now());
-        }
-        step(&mut t, s) && back_at.is_some()
-    });
-    assert!(
-        done,
-        "stalled: {} completed, states {:?} {:?}",
-        t.dirs[0].completed,
-        sim.a.qp.state(),
-        sim.b.qp.state()
-    );
-    assert_clean(&mut t, &mut sim);
-    let after_up = back_at.unwrap() - up_at.unwrap();
+    let after_up = switch_back_after_outage(&mut sim, &mut t, B_DEFAULT, outage, |_| {}, "");
     let holddown = config().holddown;
     assert!(
         after_up >= holddown && after_up <= holddown + Duration::from_millis(10),
@@ -122,6 +100,43 @@ fn a_recovery_at_the_follower_switches_back_after_its_holddown_not_the_leaders_b
     );
     let stats = sim.b.qp.stats();
     assert_eq!((stats.failovers, stats.switch_backs), (1, 1), "{stats:?}");
+}
+
+/// Takes `port` down for `outage` once ten iterations completed (and calls `also` then),
+/// runs until the traffic finished and both ends are back on their default QPs after the
+/// link came up, checks the traffic, and returns how long after the link-up both were back.
+fn switch_back_after_outage(
+    sim: &mut Sim,
+    t: &mut Traffic,
+    port: usize,
+    outage: Duration,
+    mut also: impl FnMut(&mut Sim),
+    what: &str,
+) -> Duration {
+    let mut up_at = None;
+    let mut back_at = None;
+    let done = sim.run_until(outage + Duration::from_secs(300), |s| {
+        if up_at.is_none() && t.dirs[0].completed >= 10 {
+            s.link_down(port, Some(outage));
+            up_at = Some(s.now() + outage);
+            also(s);
+        }
+        let both_default =
+            s.a.qp.state() == ResilientState::Default && s.b.qp.state() == ResilientState::Default;
+        if back_at.is_none() && up_at.is_some_and(|up| s.now() > up) && both_default {
+            back_at = Some(s.now());
+        }
+        step(t, s) && back_at.is_some()
+    });
+    assert!(
+        done,
+        "{what}: stalled: {} completed, states {:?} {:?}",
+        t.dirs[0].completed,
+        sim.a.qp.state(),
+        sim.b.qp.state()
+    );
+    assert_clean(t, sim);
+    back_at.unwrap() - up_at.unwrap()
 }
 
 /// A default link down for ten minutes, then back, ends in a switch-back (issue 29, long
@@ -139,34 +154,15 @@ fn a_default_link_down_for_ten_minutes_then_back_ends_in_a_switch_back() {
         let (mut sim, mut t) = Scenario::new(11)
             .backoff_max(backoff_max)
             .one_way(700, Duration::from_secs(1));
-        let mut up_at = None;
-        let mut back_at = None;
-        let done = sim.run_until(Duration::from_secs(900), |s| {
-            if up_at.is_none() && t.dirs[0].completed >= 10 {
-                s.link_down(port, Some(outage));
-                up_at = Some(s.now() + outage);
-                if reported_up {
-                    let from = s.now() + Duration::from_secs(1);
-                    let report = softnic::FaultRule::link_report(port, true, from, None);
-                    s.fabric.add_rule(report);
-                }
+        let what = format!("port {port}, reported up {reported_up}");
+        let lie = |s: &mut Sim| {
+            if reported_up {
+                let from = s.now() + Duration::from_secs(1);
+                s.fabric
+                    .add_rule(softnic::FaultRule::link_report(port, true, from, None));
             }
-            let both_default = s.a.qp.state() == ResilientState::Default
-                && s.b.qp.state() == ResilientState::Default;
-            if back_at.is_none() && up_at.is_some_and(|up| s.now() > up) && both_default {
-                back_at = Some(s.now());
-            }
-            step(&mut t, s) && back_at.is_some()
-        });
-        assert!(
-            done,
-            "port {port}, reported up {reported_up}: stalled: {} completed, states {:?} {:?}",
-            t.dirs[0].completed,
-            sim.a.qp.state(),
-            sim.b.qp.state()
-        );
-        assert_clean(&mut t, &mut sim);
-        let after_up = back_at.unwrap() - up_at.unwrap();
+        };
+        let after_up = switch_back_after_outage(&mut sim, &mut t, port, outage, lie, &what);
         let holddown = config().holddown;
         assert!(
             after_up <= holddown + backoff_max + Duration::from_millis(100),
