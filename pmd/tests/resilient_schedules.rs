@@ -803,26 +803,46 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-#[test]
-fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
+/// Runs the schedules `draw` gives for the seeds of `prefix` ([`seeds`]), printing a lone
+/// schedule whole, and hands each schedule and its outcome to `tally`. Returns how many ran,
+/// the seconds they took and the failures, each naming its seed and schedule.
+fn run_schedules(
+    prefix: &str,
+    default: u64,
+    draw: fn(u64) -> Schedule,
+    mut tally: impl FnMut(&Schedule, &Outcome),
+) -> (usize, f64, String) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let seeds = seeds("RAILSHIFT_SIM", DEFAULT_SCHEDULES);
+    let seeds = seeds(prefix, default);
     let started = std::time::Instant::now();
     let mut failures = String::new();
+    for &seed in &seeds {
+        let schedule = draw(seed);
+        if seeds.len() == 1 {
+            eprintln!("{schedule:#?}");
+        }
+        match run(&schedule) {
+            Ok(o) => tally(&schedule, &o),
+            Err(e) => {
+                let _ = writeln!(failures, "seed {seed}: {e}\n  schedule: {schedule:?}");
+            }
+        }
+    }
+    (seeds.len(), started.elapsed().as_secs_f64(), failures)
+}
+
+#[test]
+fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
     let (mut failovers, mut switch_backs, mut failed, mut backup_hurt) = (0, 0, 0, 0);
     let (mut backup_qps_failed, mut backup_rearms, mut failbacks) = (0, 0, 0);
     let (mut default_qps_failed, mut default_control_repairs) = (0, 0);
     let mut refailed = 0;
     let (mut sends, mut reads, mut deaths) = (0, 0, 0);
     let mut latencies = Vec::new();
-    for &seed in &seeds {
-        let schedule = Schedule::draw(seed);
-        if seeds.len() == 1 {
-            eprintln!("{schedule:#?}");
-        }
+    let tally = |schedule: &Schedule, o: &Outcome| {
         backup_hurt += u64::from(schedule.backup_hurt());
         sends += u64::from(schedule.kind == Kind::Send);
         reads += u64::from(schedule.kind == Kind::Read);
@@ -839,27 +859,19 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
                 .iter()
                 .any(|h| matches!(h, Hurt::DefaultQpsFailed { .. })),
         );
-        match run(&schedule) {
-            Ok(o) => {
-                default_control_repairs += o.default_control_repairs;
-                failovers += o.failovers;
-                switch_backs += o.switch_backs;
-                backup_rearms += o.backup_rearms;
-                failbacks += o.failbacks;
-                failed += u64::from(o.failed);
-                refailed += u64::from(o.refailed);
-                latencies.extend(o.latencies_us);
-            }
-            Err(e) => {
-                let _ = writeln!(failures, "seed {seed}: {e}\n  schedule: {schedule:?}");
-            }
-        }
-    }
+        default_control_repairs += o.default_control_repairs;
+        failovers += o.failovers;
+        switch_backs += o.switch_backs;
+        backup_rearms += o.backup_rearms;
+        failbacks += o.failbacks;
+        failed += u64::from(o.failed);
+        refailed += u64::from(o.refailed);
+        latencies.extend(o.latencies_us.iter().copied());
+    };
+    let (ran, secs, failures) =
+        run_schedules("RAILSHIFT_SIM", DEFAULT_SCHEDULES, Schedule::draw, tally);
     eprintln!(
-        "{} schedules in {:.1} s ({} hurt the backup path too, {backup_qps_failed} of them failing the backup device's QPs; {sends} SEND/RECV, {reads} READ, {deaths} kill a default device, {default_qps_failed} fail a default device's QPs): {failovers} failovers, {switch_backs} switch-backs, {backup_rearms} backup repairs (QP ends), {default_control_repairs} repairs of the default devices' channel (QP ends), {failbacks} failbacks to the default (QP ends), {refailed} schedules failed over again after a switch-back, {failed} connections failed",
-        seeds.len(),
-        started.elapsed().as_secs_f64(),
-        backup_hurt,
+        "{ran} schedules in {secs:.1} s ({backup_hurt} hurt the backup path too, {backup_qps_failed} of them failing the backup device's QPs; {sends} SEND/RECV, {reads} READ, {deaths} kill a default device, {default_qps_failed} fail a default device's QPs): {failovers} failovers, {switch_backs} switch-backs, {backup_rearms} backup repairs (QP ends), {default_control_repairs} repairs of the default devices' channel (QP ends), {failbacks} failbacks to the default (QP ends), {refailed} schedules failed over again after a switch-back, {failed} connections failed",
     );
     eprintln!(
         "fallback latency, virtual us: detection to the first successful application completion on the backup QP"
@@ -900,7 +912,7 @@ fn random_fault_schedules_never_reorder_lose_or_repeat_what_nccl_depends_on() {
         "failing schedules (replay one with RAILSHIFT_SIM_SEED=<seed>):\n{failures}"
     );
     assert!(failovers > 0, "no schedule made the connection fail over");
-    if seeds.len() >= 100 {
+    if ran >= 100 {
         assert!(
             refailed > 0,
             "no schedule failed over again after a switch-back"
@@ -927,55 +939,41 @@ const DEFAULT_CHAOS_SCHEDULES: u64 = 200;
 /// `RAILSHIFT_CHAOS_SCHEDULES=<n>` runs `n` of them.
 #[test]
 fn chaos_of_both_paths_with_late_and_wrong_link_reports_keeps_the_connection_while_a_path_works() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let seeds = seeds("RAILSHIFT_CHAOS", DEFAULT_CHAOS_SCHEDULES);
-    let started = std::time::Instant::now();
-    let mut failures = String::new();
     let (mut survivable, mut failovers, mut failbacks, mut switch_backs, mut failed) =
         (0, 0, 0, 0, 0);
     // Connections lost although a path physically worked but for short windows: what
     // trusting the link reports costs (issue 29 item 1), counted, not asserted.
     let (mut physically_survivable, mut lost_to_reports) = (0, 0);
     let mut longest = Duration::ZERO;
-    for &seed in &seeds {
-        let schedule = Schedule::draw_chaos(seed);
-        if seeds.len() == 1 {
-            eprintln!("{schedule:#?}");
-        }
+    let tally = |schedule: &Schedule, o: &Outcome| {
         survivable += u64::from(schedule.must_survive);
         if schedule.must_survive {
             longest = longest.max(schedule.longest_without_a_path());
         }
         let physical = schedule.longest_without_a_physical_path() <= config().outage_tolerance / 2;
         physically_survivable += u64::from(physical);
-        match run(&schedule) {
-            Ok(o) => {
-                failovers += o.failovers;
-                failbacks += o.failbacks;
-                switch_backs += o.switch_backs;
-                failed += u64::from(o.failed);
-                lost_to_reports += u64::from(o.failed && physical);
-            }
-            Err(e) => {
-                let _ = writeln!(failures, "seed {seed}: {e}\n  schedule: {schedule:?}");
-            }
-        }
-    }
+        failovers += o.failovers;
+        failbacks += o.failbacks;
+        switch_backs += o.switch_backs;
+        failed += u64::from(o.failed);
+        lost_to_reports += u64::from(o.failed && physical);
+    };
+    let (ran, secs, failures) = run_schedules(
+        "RAILSHIFT_CHAOS",
+        DEFAULT_CHAOS_SCHEDULES,
+        Schedule::draw_chaos,
+        tally,
+    );
     eprintln!(
-        "{} chaos schedules in {:.1} s ({survivable} with a path usable but for at most {longest:?}, which must keep the connection): {failovers} failovers, {failbacks} failbacks, {switch_backs} switch-backs (QP ends), {failed} connections failed (all in schedules without a usable path for longer); by the physical links alone {physically_survivable} schedules had a path but for at most half the tolerance, and {lost_to_reports} of them lost the connection (late or wrong link reports trusted)",
-        seeds.len(),
-        started.elapsed().as_secs_f64(),
+        "{ran} chaos schedules in {secs:.1} s ({survivable} with a path usable but for at most {longest:?}, which must keep the connection): {failovers} failovers, {failbacks} failbacks, {switch_backs} switch-backs (QP ends), {failed} connections failed (all in schedules without a usable path for longer); by the physical links alone {physically_survivable} schedules had a path but for at most half the tolerance, and {lost_to_reports} of them lost the connection (late or wrong link reports trusted)",
     );
     assert!(
         failures.is_empty(),
         "failing chaos schedules (replay one with RAILSHIFT_CHAOS_SEED=<seed>):\n{failures}"
     );
-    if seeds.len() >= 100 {
+    if ran >= 100 {
         assert!(
-            survivable * 2 > seeds.len() as u64,
+            survivable * 2 > ran as u64,
             "fewer than half the chaos schedules left a path usable: the draw no longer tests availability"
         );
         assert!(
