@@ -77,7 +77,7 @@ pub(crate) fn handle(
                         return;
                     }
                     if qp.req.comp_psn != before {
-                        progressed(qp, now);
+                        progressed(qp, before, now);
                     }
                     if qp.req.rnr_left == 0 {
                         qp.enter_error(Some(syndrome::RNR_RETRY_EXCEEDED), ectx);
@@ -99,7 +99,7 @@ pub(crate) fn handle(
                     }
                     // What the NAK implicitly acknowledged is progress like any other.
                     if qp.req.comp_psn != before {
-                        progressed(qp, now);
+                        progressed(qp, before, now);
                     }
                     match code {
                         NakCode::PsnSequence => {
@@ -113,6 +113,8 @@ pub(crate) fn handle(
                             }
                             qp.req.retry_left -= 1;
                             qp.req.retrying_from = Some(h.psn);
+                            // The peer saw a gap: the medium dropped a packet of the window.
+                            qp.req.window.lost(&mut qp.counters);
                             go_back(qp, h.psn);
                         }
                         NakCode::InvalidRequest => {
@@ -165,6 +167,8 @@ pub(crate) fn handle(
                 // Responses were lost in front of this one: go back to the first missing PSN once.
                 if qp.req.retrying_from != Some(qp.req.comp_psn) {
                     qp.req.retrying_from = Some(qp.req.comp_psn);
+                    // The READ's responses count against this QP's window: they were lost.
+                    qp.req.window.lost(&mut qp.counters);
                     let from = qp.req.comp_psn;
                     go_back(qp, from);
                 }
@@ -217,7 +221,7 @@ pub(crate) fn handle(
         }
     }
     if qp.req.comp_psn != before {
-        progressed(qp, now);
+        progressed(qp, before, now);
     }
 }
 
@@ -278,8 +282,12 @@ fn acknowledge_through(qp: &mut Qp, psn: u32, ectx: &mut ErrorCtx<'_>) {
     }
 }
 
-/// Forward progress: fresh retry budgets and a restarted (or stopped) ACK timer.
-fn progressed(qp: &mut Qp, now: Duration) {
+/// Forward progress from `before` (the oldest PSN not acknowledged until now): fresh retry
+/// budgets, a restarted (or stopped) ACK timer, and the acknowledged PSNs grow the window.
+fn progressed(qp: &mut Qp, before: u32, now: Duration) {
+    qp.req
+        .window
+        .acknowledged(psn_delta(qp.req.comp_psn, before).max(0) as u32);
     qp.req.retry_left = qp.attrs.retry_cnt.unwrap_or(7);
     qp.req.rnr_left = qp.attrs.rnr_retry.unwrap_or(7);
     qp.req.retrying_from = None;

@@ -54,6 +54,9 @@ pub struct Counters {
     pub short_timeouts: u64,
     /// Resends of a retransmit probe (`Device::set_retransmit_probe`, `Device::retransmit_now`).
     pub probe_resends: u64,
+    /// Losses that halved the requester's congestion window (each go-back-N after a
+    /// PSN-sequence NAK, a lost READ response or a local ACK timeout).
+    pub window_cuts: u64,
     /// NAKs this side sent.
     pub naks_sent: NakCounts,
     /// NAKs this side received.
@@ -107,6 +110,7 @@ impl Counters {
         self.timeouts += o.timeouts;
         self.short_timeouts += o.short_timeouts;
         self.probe_resends += o.probe_resends;
+        self.window_cuts += o.window_cuts;
         self.naks_sent.add(&o.naks_sent);
         self.naks_received.add(&o.naks_received);
         self.duplicate_requests += o.duplicate_requests;

@@ -33,11 +33,24 @@ use rand_chacha::ChaCha20Rng;
 
 /// Receive batches per round at most, so the requester gets its turn.
 const RX_BATCHES_PER_ROUND: usize = 4;
-/// Packets one QP's requester may send per round, for fairness between QPs.
+/// Packets one QP's requester may send per pass at most, for fairness between QPs.
 const REQ_BUDGET: usize = 2 * BATCH;
-/// READ response packets (and atomic ACKs) one QP's responder may send per pass, for the same
-/// fairness: a long READ is answered over many rounds, the device lock released between them.
+/// READ response packets (and atomic ACKs) one QP's responder may send per pass at most, for
+/// the same fairness: a long READ is answered over many rounds, the device lock released
+/// between them.
 const ANSWER_BUDGET: usize = 2 * BATCH;
+/// Packets the QPs of one pass share: each of `n` QPs may send `PASS_BUDGET / n` (between one
+/// packet and the per-QP budgets above). With many busy QPs a pass would otherwise send every
+/// QP's full budget (256 QPs: 32,768 packets) before the engine reads its wire again, and a
+/// QP with one small message (a control QP, a READ request) would wait behind all of them.
+/// One or two QPs keep their full budgets.
+const PASS_BUDGET: usize = 4 * BATCH;
+
+/// The packets each of `qps` QPs may send in one pass, of at most `budget` each.
+#[inline]
+fn fair_share(qps: usize, budget: usize) -> usize {
+    (PASS_BUDGET / qps.max(1)).clamp(1, budget)
+}
 
 /// What a round did and when the device next needs attention.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -296,6 +309,7 @@ impl Round<'_> {
         }
         waker.take_rung(&mut self.active.rung);
         let mut rung = false;
+        let share = Share::of(self.active.rung.len());
         for k in 0..self.active.rung.len() {
             let Some(qp) = slot(self.qps, self.active.rung[k]) else {
                 continue;
@@ -307,7 +321,7 @@ impl Round<'_> {
             rung = true;
             self.active.mark(qp);
             if qp.state == QpState::Rts {
-                transmit(qp, self.mrs, &mut self.out, &mut self.ectx, false);
+                transmit(qp, self.mrs, &mut self.out, &mut self.ectx, share, false);
             }
         }
         self.active.rung.clear();
@@ -432,6 +446,7 @@ impl Round<'_> {
         let mut timer = None;
         let mut visiting = std::mem::take(&mut self.active.visiting);
         std::mem::swap(&mut visiting, &mut self.active.list);
+        let share = Share::of(visiting.len());
         for &i in &visiting {
             let Some(qp) = slot(self.qps, i) else {
                 continue;
@@ -444,7 +459,7 @@ impl Round<'_> {
                 self.active.mark(qp);
                 continue;
             }
-            let more = transmit(qp, self.mrs, &mut self.out, &mut self.ectx, true);
+            let more = transmit(qp, self.mrs, &mut self.out, &mut self.ectx, share, true);
             self.busy |= more;
             let mut waiting = more || qp.resp.ack_pending;
             for t in [qp.req.timer, qp.req.probe_at, qp.req.rnr_until]
@@ -488,10 +503,11 @@ fn transmit(
     mrs: &MrTable,
     out: &mut Tx<'_>,
     ectx: &mut ErrorCtx<'_>,
+    share: Share,
     last_pass: bool,
 ) -> bool {
-    let answering = responder::answer(qp, mrs, out, ectx, ANSWER_BUDGET);
-    let r = requester::run(qp, mrs, out, ectx, REQ_BUDGET);
+    let answering = responder::answer(qp, mrs, out, ectx, share.answers);
+    let r = requester::run(qp, mrs, out, ectx, share.requests);
     let more = r.more || answering;
     if !qp.resp.ack_pending || answering {
         // An owed ACK waits behind the responses still to send.
@@ -506,6 +522,27 @@ fn transmit(
         true
     } else {
         more
+    }
+}
+
+/// What one QP may send in a pass that visits others too: round-robin, every QP visited once
+/// a pass with an equal part of [`PASS_BUDGET`].
+#[derive(Clone, Copy, Debug)]
+struct Share {
+    /// Request packets (the requester's budget).
+    requests: usize,
+    /// READ response packets and atomic ACKs (the responder's budget).
+    answers: usize,
+}
+
+impl Share {
+    /// Each QP's part when `qps` QPs are visited.
+    #[inline]
+    fn of(qps: usize) -> Share {
+        Share {
+            requests: fair_share(qps, REQ_BUDGET),
+            answers: fair_share(qps, ANSWER_BUDGET),
+        }
     }
 }
 

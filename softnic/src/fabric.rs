@@ -34,6 +34,18 @@ pub enum Fault {
     },
     /// Add a fixed delay to every matching packet.
     Delay(Duration),
+    /// The link into the receiving port carries `bytes_per_sec` and queues up to `queue_bytes`
+    /// (a drop-tail switch port, or a veth's backlog): each matching packet waits for those
+    /// queued before it and for its own serialization, and one that finds the queue full is
+    /// dropped. The queue is the receiving port's, shared by every rule of this kind that
+    /// matches a packet to it (give one rule per port, or one for every port).
+    Bottleneck {
+        /// The link's rate.
+        bytes_per_sec: u64,
+        /// Bytes the queue holds (a packet finding more queued than this less its length is
+        /// dropped).
+        queue_bytes: u64,
+    },
     /// Flip one random byte of each matching packet with this probability (the ICRC or the UDP
     /// checksum catches it on receipt).
     Corrupt(f64),
@@ -176,6 +188,8 @@ pub struct FabricStats {
     pub corrupted: u64,
     /// Dropped by a partition, a down link, or an address nobody has.
     pub blackholed: u64,
+    /// Dropped by a full `Bottleneck` queue.
+    pub overrun: u64,
 }
 
 struct InFlight {
@@ -190,6 +204,8 @@ struct PortSlot {
     /// (arrival time, sequence number for FIFO among equal times), index into `flights`.
     inbox: BinaryHeap<Reverse<(Duration, u64, usize)>>,
     waker: Option<Arc<Waker>>,
+    /// When the `Bottleneck` link into this port has sent what is queued on it.
+    link_busy_until: Duration,
 }
 
 struct FabricInner {
@@ -259,6 +275,7 @@ impl Fabric {
             admin_up: true,
             inbox: BinaryHeap::new(),
             waker: None,
+            link_busy_until: Duration::ZERO,
         });
         f.ports.len() - 1
     }
@@ -480,6 +497,20 @@ impl FabricInner {
                     }
                 }
                 Fault::Delay(d) => delay += d,
+                Fault::Bottleneck {
+                    bytes_per_sec,
+                    queue_bytes,
+                } => {
+                    let link = &mut self.ports[to].link_busy_until;
+                    let start = (*link).max(now);
+                    let queued = bytes_in(start - now, bytes_per_sec);
+                    if queued + bytes.len() as u64 > queue_bytes {
+                        self.stats.overrun += 1;
+                        return None;
+                    }
+                    *link = start + time_for(bytes.len() as u64, bytes_per_sec);
+                    delay += *link - now;
+                }
                 Fault::Corrupt(p) => {
                     if self.chance(p) {
                         corrupt = true;
@@ -510,6 +541,17 @@ impl FabricInner {
         }
         Some(to)
     }
+}
+
+/// Bytes a link of `bytes_per_sec` sends in `t`.
+fn bytes_in(t: Duration, bytes_per_sec: u64) -> u64 {
+    (t.as_nanos() * u128::from(bytes_per_sec) / 1_000_000_000) as u64
+}
+
+/// How long a link of `bytes_per_sec` (at least 1) takes to send `bytes`.
+fn time_for(bytes: u64, bytes_per_sec: u64) -> Duration {
+    let nanos = u128::from(bytes) * 1_000_000_000 / u128::from(bytes_per_sec.max(1));
+    Duration::from_nanos(nanos.min(u128::from(u64::MAX)) as u64)
 }
 
 /// One device's end of the fabric.
@@ -724,6 +766,27 @@ mod tests {
         let got = received(&mut b, Duration::from_millis(1));
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].count_ones(), 1);
+    }
+
+    #[test]
+    fn a_bottleneck_paces_packets_and_drops_what_overflows_its_queue() {
+        let (f, mut a, mut b) = two_ports(1);
+        // 4-byte packets, 4,000 bytes/s: one packet per millisecond, a queue of three.
+        f.add_rule(FaultRule::always(Fault::Bottleneck {
+            bytes_per_sec: 4_000,
+            queue_bytes: 12,
+        }));
+        send_n(&mut a, b.addr(), 5, Duration::ZERO);
+        assert_eq!(f.stats().overrun, 2);
+        let ms = Duration::from_millis;
+        let us = Duration::from_micros;
+        assert_eq!(received(&mut b, ms(1)), Vec::<u32>::new());
+        assert_eq!(received(&mut b, ms(1) + us(1)), vec![0]);
+        assert_eq!(received(&mut b, ms(3) + us(1)), vec![1, 2]);
+        // The queue drained: the link takes packets again, paced from now.
+        send_n(&mut a, b.addr(), 1, ms(10));
+        assert_eq!(received(&mut b, ms(11) + us(1)), vec![0]);
+        assert_eq!(f.stats().overrun, 2);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!   [`srq`] (shared receive queues), [`memory`] (caller-supplied queue memory), [`events`] (async events), [`counters`];
 //! - time and progress: [`clock`], the engine (`engine`, one round of work and the auto-mode
 //!   thread), the wake-up path (`waker`);
-//! - the RC transport: `requester`, `completer`, `responder`, over the decoded packet view in
+//! - the RC transport: `requester`, `completer`, `responder` (with `congestion`, each QP's
+//!   window), over the decoded packet view in
 //!   `packet`, the fetched send WQE in `wqe`, a CQE's contents in `cqe`, and the hw-defs
 //!   layouts behind `codec`; `dma` moves bytes to and from registered memory; `tx` batches a
 //!   round's sends;
@@ -25,6 +26,7 @@
 pub mod clock;
 mod codec;
 mod completer;
+mod congestion;
 pub mod counters;
 pub mod cq;
 mod cqe;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use hw_defs::mlx5::{data_seg, MAX_WQE_BYTES, SEND_WQE_BB, SEND_WQE_DS};
 
 use crate::codec::{self, WqeError};
+use crate::congestion::Window;
 use crate::counters::Counters;
 use crate::cq::{Cq, CqFull, CqId};
 use crate::cqe::{CqeInfo, CqeKind};
@@ -22,9 +23,6 @@ use crate::resources::Resources;
 use crate::srq::{self, SharedSrq};
 use crate::waker::Waker;
 use crate::wqe::SendWqe;
-
-/// The requester asks for an ACK at least this often within a long message.
-pub(crate) const ACK_REQ_EVERY: u32 = 32;
 
 /// mlx5 CQE syndromes the device reports (`MLX5_CQE_SYNDROME_*`).
 pub(crate) mod syndrome {
@@ -294,6 +292,8 @@ pub(crate) struct Requester {
     pub probe_at: Option<Duration>,
     /// The wait after that resend: doubles from the probe's `first` up to its `cap`.
     pub probe_next: Duration,
+    /// The congestion window: PSNs in flight at most.
+    pub window: Window,
 }
 
 /// A QP's retransmit probe (`Device::set_retransmit_probe`): while the QP has packets

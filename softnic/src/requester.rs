@@ -11,13 +11,10 @@ use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma;
 use crate::mr::MrTable;
 use crate::packet::{AtomicEth, Kind, OutHeader, Reth};
-use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, RetransmitProbe, ACK_REQ_EVERY};
+use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, RetransmitProbe};
 use crate::qp_attr::QpState;
 use crate::tx::Tx;
 use crate::wqe::WqeOp;
-
-/// PSNs in flight (sent, not acknowledged) at most.
-const MAX_INFLIGHT_PSNS: u32 = 1024;
 
 /// What the requester did in one call.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -77,7 +74,14 @@ pub(crate) fn run(
         if w.op.is_read_or_atomic() && !w.started && qp.req.rd_atomic >= max_rd_atomic {
             break;
         }
-        if psn_delta(qp.req.psn, qp.req.comp_psn) >= MAX_INFLIGHT_PSNS as i32 {
+        if !qp.req.window.allows(qp.req.psn, qp.req.comp_psn) {
+            // The window waits for ACKs of what is in flight, so the ACK timer must run: a
+            // go-back-N stops it until its first resend, and the resend may lie past the
+            // window (a NAK past an unanswered atomic rewinds only to the NAK's PSN).
+            if qp.req.timer.is_none() {
+                let timeout = qp.attrs.timeout.and_then(local_ack_timeout);
+                qp.req.timer = timeout.map(|t| tx.now + t);
+            }
             break;
         }
         if w.op == WqeOp::Nop {
@@ -148,7 +152,7 @@ fn send_one(
             hdr.first = first;
             hdr.last = last;
             hdr.solicited = last && w.solicited;
-            hdr.ack_req = last || qp.req.since_ack_req + 1 >= ACK_REQ_EVERY;
+            hdr.ack_req = last || qp.req.since_ack_req + 1 >= qp.req.window.ack_every();
             if is_write && first {
                 hdr.reth = Some(Reth {
                     va: w.raddr,
@@ -368,6 +372,8 @@ pub(crate) fn check_timer(qp: &mut Qp, now: Duration, ectx: &mut ErrorCtx<'_>) {
     }
     qp.req.retry_left -= 1;
     qp.req.retrying_from = Some(qp.req.comp_psn);
+    // Nothing came back for a whole timeout: the medium lost the window's tail (or all of it).
+    qp.req.window.lost(&mut qp.counters);
     let from = qp.req.comp_psn;
     go_back(qp, from);
 }

@@ -7,7 +7,7 @@ mod common;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use common::{pair_with, pattern, seed};
+use common::{pair_with, pattern, seed, SeedGuard};
 use hw_defs::mlx5::CqeOpcode;
 use hw_defs::verbs::WcStatus;
 use rand::{Rng, SeedableRng};
@@ -29,17 +29,6 @@ enum Kind {
     Read,
     CompareSwap,
     FetchAdd,
-}
-
-/// Prints the seed if the test fails.
-struct SeedGuard(u64);
-
-impl Drop for SeedGuard {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("failing seed: SOFTNIC_SEED={}", self.0);
-        }
-    }
 }
 
 struct Posted {

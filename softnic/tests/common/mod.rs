@@ -44,6 +44,17 @@ pub fn next(sim: &Sim, devs: &[&Device], cq: &mut HarnessCq) -> Completion {
         .expect("no completion within a virtual second")
 }
 
+/// Prints the seed it holds if the test fails (drop it at the test's end: keep it bound).
+pub struct SeedGuard(pub u64);
+
+impl Drop for SeedGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("failing seed: SOFTNIC_SEED={}", self.0);
+        }
+    }
+}
+
 /// The seed from SOFTNIC_SEED, or `default`.
 pub fn seed(default: u64) -> u64 {
     std::env::var("SOFTNIC_SEED")
