@@ -176,7 +176,11 @@ impl ResilientPd {
             .create_cq(super::service::shadow::cq_entries(caps), false)?;
         let qp = self.shadow.default.create_qp(&cq, &cq, caps)?;
         let name = format!("qp {:#x} on {}", qp.qpn(), ctx.default.name());
-        let shared = Arc::new(QpShared::new(qp.handle(), name));
+        let shared = Arc::new(QpShared::new(
+            qp.handle(),
+            name,
+            ctx.service.deadline_board(),
+        ));
         let shadow = if self.shadow.ctx.backup.is_some() {
             let gid = ctx.default.query_gid(0)?;
             let shadow = Arc::new(QpShadow::new(

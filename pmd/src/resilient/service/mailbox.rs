@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crossbeam_utils::sync::Unparker;
 
@@ -50,6 +50,9 @@ pub(crate) struct QpShared {
     waker: Mutex<Option<Unparker>>,
     /// When the owner next needs to run (`Timestamp` nanoseconds; `u64::MAX`: never).
     next_deadline: AtomicU64,
+    /// The service's earliest deadline of all its QPs ([`DeadlineBoard`]), lowered by each
+    /// deadline published here.
+    board: DeadlineBoard,
     /// The default QP is in RTS in its current epoch and failover may act on it: the link
     /// watch may move it to ERR at once.
     watch_armed: AtomicBool,
@@ -62,6 +65,44 @@ pub(crate) struct QpShared {
     pub name: String,
 }
 
+/// The earliest deadline any QP of a service published since the service last looked at
+/// them all: the service walks its QPs' timers only once that time has come, so a round's
+/// cost does not grow with QPs that wait for nothing (`docs/failover.md` 9.2).
+///
+/// Each publish lowers it (`fetch_min`); the service resets it to "never" *before* reading
+/// the QPs' deadlines in its walk and lowers it again by each one it leaves waiting, so a
+/// deadline published during the walk is either read by the walk or left on the board.
+#[derive(Debug, Clone)]
+pub(crate) struct DeadlineBoard(Arc<AtomicU64>);
+
+impl DeadlineBoard {
+    /// A board with no deadline.
+    pub fn new() -> DeadlineBoard {
+        DeadlineBoard(Arc::new(AtomicU64::new(u64::MAX)))
+    }
+
+    /// Lowers the earliest deadline to `nanos` (`u64::MAX`: no deadline, no change).
+    pub fn lower_to(&self, nanos: u64) {
+        if nanos != u64::MAX {
+            self.0.fetch_min(nanos, Ordering::SeqCst);
+        }
+    }
+
+    /// The earliest deadline, if any.
+    pub fn earliest(&self) -> Option<Timestamp> {
+        match self.0.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            n => Some(Timestamp::from_nanos(n)),
+        }
+    }
+
+    /// Forgets every deadline, before a walk that reads them all again.
+    pub fn clear(&self) {
+        // A swap, not a store: it may not pass the deadline loads of the walk after it.
+        self.0.swap(u64::MAX, Ordering::SeqCst);
+    }
+}
+
 impl ChannelOwner for QpShared {
     fn post_event(&self, event: Event) {
         self.post(Mail::Event(event));
@@ -69,12 +110,13 @@ impl ChannelOwner for QpShared {
 }
 
 impl QpShared {
-    pub fn new(default_handle: QpHandle, name: String) -> QpShared {
+    pub fn new(default_handle: QpHandle, name: String, board: DeadlineBoard) -> QpShared {
         QpShared {
             pending: AtomicBool::new(false),
             mail: Mutex::new(VecDeque::new()),
             waker: Mutex::new(None),
             next_deadline: AtomicU64::new(u64::MAX),
+            board,
             watch_armed: AtomicBool::new(false),
             busy: AtomicBool::new(false),
             default_handle,
@@ -118,16 +160,17 @@ impl QpShared {
     }
 
     pub fn publish(&self, deadline: Option<Timestamp>, watch_armed: bool, busy: bool) {
-        self.next_deadline.store(
-            deadline.map_or(u64::MAX, |t| t.as_nanos()),
-            Ordering::Relaxed,
-        );
+        let nanos = deadline.map_or(u64::MAX, |t| t.as_nanos());
+        // SeqCst with the board's: a walk that read the old deadline (after clearing the
+        // board) comes before this store, so the lowering below comes after the clear.
+        self.next_deadline.store(nanos, Ordering::SeqCst);
+        self.board.lower_to(nanos);
         self.watch_armed.store(watch_armed, Ordering::Relaxed);
         self.busy.store(busy, Ordering::Relaxed);
     }
 
     pub fn deadline(&self) -> Option<Timestamp> {
-        match self.next_deadline.load(Ordering::Relaxed) {
+        match self.next_deadline.load(Ordering::SeqCst) {
             u64::MAX => None,
             n => Some(Timestamp::from_nanos(n)),
         }
@@ -139,5 +182,27 @@ impl QpShared {
 
     pub fn busy(&self) -> bool {
         self.busy.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_board_keeps_the_earliest_deadline_until_cleared() {
+        let board = DeadlineBoard::new();
+        assert_eq!(board.earliest(), None);
+        board.lower_to(u64::MAX);
+        assert_eq!(board.earliest(), None, "no deadline changes nothing");
+        board.lower_to(500);
+        board.lower_to(900);
+        assert_eq!(board.earliest(), Some(Timestamp::from_nanos(500)));
+        board.clear();
+        assert_eq!(board.earliest(), None);
+        // Shared: a QP's copy lowers the service's.
+        let qp_copy = board.clone();
+        qp_copy.lower_to(700);
+        assert_eq!(board.earliest(), Some(Timestamp::from_nanos(700)));
     }
 }

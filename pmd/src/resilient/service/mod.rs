@@ -32,7 +32,7 @@ use super::channel::{ChannelCqs, ControlChannel};
 use super::clock::Clock;
 use super::config::LinkSource;
 use link::{LinkChange, LinkWatch};
-use mailbox::{Mail, QpShared};
+use mailbox::{DeadlineBoard, Mail, QpShared};
 
 /// How often verbs that wait (for a peer, for the application) are retried.
 const VERB_RETRY: Duration = Duration::from_millis(5);
@@ -155,6 +155,8 @@ pub(crate) struct ServiceInner {
     ready: Mutex<Vec<RawFd>>,
     /// The control CQs, shared by the control channels of each device.
     control_cqs: ChannelCqs,
+    /// The earliest deadline the service's QPs published (see [`DeadlineBoard`]).
+    deadlines: DeadlineBoard,
     /// The round's list of live control CQs (taken under the state's lock).
     control_cq_scratch: Mutex<Vec<Arc<ControlCq<ControlChannel>>>>,
 }
@@ -307,6 +309,7 @@ impl ServiceHandle {
                 stop: AtomicBool::new(false),
                 ready: Mutex::new(Vec::new()),
                 control_cqs: ChannelCqs::default(),
+                deadlines: DeadlineBoard::new(),
                 control_cq_scratch: Mutex::new(Vec::new()),
             }),
         })
@@ -323,6 +326,11 @@ impl ServiceHandle {
     /// The control CQs new control channels take their place in.
     pub fn control_cqs(&self) -> &ChannelCqs {
         &self.inner.control_cqs
+    }
+
+    /// The board each QP of this service publishes its deadlines to.
+    pub(crate) fn deadline_board(&self) -> DeadlineBoard {
+        self.inner.deadlines.clone()
     }
 
     /// Queues a shadow verb.
@@ -430,17 +438,21 @@ impl ServiceHandle {
             soon(clock.now() + VERB_RETRY);
         }
 
-        // 2. Registered QPs that are gone.
-        //    One upgrade per QP: at 1,000 QPs the round's atomics on the QPs' counts are
-        //    most of what is left of it once the control CQs are shared.
-        let mut qps = std::mem::take(&mut st.live);
-        st.qps.retain(|w| match w.upgrade() {
-            Some(q) if !q.is_cancelled() => {
-                qps.push(q);
-                true
-            }
-            _ => false,
-        });
+        // 2. The registered QPs, upgraded (and those gone dropped) only when a link change or
+        //    a due deadline needs them: one upgrade per QP, and none in a round that has
+        //    neither, so an idle round's cost does not grow with the QPs.
+        let mut live: Option<Vec<Arc<dyn ServedQp>>> = None;
+        let upgrade = |qps: &mut Vec<Weak<dyn ServedQp>>, spare: &mut Vec<Arc<dyn ServedQp>>| {
+            let mut out = std::mem::take(spare);
+            qps.retain(|w| match w.upgrade() {
+                Some(q) if !q.is_cancelled() => {
+                    out.push(q);
+                    true
+                }
+                _ => false,
+            });
+            out
+        };
 
         // 3. Link changes.
         for li in 0..st.links.len() {
@@ -448,6 +460,10 @@ impl ServiceHandle {
             let mut changes = std::mem::take(&mut st.changes);
             st.links[li].poll(&mut changes);
             let ctx = st.links[li].ctx.clone();
+            if !changes.is_empty() && live.is_none() {
+                live = Some(upgrade(&mut st.qps, &mut st.live));
+            }
+            let qps = live.as_deref().unwrap_or_default();
             for &change in &changes {
                 let up = change == LinkChange::Up;
                 tracing::info!(device = %ctx.name(), ?change, "failover service: link changed");
@@ -477,7 +493,7 @@ impl ServiceHandle {
                         }
                     }
                 }
-                for qp in &qps {
+                for qp in qps {
                     let Some(path) = qp.path_on(&ctx) else {
                         continue;
                     };
@@ -554,16 +570,29 @@ impl ServiceHandle {
         events.clear();
         st.events = events;
 
-        // 5. Owners whose timers are due.
+        // 5. Owners whose timers are due: walked only once the earliest deadline published
+        //    has come. The board is cleared before the walk reads the deadlines and lowered
+        //    again by each one read, overdue ones included (their owners are woken each
+        //    round until they publish a later one, as before the board).
         let now = clock.now();
-        for qp in &qps {
-            if let Some(due) = qp.mailbox().deadline() {
-                if due <= now {
-                    qp.mailbox().wake();
-                } else {
-                    soon(due);
+        let board = &self.inner.deadlines;
+        match board.earliest() {
+            Some(earliest) if earliest <= now => {
+                board.clear();
+                let qps = live.get_or_insert_with(|| upgrade(&mut st.qps, &mut st.live));
+                for qp in qps.iter() {
+                    if let Some(due) = qp.mailbox().deadline() {
+                        board.lower_to(due.as_nanos());
+                        if due <= now {
+                            qp.mailbox().wake();
+                        } else {
+                            soon(due);
+                        }
+                    }
                 }
             }
+            Some(earliest) => soon(earliest),
+            None => {}
         }
 
         // 6. Adopted QPs.
@@ -578,8 +607,10 @@ impl ServiceHandle {
                 soon(t);
             }
         }
-        qps.clear();
-        st.live = qps;
+        if let Some(mut qps) = live {
+            qps.clear();
+            st.live = qps;
+        }
         next
     }
 
