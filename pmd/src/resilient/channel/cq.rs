@@ -55,6 +55,9 @@ pub(crate) struct ControlCq<C> {
     /// Entries not yet promised to a channel.
     free: Mutex<u32>,
     event_fd: Option<std::os::fd::RawFd>,
+    /// How many channels it was sized for: a device's first CQ takes
+    /// [`FIRST_CHANNELS_PER_CQ`], each next one twice as many.
+    channels: u32,
 }
 
 impl<C> std::fmt::Debug for ControlCq<C> {
@@ -168,6 +171,12 @@ impl<C: TakesCompletions> ControlCq<C> {
             .wait_event(Some(std::time::Duration::ZERO));
     }
 
+    /// How many times a device's first CQ's channels this CQ was sized for: 1 for the first
+    /// 16 channels of a device, then 2, 4, ... 32 (a power of two).
+    pub(crate) fn scale(&self) -> u32 {
+        (self.channels / FIRST_CHANNELS_PER_CQ).max(1)
+    }
+
     /// The descriptor that becomes readable on a completion event.
     pub(crate) fn event_fd(&self) -> Option<std::os::fd::RawFd> {
         self.event_fd
@@ -235,6 +244,7 @@ impl<C: TakesCompletions> ControlCqs<C> {
             }),
             free: Mutex::new(size - entries),
             event_fd,
+            channels,
         });
         tracing::debug!(device = %ctx.name(), channels, entries = size, "failover: shared control CQ created");
         cqs.push(Arc::downgrade(&cq));

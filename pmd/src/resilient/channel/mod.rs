@@ -142,8 +142,18 @@ const CONTROL_RETRY_CNT: u8 = 7;
 /// down: one 32-byte packet per unacknowledged channel every 16 ms; while an ACK is only
 /// slow (queued behind a round's windows), a few duplicates the peer re-acknowledges and
 /// does not execute.
+///
+/// Those are the waits of a device's first 16 channels (its first shared control CQ). A
+/// channel of a later CQ, which takes 2, 4, ... 32 times as many, waits that many times
+/// longer, and resends on hints (below) only in the first CQ: so the channels of one CQ
+/// together resend about once per millisecond at the cap, whatever their number. Without the
+/// scaling, a failover of 1,000 QPs at once (their messages' ACKs queued behind the windows
+/// they all move to the backup) spent a storm of duplicates there: every QP on the backup
+/// after 185-582 ms against 143-448 ms without the probe, and two runs of six lost
+/// connections. With softnic's congestion window, unscaled 67-391 ms against 41-47 ms scaled
+/// (`docs/measurements.md`).
 const PROBE_FIRST: Duration = Duration::from_millis(2);
-/// The longest wait between two resends of the probe.
+/// The longest wait between two resends of the probe (of the first CQ's channels).
 const PROBE_CAP: Duration = Duration::from_millis(16);
 
 /// The control QP's local ACK timeout exponent (4.096 us x 2^t): the application's
@@ -389,7 +399,10 @@ impl ControlChannel {
         rts.max_rd_atomic = Some(0);
         c.qp.modify(QpState::Rtr, &rtr)?;
         c.qp.modify(QpState::Rts, &rts)?;
-        if let Err(e) = c.qp.set_retransmit_probe(PROBE_FIRST, PROBE_CAP) {
+        let scale = self.cq.cq.scale();
+        if let Err(e) =
+            c.qp.set_retransmit_probe(PROBE_FIRST * scale, PROBE_CAP * scale)
+        {
             // Messages then wait for the ACK timer, as on a ConnectX: slower, not wrong.
             tracing::warn!(control_qpn = self.qpn, error = %e, "failover: control QP without a retransmit probe");
         }
@@ -405,13 +418,19 @@ impl ControlChannel {
     pub fn path_may_be_back(&self) {
         let c = self.lock();
         if c.unacked > 0 && !c.broken {
-            Self::resend_now(&c, self.qpn);
+            self.resend_now(&c);
         }
     }
 
-    fn resend_now(c: &Inner, qpn: u32) {
+    /// Resends at once, for a channel of a device's first shared control CQ; the others
+    /// leave it to their probe ([`PROBE_FIRST`]: hints reach every channel of a device at
+    /// once, and a thousand resends in one go are the storm the scaling avoids).
+    fn resend_now(&self, c: &Inner) {
+        if self.cq.cq.scale() > 1 {
+            return;
+        }
         if let Err(e) = c.qp.retransmit_now() {
-            tracing::debug!(control_qpn = qpn, error = %e, "failover: control resend not asked for");
+            tracing::debug!(control_qpn = self.qpn, error = %e, "failover: control resend not asked for");
         }
     }
 
@@ -509,7 +528,7 @@ impl ControlChannel {
         }
         if c.unacked > 0 {
             // The peer's message came over the path ours are stuck on: it carries packets.
-            Self::resend_now(c, self.qpn);
+            self.resend_now(c);
         }
         let (Some(number), WcOpcode::RecvRdmaWithImm) = (wc.imm, wc.opcode) else {
             // A SEND from a peer that does not write: nothing to read.
@@ -1036,6 +1055,22 @@ mod tests {
         // The first ACK was lost, and the ACKs of the resends in the window: without the
         // probe only the first, the ACK timer's resend coming after the window.
         assert!(fabric.stats().blackholed >= 2, "{:?}", fabric.stats());
+        unregister_fabric(&name);
+    }
+
+    #[test]
+    fn channels_past_a_devices_first_sixteen_probe_at_their_cqs_scale() {
+        let name = format!("control-scale-{}", std::process::id());
+        let (a, _b) = pair(&name);
+        // a's first channel is in the device's first CQ (16 channels); fifteen more fill it,
+        // and the next goes to a CQ of 32, whose channels wait twice as long.
+        assert_eq!(a.channel.control_cq().scale(), 1);
+        let more: Vec<_> = (0..16)
+            .map(|k| ControlChannel::create(&a.backup_pd, 4, 0x100 + k, &a.cqs).unwrap())
+            .collect();
+        let scales: Vec<u32> = more.iter().map(|c| c.control_cq().scale()).collect();
+        assert_eq!(scales[..15], [1; 15]);
+        assert_eq!(scales[15], 2);
         unregister_fabric(&name);
     }
 }
