@@ -15,7 +15,8 @@
 //!
 //! and, to break `resilient_qp - plain_qp` down into its parts, plain objects of the shapes
 //! the failover service gives the backup side (`docs/failover.md` 9):
-//! - `backup_cq`: a CQ of the size the backup QP's CQ has (the same rule at the backup depths);
+//! - `backup_cq`: a CQ of the size the backup QP's CQ has (one CQE for every WQE the backup
+//!   queues can hold: `pmd`'s `completions_bound`, which at these depths is what they ask for);
 //! - `backup_qp`: a plain QP at the backup depths with such a CQ, connected and in RTS;
 //! - `control_qp`: what one control channel holds: a PD of its own, a QP at the control depth
 //!   (inline messages), its ring registered, and its share of a CQ (`2 x depth` entries, a CQ
@@ -189,15 +190,18 @@ impl Footprint {
     }
 }
 
-/// CQ entries of a resilient QP's own CQ for a QP of `c` (`pmd`'s rule: every WQE both queues
-/// hold, twice).
-fn cq_entries_for(c: QpCaps) -> u32 {
+/// CQ entries of a resilient QP's own (default) CQ at the benches' caps (`pmd`'s rule: every
+/// WQE both queues hold, twice).
+fn cq_entries() -> u32 {
+    let c = caps();
     2 * (c.max_send_wr + c.max_recv_wr).max(8)
 }
 
-/// CQ entries of a resilient QP's own CQ at the benches' caps.
-fn cq_entries() -> u32 {
-    cq_entries_for(caps())
+/// CQ entries of the backup QP's CQ (`pmd`'s rule: every WQE the backup queues can hold,
+/// once; the soft provider grants these power-of-two depths as asked).
+fn backup_cq_entries() -> u32 {
+    let b = backup_caps();
+    b.max_send_wr + b.max_recv_wr
 }
 
 /// The depths the failover service gives the backup QP of a QP of the benches' caps (`pmd`'s
@@ -319,13 +323,13 @@ fn measure(kind: Kind, n: u32) -> Footprint {
     match kind {
         Kind::Cq => cqs(&f, n, cq_entries()),
         Kind::PlainQp => plain_pairs(&f, n, caps(), CqPlan::Own(cq_entries()), None),
-        Kind::BackupCq => cqs(&f, n, cq_entries_for(backup_caps())),
+        Kind::BackupCq => cqs(&f, n, backup_cq_entries()),
         Kind::BackupQp => {
-            let entries = cq_entries_for(backup_caps());
+            let entries = backup_cq_entries();
             plain_pairs(&f, n, backup_caps(), CqPlan::Own(entries), None)
         }
         Kind::BackupQpSharedCq => {
-            let entries = cq_entries_for(backup_caps());
+            let entries = backup_cq_entries();
             plain_pairs(&f, n, backup_caps(), CqPlan::Shared(entries), None)
         }
         Kind::ControlQp => {
@@ -452,7 +456,7 @@ fn main() {
         },
         "qps": n,
         "caps": {"max_send_wr": c.max_send_wr, "max_recv_wr": c.max_recv_wr, "cq_entries": cq_entries()},
-        "backup_caps": {"max_send_wr": b.max_send_wr, "max_recv_wr": b.max_recv_wr, "cq_entries": cq_entries_for(b)},
+        "backup_caps": {"max_send_wr": b.max_send_wr, "max_recv_wr": b.max_recv_wr, "cq_entries": backup_cq_entries()},
         "control_caps": {"max_send_wr": k.max_send_wr, "max_recv_wr": k.max_recv_wr, "max_inline_data": k.max_inline_data, "cq_entries": 2 * k.max_send_wr},
         "measure": "growth of VmRSS (resident) and VmData (reserved) of a child process per kind, divided by the objects on both hosts",
         "device": "softnic on an in-process fabric (engine threads)",

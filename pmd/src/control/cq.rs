@@ -136,6 +136,11 @@ impl Cq {
         self.poller.poll_into(out)
     }
 
+    /// Entries in the ring: at least what `create_cq` asked for (a provider may round up).
+    pub fn capacity(&self) -> u32 {
+        self.poller.capacity()
+    }
+
     /// The CQ number.
     pub fn cqn(&self) -> u32 {
         self.shared.cqn

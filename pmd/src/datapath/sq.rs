@@ -570,6 +570,12 @@ impl SendQueue {
         self.wr_max - self.free().1
     }
 
+    /// The most work requests the queue holds at once (what the device granted, bounded by
+    /// the ring's basic blocks): a post past it is refused with [`PostError::QueueFull`].
+    pub fn max_requests(&self) -> u32 {
+        self.wr_max
+    }
+
     /// Basic blocks in the ring.
     pub fn capacity(&self) -> u32 {
         self.wqe_m + 1

@@ -186,7 +186,6 @@ impl ResilientPd {
             let shadow = Arc::new(QpShadow::new(
                 self.shadow.clone(),
                 caps,
-                super::service::shadow::cq_entries(super::service::shadow::backup_caps(caps)),
                 qp.qpn(),
                 gid,
                 shared.clone(),

@@ -222,6 +222,9 @@ impl ResilientQp {
         rts.sq_psn = Some(epoch.start_psn(rts.sq_psn.unwrap_or(0)));
         if b.qp.state() != QpState::Reset {
             b.qp.modify(QpState::Reset, &QpAttr::default())?;
+            // The old incarnation's CQEs go with its rings: the backup CQ holds one
+            // incarnation's worth (`shadow::completions_bound`).
+            b.cq.discard_qp(qpn);
         }
         b.qp.modify(QpState::Init, &init)?;
         b.qp.modify(QpState::Rtr, &rtr)?;

@@ -325,12 +325,68 @@ pub(crate) fn cq_entries(caps: QpCaps) -> u32 {
     2 * (caps.max_send_wr + caps.max_recv_wr).max(8)
 }
 
+/// The most CQEs the CQ of `qp` (its own, for both queues) can hold unpolled at once: every
+/// send and every receive the queues admit, one CQE each. The backup QP's CQ is sized to
+/// exactly this, and it cannot overrun, for these reasons together:
+/// - the CQ is the backup data QP's alone: the control channels complete into the control
+///   CQs, and the probe and the default side's flushes go to the default CQ;
+/// - the device writes at most one CQE per WQE: a success (a signaled WQE; an unsignaled one
+///   gets none unless it fails), an error, or a flush, never two (the error CQE retires its
+///   WQE, and the flush starts after it; a QP flushes each WQE once on entering ERR, and a
+///   QP in RESET flushes nothing);
+/// - a WQE leaves the driver's books only when a poll takes its CQE, or a later CQE of the
+///   same queue (the consumer counters come from the CQEs polled), and that poll publishes
+///   the CQ's consumer counter before the owner can post into the room it freed; the one
+///   other way out is a reset, which takes the rings back to index 0, and every reset of the
+///   backup QP discards its CQEs from the CQ (`Cq::discard_qp`) before anything is posted
+///   again;
+/// - every WQE the backup queues hold was admitted against those same counters: the
+///   application's posts on the backup path, the sends a failover moves (`post_raw`), the
+///   zero-length SENDs that burn stale receives and the fence (ordinary posts), the receives
+///   a failover copies (`write_raw`). So at most [`SendQueue::max_requests`] sends and the
+///   receive ring's capacity are outstanding, whatever mix of successes, errors and flushes
+///   (a failover, a failback, a repair) completes them.
+///
+/// Unpolled CQEs are at most the outstanding WQEs, and those at most this sum. (The CQ was
+/// twice this before, for no reason anyone wrote down; the factor was slack.)
+///
+/// [`SendQueue::max_requests`]: crate::datapath::sq::SendQueue::max_requests
+pub(crate) fn completions_bound(qp: &mut Qp) -> u32 {
+    qp.send_queue().max_requests() + qp.recv_queue().capacity()
+}
+
+/// Creates the backup QP for an application QP of `caps` on the backup `pd`, with a CQ of its
+/// own that holds [`completions_bound`] of it. The CQ is asked for the depths the backup
+/// queues are asked for; a provider that grants deeper queues (rounding to a power of two, or
+/// a WQE of several basic blocks) gets both made again with the CQ sized for what it granted.
+pub(crate) fn create_backup_qp(pd: &Arc<Pd>, caps: QpCaps) -> Result<(Cq, Qp), VerbsError> {
+    let ctx = pd.context();
+    let caps = backup_caps(caps);
+    let mut entries = caps.max_send_wr + caps.max_recv_wr;
+    // The first try, and at most one more with what the first one was granted.
+    for _ in 0..2 {
+        let cq = ctx.create_cq(entries, false)?;
+        let mut qp = pd.create_qp(&cq, &cq, caps)?;
+        let needed = completions_bound(&mut qp);
+        if cq.capacity() >= needed {
+            return Ok((cq, qp));
+        }
+        entries = needed;
+    }
+    Err(VerbsError::Failed {
+        device: ctx.name().to_string(),
+        verb: "create_qp",
+        reason: format!(
+            "the backup QP's queues ({caps:?}) were granted more than a CQ of {entries} entries holds, twice"
+        ),
+    })
+}
+
 /// A QP and its backup side: the backup CQ and QP and the control channel, brought up after
 /// the application's default QP.
 pub(crate) struct QpShadow {
     pub pd: Arc<PdShadow>,
     pub caps: QpCaps,
-    pub cq_entries: u32,
     pub default_qpn: u32,
     pub default_gid: Gid,
     pub shared: Arc<QpShared>,
@@ -345,7 +401,6 @@ impl QpShadow {
     pub fn new(
         pd: Arc<PdShadow>,
         caps: QpCaps,
-        cq_entries: u32,
         default_qpn: u32,
         default_gid: Gid,
         shared: Arc<QpShared>,
@@ -353,7 +408,6 @@ impl QpShadow {
         QpShadow {
             pd,
             caps,
-            cq_entries,
             default_qpn,
             default_gid,
             shared,
@@ -463,13 +517,9 @@ impl QpShadow {
                         Err(e) => return self.fail(&mut setup, "backup PD", e),
                     };
                     let ctx = pd.context().clone();
-                    let cq = match ctx.create_cq(self.cq_entries, false) {
-                        Ok(cq) => cq,
-                        Err(e) => return self.fail(&mut setup, "backup CQ", e),
-                    };
-                    let qp = match pd.create_qp(&cq, &cq, backup_caps(self.caps)) {
-                        Ok(qp) => qp,
-                        Err(e) => return self.fail(&mut setup, "backup QP", e),
+                    let (cq, qp) = match create_backup_qp(&pd, self.caps) {
+                        Ok(made) => made,
+                        Err(e) => return self.fail(&mut setup, "backup QP and CQ", e),
                     };
                     let depth = self.pd.ctx.config.control_depth;
                     let cqs = self.pd.ctx.service.control_cqs();
@@ -716,5 +766,118 @@ impl std::fmt::Debug for PdShadow {
         f.debug_struct("PdShadow")
             .field("default", &self.default)
             .finish_non_exhaustive()
+    }
+}
+
+// They create backup QPs on softnic devices of the in-memory fabric.
+#[cfg(all(test, feature = "soft"))]
+mod tests {
+    use super::*;
+    use crate::datapath::wr::{RecvWr, SendOp, SendWr};
+    use crate::datapath::wr::{WcOpcode, WcStatus, WorkCompletion};
+    use crate::provider::soft::{register_fabric, unregister_fabric};
+    use crate::provider::ProgressModel;
+    use crate::verbs::{AddressVector, Mtu};
+    use crate::ContextConfig;
+
+    /// Fills the backup QP of a QP of `caps` with every send and receive it admits, moves it
+    /// to ERR without polling, and returns (sends admitted, receives admitted, what the CQ
+    /// gave: flushes of sends, flushes of receives, anything else).
+    fn fill_and_flush(fabric: &str, caps: QpCaps) -> (u32, u32, [u32; 3]) {
+        let f = softnic::Fabric::new(3, std::time::Duration::ZERO);
+        f.add_port("198.18.2.1".parse().unwrap());
+        f.add_port("198.18.2.2".parse().unwrap());
+        register_fabric(fabric, &f);
+        let config = ContextConfig {
+            progress: ProgressModel::Manual,
+            ..ContextConfig::default()
+        };
+        let ctx = Context::open(&format!("fabric:{fabric}/0"), &config).unwrap();
+        let peer = Context::open(&format!("fabric:{fabric}/1"), &config).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let (mut cq, mut qp) = create_backup_qp(&pd, caps).unwrap();
+        // Towards a QPN nobody has: nothing is acknowledged, so every send is still
+        // outstanding when the QP enters ERR, and every WQE of both rings is flushed.
+        let rtr = QpAttr::rtr(
+            AddressVector::to_gid(peer.query_gid(0).unwrap()),
+            0xdead,
+            0,
+            Mtu::Mtu1024,
+        );
+        qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
+            .unwrap();
+        qp.modify(QpState::Rtr, &rtr).unwrap();
+        qp.modify(QpState::Rts, &QpAttr::rts(0)).unwrap();
+        let mut sends = 0u32;
+        while qp
+            .post_send(&SendWr::new(u64::from(sends), SendOp::Send, &[]).signaled())
+            .is_ok()
+        {
+            sends += 1;
+        }
+        qp.ring_doorbell();
+        let mut recvs = 0u32;
+        while qp.post_recv(&RecvWr::new(u64::from(recvs), &[])).is_ok() {
+            recvs += 1;
+        }
+        // Some of the sends leave before the error (the device fetched and sent them).
+        for _ in 0..4 {
+            ctx.progress();
+            peer.progress();
+        }
+        qp.handle().set_error().unwrap();
+        let mut got = [0u32; 3];
+        let mut wcs = [WorkCompletion::EMPTY; 64];
+        let mut quiet = 0;
+        while quiet < 16 {
+            ctx.progress();
+            let n = cq.poll(&mut wcs);
+            quiet = if n == 0 { quiet + 1 } else { 0 };
+            for wc in &wcs[..n] {
+                match (wc.status, wc.opcode == WcOpcode::Recv) {
+                    (WcStatus::WrFlushErr, false) => got[0] += 1,
+                    (WcStatus::WrFlushErr, true) => got[1] += 1,
+                    _ => got[2] += 1,
+                }
+            }
+        }
+        drop((qp, cq));
+        unregister_fabric(fabric);
+        (sends, recvs, got)
+    }
+
+    /// The backup CQ's size is `shadow::completions_bound`, not twice it: every WQE both
+    /// backup rings admit, completing at once and unpolled, fits, for the benches' shape, for
+    /// depths the provider rounds up, and for WQEs of several basic blocks (a provider that
+    /// grants more sends than asked: small WQEs fit more of them).
+    #[test]
+    fn the_backup_cq_holds_a_completion_of_every_wqe_both_backup_rings_admit() {
+        let shapes = [
+            (128, 128, 1, 0),
+            (100, 100, 4, 128),
+            (1, 1, 1, 0),
+            (24, 40, 2, 64),
+        ];
+        for (i, (send, recv, sge, inline)) in shapes.into_iter().enumerate() {
+            let caps = QpCaps {
+                max_send_wr: send,
+                max_recv_wr: recv,
+                max_send_sge: sge,
+                max_recv_sge: sge,
+                max_inline_data: inline,
+            };
+            let fabric = format!("shadow-cq-{}-{i}", std::process::id());
+            let (sends, recvs, got) = fill_and_flush(&fabric, caps);
+            let backup = backup_caps(caps);
+            assert!(
+                sends >= backup.max_send_wr && recvs >= backup.max_recv_wr,
+                "{caps:?}: the backup rings admitted {sends} sends and {recvs} receives"
+            );
+            assert_eq!(
+                got,
+                [sends, recvs, 0],
+                "{caps:?}: one flush per WQE of both rings (sends, receives, other)"
+            );
+        }
     }
 }
