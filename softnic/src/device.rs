@@ -828,6 +828,19 @@ impl Device {
         c
     }
 
+    /// How many decoded send WQEs the QP keeps: what its send queue costs the device beyond
+    /// the ring itself, which grows with the most WQEs it had fetched and not completed.
+    #[cfg(feature = "harness")]
+    pub fn decoded_send_slots(&self, qpn: u32) -> Result<usize, DeviceError> {
+        let mut core = self.shared.lock_core();
+        Ok(core
+            .qp_mut(qpn)
+            .ok_or(DeviceError::UnknownQp(qpn))?
+            .sq
+            .slots
+            .len())
+    }
+
     /// One QP's counters.
     pub fn qp_counters(&self, qpn: u32) -> Result<Counters, DeviceError> {
         let mut core = self.shared.lock_core();

@@ -133,6 +133,12 @@ impl DoorbellRegister {
     }
 }
 
+/// Decoded WQEs a send queue starts with. The ring of decoded WQEs grows (doubling) when a
+/// fetch finds it full, up to one per basic block of the send ring: a QP's decoded copies
+/// follow the most WQEs it ever had fetched and not completed, not its ring's capacity. An
+/// idle QP (a backup QP before any failover, a control QP) keeps this many.
+const FIRST_SLOTS: u32 = 16;
+
 /// The send ring and the WQEs fetched from it, named as `docs/datapath.md`'s ring counters
 /// (`_pi` producer, `_ci` consumer, `_m` mask, `db_` read from the doorbell record): `wqe_`
 /// the driver's ring in basic blocks, `slot_` the ring of fetched WQEs, in WQEs, whose
@@ -145,7 +151,8 @@ pub(crate) struct SendQueue {
     pub wqe_ci: u16,
     /// Producer index read from the doorbell record (BBs, 16-bit, wrapping): rung up to here.
     pub wqe_db_pi: u16,
-    /// Fetched WQEs, one slot per BB of the ring (a power of two).
+    /// Fetched WQEs (a power of two of them, [`FIRST_SLOTS`] at first, growing to at most
+    /// one per BB of the ring).
     pub slots: Vec<SendWqe>,
     /// Mask of `slots` (slots - 1): an absolute WQE counter's slot is `& slot_m`.
     pub slot_m: u64,
@@ -168,10 +175,37 @@ impl SendQueue {
         &mut self.slots[(abs & self.slot_m) as usize]
     }
 
+    /// Doubles the ring of decoded WQEs, keeping each fetched WQE at its counter's new slot;
+    /// false when it already has one slot per basic block of the send ring (the most WQEs
+    /// the ring can hold). Cold: a QP grows at most log2(BBs / [`FIRST_SLOTS`]) times.
+    #[cold]
+    fn grow_slots(&mut self, max_inline: u32, max_sge: u32) -> bool {
+        let len = self.slots.len();
+        if len > self.wqe_m as usize {
+            return false;
+        }
+        let mut grown: Vec<SendWqe> = (0..2 * len)
+            .map(|_| SendWqe::empty(max_sge as usize, max_inline as usize))
+            .collect();
+        let grown_m = (2 * len - 1) as u64;
+        for abs in self.slot_ci..self.slot_pi {
+            std::mem::swap(
+                &mut grown[(abs & grown_m) as usize],
+                &mut self.slots[(abs & self.slot_m) as usize],
+            );
+        }
+        self.slots = grown;
+        self.slot_m = grown_m;
+        true
+    }
+
     /// Fetches rung WQEs into free slots. Returns how many were fetched.
     pub fn fetch(&mut self, max_inline: u32, max_sge: u32) -> usize {
         let mut fetched = 0;
-        while self.wqe_ci != self.wqe_db_pi && self.slot_pi - self.slot_ci <= self.slot_m {
+        while self.wqe_ci != self.wqe_db_pi {
+            if self.slot_pi - self.slot_ci > self.slot_m && !self.grow_slots(max_inline, max_sge) {
+                break;
+            }
             let ring_bytes = (self.wqe_m as usize + 1) * SEND_WQE_BB;
             let first = (self.wqe_ci as u32 & self.wqe_m) as usize * SEND_WQE_BB;
             // The control segment's ds tells how many BBs the WQE spans; copy them out of the
@@ -405,7 +439,8 @@ impl Qp {
         {
             return Err("max_inline or max_send_sge exceed what a send WQE can hold");
         }
-        let slots = (0..cfg.sq_bbs)
+        let first_slots = cfg.sq_bbs.min(FIRST_SLOTS);
+        let slots = (0..first_slots)
             .map(|_| SendWqe::empty(cfg.max_send_sge as usize, cfg.max_inline as usize))
             .collect();
         Ok(Qp {
@@ -421,7 +456,7 @@ impl Qp {
                 wqe_ci: 0,
                 wqe_db_pi: 0,
                 slots,
-                slot_m: u64::from(cfg.sq_bbs) - 1,
+                slot_m: u64::from(first_slots) - 1,
                 slot_ci: 0,
                 slot_req_ci: 0,
                 slot_pi: 0,

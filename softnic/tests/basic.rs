@@ -452,3 +452,52 @@ fn a_fenced_write_sent_again_does_not_wait_for_a_later_read() {
         assert_eq!(c.status, WcStatus::Success, "{what}: {c:?}");
     }
 }
+
+/// The device keeps decoded copies only of the WQEs it has fetched and not completed: an idle
+/// QP keeps 16, and a burst that leaves 100 outstanding grows them (doubling) to 128, while
+/// the WQEs already fetched keep their places: every WRITE lands and completes in order.
+#[test]
+fn decoded_send_wqes_grow_with_the_wqes_outstanding_not_with_the_ring() {
+    let (sim, mut a, b) = pair();
+    let slots = |a: &Node| a.dev.decoded_send_slots(a.qp.qpn).unwrap();
+    assert_eq!(slots(&a), 16, "an idle QP of a 256-block ring");
+    let rkey = b.buf.keys.rkey;
+    let data = pattern(110 * 8, 9);
+    a.buf.write(0, &data);
+    let post = |a: &mut Node, i: usize| {
+        let sge = [a.buf.sge(i * 8, 8)];
+        a.qp.post(
+            Op::Write {
+                raddr: b.buf.addr(i * 8),
+                rkey,
+            },
+            Data::Sges(&sge),
+            true,
+        )
+    };
+    // Ten first, completed, so that the burst's window starts mid-ring and wraps it.
+    for i in 0..10 {
+        post(&mut a, i);
+    }
+    a.qp.ring();
+    for _ in 0..10 {
+        assert_eq!(
+            next(&sim, &[&a.dev, &b.dev], &mut a.scq).status,
+            WcStatus::Success
+        );
+    }
+    let burst: Vec<u16> = (10..110).map(|i| post(&mut a, i)).collect();
+    a.qp.ring();
+    for (n, &index) in burst.iter().enumerate() {
+        let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
+        assert_eq!(
+            (c.status, c.wqe_counter),
+            (WcStatus::Success, index),
+            "completion {n} of the burst"
+        );
+    }
+    assert_eq!(slots(&a), 128, "grown to hold 100 outstanding");
+    let mut landed = vec![0u8; data.len()];
+    b.buf.read(0, &mut landed);
+    assert_eq!(landed, data);
+}
