@@ -1646,16 +1646,8 @@ fn on_the_backup_the_application_has_no_more_sends_outstanding_than_its_send_que
         s.a.qp.state() == ResilientState::Fallback
     });
     assert_eq!(sim.a.qp.state(), ResilientState::Fallback);
-    let capacity = sim.a.qp.caps().max_send_wr;
-    let (accepted, refusal) = post_writes_until_refused(&mut sim, 0);
-    assert_eq!(accepted, capacity, "{refusal}");
-    // What was taken completes, and then there is room again.
-    sim.a.qp.ring_doorbell();
-    let wcs = completions(&mut sim, true, capacity as usize, Duration::from_secs(2));
-    assert!(
-        wcs.iter().all(|wc| wc.status == WcStatus::Success),
-        "{wcs:?}"
-    );
+    let capacity = the_whole_send_queue_is_taken_and_completes(&mut sim);
+    // Then there is room again.
     let (again, _) = post_writes_until_refused(&mut sim, 0);
     assert_eq!(again, capacity);
 }
@@ -1725,17 +1717,9 @@ fn a_rearms_probe_leaves_the_application_its_whole_send_queue() {
     let probing = up + holddown + Duration::from_millis(100);
     sim.run_until(probing - sim.clock.now(), |_| false);
     assert_eq!(sim.a.qp.state(), ResilientState::Fallback, "still probing");
-    let capacity = sim.a.qp.caps().max_send_wr;
-    let (accepted, refusal) = post_writes_until_refused(&mut sim, 0);
-    assert_eq!(accepted, capacity, "{refusal}");
     // The probe gets through once the default path carries packets, and the sends switch
-    // back: it was out while the posts above were taken.
-    sim.a.qp.ring_doorbell();
-    let wcs = completions(&mut sim, true, capacity as usize, Duration::from_secs(2));
-    assert!(
-        wcs.iter().all(|wc| wc.status == WcStatus::Success),
-        "{wcs:?}"
-    );
+    // back: it was out while the posts were taken.
+    the_whole_send_queue_is_taken_and_completes(&mut sim);
     sim.run_until(Duration::from_secs(3), |s| {
         s.a.qp.state() == ResilientState::Default
     });
@@ -1745,6 +1729,21 @@ fn a_rearms_probe_leaves_the_application_its_whole_send_queue() {
         "switched back at {:?}",
         sim.clock.now()
     );
+}
+
+/// Posts WRITEs from A until one is refused, checks that A's send queue took exactly its
+/// capacity, rings, and checks that every one completes successfully; returns the capacity.
+fn the_whole_send_queue_is_taken_and_completes(sim: &mut Sim) -> u32 {
+    let capacity = sim.a.qp.caps().max_send_wr;
+    let (accepted, refusal) = post_writes_until_refused(sim, 0);
+    assert_eq!(accepted, capacity, "{refusal}");
+    sim.a.qp.ring_doorbell();
+    let wcs = completions(sim, true, capacity as usize, Duration::from_secs(2));
+    assert!(
+        wcs.iter().all(|wc| wc.status == WcStatus::Success),
+        "{wcs:?}"
+    );
+    capacity
 }
 
 /// Posts signaled 8-byte WRITEs from A to B, numbered from `posted` on, until one is refused;
