@@ -624,14 +624,7 @@ impl Device {
             ));
         }
         let now = self.shared.clock.now();
-        let mut guard = self.shared.lock_core();
-        let core = &mut *guard;
-        let qp = core
-            .qp_index(qpn)
-            .and_then(|i| core.qps.get_mut(i))
-            .and_then(|q| q.as_mut())
-            .ok_or(DeviceError::UnknownQp(qpn))?;
-        match qp.req.timer {
+        self.with_qp_marked(qpn, |qp| match qp.req.timer {
             Some(t) if now + timeout < t => {
                 qp.req.timer = Some(now + timeout);
                 qp.req.short_deadline = qp.req.timer;
@@ -640,11 +633,7 @@ impl Device {
             // A timer already due sooner covers it.
             Some(_) => qp.req.short_timeout = None,
             None => qp.req.short_timeout = Some(timeout),
-        }
-        core.active.mark(qp);
-        drop(guard);
-        self.shared.waker.wake();
-        Ok(())
+        })
     }
 
     /// Gives QP `qpn` a retransmit probe ([`RetransmitProbe`]): while it has packets
