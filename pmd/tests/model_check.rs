@@ -161,6 +161,12 @@ struct Budget {
     /// A default device refuses the next move of its QP to RTR (a NIC recovering), so a
     /// bring-up fails with the link up.
     rtr_refusals: u8,
+    /// The hosts also reach each other over the management network (5f): a third channel,
+    /// in order, that no RDMA device or path failure touches.
+    management: bool,
+    /// A default device may fail its QPs also while its data QP is out of RTS (after a
+    /// failover: the all-targets soak's loss), taking the default devices' channel alone.
+    default_qps_fail_out_of_rts: bool,
 }
 
 struct Scenario {
@@ -211,7 +217,8 @@ impl fmt::Display for Scenario {
             "{}: A posts [{}] and {} recvs ({:?}); B posts [{}] and {} recvs ({:?}); recvs {}; \
              default path fails <= {}x, repaired <= {}x, its QPs fail <= {}x, RTR refused <= {}x; \
              backup fails <= {}x, its QPs fail <= {}x; \
-             packets lost <= {}; timer ticks <= {}; quiet-time timeouts <= {}; retry_cnt {}",
+             packets lost <= {}; timer ticks <= {}; quiet-time timeouts <= {}; retry_cnt {}; \
+             management network: {}",
             self.name,
             program(self.programs[A]),
             self.recvs[A],
@@ -233,7 +240,8 @@ impl fmt::Display for Scenario {
             b.losses,
             b.ticks,
             b.waits,
-            RETRY_CNT
+            RETRY_CNT,
+            if b.management { "yes" } else { "no" }
         )
     }
 }
@@ -432,6 +440,8 @@ struct World {
     control: [Vec<ControlMessage>; 2],
     /// `[sender]`: control messages on the default devices' control QP pair, in order.
     default_control: [Vec<ControlMessage>; 2],
+    /// `[sender]`: control messages over the management network, in order.
+    management: [Vec<ControlMessage>; 2],
     paths: [PathState; 2],
     budget: Budget,
     now: u64,
@@ -492,6 +502,12 @@ const SEEN_FAILBACK: u32 = 1 << 12;
 const SEEN_DEFAULT_CONTROL_REPAIRED: u32 = 1 << 13;
 /// A backup side was repaired over a repaired default devices' channel.
 const SEEN_BACKUP_REPAIRED_AFTER_CHANNEL: u32 = 1 << 14;
+/// A failback finished with a `FailbackReady` that came over the management network to a
+/// host whose default devices' channel was dead (5f).
+const SEEN_FAILBACK_OVER_MANAGEMENT: u32 = 1 << 17;
+/// The default devices' channel was repaired over the management network (its
+/// `SideRearmDone` came there), both control channels lost (5f).
+const SEEN_CHANNEL_REPAIRED_OVER_MANAGEMENT: u32 = 1 << 18;
 
 /// One step of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -530,6 +546,8 @@ enum Step {
     /// The oldest message `from` sent on the control channel on the default devices arrives
     /// (it waits while the default path is down: the model does not exhaust its retries).
     DeliverDefaultControl { from: usize },
+    /// The oldest message `from` sent over the management network arrives.
+    DeliverManagement { from: usize },
     /// A due timer of `host` fires.
     Tick { host: usize },
     /// `host`'s driver finishes draining the default CQ.
@@ -558,6 +576,7 @@ impl FailoverModel {
         config.redrain_interval = Duration::ZERO;
         // Handshake timeouts fire only when nothing else can happen (`Step::Wait`).
         config.handshake_timeout = Duration::from_secs(2);
+        config.management = self.scenario.budget.management;
         config
     }
 
@@ -761,6 +780,13 @@ impl World {
                 } else {
                     self.default_control[host].push(message);
                 }
+            }
+            Action::SendManagement { message } => {
+                if !model.scenario.budget.management {
+                    // The driver has no management path to send on.
+                    self.violate(ILLEGAL_QP_TRANSITION);
+                }
+                self.management[host].push(message);
             }
             Action::ResetSide {
                 side: Side::DefaultChannel,
@@ -1640,6 +1666,7 @@ impl Model for FailoverModel {
             acks: Default::default(),
             control: Default::default(),
             default_control: Default::default(),
+            management: Default::default(),
             paths: [up, up],
             budget: self.scenario.budget,
             now: 0,
@@ -1670,6 +1697,9 @@ impl Model for FailoverModel {
             if !world.default_control[host].is_empty() && world.paths[DEFAULT].up {
                 steps.push(Step::DeliverDefaultControl { from: host });
             }
+            if !world.management[host].is_empty() {
+                steps.push(Step::DeliverManagement { from: host });
+            }
             let default_live_for_good = world.budget.default_failures == 0
                 && world.paths[DEFAULT].up
                 && [A, B]
@@ -1681,8 +1711,10 @@ impl Model for FailoverModel {
             {
                 steps.push(Step::BackupQpsFail { host });
             }
+            let out_of_rts =
+                world.budget.default_qps_fail_out_of_rts && !world.hosts[host].default_control_dead;
             if world.budget.default_qp_failures > 0
-                && world.hosts[host].qps[DEFAULT].state == QpState::Rts
+                && (world.hosts[host].qps[DEFAULT].state == QpState::Rts || out_of_rts)
             {
                 steps.push(Step::DefaultQpsFail { host });
             }
@@ -1791,20 +1823,41 @@ impl Model for FailoverModel {
             Step::DefaultQpsFail { host } => {
                 next.budget.default_qp_failures -= 1;
                 let h = &mut next.hosts[host];
-                h.qps[DEFAULT].state = QpState::Err;
+                let data_qp_in_rts = h.qps[DEFAULT].state == QpState::Rts;
+                if data_qp_in_rts {
+                    h.qps[DEFAULT].state = QpState::Err;
+                }
                 h.default_control_dead = true;
                 next.default_control[host].clear();
                 // The channel's posted receives flush; so does the data QP's work (an idle
-                // one's next post would flush at once).
+                // one's next post would flush at once). A data QP out of RTS has nothing to
+                // flush: the failover took its work.
                 next.feed(self, host, Event::ControlFailed { via: Path::Default });
-                next.feed(
-                    self,
-                    host,
-                    Event::ErrorCompletion {
-                        path: Path::Default,
-                        status: WcStatus::WrFlushErr,
-                    },
-                );
+                if data_qp_in_rts {
+                    next.feed(
+                        self,
+                        host,
+                        Event::ErrorCompletion {
+                            path: Path::Default,
+                            status: WcStatus::WrFlushErr,
+                        },
+                    );
+                }
+            }
+            Step::DeliverManagement { from } => {
+                let message = next.management[from].remove(0);
+                let to = 1 - from;
+                match message {
+                    ControlMessage::FailbackReady { .. } if next.hosts[to].default_control_dead => {
+                        next.seen |= SEEN_FAILBACK_OVER_MANAGEMENT;
+                    }
+                    ControlMessage::SideRearmDone {
+                        epoch: SideEpoch::DefaultChannel(_),
+                        ok: true,
+                    } => next.seen |= SEEN_CHANNEL_REPAIRED_OVER_MANAGEMENT,
+                    _ => {}
+                }
+                next.feed(self, to, Event::Management(message));
             }
             Step::RefuseRtr { host } => {
                 next.budget.rtr_refusals -= 1;
@@ -1977,7 +2030,7 @@ impl Model for FailoverModel {
         ];
         // What the scenario must reach, so that a pass cannot come from a model that never
         // gets there.
-        let coverage: [(u32, &'static str, Condition); 17] = [
+        let coverage: [(u32, &'static str, Condition); 19] = [
             (SEEN_FAILOVER, "a failover completes", |_, w| {
                 w.seen & SEEN_FAILOVER != 0
             }),
@@ -2040,6 +2093,16 @@ impl Model for FailoverModel {
                 |_, w| w.seen & SEEN_BACKUP_REPAIRED_AFTER_CHANNEL != 0,
             ),
             (
+                SEEN_FAILBACK_OVER_MANAGEMENT,
+                FAILBACK_OVER_MANAGEMENT,
+                |_, w| w.seen & SEEN_FAILBACK_OVER_MANAGEMENT != 0,
+            ),
+            (
+                SEEN_CHANNEL_REPAIRED_OVER_MANAGEMENT,
+                "the default devices' channel is repaired over the management network",
+                |_, w| w.seen & SEEN_CHANNEL_REPAIRED_OVER_MANAGEMENT != 0,
+            ),
+            (
                 SEEN_FAILBACK_REFUSED,
                 "a failback's bring-up is refused",
                 |_, w| w.seen & SEEN_FAILBACK_REFUSED != 0,
@@ -2096,6 +2159,7 @@ impl FailoverModel {
                     | Step::Timeout { .. }
                     | Step::DeliverControl { .. }
                     | Step::DeliverDefaultControl { .. }
+                    | Step::DeliverManagement { .. }
                     | Step::ControlTimeout { .. }
                     | Step::Tick { .. }
                     | Step::Drained { .. }
@@ -2183,6 +2247,8 @@ const fn budget(
         waits: 1,
         backup_qps_fail_with_the_default_live: false,
         rtr_refusals: 0,
+        management: false,
+        default_qps_fail_out_of_rts: false,
     }
 }
 
@@ -2195,6 +2261,8 @@ const READ_UNCHANGED: &str =
 const OWN_COMPLETIONS: &str = "the application sees completions of its own WRs only";
 const NOT_DUPLICATED: &str = "application completions are neither duplicated nor reordered";
 const QUIET_DONE: &str = "when the system is quiet, everything posted has completed or failed";
+const FAILBACK_OVER_MANAGEMENT: &str =
+    "a failback finishes over the management network with both control channels lost";
 
 /// NCCL-Simple traffic one way, the sender leading the rearm: failover, rearm, switch-back,
 /// a second failure after (or during) the switch-back.
@@ -2341,6 +2409,28 @@ fn default_qps_fail() -> Scenario {
     }
 }
 
+/// Both control channels lost (5f): one notification A -> B; a default device fails its QPs
+/// (a failover, and the default devices' channel with it) and a backup device fails its QPs,
+/// at any point, on either host: with traffic on the backup that is a failback with no
+/// control channel left, whose messages go over the management network, and after it the
+/// default devices' channel is repaired there. The bounds of
+/// `shift_repairs_the_default_devices_channel_after_the_default_device_failed_its_qps`, with
+/// the management network.
+fn both_channels_lost() -> Scenario {
+    Scenario {
+        name: "one notification A -> B, the default then the backup device fails its QPs",
+        budget: Budget {
+            management: true,
+            ticks: 2,
+            ..default_qps_fail().budget
+        },
+        coverage: SEEN_FAILOVER
+            | SEEN_FAILBACK_OVER_MANAGEMENT
+            | SEEN_CHANNEL_REPAIRED_OVER_MANAGEMENT,
+        ..default_qps_fail()
+    }
+}
+
 /// The backup path fails too, at any point: nothing may hang; under traffic with the default
 /// path back, the traffic fails back to it (5e). One notification rather than the NCCL
 /// program: the failback's interleavings made that one four times larger (25.6 million
@@ -2470,6 +2560,31 @@ fn shift_repairs_a_backup_whose_qps_failed_while_idle_and_fails_over_through_it(
 #[test]
 fn shift_repairs_the_default_devices_channel_after_the_default_device_failed_its_qps() {
     verify(default_qps_fail());
+}
+
+#[test]
+fn shift_fails_back_and_repairs_over_the_management_network_when_both_channels_are_lost() {
+    verify(both_channels_lost());
+}
+
+/// The same scenario with no management network: no failback finishes once both control
+/// channels are lost (the machine before 5f ended the connection; without the third channel
+/// it still must).
+#[test]
+fn without_the_management_network_no_failback_finishes_with_both_channels_lost() {
+    let scenario = both_channels_lost();
+    let checker = check(
+        Scenario {
+            budget: Budget {
+                management: false,
+                ..scenario.budget
+            },
+            ..scenario
+        },
+        Policy::Shift,
+        HasDiscoveries::AnyOf([FAILBACK_OVER_MANAGEMENT].into()),
+    );
+    assert!(checker.discovery(FAILBACK_OVER_MANAGEMENT).is_none());
 }
 
 #[test]

@@ -60,6 +60,14 @@ pub enum Action {
         /// The message.
         message: ControlMessage,
     },
+    /// Send a control message to the peer over the management network (`docs/failover.md`
+    /// 5f), which depends on neither RDMA device: only asked for when
+    /// [`Config::management`](super::Config::management) is set, for a failback's messages
+    /// and for the default devices' channel's repair while the backup side is lost too.
+    SendManagement {
+        /// The message.
+        message: ControlMessage,
+    },
     /// Take `side` to RESET, so that it leaves its epoch: the backup side (the backup data QP
     /// and the control QP on the backup devices; the backup rings go back to index 0, stale
     /// receive WQEs with them) or the control QP on the default devices (message numbers back

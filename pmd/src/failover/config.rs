@@ -47,6 +47,11 @@ pub struct Config {
     /// How soon to poll the backup CQ again while waiting for receive completions during a
     /// switch-back.
     pub redrain_interval: Duration,
+    /// The two ends can also reach each other over the management network
+    /// (`docs/failover.md` 5f): a failback's messages go there too, and the default devices'
+    /// channel is repaired there when the backup devices' channel is lost as well. Off by
+    /// default: the driver turns it on when both ends published a management endpoint.
+    pub management: bool,
 }
 
 /// What a plain RC QP waits before `RETRY_EXC_ERR` on a dead path (the IBTA arithmetic is
@@ -73,6 +78,7 @@ impl Config {
             backup_wait: rc_retry_budget(14, 7),
             outage_tolerance: DEFAULT_OUTAGE_TOLERANCE,
             redrain_interval: Duration::from_micros(50),
+            management: false,
         }
     }
 

@@ -63,8 +63,12 @@ pub enum Event {
         /// requests (and the peer, after that send) changed.
         sends_before_first_read: Option<u64>,
     },
-    /// A control message arrived from the peer.
+    /// A control message arrived from the peer on one of the control QPs.
     Control(ControlMessage),
+    /// A control message arrived from the peer over the management network
+    /// ([`Action::SendManagement`](super::Action::SendManagement)): authenticated by the
+    /// driver, and, unlike one on a control QP, no sign that an RDMA path carries packets.
+    Management(ControlMessage),
     /// The control QP on `via`'s devices failed (a send completed in error, or its receives
     /// flushed). On the backup devices the backup path is gone with it; on the default
     /// devices, until it is repaired (over the backup devices' channel, `docs/failover.md`

@@ -95,6 +95,8 @@ impl ResilientConfig {
             // Set from the QP's own RTS attributes when it is armed (the driver's install).
             backup_wait: failover::Config::new(role).backup_wait,
             outage_tolerance: self.outage_tolerance,
+            // Set when both ends published a management endpoint (the driver's install).
+            management: false,
         }
     }
 

@@ -68,7 +68,27 @@ impl Failover {
     /// round (the default pair failed too) the failback waits for the default path within
     /// the RC budget: whichever path comes back first.
     pub(super) fn may_fail_back(&self) -> bool {
-        self.default_channel.usable && !self.failing_back()
+        (self.default_channel.usable || self.config.management) && !self.failing_back()
+    }
+
+    /// Sends one of a failback's messages: on the default devices' channel while it works,
+    /// and over the management network as well where there is one (5f). The backup channel is
+    /// gone during a failback, so the default devices' channel is the last in-band one: were
+    /// its QP to fail mid-handshake at either end (the all-targets soak's loss: a device
+    /// failing every QP 100 ms after the backup device did), the copy on the management
+    /// network still gets through, and neither end needs to learn that the other's channel
+    /// failed. Each channel delivers in order, so the first copies arrive in the order sent;
+    /// the second copy of each is dropped (`peer_failing_back`, `peer_failback_ready`).
+    fn send_failback_message(&self, message: ControlMessage, out: &mut Actions) {
+        if self.default_channel.usable {
+            out.push(Action::SendControl {
+                via: Path::Default,
+                message,
+            });
+        }
+        if self.config.management {
+            out.push(Action::SendManagement { message });
+        }
     }
 
     pub(super) fn failback_due(&self, now: Timestamp) -> bool {
@@ -149,17 +169,34 @@ impl Failover {
     }
 
     /// The peer's `Failback`: it starts our round, or completes what our round waits for.
+    /// `over_management`: it came over the management network, which says nothing of the
+    /// default path.
     pub(super) fn peer_failing_back(
         &mut self,
         peer: PeerFailback,
+        over_management: bool,
         now: Timestamp,
         out: &mut Actions,
     ) {
         if self.last_failback.is_some_and(|last| peer.epoch <= last) {
+            if self.config.management {
+                // The second copy of a round's `Failback` (5f), after the round brought the
+                // default pair up.
+                return;
+            }
             return self.protocol_violation("Failback for an epoch already failed back to", out);
         }
-        self.default_path_carried(now);
+        if !over_management {
+            self.default_path_carried(now);
+        }
         match self.send {
+            SendState::FailingBack(FailbackRound {
+                peer: Some(known), ..
+            }) if self.config.management
+                && (known.epoch, known.recvs_completed) == (peer.epoch, peer.recvs_completed) =>
+            {
+                // Its second copy (5f).
+            }
             SendState::FailingBack(round) if round.peer.is_none() => {
                 self.send = SendState::FailingBack(FailbackRound {
                     peer: Some(peer),
@@ -205,14 +242,14 @@ impl Failover {
             DefaultQp::FailingBack { up_after, .. } => up_after.saturating_since(now),
             _ => Duration::ZERO,
         };
-        out.push(Action::SendControl {
-            via: Path::Default,
-            message: ControlMessage::Failback {
+        self.send_failback_message(
+            ControlMessage::Failback {
                 epoch: proposed,
                 recvs_completed: progress.recvs_completed,
                 wait,
             },
-        });
+            out,
+        );
         self.send = SendState::FailingBack(FailbackRound {
             step: FailbackStep::AwaitingPeer {
                 drained: progress,
@@ -317,10 +354,7 @@ impl Failover {
             return self.fail(FailReason::BackupUnavailable, out);
         }
         self.recv = RecvState::Default;
-        out.push(Action::SendControl {
-            via: Path::Default,
-            message: ControlMessage::FailbackReady { epoch },
-        });
+        self.send_failback_message(ControlMessage::FailbackReady { epoch }, out);
         if round.peer_ready {
             return self.finish_failback(epoch, out);
         }
@@ -348,6 +382,22 @@ impl Failover {
 
     /// The peer's receives are on its default QP in `epoch`.
     pub(super) fn peer_failback_ready(&mut self, epoch: Epoch, out: &mut Actions) {
+        // With the management network every failback message comes twice (5f): a copy for
+        // an epoch already failed back to, outside the round that agreed on it, is the second.
+        let awaited = match self.send {
+            SendState::FailingBack(round) => match round.step {
+                FailbackStep::AwaitingReady { epoch: e } => e == epoch,
+                FailbackStep::BringingUp { epoch: e } => e == epoch && !round.peer_ready,
+                FailbackStep::Draining | FailbackStep::AwaitingPeer { .. } => false,
+            },
+            _ => false,
+        };
+        let second_copy = self.config.management
+            && self.last_failback.is_some_and(|last| epoch <= last)
+            && !awaited;
+        if second_copy {
+            return;
+        }
         let SendState::FailingBack(round) = self.send else {
             return self.protocol_violation("FailbackReady outside a failback round", out);
         };

@@ -7,7 +7,7 @@ use super::message::ControlMessage;
 use super::observation::{Observation, Observations, RoundTrigger};
 use super::status::{ErrorClass, WcStatus};
 use super::time::Timestamp;
-use super::vocab::{FailReason, Path, Side};
+use super::vocab::{FailReason, Path, Side, SideEpoch};
 
 mod failback;
 mod repair;
@@ -351,6 +351,7 @@ impl Failover {
                     recvs_completed,
                     up_after: now + wait,
                 },
+                false,
                 now,
                 out,
             ),
@@ -369,14 +370,17 @@ impl Failover {
             // Repairing a side lost while the connection runs on.
             Event::ControlFailed { via: Path::Default } => {
                 tracing::warn!("failover: the control QP on the default devices failed; no backup repair or failback until it is repaired");
-                if self.failing_back() {
+                if self.failing_back() && !self.config.management {
                     self.default_channel.usable = false;
                     return self.fail(FailReason::BackupUnavailable, out);
                 }
                 self.side_lost(Side::DefaultChannel, now);
             }
             Event::Control(Msg::SideLost { epoch }) => self.peer_lost_side(epoch, now, out),
-            Event::Control(Msg::SideRearm { epoch }) => self.side_rearm_requested(epoch, now, out),
+            Event::Control(Msg::SideRearm { epoch }) => {
+                self.side_rearm_requested(epoch, false, now, out)
+            }
+            Event::Management(message) => self.management_message(message, now, out),
             Event::Control(Msg::SideRearmDone { epoch, ok }) => {
                 self.side_rearm_done(epoch, ok, now, out)
             }
@@ -1374,6 +1378,42 @@ impl Failover {
 
     fn default_is_live(&self) -> bool {
         matches!(self.default_qp, DefaultQp::Live { .. })
+    }
+
+    /// A control message that came over the management network (5f): only what the machine
+    /// sends there (a failback's messages, the default devices' channel's repair) is taken.
+    fn management_message(&mut self, message: ControlMessage, now: Timestamp, out: &mut Actions) {
+        use ControlMessage as Msg;
+        let channel = |epoch: SideEpoch| epoch.side() == Side::DefaultChannel;
+        match message {
+            _ if !self.config.management => self.protocol_violation(
+                "a message over the management network, which this end does not use",
+                out,
+            ),
+            Msg::Failback {
+                epoch,
+                recvs_completed,
+                wait,
+            } => self.peer_failing_back(
+                PeerFailback {
+                    epoch,
+                    recvs_completed,
+                    up_after: now + wait,
+                },
+                true,
+                now,
+                out,
+            ),
+            Msg::FailbackReady { epoch } => self.peer_failback_ready(epoch, out),
+            Msg::SideLost { epoch } if channel(epoch) => self.peer_lost_side(epoch, now, out),
+            Msg::SideRearm { epoch } if channel(epoch) => {
+                self.side_rearm_requested(epoch, true, now, out)
+            }
+            Msg::SideRearmDone { epoch, ok } if channel(epoch) => {
+                self.side_rearm_done(epoch, ok, now, out)
+            }
+            _ => self.protocol_violation("a message the management network does not carry", out),
+        }
     }
 
     /// The link of `path`'s device, as last reported.

@@ -47,8 +47,9 @@ pub(super) enum Repair {
     AwaitingFollower { deadline: Timestamp },
     /// Leader: the follower's side is up; bringing its own up.
     BringingUp { deadline: Timestamp },
-    /// Follower: bringing its side up at the leader's request.
-    FollowerBringingUp,
+    /// Follower: bringing its side up at the leader's request, which came over the
+    /// management network if `reply_over_management` (the answer goes back the same way).
+    FollowerBringingUp { reply_over_management: bool },
 }
 
 impl SideRepair {
@@ -69,7 +70,7 @@ impl SideRepair {
             self.repair,
             Repair::AwaitingFollower { .. }
                 | Repair::BringingUp { .. }
-                | Repair::FollowerBringingUp
+                | Repair::FollowerBringingUp { .. }
         )
     }
 
@@ -157,12 +158,41 @@ impl Failover {
     /// device that failed its QPs starts one at the same moment, and a repair refused for it
     /// would leave the leader's channel reset and the follower's up, so that the follower's
     /// next message (a `Failback`, when its backup dies next) is lost.
+    /// With the management network (5f) the default devices' channel is repaired there while
+    /// the backup side is lost too: then only its own link must be up.
     fn paths_allow_repair(&self, side: Side) -> bool {
         let idle = match side {
             Side::Backup => !self.needs_backup(),
             Side::DefaultChannel => !self.failing_back(),
         };
-        self.backup_link.up && self.default_link.up && self.side(side.other()).usable && idle
+        let carried = self.repair_over_management(side)
+            || self.side(side.other()).usable && self.link(side.repaired_via()).up;
+        self.link(side.path()).up && carried && idle
+    }
+
+    /// Whether `side`'s repair messages go over the management network (5f): only the default
+    /// devices' channel's, and only while the backup devices' channel, which carries them
+    /// otherwise, is lost too. Once the channel is back, the backup side is repaired over it.
+    fn repair_over_management(&self, side: Side) -> bool {
+        self.config.management && side == Side::DefaultChannel && !self.backup.usable
+    }
+
+    /// Sends one of `side`'s repair messages: on the other side's channel, or over the
+    /// management network.
+    fn send_repair_message(
+        side: Side,
+        over_management: bool,
+        message: ControlMessage,
+        out: &mut Actions,
+    ) {
+        out.push(if over_management {
+            Action::SendManagement { message }
+        } else {
+            Action::SendControl {
+                via: side.repaired_via(),
+                message,
+            }
+        });
     }
 
     /// When `side`'s repair next needs this end to act: the leader's next attempt (after the
@@ -181,13 +211,13 @@ impl Failover {
             Repair::AwaitingFollower { deadline } | Repair::BringingUp { deadline } => {
                 Some(deadline)
             }
-            Repair::Idle | Repair::FollowerBringingUp => None,
+            Repair::Idle | Repair::FollowerBringingUp { .. } => None,
         }
     }
 
     /// Two actions at most.
     pub(super) fn repair_tick(&mut self, side: Side, now: Timestamp, out: &mut Actions) {
-        let via = side.repaired_via();
+        let over_management = self.repair_over_management(side);
         match self.side(side).repair {
             Repair::Lost { .. } if self.config.role == Role::Leader => {
                 // Our side leaves its incarnation (RESET) before the follower hears of the
@@ -202,21 +232,25 @@ impl Failover {
                 }
                 tracing::info!(%epoch, "failover: repairing a lost side");
                 out.push(Action::ResetSide { side });
-                out.push(Action::SendControl {
-                    via,
-                    message: ControlMessage::SideRearm { epoch },
-                });
+                Self::send_repair_message(
+                    side,
+                    over_management,
+                    ControlMessage::SideRearm { epoch },
+                    out,
+                );
                 self.side_mut(side).repair = Repair::AwaitingFollower {
                     deadline: now + self.config.handshake_timeout,
                 };
             }
             Repair::Lost { not_before, .. } => {
-                out.push(Action::SendControl {
-                    via,
-                    message: ControlMessage::SideLost {
+                Self::send_repair_message(
+                    side,
+                    over_management,
+                    ControlMessage::SideLost {
                         epoch: self.side(side).epoch,
                     },
-                });
+                    out,
+                );
                 self.side_mut(side).repair = Repair::Lost {
                     not_before,
                     tell_leader: false,
@@ -226,7 +260,7 @@ impl Failover {
                 tracing::debug!(epoch = %self.side(side).epoch, "failover: repair attempt timed out");
                 self.repair_failed(side, now)
             }
-            Repair::Idle | Repair::FollowerBringingUp => {}
+            Repair::Idle | Repair::FollowerBringingUp { .. } => {}
         }
     }
 
@@ -247,8 +281,9 @@ impl Failover {
                     self.side_lost(side, now);
                     self.fail_back_if_awaiting_ready(now, out);
                 }
-                // The failback round needs the channel: it cannot finish.
-                Side::DefaultChannel if self.failing_back() => {
+                // The failback round needs the channel: it cannot finish (with the
+                // management network it can: its messages go there too, 5f).
+                Side::DefaultChannel if self.failing_back() && !self.config.management => {
                     self.fail(FailReason::BackupUnavailable, out)
                 }
                 Side::DefaultChannel => self.side_lost(side, now),
@@ -256,10 +291,13 @@ impl Failover {
         }
     }
 
-    /// Follower: the leader's `epoch.side()` has left every incarnation before `epoch`.
+    /// Follower: the leader's `epoch.side()` has left every incarnation before `epoch`. The
+    /// answer goes back the way the request came (`over_management`): the leader sends there
+    /// only when its own end of the in-band channel is lost.
     pub(super) fn side_rearm_requested(
         &mut self,
         epoch: SideEpoch,
+        over_management: bool,
         now: Timestamp,
         out: &mut Actions,
     ) {
@@ -267,7 +305,6 @@ impl Failover {
         if self.config.role == Role::Leader || epoch.number() <= self.side(side).epoch.number() {
             return self.protocol_violation("SideRearm to a leader or for an old incarnation", out);
         }
-        let via = side.repaired_via();
         let r = self.side_mut(side);
         r.epoch = epoch;
         // The leader's side is in RESET: ours cannot carry anything now either.
@@ -287,10 +324,12 @@ impl Failover {
                 not_before: now,
                 tell_leader: false,
             };
-            out.push(Action::SendControl {
-                via,
-                message: ControlMessage::SideRearmDone { epoch, ok: false },
-            });
+            Self::send_repair_message(
+                side,
+                over_management,
+                ControlMessage::SideRearmDone { epoch, ok: false },
+                out,
+            );
             return;
         }
         if side == Side::Backup {
@@ -298,7 +337,9 @@ impl Failover {
         }
         out.push(Action::ResetSide { side });
         out.push(Action::BringUpSide { epoch });
-        self.side_mut(side).repair = Repair::FollowerBringingUp;
+        self.side_mut(side).repair = Repair::FollowerBringingUp {
+            reply_over_management: over_management,
+        };
     }
 
     /// Leader: the follower's `epoch.side()` is in RTS in `epoch` (it left every earlier one).
@@ -345,11 +386,15 @@ impl Failover {
         match self.side(side).repair {
             Repair::BringingUp { .. } if up => self.side_repaired(side),
             Repair::BringingUp { .. } => self.repair_failed(side, now),
-            Repair::FollowerBringingUp => {
-                out.push(Action::SendControl {
-                    via: side.repaired_via(),
-                    message: ControlMessage::SideRearmDone { epoch, ok: up },
-                });
+            Repair::FollowerBringingUp {
+                reply_over_management,
+            } => {
+                Self::send_repair_message(
+                    side,
+                    reply_over_management,
+                    ControlMessage::SideRearmDone { epoch, ok: up },
+                    out,
+                );
                 if up {
                     self.side_repaired(side);
                 } else {

@@ -5,6 +5,7 @@ use core::time::Duration;
 use super::*;
 
 mod failback;
+mod management;
 mod outage;
 mod repair;
 

@@ -76,6 +76,11 @@ impl ResilientQp {
                     self.enqueue(Event::ControlFailed { via });
                 }
             }
+            // The machine asks for it only with `failover::Config::management`, which the
+            // driver does not set: it has no management path yet (`docs/failover.md` 5f).
+            Action::SendManagement { message } => {
+                tracing::warn!(qp = %self.shared.name, ?message, "failover: no management path; message not sent");
+            }
             Action::ResetSide { side: Side::Backup } => self.reset_backup(),
             Action::ResetSide {
                 side: Side::DefaultChannel,

@@ -1,0 +1,299 @@
+//! The third channel (`docs/failover.md` 5f): a failback and the default devices' channel's
+//! repair over the management network when both control channels are lost.
+
+use super::failback::{backup_error, failback_drained};
+use super::*;
+
+/// An end that can reach its peer over the management network (and waits the RC budget
+/// alone while no path answers, as [`end`]).
+fn managed(role: Role) -> Failover {
+    Failover::new(
+        Config {
+            management: true,
+            ..rc_only(role)
+        },
+        at(0),
+    )
+}
+
+fn over_management(message: ControlMessage) -> Event {
+    Event::Management(message)
+}
+
+/// The all-targets soak's loss, at a leader: traffic on the backup since the default link went
+/// down at 10 ms (the round finished at 11 ms); at 50 ms the backup device fails every QP
+/// (a failback), at 60 ms the default device fails every QP too, taking the default devices'
+/// channel; returns the machine after the failback's drain, and what the channel's failure
+/// asked.
+fn failing_back_when_both_channels_fail(
+    mut machine: Failover,
+    management: bool,
+) -> (Failover, Vec<Action>) {
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, link_down(Path::Default), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(10));
+    step(&mut machine, peer_failover(0, 3, 0), at(11));
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+    assert_eq!(step(&mut machine, backup_error(), at(50)), FAILBACK_START);
+    let proposed = machine.next_epoch();
+    let sent = step(&mut machine, failback_drained(progress(6, 4, 2)), at(51));
+    // Our bound on the default QP's old packets (6): whatever is left of it.
+    let wait = match sent.first() {
+        Some(Action::SendControl {
+            message: ControlMessage::Failback { wait, .. },
+            ..
+        }) => *wait,
+        other => panic!("no Failback on the default devices' channel: {other:?}"),
+    };
+    let failback = ControlMessage::Failback {
+        epoch: proposed,
+        recvs_completed: 2,
+        wait,
+    };
+    let mut expected = vec![Action::SendControl {
+        via: Path::Default,
+        message: failback,
+    }];
+    if management {
+        expected.push(Action::SendManagement { message: failback });
+    }
+    assert_eq!(sent, expected, "the Failback goes on every channel left");
+    let actions = step(&mut machine, control_failed(Path::Default), at(60));
+    (machine, actions)
+}
+
+#[test]
+fn without_the_management_network_both_channels_failing_during_a_failback_end_the_connection() {
+    let (machine, actions) = failing_back_when_both_channels_fail(end(Role::Leader), false);
+    assert_eq!(
+        failure_reason(&actions),
+        Some(FailReason::BackupUnavailable)
+    );
+    assert_eq!(machine.failed(), Some(FailReason::BackupUnavailable));
+}
+
+#[test]
+fn over_the_management_network_a_failback_finishes_after_both_channels_failed_and_the_channel_is_repaired(
+) {
+    let (mut machine, actions) = failing_back_when_both_channels_fail(managed(Role::Leader), true);
+    assert_eq!(actions, []);
+    assert_eq!(machine.failed(), None);
+    // The peer's `Failback` comes over the management network only (its channel copy is
+    // lost with our channel's QP); it proves nothing of the default path, whose link is down.
+    let agreed = Epoch(2);
+    assert_eq!(
+        step(
+            &mut machine,
+            over_management(ControlMessage::Failback {
+                epoch: agreed,
+                recvs_completed: 3,
+                wait: Duration::ZERO,
+            }),
+            at(70),
+        ),
+        []
+    );
+    let up = step(&mut machine, link_up(Path::Default), at(300));
+    assert_eq!(
+        up,
+        [Action::Failback {
+            epoch: agreed,
+            skip_through: 3
+        }]
+    );
+    // The channel is lost: `FailbackReady` goes over the management network alone.
+    assert_eq!(
+        step(&mut machine, qp_up(agreed.0, true), at(301)),
+        [Action::SendManagement {
+            message: ControlMessage::FailbackReady { epoch: agreed }
+        }]
+    );
+    assert_eq!(
+        step(
+            &mut machine,
+            over_management(ControlMessage::FailbackReady { epoch: agreed }),
+            at(302)
+        ),
+        [Action::ReleaseDefaultDoorbell]
+    );
+    assert_eq!(machine.send_route(), Route::Default);
+    assert_eq!(machine.recv_route(), Route::Default);
+    assert_eq!(machine.failed(), None);
+    // Both channels are lost; once the default link has been up for the hold-down the
+    // leader repairs the default devices' channel over the management network...
+    let due = machine.poll_timeout().expect("a channel repair is due");
+    assert!(
+        due >= at(300) + Config::new(Role::Leader).holddown,
+        "{due:?}"
+    );
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [
+            Action::ResetSide {
+                side: Side::DefaultChannel
+            },
+            Action::SendManagement {
+                message: ControlMessage::SideRearm { epoch: channel(1) }
+            }
+        ]
+    );
+    assert_eq!(
+        step(
+            &mut machine,
+            over_management(ControlMessage::SideRearmDone {
+                epoch: channel(1),
+                ok: true
+            }),
+            due
+        ),
+        [Action::BringUpSide { epoch: channel(1) }]
+    );
+    step(
+        &mut machine,
+        Event::SideUp {
+            epoch: channel(1),
+            ok: true,
+        },
+        due,
+    );
+    // ... and then the backup side over the repaired channel, in-band again.
+    let backup_due = machine.poll_timeout().expect("a backup repair is due");
+    let actions = step(&mut machine, Event::Tick, backup_due);
+    assert_eq!(
+        actions,
+        [
+            Action::ResetSide { side: Side::Backup },
+            Action::SendControl {
+                via: Path::Default,
+                message: ControlMessage::SideRearm {
+                    epoch: actions
+                        .iter()
+                        .find_map(|a| match a {
+                            Action::SendControl {
+                                message: ControlMessage::SideRearm { epoch },
+                                ..
+                            } => Some(*epoch),
+                            _ => None,
+                        })
+                        .expect("a SideRearm")
+                }
+            }
+        ]
+    );
+    assert_eq!(machine.failed(), None);
+}
+
+#[test]
+fn a_follower_answers_a_channel_repair_over_the_management_network_it_came_on() {
+    let mut machine = managed(Role::Follower);
+    step(&mut machine, control_failed(Path::Default), at(5));
+    step(&mut machine, control_failed(Path::Backup), at(6));
+    // Its backup side is lost too: its `SideLost` for the channel goes over the management
+    // network once the default link has been up for the hold-down.
+    let due = machine
+        .poll_timeout()
+        .expect("the follower owes a SideLost");
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [Action::SendManagement {
+            message: ControlMessage::SideLost { epoch: channel(0) }
+        }]
+    );
+    assert_eq!(
+        step(
+            &mut machine,
+            over_management(ControlMessage::SideRearm { epoch: channel(1) }),
+            due
+        ),
+        [
+            Action::ResetSide {
+                side: Side::DefaultChannel
+            },
+            Action::BringUpSide { epoch: channel(1) }
+        ]
+    );
+    assert_eq!(
+        step(
+            &mut machine,
+            Event::SideUp {
+                epoch: channel(1),
+                ok: true
+            },
+            due
+        ),
+        [Action::SendManagement {
+            message: ControlMessage::SideRearmDone {
+                epoch: channel(1),
+                ok: true
+            }
+        }]
+    );
+    assert_eq!(machine.failed(), None);
+}
+
+#[test]
+fn each_failback_message_is_taken_once_though_it_comes_on_both_channels() {
+    let mut machine = managed(Role::Follower);
+    step(&mut machine, control_failed(Path::Backup), at(5));
+    step(&mut machine, link_down(Path::Default), at(100));
+    let proposed = machine.next_epoch();
+    step(&mut machine, failback_drained(progress(3, 2, 1)), at(101));
+    let failback = ControlMessage::Failback {
+        epoch: Epoch(5),
+        recvs_completed: 1,
+        wait: Duration::ZERO,
+    };
+    assert_eq!(step(&mut machine, Event::Control(failback), at(110)), []);
+    // The copy on the channel proved the default path up: the bring-up is under way.
+    assert_eq!(machine.send_phase(), SendPhase::FailingBack);
+    assert_eq!(step(&mut machine, over_management(failback), at(111)), []);
+    let agreed = proposed.max(Epoch(5));
+    let ready = ControlMessage::FailbackReady { epoch: agreed };
+    let due = machine
+        .poll_timeout()
+        .expect("the bring-up waits for the backoff");
+    assert_eq!(
+        step(&mut machine, Event::Tick, due),
+        [Action::Failback {
+            epoch: agreed,
+            skip_through: 1
+        }]
+    );
+    step(&mut machine, qp_up(agreed.0, true), due);
+    assert_eq!(
+        step(&mut machine, over_management(ready), due),
+        [Action::ReleaseDefaultDoorbell]
+    );
+    assert_eq!(step(&mut machine, Event::Control(ready), due), []);
+    assert_eq!(step(&mut machine, Event::Control(failback), due), []);
+    assert_eq!(machine.failed(), None);
+    assert_eq!(machine.send_route(), Route::Default);
+}
+
+#[test]
+fn an_end_without_the_management_network_takes_a_message_from_it_as_a_protocol_violation() {
+    let mut machine = end(Role::Leader);
+    let actions = step(
+        &mut machine,
+        over_management(ControlMessage::SideRearm { epoch: channel(1) }),
+        at(5),
+    );
+    assert_eq!(
+        failure_reason(&actions),
+        Some(FailReason::ProtocolViolation)
+    );
+}
+
+#[test]
+fn the_management_network_carries_no_message_of_the_default_pairs_rearm() {
+    let mut machine = managed(Role::Follower);
+    let actions = step(
+        &mut machine,
+        over_management(ControlMessage::Rearm { epoch: Epoch(1) }),
+        at(5),
+    );
+    assert_eq!(
+        failure_reason(&actions),
+        Some(FailReason::ProtocolViolation)
+    );
+}
