@@ -54,8 +54,13 @@ pub enum ShadowOrder {
 pub(crate) enum Outcome {
     /// Finished (or failed, or its object is gone): drop it from the list.
     Done,
-    /// Waiting for something; try again later.
+    /// Waiting for something of this process (the application's next transition, the peer's
+    /// attributes handed over inline, the backup PD, backup MRs): run again only once the
+    /// verb's [`PendingVerb::changes`] has moved.
     Waiting(&'static str),
+    /// Waiting for something outside the process (the rendezvous store): run again at the
+    /// next retry whether or not anything here changed.
+    Retry(&'static str),
 }
 
 /// A verb the service runs for the backup device until it is done (the shadow module's
@@ -64,6 +69,19 @@ pub(crate) enum Outcome {
 pub(crate) trait PendingVerb: Send {
     /// Takes the verb one step further.
     fn run(&self) -> Outcome;
+    /// A count that moves (after the change) whenever something the verb may wait for with
+    /// [`Outcome::Waiting`] changes. The service reads it before each run and skips a verb
+    /// whose count has not moved since the run that returned `Waiting`: with thousands of QPs
+    /// in setup, each application transition wakes the service, and running every waiting
+    /// verb again each time made setup quadratic in the QPs.
+    fn changes(&self) -> u64;
+}
+
+/// A verb in the service's list, with the count of changes its last run saw if that run
+/// waited for a change.
+struct Queued {
+    verb: Box<dyn PendingVerb>,
+    parked_at: Option<u64>,
 }
 
 /// What the service needs of a registered resilient QP (the shadow module's `QpShadow`):
@@ -132,7 +150,7 @@ struct Adopted {
 }
 
 struct State {
-    verbs: Vec<Box<dyn PendingVerb>>,
+    verbs: Vec<Queued>,
     order: ShadowOrder,
     links: Vec<LinkWatch>,
     qps: Vec<Weak<dyn ServedQp>>,
@@ -335,7 +353,10 @@ impl ServiceHandle {
 
     /// Queues a shadow verb.
     pub fn submit(&self, verb: impl PendingVerb + 'static) {
-        self.lock().verbs.push(Box::new(verb));
+        self.lock().verbs.push(Queued {
+            verb: Box::new(verb),
+            parked_at: None,
+        });
         self.nudge();
     }
 
@@ -416,23 +437,39 @@ impl ServiceHandle {
         let mut next: Option<Timestamp> = None;
         let mut soon = |t: Timestamp| next = Some(next.map_or(t, |n: Timestamp| n.min(t)));
 
-        // 1. Shadow verbs, best effort (or strictly in order).
+        // 1. Shadow verbs, best effort (or strictly in order). A verb that waits for a change
+        //    of this process is not run again until its count of changes moved.
         let mut waiting = false;
         let mut i = 0;
         while i < st.verbs.len() {
-            match st.verbs[i].run() {
-                Outcome::Done => {
+            let queued = &mut st.verbs[i];
+            // Read before the run: a change during the run moves it after, and is not lost.
+            let changes = queued.verb.changes();
+            let outcome = if queued.parked_at == Some(changes) {
+                None
+            } else {
+                Some(queued.verb.run())
+            };
+            match outcome {
+                Some(Outcome::Done) => {
                     st.verbs.remove(i);
+                    continue;
                 }
-                Outcome::Waiting(what) => {
+                Some(Outcome::Waiting(what)) => {
                     tracing::trace!(what, "failover service: shadow verb waits");
-                    waiting = true;
-                    if st.order == ShadowOrder::Strict {
-                        break;
-                    }
-                    i += 1;
+                    queued.parked_at = Some(changes);
                 }
+                Some(Outcome::Retry(what)) => {
+                    tracing::trace!(what, "failover service: shadow verb retries");
+                    queued.parked_at = None;
+                }
+                None => {}
             }
+            waiting = true;
+            if st.order == ShadowOrder::Strict {
+                break;
+            }
+            i += 1;
         }
         if waiting {
             soon(clock.now() + VERB_RETRY);
@@ -656,5 +693,110 @@ fn service_loop(inner: Arc<ServiceInner>) {
         ready.extend(pollfds.iter().filter(|p| p.revents != 0).map(|p| p.fd));
         ready.sort_unstable();
         ready.dedup();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
+
+    /// A verb that waits until `ready`, counting its runs; `changes` is its count of changes.
+    struct CountedVerb {
+        runs: Arc<AtomicUsize>,
+        changes: Arc<AtomicU64>,
+        ready: Arc<AtomicBool>,
+        /// Waits for something outside the process ([`Outcome::Retry`]).
+        outside: bool,
+    }
+
+    impl PendingVerb for CountedVerb {
+        fn run(&self) -> Outcome {
+            self.runs.fetch_add(1, Ordering::Relaxed);
+            if self.ready.load(Ordering::Relaxed) {
+                Outcome::Done
+            } else if self.outside {
+                Outcome::Retry("the test's store")
+            } else {
+                Outcome::Waiting("the test's flag")
+            }
+        }
+
+        fn changes(&self) -> u64 {
+            self.changes.load(Ordering::Relaxed)
+        }
+    }
+
+    struct Fixture {
+        service: FailoverService,
+        runs: Arc<AtomicUsize>,
+        changes: Arc<AtomicU64>,
+        ready: Arc<AtomicBool>,
+    }
+
+    /// A manual service with one counted verb submitted (the submit's nudge runs it once).
+    fn one_waiting_verb(outside: bool) -> Fixture {
+        let service = FailoverService::manual(Clock::virtual_nanos(Arc::default())).unwrap();
+        let fixture = Fixture {
+            service,
+            runs: Arc::default(),
+            changes: Arc::default(),
+            ready: Arc::default(),
+        };
+        fixture.service.handle().submit(CountedVerb {
+            runs: fixture.runs.clone(),
+            changes: fixture.changes.clone(),
+            ready: fixture.ready.clone(),
+            outside,
+        });
+        assert_eq!(fixture.runs.load(Ordering::Relaxed), 1);
+        fixture
+    }
+
+    impl Fixture {
+        fn rounds(&self, n: usize) -> Option<Timestamp> {
+            let mut next = None;
+            for _ in 0..n {
+                next = self.service.run_once();
+            }
+            next
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::Relaxed)
+        }
+
+        fn queued(&self) -> usize {
+            self.service.handle().lock().verbs.len()
+        }
+    }
+
+    #[test]
+    fn a_waiting_verb_runs_again_only_once_its_count_of_changes_moved() {
+        let f = one_waiting_verb(false);
+        // Before the count of changes, each of these rounds ran the verb again (101 runs).
+        let next = f.rounds(100);
+        assert_eq!(f.runs(), 1, "no change: not run again");
+        assert!(
+            next.is_some(),
+            "a waiting verb still asks for a retry round"
+        );
+        f.changes.fetch_add(1, Ordering::Relaxed);
+        f.rounds(10);
+        assert_eq!(f.runs(), 2, "one change: run once more, then parked again");
+        f.ready.store(true, Ordering::Relaxed);
+        f.changes.fetch_add(1, Ordering::Relaxed);
+        f.rounds(10);
+        assert_eq!((f.runs(), f.queued()), (3, 0), "ready: done and dropped");
+    }
+
+    #[test]
+    fn a_verb_waiting_outside_the_process_runs_every_round() {
+        let f = one_waiting_verb(true);
+        f.rounds(10);
+        assert_eq!(f.runs(), 11);
+        f.ready.store(true, Ordering::Relaxed);
+        f.rounds(1);
+        assert_eq!((f.runs(), f.queued()), (12, 0));
     }
 }

@@ -5,15 +5,16 @@
 //! (the backup CQ and QP, and the control QP pair's local end) whose bring-up follows the
 //! application's INIT, RTR and RTS. The service lcore keeps a list of pending verbs and runs
 //! it in **best-effort order**: a verb that waits for something (an attribute of the remote
-//! end, the application's next transition, its PD) is skipped and retried on the next scan,
-//! so one QP waiting for its peer never holds up another QP's setup. That is what keeps two
+//! end, the application's next transition, its PD) is skipped and retried on a later scan
+//! once its count of changes moved (or, for the rendezvous store, at the next retry), so one
+//! QP waiting for its peer never holds up another QP's setup. That is what keeps two
 //! hosts that set up many QPs from several threads out of the cyclic wait of appendix B.1
 //! (each host's setup of QP 1 waiting for the other host's QP 1, which waits behind its QP 2,
 //! which waits for ours). [`super::ShadowOrder::Strict`] runs the list strictly in order instead; it
 //! exists to show that deadlock in a test.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::control::{Context, Cq, ModifyError, Mr, Pd, Qp, SavedAttrs};
@@ -51,6 +52,16 @@ impl PendingVerb for Verb {
             Verb::AllocPd(pd) => pd.upgrade().map_or(Outcome::Done, |pd| pd.run()),
             Verb::RegMr(mr) => mr.upgrade().map_or(Outcome::Done, |mr| mr.run()),
             Verb::SetUpQp(qp) => qp.upgrade().map_or(Outcome::Done, |qp| qp.run()),
+        }
+    }
+
+    fn changes(&self) -> u64 {
+        // An object the application dropped reads as a change: the next run finds it gone.
+        const GONE: u64 = u64::MAX;
+        match self {
+            Verb::AllocPd(_) => 0,
+            Verb::RegMr(mr) => mr.upgrade().map_or(GONE, |mr| mr.pd.changes()),
+            Verb::SetUpQp(qp) => qp.upgrade().map_or(GONE, |qp| qp.changes()),
         }
     }
 }
@@ -121,6 +132,9 @@ pub(crate) struct PdShadow {
     pub keys: KeyMap,
     /// MRs registered on the default device whose backup registration has not finished.
     pub mrs_pending: AtomicUsize,
+    /// Moves after the backup PD is allocated (or fails) and after each MR's backup
+    /// registration finishes: what the PD's waiting MRs and QPs wait for.
+    changes: AtomicU64,
 }
 
 impl PdShadow {
@@ -131,7 +145,18 @@ impl PdShadow {
             backup: Mutex::new(Slot::Pending),
             keys: KeyMap::default(),
             mrs_pending: AtomicUsize::new(0),
+            changes: AtomicU64::new(0),
         }
+    }
+
+    /// How often the backup PD or a backup MR of this PD changed (see [`PendingVerb::changes`]).
+    fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Counts a change, after it is made.
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The backup PD, once the service lcore allocated it.
@@ -155,6 +180,7 @@ impl PdShadow {
             }
         };
         *self.backup.lock().unwrap_or_else(|p| p.into_inner()) = slot;
+        self.changed();
         Outcome::Done
     }
 }
@@ -207,6 +233,7 @@ impl MrShadow {
         if !state.done {
             state.done = true;
             self.pd.mrs_pending.fetch_sub(1, Ordering::AcqRel);
+            self.pd.changed();
         }
     }
 
@@ -395,6 +422,9 @@ pub(crate) struct QpShadow {
     peer: Mutex<Option<PeerAttrs>>,
     setup: Mutex<Setup>,
     cancelled: AtomicBool,
+    /// Moves after each recorded transition, the peer's attributes and a cancel: what the
+    /// bring-up waits for besides its PD's changes.
+    changes: AtomicU64,
 }
 
 impl QpShadow {
@@ -422,7 +452,22 @@ impl QpShadow {
                 local: None,
             }),
             cancelled: AtomicBool::new(false),
+            changes: AtomicU64::new(0),
         }
+    }
+
+    /// Moves whenever something the bring-up may wait for changes (see
+    /// [`PendingVerb::changes`]): the QP's own inputs plus its PD's (a sum of two counts that
+    /// only grow moves when either does).
+    fn changes(&self) -> u64 {
+        self.changes
+            .load(Ordering::Acquire)
+            .wrapping_add(self.pd.changes())
+    }
+
+    /// Counts a change, after it is made.
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Records one of the application's transitions of the default QP (`from` -> `to`). An
@@ -437,6 +482,7 @@ impl QpShadow {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .record(from, to, attr);
+        self.changed();
         if from != to {
             return Ok(());
         }
@@ -457,6 +503,7 @@ impl QpShadow {
     /// The peer's attributes, from the application's exchange (inline rendezvous).
     pub fn set_peer(&self, peer: PeerAttrs) {
         *self.peer.lock().unwrap_or_else(|p| p.into_inner()) = Some(peer);
+        self.changed();
     }
 
     /// This end's attributes for the peer, once the backup objects exist and every MR of the
@@ -478,6 +525,7 @@ impl QpShadow {
     /// The application dropped the QP: stop setting it up.
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::Release);
+        self.changed();
     }
 
     /// The application revoked the QP: stop setting it up, and move a backup QP the
@@ -569,7 +617,7 @@ impl QpShadow {
                         if let Err(e) = store.publish_qp(&published) {
                             // Retried: the store may come back.
                             tracing::warn!(qp = %self.shared.name, error = %e, "failover: backup attributes not published yet");
-                            return Outcome::Waiting("the rendezvous store");
+                            return Outcome::Retry("the rendezvous store");
                         }
                     }
                     tracing::debug!(qp = %self.shared.name, backup_qpn = qp.qpn(), control_qpn = control.qpn(), "failover: backup QP created");
@@ -609,6 +657,11 @@ impl QpShadow {
                     };
                     let peer = match self.find_peer(av.dgid, dest_qpn) {
                         Ok(Some(peer)) => peer,
+                        // Looked up in the store, they come from outside the process; handed
+                        // over inline, `set_peer` counts them as a change.
+                        Ok(None) if self.pd.ctx.store.is_some() => {
+                            return Outcome::Retry("the peer's backup attributes")
+                        }
                         Ok(None) => return Outcome::Waiting("the peer's backup attributes"),
                         Err(e) => return self.fail(&mut setup, "peer's backup attributes", e),
                     };
