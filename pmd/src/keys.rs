@@ -16,7 +16,7 @@
 //! of MRs makes practically impossible.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use crate::datapath::gate::QpGate;
 use crate::verbs::Access;
@@ -94,9 +94,19 @@ pub struct KeyTable {
     /// Moves on every removal, so a queue may cache an entry it looked up and trust it while
     /// the generation it read before the lookup is still current.
     generation: AtomicU64,
-    /// The gates of the device's QPs, whose key epochs move with the generation (their send
-    /// queues' fast paths read the gate instead of the generation).
-    gates: Mutex<Vec<Weak<QpGate>>>,
+    /// The gates of the device's QPs; a removal moves the key epoch of those that watch the
+    /// key (their send queues' fast paths read the gate instead of the generation).
+    gates: Mutex<Gates>,
+}
+
+/// The gates a key table moves, held strongly so that a removal reads each without an
+/// upgrade; a gate only the table holds (its QP is gone) is dropped by the next prune.
+#[derive(Default)]
+struct Gates {
+    list: Vec<Arc<QpGate>>,
+    /// The list's length after the last prune: the next registration that finds it twice as
+    /// long prunes again, so registering N gates costs O(N) in all, not O(N^2).
+    pruned_at: usize,
 }
 
 impl std::fmt::Debug for KeyTable {
@@ -124,15 +134,19 @@ impl KeyTable {
             mask: n - 1,
             writers: Mutex::new(()),
             generation: AtomicU64::new(0),
-            gates: Mutex::new(Vec::new()),
+            gates: Mutex::new(Gates::default()),
         }
     }
 
-    /// Has `gate`'s key epoch move with every removal from now on (until the gate is dropped).
+    /// Has `gate`'s key epoch move with every removal of the key it watches from now on (until
+    /// its QP drops the gate).
     pub fn register_gate(&self, gate: &Arc<QpGate>) {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
-        gates.retain(|g| g.strong_count() > 0);
-        gates.push(Arc::downgrade(gate));
+        if gates.list.len() >= 2 * gates.pruned_at.max(PROBE) {
+            gates.list.retain(|g| Arc::strong_count(g) > 1);
+            gates.pruned_at = gates.list.len();
+        }
+        gates.list.push(gate.clone());
     }
 
     /// The removal generation: unchanged since a lookup means the entry found is still valid.
@@ -238,19 +252,24 @@ impl KeyTable {
             let idx = (h + i) & self.mask;
             if self.slots[idx].key.load(Ordering::Relaxed) == OCCUPIED | lkey as u64 {
                 // Invalidate cached copies first: a post racing this removal either sees the
-                // new generation (or key epoch) and looks up again, or completes as if it came
-                // just before.
+                // new generation and looks up again, or completes as if it came just before.
                 self.generation.fetch_add(1, Ordering::AcqRel);
-                for gate in self
-                    .gates
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .filter_map(Weak::upgrade)
-                {
-                    gate.bump_epoch();
-                }
                 self.write(idx, |slot| slot.key.store(0, Ordering::Relaxed));
+                // Then the key epochs of the gates whose send queues cached this key (or are
+                // about to look it up), after the slot is cleared: a queue that starts
+                // watching the key after this fence finds it gone (`QpGate::watch_key`). Only
+                // those: a teardown of N QPs with an MR each used to bump N gates N times.
+                // Gates whose QPs are gone leave the list on the way: at a teardown the list
+                // shrinks with the QPs instead of being walked whole for every MR.
+                fence(Ordering::SeqCst);
+                let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+                gates.list.retain(|gate| {
+                    if gate.watches(lkey) {
+                        gate.bump_epoch();
+                    }
+                    Arc::strong_count(gate) > 1
+                });
+                gates.pruned_at = gates.pruned_at.min(gates.list.len());
                 return true;
             }
         }
@@ -383,5 +402,49 @@ mod tests {
         }
         writer.join().unwrap();
         let _ = seen;
+    }
+
+    #[test]
+    fn a_removal_moves_the_epoch_only_of_the_gates_that_watch_its_key() {
+        use crate::qp_state::QpState;
+        let table = KeyTable::new(64);
+        table.insert(entry(1 << 8, 0)).unwrap();
+        table.insert(entry(2 << 8, 0)).unwrap();
+        let gates: Vec<Arc<QpGate>> = (0..3)
+            .map(|_| Arc::new(QpGate::new(QpState::Rts)))
+            .collect();
+        for g in &gates {
+            table.register_gate(g);
+        }
+        gates[0].watch_key(1 << 8);
+        gates[1].watch_key(2 << 8);
+        let before: Vec<u64> = gates.iter().map(|g| g.word()).collect();
+        assert!(table.remove(1 << 8));
+        let after: Vec<u64> = gates.iter().map(|g| g.word()).collect();
+        // Before, every gate of the device moved with every removal.
+        assert_ne!(after[0], before[0], "the gate caching the key moves");
+        assert_eq!(
+            after[1..],
+            before[1..],
+            "a gate caching another key, or none, does not"
+        );
+    }
+
+    #[test]
+    fn gates_whose_qps_are_gone_are_pruned_as_the_list_grows() {
+        use crate::qp_state::QpState;
+        let table = KeyTable::new(64);
+        let kept = Arc::new(QpGate::new(QpState::Rts));
+        table.register_gate(&kept);
+        for _ in 0..1000 {
+            table.register_gate(&Arc::new(QpGate::new(QpState::Rts)));
+        }
+        let listed = |table: &KeyTable| table.gates.lock().unwrap().list.len();
+        assert!(listed(&table) <= 2 * PROBE + 1, "{} listed", listed(&table));
+        table.insert(entry(1 << 8, 0)).unwrap();
+        table.remove(1 << 8);
+        assert_eq!(listed(&table), 1, "a removal drops the gone");
+        let gates = table.gates.lock().unwrap();
+        assert!(Arc::ptr_eq(&gates.list[0], &kept));
     }
 }

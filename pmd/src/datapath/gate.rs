@@ -4,9 +4,9 @@
 //! - the QP's state (bits 7..0, an `ibv_qp_state` number), which the control path changes;
 //! - a hold (bit 8), which a layer above the QP sets while its posts must take another route
 //!   (the failover layer, when the default QP is not where posts go);
-//! - the key epoch (bits 63..9), which moves whenever an MR of the QP's device is
-//!   deregistered, so a send queue's cached MR is trusted only while the epoch it was filled
-//!   under holds.
+//! - the key epoch (bits 63..9), which moves whenever the MR the QP's send queue cached (the
+//!   key it [watches](QpGate::watch_key)) is deregistered, so a send queue's cached MR is
+//!   trusted only while the epoch it was filled under holds.
 //!
 //! A send queue's fast path compares the word with the one it expects (RTS, no hold, the epoch
 //! of its key cache); any difference sends it down the general path, which checks each part
@@ -14,19 +14,25 @@
 //! key table's generation) with one, and lets the failover layer route posts without a branch
 //! of its own on the hot path.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use crate::qp_state::QpState;
 
 const STATE_MASK: u64 = 0xff;
 const HOLD: u64 = 1 << 8;
 const EPOCH_ONE: u64 = 1 << 9;
+/// The watched key when none is: no lkey (a `u32`) is equal to it.
+const NO_KEY: u64 = u64::MAX;
 
 /// The gate of one QP, shared by its send and receive queues, its control half and the key
 /// table of its device.
 #[derive(Debug)]
 pub struct QpGate {
     word: AtomicU64,
+    /// The lkey whose removal must move the key epoch: the one the send queue cached (or is
+    /// about to look up), [`NO_KEY`] before the first. Written only by the send queue's
+    /// poster, read by the key table's removals.
+    watched: AtomicU64,
 }
 
 impl QpGate {
@@ -34,6 +40,7 @@ impl QpGate {
     pub fn new(state: QpState) -> QpGate {
         QpGate {
             word: AtomicU64::new(state as u64),
+            watched: AtomicU64::new(NO_KEY),
         }
     }
 
@@ -80,10 +87,32 @@ impl QpGate {
         self.word() & HOLD != 0
     }
 
-    /// Moves the key epoch: an MR of the device is going away, so no cached MR may be trusted
-    /// without a new lookup.
+    /// Moves the key epoch: the MR the send queue cached is going away, so it may not be
+    /// trusted without a new lookup.
     pub fn bump_epoch(&self) {
         self.word.fetch_add(EPOCH_ONE, Ordering::AcqRel);
+    }
+
+    /// Says that the send queue is about to look `lkey` up and cache it: from now on a removal
+    /// of `lkey` moves the epoch, and a removal of another key does not. Call before reading
+    /// the word the cache will be trusted under; the caller's previous cache entry must be
+    /// dropped first (its key is no longer watched).
+    ///
+    /// Against a removal ([`crate::keys::KeyTable::remove`]: clear the slot, fence, read the
+    /// watched key, bump if it matches) this is the other half of a store-buffering pair, both
+    /// fenced SeqCst: either the removal reads `lkey` here and moves the epoch, or this
+    /// thread's later reads (the word, the lookup) see the slot already cleared.
+    pub fn watch_key(&self, lkey: u32) {
+        if self.watched.load(Ordering::Relaxed) != u64::from(lkey) {
+            self.watched.store(u64::from(lkey), Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// Whether a removal of `lkey` must move this gate's epoch (the removal's half of
+    /// [`QpGate::watch_key`]; the caller fences SeqCst after clearing the slot and before this).
+    pub fn watches(&self, lkey: u32) -> bool {
+        self.watched.load(Ordering::Relaxed) == u64::from(lkey)
     }
 }
 

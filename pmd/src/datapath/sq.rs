@@ -1055,8 +1055,12 @@ impl SendQueue {
     /// The full check (which names what is wrong), refilling the key cache on success.
     #[inline(never)]
     fn check_sge_slow(&mut self, sge: &Sge, needs: Access) -> Result<(), PostError> {
-        // Both read before the lookup: a removal after this moves them, and the cache goes
-        // stale; one before it, and the lookup does not find the MR.
+        // The old entry's key is no longer watched from here on: it may not be trusted even if
+        // this lookup fails.
+        self.key_cache = KeyCache::EMPTY;
+        self.gate.watch_key(sge.lkey);
+        // Both read before the lookup (and after the watch): a removal after this moves them,
+        // and the cache goes stale; one before it, and the lookup does not find the MR.
         let generation = self.keys.generation();
         let gate = self.gate.word();
         let mr = check_sge(&self.keys, self.pd, &self.device, sge, needs)?;

@@ -813,6 +813,26 @@ fn a_cached_key_stops_working_once_its_mr_is_deregistered() {
 }
 
 #[test]
+fn a_cached_key_stops_working_once_its_mr_is_deregistered_after_a_failed_lookup_of_another() {
+    let mut r = rig();
+    let tmp = r.pd.alloc_buffer(64, Access::ALL).unwrap();
+    let sge = tmp.sge(0, 8);
+    r.qp.post_send(&SendWr::new(1, SendOp::Send, &[sge]))
+        .unwrap();
+    // The queue now watches another key, which it did not find: the entry it had cached is
+    // no longer watched, so it must not be trusted either.
+    let unknown = Sge {
+        lkey: sge.lkey ^ 0x5a5a_0000,
+        ..sge
+    };
+    let e = post_err(&mut r, SendWr::new(2, SendOp::Send, &[unknown]));
+    assert!(matches!(e, PostError::UnknownLkey { .. }), "{e}");
+    drop(tmp);
+    let e = post_err(&mut r, SendWr::new(3, SendOp::Send, &[sge]));
+    assert!(matches!(e, PostError::UnknownLkey { .. }), "{e}");
+}
+
+#[test]
 fn stale_cqes_are_counted_and_skipped() {
     let mut r = rig();
     r.fake.cq(0).req(r.qp.qpn(), 5, 0); // nothing outstanding
