@@ -167,6 +167,13 @@ struct Budget {
     /// A default device may fail its QPs also while its data QP is out of RTS (after a
     /// failover: the all-targets soak's loss), taking the default devices' channel alone.
     default_qps_fail_out_of_rts: bool,
+    /// Link reports are hints (issue 29 item 1): the machines believe a link-down report for
+    /// no time at all (`Config::link_down_trust` zero: rearms go on while the link is
+    /// reported down), and the default path may come back without its link-up being
+    /// reported (`Step::PathUp { reported: false }`; the hosts told of the failure go on
+    /// believing it). Otherwise reports are believed for ever and every recovery is reported,
+    /// the model before.
+    stale_link_reports: bool,
 }
 
 struct Scenario {
@@ -377,6 +384,15 @@ enum Notified {
 }
 
 impl Notified {
+    /// The hosts told by either.
+    fn union(self, other: Notified) -> Notified {
+        match (self, other) {
+            (Notified::Nobody, n) | (n, Notified::Nobody) => n,
+            (Notified::Host(a), Notified::Host(b)) if a == b => Notified::Host(a),
+            _ => Notified::Both,
+        }
+    }
+
     fn includes(self, host: usize) -> bool {
         match self {
             Notified::Nobody => false,
@@ -509,6 +525,10 @@ const SEEN_FAILBACK_OVER_MANAGEMENT: u32 = 1 << 17;
 /// `SideRearmDone` came there), both control channels lost (5f).
 const SEEN_CHANNEL_REPAIRED_OVER_MANAGEMENT: u32 = 1 << 18;
 
+/// A default QP came up while its host's link was still reported down (a rearm that did not
+/// wait for the report).
+const SEEN_UP_UNREPORTED: u32 = 1 << 19;
+
 /// One step of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Step {
@@ -533,8 +553,9 @@ enum Step {
     ControlTimeout { from: usize, head_delivered: bool },
     /// A path fails; `notified` hosts see their link go down.
     PathDown { path: usize, notified: Notified },
-    /// A failed path recovers.
-    PathUp { path: usize },
+    /// A failed path recovers; unless `reported`, the hosts told of its failure are not told
+    /// of its recovery and go on believing their link down.
+    PathUp { path: usize, reported: bool },
     /// `host`'s backup device fails its QPs: the backup data QP and the control QP go to ERR
     /// (the link stays up).
     BackupQpsFail { host: usize },
@@ -574,6 +595,11 @@ impl FailoverModel {
         config.backoff_initial = Duration::ZERO;
         config.backoff_max = Duration::ZERO;
         config.redrain_interval = Duration::ZERO;
+        config.link_down_trust = if self.scenario.budget.stale_link_reports {
+            Duration::ZERO
+        } else {
+            Duration::MAX
+        };
         // Handshake timeouts fire only when nothing else can happen (`Step::Wait`).
         config.handshake_timeout = Duration::from_secs(2);
         config.management = self.scenario.budget.management;
@@ -741,6 +767,10 @@ impl World {
                 let refused = std::mem::take(&mut self.hosts[host].refuses_rtr);
                 let link_down = link_down || refused;
                 if !link_down {
+                    if self.paths[DEFAULT].notified.includes(host) {
+                        // Up while this host's link is still reported down.
+                        self.seen |= SEEN_UP_UNREPORTED;
+                    }
                     let epoch = epoch.0 as u8;
                     self.hosts[host].qps[DEFAULT] = Qp::ready(epoch);
                     if epoch >= 4 {
@@ -1490,9 +1520,12 @@ impl World {
     }
 
     fn path_down(&mut self, model: &FailoverModel, path: usize, notified: Notified) {
+        // Hosts still believing an earlier failure whose recovery went unreported are told
+        // of the recovery with this one's.
+        let believed = self.paths[path].notified;
         self.paths[path] = PathState {
             up: false,
-            notified,
+            notified: notified.union(believed),
         };
         for host in [A, B] {
             if notified.includes(host) {
@@ -1788,7 +1821,16 @@ impl Model for FailoverModel {
             }
         }
         if !world.paths[DEFAULT].up && world.budget.default_repairs > 0 {
-            steps.push(Step::PathUp { path: DEFAULT });
+            steps.push(Step::PathUp {
+                path: DEFAULT,
+                reported: true,
+            });
+            if world.budget.stale_link_reports {
+                steps.push(Step::PathUp {
+                    path: DEFAULT,
+                    reported: false,
+                });
+            }
         }
     }
 
@@ -1891,9 +1933,13 @@ impl Model for FailoverModel {
                 }
                 next.path_down(self, path, notified);
             }
-            Step::PathUp { path } => {
+            Step::PathUp { path, reported } => {
                 next.budget.default_repairs -= 1;
-                next.path_up(self, path);
+                if reported {
+                    next.path_up(self, path);
+                } else {
+                    next.paths[path].up = true;
+                }
             }
             Step::Drained { host } => next.drained(self, host),
             Step::Tick { host } => {
@@ -2030,7 +2076,12 @@ impl Model for FailoverModel {
         ];
         // What the scenario must reach, so that a pass cannot come from a model that never
         // gets there.
-        let coverage: [(u32, &'static str, Condition); 19] = [
+        let coverage: [(u32, &'static str, Condition); 20] = [
+            (
+                SEEN_UP_UNREPORTED,
+                "a default QP comes up while its link is still reported down",
+                |_, w| w.seen & SEEN_UP_UNREPORTED != 0,
+            ),
             (SEEN_FAILOVER, "a failover completes", |_, w| {
                 w.seen & SEEN_FAILOVER != 0
             }),
@@ -2249,6 +2300,7 @@ const fn budget(
         rtr_refusals: 0,
         management: false,
         default_qps_fail_out_of_rts: false,
+        stale_link_reports: false,
     }
 }
 
@@ -2302,6 +2354,21 @@ fn nccl_flapping() -> Scenario {
         name: "NCCL-Simple writes A -> B, flapping default path",
         budget: budget(2, 1, 0, 0, 1),
         coverage: SEEN_FAILOVER | SEEN_SWITCH_BACK | SEEN_BURN | SEEN_STALE_PACKET,
+        ..nccl_one_way()
+    }
+}
+
+/// The flapping default path with link reports that are hints (issue 29 item 1): rearms go
+/// on while a link is reported down, and the path may come back unreported. A rearm must find
+/// such a path, and every property holds for attempts on a dead one.
+fn nccl_flapping_stale_reports() -> Scenario {
+    Scenario {
+        name: "NCCL-Simple writes A -> B, flapping default path, stale link reports",
+        budget: Budget {
+            stale_link_reports: true,
+            ..budget(2, 1, 0, 0, 1)
+        },
+        coverage: SEEN_FAILOVER | SEEN_SWITCH_BACK | SEEN_UP_UNREPORTED,
         ..nccl_one_way()
     }
 }
@@ -2520,6 +2587,11 @@ fn shift_keeps_nccl_writes_in_order_through_failover_and_switch_back() {
 #[test]
 fn shift_survives_a_flapping_default_path() {
     verify(nccl_flapping());
+}
+
+#[test]
+fn shift_finds_a_default_path_back_while_its_link_is_still_reported_down() {
+    verify(nccl_flapping_stale_reports());
 }
 
 #[test]

@@ -130,10 +130,12 @@ fn switch_back_after_outage(
     });
     assert!(
         done,
-        "{what}: stalled: {} completed, states {:?} {:?}",
+        "{what}: stalled: {} completed, states {:?} {:?}, events A {:?} B {:?}",
         t.dirs[0].completed,
         sim.a.qp.state(),
-        sim.b.qp.state()
+        sim.b.qp.state(),
+        sim.a.qp.events(),
+        sim.b.qp.events()
     );
     assert_clean(t, sim);
     back_at.unwrap() - up_at.unwrap()
@@ -174,6 +176,38 @@ fn a_default_link_down_for_ten_minutes_then_back_ends_in_a_switch_back() {
                 (stats.failovers, stats.switch_backs),
                 (1, 1),
                 "port {port}, reported up {reported_up}: {stats:?}"
+            );
+        }
+    }
+}
+
+/// A link report is a hint (issue 29 item 1): a default link that comes back while its
+/// report stays down (a late netdev, a missed port event) is rearmed once the report has stood
+/// for `link_down_trust`, and the traffic switches back; before, it stayed on the backup for as
+/// long as the report stood. The leader's link, then the follower's.
+#[test]
+fn a_default_link_back_while_still_reported_down_is_found_by_a_rearm() {
+    let outage = Duration::from_secs(2);
+    for port in [A_DEFAULT, B_DEFAULT] {
+        let (mut sim, mut t) = Scenario::new(12).one_way(30, Duration::from_secs(1));
+        let what = format!("port {port}, reported down for ever");
+        let stale = |s: &mut Sim| {
+            let from = s.now() + outage;
+            s.fabric
+                .add_rule(softnic::FaultRule::link_report(port, false, from, None));
+        };
+        let after_up = switch_back_after_outage(&mut sim, &mut t, port, outage, stale, &what);
+        let trust = config().link_down_trust;
+        assert!(
+            after_up <= trust - outage + Duration::from_millis(200),
+            "{what}: switched back {after_up:?} after the link came back"
+        );
+        for h in [&sim.a, &sim.b] {
+            let stats = h.qp.stats();
+            assert_eq!(
+                (stats.failovers, stats.switch_backs),
+                (1, 1),
+                "{what}: {stats:?}"
             );
         }
     }

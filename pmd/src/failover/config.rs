@@ -26,6 +26,12 @@ pub struct Config {
     /// How long the default link must have been up before the default QP is brought back
     /// (recovered NICs can refuse RTR for a while after link-up, and links flap).
     pub holddown: Duration,
+    /// How long a link reported down is believed (`docs/failover.md` 5c). Reports come late,
+    /// and a missed port event leaves one standing while the path carries packets again, so
+    /// past this a rearm of the default pair is attempted at the backoff's pace as if the
+    /// link were up: its probe finds out whether the path carries packets. A link reported
+    /// up again is held down as before. `Duration::MAX` believes reports for ever.
+    pub link_down_trust: Duration,
     /// Wait before the first rearm attempt after a failover, doubled after each failed attempt.
     pub backoff_initial: Duration,
     /// The longest wait between rearm attempts.
@@ -65,13 +71,14 @@ pub use hw_defs::verbs::rc_retry_budget;
 pub const DEFAULT_OUTAGE_TOLERANCE: Duration = Duration::from_nanos(4096 << 20);
 
 impl Config {
-    /// The defaults for `role`: link watch on, 1 s hold-down, backoff from 100 ms to 5 s,
-    /// 2 s handshake timeout, 4.29 s outage tolerance.
+    /// The defaults for `role`: link watch on, 1 s hold-down, link-down reports believed for
+    /// 5 s, backoff from 100 ms to 5 s, 2 s handshake timeout, 4.29 s outage tolerance.
     pub fn new(role: Role) -> Self {
         Config {
             role,
             link_watch: true,
             holddown: Duration::from_secs(1),
+            link_down_trust: Duration::from_secs(5),
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(2),

@@ -30,6 +30,9 @@ pub struct ResilientConfig {
     pub link_sources: [LinkSource; 2],
     /// How long the default link must have been up before the default QP is brought back.
     pub holddown: Duration,
+    /// How long a default link reported down is believed before rearms are attempted anyway
+    /// (`failover::Config::link_down_trust`). Default 5 s.
+    pub link_down_trust: Duration,
     /// Wait before the first rearm attempt, doubled after each failed one.
     pub backoff_initial: Duration,
     /// The longest wait between rearm attempts.
@@ -62,6 +65,7 @@ impl Default for ResilientConfig {
             link_watch: machine.link_watch,
             link_sources: [LinkSource::Auto, LinkSource::Auto],
             holddown: machine.holddown,
+            link_down_trust: machine.link_down_trust,
             backoff_initial: machine.backoff_initial,
             backoff_max: machine.backoff_max,
             handshake_timeout: machine.handshake_timeout,
@@ -88,6 +92,7 @@ impl ResilientConfig {
             role,
             link_watch: self.link_watch,
             holddown: self.holddown,
+            link_down_trust: self.link_down_trust,
             backoff_initial: self.backoff_initial,
             backoff_max: self.backoff_max,
             handshake_timeout: self.handshake_timeout,

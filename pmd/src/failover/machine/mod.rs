@@ -1,5 +1,7 @@
 //! The failover machine of one resilient connection end.
 
+use core::time::Duration;
+
 use super::action::{Action, Route};
 use super::config::{Config, Epoch, Role};
 use super::event::{Event, Progress};
@@ -49,6 +51,9 @@ pub struct Failover {
     /// Follower: it refused the leader's last rearm attempt and owes it a `RearmReady` once
     /// its default link has been up for the hold-down.
     owes_rearm_ready: bool,
+    /// Leader: the rearm attempt under way started while the default link was reported down
+    /// (past `Config::link_down_trust`); a link-up abandons it for one held down as usual.
+    rearm_unreported: bool,
     default_link: Link,
     backup_link: Link,
     /// The backup side (the backup data QP and the control QP on the backup devices): lost
@@ -184,6 +189,28 @@ struct Link {
     since: Timestamp,
 }
 
+impl Link {
+    /// From when this end may try the path as far as its link reports go: the hold-down
+    /// after a link-up; after a link-down, once the report has stood for
+    /// `Config::link_down_trust`. A report is a hint (`docs/failover.md` 5c): past the trust,
+    /// the attempt's own probe decides whether the path carries packets.
+    /// `None`: never, while the link is reported down and such reports are believed for
+    /// ever (`Duration::MAX`).
+    fn tried_from(&self, config: &Config) -> Option<Timestamp> {
+        match self.up {
+            true => Some(self.since + config.holddown),
+            false if config.link_down_trust == Duration::MAX => None,
+            false => Some(self.since + config.link_down_trust),
+        }
+    }
+
+    /// Whether what was just brought up on the path may count: the link up, or reported down
+    /// for longer than such a report is believed.
+    fn may_carry(&self, now: Timestamp, config: &Config) -> bool {
+        self.up || now >= self.since + config.link_down_trust
+    }
+}
+
 /// Where the send queue is, for logs, statistics and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SendPhase {
@@ -244,6 +271,7 @@ impl Failover {
             last_failback: None,
             rearm_failures: 0,
             owes_rearm_ready: false,
+            rearm_unreported: false,
             default_link: Link {
                 up: true,
                 since: now,
@@ -392,6 +420,7 @@ impl Failover {
                     up: true,
                     since: now,
                 };
+                self.abandon_unreported_rearm(now, out);
                 self.failback_link_up(now, out);
                 self.default_back_first(now, out);
             }
@@ -982,14 +1011,16 @@ impl Failover {
         let allowed = self.owes_rearm_ready
             && matches!(self.default_qp, DefaultQp::Dead { .. })
             && self.paths_allow_rearm();
-        allowed.then(|| self.default_link.since + self.config.holddown)
+        allowed
+            .then(|| self.default_link.tried_from(&self.config))
+            .flatten()
     }
 
-    /// What a rearm needs of this end, whichever role: the default link up, the backup path
-    /// (which carries the control messages) up and usable, and no failover round running.
+    /// What a rearm needs of this end, whichever role: the backup path (which carries the
+    /// control messages) up and usable, and no failover round running. The default link's
+    /// reports decide only when ([`Link::tried_from`]).
     fn paths_allow_rearm(&self) -> bool {
-        self.default_link.up
-            && self.backup_link.up
+        self.backup_link.up
             && self.backup.usable
             && !matches!(
                 self.send,
@@ -1022,7 +1053,8 @@ impl Failover {
             return None;
         };
         let allowed = self.config.role == Role::Leader && self.paths_allow_rearm();
-        allowed.then(|| backoff_until.max(self.default_link.since + self.config.holddown))
+        let tried_from = self.default_link.tried_from(&self.config)?;
+        allowed.then(|| backoff_until.max(tried_from))
     }
 
     /// The epoch this end's default QP enters next (a rearm attempt, or a failback's
@@ -1040,7 +1072,8 @@ impl Failover {
         self.epoch = self.next_epoch();
         // The follower brings its QP up but sends nothing until this end's probe went through.
         self.epoch_sent_nothing = true;
-        tracing::debug!(epoch = %self.epoch, "failover: rearm attempt");
+        self.rearm_unreported = !self.default_link.up;
+        tracing::debug!(epoch = %self.epoch, link_reported_up = self.default_link.up, "failover: rearm attempt");
         out.push(Action::ResetDefaultQp);
         out.push(Action::SendControl {
             via: Path::Backup,
@@ -1050,6 +1083,20 @@ impl Failover {
             step: RearmStep::AwaitingFollower,
             deadline: now + self.config.handshake_timeout,
         };
+    }
+
+    /// The default link is reported up during an attempt started while it was reported
+    /// down: the attempt gives way to one after the hold-down (a recovered NIC may refuse RTR
+    /// for a while, and a link that just came up may flap), due at once after it.
+    fn abandon_unreported_rearm(&mut self, now: Timestamp, out: &mut Actions) {
+        if self.rearm_unreported && matches!(self.default_qp, DefaultQp::Rearming { .. }) {
+            out.push(Action::MoveQpToErr {
+                path: Path::Default,
+            });
+            self.rearm_failures = 0;
+            self.default_qp = DefaultQp::Dead { backoff_until: now };
+        }
+        self.rearm_unreported = false;
     }
 
     fn rearm_failed(&mut self, now: Timestamp) {
@@ -1072,8 +1119,10 @@ impl Failover {
         self.epoch = epoch;
         self.epoch_sent_nothing = false;
         self.owes_rearm_ready = false;
-        let ready = self.default_link.up
-            && now >= self.default_link.since + self.config.holddown
+        let ready = self
+            .default_link
+            .tried_from(&self.config)
+            .is_some_and(|from| now >= from)
             && !matches!(self.send, SendState::FailingOver(_));
         match self.default_qp {
             DefaultQp::Live { confirmed: true }
@@ -1124,7 +1173,7 @@ impl Failover {
         if epoch != self.epoch {
             return;
         }
-        let up = ok && self.default_link.up;
+        let up = ok && self.default_link.may_carry(now, &self.config);
         match self.default_qp {
             DefaultQp::BringingUp if up => {
                 self.default_qp = DefaultQp::Live { confirmed: false };

@@ -803,11 +803,115 @@ fn a_link_that_just_came_up_is_held_down() {
     step(&mut machine, link_down(Path::Default), at(3_000));
     assert_eq!(
         machine.poll_timeout(),
-        None,
-        "no attempts while the link is down"
+        Some(at(8_000)),
+        "no attempts while the link-down report is believed (5 s)"
     );
     step(&mut machine, link_up(Path::Default), at(4_000));
     assert_eq!(machine.poll_timeout(), Some(at(5_000)));
+}
+
+/// Issue 29 item 1: a link report is a hint. A default link reported down for longer than
+/// `Config::link_down_trust` (a late report, a missed port event) is rearmed anyway, and its
+/// probe decides: here the path carries packets, and the traffic switches back although no
+/// link-up was ever reported.
+#[test]
+fn a_default_link_reported_down_past_its_trust_is_rearmed_and_probed() {
+    let mut machine = failed_over(Role::Leader);
+    step(&mut machine, link_down(Path::Default), at(20));
+    assert_eq!(machine.poll_timeout(), Some(at(5_020)));
+    assert_eq!(step(&mut machine, Event::Tick, at(5_019)), []);
+    assert_eq!(
+        step(&mut machine, Event::Tick, at(5_020)),
+        [
+            Action::ResetDefaultQp,
+            Action::SendControl {
+                via: Path::Backup,
+                message: ControlMessage::Rearm { epoch: Epoch(1) }
+            }
+        ]
+    );
+    assert_eq!(
+        step(&mut machine, rearm_done(1, true), at(5_021)),
+        [Action::BringUpDefaultQp { epoch: Epoch(1) }]
+    );
+    assert_eq!(
+        step(&mut machine, qp_up(1, true), at(5_021)),
+        [Action::PostProbe]
+    );
+    step(&mut machine, Event::ProbeCompleted { ok: true }, at(5_022));
+    assert_eq!(machine.send_phase(), SendPhase::WaitSignaled);
+    assert_eq!(machine.default_qp_phase(), DefaultQpPhase::Live);
+}
+
+#[test]
+fn a_follower_whose_link_is_reported_down_past_its_trust_takes_part_in_a_rearm() {
+    let mut machine = failed_over(Role::Follower);
+    step(&mut machine, link_down(Path::Default), at(20));
+    // Within the trust: refused, as before.
+    let refused = step(&mut machine, rearm(1), at(3_000));
+    assert!(
+        refused.contains(&Action::SendControl {
+            via: Path::Backup,
+            message: ControlMessage::RearmDone {
+                epoch: Epoch(1),
+                ok: false
+            }
+        }),
+        "{refused:?}"
+    );
+    // Past it: the follower brings its QP up and says so.
+    assert_eq!(
+        step(&mut machine, rearm(5), at(5_100)),
+        [
+            Action::ResetDefaultQp,
+            Action::BringUpDefaultQp { epoch: Epoch(5) }
+        ]
+    );
+    assert_eq!(
+        step(&mut machine, qp_up(5, true), at(5_101)),
+        [Action::SendControl {
+            via: Path::Backup,
+            message: ControlMessage::RearmDone {
+                epoch: Epoch(5),
+                ok: true
+            }
+        }]
+    );
+}
+
+#[test]
+fn an_attempt_on_a_link_reported_down_gives_way_to_the_holddown_when_it_is_reported_up() {
+    let mut machine = failed_over(Role::Leader);
+    step(&mut machine, link_down(Path::Default), at(20));
+    step(&mut machine, Event::Tick, at(5_020));
+    assert_eq!(machine.default_qp_phase(), DefaultQpPhase::Rearming);
+    assert_eq!(
+        step(&mut machine, link_up(Path::Default), at(5_300)),
+        [Action::MoveQpToErr {
+            path: Path::Default
+        }]
+    );
+    assert_eq!(machine.default_qp_phase(), DefaultQpPhase::Dead);
+    // The next attempt: after the hold-down, not after a backoff.
+    assert_eq!(machine.poll_timeout(), Some(at(6_300)));
+    // An attempt started on a link reported up is not abandoned by a later link-up.
+    step(&mut machine, Event::Tick, at(6_300));
+    assert_eq!(step(&mut machine, link_up(Path::Default), at(6_301)), []);
+    assert_eq!(machine.default_qp_phase(), DefaultQpPhase::Rearming);
+}
+
+#[test]
+fn link_down_reports_believed_for_ever_keep_the_old_behaviour() {
+    let config = Config {
+        link_down_trust: Duration::MAX,
+        ..rc_only(Role::Leader)
+    };
+    let mut machine = Failover::new(config, at(0));
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(10));
+    step(&mut machine, peer_failover(0, 3, 0), at(11));
+    step(&mut machine, link_down(Path::Default), at(20));
+    assert_eq!(machine.poll_timeout(), None);
 }
 
 #[test]
@@ -1146,7 +1250,8 @@ fn rearm_is_abandoned_when_the_default_link_goes_down() {
         }]
     );
     assert_eq!(machine.default_qp_phase(), DefaultQpPhase::Dead);
-    assert_eq!(machine.poll_timeout(), None);
+    // The next attempt once the link-down report has stood for its trust (5 s).
+    assert_eq!(machine.poll_timeout(), Some(at(6_001)));
 }
 
 #[test]
@@ -1255,8 +1360,8 @@ fn a_follower_that_refused_tells_the_leader_when_its_holddown_ends() {
     };
     step(&mut machine, link(false), at(4_000));
     step(&mut machine, rearm(1), at(4_100));
-    // Nothing owed while the link is down.
-    assert_eq!(machine.poll_timeout(), None);
+    // Nothing owed while the link-down report is believed (5 s).
+    assert_eq!(machine.poll_timeout(), Some(at(9_000)));
     step(&mut machine, link(true), at(6_000));
     let due = machine.poll_timeout();
     assert_eq!(due, Some(at(7_000)), "link-up plus the 1 s hold-down");
