@@ -644,8 +644,8 @@ const fn u32_pair(first: u32, second: u32) -> u64 {
 const IBV_WC_SUCCESS: u32 = 0;
 
 /// Bytes 8..16 of a fast-path send's `ibv_wc` (`status`, `opcode`), by [`FastSend`] kind:
-/// the poller's loop writes one load from this table, built at compile time from
-/// [`FastSend::opcode`], instead of a compare and two stores.
+/// the poller's loop writes one load from this table (from its copy in [`SendWords`]), built
+/// at compile time from [`FastSend::opcode`], instead of a compare and two stores.
 const FAST_SEND_STATUS_OPCODE: [u64; 4] = {
     let mut words = [0; 4];
     let mut i = 0;
@@ -671,35 +671,55 @@ const _: () = {
     assert!(offset_of!(ibv_wc, pkey_index) == 40);
 };
 
+/// What the poller's loop writes a fast-path send's `ibv_wc` from, made once per poll.
+///
+/// The status-and-opcode table is copied here, onto the poller's stack, rather than read from
+/// `FAST_SEND_STATUS_OPCODE` in place: the loop has no register to spare for the constant
+/// table's address, so LLVM computed it again for every CQE (a `lea`), where a table on the
+/// stack is one load off the stack pointer. Four stores per poll for one instruction per CQE
+/// (datapath benchmark: 41.8 -> 40.9 instructions per CQE at 32 per poll).
+#[derive(Clone, Copy)]
+pub struct SendWords {
+    /// Bytes 8..16 (`status`, `opcode`) by [`FastSend`] kind: `FAST_SEND_STATUS_OPCODE`.
+    status_opcode: [u64; 4],
+    /// Bytes 24..32: `imm_data` (none) and the QP's `qp_num`. Bytes 16..24 and 32..48 are
+    /// zero for every fast-path send.
+    imm_qp: u64,
+}
+
 /// The pmd's poller writes `ibv_wc`s straight into the application's array: no
 /// `WorkCompletion` array between, no conversion pass after.
 impl pmd::CompletionLayout for ibv_wc {
-    /// Bytes 16..48 of the completion as four words: a successful send's completion is
-    /// constant but for its id, opcode and QP (status success, no length, immediate, flags or
-    /// vendor error, as libmlx5 reports a WRITE's or SEND's), so the loop writes six words,
+    /// The status-and-opcode words by kind and the QP's word: a successful send's completion
+    /// is constant but for its id, opcode and QP (status success, no length, immediate, flags
+    /// or vendor error, as libmlx5 reports a WRITE's or SEND's), so the loop writes six words,
     /// not twelve fields.
-    type SendTemplate = [u64; 4];
+    type SendTemplate = SendWords;
 
     #[inline(always)]
-    fn send_template(hot: &WorkCompletion) -> [u64; 4] {
+    fn send_template(hot: &WorkCompletion) -> SendWords {
         debug_assert!(
             hot.is_ok() && hot.byte_len == 0 && hot.imm.is_none() && hot.vendor_err == 0,
             "a send template that is not a plain successful send: {hot:?}"
         );
-        // vendor_err, byte_len; imm_data, qp_num; src_qp, wc_flags; the small fields.
-        [0, u32_pair(0, hot.qp_num), 0, 0]
+        let [w0, w1, w2, w3] = FAST_SEND_STATUS_OPCODE;
+        SendWords {
+            status_opcode: [w0, w1, w2, w3],
+            imm_qp: u32_pair(0, hot.qp_num),
+        }
     }
 
     #[inline(always)]
-    fn send(tail: &[u64; 4], wr_id: u64, kind: FastSend) -> ibv_wc {
+    fn send(template: &SendWords, wr_id: u64, kind: FastSend) -> ibv_wc {
         let words: [u64; 6] = [
             wr_id,
             // `kind` is at most 3: the index needs no bounds check.
-            FAST_SEND_STATUS_OPCODE[kind as usize],
-            tail[0],
-            tail[1],
-            tail[2],
-            tail[3],
+            template.status_opcode[kind as usize],
+            // vendor_err, byte_len; imm_data, qp_num; src_qp, wc_flags; the small fields.
+            0,
+            template.imm_qp,
+            0,
+            0,
         ];
         // SAFETY: `ibv_wc` is `repr(C)`, 48 bytes (the compiler checks the sizes), and made
         // of integers only, so any bytes are a valid value; the words hold its fields at the
@@ -722,13 +742,13 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) ->
     // SAFETY: the inline wrapper passes one of our CQs.
     let rs = unsafe { &*cq.cast::<RsCq>() };
     let _driving = rs.activity.driving();
-    let want = n.max(0) as usize;
-    if want == 0 || out.is_null() {
+    if n <= 0 || out.is_null() {
         return 0;
     }
-    // SAFETY: the caller's array holds `n` entries (not null, checked); the poll only writes
-    // whole entries into it, which is what `MaybeUninit` slots allow.
-    let slots = unsafe { std::slice::from_raw_parts_mut(out.cast::<MaybeUninit<ibv_wc>>(), want) };
+    // SAFETY: the caller's array holds `n` entries (positive and not null, checked); the poll
+    // only writes whole entries into it, which is what `MaybeUninit` slots allow.
+    let slots =
+        unsafe { std::slice::from_raw_parts_mut(out.cast::<MaybeUninit<ibv_wc>>(), n as usize) };
     lock(&rs.cq).poll_with_progress_into(slots) as c_int
 }
 

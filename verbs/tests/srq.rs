@@ -5,7 +5,8 @@
 //! libibverbs is needed: every call lands on the shim's own definitions.
 //!
 //! The stock `ibv_srq_pingpong` runs (`tests/stock.rs`) show the good path; these show the
-//! limit event and the refusals, which no stock tool exercises.
+//! limit event and the refusals, which no stock tool exercises, and, on the same QP pair, what
+//! a poll with no room for a completion does.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr::null_mut;
@@ -18,7 +19,7 @@ use railshift_verbs::device::{
     ibv_open_device, ibv_query_gid,
 };
 use railshift_verbs::objects::{
-    connect_rc, ibv_alloc_pd, ibv_create_cq, ibv_create_qp, ibv_destroy_qp, ibv_reg_mr,
+    connect_rc, ibv_alloc_pd, ibv_create_cq, ibv_create_qp, ibv_destroy_qp, ibv_reg_mr, pmd_cq,
 };
 use railshift_verbs::srq::{ibv_create_srq, ibv_destroy_srq, ibv_modify_srq, ibv_query_srq};
 
@@ -395,6 +396,43 @@ fn an_srq_falling_below_its_limit_raises_srq_limit_reached() {
         post(sqp, wrs.as_mut_ptr(), &mut bad)
     };
     assert_eq!(rc, 0, "post_send");
+    // A poll with no room takes nothing and writes nothing: n 0, a negative n and a null array
+    // return 0 with the five completions waiting (counted without polling), and the polls
+    // after get all five.
+    // SAFETY: our live CQ on a plain device, alive until the test ends.
+    let tx_cq = unsafe { pmd_cq(tx.cq) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tx_cq.lock().expect("cq").poller().ready() < 5 {
+        tx_cq.lock().expect("cq").context().progress();
+        assert!(
+            Instant::now() < deadline,
+            "the five CQEs not written in 10 s"
+        );
+    }
+    // SAFETY: ibv_wc is plain data; all zeroes is a valid value.
+    let mut untouched: [ibv_wc; 1] = unsafe { std::mem::zeroed() };
+    untouched[0].wr_id = 99;
+    for (n, out, what) in [
+        (0, untouched.as_mut_ptr(), "n 0"),
+        (-1, untouched.as_mut_ptr(), "n -1"),
+        (16, null_mut(), "a null array"),
+    ] {
+        // SAFETY: our live CQ, whose context's ops table is set; `out` is null or 1 entry.
+        let k = unsafe {
+            let poll = (*(*tx.cq).context).ops.poll_cq.expect("poll_cq");
+            poll(tx.cq, n, out)
+        };
+        assert_eq!(k, 0, "ibv_poll_cq with {what}");
+    }
+    assert_eq!(
+        untouched[0].wr_id, 99,
+        "a poll with no room wrote a completion"
+    );
+    assert_eq!(
+        tx_cq.lock().expect("cq").poller().ready(),
+        5,
+        "a poll with no room took a CQE"
+    );
     // The poller's fast loop writes these: each field as libibverbs defines it.
     let sent = tx.completions(5);
     let fields: Vec<_> = sent
