@@ -64,6 +64,7 @@ fn peer_attrs() -> impl Strategy<Value = PeerAttrs> {
                 default_control_ring_addr: dc.2,
                 default_control_ring_rkey: dc.3,
                 rkeys,
+                management: None,
             },
         )
 }

@@ -60,6 +60,7 @@ fn attrs(qpn: u32) -> PeerAttrs {
         default_control_ring_addr: 0x7f00_0000_2000,
         default_control_ring_rkey: qpn + 7,
         rkeys: vec![(0x100, 0x200), (0x101, 0x2ff)],
+        management: None,
     }
 }
 

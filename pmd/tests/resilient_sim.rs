@@ -1873,3 +1873,78 @@ fn a_control_message_sent_into_a_path_reported_down_goes_again_at_its_link_up() 
         success - back
     );
 }
+
+/// The all-targets soak's loss (`docs/failover.md` 5f): host B's default link goes down (the
+/// traffic fails over), 70 ms later B's backup device fails every QP (traffic on the backup:
+/// a failback, waiting for the default path), 100 ms after that B's default device fails
+/// every QP too, taking the default devices' control channel; the default link comes back
+/// 250 ms after it went (within the simulation's outage tolerance, 300 ms). Runs until the traffic completed or 20 s; returns whether it
+/// completed, the phase reached and the simulation.
+fn both_devices_of_one_host_fail_their_qps(scenario: Scenario) -> (bool, u32, Sim, Traffic) {
+    let (mut sim, mut t) = scenario.one_way(1_000, Duration::from_micros(500));
+    let mut phase = 0;
+    let mut down_at = Duration::ZERO;
+    let done = sim.run_until(Duration::from_secs(20), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            down_at = s.now();
+            s.link_down(B_DEFAULT, Some(Duration::from_millis(250)));
+            phase = 1;
+        }
+        if phase == 1 && s.now() >= down_at + Duration::from_millis(70) {
+            s.b.devices[1].inject_fault(DeviceFault::QpsFailed).unwrap();
+            phase = 2;
+        }
+        if phase == 2 && s.now() >= down_at + Duration::from_millis(170) {
+            s.b.devices[0].inject_fault(DeviceFault::QpsFailed).unwrap();
+            phase = 3;
+        }
+        step(&mut t, s)
+            && phase == 3
+            && s.a.qp.state() == ResilientState::Default
+            && s.b.qp.state() == ResilientState::Default
+            && s.a.qp.stats().backup_rearms >= 1
+            && s.b.qp.stats().backup_rearms >= 1
+    });
+    (done, phase, sim, t)
+}
+
+#[test]
+fn without_the_management_network_both_devices_of_one_host_failing_their_qps_end_the_connection() {
+    let (done, phase, sim, _t) = both_devices_of_one_host_fail_their_qps(Scenario::new(131));
+    assert!(!done);
+    assert_eq!(phase, 3);
+    assert_eq!(sim.b.qp.state(), ResilientState::Failed);
+    // As in the soak: the channel's failure ends the failback at B.
+    assert!(
+        sim.b
+            .qp
+            .events()
+            .iter()
+            .any(|e| e.kind == EventKind::Error && e.cause == Cause::BackupUnavailable),
+        "{:?}",
+        sim.b.qp.events()
+    );
+}
+
+#[test]
+fn over_the_management_network_both_devices_of_one_host_failing_their_qps_keep_the_connection() {
+    let (done, phase, mut sim, mut t) =
+        both_devices_of_one_host_fail_their_qps(Scenario::new(131).management());
+    assert_ran(done, phase, &t, &sim);
+    assert_clean(&mut t, &mut sim);
+    // Every byte and notification checked; the failback, then the default devices' channel
+    // repaired over the management network and the backup side over that channel.
+    assert_both_hosts(
+        &sim,
+        |s| {
+            (
+                s.failbacks,
+                s.default_control_repairs >= 1,
+                s.backup_rearms >= 1,
+                s.errors,
+                s.management_forged,
+            )
+        },
+        (1, true, true, 0, 0),
+    );
+}

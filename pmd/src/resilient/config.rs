@@ -55,6 +55,11 @@ pub struct ResilientConfig {
     /// this the WQEs without a completion count as unknown and the round goes on from the
     /// peer's counters. A device known to be dead (its device-fatal event) is not waited for.
     pub drain_timeout: Duration,
+    /// The local address of the management network (the one the application's own exchange
+    /// used): with one, each QP takes control messages there too, and where the peer has one
+    /// as well the two ends agree over it when both control channels are lost
+    /// (`docs/failover.md` 5f). `None` (the default): no management channel.
+    pub management_addr: Option<std::net::IpAddr>,
 }
 
 impl Default for ResilientConfig {
@@ -73,6 +78,7 @@ impl Default for ResilientConfig {
             redrain_interval: machine.redrain_interval,
             control_depth: 32,
             drain_timeout: Duration::from_millis(100),
+            management_addr: None,
         }
     }
 }

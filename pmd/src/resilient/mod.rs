@@ -47,6 +47,7 @@ mod clock;
 mod config;
 mod context;
 mod dereg_error;
+mod management;
 mod qp;
 mod rendezvous;
 mod revoke;
@@ -62,7 +63,9 @@ pub use qp::AdoptedQp;
 pub use qp::{ConnectError, ResilientQp, ResilientState};
 pub use rendezvous::auth::{RefusalCounts, RendezvousKey, KEY_FILE_VAR, MIN_KEY_LEN};
 pub use rendezvous::error::RendezvousError;
-pub use rendezvous::{PeerAttrs, RedisRendezvous, Rendezvous};
+pub use rendezvous::{
+    ManagementEndpoint, PeerAttrs, RedisRendezvous, Rendezvous, MANAGEMENT_KEY_LEN,
+};
 pub use revoke::{
     Grant, LeaseId, Leases, Quarantine, QuarantinePhase, RevokeOutcome, StepFailure, DEFAULT_GRACE,
 };

@@ -45,6 +45,12 @@ pub struct FailoverStats {
     /// Control messages the control QP dropped: out of sequence, not one whole slot, or not
     /// a write into the ring (a buggy peer, or forged packets).
     pub control_messages_dropped: u64,
+    /// Datagrams of the management network (`docs/failover.md` 5f) naming this QP's end that
+    /// were not sealed with its key (forged, altered) or were malformed.
+    pub management_forged: u64,
+    /// Sealed management messages dropped as already delivered (a replay, or a resend whose
+    /// acknowledgment was lost) or ahead of a lost one (it comes again in order).
+    pub management_out_of_sequence: u64,
 }
 
 /// Events a QP keeps; later ones are counted in [`FailoverStats::events_dropped`].

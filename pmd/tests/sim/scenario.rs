@@ -48,6 +48,13 @@ impl Scenario {
         self
     }
 
+    /// Both hosts take control messages over the management network too, on the loopback
+    /// address (`docs/failover.md` 5f).
+    pub fn management(mut self) -> Scenario {
+        self.config.management_addr = Some(std::net::Ipv4Addr::LOCALHOST.into());
+        self
+    }
+
     /// Host A's QP capacities (host B's stay the default).
     pub fn a_caps(mut self, a: QpCaps) -> Scenario {
         self.caps[0] = a;

@@ -249,6 +249,15 @@ impl ResilientQp {
                 rts.retry_cnt.unwrap_or(7),
             );
         }
+        // The third channel, where both ends have an endpoint (5f).
+        let management = match (parts.management.take(), &parts.peer.management) {
+            (Some(link), Some(peer)) => {
+                link.connect(peer, s.env.default_qpn, parts.peer.default_qpn);
+                config.management = true;
+                Some(link)
+            }
+            _ => None,
+        };
         s.machine = Some(Failover::new(config, now));
         s.backup = Some(Backup {
             qp: parts.qp,
@@ -259,6 +268,7 @@ impl ResilientQp {
             rkeys_confirmed: Default::default(),
             peer: parts.peer,
             base: parts.base,
+            management,
         });
         tracing::info!(qp = %self.shared.name, ?role, "failover: armed");
         let early = std::mem::take(&mut self.slow.early);

@@ -107,6 +107,9 @@ struct Backup {
     rkeys_confirmed: HashSet<u32>,
     /// The application's bring-up attributes of the default QP (PSN bases of every epoch).
     base: SavedAttrs,
+    /// The management channel to the peer (`docs/failover.md` 5f), when both ends have an
+    /// endpoint.
+    management: Option<Arc<crate::resilient::management::ManagementLink>>,
 }
 
 /// Where a resilient QP lives: fixed when it is created.
@@ -618,6 +621,11 @@ impl ResilientQp {
         let mut stats = self.slow.log.stats;
         if let Some(b) = &self.slow.backup {
             stats.control_messages_dropped = b.control.dropped();
+            if let Some(link) = &b.management {
+                let drops = link.drops();
+                stats.management_forged = drops.forged;
+                stats.management_out_of_sequence = drops.out_of_sequence;
+            }
         }
         stats
     }

@@ -76,10 +76,18 @@ impl ResilientQp {
                     self.enqueue(Event::ControlFailed { via });
                 }
             }
-            // The machine asks for it only with `failover::Config::management`, which the
-            // driver does not set: it has no management path yet (`docs/failover.md` 5f).
             Action::SendManagement { message } => {
-                tracing::warn!(qp = %self.shared.name, ?message, "failover: no management path; message not sent");
+                let Some(b) = &self.slow.backup else { return };
+                // The machine asks for it only with `failover::Config::management`, set when
+                // both ends have an endpoint (`docs/failover.md` 5f).
+                let sent = match &b.management {
+                    Some(link) => link.send(message, now),
+                    None => Err("no management channel"),
+                };
+                tracing::debug!(qp = %self.shared.name, ?message, "failover: control message sent over the management network");
+                if let Err(e) = sent {
+                    tracing::warn!(qp = %self.shared.name, ?message, error = e, "failover: management message not sent");
+                }
             }
             Action::ResetSide { side: Side::Backup } => self.reset_backup(),
             Action::ResetSide {

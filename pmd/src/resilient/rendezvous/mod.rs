@@ -24,6 +24,11 @@
 //!
 //! (`dc`: the control QP on the default device; its PSN is 24 bits in a 32-bit word.)
 //!
+//! Version 5 (written when the end has a management endpoint, `docs/failover.md` 5f) puts 60
+//! bytes between byte 88 and the rkey list: the end's management address (16 bytes, an IPv4
+//! one mapped into IPv6), its UDP port (2), two zero bytes, its connection id (8) and its
+//! key (32). Version 4 is still read (no management endpoint).
+//!
 //! Two ways to exchange it:
 //! - **inline** (the default): the application sends [`crate::resilient::ResilientQp::rendezvous_blob`]
 //!   with its own connection attributes (its TCP exchange) and hands the peer's blob to
@@ -44,6 +49,7 @@
 pub(super) mod auth;
 pub(super) mod error;
 
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -84,11 +90,43 @@ pub struct PeerAttrs {
     /// For each MR of the end's PD registered with remote access (read, write or atomic):
     /// (default rkey, backup rkey). A local-only MR's keys are never published.
     pub rkeys: Vec<(u32, u32)>,
+    /// Where the end takes control messages over the management network, when it has an
+    /// endpoint there (`docs/failover.md` 5f; version 5).
+    pub management: Option<ManagementEndpoint>,
+}
+
+/// One end's endpoint on the management network: where to send, and what names and seals
+/// each datagram for it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ManagementEndpoint {
+    /// The end's UDP address on the management network.
+    pub addr: SocketAddr,
+    /// The end's connection id, named in each datagram for it.
+    pub id: u64,
+    /// The end's key, which seals each datagram for it (drawn at random per connection).
+    pub key: [u8; MANAGEMENT_KEY_LEN],
+}
+
+/// The length of a management endpoint's key.
+pub const MANAGEMENT_KEY_LEN: usize = 32;
+
+impl std::fmt::Debug for ManagementEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key stays out of logs.
+        f.debug_struct("ManagementEndpoint")
+            .field("addr", &self.addr)
+            .field("id", &format_args!("{:#x}", self.id))
+            .finish_non_exhaustive()
+    }
 }
 
 const MAGIC: u32 = 0x5253_424b; // "RSBK"
 const VERSION: u8 = 4;
+/// The version with a management endpoint.
+const VERSION_MANAGEMENT: u8 = 5;
 const HEADER: usize = 88;
+/// The management endpoint's block of version 5.
+const MANAGEMENT_BLOCK: usize = 60;
 
 mod field {
     use core::ops::Range;
@@ -107,6 +145,12 @@ mod field {
     pub const DCONTROL_PSN: Range<usize> = 72..76;
     pub const DCONTROL_RING_ADDR: Range<usize> = 76..84;
     pub const DCONTROL_RING_RKEY: Range<usize> = 84..88;
+    // Version 5's management block, from byte 88.
+    pub const MGMT_ADDR: Range<usize> = 0..16;
+    pub const MGMT_PORT: Range<usize> = 16..18;
+    pub const MGMT_RESERVED: Range<usize> = 18..20;
+    pub const MGMT_ID: Range<usize> = 20..28;
+    pub const MGMT_KEY: Range<usize> = 28..60;
 }
 
 fn be32(b: &[u8]) -> u32 {
@@ -122,9 +166,27 @@ fn gid(b: &[u8]) -> Gid {
 impl PeerAttrs {
     /// The attributes as bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = vec![0u8; HEADER + 8 * self.rkeys.len()];
+        let block = if self.management.is_some() {
+            MANAGEMENT_BLOCK
+        } else {
+            0
+        };
+        let rkeys_at = HEADER + block;
+        let mut out = vec![0u8; rkeys_at + 8 * self.rkeys.len()];
         out[field::MAGIC].copy_from_slice(&MAGIC.to_be_bytes());
         out[field::VERSION] = VERSION;
+        if let Some(m) = &self.management {
+            out[field::VERSION] = VERSION_MANAGEMENT;
+            let b = &mut out[HEADER..rkeys_at];
+            let ip = match m.addr.ip() {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            };
+            b[field::MGMT_ADDR].copy_from_slice(&ip.octets());
+            b[field::MGMT_PORT].copy_from_slice(&m.addr.port().to_be_bytes());
+            b[field::MGMT_ID].copy_from_slice(&m.id.to_be_bytes());
+            b[field::MGMT_KEY].copy_from_slice(&m.key);
+        }
         out[field::CONTROL_PSN]
             .copy_from_slice(&(self.control_psn & 0x00ff_ffff).to_be_bytes()[1..]);
         out[field::DEFAULT_GID].copy_from_slice(&self.default_gid.0);
@@ -143,7 +205,7 @@ impl PeerAttrs {
         out[field::DCONTROL_RING_RKEY]
             .copy_from_slice(&self.default_control_ring_rkey.to_be_bytes());
         for (i, (default, backup)) in self.rkeys.iter().enumerate() {
-            let at = HEADER + 8 * i;
+            let at = rkeys_at + 8 * i;
             out[at..at + 4].copy_from_slice(&default.to_be_bytes());
             out[at + 4..at + 8].copy_from_slice(&backup.to_be_bytes());
         }
@@ -162,9 +224,38 @@ impl PeerAttrs {
         if magic != MAGIC {
             return Err(RendezvousError::BadMagic(magic));
         }
-        if bytes[field::VERSION] != VERSION {
-            return Err(RendezvousError::UnsupportedVersion(bytes[field::VERSION]));
+        let rkeys_at = match bytes[field::VERSION] {
+            VERSION => HEADER,
+            VERSION_MANAGEMENT => HEADER + MANAGEMENT_BLOCK,
+            other => return Err(RendezvousError::UnsupportedVersion(other)),
+        };
+        if bytes.len() < rkeys_at {
+            return Err(RendezvousError::Truncated {
+                len: bytes.len(),
+                needed: rkeys_at,
+            });
         }
+        let management = if rkeys_at > HEADER {
+            let b = &bytes[HEADER..rkeys_at];
+            if b[field::MGMT_RESERVED] != [0, 0] {
+                return Err(RendezvousError::BadField("management reserved bytes"));
+            }
+            let octets: [u8; 16] = b[field::MGMT_ADDR].try_into().expect("a 16-byte field");
+            let v6 = Ipv6Addr::from(octets);
+            let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+            let port =
+                u16::from_be_bytes([b[field::MGMT_PORT.start], b[field::MGMT_PORT.start + 1]]);
+            if port == 0 || ip.is_unspecified() {
+                return Err(RendezvousError::BadField("management address"));
+            }
+            Some(ManagementEndpoint {
+                addr: SocketAddr::new(ip, port),
+                id: u64::from_be_bytes(b[field::MGMT_ID].try_into().expect("an 8-byte field")),
+                key: b[field::MGMT_KEY].try_into().expect("a 32-byte field"),
+            })
+        } else {
+            None
+        };
         let psn = &bytes[field::CONTROL_PSN];
         let control_psn = u32::from_be_bytes([0, psn[0], psn[1], psn[2]]);
         let qpn = |r: core::ops::Range<usize>, name| {
@@ -183,7 +274,7 @@ impl PeerAttrs {
         let count = be32(&bytes[field::COUNT]) as usize;
         let needed = count
             .checked_mul(8)
-            .and_then(|n| n.checked_add(HEADER))
+            .and_then(|n| n.checked_add(rkeys_at))
             .ok_or(RendezvousError::BadField("rkey count"))?;
         if bytes.len() != needed {
             return Err(if bytes.len() < needed {
@@ -197,7 +288,7 @@ impl PeerAttrs {
         }
         let rkeys = (0..count)
             .map(|i| {
-                let at = HEADER + 8 * i;
+                let at = rkeys_at + 8 * i;
                 (be32(&bytes[at..at + 4]), be32(&bytes[at + 4..at + 8]))
             })
             .collect();
@@ -223,6 +314,7 @@ impl PeerAttrs {
             ),
             default_control_ring_rkey: be32(&bytes[field::DCONTROL_RING_RKEY]),
             rkeys,
+            management,
         })
     }
 }
@@ -285,7 +377,8 @@ pub trait Rendezvous: Send + Sync {
 /// The first field on which two ends' attributes disagree: every field but the rkey lists,
 /// which may have been taken at different times; an rkey both lists carry must map alike.
 fn first_difference(a: &PeerAttrs, b: &PeerAttrs) -> Option<&'static str> {
-    let fields: [(&'static str, bool); 12] = [
+    let fields: [(&'static str, bool); 13] = [
+        ("management endpoint", a.management == b.management),
         ("default GID", a.default_gid == b.default_gid),
         ("default QPN", a.default_qpn == b.default_qpn),
         ("backup GID", a.backup_gid == b.backup_gid),
@@ -616,7 +709,50 @@ mod tests {
             default_control_ring_addr: 0x7f00_1234_6000,
             default_control_ring_rkey: 0x78,
             rkeys: vec![(0x100, 0x200), (0x101, 0x2ff)],
+            management: None,
         }
+    }
+
+    #[test]
+    fn a_management_endpoint_is_written_as_version_5_and_read_back() {
+        for addr in ["198.18.100.1:40123", "[fd00::1]:7"] {
+            let attrs = PeerAttrs {
+                management: Some(ManagementEndpoint {
+                    addr: addr.parse().unwrap(),
+                    id: 0x0123_4567_89ab_cdef,
+                    key: [0x5a; MANAGEMENT_KEY_LEN],
+                }),
+                ..sample()
+            };
+            let bytes = attrs.to_bytes();
+            assert_eq!(bytes.len(), 88 + 60 + 16);
+            assert_eq!(bytes[4], 5);
+            assert_eq!(PeerAttrs::parse(&bytes).unwrap(), attrs);
+            // The rkeys follow the block.
+            assert_eq!(&bytes[148..156], &[0, 0, 1, 0, 0, 0, 2, 0]);
+            // A truncated block is refused, not read past.
+            assert!(PeerAttrs::parse(&bytes[..100]).is_err());
+        }
+        // Version 4 is still written without one, and read.
+        let old = sample().to_bytes();
+        assert_eq!(old[4], 4);
+        assert_eq!(PeerAttrs::parse(&old).unwrap(), sample());
+    }
+
+    #[test]
+    fn a_management_endpoint_without_an_address_is_refused() {
+        let attrs = PeerAttrs {
+            management: Some(ManagementEndpoint {
+                addr: "0.0.0.0:0".parse().unwrap(),
+                id: 1,
+                key: [1; MANAGEMENT_KEY_LEN],
+            }),
+            ..sample()
+        };
+        assert!(matches!(
+            PeerAttrs::parse(&attrs.to_bytes()),
+            Err(RendezvousError::BadField("management address"))
+        ));
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub(crate) struct BackupParts {
     pub peer: PeerAttrs,
     /// The application's bring-up attributes of the default QP (PSN bases of every epoch).
     pub base: SavedAttrs,
+    /// This end on the management network, when it has an endpoint there (5f).
+    pub management: Option<Arc<crate::resilient::management::ManagementLink>>,
 }
 
 /// One piece of mail.

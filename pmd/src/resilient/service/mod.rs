@@ -175,6 +175,8 @@ pub(crate) struct ServiceInner {
     control_cqs: ChannelCqs,
     /// The earliest deadline the service's QPs published (see [`DeadlineBoard`]).
     deadlines: DeadlineBoard,
+    /// The management network's sockets, one per local address (`docs/failover.md` 5f).
+    management: Mutex<Vec<Arc<crate::resilient::management::ManagementSocket>>>,
     /// The round's list of live control CQs (taken under the state's lock).
     control_cq_scratch: Mutex<Vec<Arc<ControlCq<ControlChannel>>>>,
 }
@@ -327,6 +329,7 @@ impl ServiceHandle {
                 stop: AtomicBool::new(false),
                 ready: Mutex::new(Vec::new()),
                 control_cqs: ChannelCqs::default(),
+                management: Mutex::new(Vec::new()),
                 deadlines: DeadlineBoard::new(),
                 control_cq_scratch: Mutex::new(Vec::new()),
             }),
@@ -344,6 +347,30 @@ impl ServiceHandle {
     /// The control CQs new control channels take their place in.
     pub fn control_cqs(&self) -> &ChannelCqs {
         &self.inner.control_cqs
+    }
+
+    /// The service's management socket on `addr`, bound on first use.
+    pub(crate) fn management_socket(
+        &self,
+        addr: std::net::IpAddr,
+    ) -> std::io::Result<Arc<crate::resilient::management::ManagementSocket>> {
+        let mut sockets = self
+            .inner
+            .management
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = sockets
+            .iter()
+            .find(|s| s.local_addr().is_ok_and(|a| a.ip() == addr))
+        {
+            return Ok(s.clone());
+        }
+        let socket = Arc::new(crate::resilient::management::ManagementSocket::bind(addr)?);
+        sockets.push(socket.clone());
+        drop(sockets);
+        // The thread sleeps on the new descriptor from its next round.
+        self.inner.wake.signal();
+        Ok(socket)
     }
 
     /// The board each QP of this service publishes its deadlines to.
@@ -607,6 +634,19 @@ impl ServiceHandle {
         events.clear();
         st.events = events;
 
+        // 4b. The management network (`docs/failover.md` 5f): what arrived, and resends.
+        let sockets = self
+            .inner
+            .management
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for socket in &sockets {
+            if let Some(due) = socket.poll(clock.now()) {
+                soon(due);
+            }
+        }
+
         // 5. Owners whose timers are due: walked only once the earliest deadline published
         //    has come. The board is cleared before the walk reads the deadlines and lowered
         //    again by each one read, overdue ones included (their owners are woken each
@@ -663,6 +703,14 @@ impl ServiceHandle {
         let mut cqs = Vec::new();
         self.inner.control_cqs.live(&mut cqs);
         out.extend(cqs.iter().filter_map(|cq| cq.event_fd()));
+        out.extend(
+            self.inner
+                .management
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|s| s.fd()),
+        );
     }
 }
 

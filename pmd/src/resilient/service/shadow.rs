@@ -330,6 +330,8 @@ struct Setup {
     default_control: Option<Arc<ControlChannel>>,
     /// This end's attributes for the peer, once the backup objects exist.
     local: Option<PeerAttrs>,
+    /// This end on the management network (`docs/failover.md` 5f), when configured.
+    management: Option<Arc<crate::resilient::management::ManagementLink>>,
 }
 
 /// The backup QP's depths for an application QP of `caps` (`docs/failover.md`, 3.5). A
@@ -450,6 +452,7 @@ impl QpShadow {
                 control: None,
                 default_control: None,
                 local: None,
+                management: None,
             }),
             cancelled: AtomicBool::new(false),
             changes: AtomicU64::new(0),
@@ -610,7 +613,29 @@ impl QpShadow {
                         default_control_ring_addr,
                         default_control_ring_rkey,
                         rkeys: Vec::new(),
+                        management: None,
                     };
+                    let mut local = local;
+                    if let Some(addr) = self.pd.ctx.config.management_addr {
+                        let link = self
+                            .pd
+                            .ctx
+                            .service
+                            .management_socket(addr)
+                            .and_then(|socket| socket.open_link())
+                            .and_then(|link| Ok((link.endpoint()?, link)));
+                        match link {
+                            Ok((endpoint, link)) => {
+                                link.set_owner(&self.shared);
+                                local.management = Some(endpoint);
+                                setup.management = Some(link);
+                            }
+                            // The connection runs without the third channel, as before it.
+                            Err(e) => {
+                                tracing::warn!(qp = %self.shared.name, %addr, error = %e, "failover: no management endpoint; both control channels lost will end the connection")
+                            }
+                        }
+                    }
                     if let Some(store) = &self.pd.ctx.store {
                         let mut published = local.clone();
                         published.rkeys = self.pd.keys.rkeys();
@@ -731,6 +756,7 @@ impl QpShadow {
                         default_control: setup.default_control.clone().expect("created"),
                         peer,
                         base: recorded,
+                        management: setup.management.clone(),
                     };
                     tracing::info!(qp = %self.shared.name, backup_qpn = parts.qp.qpn(), "failover: backup QP connected; the QP is protected");
                     self.shared.post(Mail::Protected(Box::new(parts)));
