@@ -9,6 +9,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -415,9 +416,57 @@ impl Channel {
         let mut frame = Vec::with_capacity(4 + body.len());
         frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
         frame.extend_from_slice(&body);
-        self.stream.set_nonblocking(false)?;
-        self.stream.write_all(&frame)?;
+        // Both ends send their hello before reading the other's, and at thousands of QPs a
+        // hello (1.28 MB at -q 4096) outgrows what the two sockets buffer: with a blocking
+        // write each end waited for the other to read, forever. So the write does not block,
+        // and while it cannot go on, what the peer sent is read into `pending`.
+        self.stream.set_nonblocking(true)?;
+        let mut sent = 0;
+        while sent < frame.len() {
+            match self.stream.write(&frame[sent..]) {
+                Ok(0) => return Err(ExchangeError::Closed(String::new())),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.read_available()?;
+                    self.wait_writable_or_readable();
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         Ok(())
+    }
+
+    /// Reads whatever has arrived into `pending`, without waiting (the stream is
+    /// non-blocking). A closed connection is [`ExchangeError::Closed`].
+    fn read_available(&mut self) -> Result<(), ExchangeError> {
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => return Err(ExchangeError::Closed(String::new())),
+                Ok(n) => {
+                    self.pending.extend_from_slice(&buf[..n]);
+                    if n < buf.len() {
+                        return Ok(());
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Sleeps until the stream can take more bytes or has bytes to read (at most 100 ms; an
+    /// error or a spurious wake-up only means another look).
+    fn wait_writable_or_readable(&self) {
+        let mut fd = libc::pollfd {
+            fd: self.stream.as_raw_fd(),
+            events: libc::POLLOUT | libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd for the call's duration.
+        unsafe { libc::poll(&mut fd, 1, 100) };
     }
 
     /// Waits up to `timeout` for the next message.
@@ -451,21 +500,7 @@ impl Channel {
             return Ok(Some(msg));
         }
         self.stream.set_nonblocking(true)?;
-        let mut buf = [0u8; 4096];
-        loop {
-            match self.stream.read(&mut buf) {
-                Ok(0) => return Err(ExchangeError::Closed(String::new())),
-                Ok(n) => {
-                    self.pending.extend_from_slice(&buf[..n]);
-                    if n < buf.len() {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        self.read_available()?;
         self.take_frame()
     }
 
@@ -806,6 +841,75 @@ mod tests {
         let got = theirs.recv(Duration::from_secs(20)).unwrap();
         sender.join().unwrap();
         assert_eq!(got, Msg::Hello(ours));
+    }
+
+    /// Socket buffers of 64 KiB each way, fixed (no autotuning), as a path that does not
+    /// grow them (the testbed's veth pair kept its receive window at 14 KiB): loopback's
+    /// grow to megabytes and would hide a deadlock of two hellos.
+    fn small_buffers(stream: &TcpStream) {
+        let size: libc::c_int = 64 * 1024;
+        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+            // SAFETY: a live socket and a c_int option value of the size given.
+            let rc = unsafe {
+                libc::setsockopt(
+                    stream.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&size as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "setsockopt");
+        }
+    }
+
+    /// Both ends send a hello far larger than the two sockets buffer before reading the
+    /// other's, as the tools do: with a blocking write both waited for the other to read
+    /// (`-q 4096` between two namespaces hung in the exchange until the testbed killed it).
+    #[test]
+    fn two_ends_sending_large_hellos_at_once_both_get_through() {
+        let one = hello().qps[0].clone();
+        let big = |tag: u8| {
+            let qps: Vec<QpInfo> = (0..crate::cli::MAX_QPS)
+                .map(|i| QpInfo {
+                    qpn: i,
+                    backup: Some(to_hex(&[tag; 300])),
+                    ..one.clone()
+                })
+                .collect();
+            Hello::new(params(), qps)
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let client_hello = big(0xa5);
+        let server_hello = big(0x5a);
+        let (c_sent, s_sent) = (client_hello.clone(), server_hello.clone());
+        let client_done = done_tx.clone();
+        std::thread::spawn(move || {
+            let mut c = Channel::new(TcpStream::connect(addr).unwrap()).unwrap();
+            small_buffers(&c.stream);
+            let got = c.handshake(&c_sent, Duration::from_secs(60));
+            let _ = client_done.send(("client", got));
+        });
+        std::thread::spawn(move || {
+            let (server, _) = listener.accept().unwrap();
+            let mut s = Channel::new(server).unwrap();
+            small_buffers(&s.stream);
+            let got = s.handshake(&s_sent, Duration::from_secs(60));
+            let _ = done_tx.send(("server", got));
+        });
+        for _ in 0..2 {
+            let (who, got) = done_rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("both ends finish their handshake (a blocking send deadlocks here)");
+            let want = if who == "client" {
+                &server_hello
+            } else {
+                &client_hello
+            };
+            assert_eq!(&got.unwrap(), want, "{who}");
+        }
     }
 
     #[test]
