@@ -222,6 +222,11 @@ pub struct Flags {
     /// (default: the pmd's 4.29 s, one try of a plain RC QP at NCCL's default timeout).
     #[arg(long = "outage-tolerance", value_name = "TIME", value_parser = parse_outage_tolerance)]
     pub outage_tolerance_ms: Option<u64>,
+    /// Failover: this host's address on the management network (the one the TCP exchange
+    /// uses): the two ends also agree over it when both control channels are lost
+    /// (`docs/failover.md` 5f). Default: none (no third channel).
+    #[arg(long = "management-addr", value_name = "IP")]
+    pub management_addr: Option<std::net::IpAddr>,
     /// Pin the polling lcore to this core.
     #[arg(long = "cpu", value_name = "N")]
     pub cpu: Option<usize>,
@@ -1024,6 +1029,22 @@ mod tests {
             "soft:lo".to_owned(),
         ];
         assert!(!parse(Tool::WriteBw, &args).unwrap().failover_enabled());
+    }
+
+    #[test]
+    fn a_management_address_is_an_ip_address_and_none_unless_given() {
+        assert_eq!(
+            parse(Tool::WriteBw, &[]).unwrap().flags.management_addr,
+            None
+        );
+        let o = accepted(Tool::WriteBw, &["--management-addr", "198.18.100.2"]);
+        assert_eq!(
+            o.flags.management_addr,
+            Some(std::net::Ipv4Addr::new(198, 18, 100, 2).into())
+        );
+        assert!(
+            refused(Tool::WriteBw, &["--management-addr", "host-b"]).contains("--management-addr")
+        );
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct DeviceOptions {
     /// How long work is held while no path answers (`--outage-tolerance`); `None`: the pmd's
     /// default.
     pub outage_tolerance: Option<std::time::Duration>,
+    /// This host's management address (`--management-addr`): the third channel (5f).
+    pub management_addr: Option<std::net::IpAddr>,
     /// The polling lcore runs the failover service itself (no service thread); with
     /// [`ProgressModel::Manual`] it also drives the devices.
     pub run_to_completion: bool,
@@ -139,6 +141,7 @@ impl Host {
                 if let Some(tolerance) = o.outage_tolerance {
                     config.outage_tolerance = tolerance;
                 }
+                config.management_addr = o.management_addr;
                 let ctx = ResilientContext::new(default, Some(backup_ctx), &service, config, None);
                 let pd = ctx.alloc_pd().map_err(verbs)?;
                 HostKind::Resilient { pd, ctx, service }

@@ -122,6 +122,7 @@ pub fn device_options(o: &Options) -> DeviceOptions {
             .outage_tolerance_ms
             .map(std::time::Duration::from_millis),
         qps: o.flags.qps + o.flags.idle_qps,
+        management_addr: o.flags.management_addr,
     }
 }
 

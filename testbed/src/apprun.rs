@@ -174,6 +174,9 @@ pub fn start(info: &TestbedInfo, spec: &PairSpec) -> Result<RunningPair, AppRunE
         spec.port.to_string(),
         "--json".to_owned(),
         server_json.display().to_string(),
+        // The third channel (`docs/failover.md` 5f), on the address the exchange uses.
+        "--management-addr".to_owned(),
+        b.mgmt_addr.clone(),
     ]);
     let server_log = spec.out_dir.join(format!("{}-server.log", spec.tag));
     let mut server = spawn_in(&b.netns, &program, &server_args, &server_log)?;
@@ -209,6 +212,8 @@ pub fn start(info: &TestbedInfo, spec: &PairSpec) -> Result<RunningPair, AppRunE
         spec.port.to_string(),
         "--json".to_owned(),
         client_json.display().to_string(),
+        "--management-addr".to_owned(),
+        a.mgmt_addr.clone(),
         b.mgmt_addr.clone(),
     ]);
     let client_log = spec.out_dir.join(format!("{}-client.log", spec.tag));
