@@ -185,7 +185,7 @@ pub struct Flags {
     /// (docs/apps-json.md, "Fault channel").
     #[arg(long = "fault-fifo", value_name = "PATH")]
     pub fault_fifo: Option<PathBuf>,
-    /// Number of QPs, 1 to 1,024 (bandwidth tools without --check; iterations go
+    /// Number of QPs, 1 to 4,096 (bandwidth tools without --check; iterations go
     /// round-robin).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,

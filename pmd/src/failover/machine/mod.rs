@@ -116,6 +116,8 @@ struct Round {
     /// The peer's `Failover` message, if it arrived while we were still draining.
     peer: Option<PeerFailover>,
     deadline: Timestamp,
+    /// When the round began: a default link reported up after it came back during the round.
+    started: Timestamp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -495,7 +497,10 @@ impl Failover {
             return None;
         }
         let send = match self.send {
-            SendState::FailingOver(round) => Some(round.deadline),
+            SendState::FailingOver(round) => Some(
+                self.default_answers_first_at(round)
+                    .map_or(round.deadline, |due| due.min(round.deadline)),
+            ),
             SendState::FailingBack(round) => Some(round.deadline),
             SendState::WaitDrained { notified, .. } => notified,
             _ => None,
@@ -690,6 +695,7 @@ impl Failover {
             step: RoundStep::Draining,
             peer,
             deadline,
+            started: now,
         });
         if let RecvState::SwitchingBack { .. } = self.recv {
             // The receive WQEs have not moved yet: they stay on the backup QP.
@@ -922,6 +928,29 @@ impl Failover {
             || !self.default_is_live()
     }
 
+    /// A round whose `Failover` the peer has not answered, while the default link came back
+    /// during it: when it fails back instead of waiting on (issue 29, "whichever path answers
+    /// first"). The peer's side of the backup path can be down where this end cannot see it
+    /// (its NIC, the switch port facing it), and then the round waits out the handshake
+    /// timeout while the default path carries packets; seen in the chaos scenario, where the
+    /// default path was up for 1.6 s of such a wait and the connection was lost. The peer is
+    /// taken as unable to answer once the handshake timeout has passed since the round began
+    /// (a live peer on a working backup answers within its drain, at most the drain deadline
+    /// of a device that died without flushing, 100 ms by default): a failback commits to the
+    /// default pair, and one started while the peer's answer was on its way would strand a
+    /// peer whose default device is dead (the seeded simulation's schedules with one). A
+    /// default link that never went down during the round (the round began with an RC error
+    /// on a path reported up) is not taken as back.
+    fn default_answers_first_at(&self, round: Round) -> Option<Timestamp> {
+        let waiting = matches!(
+            round.step,
+            RoundStep::Draining | RoundStep::AwaitingPeer { .. }
+        ) && round.peer.is_none();
+        let back = self.default_link.up && self.default_link.since > round.started;
+        (waiting && back && self.may_fail_back())
+            .then(|| (round.started + self.config.handshake_timeout).max(self.default_link.since))
+    }
+
     // ---- State 2: rearm the default pair and probe it ------------------------------------
 
     fn tick(&mut self, now: Timestamp, out: &mut Actions) {
@@ -947,6 +976,14 @@ impl Failover {
         match self.send {
             SendState::FailingOver(round) if now >= round.deadline => {
                 return self.fail(FailReason::HandshakeTimeout, out)
+            }
+            SendState::FailingOver(round)
+                if self
+                    .default_answers_first_at(round)
+                    .is_some_and(|due| now >= due) =>
+            {
+                tracing::warn!(epoch = %round.epoch, "failover: the peer has not answered over the backup path and the default link is back; failing back");
+                return self.start_failback(None, true, now, out);
             }
             SendState::WaitDrained {
                 notified: Some(deadline),

@@ -319,3 +319,59 @@ fn a_round_whose_peer_cannot_answer_waits_the_tolerance_not_the_handshake_timeou
         config.handshake_timeout
     );
 }
+
+/// Issue 29, "whichever path answers first": a round whose peer cannot answer over the
+/// backup path (its side of it down, where this end cannot see it) while the default link
+/// came back fails back over the default pair once the round has waited the handshake
+/// timeout (2 s), instead of waiting out the whole handshake wait (the outage tolerance) (the chaos scenario's loss, seed 3: the default path
+/// up for 1.6 s of such a wait, then `handshake-timeout` here and `outage-tolerance` at the
+/// peer). Both roles.
+#[test]
+fn a_round_whose_peer_is_silent_fails_back_once_the_default_link_is_back() {
+    for role in [Role::Leader, Role::Follower] {
+        let mut machine = tolerant(role);
+        step(&mut machine, link_down(Path::Default), at(10));
+        step(&mut machine, drained(progress(4, 4, 2)), at(11));
+        assert_eq!(machine.send_phase(), SendPhase::FailingOver);
+        assert_eq!(step(&mut machine, link_up(Path::Default), at(2_500)), []);
+        assert_eq!(machine.poll_timeout(), Some(at(2_500)), "{role:?}");
+        assert_eq!(step(&mut machine, Event::Tick, at(2_500)), FAILBACK_START);
+        assert_eq!(machine.send_phase(), SendPhase::FailingBack);
+        step(&mut machine, failback_drained(progress(4, 4, 2)), at(2_501));
+        // The peer follows our `Failback` (its round has not finished either) and the
+        // default pair comes up in a new epoch.
+        let actions = step(&mut machine, peer_failback(1, 3), at(2_510));
+        assert!(
+            actions.iter().any(|a| matches!(a, Action::Failback { .. })),
+            "{role:?}: {actions:?}"
+        );
+        assert_eq!(machine.failed(), None);
+    }
+}
+
+#[test]
+fn a_default_link_back_early_in_a_round_leaves_the_peer_the_handshake_timeout_to_answer() {
+    let mut machine = tolerant(Role::Leader);
+    step(&mut machine, link_down(Path::Default), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(11));
+    step(&mut machine, link_up(Path::Default), at(300));
+    assert_eq!(machine.poll_timeout(), Some(at(2_010)));
+    assert_eq!(step(&mut machine, Event::Tick, at(2_009)), []);
+    // The peer's answer within the handshake timeout finishes the round as usual.
+    step(&mut machine, peer_failover(0, 3, 0), at(2_009));
+    assert_eq!(machine.send_phase(), SendPhase::Fallback);
+}
+
+#[test]
+fn a_round_begun_by_an_error_on_a_link_reported_up_waits_for_the_peer() {
+    let mut machine = tolerant(Role::Leader);
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(11));
+    // The default link never went down: nothing says the default path is back.
+    assert_eq!(
+        machine.poll_timeout(),
+        Some(at(10) + Config::new(Role::Leader).handshake_wait())
+    );
+    assert_eq!(step(&mut machine, Event::Tick, at(3_000)), []);
+    assert_eq!(machine.send_phase(), SendPhase::FailingOver);
+}
