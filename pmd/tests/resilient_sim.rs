@@ -141,6 +141,19 @@ fn switch_back_after_outage(
     back_at.unwrap() - up_at.unwrap()
 }
 
+/// Both ends counted exactly one failover and one switch-back: the outage was ridden out in
+/// one round each way, not in repeated attempts that each moved the traffic.
+fn assert_one_failover_and_switch_back_each(sim: &Sim, what: &str) {
+    for h in [&sim.a, &sim.b] {
+        let stats = h.qp.stats();
+        assert_eq!(
+            (stats.failovers, stats.switch_backs),
+            (1, 1),
+            "{what}: {stats:?}"
+        );
+    }
+}
+
 /// A default link down for ten minutes, then back, ends in a switch-back (issue 29, long
 /// outages): the traffic runs on the backup all the while, and the switch-back comes at most
 /// one backoff (the default cap, 5 s) after the hold-down. The leader's default link, then the
@@ -170,14 +183,7 @@ fn a_default_link_down_for_ten_minutes_then_back_ends_in_a_switch_back() {
             after_up <= holddown + backoff_max + Duration::from_millis(100),
             "port {port}, reported up {reported_up}: switched back {after_up:?} after link-up"
         );
-        for h in [&sim.a, &sim.b] {
-            let stats = h.qp.stats();
-            assert_eq!(
-                (stats.failovers, stats.switch_backs),
-                (1, 1),
-                "port {port}, reported up {reported_up}: {stats:?}"
-            );
-        }
+        assert_one_failover_and_switch_back_each(&sim, &what);
     }
 }
 
@@ -202,14 +208,7 @@ fn a_default_link_back_while_still_reported_down_is_found_by_a_rearm() {
             after_up <= trust - outage + Duration::from_millis(200),
             "{what}: switched back {after_up:?} after the link came back"
         );
-        for h in [&sim.a, &sim.b] {
-            let stats = h.qp.stats();
-            assert_eq!(
-                (stats.failovers, stats.switch_backs),
-                (1, 1),
-                "{what}: {stats:?}"
-            );
-        }
+        assert_one_failover_and_switch_back_each(&sim, &what);
     }
 }
 
