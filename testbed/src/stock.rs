@@ -16,7 +16,7 @@ use crate::chaos;
 use crate::fail;
 use crate::schedule::{LinkAction, Schedule, Step};
 use crate::target::FailTarget;
-use crate::topology::{Role, TestbedInfo};
+use crate::topology::{HostInfo, Role, TestbedInfo};
 
 /// A stock tool the run knows how to drive and judge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +135,9 @@ pub struct StockOptions {
     pub holddown: Duration,
     /// The first TCP port (each pair takes the next).
     pub port: u16,
+    /// Give each side its host's management address (`RAILSHIFT_MANAGEMENT_ADDR`), so that
+    /// its QPs agree over the management network when both control channels are lost.
+    pub management: bool,
 }
 
 /// The outcome of one tool in one mode.
@@ -159,6 +162,10 @@ pub struct StockOutcome {
     /// Why not, when it did not.
     pub why: String,
 }
+
+/// What the shim's `protected` line says of a QP without the third channel (one end had no
+/// management address, or could not open an endpoint on it).
+const NO_MANAGEMENT: &str = "; no management channel)";
 
 /// What the pmd logs when a failover meets an atomic in flight (and fails the connection).
 const ATOMIC_REFUSAL: &str = "an atomic was in flight";
@@ -242,45 +249,55 @@ fn listening(ns: &str, port: u16) -> bool {
 /// The environment of one side.
 struct Side<'a> {
     o: &'a StockOptions,
-    redis: &'a Redis,
+    /// The rendezvous URL (`RAILSHIFT_RENDEZVOUS`).
+    rendezvous: &'a str,
     key: &'a Path,
     prefix: String,
     failover: bool,
 }
 
 impl Side<'_> {
-    fn spawn(
-        &self,
-        ns: &str,
-        tool: Tool,
-        port: u16,
-        peer: Option<&str>,
-        log: &Path,
-    ) -> Result<Child, String> {
-        let out = std::fs::File::create(log)
-            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
+    /// The shim's environment for a side in the host whose management address is
+    /// `mgmt_addr`, as `VAR=value` words for `env`.
+    fn env(&self, mgmt_addr: &str) -> Vec<String> {
         let device = if self.failover {
             "rs0=soft:nic0+soft:nic1"
         } else {
             "rs0=soft:nic0"
         };
+        let mut env = vec![
+            format!("LD_PRELOAD={}", self.o.shim.display()),
+            format!("RAILSHIFT_DEVICES={device}"),
+            format!("RAILSHIFT_RENDEZVOUS={}", self.rendezvous),
+            format!("RAILSHIFT_RENDEZVOUS_KEY_FILE={}", self.key.display()),
+            format!("RAILSHIFT_RENDEZVOUS_PREFIX={}", self.prefix),
+            format!("RAILSHIFT_HOLDDOWN_MS={}", self.o.holddown.as_millis()),
+            "RAILSHIFT_LOG=warn,railshift_verbs=info".to_string(),
+        ];
+        // The third channel (docs/failover.md 5f): the host's address on the management
+        // network, the one the tools' own exchange and the rendezvous use.
+        if self.failover && self.o.management {
+            env.push(format!("RAILSHIFT_MANAGEMENT_ADDR={mgmt_addr}"));
+        }
+        env
+    }
+
+    fn spawn(
+        &self,
+        host: &HostInfo,
+        tool: Tool,
+        port: u16,
+        peer: Option<&str>,
+        log: &Path,
+    ) -> Result<Child, String> {
+        let ns = &host.netns;
+        let out = std::fs::File::create(log)
+            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new("ip");
         // `env` sets the preload for the tool only, not for `ip`.
         cmd.args(["netns", "exec", ns, "env"])
-            .arg(format!("LD_PRELOAD={}", self.o.shim.display()))
-            .arg(format!("RAILSHIFT_DEVICES={device}"))
-            .arg(format!("RAILSHIFT_RENDEZVOUS={}", self.redis.url))
-            .arg(format!(
-                "RAILSHIFT_RENDEZVOUS_KEY_FILE={}",
-                self.key.display()
-            ))
-            .arg(format!("RAILSHIFT_RENDEZVOUS_PREFIX={}", self.prefix))
-            .arg(format!(
-                "RAILSHIFT_HOLDDOWN_MS={}",
-                self.o.holddown.as_millis()
-            ))
-            .arg("RAILSHIFT_LOG=warn,railshift_verbs=info")
+            .args(self.env(&host.mgmt_addr))
             .arg(format!("/usr/bin/{}", tool.binary()))
             .args(tool.args(self.o))
             .args(["-p", &port.to_string()]);
@@ -412,19 +429,19 @@ pub fn run(
             let tag = format!("stock-{}-{mode}", tool.binary());
             let side = Side {
                 o,
-                redis: &redis,
+                rendezvous: &redis.url,
                 key: &key,
                 prefix: format!("{}:{tag}:{}", info.prefix, fail::unix_ms_now() as u64),
                 failover,
             };
             let server_log = o.out_dir.join(format!("{tag}-server.log"));
             let client_log = o.out_dir.join(format!("{tag}-client.log"));
-            let mut server = side.spawn(&b.netns, tool, port, None, &server_log)?;
+            let mut server = side.spawn(b, tool, port, None, &server_log)?;
             let t0 = Instant::now();
             while !listening(&b.netns, port) && t0.elapsed() < Duration::from_secs(20) {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let mut client = side.spawn(&a.netns, tool, port, Some(&b.mgmt_addr), &client_log)?;
+            let mut client = side.spawn(a, tool, port, Some(&b.mgmt_addr), &client_log)?;
             let started = Instant::now();
             let steps = o.steps();
             let last_step = steps.last().map_or(Duration::ZERO, |s| s.at);
@@ -536,6 +553,13 @@ pub fn run(
                     (false, format!("exits {exits:?}, expected both 0"))
                 } else if failed_over == [0, 0] {
                     (false, "no QP failed over".to_owned())
+                } else if o.management
+                    && (clog.contains(NO_MANAGEMENT) || slog.contains(NO_MANAGEMENT))
+                {
+                    (
+                        false,
+                        "a QP was protected without the management channel".to_owned(),
+                    )
                 } else {
                     (true, String::new())
                 }
@@ -615,7 +639,43 @@ mod tests {
             out_dir: PathBuf::new(),
             holddown: Duration::from_millis(100),
             port: 18600,
+            management: true,
         }
+    }
+
+    #[test]
+    fn each_side_gets_its_hosts_management_address_with_failover_unless_turned_off() {
+        let mut o = options(None);
+        let key = PathBuf::from("/tmp/job.key");
+        let side = |o: &StockOptions, failover| {
+            Side {
+                o,
+                rendezvous: "redis://:pw@198.18.100.254:18600/",
+                key: &key,
+                prefix: "p".to_string(),
+                failover,
+            }
+            .env("198.18.100.2")
+        };
+        let mgmt = "RAILSHIFT_MANAGEMENT_ADDR=198.18.100.2".to_string();
+        let on = side(&o, true);
+        assert!(on.contains(&mgmt), "{on:?}");
+        assert!(on.contains(&"RAILSHIFT_DEVICES=rs0=soft:nic0+soft:nic1".to_string()));
+        // Without a backup the shim has no failover to agree on.
+        let plain = side(&o, false);
+        assert!(
+            !plain
+                .iter()
+                .any(|v| v.starts_with("RAILSHIFT_MANAGEMENT_ADDR=")),
+            "{plain:?}"
+        );
+        o.management = false;
+        let off = side(&o, true);
+        assert!(
+            !off.iter()
+                .any(|v| v.starts_with("RAILSHIFT_MANAGEMENT_ADDR=")),
+            "{off:?}"
+        );
     }
 
     #[test]

@@ -11,11 +11,16 @@
 //! the Redis rendezvous (`RAILSHIFT_RENDEZVOUS`, `RAILSHIFT_RENDEZVOUS_KEY_FILE`,
 //! [`Resilience`]).
 //!
+//! `RAILSHIFT_MANAGEMENT_ADDR` names this host's address on the management network: resilient
+//! QPs then also agree over it when both in-band control channels are lost
+//! (`docs/failover.md` 5f).
+//!
 //! `RAILSHIFT_PROGRESS` says how a softnic device makes progress: `poll` (default: the
 //! application's `ibv_poll_cq` drives the device, run-to-completion, and a helper thread
 //! drives it while the application does not poll) or `engine` (the softnic's own engine
 //! thread, as `pmd`'s auto progress).
 
+use std::net::IpAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -36,6 +41,8 @@ pub const HOLDDOWN_VAR: &str = "RAILSHIFT_HOLDDOWN_MS";
 pub const OUTAGE_TOLERANCE_VAR: &str = "RAILSHIFT_OUTAGE_TOLERANCE_MS";
 /// How long a QP waits for its peer's rendezvous entry before it says it runs unprotected.
 pub const PROTECT_WAIT_VAR: &str = "RAILSHIFT_PROTECT_WAIT_MS";
+/// This host's address on the management network (the third channel, `docs/failover.md` 5f).
+pub const MANAGEMENT_ADDR_VAR: &str = "RAILSHIFT_MANAGEMENT_ADDR";
 /// The prefix when [`PREFIX_VAR`] is unset.
 pub const DEFAULT_PREFIX: &str = "railshift-verbs";
 /// The wait when [`PROTECT_WAIT_VAR`] is unset.
@@ -70,6 +77,9 @@ pub struct Resilience {
     pub outage_tolerance: Option<Duration>,
     /// The bounded wait for the peer's entry ([`PROTECT_WAIT_VAR`]).
     pub protect_wait: Duration,
+    /// This host's address on the management network ([`MANAGEMENT_ADDR_VAR`]); `None`: no
+    /// third channel (a connection whose two control channels are both lost then ends).
+    pub management_addr: Option<IpAddr>,
 }
 
 /// How the shim's softnic devices make progress.
@@ -154,6 +164,14 @@ pub enum ConfigError {
         var: &'static str,
         /// Its value.
         value: String,
+    },
+    /// `RAILSHIFT_MANAGEMENT_ADDR` is not an address this host can be reached at.
+    #[error("{MANAGEMENT_ADDR_VAR}=`{value}`: {why}")]
+    ManagementAddr {
+        /// The value.
+        value: String,
+        /// What is wrong with it.
+        why: &'static str,
     },
     /// `RAILSHIFT_PROGRESS` is neither `poll` nor `engine`.
     #[error("{PROGRESS_VAR}=`{value}`: expected `poll` or `engine`")]
@@ -265,9 +283,32 @@ impl Config {
             holddown: millis(HOLDDOWN_VAR)?,
             outage_tolerance: millis(OUTAGE_TOLERANCE_VAR)?,
             protect_wait: millis(PROTECT_WAIT_VAR)?.unwrap_or(DEFAULT_PROTECT_WAIT),
+            management_addr: set(MANAGEMENT_ADDR_VAR)
+                .map(|v| management_addr(&v))
+                .transpose()?,
         });
         Ok(config)
     }
+}
+
+/// Parses [`MANAGEMENT_ADDR_VAR`]'s value: one IP address the peer can send to. The address
+/// is published to the peer in the rendezvous, so one that means "any" or "everyone" there
+/// (unspecified, multicast, broadcast) would send the peer's datagrams somewhere else.
+fn management_addr(value: &str) -> Result<IpAddr, ConfigError> {
+    let bad = |why| ConfigError::ManagementAddr {
+        value: value.to_string(),
+        why,
+    };
+    let addr = IpAddr::from_str(value).map_err(|_| {
+        bad("expected this host's IP address on the management network (e.g. 198.18.100.1)")
+    })?;
+    let broadcast = matches!(addr, IpAddr::V4(v4) if v4.is_broadcast());
+    if addr.is_unspecified() || addr.is_multicast() || broadcast {
+        return Err(bad(
+            "an unspecified, multicast or broadcast address names no one host; give this host's own address on the management network",
+        ));
+    }
+    Ok(addr)
 }
 
 #[cfg(test)]
@@ -363,6 +404,71 @@ mod tests {
         ]))
         .unwrap_err();
         assert!(e.to_string().contains(PROTECT_WAIT_VAR), "{e}");
+    }
+
+    /// A resilient device's environment with `RAILSHIFT_MANAGEMENT_ADDR` set to `value`.
+    fn with_management_addr(value: &str) -> Result<Config, ConfigError> {
+        Config::parse_with(env(&[
+            (DEVICES_VAR, "rs1=soft:veth0+soft:veth1"),
+            (RENDEZVOUS_VAR, "redis://127.0.0.1:6379/"),
+            (pmd::resilient::KEY_FILE_VAR, "/tmp/key"),
+            (MANAGEMENT_ADDR_VAR, value),
+        ]))
+    }
+
+    #[test]
+    fn a_management_address_is_an_ip_address_and_none_unless_set() {
+        let unset = Config::parse_with(env(&[
+            (DEVICES_VAR, "rs1=soft:veth0+soft:veth1"),
+            (RENDEZVOUS_VAR, "redis://127.0.0.1:6379/"),
+            (pmd::resilient::KEY_FILE_VAR, "/tmp/key"),
+        ]))
+        .unwrap();
+        assert_eq!(unset.resilience.unwrap().management_addr, None);
+        assert_eq!(
+            with_management_addr("")
+                .unwrap()
+                .resilience
+                .unwrap()
+                .management_addr,
+            None
+        );
+        for (value, addr) in [
+            (" 198.18.100.1 ", "198.18.100.1"),
+            ("127.0.0.1", "127.0.0.1"),
+            ("fd00::1", "fd00::1"),
+        ] {
+            let c = with_management_addr(value).unwrap();
+            assert_eq!(
+                c.resilience.unwrap().management_addr,
+                Some(addr.parse().unwrap()),
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_management_address_names_the_variable_and_the_value() {
+        for value in [
+            "host-b",
+            "198.18.100.1:5000",
+            "198.18.100",
+            "0.0.0.0",
+            "::",
+            "224.0.0.1",
+            "255.255.255.255",
+        ] {
+            let e = with_management_addr(value).unwrap_err();
+            assert!(
+                matches!(e, ConfigError::ManagementAddr { .. }),
+                "{value}: {e}"
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("{MANAGEMENT_ADDR_VAR}=`{value}`")),
+                "{text}"
+            );
+        }
     }
 
     #[test]

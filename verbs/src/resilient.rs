@@ -36,7 +36,7 @@ use pmd::resilient::{
 use pmd::{QpAttr, QpState, SendOp, SendWr, Sge, WcOpcode, WorkCompletion};
 
 use crate::abi::*;
-use crate::config::{DeviceSpec, Progress, Resilience, RENDEZVOUS_VAR};
+use crate::config::{DeviceSpec, Progress, Resilience, MANAGEMENT_ADDR_VAR, RENDEZVOUS_VAR};
 use crate::device::{open_pmd_context, PollActivity, RsContext};
 use crate::objects::{
     caps_from, lock, post_recv_list, post_send_list, qp_attr_from, to_ibv_wc, write_query, RsPd,
@@ -80,6 +80,14 @@ pub fn open(
     settings: &Resilience,
     progress: Progress,
 ) -> Result<Opened, String> {
+    if let Some(addr) = settings.management_addr {
+        // The pmd binds its socket lazily, at the first QP's backup setup, where a failure
+        // costs each QP its third channel with a warning of its own. An address that is not
+        // this host's is a configuration error: said once, here, and the device not opened.
+        std::net::UdpSocket::bind((addr, 0)).map_err(|e| {
+            format!("{MANAGEMENT_ADDR_VAR}={addr}: cannot bind a UDP socket on it ({e}); it must be this host's address on the management network")
+        })?;
+    }
     let config = pmd::ContextConfig {
         progress: progress.model(),
         ..pmd::ContextConfig::default()
@@ -101,6 +109,7 @@ pub fn open(
     if let Some(t) = settings.outage_tolerance {
         failover.outage_tolerance = t;
     }
+    failover.management_addr = settings.management_addr;
     let ctx = ResilientContext::new(
         default.clone(),
         Some(backup_ctx),
@@ -268,8 +277,13 @@ impl QpCell {
         }
         if g.qp.is_protected() {
             g.said = Said::Protected;
+            // Whether the third channel is on is decided by both ends' settings: say which.
+            let management = match g.qp.management_peer() {
+                Some(peer) => format!("management channel to {peer}"),
+                None => "no management channel".to_string(),
+            };
             tracing::info!(
-                "railshift verbs: {} QP {:#x}: protected (backup on {})",
+                "railshift verbs: {} QP {:#x}: protected (backup on {}; {management})",
                 d.name,
                 self.qpn,
                 d.ctx

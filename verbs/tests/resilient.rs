@@ -111,6 +111,8 @@ struct Job<'a> {
     redis: &'a Redis,
     key: PathBuf,
     prefix: String,
+    /// `RAILSHIFT_MANAGEMENT_ADDR` of the server and of the client (`None`: unset).
+    management: [Option<&'a str>; 2],
 }
 
 impl Job<'_> {
@@ -123,6 +125,8 @@ impl Job<'_> {
         peer: Option<&str>,
     ) -> Child {
         let devices = format!("rs0={device}");
+        // The server is the side without a peer to connect to.
+        let management = self.management[usize::from(peer.is_some())].unwrap_or("");
         common::side(
             bin,
             &[
@@ -132,6 +136,7 @@ impl Job<'_> {
                 ("RAILSHIFT_RENDEZVOUS_PREFIX", &self.prefix),
                 ("RAILSHIFT_PROTECT_WAIT_MS", &"1000"),
                 ("RAILSHIFT_LOG", &"warn,railshift_verbs=info"),
+                ("RAILSHIFT_MANAGEMENT_ADDR", &management),
             ],
             port,
             args,
@@ -149,6 +154,18 @@ fn pair(
     server_dev: &str,
     client_dev: &str,
 ) -> Option<(Output, Output)> {
+    pair_with(tool, args, net, server_dev, client_dev, [None, None])
+}
+
+/// As [`pair`], the server's and the client's `RAILSHIFT_MANAGEMENT_ADDR` set as given.
+fn pair_with(
+    tool: &str,
+    args: &[&str],
+    net: u8,
+    server_dev: &str,
+    client_dev: &str,
+    management: [Option<&str>; 2],
+) -> Option<(Output, Output)> {
     let Some(bin) = binary(tool) else {
         eprintln!("skipped: /usr/bin/{tool} is missing (install perftest and ibverbs-utils)");
         return None;
@@ -162,6 +179,7 @@ fn pair(
         redis: &redis,
         key: key_file(&format!("{tool}-{net}")),
         prefix: format!("railshift-verbs-test:{}:{nanos}", std::process::id()),
+        management,
     };
     let port = 19100 + u16::from(net);
     let what = format!("{tool} {args:?}");
@@ -228,6 +246,102 @@ fn ibv_rc_pingpong_with_completion_events_protected() {
     );
 }
 
+/// The protected lines of a side's stderr.
+fn protected_lines(o: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter(|l| l.contains(PROTECTED))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn with_a_management_address_on_both_sides_each_qp_has_the_management_channel() {
+    let Some((s, c)) = pair_with(
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "2000", "--chk"],
+        58,
+        &resilient(58, 1),
+        &resilient(58, 2),
+        [Some("127.0.58.1"), Some("127.0.58.2")],
+    ) else {
+        return;
+    };
+    // Each side's channel goes to the other side's address: the endpoint each published.
+    for (side, o, peer) in [("server", &s, "127.0.58.2:"), ("client", &c, "127.0.58.1:")] {
+        let lines = protected_lines(o);
+        assert_eq!(lines.len(), 1, "the {side}\n{}", show(o));
+        assert!(
+            lines[0].contains(&format!("; management channel to {peer}")),
+            "the {side}: {}\n{}",
+            lines[0],
+            show(o)
+        );
+    }
+}
+
+#[test]
+fn with_a_management_address_on_one_side_only_no_qp_has_the_management_channel() {
+    let Some((s, c)) = pair_with(
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "2000", "--chk"],
+        59,
+        &resilient(59, 1),
+        &resilient(59, 2),
+        [Some("127.0.59.1"), None],
+    ) else {
+        return;
+    };
+    for (side, o) in [("server", &s), ("client", &c)] {
+        let lines = protected_lines(o);
+        assert_eq!(lines.len(), 1, "the {side}\n{}", show(o));
+        assert!(
+            lines[0].contains("; no management channel)"),
+            "the {side}: {}",
+            lines[0]
+        );
+    }
+}
+
+#[test]
+fn a_management_address_not_of_this_host_is_an_error_naming_it() {
+    let Some(bin) = binary("ibv_devinfo") else {
+        eprintln!("skipped: /usr/bin/ibv_devinfo is missing (install ibverbs-utils)");
+        return;
+    };
+    let key = key_file("mgmt-bad");
+    for (value, says) in [
+        // Not an address: the configuration is refused, no railshift device presented.
+        (
+            "host-b",
+            "RAILSHIFT_MANAGEMENT_ADDR=`host-b`: expected this host's IP address",
+        ),
+        // An address, but not this host's (TEST-NET-3): the device does not open.
+        (
+            "203.0.113.7",
+            "RAILSHIFT_MANAGEMENT_ADDR=203.0.113.7: cannot bind a UDP socket on it",
+        ),
+    ] {
+        let out = Command::new(&bin)
+            .args(["-d", "rs0"])
+            .env("LD_PRELOAD", shim())
+            .env(
+                "RAILSHIFT_DEVICES",
+                "rs0=soft:lo@127.0.56.1+soft:lo@127.1.56.1",
+            )
+            .env("RAILSHIFT_RENDEZVOUS", "redis://127.0.0.1:1/")
+            .env("RAILSHIFT_RENDEZVOUS_KEY_FILE", &key)
+            .env("RAILSHIFT_MANAGEMENT_ADDR", value)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{value}: {}", show(&out));
+        assert_eq!(err.matches(says).count(), 1, "{value}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let _ = std::fs::remove_file(&key);
+}
+
 #[test]
 fn a_peer_without_railshift_failover_runs_unprotected_and_says_so_once() {
     let Some((s, c)) = pair(
@@ -285,6 +399,7 @@ fn ibv_srq_pingpong_is_refused_on_a_device_with_a_backup() {
         redis: &redis,
         key: key_file("srq-57"),
         prefix: format!("railshift-verbs-test:{}:srq", std::process::id()),
+        management: [None, None],
     };
     // The server alone: it fails at ibv_create_srq, before it listens.
     let server = job.side(&bin, &resilient(57, 1), 19157, &["-g", "0"], None);

@@ -176,6 +176,10 @@ enum Command {
         /// The redis-server's port on the management switch; the tools take the ports after it.
         #[arg(long, default_value_t = 18600)]
         port: u16,
+        /// Do not give the shim each host's management address (RAILSHIFT_MANAGEMENT_ADDR):
+        /// the tools' QPs then have no third channel when both control channels are lost.
+        #[arg(long)]
+        no_management: bool,
     },
     /// When each phase of a failover and of its switch-back ends for the first, median and
     /// last QP, from the apps' logs of a run with
@@ -593,6 +597,7 @@ fn run(cli: Cli) -> Result<(), String> {
             holddown,
             out_dir,
             port,
+            no_management,
         } => {
             let info = TestbedInfo::load(&cli.prefix).map_err(|e| e.to_string())?;
             let o = testbed::stock::StockOptions {
@@ -617,6 +622,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 out_dir,
                 holddown,
                 port,
+                management: !no_management,
             };
             let outcomes = testbed::stock::run(&info, &o, &mut |line| println!("{line}"))?;
             println!("stock tools under {}:", o.cut_words());

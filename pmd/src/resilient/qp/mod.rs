@@ -564,6 +564,15 @@ impl ResilientQp {
         self.slow.machine.is_some()
     }
 
+    /// The peer's address on the management network, where this QP and its peer agree over
+    /// it when both control channels are lost (`docs/failover.md` 5f): both ends published an
+    /// endpoint. `None` before the QP is protected, or where either end has none.
+    pub fn management_peer(&self) -> Option<std::net::SocketAddr> {
+        let b = self.slow.backup.as_ref()?;
+        b.management.as_ref()?;
+        b.peer.management.as_ref().map(|m| m.addr)
+    }
+
     /// Polls (taking mail) until the QP is protected or `timeout` passes; completions polled
     /// meanwhile wait for the next poll. Returns whether it is protected.
     pub fn wait_protected(&mut self, timeout: std::time::Duration) -> Result<(), ConnectError> {
