@@ -718,4 +718,75 @@ mod tests {
         assert_eq!(sa.poll(at(100)), None);
         assert_eq!(sa.unknown() + sb.unknown(), 0);
     }
+
+    #[test]
+    fn an_end_that_fails_tells_its_peer_over_loopback_sockets_and_the_peer_ends_at_once() {
+        use crate::failover::{
+            Action, Config, FailReason, Failover, Path, Progress, Role, WcStatus,
+        };
+        let localhost: IpAddr = "127.0.0.1".parse().unwrap();
+        let (sa, sb) = (
+            Arc::new(ManagementSocket::bind(localhost).unwrap()),
+            Arc::new(ManagementSocket::bind(localhost).unwrap()),
+        );
+        let (a, b) = (sa.open_link().unwrap(), sb.open_link().unwrap());
+        let inbox = Arc::new(Inbox(Mutex::new(Vec::new())));
+        b.set_owner(&inbox);
+        a.connect(&b.endpoint().unwrap(), 0x11, 0x22);
+        b.connect(&a.endpoint().unwrap(), 0x22, 0x11);
+        let managed = |role| Config {
+            management: true,
+            ..Config::new(role)
+        };
+        let (mut leader, mut follower) = (
+            Failover::new(managed(Role::Leader), at(0)),
+            Failover::new(managed(Role::Follower), at(0)),
+        );
+        // The leader's default pair fails and its round's `Failover` never gets an answer
+        // (the follower's side of the backup path is gone, and with it its channel).
+        leader.handle(
+            Event::ErrorCompletion {
+                path: Path::Default,
+                status: WcStatus::RetryExcErr,
+            },
+            at(10),
+        );
+        leader.handle(
+            Event::DefaultDrained {
+                progress: Progress::default(),
+                first_error: None,
+                atomic_in_flight: false,
+                sends_before_first_read: None,
+            },
+            at(10),
+        );
+        let deadline = leader.poll_timeout().expect("the round waits for the peer");
+        let mut sent = 0;
+        for action in leader.handle(Event::Tick, deadline) {
+            // What the driver does with the management network's actions.
+            if let Action::SendManagement { message } = action {
+                a.send(message, deadline).unwrap();
+                sent += 1;
+            }
+        }
+        assert_eq!(leader.failed(), Some(FailReason::HandshakeTimeout));
+        assert_eq!(sent, 1, "the Abort goes over the management network");
+        let wait = std::time::Instant::now() + Duration::from_secs(5);
+        while inbox.0.lock().unwrap().is_empty() && std::time::Instant::now() < wait {
+            sb.poll(at(1));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let events = std::mem::take(&mut *inbox.0.lock().unwrap());
+        assert_eq!(
+            events,
+            [Event::Management(ControlMessage::Abort {
+                reason: FailReason::HandshakeTimeout
+            })]
+        );
+        // The follower ends at once, as a plain RC peer told of the failure would.
+        for event in events {
+            follower.handle(event, at(20));
+        }
+        assert_eq!(follower.failed(), Some(FailReason::PeerAborted));
+    }
 }

@@ -1450,6 +1450,16 @@ impl Failover {
                 message: ControlMessage::Abort { reason },
             });
         }
+        // The management network (5f) reaches the peer whatever the RDMA devices do: the
+        // Abort goes there too, so a peer whose in-band channels cannot carry it (both
+        // devices of this host lost, or no path up) ends at once instead of waiting out its
+        // handshake. A copy that arrives after the in-band one finds the peer failed already,
+        // and a failed end ignores every event.
+        if self.config.management && reason != FailReason::PeerAborted {
+            out.push(Action::SendManagement {
+                message: ControlMessage::Abort { reason },
+            });
+        }
     }
 
     /// Why the connection fails when no path answered for the whole wait: the outage
@@ -1467,7 +1477,8 @@ impl Failover {
     }
 
     /// A control message that came over the management network (5f): only what the machine
-    /// sends there (a failback's messages, the default devices' channel's repair) is taken.
+    /// sends there (a failback's messages, the default devices' channel's repair, an
+    /// `Abort`) is taken.
     fn management_message(&mut self, message: ControlMessage, now: Timestamp, out: &mut Actions) {
         use ControlMessage as Msg;
         let channel = |epoch: SideEpoch| epoch.side() == Side::DefaultChannel;
@@ -1497,6 +1508,10 @@ impl Failover {
             }
             Msg::SideRearmDone { epoch, ok } if channel(epoch) => {
                 self.side_rearm_done(epoch, ok, now, out)
+            }
+            Msg::Abort { reason } => {
+                tracing::warn!(peer_reason = %reason, "failover: peer aborted the connection (over the management network)");
+                self.fail(FailReason::PeerAborted, out)
             }
             _ => self.protocol_violation("a message the management network does not carry", out),
         }

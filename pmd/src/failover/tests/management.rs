@@ -297,3 +297,92 @@ fn the_management_network_carries_no_message_of_the_default_pairs_rearm() {
         Some(FailReason::ProtocolViolation)
     );
 }
+
+/// The `Abort`s among `actions`, wherever they go.
+fn aborts(actions: &[Action]) -> Vec<Action> {
+    actions
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::SendControl {
+                    message: ControlMessage::Abort { .. },
+                    ..
+                } | Action::SendManagement {
+                    message: ControlMessage::Abort { .. }
+                }
+            )
+        })
+        .copied()
+        .collect()
+}
+
+#[test]
+fn without_the_management_network_an_end_failing_with_both_channels_lost_tells_the_peer_nothing() {
+    // Nothing in-band is left to carry an `Abort`: the peer waits out its handshake.
+    let (_, actions) = failing_back_when_both_channels_fail(end(Role::Leader), false);
+    assert_eq!(
+        failure_reason(&actions),
+        Some(FailReason::BackupUnavailable)
+    );
+    assert_eq!(aborts(&actions), []);
+}
+
+#[test]
+fn over_the_management_network_an_end_failing_with_both_channels_lost_sends_its_abort_there() {
+    let (mut machine, _) = failing_back_when_both_channels_fail(managed(Role::Leader), true);
+    // The default path never comes back: the failback's wait for it runs out.
+    let deadline = machine
+        .poll_timeout()
+        .expect("the failback waits for the default path");
+    let actions = step(&mut machine, Event::Tick, deadline);
+    let reason = failure_reason(&actions).expect("the wait ends the connection");
+    assert_eq!(
+        aborts(&actions),
+        [Action::SendManagement {
+            message: ControlMessage::Abort { reason }
+        }],
+        "the management network is the one channel left to tell the peer"
+    );
+}
+
+#[test]
+fn over_the_management_network_an_abort_also_goes_where_the_backup_channel_carries_one() {
+    // A handshake the peer never answers, with the backup channel working: the `Abort` goes
+    // in-band as before, and over the management network too.
+    let mut machine = managed(Role::Leader);
+    step(&mut machine, retry_exhausted(), at(10));
+    step(&mut machine, drained(progress(4, 4, 2)), at(10));
+    let deadline = machine
+        .poll_timeout()
+        .expect("the round waits for the peer");
+    let actions = step(&mut machine, Event::Tick, deadline);
+    let reason = failure_reason(&actions).expect("the round times out");
+    assert_eq!(
+        aborts(&actions),
+        [
+            Action::SendControl {
+                via: Path::Backup,
+                message: ControlMessage::Abort { reason }
+            },
+            Action::SendManagement {
+                message: ControlMessage::Abort { reason }
+            }
+        ]
+    );
+}
+
+#[test]
+fn a_peers_abort_over_the_management_network_ends_the_connection_and_its_second_copy_is_ignored() {
+    let mut machine = managed(Role::Follower);
+    let abort = ControlMessage::Abort {
+        reason: FailReason::BackupUnavailable,
+    };
+    let actions = step(&mut machine, over_management(abort), at(5));
+    assert_eq!(failure_reason(&actions), Some(FailReason::PeerAborted));
+    assert_eq!(aborts(&actions), [], "an end told to abort tells no one");
+    assert_eq!(machine.failed(), Some(FailReason::PeerAborted));
+    // The in-band copy, late: a failed end ignores it.
+    assert_eq!(step(&mut machine, Event::Control(abort), at(6)), []);
+    assert_eq!(machine.failed(), Some(FailReason::PeerAborted));
+}
