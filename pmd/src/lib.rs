@@ -19,12 +19,14 @@
 //! | [`memory`] | hugepage-backed pool for rings and registered buffers |
 //! | [`lcore`] | pinned threads, the service lcore, the idle policy of a poll loop |
 //! | [`netdev_watch`] | a netdev's link through rtnetlink (`netdev-link`): a ConnectX's link watch |
+//! | [`faults`] | the fault channel: a FIFO of commands that make this process's devices fail |
 //! | [`failover`] | the SHIFT failover protocol as a sans-IO state machine (`docs/failover.md`) |
 //! | [`resilient`] | resilient QPs: the failover machine's driver, shadow verbs, rendezvous, the failover service |
 
 pub mod control;
 pub mod datapath;
 pub mod failover;
+pub mod faults;
 pub mod keys;
 pub mod lcore;
 pub mod memory;

@@ -43,6 +43,8 @@ pub const OUTAGE_TOLERANCE_VAR: &str = "RAILSHIFT_OUTAGE_TOLERANCE_MS";
 pub const PROTECT_WAIT_VAR: &str = "RAILSHIFT_PROTECT_WAIT_MS";
 /// This host's address on the management network (the third channel, `docs/failover.md` 5f).
 pub const MANAGEMENT_ADDR_VAR: &str = "RAILSHIFT_MANAGEMENT_ADDR";
+/// A FIFO of fault commands for this process's devices (`crate::faults`; tests).
+pub const FAULT_FIFO_VAR: &str = "RAILSHIFT_FAULT_FIFO";
 /// The prefix when [`PREFIX_VAR`] is unset.
 pub const DEFAULT_PREFIX: &str = "railshift-verbs";
 /// The wait when [`PROTECT_WAIT_VAR`] is unset.

@@ -242,7 +242,9 @@ pub(crate) fn open_pmd_context(
     }
     OPENING_PMD.with(|o| o.set(true));
     let _reset = Reset;
-    pmd::Context::open(name, config)
+    let ctx = pmd::Context::open(name, config)?;
+    crate::faults::register(name, &ctx);
+    Ok(ctx)
 }
 
 /// `ibv_get_device_list`: ours first, then the system's (the system's alone while the pmd

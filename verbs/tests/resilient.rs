@@ -113,6 +113,8 @@ struct Job<'a> {
     prefix: String,
     /// `RAILSHIFT_MANAGEMENT_ADDR` of the server and of the client (`None`: unset).
     management: [Option<&'a str>; 2],
+    /// The server's `RAILSHIFT_FAULT_FIFO` (`None`: unset).
+    fault_fifo: Option<PathBuf>,
 }
 
 impl Job<'_> {
@@ -127,6 +129,10 @@ impl Job<'_> {
         let devices = format!("rs0={device}");
         // The server is the side without a peer to connect to.
         let management = self.management[usize::from(peer.is_some())].unwrap_or("");
+        let fault_fifo = match (&self.fault_fifo, peer) {
+            (Some(path), None) => path.clone(),
+            _ => PathBuf::new(),
+        };
         common::side(
             bin,
             &[
@@ -137,6 +143,7 @@ impl Job<'_> {
                 ("RAILSHIFT_PROTECT_WAIT_MS", &"1000"),
                 ("RAILSHIFT_LOG", &"warn,railshift_verbs=info"),
                 ("RAILSHIFT_MANAGEMENT_ADDR", &management),
+                ("RAILSHIFT_FAULT_FIFO", &fault_fifo),
             ],
             port,
             args,
@@ -180,6 +187,7 @@ fn pair_with(
         key: key_file(&format!("{tool}-{net}")),
         prefix: format!("railshift-verbs-test:{}:{nanos}", std::process::id()),
         management,
+        fault_fifo: None,
     };
     let port = 19100 + u16::from(net);
     let what = format!("{tool} {args:?}");
@@ -400,6 +408,7 @@ fn ibv_srq_pingpong_is_refused_on_a_device_with_a_backup() {
         key: key_file("srq-57"),
         prefix: format!("railshift-verbs-test:{}:srq", std::process::id()),
         management: [None, None],
+        fault_fifo: None,
     };
     // The server alone: it fails at ibv_create_srq, before it listens.
     let server = job.side(&bin, &resilient(57, 1), 19157, &["-g", "0"], None);
@@ -412,5 +421,158 @@ fn ibv_srq_pingpong_is_refused_on_a_device_with_a_backup() {
             && err.contains("Couldn't create SRQ"),
         "{}",
         show(&out)
+    );
+}
+
+/// How long a side may go on after its peer exited.
+const PEER_GONE_GRACE: Duration = Duration::from_secs(15);
+
+/// Waits up to `grace` for `child`, then kills it (its status then says so: killed by a
+/// signal). Its output is read meanwhile, so a chatty child never blocks on a full pipe.
+fn finish_within(child: Child, grace: Duration) -> Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = rx.recv_timeout(grace).or_else(|_| {
+        // SAFETY: plain syscall on the child we spawned, which has not been reaped yet.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        rx.recv()
+    });
+    out.expect("the waiting thread")
+        .expect("wait for a stock binary")
+}
+
+/// Waits for the FIFO at `path` to exist (the server makes it at its first device open), lets
+/// the run go on for `after`, then writes `commands` into it in one write.
+fn inject_when_ready(
+    path: PathBuf,
+    after: Duration,
+    commands: String,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        use std::os::unix::fs::FileTypeExt;
+        let start = Instant::now();
+        while !std::fs::metadata(&path).is_ok_and(|m| m.file_type().is_fifo()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the server made no fault FIFO at {}",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(after);
+        let mut fifo = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open the fault FIFO");
+        fifo.write_all(commands.as_bytes())
+            .expect("write the fault commands");
+    })
+}
+
+/// `ibv_rc_pingpong --chk` between two resilient devices; 2 s after the server opened its
+/// device, both devices of the server's host fail every QP, the backup first and the default
+/// 1 ms later, through the shim's fault channel (`RAILSHIFT_FAULT_FIFO`): the case the
+/// management channel exists for (`docs/failover.md` 5c, 5f), both control channels lost
+/// before either is repaired, the devices and their links up again at once. Returns
+/// (server, client) outputs; `None` when something is missing.
+fn both_devices_of_the_servers_host_fail(net: u8, management: bool) -> Option<(Output, Output)> {
+    let tool = "ibv_rc_pingpong";
+    let Some(bin) = binary(tool) else {
+        eprintln!("skipped: /usr/bin/{tool} is missing (install ibverbs-utils)");
+        return None;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let redis = redis()?;
+    let fifo = std::env::temp_dir().join(format!(
+        "railshift-verbs-{}-faults-{net}.fifo",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&fifo);
+    let (server_mgmt, client_mgmt) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
+    let job = Job {
+        redis: &redis,
+        key: key_file(&format!("faults-{net}")),
+        prefix: format!("railshift-verbs-test:{}:faults-{net}", std::process::id()),
+        management: if management {
+            [Some(server_mgmt.as_str()), Some(client_mgmt.as_str())]
+        } else {
+            [None, None]
+        },
+        fault_fifo: Some(fifo.clone()),
+    };
+    let injector = inject_when_ready(
+        fifo.clone(),
+        Duration::from_secs(2),
+        format!("qps-failed soft:lo@127.1.{net}.1\nqps-failed soft:lo@127.0.{net}.1\n"),
+    );
+    let args = ["-g", "0", "-n", "30000", "--chk"];
+    let port = 19100 + u16::from(net);
+    let what = format!("{tool} {args:?}, both devices of the server's host failing");
+    let server = job.side(&bin, &resilient(net, 1), port, &args, None);
+    let start = Instant::now();
+    while !common::listening(port) && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = job.side(&bin, &resilient(net, 2), port, &args, Some("127.0.0.1"));
+    let s = common::finish(server, &format!("{what}: server"));
+    // A client whose server ended waits for its next message for ever (nothing it posted
+    // is outstanding, so its QP never learns): it gets a while, then is killed.
+    let c = finish_within(client, PEER_GONE_GRACE);
+    injector.join().expect("the fault injector");
+    let _ = std::fs::remove_file(&job.key);
+    let _ = std::fs::remove_file(&fifo);
+    // The faults must have hit a protected connection, or the case is another one.
+    for (side, o) in [("server", &s), ("client", &c)] {
+        assert_eq!(protected_lines(o).len(), 1, "the {side}\n{}", show(o));
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&s.stderr)
+            .matches("every QP moved to ERR (injected)")
+            .count(),
+        2,
+        "both devices' faults applied\n{}",
+        show(&s)
+    );
+    Some((s, c))
+}
+
+#[test]
+fn over_the_management_channel_both_devices_of_one_host_failing_keep_the_connection() {
+    let Some((s, c)) = both_devices_of_the_servers_host_fail(60, true) else {
+        return;
+    };
+    assert_both_ok(
+        "both devices of the server's host failing, with the management channel",
+        &s,
+        &c,
+    );
+    for o in [&s, &c] {
+        assert!(
+            !String::from_utf8_lossy(&o.stderr).contains("connection failed"),
+            "{}",
+            show(o)
+        );
+    }
+}
+
+#[test]
+fn without_the_management_channel_both_devices_of_one_host_failing_end_the_connection() {
+    let Some((s, c)) = both_devices_of_the_servers_host_fail(61, false) else {
+        return;
+    };
+    assert!(
+        !(s.status.success() && c.status.success()),
+        "both sides exited 0 without the management channel\n=== client {}\n=== server {}",
+        show(&c),
+        show(&s)
+    );
+    // As the all-targets soak lost it: no channel left to agree on a failback.
+    assert!(
+        String::from_utf8_lossy(&s.stderr).contains("cause=\"backup-unavailable\""),
+        "{}",
+        show(&s)
     );
 }
