@@ -479,6 +479,16 @@ fn inject_when_ready(
 /// before either is repaired, the devices and their links up again at once. Returns
 /// (server, client) outputs; `None` when something is missing.
 fn both_devices_of_the_servers_host_fail(net: u8, management: bool) -> Option<(Output, Output)> {
+    both_devices_of_the_servers_host(net, management, "qps-failed")
+}
+
+/// As [`both_devices_of_the_servers_host_fail`], each device taking the fault command `fault`
+/// (`qps-failed`, `device-dead`).
+fn both_devices_of_the_servers_host(
+    net: u8,
+    management: bool,
+    fault: &str,
+) -> Option<(Output, Output)> {
     let tool = "ibv_rc_pingpong";
     let Some(bin) = binary(tool) else {
         eprintln!("skipped: /usr/bin/{tool} is missing (install ibverbs-utils)");
@@ -506,11 +516,11 @@ fn both_devices_of_the_servers_host_fail(net: u8, management: bool) -> Option<(O
     let injector = inject_when_ready(
         fifo.clone(),
         Duration::from_secs(2),
-        format!("qps-failed soft:lo@127.1.{net}.1\nqps-failed soft:lo@127.0.{net}.1\n"),
+        format!("{fault} soft:lo@127.1.{net}.1\n{fault} soft:lo@127.0.{net}.1\n"),
     );
     let args = ["-g", "0", "-n", "30000", "--chk"];
     let port = 19100 + u16::from(net);
-    let what = format!("{tool} {args:?}, both devices of the server's host failing");
+    let what = format!("{tool} {args:?}, both devices of the server's host: {fault}");
     let server = job.side(&bin, &resilient(net, 1), port, &args, None);
     let start = Instant::now();
     while !common::listening(port) && start.elapsed() < Duration::from_secs(20) {
@@ -528,12 +538,10 @@ fn both_devices_of_the_servers_host_fail(net: u8, management: bool) -> Option<(O
     for (side, o) in [("server", &s), ("client", &c)] {
         assert_eq!(protected_lines(o).len(), 1, "the {side}\n{}", show(o));
     }
-    assert_eq!(
-        String::from_utf8_lossy(&s.stderr)
-            .matches("every QP moved to ERR (injected)")
-            .count(),
-        2,
-        "both devices' faults applied\n{}",
+    // Both commands applied (an error would name the command on stderr).
+    assert!(
+        !String::from_utf8_lossy(&s.stderr).contains("fault channel"),
+        "{}",
         show(&s)
     );
     Some((s, c))
@@ -544,6 +552,14 @@ fn over_the_management_channel_both_devices_of_one_host_failing_keep_the_connect
     let Some((s, c)) = both_devices_of_the_servers_host_fail(60, true) else {
         return;
     };
+    assert_eq!(
+        String::from_utf8_lossy(&s.stderr)
+            .matches("every QP moved to ERR (injected)")
+            .count(),
+        2,
+        "both devices' faults applied\n{}",
+        show(&s)
+    );
     assert_both_ok(
         "both devices of the server's host failing, with the management channel",
         &s,
@@ -575,4 +591,54 @@ fn without_the_management_channel_both_devices_of_one_host_failing_end_the_conne
         "{}",
         show(&s)
     );
+}
+
+/// The line a side's pmd logs when its connection fails, and its cause.
+fn connection_failed(o: &Output) -> Option<String> {
+    String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .find(|l| l.contains("failover: connection failed; errors go to the application"))
+        .map(str::to_owned)
+}
+
+/// Both devices of the server's host die 2 s in: the server's connection ends once no path
+/// answered for the outage tolerance (exit 1, the tool's completion error). Returns the
+/// server's `connection failed` line and the client (its line printed, for the measurement in
+/// `docs/measurements.md`).
+fn the_servers_devices_die(net: u8, management: bool) -> Option<(String, Output)> {
+    let (s, c) = both_devices_of_the_servers_host(net, management, "device-dead")?;
+    let server = connection_failed(&s).unwrap_or_else(|| panic!("{}", show(&s)));
+    assert!(server.contains("cause=\"outage-tolerance\""), "{server}");
+    assert_eq!(s.status.code(), Some(1), "{}", show(&s));
+    eprintln!(
+        "management {management}\n  server: {server}\n  client: {:?}",
+        connection_failed(&c)
+    );
+    Some((server, c))
+}
+
+#[test]
+fn over_the_management_channel_the_peer_of_an_end_that_failed_ends_with_peer_aborted() {
+    let Some((_, c)) = the_servers_devices_die(62, true) else {
+        return;
+    };
+    // The server's Abort came over the management network: the client ends at once, told,
+    // whether or not it had work outstanding, and fails its work (exit 1, not killed).
+    let client = connection_failed(&c).unwrap_or_else(|| panic!("{}", show(&c)));
+    assert!(client.contains("cause=\"peer-aborted\""), "{client}");
+    assert_eq!(c.status.code(), Some(1), "{}", show(&c));
+}
+
+#[test]
+fn without_the_management_channel_the_peer_of_an_end_that_failed_is_not_told() {
+    let Some((_, c)) = the_servers_devices_die(63, false) else {
+        return;
+    };
+    // Nothing could carry the server's Abort: a client with a message outstanding finds the
+    // failure itself (its round's handshake times out); one waiting for the server's next
+    // message waits for ever (killed after the grace).
+    match connection_failed(&c) {
+        Some(client) => assert!(client.contains("cause=\"handshake-timeout\""), "{client}"),
+        None => assert_eq!(c.status.code(), None, "killed\n{}", show(&c)),
+    }
 }
