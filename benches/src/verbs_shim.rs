@@ -12,6 +12,7 @@ use railshift_verbs::device::{
     ibv_get_device_list, ibv_get_device_name, ibv_open_device, ibv_query_gid, our_context,
     RsContext,
 };
+use railshift_verbs::lock::Lock;
 use railshift_verbs::objects::{
     connect_rc, ibv_alloc_pd, ibv_create_cq, ibv_create_qp, ibv_reg_mr, pmd_cq, pmd_qp,
 };
@@ -134,7 +135,7 @@ impl Pair {
     }
 
     /// The measured QP's pmd QP and CQ: the same rings, used directly.
-    pub fn direct(&self) -> (&Mutex<pmd::Qp>, &Mutex<pmd::Cq>) {
+    pub fn direct(&self) -> (&Mutex<pmd::Qp>, &Lock<pmd::Cq>) {
         // SAFETY: our live QP and CQ on a plain device, alive as long as `self`.
         unsafe { (pmd_qp(self.a.qp), pmd_cq(self.a.cq)) }
     }

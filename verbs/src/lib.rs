@@ -13,6 +13,7 @@
 //! | [`config`] | `RAILSHIFT_DEVICES`, `RAILSHIFT_PROGRESS`, the rendezvous variables |
 //! | [`device`] | the device list, open/close, the query verbs, async events |
 //! | [`faults`] | `RAILSHIFT_FAULT_FIFO`: fault commands for this process's devices (tests) |
+//! | [`lock`] | the CQ's mutex, without std's poison flag |
 //! | [`objects`] | PD, MR, CQ, completion channel, QP; post, poll and notify for the ops table |
 //! | [`real`] | the system's definitions by `dlvsym(RTLD_NEXT, ...)` |
 //! | [`srq`] | shared receive queues on plain devices: create, modify, query, destroy, `post_srq_recv` |
@@ -23,6 +24,7 @@ pub mod abi;
 pub mod config;
 pub mod device;
 pub mod faults;
+pub mod lock;
 pub mod objects;
 pub mod real;
 pub mod resilient;

@@ -14,6 +14,7 @@ use pmd::{
 
 use crate::abi::*;
 use crate::device::{null_with, our_context, RsContext};
+use crate::lock::Lock;
 use crate::real::real_fns;
 use crate::util::{invalid, refuse};
 use pmd::datapath::sq::FastRequest;
@@ -392,7 +393,8 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
 #[repr(C)]
 pub struct RsCq {
     ibv: ibv_cq,
-    cq: Mutex<pmd::Cq>,
+    /// Locked by every `ibv_poll_cq`: a lock without std's poison flag (see [`Lock`]).
+    cq: Lock<pmd::Cq>,
     /// The device's poll activity (the helper thread stays out while the application polls).
     activity: Arc<crate::device::PollActivity>,
     /// Whether the pmd CQ has completion events (it was given a channel).
@@ -449,7 +451,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             comp_events_completed: 0,
             async_events_completed: 0,
         },
-        cq: Mutex::new(cq),
+        cq: Lock::new(cq),
         activity: c.activity.clone(),
         events,
     }));
@@ -500,7 +502,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     if !rs.ibv.channel.is_null() {
         // SAFETY: the CQ's channel outlives it (destroying it is refused while we count).
         let ch = unsafe { &mut *rs.ibv.channel.cast::<RsChannel>() };
-        if let Some(fd) = lock(&rs.cq).event_fd() {
+        if let Some(fd) = rs.cq.lock().event_fd() {
             // SAFETY: both descriptors are open.
             unsafe { libc::epoll_ctl(ch.ibv.fd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
         }
@@ -565,7 +567,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let rs = ev.u64 as *mut RsCq;
         // SAFETY: the epoll set holds only live CQs of this channel (destroy removes them).
         let cq = unsafe { &*rs };
-        let fired = lock(&cq.cq)
+        let fired = cq
+            .cq
+            .lock()
             .wait_event(Some(std::time::Duration::ZERO))
             .unwrap_or(false);
         if fired {
@@ -608,7 +612,7 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) 
     if !rs.events {
         return 0;
     }
-    match lock(&rs.cq).arm() {
+    match rs.cq.lock().arm() {
         Ok(()) => 0,
         Err(e) => invalid("ibv_req_notify_cq", &e.to_string(), libc::EINVAL),
     }
@@ -749,7 +753,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) ->
     // only writes whole entries into it, which is what `MaybeUninit` slots allow.
     let slots =
         unsafe { std::slice::from_raw_parts_mut(out.cast::<MaybeUninit<ibv_wc>>(), n as usize) };
-    lock(&rs.cq).poll_with_progress_into(slots) as c_int
+    rs.cq.lock().poll_with_progress_into(slots) as c_int
 }
 
 /// A queue pair.
@@ -777,7 +781,7 @@ pub unsafe fn pmd_qp<'a>(qp: *mut ibv_qp) -> &'a Mutex<pmd::Qp> {
 /// # Safety
 /// `cq` is one of our live CQs on a plain device, and outlives `'a`.
 #[doc(hidden)]
-pub unsafe fn pmd_cq<'a>(cq: *mut ibv_cq) -> &'a Mutex<pmd::Cq> {
+pub unsafe fn pmd_cq<'a>(cq: *mut ibv_cq) -> &'a Lock<pmd::Cq> {
     // SAFETY: the caller's plain CQ, which is an RsCq.
     unsafe { &(*cq.cast::<RsCq>()).cq }
 }
@@ -940,11 +944,11 @@ pub unsafe extern "C" fn ibv_create_qp(
         None => rpd.pd.create_qp(s, r, caps),
     };
     let created = if std::ptr::eq(scq, rcq) {
-        let g = lock(&scq.cq);
+        let g = scq.cq.lock();
         create(&g, &g)
     } else {
-        let s = lock(&scq.cq);
-        let r = lock(&rcq.cq);
+        let s = scq.cq.lock();
+        let r = rcq.cq.lock();
         create(&s, &r)
     };
     let qp = match created {

@@ -941,7 +941,7 @@ fn compare_shim(rounds: usize, only: Option<Counting>) -> Option<(Compared, Comp
         let deadline = Instant::now() + Duration::from_secs(10);
         while got < n {
             run();
-            let k = dcq.lock().expect("cq").poll(&mut wcs);
+            let k = dcq.lock().poll(&mut wcs);
             assert!(wcs[..k].iter().all(|w| w.is_ok()), "WRITE failed: {wcs:?}");
             got += k;
             assert!(
@@ -1018,7 +1018,7 @@ fn compare_shim(rounds: usize, only: Option<Counting>) -> Option<(Compared, Comp
                 // Counted before the doorbell: the device may write some of the batch's CQEs
                 // at once (the shim's helper thread runs it while nothing polls), and a count
                 // read after them would wait for CQEs that never come.
-                let before = dcq.lock().expect("cq").poller().ready();
+                let before = dcq.lock().poller().ready();
                 let mut q = dqp.lock().expect("qp");
                 for wr in batch {
                     q.post_send(wr).expect("post");
@@ -1027,7 +1027,7 @@ fn compare_shim(rounds: usize, only: Option<Counting>) -> Option<(Compared, Comp
                 before + batch.len() as u32
             };
             let deadline = Instant::now() + Duration::from_secs(10);
-            while dcq.lock().expect("cq").poller().ready() < written {
+            while dcq.lock().poller().ready() < written {
                 run();
                 assert!(Instant::now() < deadline, "CQEs not written in 10 s");
             }
@@ -1055,7 +1055,7 @@ fn compare_shim(rounds: usize, only: Option<Counting>) -> Option<(Compared, Comp
     let direct_poll = || {
         fill();
         let mut wcs = [WorkCompletion::EMPTY; 32];
-        let mut c = dcq.lock().expect("cq");
+        let mut c = dcq.lock();
         let start = Instant::now();
         let got = measured(|| {
             let mut got = 0;
