@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::chaos;
 use crate::fail;
+use crate::faults;
 use crate::schedule::{LinkAction, Schedule, Step};
 use crate::target::FailTarget;
 use crate::topology::{HostInfo, Role, TestbedInfo};
@@ -254,12 +255,15 @@ struct Side<'a> {
     key: &'a Path,
     prefix: String,
     failover: bool,
+    /// The host whose devices the cut fails through its fault channel, and the channel's
+    /// FIFO (`RAILSHIFT_FAULT_FIFO` of the side there; device targets only).
+    fault_fifo: Option<(Role, PathBuf)>,
 }
 
 impl Side<'_> {
-    /// The shim's environment for a side in the host whose management address is
-    /// `mgmt_addr`, as `VAR=value` words for `env`.
-    fn env(&self, mgmt_addr: &str) -> Vec<String> {
+    /// The shim's environment for a side in `host`, as `VAR=value` words for `env`.
+    fn env(&self, host: &HostInfo) -> Vec<String> {
+        let mgmt_addr = &host.mgmt_addr;
         let device = if self.failover {
             "rs0=soft:nic0+soft:nic1"
         } else {
@@ -279,6 +283,11 @@ impl Side<'_> {
         if self.failover && self.o.management {
             env.push(format!("RAILSHIFT_MANAGEMENT_ADDR={mgmt_addr}"));
         }
+        // A device target (`responder-dev-qps-failed`, ...) is injected by the process that
+        // owns the device: the shim reads the testbed's fault channel of its host.
+        if let Some((_, fifo)) = self.fault_fifo.as_ref().filter(|(r, _)| *r == host.role) {
+            env.push(format!("RAILSHIFT_FAULT_FIFO={}", fifo.display()));
+        }
         env
     }
 
@@ -297,7 +306,7 @@ impl Side<'_> {
         let mut cmd = Command::new("ip");
         // `env` sets the preload for the tool only, not for `ip`.
         cmd.args(["netns", "exec", ns, "env"])
-            .args(self.env(&host.mgmt_addr))
+            .args(self.env(host))
             .arg(format!("/usr/bin/{}", tool.binary()))
             .args(tool.args(self.o))
             .args(["-p", &port.to_string()]);
@@ -427,12 +436,21 @@ pub fn run(
             port += 1;
             let mode = if failover { "failover" } else { "no-failover" };
             let tag = format!("stock-{}-{mode}", tool.binary());
+            let fault_fifo = match (o.chaos, o.target.fault_host()) {
+                (None, Some(host)) => {
+                    let path = faults::channel_path(info, host);
+                    faults::create(&path).map_err(|e| e.to_string())?;
+                    Some((host, path))
+                }
+                _ => None,
+            };
             let side = Side {
                 o,
                 rendezvous: &redis.url,
                 key: &key,
                 prefix: format!("{}:{tag}:{}", info.prefix, fail::unix_ms_now() as u64),
                 failover,
+                fault_fifo,
             };
             let server_log = o.out_dir.join(format!("{tag}-server.log"));
             let client_log = o.out_dir.join(format!("{tag}-client.log"));
@@ -483,7 +501,11 @@ pub fn run(
                     fail::apply(info, step.target, step.action)?;
                     match step.action {
                         LinkAction::Down => {
-                            down.push(step.target);
+                            // A device fault has no up step: the driver repairs the QPs,
+                            // and a dead device stays dead.
+                            if step.target.has_up_step() {
+                                down.push(step.target);
+                            }
                             cut = true;
                             failures += 1;
                         }
@@ -586,6 +608,9 @@ pub fn run(
             };
             say(&summary(&outcome));
             outcomes.push(outcome);
+            if let Some((_, fifo)) = &side.fault_fifo {
+                faults::remove(fifo);
+            }
             fail::wait_all_up(info, Duration::from_secs(10))?;
         }
     }
@@ -616,6 +641,7 @@ pub fn summary(o: &StockOutcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::topology::TopologySpec;
 
     #[test]
     fn failovers_are_summed_from_the_destroy_lines() {
@@ -647,6 +673,7 @@ mod tests {
     fn each_side_gets_its_hosts_management_address_with_failover_unless_turned_off() {
         let mut o = options(None);
         let key = PathBuf::from("/tmp/job.key");
+        let info = TestbedInfo::plan(&TopologySpec::default());
         let side = |o: &StockOptions, failover| {
             Side {
                 o,
@@ -654,8 +681,9 @@ mod tests {
                 key: &key,
                 prefix: "p".to_string(),
                 failover,
+                fault_fifo: None,
             }
-            .env("198.18.100.2")
+            .env(info.host(Role::Responder))
         };
         let mgmt = "RAILSHIFT_MANAGEMENT_ADDR=198.18.100.2".to_string();
         let on = side(&o, true);
@@ -676,6 +704,37 @@ mod tests {
                 .any(|v| v.starts_with("RAILSHIFT_MANAGEMENT_ADDR=")),
             "{off:?}"
         );
+    }
+
+    #[test]
+    fn a_device_target_gives_the_shim_of_its_host_the_fault_channel() {
+        let o = options(None);
+        let key = PathBuf::from("/tmp/job.key");
+        let info = TestbedInfo::plan(&TopologySpec::default());
+        let fifo = faults::channel_path(&info, Role::Responder);
+        let side = Side {
+            o: &o,
+            rendezvous: "redis://:pw@198.18.100.254:18600/",
+            key: &key,
+            prefix: "p".to_string(),
+            failover: true,
+            fault_fifo: Some((Role::Responder, fifo.clone())),
+        };
+        let var = format!("RAILSHIFT_FAULT_FIFO={}", fifo.display());
+        assert!(side.env(info.host(Role::Responder)).contains(&var));
+        assert!(!side
+            .env(info.host(Role::Initiator))
+            .iter()
+            .any(|v| v.starts_with("RAILSHIFT_FAULT_FIFO=")));
+        // A device fault is one step: the driver repairs the QPs, a dead device stays dead.
+        let qps_failed = StockOptions {
+            target: FailTarget::DeviceQpsFailed {
+                host: Role::Responder,
+                rail: 0,
+            },
+            ..options(None)
+        };
+        assert_eq!(qps_failed.steps().len(), 1);
     }
 
     #[test]
