@@ -57,6 +57,12 @@ impl Window {
         psn_delta(psn, comp_psn) < self.limit as i32
     }
 
+    /// PSNs the requester may have in flight now.
+    #[inline]
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
     /// Packets between two AckReqs: [`ACK_REQ_EVERY`], or half the window when that is
     /// smaller, so that a small window still brings ACKs back before it closes (the responder
     /// ACKs only on AckReq), not only at a message's last packet or the ACK timeout.

@@ -18,6 +18,7 @@ use crate::events::EventQueue;
 use crate::fabric::Fabric;
 use crate::medium::WireImpl;
 use crate::mr::{Access, MrTable, PdId, RegError};
+use crate::path_budget::PathBudgets;
 use crate::qp::{Bell, DoorbellRegister, ErrorCtx, Qp, QpConfig, RetransmitProbe};
 use crate::qp_attr::{check_transition, ModifyError, QpAttrs, QpState};
 use crate::requester;
@@ -221,6 +222,7 @@ impl Device {
             refuse_rtr_until: None,
             slow_completions_until: None,
             active: ActiveQps::default(),
+            paths: PathBudgets::default(),
         };
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
@@ -708,6 +710,7 @@ impl Device {
         match state {
             QpState::Reset => {
                 qp.reset();
+                qp.settle_path(&mut core.paths);
                 for cq in core.cqs.iter_mut().flatten() {
                     cq.forget_held(qpn);
                 }
@@ -716,6 +719,7 @@ impl Device {
                 // A dead device flushes nothing.
                 qp.attrs.merge(attrs);
                 qp.state = QpState::Err;
+                qp.settle_path(&mut core.paths);
                 return Ok(());
             }
             QpState::Err => {
@@ -725,6 +729,7 @@ impl Device {
                 };
                 qp.attrs.merge(attrs);
                 qp.enter_error(None, &mut ectx);
+                qp.settle_path(&mut core.paths);
                 // Rounds flush what is posted from now on.
                 core.active.mark(qp);
                 return Ok(());
@@ -732,6 +737,10 @@ impl Device {
             _ => {}
         }
         qp.apply(state, attrs);
+        if state == QpState::Rtr && attrs.dest_addr.is_some() {
+            qp.attach_path(&mut core.paths);
+        }
+        qp.settle_path(&mut core.paths);
         core.active.mark(qp);
         if state == QpState::Rtr {
             // Connected: its first packet must not open a socket on the datapath, and the
@@ -782,6 +791,7 @@ impl Device {
                 // Rounds flush what is posted from now on.
                 core.active.mark(qp);
             }
+            qp.settle_path(&mut core.paths);
             out.push(Ok(()));
         }
     }
@@ -800,7 +810,8 @@ impl Device {
             .qp_index(qpn)
             .filter(|&i| core.qps.get(i).is_some_and(|q| q.is_some()))
             .ok_or(DeviceError::UnknownQp(qpn))?;
-        let qp = core.qps[i].take().expect("checked above");
+        let mut qp = core.qps[i].take().expect("checked above");
+        qp.detach_path(&mut core.paths);
         core.qpns.release(qpn);
         core.retired.add(&qp.counters);
         Ok(())

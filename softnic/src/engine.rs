@@ -20,6 +20,7 @@ use crate::cq::Cq;
 use crate::events::{AsyncEvent, EventQueue};
 use crate::medium::WireImpl;
 use crate::mr::MrTable;
+use crate::path_budget::PathBudgets;
 use crate::qp::{ErrorCtx, Qp};
 use crate::qp_attr::QpState;
 use crate::requester;
@@ -92,6 +93,8 @@ pub(crate) struct Core {
     pub active: ActiveQps,
     /// Which slot of `qps` each QPN names.
     pub qpns: QpNumbers,
+    /// What the QPs may have in flight to each peer address together.
+    pub paths: PathBudgets,
 }
 
 /// QP numbers, drawn at random over the 24-bit space (not 0 and 1, the special QPs, nor
@@ -145,6 +148,9 @@ impl QpNumbers {
 pub(crate) struct ActiveQps {
     /// Slots to visit in the next pass, each once (`Qp::listed`).
     list: Vec<u32>,
+    /// Slots to visit before `list` in the next pass: QPs their path's budget held back, in
+    /// the order it did (`crate::path_budget`), so that the room freed next goes to them first.
+    first: Vec<u32>,
     /// The list being visited (kept for its allocation).
     visiting: Vec<u32>,
     /// Slots whose doorbell register was rung, taken from the waker.
@@ -157,6 +163,15 @@ impl ActiveQps {
         if !qp.listed {
             qp.listed = true;
             self.list.push(qp.bell.slot());
+        }
+    }
+
+    /// Puts `qp` on the list of the next pass, before the QPs marked with [`ActiveQps::mark`],
+    /// unless it is listed already.
+    pub fn mark_first(&mut self, qp: &mut Qp) {
+        if !qp.listed {
+            qp.listed = true;
+            self.first.push(qp.bell.slot());
         }
     }
 }
@@ -207,6 +222,7 @@ impl Core {
             trace,
             active,
             qpns,
+            paths,
             ..
         } = self;
         let mut round = Round {
@@ -223,6 +239,7 @@ impl Core {
             qps,
             qpns,
             active,
+            paths,
             mrs,
             ectx: ErrorCtx { cqs, events },
             clock,
@@ -291,6 +308,7 @@ struct Round<'a> {
     qps: &'a mut [Option<Qp>],
     qpns: &'a QpNumbers,
     active: &'a mut ActiveQps,
+    paths: &'a mut PathBudgets,
     mrs: &'a MrTable,
     ectx: ErrorCtx<'a>,
     /// The device's clock, read again when packets arrive.
@@ -321,7 +339,15 @@ impl Round<'_> {
             rung = true;
             self.active.mark(qp);
             if qp.state == QpState::Rts {
-                transmit(qp, self.mrs, &mut self.out, &mut self.ectx, share, false);
+                transmit(
+                    qp,
+                    self.mrs,
+                    &mut self.out,
+                    &mut self.ectx,
+                    self.paths,
+                    share,
+                    false,
+                );
             }
         }
         self.active.rung.clear();
@@ -434,6 +460,7 @@ impl Round<'_> {
         } else {
             let now = out.now;
             completer::handle(qp, &h, pkt.bytes(), self.mrs, now, &mut self.ectx);
+            qp.settle_path(self.paths);
         }
     }
 
@@ -445,7 +472,12 @@ impl Round<'_> {
         let now = self.out.now;
         let mut timer = None;
         let mut visiting = std::mem::take(&mut self.active.visiting);
-        std::mem::swap(&mut visiting, &mut self.active.list);
+        if self.active.first.is_empty() {
+            std::mem::swap(&mut visiting, &mut self.active.list);
+        } else {
+            visiting.append(&mut self.active.first);
+            visiting.append(&mut self.active.list);
+        }
         let share = Share::of(visiting.len());
         for &i in &visiting {
             let Some(qp) = slot(self.qps, i) else {
@@ -454,14 +486,24 @@ impl Round<'_> {
             qp.listed = false;
             qp.counters.round_visits += 1;
             requester::check_timer(qp, now, &mut self.ectx);
+            qp.settle_path(self.paths);
             if qp.state == QpState::Err {
                 qp.flush(&mut self.ectx);
                 self.active.mark(qp);
                 continue;
             }
-            let more = transmit(qp, self.mrs, &mut self.out, &mut self.ectx, share, true);
+            let more = transmit(
+                qp,
+                self.mrs,
+                &mut self.out,
+                &mut self.ectx,
+                self.paths,
+                share,
+                true,
+            );
             self.busy |= more;
-            let mut waiting = more || qp.resp.ack_pending;
+            let held = qp.path.is_some_and(|p| p.waits());
+            let mut waiting = more || held || qp.resp.ack_pending;
             for t in [qp.req.timer, qp.req.probe_at, qp.req.rnr_until]
                 .into_iter()
                 .flatten()
@@ -469,7 +511,9 @@ impl Round<'_> {
                 timer = earliest(timer, t);
                 waiting = true;
             }
-            if waiting {
+            if held {
+                self.active.mark_first(qp);
+            } else if waiting {
                 self.active.mark(qp);
             }
         }
@@ -497,18 +541,31 @@ impl Round<'_> {
 /// that does). The ACK rides in the same sendmmsg as the requests just batched. With none, it
 /// waits for the round's `last_pass`, where it waits one more round for the reply the
 /// application is likely to post (a latency benchmark's answer), then goes alone. Returns
-/// whether the QP has work waiting: requests beyond its budget, or a deferred ACK.
+/// whether the QP has work waiting: requests beyond its share (not those its path's budget holds
+/// back: they wait for ACKs, `crate::path_budget`), or a deferred ACK.
 fn transmit(
     qp: &mut Qp,
     mrs: &MrTable,
     out: &mut Tx<'_>,
     ectx: &mut ErrorCtx<'_>,
+    paths: &mut PathBudgets,
     share: Share,
     last_pass: bool,
 ) -> bool {
     let answering = responder::answer(qp, mrs, out, ectx, share.answers);
-    let r = requester::run(qp, mrs, out, ectx, share.requests);
-    let more = r.more || answering;
+    let requests = path_allowance(qp, paths, share.requests);
+    let r = requester::run(qp, mrs, out, ectx, requests);
+    qp.settle_path(paths);
+    let mut held = false;
+    if r.more && requests < share.requests {
+        if let Some(path) = qp.path.as_mut() {
+            // Held back by its path's budget, not its share: the others of the path wait for
+            // its turn. Not busy: it waits for ACKs, as a closed window does, and stays listed.
+            paths.turned_away(path);
+            held = true;
+        }
+    }
+    let more = (r.more && !held) || answering;
     if !qp.resp.ack_pending || answering {
         // An owed ACK waits behind the responses still to send.
         return more;
@@ -523,6 +580,24 @@ fn transmit(
     } else {
         more
     }
+}
+
+/// The request packets `qp` may send of its `share`: no more than its path's budget has room
+/// for, and none while QPs the budget turned away wait for their turn (unless it is one of
+/// them), so that none starves (`crate::path_budget`). Sets whether its packets ask for ACKs.
+#[inline]
+fn path_allowance(qp: &mut Qp, paths: &mut PathBudgets, share: usize) -> usize {
+    let Some(path) = qp.path.as_mut() else {
+        return share;
+    };
+    let room = if paths.others_wait(path) {
+        0
+    } else {
+        paths.room(path) as usize
+    };
+    qp.req.crowded = paths.crowded(path);
+    paths.visited(path);
+    share.min(room)
 }
 
 /// What one QP may send in a pass that visits others too: round-robin, every QP visited once

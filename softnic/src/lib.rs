@@ -41,6 +41,7 @@ pub mod memory;
 pub mod mr;
 pub mod netlink;
 mod packet;
+mod path_budget;
 pub mod qp;
 pub mod qp_attr;
 mod requester;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hw_defs::mlx5::{data_seg, MAX_WQE_BYTES, SEND_WQE_BB, SEND_WQE_DS};
 
-use crate::codec::{self, WqeError};
+use crate::codec::{self, psn_delta, WqeError};
 use crate::congestion::Window;
 use crate::counters::Counters;
 use crate::cq::{Cq, CqFull, CqId};
@@ -18,6 +18,7 @@ use crate::events::{AsyncEvent, EventQueue};
 use crate::memory::QueueMemory;
 use crate::mr::{Access, PdId};
 use crate::packet::AckKind;
+use crate::path_budget::{PathBudgets, PathShare};
 use crate::qp_attr::{QpAttrs, QpState};
 use crate::resources::Resources;
 use crate::srq::{self, SharedSrq};
@@ -328,6 +329,12 @@ pub(crate) struct Requester {
     pub probe_next: Duration,
     /// The congestion window: PSNs in flight at most.
     pub window: Window,
+    /// The QP's path budget is more than half used (`crate::path_budget`): every packet asks
+    /// for an ACK, set before each pass.
+    pub crowded: bool,
+    /// The packet being sent is the last its pass lets it send while it has more: it asks for
+    /// an ACK, so that what it sent is acknowledged while it waits for its next turn.
+    pub last_of_turn: bool,
 }
 
 /// A QP's retransmit probe (`Device::set_retransmit_probe`): while the QP has packets
@@ -407,6 +414,9 @@ pub(crate) struct Qp {
     pub rq_scratch: Vec<u8>,
     /// In the engine's active list (`engine::ActiveQps`): visited by the next round.
     pub listed: bool,
+    /// Its place in the budget of the path to its peer (`crate::path_budget`), from the move
+    /// to RTR that named the peer until it is destroyed or names another.
+    pub path: Option<PathShare>,
 }
 
 impl Qp {
@@ -475,6 +485,7 @@ impl Qp {
             max_send_sge: cfg.max_send_sge,
             src_port,
             peer_port: None,
+            path: None,
             req: Requester::default(),
             resp: Responder {
                 recv_sges: Vec::with_capacity((cfg.rq_stride / 16) as usize),
@@ -493,6 +504,50 @@ impl Qp {
 
     pub fn peer(&self) -> Option<(IpAddr, u32)> {
         Some((self.attrs.dest_addr?, self.attrs.dest_qpn?))
+    }
+
+    /// The PSNs this QP counts against its path's budget now: those sent and not acknowledged,
+    /// within its window, while it sends and has no READ or atomic outstanding (their
+    /// responses come the other way; `crate::path_budget`).
+    #[inline]
+    pub fn path_inflight(&self) -> u32 {
+        if self.state != QpState::Rts || self.req.rd_atomic > 0 {
+            return 0;
+        }
+        let sent = psn_delta(self.req.psn, self.req.comp_psn).max(0) as u32;
+        sent.min(self.req.window.limit())
+    }
+
+    /// Settles this QP's count in its path's budget (after anything that moved it). A QP that
+    /// no longer sends (reset, in error) no longer waits for a turn either.
+    #[inline]
+    pub fn settle_path(&mut self, paths: &mut PathBudgets) {
+        let now = self.path_inflight();
+        let sending = self.state == QpState::Rts;
+        if let Some(share) = self.path.as_mut() {
+            paths.settle(share, now);
+            if !sending {
+                paths.visited(share);
+            }
+        }
+    }
+
+    /// Joins the budget of the path to the peer the move to RTR named (leaving another's).
+    pub fn attach_path(&mut self, paths: &mut PathBudgets) {
+        let Some(addr) = self.attrs.dest_addr else {
+            return;
+        };
+        if let Some(share) = self.path.take() {
+            paths.detach(share);
+        }
+        self.path = Some(paths.attach(addr));
+    }
+
+    /// Leaves its path's budget (destroyed).
+    pub fn detach_path(&mut self, paths: &mut PathBudgets) {
+        if let Some(share) = self.path.take() {
+            paths.detach(share);
+        }
     }
 
     /// The driver's receive producer index, read from the doorbell record (receive WQEs,

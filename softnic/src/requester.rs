@@ -96,6 +96,7 @@ pub(crate) fn run(
             qp.sq.slot_req_ci += 1;
             continue;
         }
+        qp.req.last_of_turn = out.packets + 1 >= budget;
         match send_one(qp, mrs, tx, peer, dest_qpn, mtu) {
             Ok(()) => out.packets += 1,
             Err(s) => {
@@ -152,7 +153,10 @@ fn send_one(
             hdr.first = first;
             hdr.last = last;
             hdr.solicited = last && w.solicited;
-            hdr.ack_req = last || qp.req.since_ack_req + 1 >= qp.req.window.ack_every();
+            hdr.ack_req = last
+                || qp.req.crowded
+                || qp.req.last_of_turn
+                || qp.req.since_ack_req + 1 >= qp.req.window.ack_every();
             if is_write && first {
                 hdr.reth = Some(Reth {
                     va: w.raddr,
