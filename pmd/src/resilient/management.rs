@@ -664,8 +664,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn two_ends_on_loopback_sockets_exchange_a_message_and_a_stranger_is_dropped() {
+    /// A socket and a link on each end on loopback, each link connected to the other's (ids
+    /// 0x11 and 0x22), what reaches B's link going to the inbox.
+    #[allow(clippy::type_complexity)]
+    fn loopback_pair() -> (
+        Arc<ManagementSocket>,
+        Arc<ManagementSocket>,
+        Arc<ManagementLink>,
+        Arc<ManagementLink>,
+        Arc<Inbox>,
+    ) {
         let localhost: IpAddr = "127.0.0.1".parse().unwrap();
         let (sa, sb) = (
             Arc::new(ManagementSocket::bind(localhost).unwrap()),
@@ -676,9 +684,15 @@ mod tests {
         b.set_owner(&inbox);
         a.connect(&b.endpoint().unwrap(), 0x11, 0x22);
         b.connect(&a.endpoint().unwrap(), 0x22, 0x11);
+        (sa, sb, a, b, inbox)
+    }
+
+    #[test]
+    fn two_ends_on_loopback_sockets_exchange_a_message_and_a_stranger_is_dropped() {
+        let (sa, sb, a, b, inbox) = loopback_pair();
         a.send(READY, at(0)).unwrap();
         // A stranger's datagram naming B's id, sealed with a key of its own.
-        let stranger = UdpSocket::bind((localhost, 0)).unwrap();
+        let stranger = UdpSocket::bind(("127.0.0.1", 0)).unwrap();
         let mut forged = ManagementPeer::new(
             identity(9),
             0x11,
@@ -724,16 +738,7 @@ mod tests {
         use crate::failover::{
             Action, Config, FailReason, Failover, Path, Progress, Role, WcStatus,
         };
-        let localhost: IpAddr = "127.0.0.1".parse().unwrap();
-        let (sa, sb) = (
-            Arc::new(ManagementSocket::bind(localhost).unwrap()),
-            Arc::new(ManagementSocket::bind(localhost).unwrap()),
-        );
-        let (a, b) = (sa.open_link().unwrap(), sb.open_link().unwrap());
-        let inbox = Arc::new(Inbox(Mutex::new(Vec::new())));
-        b.set_owner(&inbox);
-        a.connect(&b.endpoint().unwrap(), 0x11, 0x22);
-        b.connect(&a.endpoint().unwrap(), 0x22, 0x11);
+        let (_sa, sb, a, _b, inbox) = loopback_pair();
         let managed = |role| Config {
             management: true,
             ..Config::new(role)
