@@ -27,6 +27,20 @@ pub(super) struct Errored {
     pub reported: bool,
 }
 
+/// What a drain of the default QP saw while it waited: a slow drain's log says whether it
+/// waited for completions, and for which, or was looked at late.
+#[derive(Debug, Default)]
+pub(super) struct DrainWatch {
+    /// When the event that began the drain was handled: the actions before it (moving the
+    /// default QP to ERR, which waits for the device's lock) count in the drain's time, as in
+    /// its deadline.
+    pub started: crate::failover::Timestamp,
+    /// How many times it was looked at.
+    pub checks: u32,
+    /// Sends and receives published to the device without a completion, at the last look.
+    pub shortfall: (u32, u32),
+}
+
 /// Where the failover's own WQEs and the application's unfinished ones stand.
 #[derive(Debug, Default)]
 pub(super) struct Book {
@@ -47,6 +61,8 @@ pub(super) struct Book {
     pub failing_back: bool,
     /// When the running drain stops waiting for flushes (`ResilientConfig::drain_timeout`).
     pub drain_deadline: Option<crate::failover::Timestamp>,
+    /// What the running drain of the default QP has looked at, for its debug log.
+    pub drain_watch: DrainWatch,
     /// The default device raised its device-fatal event: no flush will ever come.
     pub default_dead: bool,
     /// Where the default queues' WQEs to move start, (send, receive) counters: set when the

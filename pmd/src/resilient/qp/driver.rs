@@ -322,7 +322,14 @@ impl ResilientQp {
                 self.observe(observed, now);
             }
             for action in actions {
+                // An action that waits (a control verb behind a busy device's lock) delays
+                // every later one of the round: the debug log names it.
+                let began = self.slow.env.clock.now();
                 self.perform(action, now);
+                let took = self.slow.env.clock.now().saturating_since(began);
+                if took > std::time::Duration::from_millis(1) {
+                    tracing::debug!(qp = %self.shared.name, ?action, took_us = took.as_micros() as u64, "failover: a slow action");
+                }
             }
             self.maybe_fence();
         }
@@ -531,11 +538,28 @@ impl ResilientQp {
         let (sq_done, sq_published) = (sq.completed(), sq.published());
         let rq = self.default.recv_queue();
         let (rq_done, rq_published) = (rq.completed(), rq.published());
+        let now = self.slow.env.clock.now();
+        let watch = &mut self.slow.book.drain_watch;
+        watch.checks += 1;
+        let shortfall = (
+            sq_published.wrapping_sub(sq_done),
+            rq_published.wrapping_sub(rq_done),
+        );
+        if shortfall != watch.shortfall {
+            watch.shortfall = shortfall;
+            tracing::debug!(
+                qp = %self.shared.name,
+                sends_short = shortfall.0,
+                recvs_short = shortfall.1,
+                after_us = now.saturating_since(watch.started).as_micros() as u64,
+                checks = watch.checks,
+                "failover: the drain's completions short"
+            );
+        }
         if sq_done != sq_published || rq_done != rq_published {
             // A device that died writes no flush: past the deadline (at once when it said it
             // is dead) the WQEs without a completion are unknown, and the round goes on from
             // the peer's counters, which say what of them executed (docs/failover.md 3.7).
-            let now = self.slow.env.clock.now();
             let book = &self.slow.book;
             if !book.default_dead && book.drain_deadline.is_none_or(|d| now < d) {
                 return false;
@@ -569,7 +593,16 @@ impl ResilientQp {
         let sends_before_first_read = sends_before_first_read(&list, self.sends_posted);
         self.slow.scratch.wqe_list = list;
         let progress = self.progress_now();
-        tracing::debug!(qp = %self.shared.name, ?progress, send_start, recv_start, "failover: default QP drained");
+        let watch = &self.slow.book.drain_watch;
+        tracing::debug!(
+            qp = %self.shared.name,
+            ?progress,
+            send_start,
+            recv_start,
+            after_us = now.saturating_since(watch.started).as_micros() as u64,
+            checks = watch.checks,
+            "failover: default QP drained"
+        );
         self.enqueue(Event::DefaultDrained {
             progress,
             first_error: e.first_error,

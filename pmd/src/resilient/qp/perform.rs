@@ -45,6 +45,10 @@ impl ResilientQp {
             Action::DrainDefault => {
                 self.slow.book.draining = true;
                 self.slow.book.drain_deadline = Some(now + self.slow.env.config.drain_timeout);
+                self.slow.book.drain_watch = super::book::DrainWatch {
+                    started: now,
+                    ..Default::default()
+                };
                 self.collect(Path::Default);
                 self.check_drain();
             }
