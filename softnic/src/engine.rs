@@ -46,6 +46,10 @@ const ANSWER_BUDGET: usize = 2 * BATCH;
 /// QP with one small message (a control QP, a READ request) would wait behind all of them.
 /// One or two QPs keep their full budgets.
 const PASS_BUDGET: usize = 4 * BATCH;
+/// How soon an engine with a QP in error looks again: what is posted to it meanwhile is
+/// flushed by a round, and a posted receive rings no doorbell, so an engine with nothing else
+/// to do would flush it only at its 100 ms idle wake (a failover's drain waited for that).
+const ERROR_FLUSH_INTERVAL: Duration = Duration::from_millis(1);
 
 /// The packets each of `qps` QPs may send in one pass, of at most `budget` each.
 #[inline]
@@ -490,6 +494,7 @@ impl Round<'_> {
             if qp.state == QpState::Err {
                 qp.flush(&mut self.ectx);
                 self.active.mark(qp);
+                timer = earliest(timer, now + ERROR_FLUSH_INTERVAL);
                 continue;
             }
             let more = transmit(

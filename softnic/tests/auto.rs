@@ -11,7 +11,7 @@ use hw_defs::verbs::WcStatus;
 use softnic::harness::{
     connect, Completion, ConnectOptions, Data, HarnessCq, HarnessQp, Node, Op, QpSizes,
 };
-use softnic::{CompletionChannel, Device, DeviceConfig, Fabric, Wire};
+use softnic::{CompletionChannel, Device, DeviceConfig, Fabric, QpAttrs, QpState, Wire};
 
 fn auto_pair() -> (Fabric, Node, Node) {
     let fabric = Fabric::new(1, Duration::from_micros(5));
@@ -131,6 +131,28 @@ fn a_doorbell_wakes_an_engine_that_went_to_sleep() {
     std::thread::sleep(Duration::from_millis(300));
     post_write(&mut a, &b, 8);
     assert_eq!(wait(&mut a.scq).status, WcStatus::Success);
+}
+
+#[test]
+fn a_receive_posted_in_error_is_flushed_before_the_engines_idle_wake() {
+    let (_fabric, mut a, _b) = auto_pair();
+    a.dev
+        .modify_qp(a.qp.qpn, QpState::Err, &QpAttrs::default())
+        .unwrap();
+    // Long enough for the engine to have flushed, found nothing more and gone to sleep.
+    std::thread::sleep(Duration::from_millis(20));
+    let sge = [a.buf.sge(0, 64)];
+    let posted = Instant::now();
+    // A receive rings no doorbell: only a round of the engine sees it.
+    a.qp.post_recv(&sge);
+    assert_eq!(wait(&mut a.rcq).status, WcStatus::WrFlushErr);
+    // An engine that slept until its idle wake (100 ms after it fell asleep) flushed it about
+    // 80 ms after the post.
+    let took = posted.elapsed();
+    assert!(
+        took < Duration::from_millis(40),
+        "the flush came {took:?} after the post"
+    );
 }
 
 #[test]
