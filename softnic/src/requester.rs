@@ -254,7 +254,11 @@ fn send_one(
         qp.req.offset = 0;
     }
     if qp.req.timer.is_none() {
-        let short = qp.req.short_timeout.take();
+        // A short timer covers a first transmission on a path with room. Behind a crowded
+        // path its ACK waits for the hundreds of packets queued ahead of it, longer than a
+        // short timer: a thousand QPs moved onto a backup at once all fired theirs and resent
+        // into the queue that held their first copies. The QP's own timer covers it there.
+        let short = qp.req.short_timeout.take().filter(|_| !qp.req.crowded);
         qp.req.timer = short.or(timeout).map(|t| tx.now + t);
         qp.req.short_deadline = short.and(qp.req.timer);
     }

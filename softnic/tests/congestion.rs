@@ -27,6 +27,8 @@ const WRITE_LEN: u32 = 64 * 1024;
 /// flight allowed) are 256 times what it holds.
 const LINK_BYTES_PER_SEC: u64 = 1_250_000_000;
 const QUEUE_BYTES: u64 = 256 * 4200;
+/// 2 Gb/s: about what softnic carries over the testbed's veths on the 2-core VM.
+const FAILOVER_LINK_BYTES_PER_SEC: u64 = 250_000_000;
 
 /// Two nodes on a fabric whose link into each port is a bottleneck, and `QPS` more QP pairs
 /// between them beside the nodes' own (which stays idle for the small message).
@@ -51,15 +53,27 @@ fn crowd(seed: u64) -> Crowd {
 /// `qps` busy QP pairs keeping `writes` WRITEs posted each, over links that queue
 /// `queue_packets` packets of 4 KiB.
 fn crowd_of(seed: u64, qps: usize, writes: usize, queue_packets: u64) -> Crowd {
-    crowd_with(seed, Some(queue_packets * 4200), qps, writes)
+    crowd_with(
+        seed,
+        Some((LINK_BYTES_PER_SEC, queue_packets * 4200)),
+        qps,
+        writes,
+    )
 }
 
 /// A crowd whose links are bottlenecks or, without `bottleneck`, carry anything at once.
 fn crowd_on(seed: u64, bottleneck: bool) -> Crowd {
-    crowd_with(seed, bottleneck.then_some(QUEUE_BYTES), QPS, WRITES)
+    crowd_with(
+        seed,
+        bottleneck.then_some((LINK_BYTES_PER_SEC, QUEUE_BYTES)),
+        QPS,
+        WRITES,
+    )
 }
 
-fn crowd_with(seed: u64, queue_bytes: Option<u64>, busy: usize, writes: usize) -> Crowd {
+/// A crowd whose links carry `bytes_per_sec` and queue `queue_bytes` (a bottleneck), or, with
+/// None, anything at once.
+fn crowd_with(seed: u64, link: Option<(u64, u64)>, busy: usize, writes: usize) -> Crowd {
     let o = ConnectOptions {
         mtu: PathMtu::Mtu4096,
         // 67 ms, the RoCE default: a run that needs it is a run that lost a whole window.
@@ -72,16 +86,21 @@ fn crowd_with(seed: u64, queue_bytes: Option<u64>, busy: usize, writes: usize) -
         ..Default::default()
     };
     let sim = Sim::new(seed, Duration::from_micros(2));
-    if let Some(queue_bytes) = queue_bytes {
+    if let Some((bytes_per_sec, queue_bytes)) = link {
         sim.fabric.add_rule(FaultRule::always(Fault::Bottleneck {
-            bytes_per_sec: LINK_BYTES_PER_SEC,
+            bytes_per_sec,
             queue_bytes,
         }));
     }
     let a = Node::new(sim.device("a", 1).unwrap(), WRITE_LEN as usize, sizes).unwrap();
     let b = Node::new(sim.device("b", 2).unwrap(), 4096, sizes).unwrap();
     connect(&a.dev, &a.qp, &b.dev, &b.qp, &o).unwrap();
-    let cq = HarnessCq::new(&a.dev, (busy * writes).max(4096) as u32, None).unwrap();
+    let cq = HarnessCq::new(
+        &a.dev,
+        (busy * writes).max(4096).next_power_of_two() as u32,
+        None,
+    )
+    .unwrap();
     let rcq = HarnessCq::new(&b.dev, 64, None).unwrap();
     let qps: Vec<_> = (0..busy)
         .map(|_| {
@@ -319,4 +338,55 @@ fn a_thousand_full_windows_share_a_link_whose_queue_holds_fewer_packets_than_the
     assert_eq!(counters.timeouts, 0, "ACK timeouts");
     // Shared, not taken by the QPs that came first: every QP moved.
     assert!(fewest > 0, "a QP completed no WRITE in {period:?}");
+}
+
+#[test]
+fn a_thousand_qps_moved_onto_a_backup_at_once_resend_nothing_into_their_own_queue() {
+    // A failover copies every QP's unacknowledged WQEs to its backup QP, arms the short
+    // retransmit timer (2 ms, so that a copy lost there is resent soon) and rings: a thousand
+    // new QPs with full windows start together on one path. The path's budget sends their
+    // first packets in turns, so the last ones' ACKs come back after hundreds of packets
+    // queued ahead: longer than 2 ms on a link of 2 Gb/s (what softnic carries on the
+    // testbed's veths). Those short timers must not fire into that queue.
+    let seed = seed(5);
+    let _guard = SeedGuard(seed);
+    let mut c = crowd_with(
+        seed,
+        Some((FAILOVER_LINK_BYTES_PER_SEC, 1000 * 4200)),
+        1000,
+        8,
+    );
+    for (qa, _) in &c.qps {
+        c.a.dev
+            .arm_short_retransmit(qa.qpn, Duration::from_millis(2))
+            .unwrap();
+    }
+    c.fill_windows();
+    let (statuses, _) = c.keep_windows_full(Duration::from_millis(100), false);
+    let counters = c.a.dev.counters();
+    let fabric = c.sim.fabric.stats();
+    eprintln!(
+        "fabric {fabric:?}; short timeouts {}, timeouts {}, PSN-sequence NAKs {}, window cuts \
+         {}, retransmitted {}",
+        counters.short_timeouts,
+        counters.timeouts,
+        counters.naks_received.psn_sequence,
+        counters.window_cuts,
+        counters.retransmitted_packets,
+    );
+    assert!(
+        statuses.iter().all(|&s| s == WcStatus::Success),
+        "statuses: {:?}",
+        &statuses[..statuses.len().min(20)]
+    );
+    assert_eq!(fabric.overrun, 0, "packets overran the link's queue");
+    assert_eq!(counters.naks_received.psn_sequence, 0, "PSN-sequence NAKs");
+    assert_eq!(counters.window_cuts, 0, "window cuts");
+    // Only QPs that sent while the path still had room kept their short timers.
+    assert!(
+        counters.short_timeouts < c.qps.len() as u64 / 4,
+        "{} short timeouts of {} QPs",
+        counters.short_timeouts,
+        c.qps.len()
+    );
 }
