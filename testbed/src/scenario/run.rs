@@ -110,6 +110,15 @@ fn common_args(o: &ScenarioOptions, failover: bool) -> Vec<String> {
     if let Some(q) = o.qps {
         args.push("-q".into());
         args.push(q.to_string());
+        if q > 1 && !o.checks_data() && !names_cq_mod(&o.extra_args) {
+            // Every message signaled: at the apps' moderation (64 at `-t 128`) a QP's first
+            // completion comes after 64 of its messages, and QPs sharing a path fairly all get
+            // there together, after q x 64 messages over all (4 GB at 1,000 QPs of 64 KiB,
+            // half a minute on the testbed): the 20 s watchdog stopped such runs while data
+            // moved, and neither the timeline nor a failover's first success saw progress.
+            args.push("-Q".into());
+            args.push("1".into());
+        }
     }
     if let Some(u) = o.qp_timeout {
         args.push("-u".into());
@@ -117,6 +126,14 @@ fn common_args(o: &ScenarioOptions, failover: bool) -> Vec<String> {
     }
     args.extend(o.extra_args.iter().cloned());
     args
+}
+
+/// Whether the apps' extra arguments set the completion moderation (`-Q N`, `-QN`,
+/// `--cq-mod N`, `--cq-mod=N`).
+fn names_cq_mod(extra: &[String]) -> bool {
+    extra
+        .iter()
+        .any(|a| a.starts_with("-Q") || a == "--cq-mod" || a.starts_with("--cq-mod="))
 }
 
 /// The fault channels of a run: created before the apps start, removed when it ends.
@@ -354,6 +371,36 @@ mod tests {
         );
         assert_eq!(o.rc_budget(), crate::paths::rc_retry_budget(12, 7));
         assert!(o.rc_budget() < default_budget);
+    }
+
+    #[test]
+    fn many_qps_signal_every_message_unless_the_extra_arguments_say_otherwise() {
+        let mut o = ScenarioOptions::new(ScenarioName::InitiatorNic);
+        let moderation = |o: &ScenarioOptions| {
+            let args = common_args(o, true);
+            let at = args.iter().position(|a| a == "-Q")?;
+            Some(args[at + 1].clone())
+        };
+        assert_eq!(moderation(&o), None, "one QP keeps the apps' moderation");
+        o.qps = Some(1000);
+        assert_eq!(moderation(&o).as_deref(), Some("1"));
+        for given in [
+            &["-Q", "16"][..],
+            &["-Q16"],
+            &["--cq-mod", "16"],
+            &["--cq-mod=16"],
+        ] {
+            o.extra_args = given.iter().map(|a| a.to_string()).collect();
+            let args = common_args(&o, true);
+            assert!(
+                !args.windows(2).any(|w| w == ["-Q", "1"]),
+                "{given:?} overridden: {args:?}"
+            );
+        }
+        // A run that checks data signals every message already.
+        let mut soak = ScenarioOptions::new(ScenarioName::Soak);
+        soak.qps = Some(8);
+        assert_eq!(moderation(&soak), None);
     }
 
     #[test]
