@@ -707,6 +707,41 @@ impl CompletionQueue {
         true
     }
 
+    /// Moves every CQE the device has written out of the ring, in order, handing each to
+    /// `take` with its QPN, without decoding it: no WQE is retired and no error mark set.
+    /// Publishes the consumer index; returns how many it moved. For a CQ several QPs share
+    /// whose owners each decode their own CQEs later ([`CompletionQueue::decode_moved`]), so
+    /// that a QP's queues advance only when its owner takes its completions (the failover
+    /// layer's shared backup CQs, `pmd::resilient::backup_cq`).
+    pub(crate) fn drain_moved(&mut self, mut take: impl FnMut(u32, &[u8; cqe::SIZE])) -> u32 {
+        self.refresh();
+        let first = self.cqe_ci;
+        while let Some(ptr) = self.owned(self.cqe_ci) {
+            // SAFETY: as in `poll_into`: a whole 64-byte CQE inside the ring, owned by
+            // software (checked, with the barrier) until the consumer index moves past it.
+            let bytes = unsafe { &*(ptr as *const [u8; cqe::SIZE]) };
+            take(Cqe64::new_unchecked(&bytes[..]).qpn(), bytes);
+            self.cqe_ci = self.cqe_ci.wrapping_add(1);
+        }
+        let moved = self.cqe_ci.wrapping_sub(first);
+        if moved != 0 {
+            self.ring.publish(self.cqe_ci);
+        }
+        moved
+    }
+
+    /// Turns a CQE [`CompletionQueue::drain_moved`] moved out of this CQ into a completion,
+    /// as a poll would have: retires its WQE and, for an error, sets the error mark. False if
+    /// it names nothing outstanding (a QP reset or destroyed since: its WQEs are gone).
+    pub(crate) fn decode_moved(
+        &mut self,
+        bytes: &[u8; cqe::SIZE],
+        wc: &mut WorkCompletion,
+    ) -> bool {
+        self.refresh();
+        self.decode(bytes, wc)
+    }
+
     /// Drops every CQE of `qpn` still in the ring, keeping the others in order (libmlx5's
     /// `__mlx5_cq_clean`). The driver does this by itself when a QP attached to this CQ is
     /// reset or destroyed (at the next poll); this is for doing it now. Returns how many

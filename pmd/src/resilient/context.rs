@@ -61,6 +61,7 @@ impl ResilientContext {
                 service: handle,
                 config,
                 store,
+                backup_cqs: Default::default(),
             }),
         }
     }
@@ -94,6 +95,13 @@ impl ResilientContext {
     /// The configuration.
     pub fn config(&self) -> &ResilientConfig {
         &self.inner.config
+    }
+
+    /// The CQs this context's backup data QPs share (`docs/failover.md` 3.5) that are alive,
+    /// and their entries together: a device's first holds one QP's worth, each next one twice
+    /// as many QPs' worth as the last.
+    pub fn shared_backup_cqs(&self) -> (usize, u64) {
+        self.inner.backup_cqs.census()
     }
 
     fn protects(&self) -> bool {

@@ -42,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+mod backup_cq;
 mod channel;
 mod clock;
 mod config;

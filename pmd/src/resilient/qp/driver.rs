@@ -374,11 +374,12 @@ impl ResilientQp {
         let mut any = false;
         loop {
             let mut polled = self.slow.scratch.polled;
-            let n = match path {
-                Path::Default => self.default_cq.poll(&mut polled),
+            let (n, backup_mark) = match path {
+                Path::Default => (self.default_cq.poll(&mut polled), None),
                 Path::Backup => {
                     let b = self.slow.backup.as_mut().expect("checked above");
-                    b.cq.poll(&mut polled)
+                    let (n, mark) = b.cq.poll(&mut polled);
+                    (n, Some(mark))
                 }
             };
             if n == 0 {
@@ -393,20 +394,24 @@ impl ResilientQp {
                 tracing::debug!(qp = %self.shared.name, n, "failover: completions after the drain discarded");
                 continue;
             }
-            self.take_batch(path, &polled[..n]);
+            self.take_batch(path, &polled[..n], backup_mark);
         }
         any
     }
 
     /// Takes one batch of completions polled from `path`'s CQ, in order: the application's
-    /// into the WC buffer, the failover's own swallowed, events queued.
-    pub(super) fn take_batch(&mut self, path: Path, wcs: &[WorkCompletion]) {
-        let mark = match path {
-            Path::Default => self.default_cq.poller().take_error_mark(),
-            Path::Backup => match self.slow.backup.as_mut() {
-                Some(b) => b.cq.poller().take_error_mark(),
-                None => return,
-            },
+    /// into the WC buffer, the failover's own swallowed, events queued. `backup_mark` is the
+    /// error mark a backup seat's poll gave with the batch (the default CQ's is taken here).
+    pub(super) fn take_batch(
+        &mut self,
+        path: Path,
+        wcs: &[WorkCompletion],
+        backup_mark: Option<ErrorMark>,
+    ) {
+        let mark = match (path, backup_mark) {
+            (Path::Default, _) => self.default_cq.poller().take_error_mark(),
+            (Path::Backup, Some(mark)) if self.slow.backup.is_some() => mark,
+            (Path::Backup, _) => return,
         };
         // The switch-back fence is recognised by what it is, wherever it sits in the batch: the
         // backup SQ's only signaled WQE with the internal wr_id (probes go on the default QP,

@@ -40,6 +40,7 @@ use crate::qp_state::QpState;
 use crate::verbs::QpCaps;
 
 use self::log::FailoverLog;
+use super::backup_cq::BackupSeat;
 use super::channel::ControlChannel;
 use super::clock::Clock;
 use super::config::ResilientConfig;
@@ -94,7 +95,8 @@ const BATCH: usize = 32;
 /// The backup side, once protected.
 struct Backup {
     qp: Qp,
-    cq: Cq,
+    /// Its seat in a shared backup CQ (`resilient::backup_cq`).
+    cq: BackupSeat,
     control: Arc<ControlChannel>,
     /// The control channel on the default devices (repairs a lost backup side).
     default_control: Arc<ControlChannel>,
@@ -941,7 +943,7 @@ impl ResilientQp {
     fn poll_after_error(&mut self, wcs: &mut [WorkCompletion], n: usize) -> usize {
         let first_bad = wcs[..n].iter().position(|w| !w.is_ok()).unwrap_or(n);
         // The caller's slice, not a copy: it may be longer than any buffer of ours.
-        self.take_batch(crate::failover::Path::Default, &wcs[first_bad..n]);
+        self.take_batch(crate::failover::Path::Default, &wcs[first_bad..n], None);
         first_bad + self.poll_slow(&mut wcs[first_bad..])
     }
 

@@ -207,8 +207,7 @@ impl ResilientQp {
         if let Err(e) = b.qp.modify(QpState::Reset, &QpAttr::default()) {
             tracing::warn!(qp = %self.shared.name, error = %e, "failover: backup QP not reset");
         }
-        let qpn = b.qp.qpn();
-        b.cq.discard_qp(qpn);
+        b.cq.discard();
         if let Err(e) = b.control.reset() {
             tracing::warn!(qp = %self.shared.name, error = %e, "failover: backup control QP not reset");
         }
@@ -239,9 +238,9 @@ impl ResilientQp {
         rts.sq_psn = Some(epoch.start_psn(rts.sq_psn.unwrap_or(0)));
         if b.qp.state() != QpState::Reset {
             b.qp.modify(QpState::Reset, &QpAttr::default())?;
-            // The old incarnation's CQEs go with its rings: the backup CQ holds one
-            // incarnation's worth (`shadow::completions_bound`).
-            b.cq.discard_qp(qpn);
+            // The old incarnation's CQEs go with its rings: its seat in the shared backup CQ
+            // holds one incarnation's worth (`backup_cq::completions_bound`).
+            b.cq.discard();
         }
         b.qp.modify(QpState::Init, &init)?;
         b.qp.modify(QpState::Rtr, &rtr)?;

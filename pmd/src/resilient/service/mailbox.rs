@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_utils::sync::Unparker;
 
-use crate::control::{Cq, Qp, QpHandle, SavedAttrs};
+use crate::control::{Qp, QpHandle, SavedAttrs};
 use crate::failover::{Event, Timestamp};
 
 use crate::resilient::channel::{ChannelOwner, ControlChannel};
@@ -22,7 +22,8 @@ use crate::resilient::rendezvous::PeerAttrs;
 /// The backup side of a resilient QP, handed to the owner once it is in RTS and connected.
 pub(crate) struct BackupParts {
     pub qp: Qp,
-    pub cq: Cq,
+    /// The backup QP's seat in a shared backup CQ of its context.
+    pub cq: crate::resilient::backup_cq::BackupSeat,
     pub control: std::sync::Arc<ControlChannel>,
     /// The control channel on the default devices (repairs a lost backup side).
     pub default_control: std::sync::Arc<ControlChannel>,

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::control::{Context, Cq, ModifyError, Mr, Pd, Qp, SavedAttrs};
+use crate::control::{Context, ModifyError, Mr, Pd, Qp, SavedAttrs};
 use crate::failover::Path;
 use crate::provider::VerbsError;
 use crate::qp_state::QpState;
@@ -25,6 +25,7 @@ use crate::verbs::{Access, Gid, QpAttr, QpCaps};
 
 use super::mailbox::{BackupParts, Mail, QpShared};
 use super::{Outcome, PendingVerb, ServedQp, ServiceHandle};
+use crate::resilient::backup_cq::{completions_bound, BackupCqs, BackupSeat};
 use crate::resilient::channel::ControlChannel;
 use crate::resilient::config::ResilientConfig;
 use crate::resilient::rendezvous::{grants_remote_access, PeerAttrs, Rendezvous};
@@ -36,6 +37,8 @@ pub(crate) struct CtxInner {
     pub service: ServiceHandle,
     pub config: ResilientConfig,
     pub store: Option<Arc<dyn Rendezvous>>,
+    /// The CQs the backup data QPs of this context share, per backup device.
+    pub backup_cqs: BackupCqs,
 }
 
 /// One shadow verb waiting in the service lcore's list. Weak: a verb whose object the
@@ -324,7 +327,7 @@ enum Stage {
 struct Setup {
     stage: Stage,
     qp: Option<Qp>,
-    cq: Option<Cq>,
+    cq: Option<BackupSeat>,
     control: Option<Arc<ControlChannel>>,
     /// The control channel on the default device, which repairs a lost backup side.
     default_control: Option<Arc<ControlChannel>>,
@@ -354,51 +357,27 @@ pub(crate) fn cq_entries(caps: QpCaps) -> u32 {
     2 * (caps.max_send_wr + caps.max_recv_wr).max(8)
 }
 
-/// The most CQEs the CQ of `qp` (its own, for both queues) can hold unpolled at once: every
-/// send and every receive the queues admit, one CQE each. The backup QP's CQ is sized to
-/// exactly this, and it cannot overrun, for these reasons together:
-/// - the CQ is the backup data QP's alone: the control channels complete into the control
-///   CQs, and the probe and the default side's flushes go to the default CQ;
-/// - the device writes at most one CQE per WQE: a success (a signaled WQE; an unsignaled one
-///   gets none unless it fails), an error, or a flush, never two (the error CQE retires its
-///   WQE, and the flush starts after it; a QP flushes each WQE once on entering ERR, and a
-///   QP in RESET flushes nothing);
-/// - a WQE leaves the driver's books only when a poll takes its CQE, or a later CQE of the
-///   same queue (the consumer counters come from the CQEs polled), and that poll publishes
-///   the CQ's consumer counter before the owner can post into the room it freed; the one
-///   other way out is a reset, which takes the rings back to index 0, and every reset of the
-///   backup QP discards its CQEs from the CQ (`Cq::discard_qp`) before anything is posted
-///   again;
-/// - every WQE the backup queues hold was admitted against those same counters: the
-///   application's posts on the backup path, the sends a failover moves (`post_raw`), the
-///   zero-length SENDs that burn stale receives and the fence (ordinary posts), the receives
-///   a failover copies (`write_raw`). So at most [`SendQueue::max_requests`] sends and the
-///   receive ring's capacity are outstanding, whatever mix of successes, errors and flushes
-///   (a failover, a failback, a repair) completes them.
-///
-/// Unpolled CQEs are at most the outstanding WQEs, and those at most this sum. (The CQ was
-/// twice this before, for no reason anyone wrote down; the factor was slack.)
-///
-/// [`SendQueue::max_requests`]: crate::datapath::sq::SendQueue::max_requests
-pub(crate) fn completions_bound(qp: &mut Qp) -> u32 {
-    qp.send_queue().max_requests() + qp.recv_queue().capacity()
-}
-
-/// Creates the backup QP for an application QP of `caps` on the backup `pd`, with a CQ of its
-/// own that holds [`completions_bound`] of it. The CQ is asked for the depths the backup
-/// queues are asked for; a provider that grants deeper queues (rounding to a power of two, or
-/// a WQE of several basic blocks) gets both made again with the CQ sized for what it granted.
-pub(crate) fn create_backup_qp(pd: &Arc<Pd>, caps: QpCaps) -> Result<(Cq, Qp), VerbsError> {
+/// Creates the backup QP for an application QP of `caps` on the backup `pd`, with a seat in
+/// one of the context's shared backup CQs (`cqs`) that holds [`completions_bound`] of it. The
+/// seat is first asked for the depths the backup queues are asked for; a provider that grants
+/// deeper queues (rounding to a power of two, or a WQE of several basic blocks) gets the seat
+/// grown to what it granted, or the QP made again in a CQ with room for it.
+pub(crate) fn create_backup_qp(
+    pd: &Arc<Pd>,
+    caps: QpCaps,
+    cqs: &BackupCqs,
+) -> Result<(BackupSeat, Qp), VerbsError> {
     let ctx = pd.context();
     let caps = backup_caps(caps);
     let mut entries = caps.max_send_wr + caps.max_recv_wr;
     // The first try, and at most one more with what the first one was granted.
     for _ in 0..2 {
-        let cq = ctx.create_cq(entries, false)?;
-        let mut qp = pd.create_qp(&cq, &cq, caps)?;
+        let mut seat = cqs.reserve(ctx, entries)?;
+        let mut qp = seat.with_cq(|cq| pd.create_qp(cq, cq, caps))?;
         let needed = completions_bound(&mut qp);
-        if cq.capacity() >= needed {
-            return Ok((cq, qp));
+        if seat.grow_to(needed) {
+            seat.attach(qp.qpn());
+            return Ok((seat, qp));
         }
         entries = needed;
     }
@@ -406,7 +385,7 @@ pub(crate) fn create_backup_qp(pd: &Arc<Pd>, caps: QpCaps) -> Result<(Cq, Qp), V
         device: ctx.name().to_string(),
         verb: "create_qp",
         reason: format!(
-            "the backup QP's queues ({caps:?}) were granted more than a CQ of {entries} entries holds, twice"
+            "the backup QP's queues ({caps:?}) were granted more than a seat of {entries} CQ entries holds, twice"
         ),
     })
 }
@@ -568,7 +547,7 @@ impl QpShadow {
                         Err(e) => return self.fail(&mut setup, "backup PD", e),
                     };
                     let ctx = pd.context().clone();
-                    let (cq, qp) = match create_backup_qp(&pd, self.caps) {
+                    let (cq, qp) = match create_backup_qp(&pd, self.caps, &self.pd.ctx.backup_cqs) {
                         Ok(made) => made,
                         Err(e) => return self.fail(&mut setup, "backup QP and CQ", e),
                     };
@@ -859,10 +838,15 @@ mod tests {
     use crate::verbs::{AddressVector, Mtu};
     use crate::ContextConfig;
 
-    /// Fills the backup QP of a QP of `caps` with every send and receive it admits, moves it
-    /// to ERR without polling, and returns (sends admitted, receives admitted, what the CQ
-    /// gave: flushes of sends, flushes of receives, anything else).
-    fn fill_and_flush(fabric: &str, caps: QpCaps) -> (u32, u32, [u32; 3]) {
+    /// What one backup QP of [`fill_and_flush`] admitted and what its seat gave back: (sends
+    /// admitted, receives admitted, flushes of sends, flushes of receives, anything else,
+    /// completions of another QP's WRs).
+    type Filled = (u32, u32, [u32; 4]);
+
+    /// Creates `qps` backup QPs of a QP of `caps` in one context's shared backup CQs, fills
+    /// each with every send and receive it admits (wr_ids carry the QP's index), moves them all
+    /// to ERR without polling, then polls each one's seat, the last first.
+    fn fill_and_flush(fabric: &str, caps: QpCaps, qps: usize) -> (Vec<Filled>, usize) {
         let f = softnic::Fabric::new(3, std::time::Duration::ZERO);
         f.add_port("198.18.2.1".parse().unwrap());
         f.add_port("198.18.2.2".parse().unwrap());
@@ -874,63 +858,85 @@ mod tests {
         let ctx = Context::open(&format!("fabric:{fabric}/0"), &config).unwrap();
         let peer = Context::open(&format!("fabric:{fabric}/1"), &config).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let (mut cq, mut qp) = create_backup_qp(&pd, caps).unwrap();
-        // Towards a QPN nobody has: nothing is acknowledged, so every send is still
-        // outstanding when the QP enters ERR, and every WQE of both rings is flushed.
-        let rtr = QpAttr::rtr(
-            AddressVector::to_gid(peer.query_gid(0).unwrap()),
-            0xdead,
-            0,
-            Mtu::Mtu1024,
-        );
-        qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
-            .unwrap();
-        qp.modify(QpState::Rtr, &rtr).unwrap();
-        qp.modify(QpState::Rts, &QpAttr::rts(0)).unwrap();
-        let mut sends = 0u32;
-        while qp
-            .post_send(&SendWr::new(u64::from(sends), SendOp::Send, &[]).signaled())
-            .is_ok()
-        {
-            sends += 1;
-        }
-        qp.ring_doorbell();
-        let mut recvs = 0u32;
-        while qp.post_recv(&RecvWr::new(u64::from(recvs), &[])).is_ok() {
-            recvs += 1;
+        let cqs = BackupCqs::default();
+        let mut made = Vec::new();
+        for k in 0..qps as u64 {
+            let (seat, mut qp) = create_backup_qp(&pd, caps, &cqs).unwrap();
+            // Towards a QPN nobody has: nothing is acknowledged, so every send is still
+            // outstanding when the QP enters ERR, and every WQE of both rings is flushed.
+            let rtr = QpAttr::rtr(
+                AddressVector::to_gid(peer.query_gid(0).unwrap()),
+                0xdead,
+                0,
+                Mtu::Mtu1024,
+            );
+            qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
+                .unwrap();
+            qp.modify(QpState::Rtr, &rtr).unwrap();
+            qp.modify(QpState::Rts, &QpAttr::rts(0)).unwrap();
+            let mut sends = 0u32;
+            while qp
+                .post_send(&SendWr::new(k << 32 | u64::from(sends), SendOp::Send, &[]).signaled())
+                .is_ok()
+            {
+                sends += 1;
+            }
+            qp.ring_doorbell();
+            let mut recvs = 0u32;
+            while qp
+                .post_recv(&RecvWr::new(k << 32 | u64::from(recvs), &[]))
+                .is_ok()
+            {
+                recvs += 1;
+            }
+            made.push((seat, qp, sends, recvs));
         }
         // Some of the sends leave before the error (the device fetched and sent them).
         for _ in 0..4 {
             ctx.progress();
             peer.progress();
         }
-        qp.handle().set_error().unwrap();
-        let mut got = [0u32; 3];
-        let mut wcs = [WorkCompletion::EMPTY; 64];
-        let mut quiet = 0;
-        while quiet < 16 {
+        for (_, qp, _, _) in &made {
+            qp.handle().set_error().unwrap();
+        }
+        for _ in 0..64 {
             ctx.progress();
-            let n = cq.poll(&mut wcs);
-            quiet = if n == 0 { quiet + 1 } else { 0 };
-            for wc in &wcs[..n] {
-                match (wc.status, wc.opcode == WcOpcode::Recv) {
-                    (WcStatus::WrFlushErr, false) => got[0] += 1,
-                    (WcStatus::WrFlushErr, true) => got[1] += 1,
-                    _ => got[2] += 1,
+        }
+        let mut filled = vec![(0, 0, [0u32; 4]); qps];
+        let mut wcs = [WorkCompletion::EMPTY; 64];
+        for (k, (seat, _, sends, recvs)) in made.iter().enumerate().rev() {
+            let mut got = [0u32; 4];
+            let mut quiet = 0;
+            while quiet < 16 {
+                ctx.progress();
+                let (n, _) = seat.poll(&mut wcs);
+                quiet = if n == 0 { quiet + 1 } else { 0 };
+                for wc in &wcs[..n] {
+                    let slot = match (wc.status, wc.opcode == WcOpcode::Recv) {
+                        _ if wc.wr_id >> 32 != k as u64 => 3,
+                        (WcStatus::WrFlushErr, false) => 0,
+                        (WcStatus::WrFlushErr, true) => 1,
+                        _ => 2,
+                    };
+                    got[slot] += 1;
                 }
             }
+            filled[k] = (*sends, *recvs, got);
         }
-        drop((qp, cq));
+        let shared_cqs = cqs.census().0;
+        drop(made);
         unregister_fabric(fabric);
-        (sends, recvs, got)
+        (filled, shared_cqs)
     }
 
-    /// The backup CQ's size is `shadow::completions_bound`, not twice it: every WQE both
-    /// backup rings admit, completing at once and unpolled, fits, for the benches' shape, for
-    /// depths the provider rounds up, and for WQEs of several basic blocks (a provider that
-    /// grants more sends than asked: small WQEs fit more of them).
+    /// A backup QP's seat is `completions_bound` of it, not twice it: every WQE the backup
+    /// rings of three QPs admit (the second and third share a CQ sized for two seats),
+    /// completing at once and unpolled, fits, and each QP's seat gives it exactly its own
+    /// completions, for the benches' shape, for depths the provider rounds up, and for WQEs
+    /// of several basic blocks (a provider that grants more sends than asked: small WQEs fit
+    /// more of them).
     #[test]
-    fn the_backup_cq_holds_a_completion_of_every_wqe_both_backup_rings_admit() {
+    fn shared_backup_cqs_hold_a_completion_of_every_wqe_their_members_admit() {
         let shapes = [
             (128, 128, 1, 0),
             (100, 100, 4, 128),
@@ -946,17 +952,97 @@ mod tests {
                 max_inline_data: inline,
             };
             let fabric = format!("shadow-cq-{}-{i}", std::process::id());
-            let (sends, recvs, got) = fill_and_flush(&fabric, caps);
+            let (filled, shared_cqs) = fill_and_flush(&fabric, caps, 3);
+            assert_eq!(shared_cqs, 2, "{caps:?}: a CQ of one seat, then one of two");
             let backup = backup_caps(caps);
-            assert!(
-                sends >= backup.max_send_wr && recvs >= backup.max_recv_wr,
-                "{caps:?}: the backup rings admitted {sends} sends and {recvs} receives"
-            );
-            assert_eq!(
-                got,
-                [sends, recvs, 0],
-                "{caps:?}: one flush per WQE of both rings (sends, receives, other)"
-            );
+            for (k, (sends, recvs, got)) in filled.into_iter().enumerate() {
+                assert!(
+                    sends >= backup.max_send_wr && recvs >= backup.max_recv_wr,
+                    "{caps:?}: backup QP {k}'s rings admitted {sends} sends and {recvs} receives"
+                );
+                assert_eq!(
+                    got,
+                    [sends, recvs, 0, 0],
+                    "{caps:?}: backup QP {k}: one flush per WQE of both rings (sends, receives, \
+                     other, another QP's)"
+                );
+            }
         }
+    }
+
+    /// A reset of one member (`BackupSeat::discard`) drops its CQEs, those still in the ring
+    /// and those another member's poll already moved to its inbox, and none of the other
+    /// member's: each of the other's WRs completes once, and the reset one's none.
+    #[test]
+    fn a_members_reset_drops_its_completions_and_no_other_members() {
+        let fabric = format!("shadow-discard-{}", std::process::id());
+        let f = softnic::Fabric::new(3, std::time::Duration::ZERO);
+        f.add_port("198.18.2.1".parse().unwrap());
+        f.add_port("198.18.2.2".parse().unwrap());
+        register_fabric(&fabric, &f);
+        let config = ContextConfig {
+            progress: ProgressModel::Manual,
+            ..ContextConfig::default()
+        };
+        let ctx = Context::open(&format!("fabric:{fabric}/0"), &config).unwrap();
+        let peer = Context::open(&format!("fabric:{fabric}/1"), &config).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cqs = BackupCqs::default();
+        let caps = QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            ..QpCaps::default()
+        };
+        // The first QP has a CQ of its own; the next two share the second CQ.
+        let first = create_backup_qp(&pd, caps, &cqs).unwrap();
+        let (keep, mut kept) = create_backup_qp(&pd, caps, &cqs).unwrap();
+        let (reset, mut reset_qp) = create_backup_qp(&pd, caps, &cqs).unwrap();
+        assert_eq!(cqs.census().0, 2);
+        let rtr = QpAttr::rtr(
+            AddressVector::to_gid(peer.query_gid(0).unwrap()),
+            0xdead,
+            0,
+            Mtu::Mtu1024,
+        );
+        for qp in [&mut kept, &mut reset_qp] {
+            qp.modify(QpState::Init, &QpAttr::init(Access::ALL))
+                .unwrap();
+            qp.modify(QpState::Rtr, &rtr).unwrap();
+            qp.modify(QpState::Rts, &QpAttr::rts(0)).unwrap();
+        }
+        // Receives of both QPs, interleaved, then both to ERR: their flushes share the ring.
+        for i in 0..8u64 {
+            kept.post_recv(&RecvWr::new(i, &[])).unwrap();
+            reset_qp.post_recv(&RecvWr::new(100 + i, &[])).unwrap();
+        }
+        kept.handle().set_error().unwrap();
+        reset_qp.handle().set_error().unwrap();
+        for _ in 0..64 {
+            ctx.progress();
+        }
+        let mut wcs = [WorkCompletion::EMPTY; 3];
+        // The kept QP's first poll moves every CQE of both to their inboxes.
+        let (n, _) = keep.poll(&mut wcs);
+        let mut got: Vec<u64> = wcs[..n].iter().map(|wc| wc.wr_id).collect();
+        // The other QP takes one of its own, then is reset: the rest go.
+        let (n, _) = reset.poll(&mut wcs[..1]);
+        assert_eq!((n, wcs[0].wr_id), (1, 100));
+        reset_qp.modify(QpState::Reset, &QpAttr::default()).unwrap();
+        assert_eq!(reset.discard(), 7, "the reset QP's CQEs left in its inbox");
+        assert_eq!(reset.poll(&mut wcs).0, 0);
+        loop {
+            let (n, _) = keep.poll(&mut wcs);
+            if n == 0 {
+                break;
+            }
+            got.extend(wcs[..n].iter().map(|wc| wc.wr_id));
+        }
+        assert_eq!(
+            got,
+            (0..8).collect::<Vec<u64>>(),
+            "each of the kept QP's WRs, once, in order"
+        );
+        drop((first, keep, kept, reset, reset_qp));
+        unregister_fabric(&fabric);
     }
 }
