@@ -1947,3 +1947,162 @@ fn over_the_management_network_both_devices_of_one_host_failing_their_qps_keep_t
         (1, true, true, 0, 0),
     );
 }
+
+/// A QP pair's index on a host with [`Sim::with_more_qps`]: 0 is `qp`, k is `more[k - 1]`.
+fn pair_qp(h: &mut Host, k: usize) -> &mut ResilientQp {
+    if k == 0 {
+        &mut h.qp
+    } else {
+        &mut h.more[k - 1]
+    }
+}
+
+/// What one QP's application took from its polls.
+#[derive(Debug, Default, Clone)]
+struct Taken {
+    /// wr_ids of successful send completions, in the order polled.
+    sends: Vec<u64>,
+    /// wr_ids of successful receive completions, in the order polled.
+    recvs: Vec<u64>,
+    /// Completions that were not a success of this QP's own WRs (another pair's wr_id,
+    /// another QP's number, an error).
+    wrong: Vec<pmd::WorkCompletion>,
+}
+
+/// Three QP pairs on one context per host (their backup QPs share the backup CQs: one of one
+/// seat, one of two) carry SENDs both ways; host A's default link goes down (all three fail
+/// over together), comes back, and during the hold-down A's backup device fails every QP (all
+/// three fail back, their flushes together in the shared CQs). A's third QP is not run from
+/// just before that failure until the second has failed back and reset its backup QP for the
+/// repair (its application does not poll, and the rounds run only what the applications' polls
+/// run): its receives' completions and its flushes wait in its inbox, moved there by the
+/// second QP's polls, across the second's reset. Every QP completes each of its own WRs once,
+/// in order, and nothing of another's.
+#[test]
+fn qps_sharing_backup_cqs_fail_over_and_back_together_and_each_completes_its_own_wrs_once() {
+    const PAIRS: usize = 3;
+    const SENDS: u64 = 100;
+    const WINDOW: usize = 8;
+    let tag = |k: usize, i: u64| (k as u64) << 32 | i;
+    let mut sim = Sim::with_more_qps(51, config(), PAIRS - 1);
+    sim.qp_progress = false;
+    // Host A's last QP, which shares its CQ with the second, is not run while this is set.
+    let mut parked_until = None;
+    for h in [&sim.a, &sim.b] {
+        assert_eq!(
+            h.ctx.shared_backup_cqs().0,
+            2,
+            "one CQ of one seat, one of two"
+        );
+    }
+    // A receive for every SEND the peer will post, up front.
+    for a in [true, false] {
+        for k in 0..PAIRS {
+            let qp = pair_qp(sim.host(a), k);
+            for i in 0..SENDS {
+                qp.post_recv(&RecvWr::new(tag(k, i), &[])).unwrap();
+            }
+        }
+    }
+    let mut posted = [[0u64; PAIRS]; 2];
+    let mut taken = vec![vec![Taken::default(); PAIRS]; 2];
+    let mut phase = 0;
+    let mut wcs = [pmd::WorkCompletion::EMPTY; 16];
+    let done = sim.run_until(Duration::from_secs(10), |s| {
+        for (h, a) in [(0, true), (1, false)] {
+            for k in 0..PAIRS {
+                if a && k == PAIRS - 1 && parked_until.is_some_and(|t| s.now() < t) {
+                    continue;
+                }
+                let qp = pair_qp(s.host(a), k);
+                let qpn = qp.qpn();
+                let n = qp.poll(&mut wcs);
+                let t = &mut taken[h][k];
+                for wc in &wcs[..n] {
+                    let own = wc.wr_id >> 32 == k as u64 && wc.qp_num == qpn;
+                    match (own && wc.status == WcStatus::Success, wc.opcode) {
+                        (true, WcOpcode::Recv) => t.recvs.push(wc.wr_id),
+                        (true, WcOpcode::Send) => t.sends.push(wc.wr_id),
+                        _ => t.wrong.push(*wc),
+                    }
+                }
+                let mut rang = false;
+                while posted[h][k] < SENDS
+                    && (posted[h][k] as usize) < t.sends.len() + t.wrong.len() + WINDOW
+                {
+                    let wr = SendWr::new(tag(k, posted[h][k]), SendOp::Send, &[]).signaled();
+                    if qp.post_send(&wr).is_err() {
+                        break;
+                    }
+                    posted[h][k] += 1;
+                    rang = true;
+                }
+                if rang {
+                    qp.ring_doorbell();
+                }
+                s.app_polled |= n > 0;
+            }
+        }
+        let all_a = |s: &mut Sim, state: ResilientState| {
+            (0..PAIRS).all(|k| pair_qp(&mut s.a, k).state() == state)
+        };
+        if phase == 0 && taken[0][0].sends.len() >= 10 {
+            s.link_down(A_DEFAULT, Some(Duration::from_millis(20)));
+            phase = 1;
+        }
+        if phase == 1
+            && all_a(s, ResilientState::Fallback)
+            && taken.iter().flatten().all(|t| t.sends.len() >= 40)
+        {
+            // A's third QP stops running; its peer's SENDs land in its receives, their
+            // CQEs in the CQ it shares with the second QP, whose polls move them to its inbox.
+            parked_until = Some(s.now() + Duration::from_millis(200));
+            s.wake_at = Some(s.now() + Duration::from_millis(2));
+            phase = 2;
+        }
+        if phase == 2 && s.wake_at.is_some_and(|t| s.now() >= t) {
+            // Still on the backup (the 50 ms hold-down): the backup device fails every QP.
+            s.a.devices[1].inject_fault(DeviceFault::QpsFailed).unwrap();
+            phase = 3;
+        }
+        if phase == 3 && s.a.more[0].stats().backup_rearms >= 1 {
+            // The second QP reset its backup QP (its repair): the third runs again.
+            parked_until = Some(s.now());
+            phase = 4;
+        }
+        phase == 4
+            && taken.iter().flatten().all(|t| {
+                t.sends.len() as u64 + t.wrong.len() as u64 >= SENDS
+                    && t.recvs.len() as u64 + t.wrong.len() as u64 >= SENDS
+            })
+    });
+    let counts: Vec<Vec<_>> = taken
+        .iter()
+        .map(|h| {
+            h.iter()
+                .map(|t| (t.sends.len(), t.recvs.len(), t.wrong.len()))
+                .collect()
+        })
+        .collect();
+    assert!(
+        done,
+        "phase {phase}: (sends, receives, wrong) per host and pair {counts:?}"
+    );
+    for (h, host) in ["A", "B"].into_iter().enumerate() {
+        for k in 0..PAIRS {
+            let t = &taken[h][k];
+            let want: Vec<u64> = (0..SENDS).map(|i| tag(k, i)).collect();
+            assert!(t.wrong.is_empty(), "host {host} pair {k}: {:?}", t.wrong);
+            assert_eq!(t.sends, want, "host {host} pair {k}: sends");
+            assert_eq!(t.recvs, want, "host {host} pair {k}: receives");
+            let qp = pair_qp(sim.host(h == 0), k);
+            let stats = qp.stats();
+            assert_eq!(
+                (stats.failovers, stats.failbacks, stats.errors),
+                (1, 1, 0),
+                "host {host} pair {k}: {stats:?} {:?}",
+                qp.events()
+            );
+        }
+    }
+}

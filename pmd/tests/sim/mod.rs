@@ -42,6 +42,10 @@ pub struct Host {
     pub pd: ResilientPd,
     pub buf: ResilientBuffer,
     pub qp: ResilientQp,
+    /// More resilient QPs on the same context and PD, each connected to the other host's of
+    /// the same index ([`Sim::with_more_qps`]): their backup QPs share the backup CQs with
+    /// `qp`'s. Each round runs their failover work too.
+    pub more: Vec<ResilientQp>,
     pub devices: [Arc<Context>; 2],
     /// Completions polled by the helpers, oldest first.
     pub wcs: Vec<WorkCompletion>,
@@ -154,6 +158,7 @@ fn host(
         pd,
         buf,
         qp,
+        more: Vec::new(),
         devices,
         wcs: Vec::new(),
     }
@@ -167,6 +172,45 @@ impl Sim {
 
     pub fn with_latency(seed: u64, config: ResilientConfig, latency: Duration) -> Sim {
         Sim::build(seed, config, latency, [None, None], [caps(), caps()], rts())
+    }
+
+    /// Two hosts with `1 + more` connected, protected QP pairs on one context each: `qp` and
+    /// [`Host::more`].
+    pub fn with_more_qps(seed: u64, config: ResilientConfig, more: usize) -> Sim {
+        let mut sim = Sim::new(seed, config);
+        for _ in 0..more {
+            let mut qa = sim.a.pd.create_qp(caps()).unwrap();
+            let mut qb = sim.b.pd.create_qp(caps()).unwrap();
+            let blob = |sim: &mut Sim, qp: &ResilientQp| {
+                for _ in 0..1000 {
+                    if let Some(blob) = qp.try_rendezvous_blob().unwrap() {
+                        return blob;
+                    }
+                    sim.round();
+                }
+                panic!("no rendezvous blob");
+            };
+            let (blob_a, blob_b) = (blob(&mut sim, &qa), blob(&mut sim, &qb));
+            qa.connect_backup(&blob_b).unwrap();
+            qb.connect_backup(&blob_a).unwrap();
+            let gid = |h: &Host| h.devices[0].query_gid(0).unwrap();
+            let (ga, gb) = (gid(&sim.a), gid(&sim.b));
+            let (na, nb) = (qa.qpn(), qb.qpn());
+            bring_up(&mut qa, gb, nb, &rts());
+            bring_up(&mut qb, ga, na, &rts());
+            sim.a.more.push(qa);
+            sim.b.more.push(qb);
+        }
+        let ok = sim.run_until(Duration::from_secs(1), |s| {
+            [&s.a, &s.b]
+                .iter()
+                .all(|h| h.more.iter().all(ResilientQp::is_protected))
+        });
+        assert!(
+            ok,
+            "the extra QPs were not protected within a virtual second"
+        );
+        sim
     }
 
     /// Two hosts whose QPs (default and backup) have the local ACK timeout `code` instead of
@@ -327,11 +371,13 @@ impl Sim {
             if let Some(t) = h.service.run_once() {
                 soon(Duration::from_nanos(t.as_nanos()), &mut next);
             }
-            if self.qp_progress {
-                h.qp.progress();
-            }
-            if let Some(t) = h.qp.next_deadline() {
-                soon(Duration::from_nanos(t.as_nanos()), &mut next);
+            for qp in std::iter::once(&mut h.qp).chain(h.more.iter_mut()) {
+                if self.qp_progress {
+                    qp.progress();
+                }
+                if let Some(t) = qp.next_deadline() {
+                    soon(Duration::from_nanos(t.as_nanos()), &mut next);
+                }
             }
         }
         (busy, next)
