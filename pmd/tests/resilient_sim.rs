@@ -2089,8 +2089,7 @@ fn qps_sharing_backup_cqs_fail_over_and_back_together_and_each_completes_its_own
         "phase {phase}: (sends, receives, wrong) per host and pair {counts:?}"
     );
     for (h, host) in ["A", "B"].into_iter().enumerate() {
-        for k in 0..PAIRS {
-            let t = &taken[h][k];
+        for (k, t) in taken[h].iter().enumerate() {
             let want: Vec<u64> = (0..SENDS).map(|i| tag(k, i)).collect();
             assert!(t.wrong.is_empty(), "host {host} pair {k}: {:?}", t.wrong);
             assert_eq!(t.sends, want, "host {host} pair {k}: sends");

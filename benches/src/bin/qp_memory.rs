@@ -10,8 +10,8 @@
 //!   can hold, flushes included);
 //! - `plain_qp`: a plain QP with such a CQ, connected and in RTS;
 //! - `resilient_qp`: a resilient QP in RTS and protected: its default QP and CQ, and the
-//!   backup QP, its CQ, and the control QP pair's end with its CQ and ring, which the failover
-//!   service created;
+//!   backup QP, its seat in a shared backup CQ, and the control QP pair's end with its CQ
+//!   and ring, which the failover service created;
 //!
 //! and, to break `resilient_qp - plain_qp` down into its parts, plain objects of the shapes
 //! the failover service gives the backup side (`docs/failover.md` 9):
@@ -21,15 +21,15 @@
 //! - `control_qp`: what one control channel holds: a PD of its own, a QP at the control depth
 //!   (inline messages), its ring registered, and its share of a CQ (`2 x depth` entries, a CQ
 //!   of its own here), connected and in RTS. A resilient QP has two (one per device);
-//! - `backup_qp_shared_cq`: `backup_qp`, but the QPs of a host share CQs the way the control
-//!   channels of a device do (`pmd/src/resilient/channel/cq.rs`: each member's worst case,
-//!   a CQ of 16 members' worth first, each next one twice as many up to 512): what sharing
-//!   the backup CQs would save.
+//! - `backup_qp_shared_cq`: `backup_qp`, but the QPs of a host share CQs the way a resilient
+//!   context's backup QPs do (`pmd/src/resilient/backup_cq.rs`: each member's seat of its
+//!   worst case, a CQ of one member's worth first, each next one twice as many up to 512):
+//!   the backup QP as a resilient QP has it.
 //!
 //! Per object, in KiB: the growth divided by the objects on both hosts. `backup_side_kib` is
 //! `resilient_qp - plain_qp`, what failover adds per QP (the paper's "per backup QP" plus its
-//! CQ); `rest_kib` is what the parts above leave of it (`backup_side - backup_qp - 2 x
-//! control_qp`: the resilient QP's own bookkeeping, its shadow and the service's records);
+//! CQ); `rest_kib` is what the parts above leave of it (`backup_side - backup_qp_shared_cq -
+//! 2 x control_qp`: the resilient QP's own bookkeeping, its shadow and the service's records);
 //! `shared_backup_cq_saves_kib` is `backup_qp - backup_qp_shared_cq`;
 //! `for_qps_mib` are the objects at `--qps` (one host). Prints one JSON object.
 //!
@@ -89,8 +89,10 @@ const KINDS: [Kind; 7] = [
     Kind::BackupQpSharedCq,
 ];
 
-/// Members a host's first shared CQ takes, and the most one takes (`channel/cq.rs`'s rule).
-const FIRST_MEMBERS_PER_CQ: u32 = 16;
+/// Members a host's first shared CQ takes, and the most one takes: the rule of the backup CQs
+/// a resilient context's backup QPs share (`pmd/src/resilient/backup_cq.rs`: one seat first,
+/// each next CQ twice as many, up to 512).
+const FIRST_MEMBERS_PER_CQ: u32 = 1;
 const MAX_MEMBERS_PER_CQ: u32 = 512;
 
 /// Where the QPs of [`plain_pairs`] complete.
@@ -439,7 +441,7 @@ fn main() {
         json!({
             "per_object_kib": per,
             "backup_side_kib": per["resilient_qp"] - per["plain_qp"],
-            "rest_kib": per["resilient_qp"] - per["plain_qp"] - per["backup_qp"] - 2.0 * per["control_qp"],
+            "rest_kib": per["resilient_qp"] - per["plain_qp"] - per["backup_qp_shared_cq"] - 2.0 * per["control_qp"],
             "shared_backup_cq_saves_kib": per["backup_qp"] - per["backup_qp_shared_cq"],
             "ratio": per["resilient_qp"] / per["plain_qp"],
             "for_qps_mib": per
