@@ -14,6 +14,31 @@ use crate::schedule::{Schedule, TimeRange};
 use crate::target::{FailTarget, TargetSet};
 use crate::topology::Role;
 
+/// The apps' `-t` when not given: messages each QP keeps posted.
+const APPS_TX_DEPTH: u32 = 128;
+
+/// The slowest rate at which a client is expected to complete what it has posted (0.5 Gb/s,
+/// below the 0.75 Gb/s 1,000 QPs at the tools' default traffic carried on the loaded 2-vCPU
+/// VM).
+const DRAIN_BYTES_PER_SEC: u64 = 62_500_000;
+
+/// The `-t`/`--tx-depth` among the apps' extra arguments, if one is there and parses.
+fn tx_depth(extra: &[String]) -> Option<u32> {
+    let mut args = extra.iter();
+    while let Some(a) = args.next() {
+        let value = match a.as_str() {
+            "-t" | "--tx-depth" => args.next().map(String::as_str),
+            _ => a
+                .strip_prefix("--tx-depth=")
+                .or_else(|| a.strip_prefix("-t").filter(|v| !v.is_empty())),
+        };
+        if let Some(v) = value {
+            return v.parse().ok();
+        }
+    }
+    None
+}
+
 /// The scenarios `shift-testbed scenario` knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -410,6 +435,16 @@ impl ScenarioOptions {
         Duration::from_secs(20) + Duration::from_millis(50) * self.qps_asked()
     }
 
+    /// How long the client may take after its run to complete what it still has posted: a
+    /// `-D` run ends only when every QP's `-t` messages of `-s` bytes have completed (128 of
+    /// 64 KiB: 8 MiB a QP, 8.4 GB at 1,000 QPs, which took 90 s on this VM), counted at
+    /// [`DRAIN_BYTES_PER_SEC`].
+    pub(super) fn drain_allowance(&self) -> Duration {
+        let depth = tx_depth(&self.extra_args).unwrap_or(APPS_TX_DEPTH);
+        let posted = u64::from(self.qps_asked()) * u64::from(depth) * self.size as u64;
+        Duration::from_secs_f64(posted as f64 / DRAIN_BYTES_PER_SEC as f64)
+    }
+
     /// How long the traffic runs: the configured duration, or long enough to outlast the
     /// schedule plus two seconds of recovery.
     pub fn run_length(&self) -> Duration {
@@ -440,6 +475,25 @@ pub fn scenario_slug(name: ScenarioName) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_client_has_time_to_complete_what_a_thousand_qps_keep_posted() {
+        let mut o = ScenarioOptions::new(ScenarioName::InitiatorNic);
+        // One QP: 128 x 64 KiB, a fraction of a second.
+        assert!(o.drain_allowance() < Duration::from_secs(1));
+        o.qps = Some(1000);
+        // 8.4 GB at 0.5 Gb/s: over two minutes (the run that took 90 s had 106 s in all).
+        assert!(o.drain_allowance() > Duration::from_secs(120));
+        for given in [
+            &["-t", "1"][..],
+            &["-t1"],
+            &["--tx-depth", "1"],
+            &["--tx-depth=1"],
+        ] {
+            o.extra_args = given.iter().map(|a| a.to_string()).collect();
+            assert!(o.drain_allowance() < Duration::from_secs(2), "{given:?}");
+        }
+    }
 
     #[test]
     fn figure_five_defaults_fail_at_two_and_recover_at_four() {

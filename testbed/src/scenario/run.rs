@@ -196,7 +196,10 @@ fn run_once(
         port: o.port,
         out_dir: o.out_dir.clone(),
         tag: format!("{}-{tag}", scenario_slug(o.name)),
-        client_timeout: o.run_length() + o.setup_allowance() + Duration::from_secs(30),
+        client_timeout: o.run_length()
+            + o.setup_allowance()
+            + o.drain_allowance()
+            + Duration::from_secs(30),
     };
     let Drawn {
         failures: planned,
