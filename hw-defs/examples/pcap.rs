@@ -61,6 +61,7 @@ fn packet(opcode: Opcode, from: Sender, psn: u32) -> PacketRepr<'static> {
         Sender::Responder => REQUESTER_QPN,
     };
     PacketRepr {
+        deth: None,
         bth: bth(opcode, to, psn),
         reth: None,
         atomic_eth: None,
@@ -152,6 +153,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Requester,
                 None,
                 PacketRepr {
+                    deth: None,
                     reth: reth(WRITE.len() as u32),
                     payload: WRITE,
                     ..packet(Opcode::RdmaWriteOnly, Requester, 0x100)
@@ -164,6 +166,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Requester,
                 None,
                 PacketRepr {
+                    deth: None,
                     reth: reth(8),
                     immdt: Some(ImmDtRepr { imm: 0xcafe_babe }),
                     payload: b"notified",
@@ -177,6 +180,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Requester,
                 None,
                 PacketRepr {
+                    deth: None,
                     payload: b"a send to a receive WQE",
                     ..packet(Opcode::SendOnly, Requester, 0x102)
                 },
@@ -188,6 +192,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Requester,
                 None,
                 PacketRepr {
+                    deth: None,
                     reth: reth(READ.len() as u32),
                     ..packet(Opcode::RdmaReadRequest, Requester, 0x103)
                 },
@@ -199,6 +204,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Responder,
                 None,
                 PacketRepr {
+                    deth: None,
                     aeth: ack(4),
                     payload: READ,
                     ..packet(Opcode::RdmaReadResponseOnly, Responder, 0x103)
@@ -211,6 +217,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Responder,
                 None,
                 PacketRepr {
+                    deth: None,
                     aeth: ack(3),
                     ..packet(Opcode::Acknowledge, Responder, 0x102)
                 },
@@ -222,6 +229,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Requester,
                 None,
                 PacketRepr {
+                    deth: None,
                     atomic_eth: atomic(2, 1),
                     ..packet(Opcode::CompareSwap, Requester, 0x104)
                 },
@@ -233,6 +241,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Requester,
                 None,
                 PacketRepr {
+                    deth: None,
                     atomic_eth: atomic(5, 0),
                     ..packet(Opcode::FetchAdd, Requester, 0x105)
                 },
@@ -244,6 +253,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Responder,
                 None,
                 PacketRepr {
+                    deth: None,
                     aeth: ack(6),
                     atomic_ack_eth: Some(AtomicAckEthRepr { orig_rem_dt: 41 }),
                     ..packet(Opcode::AtomicAcknowledge, Responder, 0x105)
@@ -256,6 +266,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Responder,
                 None,
                 PacketRepr {
+                    deth: None,
                     aeth: Some(AethRepr {
                         syndrome: Syndrome::RnrNak { timer_code: 14 },
                         msn: 6,
@@ -270,6 +281,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                 Responder,
                 None,
                 PacketRepr {
+                    deth: None,
                     aeth: Some(AethRepr {
                         syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
                         msn: 6,
@@ -292,6 +304,7 @@ fn packets() -> Vec<(&'static str, FrameRepr<'static>)> {
                     flow_label: 0,
                 })),
                 PacketRepr {
+                    deth: None,
                     immdt: Some(ImmDtRepr { imm: 7 }),
                     payload: b"v6",
                     ..packet(Opcode::SendOnlyWithImmediate, Requester, 0xff_ffff)

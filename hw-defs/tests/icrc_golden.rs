@@ -74,6 +74,7 @@ fn bth(opcode: Opcode, dest_qp: u32, psn: u32) -> BthRepr {
 
 fn no_headers(bth: BthRepr, payload: &[u8]) -> PacketRepr<'_> {
     PacketRepr {
+        deth: None,
         bth,
         reth: None,
         atomic_eth: None,
@@ -135,6 +136,7 @@ fn the_ipv4_write_vector_is_what_our_datagram_emitter_writes() {
             dst_port: 4791,
         },
         packet: PacketRepr {
+            deth: None,
             bth: BthRepr {
                 becn: true,
                 ack_req: true,
@@ -153,6 +155,7 @@ fn the_ipv4_write_vector_is_what_our_datagram_emitter_writes() {
     assert_eq!(
         parsed.packet,
         PacketRepr {
+            deth: None,
             bth: BthRepr {
                 pad_count: 1,
                 ..repr.packet.bth
@@ -180,6 +183,7 @@ fn the_ipv6_send_vector_is_what_our_datagram_emitter_writes() {
             dst_port: 4791,
         },
         packet: PacketRepr {
+            deth: None,
             bth: BthRepr {
                 solicited: true,
                 ack_req: true,
@@ -225,6 +229,7 @@ fn masked_fields_do_not_change_the_icrc() {
             dst_port: 4791,
         },
         packet: PacketRepr {
+            deth: None,
             aeth: Some(AethRepr {
                 syndrome: Syndrome::Ack { credit_code: 0x1f },
                 msn: 0x102,

@@ -204,7 +204,7 @@ pub(crate) fn encode_cqe(buf: &mut [u8; 64], info: &CqeInfo, owner: u8) -> u8 {
 /// Why a received packet was dropped before reaching a QP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ParseError {
-    /// Not a well-formed RC packet of a known opcode.
+    /// Not a well-formed RC packet of a known opcode (a UD packet is not one).
     Malformed,
     /// Well-formed, but the ICRC does not match.
     Icrc,
@@ -278,6 +278,11 @@ pub(crate) fn parse_packet(
     let Some(info) = repr.bth.opcode.info() else {
         return Err(ParseError::Malformed);
     };
+    if info.deth {
+        // A UD SEND: softnic has no UD QPs yet (`docs/failover.md` 5g), and an RC QP must
+        // never take one as its own SEND.
+        return Err(ParseError::Malformed);
+    }
     let mut ip = icrc::IpFields::rxe(src, dst).map_err(|_| ParseError::Malformed)?;
     if let (
         icrc::IpFields::V4 {
@@ -535,5 +540,43 @@ mod tests {
                 "{pkey:#x}"
             );
         }
+    }
+
+    #[test]
+    fn a_ud_send_is_not_taken_as_an_rc_send() {
+        let (a, b) = addrs();
+        let repr = PacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::UdSendOnly,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qp: 0x12,
+                ack_req: false,
+                psn: Psn::new(5),
+            },
+            deth: Some(hw_defs::roce::DethRepr {
+                qkey: 0x1111_2222,
+                src_qp: 0x34,
+            }),
+            reth: None,
+            atomic_eth: None,
+            aeth: None,
+            atomic_ack_eth: None,
+            immdt: None,
+            payload: &[7; 16],
+        };
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut buf).expect("emit");
+        let n = seal(&mut buf, 20 + 16, a, 0xc123, b).expect("seal");
+        // Well formed with a good ICRC (the same bytes as an RC SEND Only would parse), but
+        // softnic has no UD QP to take it.
+        assert_eq!(
+            parse_packet(&buf[..n], a, 0xc123, b, None),
+            Err(ParseError::Malformed)
+        );
     }
 }

@@ -98,6 +98,7 @@ mod tests {
                     dst_port: 4791,
                 },
                 packet: PacketRepr {
+                    deth: None,
                     bth: BthRepr {
                         opcode: Opcode::SendOnly,
                         solicited: false,

@@ -3,7 +3,7 @@
 //!
 //! - network: [`ipv4`], [`ipv6`], [`udp`] (port 4791), and [`ethernet`] for captures;
 //! - transport: [`bth`], [`reth`], [`aeth`], [`immdt`], [`atomic_eth`], [`atomic_ack_eth`],
-//!   the RC [`opcode`] table, and [`packet`] (BTH through ICRC);
+//!   [`deth`] (UD), the RC and UD [`opcode`] table, and [`packet`] (BTH through ICRC);
 //! - [`datagram`]: IP + UDP + packet with every length and checksum computed;
 //! - [`frame`]: an Ethernet frame around a datagram, for packet traces;
 //! - [`icrc`]: the invariant CRC as rxe computes it; [`psn`]: 24-bit sequence numbers.
@@ -15,6 +15,7 @@ pub mod bth;
 mod checksum;
 mod crc32;
 pub mod datagram;
+pub mod deth;
 pub mod ethernet;
 pub mod frame;
 pub mod icrc;
@@ -32,6 +33,7 @@ pub use atomic_ack_eth::AtomicAckEthRepr;
 pub use atomic_eth::AtomicEthRepr;
 pub use bth::BthRepr;
 pub use datagram::{DatagramRepr, IpRepr};
+pub use deth::DethRepr;
 pub use frame::FrameRepr;
 pub use immdt::ImmDtRepr;
 pub use opcode::{Opcode, Operation, Position};

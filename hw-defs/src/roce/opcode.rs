@@ -1,9 +1,10 @@
-//! The reliable-connected BTH opcodes and what each packet carries (IBA 9.2 and 9.3, as rxe's
-//! `rxe_opcode` table encodes them).
+//! The reliable-connected BTH opcodes, the two unreliable-datagram SENDs, and what each packet
+//! carries (IBA 9.2 and 9.3, as rxe's `rxe_opcode` table encodes them).
 
 enum_with_unknown! {
     /// A BTH opcode. The named ones are the RC opcodes railshift speaks (transport RC, bits
-    /// 7:5 = 000); anything else is `Unknown`.
+    /// 7:5 = 000) and the UD SENDs (bits 7:5 = 011) of the shared control channel
+    /// (`docs/failover.md` 5g); anything else is `Unknown`.
     pub enum Opcode(u8) {
         /// SEND First.
         SendFirst = 0x00,
@@ -47,6 +48,10 @@ enum_with_unknown! {
         CompareSwap = 0x13,
         /// FetchAdd.
         FetchAdd = 0x14,
+        /// UD SEND Only.
+        UdSendOnly = 0x64,
+        /// UD SEND Only with Immediate.
+        UdSendOnlyWithImmediate = 0x65,
     }
 }
 
@@ -98,6 +103,8 @@ pub struct OpcodeInfo {
     pub reth: bool,
     /// Carries an AtomicETH.
     pub atomic_eth: bool,
+    /// Carries a DETH (the UD opcodes; it comes right after the BTH).
+    pub deth: bool,
     /// Carries an AETH.
     pub aeth: bool,
     /// Carries an AtomicAckETH.
@@ -122,6 +129,7 @@ const fn info(
         position,
         reth,
         atomic_eth,
+        deth: false,
         aeth,
         atomic_ack_eth,
         immdt,
@@ -214,11 +222,29 @@ static TABLE: [OpcodeInfo; 21] = [
     info("FetchAdd", Op::FetchAdd, Pos::Only, ATOMIC, false),
 ];
 
+/// The UD SENDs: a DETH after the BTH, then ImmDt if any, then payload; one packet each.
+static UD_SEND_ONLY: OpcodeInfo = OpcodeInfo {
+    deth: true,
+    ..info("UD SEND Only", Op::Send, Pos::Only, NONE, true)
+};
+static UD_SEND_ONLY_WITH_IMMEDIATE: OpcodeInfo = OpcodeInfo {
+    deth: true,
+    ..info(
+        "UD SEND Only with Immediate",
+        Op::Send,
+        Pos::Only,
+        IMM,
+        true,
+    )
+};
+
 impl Opcode {
     /// What the opcode carries; `None` for an unknown opcode.
     pub fn info(self) -> Option<&'static OpcodeInfo> {
         match self {
             Opcode::Unknown(_) => None,
+            Opcode::UdSendOnly => Some(&UD_SEND_ONLY),
+            Opcode::UdSendOnlyWithImmediate => Some(&UD_SEND_ONLY_WITH_IMMEDIATE),
             known => TABLE.get(usize::from(u8::from(known))),
         }
     }
@@ -250,6 +276,11 @@ impl Opcode {
     /// Carries an AtomicETH.
     pub fn has_atomic_eth(self) -> bool {
         self.has(|i| i.atomic_eth)
+    }
+
+    /// Carries a DETH (an unreliable datagram).
+    pub fn has_deth(self) -> bool {
+        self.has(|i| i.deth)
     }
 
     /// Carries an AETH.
@@ -375,7 +406,12 @@ mod tests {
             assert!(opcode.info().is_some());
         }
         assert_eq!(Opcode::from(0x15), Opcode::Unknown(0x15));
-        assert_eq!(Opcode::from(0x64), Opcode::Unknown(0x64)); // UD SEND Only
+        assert_eq!(Opcode::from(0x64), Opcode::UdSendOnly);
+        assert_eq!(Opcode::from(0x65), Opcode::UdSendOnlyWithImmediate);
+        assert_eq!(Opcode::UdSendOnly.name(), "UD SEND Only");
+        // Only the two UD SENDs: the rest of UD (0x60..=0x7f) and the other transports are
+        // not spoken.
+        assert_eq!(Opcode::from(0x66), Opcode::Unknown(0x66));
         assert_eq!(Opcode::Unknown(0x64).info(), None);
         assert_eq!(Opcode::Unknown(0x64).header_len(), 0);
     }
@@ -393,6 +429,10 @@ mod tests {
         assert_eq!(Opcode::AtomicAcknowledge.header_len(), 24);
         assert_eq!(Opcode::CompareSwap.header_len(), 40);
         assert_eq!(Opcode::FetchAdd.header_len(), 40);
+        assert_eq!(Opcode::UdSendOnly.header_len(), 20);
+        assert_eq!(Opcode::UdSendOnlyWithImmediate.header_len(), 24);
+        assert!(Opcode::UdSendOnly.has_deth() && !Opcode::SendOnly.has_deth());
+        assert!(Opcode::UdSendOnly.takes_recv_wqe() && Opcode::UdSendOnly.completes_recv_wqe());
     }
 
     #[test]

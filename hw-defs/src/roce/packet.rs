@@ -9,6 +9,7 @@ use super::aeth::{self, Aeth, AethRepr};
 use super::atomic_ack_eth::{self, AtomicAckEth, AtomicAckEthRepr};
 use super::atomic_eth::{self, AtomicEth, AtomicEthRepr};
 use super::bth::{self, Bth, BthRepr};
+use super::deth::{self, Deth, DethRepr};
 use super::icrc::ICRC_LEN;
 use super::immdt::{self, ImmDt, ImmDtRepr};
 use super::opcode::Opcode;
@@ -26,6 +27,7 @@ impl Opcode {
             return 0;
         };
         bth::HEADER_LEN
+            + usize::from(i.deth) * deth::HEADER_LEN
             + usize::from(i.reth) * reth::HEADER_LEN
             + usize::from(i.atomic_eth) * atomic_eth::HEADER_LEN
             + usize::from(i.aeth) * aeth::HEADER_LEN
@@ -37,6 +39,8 @@ impl Opcode {
 /// Where each header of an opcode starts, in wire order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderOffsets {
+    /// DETH offset, if the opcode has one (a UD opcode: right after the BTH).
+    pub deth: Option<usize>,
     /// RETH offset, if the opcode has one.
     pub reth: Option<usize>,
     /// AtomicETH offset, if the opcode has one.
@@ -63,12 +67,14 @@ impl HeaderOffsets {
                 here
             })
         };
+        let deth = place(info.deth, deth::HEADER_LEN);
         let reth = place(info.reth, reth::HEADER_LEN);
         let atomic_eth = place(info.atomic_eth, atomic_eth::HEADER_LEN);
         let aeth = place(info.aeth, aeth::HEADER_LEN);
         let atomic_ack_eth = place(info.atomic_ack_eth, atomic_ack_eth::HEADER_LEN);
         let immdt = place(info.immdt, immdt::HEADER_LEN);
         Some(HeaderOffsets {
+            deth,
             reth,
             atomic_eth,
             aeth,
@@ -149,6 +155,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     fn offsets(&self) -> HeaderOffsets {
         HeaderOffsets::for_opcode(self.opcode()).unwrap_or(HeaderOffsets {
+            deth: None,
             reth: None,
             atomic_eth: None,
             aeth: None,
@@ -160,6 +167,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     fn slice(&self, at: Option<usize>, len: usize) -> Option<&[u8]> {
         at.map(|at| &self.buffer.as_ref()[at..at + len])
+    }
+
+    /// The DETH, if the opcode has one.
+    pub fn deth(&self) -> Option<Deth<&[u8]>> {
+        self.slice(self.offsets().deth, deth::HEADER_LEN)
+            .map(Deth::new_unchecked)
     }
 
     /// The RETH, if the opcode has one.
@@ -241,6 +254,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 pub struct PacketRepr<'a> {
     /// The BTH. On emit, `pad_count` is ignored and computed from the payload.
     pub bth: BthRepr,
+    /// The DETH (UD opcodes).
+    pub deth: Option<DethRepr>,
     /// The RETH.
     pub reth: Option<RethRepr>,
     /// The AtomicETH.
@@ -275,6 +290,13 @@ impl<'a> PacketRepr<'a> {
         let at = |offset: usize, len: usize| &bytes[offset..offset + len];
         Ok(PacketRepr {
             bth,
+            deth: match offsets.deth {
+                Some(o) => Some(DethRepr::parse(&Deth::new_unchecked(at(
+                    o,
+                    deth::HEADER_LEN,
+                )))?),
+                None => None,
+            },
             reth: match offsets.reth {
                 Some(o) => Some(RethRepr::parse(&Reth::new_unchecked(at(
                     o,
@@ -323,6 +345,7 @@ impl<'a> PacketRepr<'a> {
             return Err(Error::UnknownOpcode(code));
         }
         let checks = [
+            (self.deth.is_some(), opcode.has_deth(), "DETH"),
             (self.reth.is_some(), opcode.has_reth(), "RETH"),
             (
                 self.atomic_eth.is_some(),
@@ -385,6 +408,11 @@ impl<'a> PacketRepr<'a> {
             ..self.bth
         }
         .emit(&mut Bth::new_unchecked(&mut buffer[..bth::HEADER_LEN]));
+        if let (Some(o), Some(r)) = (offsets.deth, self.deth) {
+            r.emit(&mut Deth::new_unchecked(
+                &mut buffer[o..o + deth::HEADER_LEN],
+            ));
+        }
         if let (Some(o), Some(r)) = (offsets.reth, self.reth) {
             r.emit(&mut Reth::new_unchecked(
                 &mut buffer[o..o + reth::HEADER_LEN],
@@ -452,6 +480,7 @@ mod tests {
 
     fn golden_write_imm() -> PacketRepr<'static> {
         PacketRepr {
+            deth: None,
             bth: bth(Opcode::RdmaWriteOnlyWithImmediate, 1),
             reth: Some(RethRepr {
                 va: 0x1000,
@@ -483,9 +512,53 @@ mod tests {
         assert_eq!(buf, GOLDEN_WRITE_IMM);
     }
 
+    /// UD SEND Only with Immediate to QP 0x11 at PSN 5, Q_Key 0x8001_0203 from QP 0x1234, one
+    /// pad byte, ICRC (zero here). Written out by hand.
+    const GOLDEN_UD_SEND_IMM: [u8; 32] = [
+        0x65, 0x10, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x00, 0x00, 0x00, 0x05, // BTH
+        0x80, 0x01, 0x02, 0x03, 0x00, 0x00, 0x12, 0x34, // DETH
+        0xca, 0xfe, 0xba, 0xbe, // ImmDt
+        0x61, 0x62, 0x63, // payload "abc"
+        0x00, // pad
+        0x00, 0x00, 0x00, 0x00, // ICRC
+    ];
+
+    #[test]
+    fn a_ud_send_carries_its_deth_right_after_the_bth() {
+        let mut bth = bth(Opcode::UdSendOnlyWithImmediate, 1);
+        bth.ack_req = false;
+        let repr = PacketRepr {
+            deth: Some(DethRepr {
+                qkey: 0x8001_0203,
+                src_qp: 0x1234,
+            }),
+            bth,
+            reth: None,
+            atomic_eth: None,
+            aeth: None,
+            atomic_ack_eth: None,
+            immdt: Some(ImmDtRepr { imm: 0xcafe_babe }),
+            payload: b"abc",
+        };
+        let mut buf = [0xeeu8; 32];
+        repr.emit(&mut buf).unwrap();
+        assert_eq!(buf, GOLDEN_UD_SEND_IMM);
+        let packet = Packet::new_checked(&GOLDEN_UD_SEND_IMM[..]).unwrap();
+        assert_eq!(packet.header_len(), 24);
+        assert_eq!(packet.deth().unwrap().src_qp(), 0x1234);
+        assert_eq!(PacketRepr::parse(&packet).unwrap(), repr);
+        // A UD opcode without its DETH, or an RC one with a DETH, is refused.
+        let without = PacketRepr { deth: None, ..repr };
+        assert!(without.emit(&mut buf).is_err());
+        let mut rc = golden_write_imm();
+        rc.deth = repr.deth;
+        assert!(rc.emit(&mut [0u8; 40]).is_err());
+    }
+
     #[test]
     fn emit_computes_the_pad_from_the_payload() {
         let repr = PacketRepr {
+            deth: None,
             bth: bth(Opcode::SendOnly, 3), // wrong on purpose: emit ignores it
             reth: None,
             atomic_eth: None,
@@ -505,6 +578,7 @@ mod tests {
     #[test]
     fn an_atomic_acknowledge_carries_aeth_then_atomic_ack_eth() {
         let repr = PacketRepr {
+            deth: None,
             bth: bth(Opcode::AtomicAcknowledge, 0),
             reth: None,
             atomic_eth: None,
@@ -559,10 +633,11 @@ mod tests {
     #[test]
     fn an_unknown_opcode_is_refused() {
         let mut buf = [0u8; 16];
-        buf[0] = 0x64;
+        // 0x66 is not an opcode railshift speaks (only the UD SENDs 0x64 and 0x65 are).
+        buf[0] = 0x66;
         assert_eq!(
             Packet::new_checked(&buf[..]).err(),
-            Some(Error::UnknownOpcode(0x64))
+            Some(Error::UnknownOpcode(0x66))
         );
     }
 

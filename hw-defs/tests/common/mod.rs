@@ -56,6 +56,7 @@ pub struct OwnedPacket {
 impl OwnedPacket {
     pub fn repr(&self) -> PacketRepr<'_> {
         PacketRepr {
+            deth: None,
             bth: self.bth,
             reth: self.reth,
             atomic_eth: self.atomic_eth,
