@@ -20,6 +20,7 @@ const REQUIRED_STRUCTS: &[&str] = &[
     "mlx5_wqe_raddr_seg",
     "mlx5_wqe_atomic_seg",
     "mlx5_wqe_data_seg",
+    "mlx5_wqe_datagram_seg",
     "mlx5_wqe_srq_next_seg",
     "mlx5_wqe_inl_data_seg",
     "mlx5_cqe64",

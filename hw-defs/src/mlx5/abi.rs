@@ -6,7 +6,8 @@
 use core::ops::Range;
 
 use super::{
-    atomic_seg, cqe, ctrl_seg, data_seg, dbrec, err_cqe, inline_seg, raddr_seg, srq_wqe, wqe,
+    atomic_seg, cqe, ctrl_seg, data_seg, datagram_seg, dbrec, err_cqe, inline_seg, raddr_seg,
+    srq_wqe, wqe,
 };
 use crate::verbs::WcStatus;
 
@@ -72,6 +73,24 @@ pub const STRUCTS: &[StructLayout] = &[
             range("raddr", raddr_seg::field::RADDR),
             range("rkey", raddr_seg::field::RKEY),
             range("reserved", raddr_seg::field::RESERVED),
+        ],
+    },
+    StructLayout {
+        c_name: "mlx5_wqe_datagram_seg",
+        size: datagram_seg::SIZE,
+        fields: &[
+            range("av.key.qkey.qkey", datagram_seg::field::QKEY),
+            range("av.key.qkey.reserved", datagram_seg::field::QKEY_RESERVED),
+            range("av.dqp_dct", datagram_seg::field::DQP_DCT),
+            byte("av.stat_rate_sl", datagram_seg::field::STAT_RATE_SL),
+            byte("av.fl_mlid", datagram_seg::field::FL_MLID),
+            range("av.rlid", datagram_seg::field::RLID),
+            range("av.reserved0", datagram_seg::field::RESERVED0),
+            range("av.rmac", datagram_seg::field::RMAC),
+            byte("av.tclass", datagram_seg::field::TCLASS),
+            byte("av.hop_limit", datagram_seg::field::HOP_LIMIT),
+            range("av.grh_gid_fl", datagram_seg::field::GRH_GID_FL),
+            range("av.rgid", datagram_seg::field::RGID),
         ],
     },
     StructLayout {
@@ -155,6 +174,10 @@ pub fn constants() -> Vec<(&'static str, u64)> {
     let status = |s: WcStatus| u64::from(u8::from(s));
     vec![
         ("MLX5_OPCODE_NOP", opcode(O::Nop)),
+        (
+            "MLX5_EXTENDED_UD_AV",
+            u64::from(datagram_seg::EXTENDED_UD_AV),
+        ),
         ("MLX5_OPCODE_RDMA_WRITE", opcode(O::RdmaWrite)),
         ("MLX5_OPCODE_RDMA_WRITE_IMM", opcode(O::RdmaWriteImm)),
         ("MLX5_OPCODE_SEND", opcode(O::Send)),
