@@ -134,7 +134,7 @@ proptest! {
             Some(payload) => WqeData::Inline(InlineData::new(payload)),
             None => WqeData::Gather(Sges::from_slice(&parts.sges)),
         };
-        let repr = SendWqeRepr { ctrl: parts.ctrl, raddr: parts.raddr, atomic: parts.atomic, data };
+        let repr = SendWqeRepr { ctrl: parts.ctrl, raddr: parts.raddr, atomic: parts.atomic, datagram: None, data };
         let ds = repr.ds();
         match repr.emit(&mut ring) {
             Err(e) => {

@@ -449,6 +449,7 @@ impl HarnessQp {
         };
         let index = (self.sq_pi & 0xffff) as u16;
         let wqe = SendWqeRepr {
+            datagram: None,
             ctrl: CtrlSegRepr {
                 opcode,
                 opmod: 0,

@@ -7,6 +7,7 @@ use core::fmt;
 use super::atomic_seg::{AtomicSeg, AtomicSegRepr};
 use super::ctrl_seg::{CtrlSeg, CtrlSegRepr, SendOpcode};
 use super::data_seg::{DataSeg, DataSegRepr};
+use super::datagram_seg::{self, DatagramSeg, DatagramSegRepr};
 use super::inline_seg::{self, InlineData, InlineSeg};
 use super::raddr_seg::{RaddrSeg, RaddrSegRepr};
 use super::wqe::{self, SEND_WQE_BB, SEND_WQE_DS};
@@ -189,15 +190,36 @@ pub struct SendWqeRepr<'a> {
     pub raddr: Option<RaddrSegRepr>,
     /// The atomic segment (atomic opcodes).
     pub atomic: Option<AtomicSegRepr>,
+    /// The datagram segment: present exactly in the SENDs and NOPs of a UD QP's ring, which
+    /// [`SendWqeRepr::parse_ud`] reads (the opcode is the same as an RC SEND's, so only the
+    /// QP's type tells them apart).
+    pub datagram: Option<DatagramSegRepr>,
     /// The data.
     pub data: WqeData<'a>,
 }
 
 const LAYOUT: &str = "mlx5 send WQE";
 
+/// The 16-byte units of a datagram segment.
+const DATAGRAM_DS: usize = datagram_seg::SIZE / SEND_WQE_DS;
+
 impl<'a> SendWqeRepr<'a> {
-    /// Reads the WQE at `index` of `ring`.
+    /// Reads the WQE at `index` of an RC QP's `ring`.
     pub fn parse<T: AsRef<[u8]>>(ring: &'a SendRing<T>, index: u16) -> Result<Self, Error> {
+        Self::parse_as(ring, index, false)
+    }
+
+    /// Reads the WQE at `index` of a UD QP's `ring`: the control segment, the datagram
+    /// segment, then the data. Only SEND, SEND_IMM and NOP are UD operations.
+    pub fn parse_ud<T: AsRef<[u8]>>(ring: &'a SendRing<T>, index: u16) -> Result<Self, Error> {
+        Self::parse_as(ring, index, true)
+    }
+
+    fn parse_as<T: AsRef<[u8]>>(
+        ring: &'a SendRing<T>,
+        index: u16,
+        ud: bool,
+    ) -> Result<Self, Error> {
         let ctrl = CtrlSegRepr::parse(&ring.ctrl(index))?;
         if let SendOpcode::Unknown(opcode) = ctrl.opcode {
             return Err(Error::BadField {
@@ -207,8 +229,16 @@ impl<'a> SendWqeRepr<'a> {
                 expected: "NOP, RDMA_WRITE(_IMM), SEND(_IMM), RDMA_READ, ATOMIC_CS or ATOMIC_FA",
             });
         }
+        if ud && !is_ud_opcode(ctrl.opcode) {
+            return Err(Error::BadField {
+                layout: LAYOUT,
+                field: "opcode",
+                value: u64::from(u8::from(ctrl.opcode)),
+                expected: "SEND, SEND_IMM or NOP on a UD QP",
+            });
+        }
         let ds = usize::from(ctrl.ds);
-        let header_ds = wqe::header_ds(ctrl.opcode);
+        let header_ds = wqe::header_ds(ctrl.opcode) + if ud { DATAGRAM_DS } else { 0 };
         if ds < header_ds {
             return Err(Error::BadField {
                 layout: LAYOUT,
@@ -236,6 +266,15 @@ impl<'a> SendWqeRepr<'a> {
         let atomic = if ctrl.opcode.has_atomic_seg() {
             Some(AtomicSegRepr::parse(&AtomicSeg::new_unchecked(
                 ring.segment(index, 2),
+            ))?)
+        } else {
+            None
+        };
+        let datagram = if ud {
+            // Units 1 to 3, all in the WQE's first basic block: no wrap inside it.
+            let at = ring.segment_offset(index, 1);
+            Some(DatagramSegRepr::parse(&DatagramSeg::new_unchecked(
+                &ring_bytes[at..at + datagram_seg::SIZE],
             ))?)
         } else {
             None
@@ -276,16 +315,23 @@ impl<'a> SendWqeRepr<'a> {
             ctrl,
             raddr,
             atomic,
+            datagram,
             data,
         })
     }
 
     /// The `ds` this WQE takes when emitted.
     pub fn ds(&self) -> usize {
-        match self.data {
-            WqeData::Gather(sges) => wqe::gather_wqe_ds(self.ctrl.opcode, sges.len()),
-            WqeData::Inline(inline) => wqe::inline_wqe_ds(self.ctrl.opcode, inline.len()),
-        }
+        let datagram = if self.datagram.is_some() {
+            DATAGRAM_DS
+        } else {
+            0
+        };
+        datagram
+            + match self.data {
+                WqeData::Gather(sges) => wqe::gather_wqe_ds(self.ctrl.opcode, sges.len()),
+                WqeData::Inline(inline) => wqe::inline_wqe_ds(self.ctrl.opcode, inline.len()),
+            }
     }
 
     /// Writes the WQE at `ctrl.wqe_index` of `ring` and returns the basic blocks it takes.
@@ -308,6 +354,12 @@ impl<'a> SendWqeRepr<'a> {
             return Err(Error::HeadersDisagreeWithOpcode {
                 opcode: code,
                 header: "atomic segment",
+            });
+        }
+        if self.datagram.is_some() && !is_ud_opcode(opcode) {
+            return Err(Error::HeadersDisagreeWithOpcode {
+                opcode: code,
+                header: "datagram segment",
             });
         }
         if matches!(self.data, WqeData::Inline(d) if !d.is_empty()) && opcode.scatters_response() {
@@ -350,7 +402,14 @@ impl<'a> SendWqeRepr<'a> {
         if let Some(atomic) = self.atomic {
             atomic.emit(&mut AtomicSeg::new_unchecked(ring.segment_mut(index, 2)));
         }
-        let header_ds = wqe::header_ds(opcode);
+        let mut header_ds = wqe::header_ds(opcode);
+        if let Some(datagram) = self.datagram {
+            let at = ring.segment_offset(index, 1);
+            datagram.emit(&mut DatagramSeg::new_unchecked(
+                &mut ring.as_bytes_mut()[at..at + datagram_seg::SIZE],
+            ));
+            header_ds += DATAGRAM_DS;
+        }
         match self.data {
             WqeData::Gather(sges) => {
                 for (i, sge) in sges.iter().enumerate() {
@@ -366,6 +425,14 @@ impl<'a> SendWqeRepr<'a> {
         }
         Ok(wqe::bbs_for_ds(ds))
     }
+}
+
+/// The operations a UD QP has.
+fn is_ud_opcode(opcode: SendOpcode) -> bool {
+    matches!(
+        opcode,
+        SendOpcode::Send | SendOpcode::SendImm | SendOpcode::Nop
+    )
 }
 
 #[cfg(test)]
@@ -405,6 +472,7 @@ mod tests {
             addr: 0x1000,
         }];
         let wqe = SendWqeRepr {
+            datagram: None,
             ctrl: ctrl(SendOpcode::RdmaWrite, 6),
             raddr: Some(RaddrSegRepr {
                 raddr: 0x9000,
@@ -421,6 +489,7 @@ mod tests {
         assert_eq!(
             parsed,
             SendWqeRepr {
+                datagram: None,
                 ctrl: CtrlSegRepr { ds: 3, ..wqe.ctrl },
                 ..wqe
             }
@@ -438,6 +507,7 @@ mod tests {
             })
             .collect();
         let wqe = SendWqeRepr {
+            datagram: None,
             ctrl: ctrl(SendOpcode::Send, 1),
             raddr: None,
             atomic: None,
@@ -462,6 +532,7 @@ mod tests {
         let mut ring = SendRing::new_checked(vec![0u8; 2 * 64]).unwrap();
         let payload: Vec<u8> = (0..100).collect();
         let wqe = SendWqeRepr {
+            datagram: None,
             ctrl: ctrl(SendOpcode::SendImm, 1),
             raddr: None,
             atomic: None,
@@ -478,6 +549,71 @@ mod tests {
         assert_eq!(read.bytes().collect::<Vec<_>>(), payload);
     }
 
+    fn datagram() -> DatagramSegRepr {
+        DatagramSegRepr {
+            qkey: 0x1122_3344,
+            dqp: 0x123,
+            rmac: [2, 0, 0, 0, 0, 7],
+            tclass: 0,
+            hop_limit: 64,
+            rgid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 2],
+        }
+    }
+
+    #[test]
+    fn a_ud_send_carries_its_datagram_segment_before_the_data_and_wraps_after_it() {
+        // In the last block of a 2-block ring: the datagram segment fills the rest of that
+        // block, the inline data continues at the ring's start.
+        let mut ring = SendRing::new_checked(vec![0u8; 2 * 64]).unwrap();
+        let payload: Vec<u8> = (0..40).collect();
+        let wqe = SendWqeRepr {
+            ctrl: ctrl(SendOpcode::SendImm, 1),
+            raddr: None,
+            atomic: None,
+            datagram: Some(datagram()),
+            data: WqeData::Inline(InlineData::new(&payload)),
+        };
+        // 1 ctrl unit + 3 datagram units + inline_ds(40) = 1 + 3 + 3 = 7 units = 2 blocks.
+        assert_eq!(wqe.ds(), 7);
+        assert_eq!(wqe.emit(&mut ring).unwrap(), 2);
+        // The datagram segment's dqp_dct at byte 8 of unit 1 of block 1.
+        assert_eq!(
+            &ring.as_bytes()[64 + 16 + 8..64 + 16 + 12],
+            &[0x80, 0, 1, 0x23]
+        );
+        let parsed = SendWqeRepr::parse_ud(&ring, 1).unwrap();
+        assert_eq!(parsed.datagram, Some(datagram()));
+        let WqeData::Inline(read) = parsed.data else {
+            panic!("expected inline data");
+        };
+        assert_eq!(read.bytes().collect::<Vec<_>>(), payload);
+        // The inline segment begins after the wrap, at the ring's start: MLX5_INLINE_SEG | 40.
+        assert_eq!(&ring.as_bytes()[..4], &[0x80, 0, 0, 40]);
+    }
+
+    #[test]
+    fn only_sends_and_nops_are_ud_operations() {
+        let mut ring = SendRing::new_checked(vec![0u8; 2 * 64]).unwrap();
+        let write = SendWqeRepr {
+            ctrl: ctrl(SendOpcode::RdmaWrite, 0),
+            raddr: Some(RaddrSegRepr {
+                raddr: 0x9000,
+                rkey: 0x33,
+            }),
+            atomic: None,
+            datagram: Some(datagram()),
+            data: WqeData::Inline(InlineData::new(&[])),
+        };
+        assert!(write.emit(&mut ring).is_err());
+        let rc_write = SendWqeRepr {
+            datagram: None,
+            ..write
+        };
+        rc_write.emit(&mut ring).unwrap();
+        assert!(SendWqeRepr::parse_ud(&ring, 0).is_err());
+        assert!(SendWqeRepr::parse(&ring, 0).is_ok());
+    }
+
     #[test]
     fn an_atomic_carries_raddr_atomic_and_one_sge() {
         let mut ring = SendRing::new_checked(vec![0u8; 64]).unwrap();
@@ -487,6 +623,7 @@ mod tests {
             addr: 0x40,
         }];
         let wqe = SendWqeRepr {
+            datagram: None,
             ctrl: ctrl(SendOpcode::AtomicCs, 0),
             raddr: Some(RaddrSegRepr { raddr: 8, rkey: 2 }),
             atomic: Some(AtomicSegRepr {
@@ -505,6 +642,7 @@ mod tests {
     fn segments_that_disagree_with_the_opcode_are_refused() {
         let mut ring = SendRing::new_checked(vec![0u8; 64]).unwrap();
         let wqe = SendWqeRepr {
+            datagram: None,
             ctrl: ctrl(SendOpcode::RdmaWrite, 0),
             raddr: None,
             atomic: None,
@@ -526,6 +664,7 @@ mod tests {
             addr: 0,
         }];
         let wqe = SendWqeRepr {
+            datagram: None,
             ctrl: ctrl(SendOpcode::Send, 0),
             raddr: None,
             atomic: None,
