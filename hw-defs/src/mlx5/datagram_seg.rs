@@ -184,7 +184,7 @@ impl DatagramSegRepr {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const GOLDEN: [u8; 48] = [
@@ -198,7 +198,8 @@ mod tests {
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 2, // rgid (IPv4-mapped)
     ];
 
-    fn repr() -> DatagramSegRepr {
+    /// The segment of the golden bytes (other modules' UD tests use it too).
+    pub(crate) fn repr() -> DatagramSegRepr {
         DatagramSegRepr {
             qkey: 0x1122_3344,
             dqp: 0x123,

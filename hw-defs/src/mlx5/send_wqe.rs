@@ -549,16 +549,7 @@ mod tests {
         assert_eq!(read.bytes().collect::<Vec<_>>(), payload);
     }
 
-    fn datagram() -> DatagramSegRepr {
-        DatagramSegRepr {
-            qkey: 0x1122_3344,
-            dqp: 0x123,
-            rmac: [2, 0, 0, 0, 0, 7],
-            tclass: 0,
-            hop_limit: 64,
-            rgid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 2],
-        }
-    }
+    use crate::mlx5::datagram_seg::tests::repr as datagram;
 
     #[test]
     fn a_ud_send_carries_its_datagram_segment_before_the_data_and_wraps_after_it() {
