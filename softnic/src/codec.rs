@@ -13,6 +13,7 @@ use hw_defs::roce::aeth::{
 use hw_defs::roce::atomic_ack_eth::{self, AtomicAckEth, AtomicAckEthRepr};
 use hw_defs::roce::atomic_eth::{self, AtomicEth as AtomicEthView, AtomicEthRepr};
 use hw_defs::roce::bth::{self, Bth, BthRepr, DEFAULT_PKEY};
+use hw_defs::roce::deth::{self, Deth as DethView, DethRepr};
 use hw_defs::roce::icrc;
 use hw_defs::roce::immdt::{self, ImmDt, ImmDtRepr};
 use hw_defs::roce::opcode::{Opcode, Operation, Position};
@@ -22,9 +23,10 @@ use hw_defs::roce::Psn;
 
 use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma::Sge;
-use crate::packet::{AckKind, AtomicEth, Header, Kind, NakCode, OutHeader, Reth};
+use crate::packet::{AckKind, AtomicEth, Deth, Header, Kind, NakCode, OutHeader, Reth};
+use crate::qp_attr::QpType;
 use crate::wire::Ipv4Ident;
-use crate::wqe::{SendWqe, WqeOp};
+use crate::wqe::{SendWqe, UdDest, WqeOp};
 
 /// `psn + n` mod 2^24.
 #[inline]
@@ -58,15 +60,26 @@ pub(crate) fn wqe_ds(first_bb: &[u8]) -> u8 {
 pub(crate) const WQE_SCRATCH: usize = mlx5::wqe::MAX_WQE_BBS * mlx5::SEND_WQE_BB;
 
 /// Decodes a send WQE copied out of the ring (straightened, starting at offset 0 of `ring`,
-/// which is [`WQE_SCRATCH`] bytes) into `out`.
+/// which is [`WQE_SCRATCH`] bytes) into `out`. A UD QP's WQE has a datagram segment after its
+/// control segment (a SEND without one is malformed), and only SENDs and NOPs.
 pub(crate) fn decode_send_wqe(
     ring: &[u8],
+    qp_type: QpType,
     max_inline: u32,
     max_sge: u32,
     out: &mut SendWqe,
 ) -> Result<(), WqeError> {
     let ring = SendRing::new_checked(ring).map_err(|_| WqeError::Malformed)?;
-    let wqe = SendWqeRepr::parse(&ring, 0).map_err(|_| WqeError::Malformed)?;
+    let wqe = match qp_type {
+        QpType::Rc => SendWqeRepr::parse(&ring, 0),
+        QpType::Ud => SendWqeRepr::parse_ud(&ring, 0),
+    }
+    .map_err(|_| WqeError::Malformed)?;
+    out.ud = wqe.datagram.map(|d| UdDest {
+        addr: gid_addr(d.rgid),
+        qpn: d.dqp,
+        qkey: d.qkey,
+    });
     out.op = match wqe.ctrl.opcode {
         SendOpcode::Nop => WqeOp::Nop,
         SendOpcode::RdmaWrite => WqeOp::Write,
@@ -127,6 +140,15 @@ pub(crate) fn decode_send_wqe(
         _ => {}
     }
     Ok(())
+}
+
+/// The address a GID names: an IPv4-mapped GID is the IPv4 address (RoCEv2 over IPv4).
+pub(crate) fn gid_addr(gid: [u8; 16]) -> IpAddr {
+    let v6 = std::net::Ipv6Addr::from(gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
 }
 
 /// Decodes a receive WQE's scatter list.
@@ -193,6 +215,17 @@ pub(crate) fn encode_cqe(buf: &mut [u8; 64], info: &CqeInfo, owner: u8) -> u8 {
             r.emit_body(&mut Cqe64::new_unchecked(&mut buf[..]));
             r.op_own(owner)
         }
+        CqeKind::RecvUd { src_qp } => {
+            let r = ok(if info.imm.is_some() {
+                CqeOpcode::RespSendImm
+            } else {
+                CqeOpcode::RespSend
+            });
+            let mut cqe = Cqe64::new_unchecked(&mut buf[..]);
+            r.emit_body(&mut cqe);
+            cqe.set_remote_qpn(src_qp, true);
+            r.op_own(owner)
+        }
         CqeKind::RecvWriteImm => {
             let r = ok(CqeOpcode::RespWrImm);
             r.emit_body(&mut Cqe64::new_unchecked(&mut buf[..]));
@@ -204,7 +237,7 @@ pub(crate) fn encode_cqe(buf: &mut [u8; 64], info: &CqeInfo, owner: u8) -> u8 {
 /// Why a received packet was dropped before reaching a QP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ParseError {
-    /// Not a well-formed RC packet of a known opcode (a UD packet is not one).
+    /// Not a well-formed packet of a known RC or UD opcode.
     Malformed,
     /// Well-formed, but the ICRC does not match.
     Icrc,
@@ -278,11 +311,6 @@ pub(crate) fn parse_packet(
     let Some(info) = repr.bth.opcode.info() else {
         return Err(ParseError::Malformed);
     };
-    if info.deth {
-        // A UD SEND: softnic has no UD QPs yet (`docs/failover.md` 5g), and an RC QP must
-        // never take one as its own SEND.
-        return Err(ParseError::Malformed);
-    }
     let mut ip = icrc::IpFields::rxe(src, dst).map_err(|_| ParseError::Malformed)?;
     if let (
         icrc::IpFields::V4 {
@@ -310,6 +338,10 @@ pub(crate) fn parse_packet(
         ack_req: repr.bth.ack_req,
         dest_qpn: repr.bth.dest_qp,
         psn: repr.bth.psn.value(),
+        deth: repr.deth.map(|d| Deth {
+            qkey: d.qkey,
+            src_qp: d.src_qp,
+        }),
         reth: repr.reth.map(|r| Reth {
             va: r.va,
             rkey: r.rkey,
@@ -330,6 +362,14 @@ pub(crate) fn parse_packet(
 
 fn opcode_for(h: &OutHeader) -> Opcode {
     let imm = h.imm.is_some();
+    if h.deth.is_some() {
+        // UD has one SEND opcode (and its immediate form): a datagram is one packet.
+        return if imm {
+            Opcode::UdSendOnlyWithImmediate
+        } else {
+            Opcode::UdSendOnly
+        };
+    }
     match (h.kind, h.first, h.last) {
         (Kind::Send, true, false) => Opcode::SendFirst,
         (Kind::Send, false, false) => Opcode::SendMiddle,
@@ -365,6 +405,7 @@ pub(crate) fn emit_headers(buf: &mut [u8], h: &OutHeader) -> Option<usize> {
     // (`PacketRepr::emit` would want the payload as a slice, and refuses an empty payload on a
     // payload opcode, which zero-length WRITEs need.)
     let present = [
+        (at.deth.is_some(), h.deth.is_some()),
         (at.reth.is_some(), h.reth.is_some()),
         (at.atomic_eth.is_some(), h.atomic.is_some()),
         (at.aeth.is_some(), h.aeth.is_some()),
@@ -387,6 +428,15 @@ pub(crate) fn emit_headers(buf: &mut [u8], h: &OutHeader) -> Option<usize> {
         psn: Psn::new(h.psn),
     }
     .emit(&mut Bth::new_unchecked(&mut buf[..bth::HEADER_LEN]));
+    if let (Some(o), Some(d)) = (at.deth, h.deth) {
+        DethRepr {
+            qkey: d.qkey,
+            src_qp: d.src_qp,
+        }
+        .emit(&mut DethView::new_unchecked(
+            &mut buf[o..o + deth::HEADER_LEN],
+        ));
+    }
     if let (Some(o), Some(r)) = (at.reth, h.reth) {
         RethRepr {
             va: r.va,
@@ -543,40 +593,40 @@ mod tests {
     }
 
     #[test]
-    fn a_ud_send_is_not_taken_as_an_rc_send() {
+    fn a_ud_send_carries_its_deth_both_ways() {
+        // Emitted as the requester of a UD QP emits it, parsed as the engine parses it: the
+        // DETH (which the engine uses to keep UD SENDs from RC QPs and to check the Q_Key)
+        // comes back, and the opcode is UD's, never an RC SEND's.
         let (a, b) = addrs();
-        let repr = PacketRepr {
-            bth: BthRepr {
-                opcode: Opcode::UdSendOnly,
-                solicited: false,
-                mig_req: false,
-                pad_count: 0,
-                pkey: DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qp: 0x12,
-                ack_req: false,
-                psn: Psn::new(5),
-            },
-            deth: Some(hw_defs::roce::DethRepr {
-                qkey: 0x1111_2222,
-                src_qp: 0x34,
-            }),
-            reth: None,
-            atomic_eth: None,
-            aeth: None,
-            atomic_ack_eth: None,
-            immdt: None,
-            payload: &[7; 16],
-        };
-        let mut buf = vec![0u8; repr.buffer_len()];
-        repr.emit(&mut buf).expect("emit");
-        let n = seal(&mut buf, 20 + 16, a, 0xc123, b).expect("seal");
-        // Well formed with a good ICRC (the same bytes as an RC SEND Only would parse), but
-        // softnic has no UD QP to take it.
+        let mut hdr = OutHeader::new(Kind::Send, 0x12, 5);
+        hdr.deth = Some(Deth {
+            qkey: 0x1111_2222,
+            src_qp: 0x34,
+        });
+        hdr.imm = Some(0xfeed);
+        hdr.payload_len = 16;
+        let mut buf = vec![0u8; 256];
+        let at = emit_headers(&mut buf, &hdr).expect("a UD SEND's headers");
+        assert_eq!(at, 12 + 8 + 4, "BTH, DETH, ImmDt");
         assert_eq!(
-            parse_packet(&buf[..n], a, 0xc123, b, None),
-            Err(ParseError::Malformed)
+            Bth::new_checked(&buf[..12]).unwrap().opcode(),
+            Opcode::UdSendOnlyWithImmediate
+        );
+        buf[at..at + 16].fill(7);
+        let n = seal(&mut buf, at + 16, a, 0xc123, b).expect("seal");
+        let h = parse_packet(&buf[..n], a, 0xc123, b, None).expect("parses");
+        assert_eq!(h.kind, Kind::Send);
+        assert_eq!(h.deth, hdr.deth);
+        assert_eq!(h.imm, Some(0xfeed));
+        assert_eq!(&buf[h.payload], &[7; 16]);
+        // An RC SEND has none.
+        let mut rc = OutHeader::new(Kind::Send, 0x12, 5);
+        rc.payload_len = 16;
+        let at = emit_headers(&mut buf, &rc).expect("an RC SEND's headers");
+        let n = seal(&mut buf, at + 16, a, 0xc123, b).expect("seal");
+        assert_eq!(
+            parse_packet(&buf[..n], a, 0xc123, b, None).map(|h| h.deth),
+            Ok(None)
         );
     }
 }

@@ -88,6 +88,11 @@ pub struct Counters {
     pub source_port_drops: u64,
     /// Packets dropped because no QP has their destination QPN.
     pub unknown_qpn_drops: u64,
+    /// UD datagrams dropped because they do not carry the receiving QP's Q_Key.
+    pub qkey_drops: u64,
+    /// UD datagrams dropped because no receive was posted (UD has no RNR: the sender never
+    /// knows).
+    pub no_receive_drops: u64,
     /// Packets dropped because their P_Key is not of the default partition.
     pub pkey_drops: u64,
     /// Packets not sent or not received because the port was down.
@@ -124,6 +129,8 @@ impl Counters {
         self.nak_msn_drops += o.nak_msn_drops;
         self.source_port_drops += o.source_port_drops;
         self.unknown_qpn_drops += o.unknown_qpn_drops;
+        self.qkey_drops += o.qkey_drops;
+        self.no_receive_drops += o.no_receive_drops;
         self.pkey_drops += o.pkey_drops;
         self.port_down_drops += o.port_down_drops;
         self.cq_overruns += o.cq_overruns;

@@ -17,6 +17,8 @@ pub(crate) enum CqeKind {
     Requester { wqe_opcode: u8 },
     /// A SEND arrived into a receive WQE.
     RecvSend,
+    /// A UD SEND arrived into a receive WQE, after the 40-byte GRH; from QP `src_qp`.
+    RecvUd { src_qp: u32 },
     /// A WRITE_WITH_IMM consumed a receive WQE.
     RecvWriteImm,
     /// A send-queue WQE failed or was flushed.

@@ -20,7 +20,7 @@ use crate::medium::WireImpl;
 use crate::mr::{Access, MrTable, PdId, RegError};
 use crate::path_budget::PathBudgets;
 use crate::qp::{Bell, DoorbellRegister, ErrorCtx, Qp, QpConfig, RetransmitProbe};
-use crate::qp_attr::{check_transition, ModifyError, QpAttrs, QpState};
+use crate::qp_attr::{check_transition, ModifyError, QpAttrs, QpState, QpType};
 use crate::requester;
 use crate::srq::{self, SrqConfig, SrqId, SrqRing};
 use crate::trace::Trace;
@@ -484,7 +484,8 @@ impl Device {
         Ok(())
     }
 
-    /// Creates an RC QP in RESET over the caller's rings and doorbell record.
+    /// Creates a QP (RC or UD, as `cfg.qp_type` says) in RESET over the caller's rings and
+    /// doorbell record.
     pub fn create_qp(&self, cfg: QpConfig) -> Result<QpHandle, DeviceError> {
         let mut core = self.shared.lock_core();
         check_pd(&core, cfg.pd)?;
@@ -525,6 +526,11 @@ impl Device {
     /// Creates an RC QP in RESET that takes its receive WQEs from `srq` instead of its own
     /// receive ring (which the driver leaves empty; `cfg.rq` may be the smallest ring).
     pub fn create_qp_with_srq(&self, cfg: QpConfig, srq: SrqId) -> Result<QpHandle, DeviceError> {
+        if cfg.qp_type != QpType::Rc {
+            return Err(DeviceError::InvalidConfig(
+                "only RC QPs take their receives from an SRQ",
+            ));
+        }
         let shared = {
             let core = self.shared.lock_core();
             let s = core
@@ -702,7 +708,7 @@ impl Device {
             .and_then(|i| core.qps.get_mut(i))
             .and_then(|q| q.as_mut())
             .ok_or(DeviceError::UnknownQp(qpn))?;
-        check_transition(qp.state, state, attrs)?;
+        check_transition(qp.qp_type, qp.state, state, attrs)?;
         let now = self.shared.clock.now();
         if state == QpState::Rtr && core.refuse_rtr_until.is_some_and(|until| now < until) {
             return Err(DeviceError::NotReady(qpn));
@@ -737,7 +743,7 @@ impl Device {
             _ => {}
         }
         qp.apply(state, attrs);
-        if state == QpState::Rtr && attrs.dest_addr.is_some() {
+        if state == QpState::Rtr && attrs.dest_addr.is_some() && qp.qp_type == QpType::Rc {
             qp.attach_path(&mut core.paths);
         }
         qp.settle_path(&mut core.paths);
@@ -775,7 +781,7 @@ impl Device {
                 out.push(Err(DeviceError::UnknownQp(qpn)));
                 continue;
             };
-            if let Err(e) = check_transition(qp.state, QpState::Err, &attrs) {
+            if let Err(e) = check_transition(qp.qp_type, qp.state, QpState::Err, &attrs) {
                 out.push(Err(e.into()));
                 continue;
             }

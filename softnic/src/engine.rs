@@ -22,11 +22,12 @@ use crate::medium::WireImpl;
 use crate::mr::MrTable;
 use crate::path_budget::PathBudgets;
 use crate::qp::{ErrorCtx, Qp};
-use crate::qp_attr::QpState;
+use crate::qp_attr::{QpState, QpType};
 use crate::requester;
 use crate::responder;
 use crate::trace::Trace;
 use crate::tx::{Tx, BATCH};
+use crate::ud;
 use crate::waker::Waker;
 use crate::wire::{Batch, PacketBuf, PortState, ROCE_PORT};
 use rand::{Rng, SeedableRng};
@@ -431,6 +432,22 @@ impl Round<'_> {
             out.device.unknown_qpn_drops += 1;
             return;
         };
+        if qp.qp_type == QpType::Ud {
+            let from = ud::Arrival {
+                src: pkt.peer,
+                dst: out.local_addr,
+                ipv4: pkt.ipv4,
+            };
+            ud::receive(qp, &h, pkt.bytes(), &from, self.mrs, &mut self.ectx);
+            // Listed so that a QP the receive moved to ERR flushes what is posted later.
+            self.active.mark(qp);
+            return;
+        }
+        if h.deth.is_some() {
+            // A UD SEND reaches only a UD QP: an RC QP never takes one as its own SEND.
+            qp.counters.malformed_drops += 1;
+            return;
+        }
         if qp.attrs.dest_addr != Some(pkt.peer) {
             // Not from this QP's peer: RC accepts packets only from its path.
             qp.counters.malformed_drops += 1;

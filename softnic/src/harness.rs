@@ -12,16 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hw_defs::mlx5::{
-    cqe, srq_wqe, AtomicSegRepr, Cqe64, CqeOpcode, CqeRepr, CtrlSegRepr, DataSegRepr, ErrCqe,
-    ErrCqeRepr, FenceMode, InlineData, RaddrSegRepr, RecvWqe, SendOpcode, SendRing, SendWqeRepr,
-    Sges, SrqNextSeg, Syndrome, WqeData, SEND_WQE_BB,
+    cqe, srq_wqe, AtomicSegRepr, Cqe64, CqeOpcode, CqeRepr, CtrlSegRepr, DataSegRepr,
+    DatagramSegRepr, ErrCqe, ErrCqeRepr, FenceMode, InlineData, RaddrSegRepr, RecvWqe, SendOpcode,
+    SendRing, SendWqeRepr, Sges, SrqNextSeg, Syndrome, WqeData, SEND_WQE_BB,
 };
 use hw_defs::verbs::WcStatus;
 
 use crate::qp::DoorbellRegister;
 use crate::{
     Access, Clock, CompletionChannel, CqConfig, CqHandle, Device, DeviceConfig, DeviceError,
-    Fabric, MrKeys, PathMtu, PdId, ProgressMode, QpAttrs, QpConfig, QpState, QueueMemory,
+    Fabric, MrKeys, PathMtu, PdId, ProgressMode, QpAttrs, QpConfig, QpState, QpType, QueueMemory,
     SrqConfig, SrqId, Wire,
 };
 
@@ -97,6 +97,10 @@ pub struct Completion {
     pub imm: u32,
     /// QP number.
     pub qpn: u32,
+    /// A UD receive's sending QP (0 otherwise).
+    pub src_qp: u32,
+    /// A UD receive's buffer starts with the 40-byte GRH.
+    pub grh: bool,
 }
 
 /// A CQ driven by the harness.
@@ -169,9 +173,12 @@ impl HarnessCq {
                 byte_count: 0,
                 imm: 0,
                 qpn: e.qpn,
+                src_qp: 0,
+                grh: false,
             }
         } else {
-            let r = CqeRepr::parse(&Cqe64::new_checked(&bytes[..]).ok()?).ok()?;
+            let cqe = Cqe64::new_checked(&bytes[..]).ok()?;
+            let r = CqeRepr::parse(&cqe).ok()?;
             Completion {
                 opcode,
                 status: WcStatus::Success,
@@ -180,6 +187,8 @@ impl HarnessCq {
                 byte_count: r.byte_count,
                 imm: r.imm,
                 qpn: r.qpn,
+                src_qp: cqe.remote_qpn(),
+                grh: cqe.has_grh(),
             }
         };
         self.ci = self.ci.wrapping_add(1);
@@ -304,13 +313,25 @@ pub struct HarnessQp {
 }
 
 impl HarnessQp {
-    /// Creates a QP in RESET.
+    /// Creates an RC QP in RESET.
     pub fn new(
         dev: &Device,
         pd: PdId,
         send_cq: &HarnessCq,
         recv_cq: &HarnessCq,
         sizes: QpSizes,
+    ) -> Result<HarnessQp, DeviceError> {
+        Self::new_of_type(dev, pd, send_cq, recv_cq, sizes, QpType::Rc)
+    }
+
+    /// Creates a QP of `qp_type` in RESET (a UD QP's sends go with [`HarnessQp::post_ud`]).
+    pub fn new_of_type(
+        dev: &Device,
+        pd: PdId,
+        send_cq: &HarnessCq,
+        recv_cq: &HarnessCq,
+        sizes: QpSizes,
+        qp_type: QpType,
     ) -> Result<HarnessQp, DeviceError> {
         let rq_stride = (sizes.rq_sges.max(1) * 16).next_power_of_two();
         let sq = QueueMemory::alloc(sizes.sq_bbs as usize * SEND_WQE_BB);
@@ -328,6 +349,7 @@ impl HarnessQp {
             dbrec: dbrec.clone(),
             max_inline: sizes.max_inline,
             max_send_sge: sizes.max_send_sge,
+            qp_type,
         })?;
         Ok(HarnessQp {
             qpn: h.qpn,
@@ -376,6 +398,7 @@ impl HarnessQp {
                 dbrec: dbrec.clone(),
                 max_inline: sizes.max_inline,
                 max_send_sge: sizes.max_send_sge,
+                qp_type: QpType::Rc,
             },
             srq.id,
         )?;
@@ -401,6 +424,29 @@ impl HarnessQp {
 
     /// Writes a send WQE with a fence mode.
     pub fn post_with(&mut self, op: Op, data: Data<'_>, signaled: bool, fence: FenceMode) -> u16 {
+        self.post_wqe(op, data, signaled, fence, None)
+    }
+
+    /// Writes a UD QP's send WQE (a SEND, SEND with immediate or NOP) to `dest`, with the
+    /// datagram segment a UD WQE carries; `None` leaves the segment out (a malformed UD WQE).
+    pub fn post_ud(
+        &mut self,
+        dest: Option<DatagramSegRepr>,
+        op: Op,
+        data: Data<'_>,
+        signaled: bool,
+    ) -> u16 {
+        self.post_wqe(op, data, signaled, FenceMode::None, dest)
+    }
+
+    fn post_wqe(
+        &mut self,
+        op: Op,
+        data: Data<'_>,
+        signaled: bool,
+        fence: FenceMode,
+        datagram: Option<DatagramSegRepr>,
+    ) -> u16 {
         let (opcode, raddr, atomic, imm) = match op {
             Op::Write { raddr, rkey } => (
                 SendOpcode::RdmaWrite,
@@ -449,7 +495,7 @@ impl HarnessQp {
         };
         let index = (self.sq_pi & 0xffff) as u16;
         let wqe = SendWqeRepr {
-            datagram: None,
+            datagram,
             ctrl: CtrlSegRepr {
                 opcode,
                 opmod: 0,
@@ -708,6 +754,38 @@ pub fn bring_up(
     dev.modify_qp(qpn, QpState::Init, &o.init_attrs())?;
     dev.modify_qp(qpn, QpState::Rtr, &o.rtr_attrs(peer_addr, peer_qpn))?;
     dev.modify_qp(qpn, QpState::Rts, &o.rts_attrs())
+}
+
+/// Takes a UD QP from RESET to RTS with queue key `qkey` (and no peer: each send names one).
+pub fn bring_up_ud(dev: &Device, qpn: u32, qkey: u32) -> Result<(), DeviceError> {
+    let init = QpAttrs {
+        qkey: Some(qkey),
+        ..Default::default()
+    };
+    dev.modify_qp(qpn, QpState::Init, &init)?;
+    dev.modify_qp(qpn, QpState::Rtr, &QpAttrs::default())?;
+    let rts = QpAttrs {
+        sq_psn: Some(0),
+        ..Default::default()
+    };
+    dev.modify_qp(qpn, QpState::Rts, &rts)
+}
+
+/// The datagram segment of a UD SEND to QP `qpn` with queue key `qkey` at `addr` (its GID
+/// IPv4-mapped for an IPv4 address; the MAC left zero, which softnic does not read).
+pub fn ud_dest(addr: IpAddr, qpn: u32, qkey: u32) -> DatagramSegRepr {
+    let v6 = match addr {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    DatagramSegRepr {
+        qkey,
+        dqp: qpn,
+        rmac: [0; 6],
+        tclass: 0,
+        hop_limit: 64,
+        rgid: v6.octets(),
+    }
 }
 
 /// Connects two QPs to each other.

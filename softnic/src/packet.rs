@@ -44,6 +44,13 @@ pub(crate) struct AtomicEth {
     pub compare: u64,
 }
 
+/// DETH: a UD packet's queue key and sending QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Deth {
+    pub qkey: u32,
+    pub src_qp: u32,
+}
+
 /// NAK codes (AETH syndrome 011 + code).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NakCode {
@@ -84,6 +91,8 @@ pub(crate) struct Header {
     pub ack_req: bool,
     pub dest_qpn: u32,
     pub psn: u32,
+    /// Present exactly on a UD SEND (which only a UD QP takes).
+    pub deth: Option<Deth>,
     pub reth: Option<Reth>,
     pub atomic: Option<AtomicEth>,
     pub aeth: Option<(AckKind, u32)>,
@@ -103,6 +112,8 @@ pub(crate) struct OutHeader {
     pub ack_req: bool,
     pub dest_qpn: u32,
     pub psn: u32,
+    /// A UD SEND's DETH: the packet goes as UD SEND Only (with immediate).
+    pub deth: Option<Deth>,
     pub reth: Option<Reth>,
     pub atomic: Option<AtomicEth>,
     pub aeth: Option<(AckKind, u32)>,
@@ -121,6 +132,7 @@ impl OutHeader {
             ack_req: false,
             dest_qpn,
             psn,
+            deth: None,
             reth: None,
             atomic: None,
             aeth: None,

@@ -19,7 +19,7 @@ use crate::memory::QueueMemory;
 use crate::mr::{Access, PdId};
 use crate::packet::AckKind;
 use crate::path_budget::{PathBudgets, PathShare};
-use crate::qp_attr::{QpAttrs, QpState};
+use crate::qp_attr::{QpAttrs, QpState, QpType};
 use crate::resources::Resources;
 use crate::srq::{self, SharedSrq};
 use crate::waker::Waker;
@@ -63,6 +63,9 @@ pub struct QpConfig {
     pub max_inline: u32,
     /// Largest gather list of a send WQE.
     pub max_send_sge: u32,
+    /// RC or UD: a UD QP's send WQEs carry a datagram segment, and it neither connects nor
+    /// retransmits.
+    pub qp_type: QpType,
 }
 
 /// The doorbell register of a QP (the UAR page of a ConnectX).
@@ -164,6 +167,8 @@ pub(crate) struct SendQueue {
     pub slot_req_ci: u64,
     /// Producer index: WQEs fetched so far, the next fetch fills its slot (absolute 64-bit).
     pub slot_pi: u64,
+    /// The ring is a UD QP's: its WQEs are read with their datagram segment.
+    pub qp_type: QpType,
     scratch: Vec<u8>,
 }
 
@@ -233,7 +238,7 @@ impl SendQueue {
             let slot = &mut self.slots[(self.slot_pi & self.slot_m) as usize];
             let index = self.wqe_ci;
             let result = if fits {
-                codec::decode_send_wqe(&self.scratch[..], max_inline, max_sge, slot)
+                codec::decode_send_wqe(&self.scratch[..], self.qp_type, max_inline, max_sge, slot)
             } else {
                 Err(WqeError::Malformed)
             };
@@ -391,6 +396,8 @@ pub(crate) struct Responder {
 /// A QP.
 pub(crate) struct Qp {
     pub qpn: u32,
+    /// RC or UD (`crate::ud` runs a UD QP's sends and receives).
+    pub qp_type: QpType,
     pub pd: PdId,
     pub send_cq: CqId,
     pub recv_cq: CqId,
@@ -455,6 +462,7 @@ impl Qp {
             .collect();
         Ok(Qp {
             qpn,
+            qp_type: cfg.qp_type,
             pd: cfg.pd,
             send_cq: cfg.send_cq,
             recv_cq: cfg.recv_cq,
@@ -470,6 +478,7 @@ impl Qp {
                 slot_ci: 0,
                 slot_req_ci: 0,
                 slot_pi: 0,
+                qp_type: cfg.qp_type,
                 scratch: vec![0u8; codec::WQE_SCRATCH],
             },
             rq: RecvQueue {

@@ -22,6 +22,18 @@ pub enum QpState {
     Err,
 }
 
+/// A QP's transport service (`ibv_qp_type`): reliable connected or unreliable datagram.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected: one peer QP, PSNs, ACKs, retransmission, RDMA and atomics.
+    #[default]
+    Rc,
+    /// Unreliable datagram: each SEND names its destination (address, QPN, Q_Key) in its
+    /// WQE's datagram segment and goes as one packet, never acknowledged nor resent; a receive
+    /// gets the 40-byte GRH before the payload and the sender's QPN in its completion.
+    Ud,
+}
+
 /// The path MTU (`ibv_mtu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PathMtu {
@@ -65,7 +77,7 @@ impl PathMtu {
     }
 }
 
-/// The attributes `modify_qp` and `query_qp` carry (`ibv_qp_attr`, RC subset). `None` means
+/// The attributes `modify_qp` and `query_qp` carry (`ibv_qp_attr`, the RC and UD subset). `None` means
 /// "not given" in a modify and "not set yet" in a query.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QpAttrs {
@@ -95,6 +107,9 @@ pub struct QpAttrs {
     pub sq_psn: Option<u32>,
     /// Outgoing READ/atomic requests that may be outstanding. Required for RTS.
     pub max_rd_atomic: Option<u8>,
+    /// A UD QP's queue key: it takes only datagrams that carry it. Required for a UD QP's
+    /// INIT; an RC QP has none.
+    pub qkey: Option<u32>,
 }
 
 impl QpAttrs {
@@ -115,7 +130,8 @@ impl QpAttrs {
             retry_cnt,
             rnr_retry,
             sq_psn,
-            max_rd_atomic
+            max_rd_atomic,
+            qkey
         );
     }
 }
@@ -151,35 +167,25 @@ pub enum ModifyError {
     },
 }
 
-/// Checks the transition and its required attributes (as `ibv_modify_qp` on RC).
+/// Checks the transition and its required attributes (as `ibv_modify_qp` on a QP of type
+/// `qp_type`: a UD QP needs its Q_Key for INIT and its first PSN for RTS, nothing of a peer).
 pub(crate) fn check_transition(
+    qp_type: QpType,
     from: QpState,
     to: QpState,
     given: &QpAttrs,
 ) -> Result<(), ModifyError> {
     use QpState as S;
-    let required: &[&'static str] = match (from, to) {
-        (_, S::Reset) | (_, S::Err) => &[],
-        (S::Reset, S::Init) => &["qp_access_flags"],
-        (S::Init, S::Init) => &[],
-        (S::Init, S::Rtr) => &[
-            "path_mtu",
-            "dest_qp_num",
-            "ah_attr",
-            "rq_psn",
-            "max_dest_rd_atomic",
-            "min_rnr_timer",
-        ],
-        (S::Rtr, S::Rts) => &[
-            "timeout",
-            "retry_cnt",
-            "rnr_retry",
-            "sq_psn",
-            "max_rd_atomic",
-        ],
-        (S::Rts, S::Rts) => &[],
-        _ => return Err(ModifyError::IllegalTransition { from, to }),
+    let required: &[&'static str] = match (qp_type, from, to) {
+        (QpType::Ud, _, S::Reset) | (QpType::Ud, _, S::Err) => &[],
+        (QpType::Ud, S::Reset, S::Init) => &["qkey"],
+        (QpType::Ud, S::Init, S::Init) | (QpType::Ud, S::Init, S::Rtr) => &[],
+        (QpType::Ud, S::Rtr, S::Rts) => &["sq_psn"],
+        (QpType::Ud, S::Rts, S::Rts) => &[],
+        (QpType::Ud, ..) => return Err(ModifyError::IllegalTransition { from, to }),
+        (QpType::Rc, from, to) => rc_required(from, to)?,
     };
+
     let missing: Vec<&'static str> = required
         .iter()
         .copied()
@@ -196,6 +202,7 @@ pub(crate) fn check_transition(
             "rnr_retry" => given.rnr_retry.is_none(),
             "sq_psn" => given.sq_psn.is_none(),
             "max_rd_atomic" => given.max_rd_atomic.is_none(),
+            "qkey" => given.qkey.is_none(),
             _ => false,
         })
         .collect();
@@ -221,6 +228,33 @@ pub(crate) fn check_transition(
     Ok(())
 }
 
+/// The attributes an RC QP's transition needs, or why it has no such edge.
+fn rc_required(from: QpState, to: QpState) -> Result<&'static [&'static str], ModifyError> {
+    use QpState as S;
+    Ok(match (from, to) {
+        (_, S::Reset) | (_, S::Err) => &[],
+        (S::Reset, S::Init) => &["qp_access_flags"],
+        (S::Init, S::Init) => &[],
+        (S::Init, S::Rtr) => &[
+            "path_mtu",
+            "dest_qp_num",
+            "ah_attr",
+            "rq_psn",
+            "max_dest_rd_atomic",
+            "min_rnr_timer",
+        ],
+        (S::Rtr, S::Rts) => &[
+            "timeout",
+            "retry_cnt",
+            "rnr_retry",
+            "sq_psn",
+            "max_rd_atomic",
+        ],
+        (S::Rts, S::Rts) => &[],
+        _ => return Err(ModifyError::IllegalTransition { from, to }),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,7 +275,12 @@ mod tests {
     #[test]
     fn reset_to_rts_directly_is_illegal() {
         assert_eq!(
-            check_transition(QpState::Reset, QpState::Rts, &QpAttrs::default()),
+            check_transition(
+                QpType::Rc,
+                QpState::Reset,
+                QpState::Rts,
+                &QpAttrs::default()
+            ),
             Err(ModifyError::IllegalTransition {
                 from: QpState::Reset,
                 to: QpState::Rts
@@ -254,13 +293,13 @@ mod tests {
         let mut a = rtr_attrs();
         a.dest_qpn = None;
         a.rq_psn = None;
-        match check_transition(QpState::Init, QpState::Rtr, &a) {
+        match check_transition(QpType::Rc, QpState::Init, QpState::Rtr, &a) {
             Err(ModifyError::MissingAttributes { missing, .. }) => {
                 assert_eq!(missing, vec!["dest_qp_num", "rq_psn"])
             }
             other => panic!("{other:?}"),
         }
-        assert!(check_transition(QpState::Init, QpState::Rtr, &rtr_attrs()).is_ok());
+        assert!(check_transition(QpType::Rc, QpState::Init, QpState::Rtr, &rtr_attrs()).is_ok());
     }
 
     #[test]
@@ -272,8 +311,8 @@ mod tests {
             QpState::Rts,
             QpState::Err,
         ] {
-            assert!(check_transition(s, QpState::Err, &QpAttrs::default()).is_ok());
-            assert!(check_transition(s, QpState::Reset, &QpAttrs::default()).is_ok());
+            assert!(check_transition(QpType::Rc, s, QpState::Err, &QpAttrs::default()).is_ok());
+            assert!(check_transition(QpType::Rc, s, QpState::Reset, &QpAttrs::default()).is_ok());
         }
     }
 
@@ -284,12 +323,41 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            check_transition(QpState::Rts, QpState::Rts, &a),
+            check_transition(QpType::Rc, QpState::Rts, QpState::Rts, &a),
             Err(ModifyError::BadAttribute {
                 name: "retry_cnt",
                 value: 8
             })
         );
+    }
+
+    #[test]
+    fn a_ud_qp_needs_its_q_key_and_first_psn_and_no_peer() {
+        use QpState as S;
+        let ud = QpType::Ud;
+        match check_transition(ud, S::Reset, S::Init, &QpAttrs::default()) {
+            Err(ModifyError::MissingAttributes { missing, .. }) => assert_eq!(missing, ["qkey"]),
+            other => panic!("{other:?}"),
+        }
+        let qkey = QpAttrs {
+            qkey: Some(7),
+            ..Default::default()
+        };
+        assert!(check_transition(ud, S::Reset, S::Init, &qkey).is_ok());
+        assert!(check_transition(ud, S::Init, S::Rtr, &QpAttrs::default()).is_ok());
+        assert!(matches!(
+            check_transition(ud, S::Rtr, S::Rts, &QpAttrs::default()),
+            Err(ModifyError::MissingAttributes { .. })
+        ));
+        assert_eq!(
+            check_transition(ud, S::Reset, S::Rtr, &QpAttrs::default()),
+            Err(ModifyError::IllegalTransition {
+                from: S::Reset,
+                to: S::Rtr
+            })
+        );
+        // An RC QP still needs its peer for RTR, and takes no Q_Key in its place.
+        assert!(check_transition(QpType::Rc, S::Init, S::Rtr, &qkey).is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::dma;
 use crate::mr::MrTable;
 use crate::packet::{AtomicEth, Kind, OutHeader, Reth};
 use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, RetransmitProbe};
-use crate::qp_attr::QpState;
+use crate::qp_attr::{QpState, QpType};
 use crate::tx::Tx;
 use crate::wqe::WqeOp;
 
@@ -45,6 +45,9 @@ pub(crate) fn run(
     }
     if qp.sq.wqe_ci != qp.sq.wqe_db_pi {
         qp.sq.fetch(qp.max_inline, qp.max_send_sge);
+    }
+    if qp.qp_type == QpType::Ud {
+        return crate::ud::run(qp, mrs, tx, ectx, budget);
     }
     let Some((peer, dest_qpn)) = qp.peer() else {
         return out;

@@ -2,7 +2,20 @@
 //! fields, and the requester's progress on it. The ring's block sizes are hw-defs'
 //! (`hw_defs::mlx5::{SEND_WQE_BB, SEND_WQE_DS, MAX_WQE_BYTES}`).
 
+use std::net::IpAddr;
+
 use crate::dma::Sge;
+
+/// Where a UD SEND goes: its WQE's datagram segment, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct UdDest {
+    /// The destination's address (its GID, IPv4-mapped for an IPv4 peer).
+    pub addr: IpAddr,
+    /// The destination QP.
+    pub qpn: u32,
+    /// The Q_Key the destination QP must have.
+    pub qkey: u32,
+}
 
 /// What a send WQE asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +56,8 @@ pub(crate) struct SendWqe {
     pub inline: bool,
     pub inline_data: Vec<u8>,
     pub length: u32,
+    /// A UD SEND's destination (None on an RC QP, and for a UD NOP).
+    pub ud: Option<UdDest>,
     /// A fetch-time fault; reported when the WQE reaches the requester.
     pub fault: Option<u8>,
     // Requester progress.
@@ -76,6 +91,7 @@ impl SendWqe {
             inline: false,
             inline_data: Vec::with_capacity(max_inline),
             length: 0,
+            ud: None,
             fault: None,
             started: false,
             first_psn: 0,

@@ -56,6 +56,11 @@ pub const OPCODE_INVALID: u8 = 15;
 
 /// The QP number's 24 bits in `sop_drop_qpn`.
 pub const QPN_MASK: u32 = 0x00ff_ffff;
+/// `flags_rqpn` bits 29:28, the received packet's L3 header type on a UD QP's receive: not
+/// zero when the receive buffer starts with the 40-byte GRH (libmlx5 then sets `IBV_WC_GRH`).
+pub const FLAGS_GRH_MASK: u32 = 3 << 28;
+/// The GRH value of [`FLAGS_GRH_MASK`] a device writes when it delivered a GRH.
+pub const FLAGS_GRH: u32 = 1 << 28;
 
 enum_with_unknown! {
     /// A CQE opcode, the top nibble of `op_own` (`MLX5_CQE_*`).
@@ -186,6 +191,11 @@ impl<T: AsRef<[u8]>> Cqe64<T> {
         be_u32(&self.buffer.as_ref()[field::FLAGS_RQPN]) & QPN_MASK
     }
 
+    /// Whether a UD receive's buffer starts with the 40-byte GRH (`flags_rqpn` bits 29:28).
+    pub fn has_grh(&self) -> bool {
+        be_u32(&self.buffer.as_ref()[field::FLAGS_RQPN]) & FLAGS_GRH_MASK != 0
+    }
+
     /// The SRQ number or user index.
     pub fn srqn_uidx(&self) -> u32 {
         be_u32(&self.buffer.as_ref()[field::SRQN_UIDX])
@@ -228,6 +238,16 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Cqe64<T> {
         put_be_u32(
             &mut self.buffer.as_mut()[field::SOP_DROP_QPN],
             qpn & QPN_MASK,
+        );
+    }
+
+    /// Sets `flags_rqpn` of a UD receive: the sending QP's number and whether a GRH leads the
+    /// receive buffer.
+    pub fn set_remote_qpn(&mut self, qpn: u32, grh: bool) {
+        let flags = if grh { FLAGS_GRH } else { 0 };
+        put_be_u32(
+            &mut self.buffer.as_mut()[field::FLAGS_RQPN],
+            flags | (qpn & QPN_MASK),
         );
     }
 
@@ -421,5 +441,20 @@ mod tests {
     #[test]
     fn short_buffer_is_rejected() {
         assert!(Cqe64::new_checked(&[0u8; 63][..]).is_err());
+    }
+
+    #[test]
+    fn a_ud_receive_names_its_sender_and_its_grh_in_flags_rqpn() {
+        // struct mlx5_cqe64's flags_rqpn at bytes 24..28: flags 0x10 (l3 type 1: GRH), then
+        // the source QPN 0x00abcd, as libmlx5 reads them into wc->src_qp and IBV_WC_GRH.
+        let mut bytes = golden();
+        let mut cqe = Cqe64::new_unchecked(&mut bytes[..]);
+        cqe.set_remote_qpn(0xff00_abcd, true);
+        assert_eq!(&bytes[24..28], &[0x10, 0x00, 0xab, 0xcd]);
+        let cqe = Cqe64::new_unchecked(&bytes[..]);
+        assert_eq!((cqe.remote_qpn(), cqe.has_grh()), (0xabcd, true));
+        let mut bytes = golden();
+        Cqe64::new_unchecked(&mut bytes[..]).set_remote_qpn(7, false);
+        assert!(!Cqe64::new_unchecked(&bytes[..]).has_grh());
     }
 }

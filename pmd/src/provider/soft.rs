@@ -352,6 +352,7 @@ fn to_soft_attrs(a: &QpAttr) -> QpAttrs {
         rnr_retry: a.rnr_retry,
         sq_psn: a.sq_psn,
         max_rd_atomic: a.max_rd_atomic,
+        qkey: None,
     }
 }
 
@@ -454,6 +455,7 @@ impl SoftProvider {
             dbrec: queue_memory(dbrec),
             max_inline: caps.max_inline_data,
             max_send_sge: caps.max_send_sge,
+            qp_type: softnic::QpType::Rc,
         };
         let handle = match srq {
             Some(srq) => self.device.create_qp_with_srq(config, srq),
