@@ -1,6 +1,6 @@
 //! The datagram segment of a UD send WQE (`struct mlx5_wqe_datagram_seg`, which is one
 //! `struct mlx5_wqe_av`): where a UD SEND goes. It follows the control segment, before the
-//! data; the shared control channel's UD QP (`docs/failover.md` 5g) writes one per datagram.
+//! data; a UD QP's driver writes one per datagram (`docs/softnic.md`, "UD QPs").
 //!
 //! The fields are mirrored as `mlx5dv.h` lays them out; what rdma-core's `mlx5_create_ah`
 //! puts in the ones railshift does not set (the SL, the static rate, the RoCE source port in
@@ -131,7 +131,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DatagramSeg<T> {
     }
 }
 
-/// A parsed datagram segment: the fields a UD SEND of the shared control channel needs.
+/// A parsed datagram segment: the fields a UD SEND needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DatagramSegRepr {
     /// The queue key the destination QP must have.

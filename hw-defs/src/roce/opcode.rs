@@ -3,8 +3,8 @@
 
 enum_with_unknown! {
     /// A BTH opcode. The named ones are the RC opcodes railshift speaks (transport RC, bits
-    /// 7:5 = 000) and the UD SENDs (bits 7:5 = 011) of the shared control channel
-    /// (`docs/failover.md` 5g); anything else is `Unknown`.
+    /// 7:5 = 000) and the UD SENDs (bits 7:5 = 011) of softnic's UD QPs; anything else is
+    /// `Unknown`.
     pub enum Opcode(u8) {
         /// SEND First.
         SendFirst = 0x00,
