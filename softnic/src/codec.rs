@@ -71,15 +71,18 @@ pub(crate) fn decode_send_wqe(
 ) -> Result<(), WqeError> {
     let ring = SendRing::new_checked(ring).map_err(|_| WqeError::Malformed)?;
     let wqe = match qp_type {
-        QpType::Rc => SendWqeRepr::parse(&ring, 0),
-        QpType::Ud => SendWqeRepr::parse_ud(&ring, 0),
-    }
-    .map_err(|_| WqeError::Malformed)?;
-    out.ud = wqe.datagram.map(|d| UdDest {
-        addr: gid_addr(d.rgid),
-        qpn: d.dqp,
-        qkey: d.qkey,
-    });
+        QpType::Rc => SendWqeRepr::parse(&ring, 0).map_err(|_| WqeError::Malformed)?,
+        QpType::Ud => {
+            let wqe = SendWqeRepr::parse_ud(&ring, 0).map_err(|_| WqeError::Malformed)?;
+            // Written only in a UD QP's slots, the only ones that read it.
+            out.ud = wqe.datagram.map(|d| UdDest {
+                addr: gid_addr(d.rgid),
+                qpn: d.dqp,
+                qkey: d.qkey,
+            });
+            wqe
+        }
+    };
     out.op = match wqe.ctrl.opcode {
         SendOpcode::Nop => WqeOp::Nop,
         SendOpcode::RdmaWrite => WqeOp::Write,
@@ -331,17 +334,17 @@ pub(crate) fn parse_packet(
     let payload_start = repr.bth.opcode.header_len();
     let payload = payload_start..payload_start + repr.payload.len();
     Ok(Header {
-        kind: kind_of(info.operation),
+        kind: if info.deth {
+            Kind::UdSend
+        } else {
+            kind_of(info.operation)
+        },
         first: matches!(info.position, Position::First | Position::Only),
         last: matches!(info.position, Position::Last | Position::Only),
         solicited: repr.bth.solicited,
         ack_req: repr.bth.ack_req,
         dest_qpn: repr.bth.dest_qp,
         psn: repr.bth.psn.value(),
-        deth: repr.deth.map(|d| Deth {
-            qkey: d.qkey,
-            src_qp: d.src_qp,
-        }),
         reth: repr.reth.map(|r| Reth {
             va: r.va,
             rkey: r.rkey,
@@ -362,14 +365,6 @@ pub(crate) fn parse_packet(
 
 fn opcode_for(h: &OutHeader) -> Opcode {
     let imm = h.imm.is_some();
-    if h.deth.is_some() {
-        // UD has one SEND opcode (and its immediate form): a datagram is one packet.
-        return if imm {
-            Opcode::UdSendOnlyWithImmediate
-        } else {
-            Opcode::UdSendOnly
-        };
-    }
     match (h.kind, h.first, h.last) {
         (Kind::Send, true, false) => Opcode::SendFirst,
         (Kind::Send, false, false) => Opcode::SendMiddle,
@@ -392,7 +387,36 @@ fn opcode_for(h: &OutHeader) -> Opcode {
         (Kind::AtomicAck, _, _) => Opcode::AtomicAcknowledge,
         (Kind::CompareSwap, _, _) => Opcode::CompareSwap,
         (Kind::FetchAdd, _, _) => Opcode::FetchAdd,
+        // UD has one SEND opcode (and its immediate form): a datagram is one packet.
+        (Kind::UdSend, _, _) if imm => Opcode::UdSendOnlyWithImmediate,
+        (Kind::UdSend, _, _) => Opcode::UdSendOnly,
     }
+}
+
+/// Writes a UD SEND's headers (`h.kind` is [`Kind::UdSend`]): BTH, the DETH naming `deth`'s
+/// Q_Key and sending QP, and the immediate if any; returns where the payload goes.
+pub(crate) fn emit_ud_headers(buf: &mut [u8], h: &OutHeader, deth: Deth) -> Option<usize> {
+    let at = emit_headers(buf, h)?;
+    // The DETH follows the BTH (`emit_headers` left its bytes to this).
+    let o = bth::HEADER_LEN;
+    DethRepr {
+        qkey: deth.qkey,
+        src_qp: deth.src_qp,
+    }
+    .emit(&mut DethView::new_unchecked(
+        &mut buf[o..o + deth::HEADER_LEN],
+    ));
+    Some(at)
+}
+
+/// The DETH of a received UD SEND (its bytes right after the BTH).
+pub(crate) fn deth_of(packet: &[u8]) -> Option<Deth> {
+    let bytes = packet.get(bth::HEADER_LEN..bth::HEADER_LEN + deth::HEADER_LEN)?;
+    let d = DethRepr::parse(&DethView::new_checked(bytes).ok()?).ok()?;
+    Some(Deth {
+        qkey: d.qkey,
+        src_qp: d.src_qp,
+    })
 }
 
 /// Writes BTH and extension headers for `h` at the start of `buf`, with the pad count for its
@@ -405,7 +429,6 @@ pub(crate) fn emit_headers(buf: &mut [u8], h: &OutHeader) -> Option<usize> {
     // (`PacketRepr::emit` would want the payload as a slice, and refuses an empty payload on a
     // payload opcode, which zero-length WRITEs need.)
     let present = [
-        (at.deth.is_some(), h.deth.is_some()),
         (at.reth.is_some(), h.reth.is_some()),
         (at.atomic_eth.is_some(), h.atomic.is_some()),
         (at.aeth.is_some(), h.aeth.is_some()),
@@ -428,15 +451,6 @@ pub(crate) fn emit_headers(buf: &mut [u8], h: &OutHeader) -> Option<usize> {
         psn: Psn::new(h.psn),
     }
     .emit(&mut Bth::new_unchecked(&mut buf[..bth::HEADER_LEN]));
-    if let (Some(o), Some(d)) = (at.deth, h.deth) {
-        DethRepr {
-            qkey: d.qkey,
-            src_qp: d.src_qp,
-        }
-        .emit(&mut DethView::new_unchecked(
-            &mut buf[o..o + deth::HEADER_LEN],
-        ));
-    }
     if let (Some(o), Some(r)) = (at.reth, h.reth) {
         RethRepr {
             va: r.va,
@@ -598,15 +612,15 @@ mod tests {
         // DETH (which the engine uses to keep UD SENDs from RC QPs and to check the Q_Key)
         // comes back, and the opcode is UD's, never an RC SEND's.
         let (a, b) = addrs();
-        let mut hdr = OutHeader::new(Kind::Send, 0x12, 5);
-        hdr.deth = Some(Deth {
+        let mut hdr = OutHeader::new(Kind::UdSend, 0x12, 5);
+        let deth = Deth {
             qkey: 0x1111_2222,
             src_qp: 0x34,
-        });
+        };
         hdr.imm = Some(0xfeed);
         hdr.payload_len = 16;
-        let mut buf = vec![0u8; 256];
-        let at = emit_headers(&mut buf, &hdr).expect("a UD SEND's headers");
+        let mut buf = vec![0xeeu8; 256];
+        let at = emit_ud_headers(&mut buf, &hdr, deth).expect("a UD SEND's headers");
         assert_eq!(at, 12 + 8 + 4, "BTH, DETH, ImmDt");
         assert_eq!(
             Bth::new_checked(&buf[..12]).unwrap().opcode(),
@@ -615,8 +629,8 @@ mod tests {
         buf[at..at + 16].fill(7);
         let n = seal(&mut buf, at + 16, a, 0xc123, b).expect("seal");
         let h = parse_packet(&buf[..n], a, 0xc123, b, None).expect("parses");
-        assert_eq!(h.kind, Kind::Send);
-        assert_eq!(h.deth, hdr.deth);
+        assert_eq!(h.kind, Kind::UdSend);
+        assert_eq!(deth_of(&buf[..n]), Some(deth));
         assert_eq!(h.imm, Some(0xfeed));
         assert_eq!(&buf[h.payload], &[7; 16]);
         // An RC SEND has none.
@@ -625,8 +639,8 @@ mod tests {
         let at = emit_headers(&mut buf, &rc).expect("an RC SEND's headers");
         let n = seal(&mut buf, at + 16, a, 0xc123, b).expect("seal");
         assert_eq!(
-            parse_packet(&buf[..n], a, 0xc123, b, None).map(|h| h.deth),
-            Ok(None)
+            parse_packet(&buf[..n], a, 0xc123, b, None).map(|h| h.kind),
+            Ok(Kind::Send)
         );
     }
 }

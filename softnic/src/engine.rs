@@ -20,6 +20,7 @@ use crate::cq::Cq;
 use crate::events::{AsyncEvent, EventQueue};
 use crate::medium::WireImpl;
 use crate::mr::MrTable;
+use crate::packet::Kind;
 use crate::path_budget::PathBudgets;
 use crate::qp::{ErrorCtx, Qp};
 use crate::qp_attr::{QpState, QpType};
@@ -443,7 +444,7 @@ impl Round<'_> {
             self.active.mark(qp);
             return;
         }
-        if h.deth.is_some() {
+        if h.kind == Kind::UdSend {
             // A UD SEND reaches only a UD QP: an RC QP never takes one as its own SEND.
             qp.counters.malformed_drops += 1;
             return;

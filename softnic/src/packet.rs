@@ -15,6 +15,9 @@ pub(crate) enum Kind {
     AtomicAck,
     CompareSwap,
     FetchAdd,
+    /// A UD SEND (Only, with or without immediate): only a UD QP takes it, its DETH read
+    /// from the packet by `crate::ud`.
+    UdSend,
 }
 
 impl Kind {
@@ -91,8 +94,6 @@ pub(crate) struct Header {
     pub ack_req: bool,
     pub dest_qpn: u32,
     pub psn: u32,
-    /// Present exactly on a UD SEND (which only a UD QP takes).
-    pub deth: Option<Deth>,
     pub reth: Option<Reth>,
     pub atomic: Option<AtomicEth>,
     pub aeth: Option<(AckKind, u32)>,
@@ -112,8 +113,6 @@ pub(crate) struct OutHeader {
     pub ack_req: bool,
     pub dest_qpn: u32,
     pub psn: u32,
-    /// A UD SEND's DETH: the packet goes as UD SEND Only (with immediate).
-    pub deth: Option<Deth>,
     pub reth: Option<Reth>,
     pub atomic: Option<AtomicEth>,
     pub aeth: Option<(AckKind, u32)>,
@@ -132,7 +131,6 @@ impl OutHeader {
             ack_req: false,
             dest_qpn,
             psn,
-            deth: None,
             reth: None,
             atomic: None,
             aeth: None,

@@ -65,6 +65,7 @@ impl Tx<'_> {
     /// Lays out one packet: headers from `hdr`, then `fill` writes exactly `hdr.payload_len`
     /// payload bytes into the slice it is given (returning false aborts the packet), then pad
     /// and ICRC. Counts it on `qp` (and so on the device).
+    #[inline]
     pub fn emit(
         &mut self,
         hdr: &OutHeader,
@@ -73,12 +74,28 @@ impl Tx<'_> {
         qp: &mut Counters,
         fill: impl FnOnce(&mut [u8]) -> bool,
     ) -> bool {
+        let headers = |buf: &mut [u8]| codec::emit_headers(buf, hdr);
+        self.emit_with(headers, hdr.payload_len, peer, src_port, qp, fill)
+    }
+
+    /// As [`Tx::emit`], the headers written by `headers` (which returns where the payload
+    /// goes): a UD SEND's, with its DETH.
+    #[inline(always)]
+    pub fn emit_with(
+        &mut self,
+        headers: impl FnOnce(&mut [u8]) -> Option<usize>,
+        payload_len: u32,
+        peer: IpAddr,
+        src_port: u16,
+        qp: &mut Counters,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> bool {
         let local = self.local_addr;
         let slot = self.slot();
-        let Some(hlen) = codec::emit_headers(&mut slot.data, hdr) else {
+        let Some(hlen) = headers(&mut slot.data) else {
             return false;
         };
-        let plen = hdr.payload_len as usize;
+        let plen = payload_len as usize;
         if hlen + plen + 8 > slot.data.len() || !fill(&mut slot.data[hlen..hlen + plen]) {
             return false;
         }

@@ -15,7 +15,7 @@ use hw_defs::roce::ipv4::{self, Ipv4Packet, Ipv4Repr};
 use hw_defs::roce::ipv6::{Ipv6Packet, Ipv6Repr};
 use hw_defs::roce::udp;
 
-use crate::codec::psn_add;
+use crate::codec::{self, psn_add};
 use crate::cqe::{CqeInfo, CqeKind};
 use crate::dma;
 use crate::events::AsyncEvent;
@@ -88,18 +88,20 @@ fn send_datagram(qp: &mut Qp, mrs: &MrTable, tx: &mut Tx<'_>, dest: UdDest) -> R
     let psn = qp.req.psn;
     let pd = qp.pd;
     let w = qp.sq.slot(qp.sq.slot_ci);
-    let mut hdr = OutHeader::new(Kind::Send, dest.qpn, psn);
-    hdr.deth = Some(Deth {
+    let mut hdr = OutHeader::new(Kind::UdSend, dest.qpn, psn);
+    let deth = Deth {
         qkey: dest.qkey,
         src_qp: qp.qpn,
-    });
+    };
     hdr.solicited = w.solicited;
     if w.op == WqeOp::SendImm {
         hdr.imm = Some(w.imm);
     }
     hdr.payload_len = w.length;
     let mut fault = None;
-    let ok = tx.emit(&hdr, dest.addr, qp.src_port, &mut qp.counters, |buf| {
+    let headers = |buf: &mut [u8]| codec::emit_ud_headers(buf, &hdr, deth);
+    let (len, port) = (hdr.payload_len, qp.src_port);
+    let ok = tx.emit_with(headers, len, dest.addr, port, &mut qp.counters, |buf| {
         if w.inline {
             match w.inline_data.get(..buf.len()) {
                 Some(src) => {
@@ -149,8 +151,12 @@ pub(crate) fn receive(
     mrs: &MrTable,
     ectx: &mut ErrorCtx<'_>,
 ) {
-    let Some(deth) = h.deth else {
+    let deth = match h.kind {
+        Kind::UdSend => codec::deth_of(packet),
         // An RC packet: a UD QP has no connection to take it on.
+        _ => None,
+    };
+    let Some(deth) = deth else {
         qp.counters.malformed_drops += 1;
         return;
     };

@@ -205,20 +205,22 @@ const DATAGRAM_DS: usize = datagram_seg::SIZE / SEND_WQE_DS;
 
 impl<'a> SendWqeRepr<'a> {
     /// Reads the WQE at `index` of an RC QP's `ring`.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(ring: &'a SendRing<T>, index: u16) -> Result<Self, Error> {
-        Self::parse_as(ring, index, false)
+        Self::parse_as::<T, false>(ring, index)
     }
 
     /// Reads the WQE at `index` of a UD QP's `ring`: the control segment, the datagram
     /// segment, then the data. Only SEND, SEND_IMM and NOP are UD operations.
     pub fn parse_ud<T: AsRef<[u8]>>(ring: &'a SendRing<T>, index: u16) -> Result<Self, Error> {
-        Self::parse_as(ring, index, true)
+        Self::parse_as::<T, true>(ring, index)
     }
 
-    fn parse_as<T: AsRef<[u8]>>(
+    /// The parser of both, `UD` a constant so that RC's parse carries none of UD's checks.
+    #[inline(always)]
+    fn parse_as<T: AsRef<[u8]>, const UD: bool>(
         ring: &'a SendRing<T>,
         index: u16,
-        ud: bool,
     ) -> Result<Self, Error> {
         let ctrl = CtrlSegRepr::parse(&ring.ctrl(index))?;
         if let SendOpcode::Unknown(opcode) = ctrl.opcode {
@@ -229,7 +231,7 @@ impl<'a> SendWqeRepr<'a> {
                 expected: "NOP, RDMA_WRITE(_IMM), SEND(_IMM), RDMA_READ, ATOMIC_CS or ATOMIC_FA",
             });
         }
-        if ud && !is_ud_opcode(ctrl.opcode) {
+        if UD && !is_ud_opcode(ctrl.opcode) {
             return Err(Error::BadField {
                 layout: LAYOUT,
                 field: "opcode",
@@ -238,7 +240,7 @@ impl<'a> SendWqeRepr<'a> {
             });
         }
         let ds = usize::from(ctrl.ds);
-        let header_ds = wqe::header_ds(ctrl.opcode) + if ud { DATAGRAM_DS } else { 0 };
+        let header_ds = wqe::header_ds(ctrl.opcode) + if UD { DATAGRAM_DS } else { 0 };
         if ds < header_ds {
             return Err(Error::BadField {
                 layout: LAYOUT,
@@ -270,7 +272,7 @@ impl<'a> SendWqeRepr<'a> {
         } else {
             None
         };
-        let datagram = if ud {
+        let datagram = if UD {
             // Units 1 to 3, all in the WQE's first basic block: no wrap inside it.
             let at = ring.segment_offset(index, 1);
             Some(DatagramSegRepr::parse(&DatagramSeg::new_unchecked(

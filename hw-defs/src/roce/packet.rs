@@ -271,7 +271,9 @@ pub struct PacketRepr<'a> {
 }
 
 impl<'a> PacketRepr<'a> {
-    /// Parses a packet. Opcodes without payload must carry none (nor pad).
+    /// Parses a packet. Opcodes without payload must carry none (nor pad). Inlined: a
+    /// receiver (softnic's engine, per packet) then keeps only the fields it reads.
+    #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&'a T>) -> Result<Self, Error> {
         packet.check_len()?;
         let bytes: &'a [u8] = (*packet.buffer).as_ref();
