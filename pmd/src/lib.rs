@@ -47,4 +47,6 @@ pub use datapath::wr::{
 };
 pub use name::DeviceName;
 pub use qp_state::QpState;
-pub use verbs::{random_psn, Access, AddressVector, Gid, Mtu, QpAttr, QpCaps};
+pub use verbs::{
+    random_psn, Access, AddressVector, Gid, Mtu, QpAttr, QpCaps, QpType, UdAddress, UD_GRH_LEN,
+};

@@ -1,6 +1,6 @@
-//! The RC queue-pair state machine: which transitions exist and which attributes each needs.
+//! The queue-pair state machine: which transitions exist and which attributes each needs.
 //!
-//! One table says it all (it follows the verbs rules of `ibv_modify_qp`): a transition that is
+//! One table per QP type says it all (RC's, and UD's beside it) (it follows the verbs rules of `ibv_modify_qp`): a transition that is
 //! not in the table is illegal; a required attribute that is missing, or an attribute that the
 //! transition does not take, is an error that names the attributes. The provider only ever sees
 //! requests that passed this check, so the softnic and a ConnectX reject the same things with
@@ -97,6 +97,8 @@ attr_bits! {
     RNR_RETRY = 12, "rnr_retry";
     /// `IBV_QP_MAX_QP_RD_ATOMIC`: reads and atomics this QP may have outstanding.
     MAX_QP_RD_ATOMIC = 13, "max_rd_atomic";
+    /// A UD QP's queue key.
+    QKEY = 14, "qkey";
 }
 
 impl AttrMask {
@@ -229,6 +231,42 @@ const TABLE: &[Transition] = &[
     },
 ];
 
+/// A UD QP's transitions (`ibv_modify_qp` on `IBV_QPT_UD`): no peer, no PSN the peer sends,
+/// no timers; the queue key at INIT. RTR may take the path MTU, the largest datagram the QP
+/// sends (railshift's: a ConnectX takes the port's), which a provider without it sets itself.
+const UD_TABLE: &[Transition] = &[
+    Transition {
+        from: QpState::Reset,
+        to: QpState::Init,
+        required: mask(&[AttrMask::PKEY_INDEX, AttrMask::PORT, AttrMask::QKEY]),
+        optional: AttrMask::NONE,
+    },
+    Transition {
+        from: QpState::Init,
+        to: QpState::Init,
+        required: AttrMask::NONE,
+        optional: mask(&[AttrMask::PKEY_INDEX, AttrMask::PORT, AttrMask::QKEY]),
+    },
+    Transition {
+        from: QpState::Init,
+        to: QpState::Rtr,
+        required: AttrMask::NONE,
+        optional: mask(&[AttrMask::PKEY_INDEX, AttrMask::QKEY, AttrMask::PATH_MTU]),
+    },
+    Transition {
+        from: QpState::Rtr,
+        to: QpState::Rts,
+        required: AttrMask::SQ_PSN,
+        optional: AttrMask::QKEY,
+    },
+    Transition {
+        from: QpState::Rts,
+        to: QpState::Rts,
+        required: AttrMask::NONE,
+        optional: AttrMask::QKEY,
+    },
+];
+
 /// Why a QP state transition was refused before it reached the device.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransitionError {
@@ -262,9 +300,31 @@ pub enum TransitionError {
     },
 }
 
-/// Checks a transition against the table: `Ok` when `from -> to` is legal with exactly the
+/// Checks an RC QP's transition against the table: `Ok` when `from -> to` is legal with exactly the
 /// attributes in `given` (all required ones, no others than the optional ones).
 pub fn check_transition(
+    from: QpState,
+    to: QpState,
+    given: AttrMask,
+) -> Result<(), TransitionError> {
+    check_in(TABLE, from, to, given)
+}
+
+/// [`check_transition`] for a QP of `qp_type`: RC's table, or UD's.
+pub fn check_transition_of(
+    qp_type: crate::verbs::QpType,
+    from: QpState,
+    to: QpState,
+    given: AttrMask,
+) -> Result<(), TransitionError> {
+    match qp_type {
+        crate::verbs::QpType::Rc => check_in(TABLE, from, to, given),
+        crate::verbs::QpType::Ud => check_in(UD_TABLE, from, to, given),
+    }
+}
+
+fn check_in(
+    table: &[Transition],
     from: QpState,
     to: QpState,
     given: AttrMask,
@@ -279,7 +339,7 @@ pub fn check_transition(
         }
         return Ok(());
     }
-    let Some(t) = TABLE.iter().find(|t| t.from == from && t.to == to) else {
+    let Some(t) = table.iter().find(|t| t.from == from && t.to == to) else {
         return Err(TransitionError::Illegal { from, to });
     };
     let missing = t.required.without(given);
@@ -324,6 +384,38 @@ mod tests {
             let given = required(pair[0], pair[1]);
             assert_eq!(check_transition(pair[0], pair[1], given), Ok(()));
         }
+    }
+
+    #[test]
+    fn a_ud_qp_comes_up_with_its_queue_key_and_first_psn_and_takes_no_peer() {
+        use crate::verbs::QpType::{Rc, Ud};
+        let init = mask(&[AttrMask::PKEY_INDEX, AttrMask::PORT, AttrMask::QKEY]);
+        assert_eq!(
+            check_transition_of(Ud, QpState::Reset, QpState::Init, init),
+            Ok(())
+        );
+        assert_eq!(
+            check_transition_of(Ud, QpState::Init, QpState::Rtr, AttrMask::NONE),
+            Ok(())
+        );
+        assert_eq!(
+            check_transition_of(Ud, QpState::Rtr, QpState::Rts, AttrMask::SQ_PSN),
+            Ok(())
+        );
+        // RC's INIT (access flags, no queue key) is not UD's, nor is a peer at RTR.
+        let rc_init = mask(&[AttrMask::PKEY_INDEX, AttrMask::PORT, AttrMask::ACCESS_FLAGS]);
+        assert!(check_transition_of(Ud, QpState::Reset, QpState::Init, rc_init).is_err());
+        let peer = mask(&[AttrMask::AV, AttrMask::DEST_QPN]);
+        assert!(matches!(
+            check_transition_of(Ud, QpState::Init, QpState::Rtr, peer),
+            Err(TransitionError::UnexpectedAttributes { .. })
+        ));
+        // And an RC QP takes no queue key.
+        assert!(check_transition_of(Rc, QpState::Reset, QpState::Init, init).is_err());
+        assert_eq!(
+            check_transition_of(Rc, QpState::Reset, QpState::Init, rc_init),
+            check_transition(QpState::Reset, QpState::Init, rc_init)
+        );
     }
 
     #[test]

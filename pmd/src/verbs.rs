@@ -212,6 +212,8 @@ pub struct QpAttr {
     pub rnr_retry: Option<u8>,
     /// Reads/atomics this QP may have outstanding.
     pub max_rd_atomic: Option<u8>,
+    /// A UD QP's queue key: it takes only datagrams that carry it (`IBV_QP_QKEY`).
+    pub qkey: Option<u32>,
 }
 
 impl QpAttr {
@@ -240,6 +242,7 @@ impl QpAttr {
         set(self.retry_cnt.is_some(), AttrMask::RETRY_CNT);
         set(self.rnr_retry.is_some(), AttrMask::RNR_RETRY);
         set(self.max_rd_atomic.is_some(), AttrMask::MAX_QP_RD_ATOMIC);
+        set(self.qkey.is_some(), AttrMask::QKEY);
         m
     }
 
@@ -266,6 +269,25 @@ impl QpAttr {
         }
     }
 
+    /// The attributes of a UD QP's RESET -> INIT: port 1, pkey index 0, queue key `qkey`.
+    pub fn init_ud(qkey: u32) -> QpAttr {
+        QpAttr {
+            pkey_index: Some(0),
+            port: Some(1),
+            qkey: Some(qkey),
+            ..QpAttr::default()
+        }
+    }
+
+    /// The attributes of a UD QP's RTR -> RTS: its first PSN (nothing of a peer: each send
+    /// names its destination).
+    pub fn rts_ud(sq_psn: u32) -> QpAttr {
+        QpAttr {
+            sq_psn: Some(sq_psn),
+            ..QpAttr::default()
+        }
+    }
+
     /// The attributes of RTR -> RTS: timeout 14 (67 ms), 7 retries, infinite RNR retry.
     pub fn rts(sq_psn: u32) -> QpAttr {
         QpAttr {
@@ -278,6 +300,34 @@ impl QpAttr {
         }
     }
 }
+
+/// A QP's transport service (`ibv_qp_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QpType {
+    /// Reliable connected: one peer QP; RDMA, atomics, acknowledged and resent SENDs.
+    #[default]
+    Rc,
+    /// Unreliable datagram: each SEND names its destination ([`UdAddress`]) and goes once,
+    /// unacknowledged; a receive gets the 40-byte GRH before the payload and the sender's QPN
+    /// in its completion. Only on providers with [`crate::provider::Provider::supports_ud`].
+    Ud,
+}
+
+/// Where a UD SEND goes: the destination's GID, QP number and queue key (the address vector
+/// a UD send WQE carries in its datagram segment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdAddress {
+    /// The destination port's GID.
+    pub gid: Gid,
+    /// The destination QP.
+    pub qpn: u32,
+    /// The queue key the destination QP must have.
+    pub qkey: u32,
+}
+
+/// Bytes of the Global Route Header at the start of every UD receive's buffer, before the
+/// payload (RoCEv2 over IPv4: 20 zero bytes, then the IPv4 header).
+pub const UD_GRH_LEN: u32 = 40;
 
 /// Sizes of a QP's queues, as requested and as the provider granted them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

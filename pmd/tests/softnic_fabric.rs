@@ -632,3 +632,144 @@ fn an_srq_refuses_bad_posts_and_raises_its_limit_event() {
     assert!(b.pd.create_srq(0, 1, 0).is_err());
     assert!(b.pd.create_srq(4, 1, 5).is_err());
 }
+
+/// A UD QP in RTS with queue key `qkey` on `s`'s device, sharing its CQ and buffer.
+fn ud_qp(s: &common::Side, qkey: u32) -> Qp {
+    let mut qp = s.pd.create_ud_qp(&s.cq, &s.cq, caps()).unwrap();
+    assert_eq!(qp.qp_type(), pmd::QpType::Ud);
+    qp.modify(QpState::Init, &pmd::QpAttr::init_ud(qkey))
+        .unwrap();
+    qp.modify(QpState::Rtr, &pmd::QpAttr::default()).unwrap();
+    qp.modify(QpState::Rts, &pmd::QpAttr::rts_ud(0)).unwrap();
+    qp
+}
+
+#[test]
+fn ud_datagrams_go_both_ways_with_the_grh_and_the_senders_qpn() {
+    const QKEY: u32 = 0x0bad_cafe;
+    let (mut a, mut b) = two_devices();
+    let (mut ua, mut ub) = (ud_qp(&a, QKEY), ud_qp(&b, QKEY));
+    let (ga, gb) = (a.ctx.query_gid(0).unwrap(), b.ctx.query_gid(0).unwrap());
+    let grh = pmd::UD_GRH_LEN;
+    // Ten each way, each into its own receive of GRH + 100 bytes at 8192 + 256 i.
+    for i in 0..10u32 {
+        let at = 8192 + 256 * i as usize;
+        ua.post_recv(&RecvWr::new(
+            100 + u64::from(i),
+            &[a.buf.sge(at, grh + 100)],
+        ))
+        .unwrap();
+        ub.post_recv(&RecvWr::new(
+            200 + u64::from(i),
+            &[b.buf.sge(at, grh + 100)],
+        ))
+        .unwrap();
+    }
+    for i in 0..10u32 {
+        let at = 64 * i as usize;
+        a.buf.write(at, &[i as u8; 40]);
+        b.buf.write(at, &[0x80 | i as u8; 40]);
+        let to_b = pmd::UdAddress {
+            gid: gb,
+            qpn: ub.qpn(),
+            qkey: QKEY,
+        };
+        let to_a = pmd::UdAddress {
+            gid: ga,
+            qpn: ua.qpn(),
+            qkey: QKEY,
+        };
+        let op = SendOp::SendImm { imm: i };
+        ua.post_send_ud(
+            &SendWr::new(u64::from(i), op, &[a.buf.sge(at, 10 + i)]).signaled(),
+            &to_b,
+        )
+        .unwrap();
+        ub.post_send_ud(
+            &SendWr::new(u64::from(i), op, &[b.buf.sge(at, 10 + i)]).signaled(),
+            &to_a,
+        )
+        .unwrap();
+    }
+    ua.ring_doorbell();
+    ub.ring_doorbell();
+    let ctxs = [a.ctx.clone(), b.ctx.clone()];
+    // Each CQ gets its QP's ten send completions and ten receives, in some order.
+    for (side, ud, peer, fill, wr_base) in [
+        (&mut a, &ua, ub.qpn(), 0x80u8, 100u64),
+        (&mut b, &ub, ua.qpn(), 0, 200),
+    ] {
+        let wcs = wait(&[&ctxs[0], &ctxs[1]], &mut side.cq, 20);
+        let sends: Vec<_> = wcs.iter().filter(|w| w.opcode == WcOpcode::Send).collect();
+        let recvs: Vec<_> = wcs.iter().filter(|w| w.opcode == WcOpcode::Recv).collect();
+        assert_eq!((sends.len(), recvs.len()), (10, 10), "{wcs:?}");
+        assert!(sends.iter().all(|w| w.is_ok() && w.src_qp == 0));
+        for (i, w) in recvs.iter().enumerate() {
+            let i = i as u32;
+            assert_eq!(
+                (w.wr_id, w.status, w.byte_len, w.imm, w.src_qp, w.qp_num),
+                (
+                    wr_base + u64::from(i),
+                    WcStatus::Success,
+                    grh + 10 + i,
+                    Some(i),
+                    peer,
+                    ud.qpn()
+                )
+            );
+            let at = 8192 + 256 * i as usize;
+            let mut payload = vec![0u8; 10 + i as usize];
+            side.buf.read(at + grh as usize, &mut payload);
+            assert_eq!(payload, vec![fill | i as u8; 10 + i as usize]);
+            // The GRH's IPv4 header (its last 20 bytes) names the sender's address.
+            let mut ip = [0u8; 20];
+            side.buf.read(at + 20, &mut ip);
+            let from = if fill == 0 { ga } else { gb };
+            assert_eq!(ip[12..16], from.0[12..16]);
+        }
+    }
+}
+
+#[test]
+fn ud_posts_are_checked_and_an_rc_qp_is_not_a_ud_one() {
+    let (mut a, b) = two_devices();
+    let mut ud = ud_qp(&a, 7);
+    let dest = pmd::UdAddress {
+        gid: b.ctx.query_gid(0).unwrap(),
+        qpn: 0x12,
+        qkey: 7,
+    };
+    let sge = [a.buf.sge(0, 8)];
+    // A UD QP's sends name their destination; it has no RDMA.
+    assert_eq!(
+        ud.post_send(&SendWr::new(1, SendOp::Send, &sge)),
+        Err(PostError::UdNeedsAddress { qpn: ud.qpn() })
+    );
+    let write = SendOp::Write {
+        remote: Remote { addr: 0, rkey: 1 },
+    };
+    assert!(matches!(
+        ud.post_send_ud(&SendWr::new(1, write, &sge), &dest),
+        Err(PostError::NotUdOperation { .. })
+    ));
+    // An RC QP has no UD sends.
+    assert_eq!(
+        a.qp.post_send_ud(&SendWr::new(1, SendOp::Send, &sge), &dest),
+        Err(PostError::NotUd { qpn: a.qp.qpn() })
+    );
+    // RC's attributes are not UD's: a UD QP takes no peer.
+    let mut fresh = a.pd.create_ud_qp(&a.cq, &a.cq, caps()).unwrap();
+    assert!(fresh
+        .modify(QpState::Init, &pmd::QpAttr::init(pmd::Access::ALL))
+        .is_err());
+    // A UD send longer than the MTU (1024 until set) fails at the device, with its CQE.
+    a.buf.write(0, &[1; 2000]);
+    ud.post_send_ud(
+        &SendWr::new(9, SendOp::Send, &[a.buf.sge(0, 2000)]).signaled(),
+        &dest,
+    )
+    .unwrap();
+    ud.ring_doorbell();
+    let wcs = wait(&[&a.ctx, &b.ctx], &mut a.cq, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (9, WcStatus::LocLenErr));
+}

@@ -13,15 +13,17 @@ use crate::datapath::sq::{DoorbellError, SendQueue, SendQueueParts};
 use crate::datapath::track::{RecvTrack, SendTrack};
 use crate::datapath::wr::{BatchPostError, PostError, RecvWr, SendOp, SendWr, Sge};
 use crate::provider::{Handle, QpRequest, RawQp, VerbsError};
-use crate::qp_state::{check_transition, QpState, TransitionError};
-use crate::verbs::{QpAttr, QpCaps};
+use crate::qp_state::{check_transition, check_transition_of, QpState, TransitionError};
+use crate::verbs::{QpAttr, QpCaps, QpType, UdAddress};
 
 use super::cq::CqShared;
 use super::srq::SrqShared;
 use super::{Cq, Pd, Srq};
 
-/// The largest WQE is 63 units of 16 bytes; an atomic header takes 3 of them.
+/// The largest WQE is 63 units of 16 bytes; an atomic header takes 3 of them, a UD SEND's
+/// control and datagram segments 4.
 const MAX_DATA_UNITS: u32 = 63 - 3;
+const MAX_UD_DATA_UNITS: u32 = 63 - 4;
 
 /// Why a QP state change failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,7 +118,8 @@ fn merge(into: &mut Option<QpAttr>, attr: &QpAttr) {
         timeout,
         retry_cnt,
         rnr_retry,
-        max_rd_atomic
+        max_rd_atomic,
+        qkey
     );
 }
 
@@ -129,6 +132,8 @@ pub(crate) struct QpControl {
     handle: Handle,
     qpn: u32,
     caps: QpCaps,
+    /// RC or UD: which transition table its moves go through.
+    qp_type: QpType,
     /// The QP's state, in the gate its queues' posts read.
     gate: Arc<QpGate>,
     saved: Mutex<SavedAttrs>,
@@ -146,7 +151,7 @@ impl QpControl {
     fn modify(&self, to: QpState, attr: &QpAttr) -> Result<(), ModifyError> {
         let mut saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
         let from = self.state();
-        check_transition(from, to, attr.mask())?;
+        check_transition_of(self.qp_type, from, to, attr.mask())?;
         self.pd
             .context()
             .provider()
@@ -314,8 +319,20 @@ impl Qp {
         recv_cq: &Cq,
         caps: QpCaps,
         srq: Option<&Srq>,
+        qp_type: QpType,
     ) -> Result<Qp, VerbsError> {
         let ctx = pd.context();
+        if qp_type == QpType::Ud && (srq.is_some() || !ctx.provider().supports_ud()) {
+            return Err(VerbsError::Unsupported {
+                device: ctx.name().to_string(),
+                verb: "create_qp",
+                what: if srq.is_some() {
+                    "a UD QP on a shared receive queue".into()
+                } else {
+                    "UD QPs (this provider makes RC QPs only)".into()
+                },
+            });
+        }
         if let Some(srq) = srq {
             if !Arc::ptr_eq(srq.pd(), pd) {
                 return Err(invalid(
@@ -337,7 +354,11 @@ impl Qp {
         } else {
             hw_defs::mlx5::wqe::inline_ds(caps.max_inline_data as usize) as u32
         };
-        if caps.max_send_sge > MAX_DATA_UNITS || inline_units > MAX_DATA_UNITS {
+        let max_data_units = match qp_type {
+            QpType::Rc => MAX_DATA_UNITS,
+            QpType::Ud => MAX_UD_DATA_UNITS,
+        };
+        if caps.max_send_sge > max_data_units || inline_units > max_data_units {
             return Err(invalid(
                 pd,
                 "create_qp",
@@ -352,6 +373,7 @@ impl Qp {
             send_cq: send_cq.shared().handle,
             recv_cq: recv_cq.shared().handle,
             caps,
+            qp_type,
         };
         let raw = match srq {
             Some(srq) => ctx.provider().create_qp_on_srq(&req, srq.handle())?,
@@ -375,6 +397,7 @@ impl Qp {
             handle,
             qpn,
             caps: granted,
+            qp_type,
             gate: gate.clone(),
             saved: Mutex::new(SavedAttrs::default()),
             srq: srq.map(|s| s.shared().clone()),
@@ -396,11 +419,13 @@ impl Qp {
         }
         let send_track = Arc::new(SendTrack::new(sq.wqe_cnt));
         let recv_track = Arc::new(RecvTrack::new(rq.wqe_cnt));
+        let ud = qp_type == QpType::Ud;
         send_cq.shared().attachments.attach(Attachment {
             qpn,
             send: Some(send_track.clone()),
             recv: None,
             srq: None,
+            ud,
         });
         recv_cq.shared().attachments.attach(match srq {
             Some(srq) => Attachment {
@@ -408,12 +433,14 @@ impl Qp {
                 send: None,
                 recv: None,
                 srq: Some(srq.shared().queue.clone()),
+                ud,
             },
             None => Attachment {
                 qpn,
                 send: None,
                 recv: Some(recv_track.clone()),
                 srq: None,
+                ud,
             },
         });
         let device = ctx.device_arc();
@@ -438,6 +465,7 @@ impl Qp {
             keys: ctx.keys().clone(),
             gate: gate.clone(),
             device: device.clone(),
+            ud,
         });
         let rq = RecvQueue::new(RecvQueueParts {
             ring: rq.buf,
@@ -453,6 +481,11 @@ impl Qp {
             device,
         });
         Ok(Qp { sq, rq, ctl })
+    }
+
+    /// RC or UD.
+    pub fn qp_type(&self) -> QpType {
+        self.ctl.qp_type
     }
 
     /// Whether the QP takes its receives from a shared receive queue.
@@ -542,6 +575,13 @@ impl Qp {
     #[inline]
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<u16, PostError> {
         self.sq.post(wr)
+    }
+
+    /// Validates a UD SEND (`SendOp::Send` or `SendOp::SendImm`) to `dest` and writes its
+    /// WQE, with the datagram segment; returns its WQE index. Only on a UD QP: an RC QP refuses
+    /// it, and a UD QP refuses [`Qp::post_send`] (a UD SEND needs its destination).
+    pub fn post_send_ud(&mut self, wr: &SendWr<'_>, dest: &UdAddress) -> Result<u16, PostError> {
+        self.sq.post_ud(wr, dest)
     }
 
     /// The fast path alone for a one-entry WRITE, WRITE with immediate, SEND or SEND with
@@ -640,7 +680,21 @@ impl Pd {
         recv_cq: &Cq,
         caps: QpCaps,
     ) -> Result<Qp, VerbsError> {
-        Qp::create(self, send_cq, recv_cq, caps, None)
+        Qp::create(self, send_cq, recv_cq, caps, None, QpType::Rc)
+    }
+
+    /// Creates a UD QP (in RESET) whose sends complete in `send_cq` and receives in
+    /// `recv_cq`: its sends go with [`Qp::post_send_ud`], each receive buffer gets the 40-byte
+    /// GRH before the payload ([`crate::UD_GRH_LEN`]) and each receive completion the sender's
+    /// QPN (`WorkCompletion::src_qp`). Refused by a provider without UD
+    /// ([`crate::provider::Provider::supports_ud`]: softnic has it, mlx5 not yet).
+    pub fn create_ud_qp(
+        self: &Arc<Self>,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        caps: QpCaps,
+    ) -> Result<Qp, VerbsError> {
+        Qp::create(self, send_cq, recv_cq, caps, None, QpType::Ud)
     }
 
     /// Creates an RC QP (in RESET) that takes its receives from `srq` (of this PD); its
@@ -652,6 +706,6 @@ impl Pd {
         caps: QpCaps,
         srq: &Srq,
     ) -> Result<Qp, VerbsError> {
-        Qp::create(self, send_cq, recv_cq, caps, Some(srq))
+        Qp::create(self, send_cq, recv_cq, caps, Some(srq), QpType::Rc)
     }
 }

@@ -8,6 +8,20 @@ use crate::qp_state::{QpState, TransitionError};
 use crate::verbs::{Access, QpAttr};
 
 #[test]
+fn a_provider_without_ud_refuses_a_ud_qp_with_a_clear_error() {
+    // The fake provider, as mlx5 today, makes RC QPs only.
+    let r = rig();
+    let refused = r.pd.create_ud_qp(&r.cq, &r.cq, caps()).map(|_| ());
+    match refused {
+        Err(crate::provider::VerbsError::Unsupported { verb, what, .. }) => {
+            assert_eq!(verb, "create_qp");
+            assert!(what.contains("UD"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn objects_keep_their_parents_alive_and_release_everything_on_drop() {
     let r = rig();
     let fake = r.fake.clone();

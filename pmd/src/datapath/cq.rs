@@ -26,6 +26,8 @@ pub(crate) struct Attachment {
     pub recv: Option<Arc<RecvTrack>>,
     /// The SRQ the QP takes its receives from (then `recv` is `None`).
     pub srq: Option<Arc<SharedRecvQueue>>,
+    /// A UD QP: its receive completions name the sender (`WorkCompletion::src_qp`).
+    pub ud: bool,
 }
 
 /// The QPs attached to a CQ. Written on the control path (QP create/destroy), read by the
@@ -600,6 +602,7 @@ impl CompletionQueue {
                     imm: None,
                     qp_num: qpn,
                     vendor_err: 0,
+                    src_qp: 0,
                 };
                 true
             }
@@ -631,6 +634,12 @@ impl CompletionQueue {
                         .then(|| view.imm()),
                     qp_num: qpn,
                     vendor_err: 0,
+                    // `flags_rqpn`, as libmlx5 reads it for a UD QP only.
+                    src_qp: if self.local[at].ud {
+                        view.remote_qpn()
+                    } else {
+                        0
+                    },
                 };
                 true
             }
@@ -703,6 +712,7 @@ impl CompletionQueue {
             imm: None,
             qp_num: qpn,
             vendor_err: err.vendor_err_synd(),
+            src_qp: 0,
         };
         true
     }

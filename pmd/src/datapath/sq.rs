@@ -12,7 +12,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use hw_defs::mlx5::{ctrl_seg, data_seg, raddr_seg, wqe, FenceMode, InlineSeg, SendOpcode};
+use hw_defs::mlx5::{
+    ctrl_seg, data_seg, datagram_seg, raddr_seg, wqe, DatagramSeg, DatagramSegRepr, FenceMode,
+    InlineSeg, SendOpcode,
+};
 
 use super::doorbell::{Doorbell, LastWqe};
 use super::gate::QpGate;
@@ -20,7 +23,10 @@ use super::track::{SendTrack, Slot};
 use super::wr::{BatchPostError, Payload, PostError, Remote, SendFlags, SendOp, SendWr, Sge};
 use crate::keys::{KeyTable, MrEntry};
 use crate::qp_state::QpState;
-use crate::verbs::Access;
+use crate::verbs::{Access, UdAddress};
+
+/// The 16-byte units of a UD SEND's datagram segment.
+const DATAGRAM_UNITS: u32 = (datagram_seg::SIZE / UNIT) as u32;
 
 pub mod raw;
 
@@ -208,6 +214,9 @@ pub struct SendQueue {
     /// refused: set by the failover layer on its default QPs, see
     /// [`SendQueue::take_work_in_error`].
     takes_work_in_error: bool,
+    /// A UD QP's queue: its sends go through [`SendQueue::post_ud`] only, with their
+    /// datagram segment, and never through the fast path (its key cache stays empty).
+    ud: bool,
 }
 
 // SAFETY: the ring, the doorbell record and the register are owned by the QP's provider object
@@ -231,6 +240,8 @@ pub(crate) struct SendQueueParts {
     pub keys: Arc<KeyTable>,
     pub gate: Arc<QpGate>,
     pub device: Arc<str>,
+    /// A UD QP's queue.
+    pub ud: bool,
 }
 
 #[cold]
@@ -551,6 +562,7 @@ impl SendQueue {
             gate: p.gate,
             device: p.device,
             takes_work_in_error: false,
+            ud: p.ud,
         }
     }
 
@@ -889,13 +901,43 @@ impl SendQueue {
 
     /// Every work request, with every check and every error.
     fn post_general(&mut self, wr: &SendWr<'_>, check_state: bool) -> Result<u16, PostError> {
+        if self.ud {
+            return Err(PostError::UdNeedsAddress { qpn: self.qpn });
+        }
+        self.write_checked(wr, check_state, None)
+    }
+
+    /// Validates a UD SEND (SEND or SEND with immediate) to `dest` and writes its WQE: the
+    /// control segment, the datagram segment (the extended address vector: `dest`'s GID, QPN
+    /// and Q_Key; the MAC left zero, which softnic does not read), then the data. Only on a UD
+    /// QP's queue. Cold next to RC's paths: a UD QP carries control traffic.
+    pub fn post_ud(&mut self, wr: &SendWr<'_>, dest: &UdAddress) -> Result<u16, PostError> {
+        if !self.ud {
+            return Err(PostError::NotUd { qpn: self.qpn });
+        }
+        if !matches!(wr.op, SendOp::Send | SendOp::SendImm { .. }) {
+            return Err(PostError::NotUdOperation {
+                op: op_name(&wr.op),
+            });
+        }
+        self.write_checked(wr, true, Some(dest))
+    }
+
+    /// Checks `wr` and writes its WQE, with a datagram segment to `dest` when given.
+    fn write_checked(
+        &mut self,
+        wr: &SendWr<'_>,
+        check_state: bool,
+        dest: Option<&UdAddress>,
+    ) -> Result<u16, PostError> {
         let state = self.gate.state();
         let taken_in_error = self.takes_work_in_error && state == QpState::Err as u8;
         if check_state && state != QpState::Rts as u8 && !taken_in_error {
             return Err(not_ready(self.qpn, state));
         }
         let opcode = wr.op.opcode();
-        let header_units = wqe::header_ds(opcode) as u32;
+        let datagram_units = if dest.is_some() { DATAGRAM_UNITS } else { 0 };
+        let header_units = wqe::header_ds(opcode) as u32 + datagram_units;
         let data_units = match &wr.payload {
             Payload::Gather(sges) => self.check_gather(&wr.op, sges)?,
             Payload::Inline(data) => {
@@ -960,6 +1002,9 @@ impl SendQueue {
                 self.write_atomic(start, remote.addr, remote.rkey, add, 0);
             }
             SendOp::Send | SendOp::SendImm { .. } => {}
+        }
+        if let Some(dest) = dest {
+            self.write_datagram(start, dest);
         }
         // The data follows the header segments.
         let mut u = header_units;
@@ -1064,6 +1109,10 @@ impl SendQueue {
         let generation = self.keys.generation();
         let gate = self.gate.word();
         let mr = check_sge(&self.keys, self.pd, &self.device, sge, needs)?;
+        if self.ud {
+            // No fast path on a UD QP: it would write an RC WQE, without a destination.
+            return Ok(());
+        }
         self.key_cache = KeyCache {
             lkey: mr.lkey,
             lkey_word: u64::from(mr.lkey.to_be()) << 32,
@@ -1074,6 +1123,24 @@ impl SendQueue {
             writable: mr.access.contains(Access::LOCAL_WRITE),
         };
         Ok(())
+    }
+
+    /// Writes a UD SEND's datagram segment at units 1 to 3 (in the WQE's first block, so no
+    /// wrap inside it).
+    fn write_datagram(&mut self, start: u32, dest: &UdAddress) {
+        let mut seg = [0u8; datagram_seg::SIZE];
+        DatagramSegRepr {
+            qkey: dest.qkey,
+            dqp: dest.qpn,
+            rmac: [0; 6],
+            tclass: 0,
+            hop_limit: 64,
+            rgid: dest.gid.0,
+        }
+        .emit(&mut DatagramSeg::new_unchecked(&mut seg[..]));
+        for (i, unit) in seg.chunks_exact(UNIT).enumerate() {
+            self.unit(start, 1 + i as u32).copy_from_slice(unit);
+        }
     }
 
     #[inline]

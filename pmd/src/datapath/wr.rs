@@ -299,6 +299,8 @@ pub struct WorkCompletion {
     pub opcode: WcOpcode,
     /// The vendor syndrome of an error CQE (0 on success).
     pub vendor_err: u8,
+    /// A UD receive's sending QP (`ibv_wc.src_qp`; 0 for everything else).
+    pub src_qp: u32,
 }
 
 impl WorkCompletion {
@@ -311,6 +313,7 @@ impl WorkCompletion {
         imm: None,
         qp_num: 0,
         vendor_err: 0,
+        src_qp: 0,
     };
 
     /// Whether the work request succeeded.
@@ -463,6 +466,24 @@ pub enum PostError {
         qpn: u32,
         /// Its state.
         state: QpState,
+    },
+    /// A plain post on a UD QP: a UD SEND names its destination.
+    #[error("QP {qpn:#x} is a UD QP: each send names its destination (post_send_ud)")]
+    UdNeedsAddress {
+        /// The QP.
+        qpn: u32,
+    },
+    /// A UD post on an RC QP.
+    #[error("QP {qpn:#x} is an RC QP: it sends to its connected peer, not to a UD address")]
+    NotUd {
+        /// The QP.
+        qpn: u32,
+    },
+    /// A UD post of an operation UD does not have.
+    #[error("{op} is not a UD operation: a UD QP sends SENDs, with or without immediate")]
+    NotUdOperation {
+        /// The operation.
+        op: &'static str,
     },
     /// The QP cannot take receives in its state.
     #[error("QP {qpn:#x} is in RESET; receives can be posted from INIT on")]

@@ -18,7 +18,7 @@ use std::time::Duration;
 use crate::datapath::doorbell::Doorbell;
 use crate::name::DeviceName;
 use crate::qp_state::QpState;
-use crate::verbs::{Access, DeviceAttr, Gid, PortAttr, QpAttr, QpCaps};
+use crate::verbs::{Access, DeviceAttr, Gid, PortAttr, QpAttr, QpCaps, QpType};
 
 /// An opaque provider-side object handle (an index, or a pointer value for rdma-sys objects).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -248,6 +248,8 @@ pub struct QpRequest {
     pub recv_cq: Handle,
     /// Requested queue sizes.
     pub caps: QpCaps,
+    /// RC or UD (UD only where [`Provider::supports_ud`]).
+    pub qp_type: QpType,
 }
 
 /// What a shared receive queue is created with.
@@ -319,8 +321,14 @@ pub trait Provider: Send + Sync + 'static {
     fn create_cq(&self, req: &CqRequest) -> Result<RawCq, VerbsError>;
     /// Destroys a CQ; its ring must not be read afterwards.
     fn destroy_cq(&self, cq: Handle) -> Result<(), VerbsError>;
-    /// Creates an RC QP in RESET and returns its rings.
+    /// Creates a QP of `req.qp_type` in RESET and returns its rings. A provider without UD
+    /// refuses a UD QP ([`Provider::supports_ud`]).
     fn create_qp(&self, req: &QpRequest) -> Result<RawQp, VerbsError>;
+    /// Whether the device makes UD QPs (`QpType::Ud`): their send WQEs carry the mlx5
+    /// datagram segment, their receives the GRH. The default: no.
+    fn supports_ud(&self) -> bool {
+        false
+    }
     /// Moves a QP to `to` with `attr`. The caller has checked the transition against
     /// [`crate::qp_state::check_transition`]. A move to RESET returns the rings to index 0.
     fn modify_qp(&self, qp: Handle, to: QpState, attr: &QpAttr) -> Result<(), VerbsError>;

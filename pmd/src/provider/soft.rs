@@ -28,7 +28,7 @@ use crate::datapath::doorbell::Doorbell;
 use crate::memory::{Block, MemoryPool};
 use crate::name::DeviceName;
 use crate::qp_state::QpState;
-use crate::verbs::{Access, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpAttr, QpCaps};
+use crate::verbs::{Access, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpAttr, QpCaps, QpType};
 
 /// Largest gather list the soft provider grants.
 const MAX_SGE: u32 = 16;
@@ -352,7 +352,7 @@ fn to_soft_attrs(a: &QpAttr) -> QpAttrs {
         rnr_retry: a.rnr_retry,
         sq_psn: a.sq_psn,
         max_rd_atomic: a.max_rd_atomic,
-        qkey: None,
+        qkey: a.qkey,
     }
 }
 
@@ -455,7 +455,10 @@ impl SoftProvider {
             dbrec: queue_memory(dbrec),
             max_inline: caps.max_inline_data,
             max_send_sge: caps.max_send_sge,
-            qp_type: softnic::QpType::Rc,
+            qp_type: match req.qp_type {
+                QpType::Rc => softnic::QpType::Rc,
+                QpType::Ud => softnic::QpType::Ud,
+            },
         };
         let handle = match srq {
             Some(srq) => self.device.create_qp_with_srq(config, srq),
@@ -635,6 +638,10 @@ impl Provider for SoftProvider {
 
     fn create_qp(&self, req: &QpRequest) -> Result<RawQp, VerbsError> {
         self.create_qp_inner(req, None)
+    }
+
+    fn supports_ud(&self) -> bool {
+        true
     }
 
     fn create_qp_on_srq(&self, req: &QpRequest, srq: Handle) -> Result<RawQp, VerbsError> {

@@ -64,7 +64,7 @@ use super::{
 };
 use crate::name::DeviceName;
 use crate::qp_state::QpState;
-use crate::verbs::{Access, DeviceAttr, Gid, PortAttr, QpAttr, QpCaps};
+use crate::verbs::{Access, DeviceAttr, Gid, PortAttr, QpAttr, QpCaps, QpType};
 
 /// A QP's own thread domain and the parent domain that carries it (see the module docs).
 struct ThreadDomain {
@@ -517,6 +517,15 @@ impl Provider for Mlx5Provider {
     }
 
     fn create_qp(&self, req: &QpRequest) -> Result<RawQp, VerbsError> {
+        if req.qp_type != QpType::Rc {
+            // The datagram segment and the address handles are not built for ConnectX yet
+            // (`docs/datapath.md`, "UD QPs").
+            return Err(VerbsError::Unsupported {
+                device: self.label.clone(),
+                verb: "create_qp",
+                what: "UD QPs (the mlx5 provider makes RC QPs only)".into(),
+            });
+        }
         let (pd, send_cq, recv_cq) = {
             let o = self.objects();
             (

@@ -46,6 +46,7 @@ pub(super) fn skipped_completions<'a>(
             imm: None,
             qp_num: qpn,
             vendor_err: 0,
+            src_qp: 0,
         })
 }
 
@@ -87,6 +88,7 @@ pub(super) fn plan_error_completions(
         imm: None,
         qp_num: qpn,
         vendor_err: 0,
+        src_qp: 0,
     };
     if let Some((_, mut wc)) = refusing {
         wc.qp_num = qpn;
