@@ -23,7 +23,7 @@
 //!   of its own here), connected and in RTS. A resilient QP has two (one per device);
 //! - `backup_qp_shared_cq`: `backup_qp`, but the QPs of a host share CQs the way a resilient
 //!   context's backup QPs do (`pmd/src/resilient/backup_cq.rs`: each member's seat of its
-//!   worst case, a CQ of one member's worth first, each next one twice as many up to 512):
+//!   worst case, a CQ of one member's worth first, each next one twice as many up to 64):
 //!   the backup QP as a resilient QP has it.
 //!
 //! Per object, in KiB: the growth divided by the objects on both hosts. `backup_side_kib` is
@@ -91,9 +91,9 @@ const KINDS: [Kind; 7] = [
 
 /// Members a host's first shared CQ takes, and the most one takes: the rule of the backup CQs
 /// a resilient context's backup QPs share (`pmd/src/resilient/backup_cq.rs`: one seat first,
-/// each next CQ twice as many, up to 512).
+/// each next CQ twice as many, up to 64).
 const FIRST_MEMBERS_PER_CQ: u32 = 1;
-const MAX_MEMBERS_PER_CQ: u32 = 512;
+const MAX_MEMBERS_PER_CQ: u32 = 64;
 
 /// Where the QPs of [`plain_pairs`] complete.
 #[derive(Clone, Copy)]

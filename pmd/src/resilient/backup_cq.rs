@@ -7,7 +7,10 @@
 //! that still has them free, so the CQEs all the members of a CQ can owe together never exceed
 //! its entries, whatever mix of successes, errors and flushes they produce at once. A device's
 //! first CQ holds one QP's worth, each next one twice the last, up to
-//! [`MAX_SEATS_PER_CQ`]: 1,000 QPs of the same depths take ten CQs (1 + 2 + ... + 512).
+//! [`MAX_SEATS_PER_CQ`]: 1,000 QPs of the same depths take 21 CQs (1 + 2 + ... + 64, then
+//! fourteen of 64). A CQ cannot grow, so the seats of the newest CQ may stand empty: up to
+//! as many as all the older CQs hold while a device has fewer than 127 QPs (at 16 QPs, 15 of
+//! 31 seats), at most 63 from then on.
 //!
 //! **Who polls.** Each member's owner, as it polled a CQ of its own: under the CQ's lock it
 //! moves every CQE in the ring, undecoded, to the inbox of the QP its QPN names, then decodes
@@ -35,8 +38,10 @@ use crate::datapath::wr::WorkCompletion;
 use crate::provider::VerbsError;
 
 /// The most QPs' worth of entries one shared backup CQ is sized for: at 512 entries a QP
-/// (perftest's depths, 3.5), 262,144 entries, 16 MiB of CQEs.
-pub(crate) const MAX_SEATS_PER_CQ: u32 = 512;
+/// (perftest's depths, 3.5), 32,768 entries, 2 MiB of CQEs. What bounds the seats a device
+/// leaves empty (all but one of a new CQ's): at 512, a 1,024th QP would open a CQ of 16 MiB
+/// for itself.
+pub(crate) const MAX_SEATS_PER_CQ: u32 = 64;
 
 /// The most CQEs a backup QP (`qp`, both queues on one CQ) can owe its CQ unpolled at once:
 /// every send and every receive the queues admit, one CQE each. The QP's seat in a shared
@@ -293,7 +298,7 @@ impl BackupCqs {
                 });
             }
         }
-        let seats = (1u32 << cqs.len().min(9)).min(MAX_SEATS_PER_CQ);
+        let seats = (1u32 << cqs.len().min(6)).min(MAX_SEATS_PER_CQ);
         let size = seats
             .checked_mul(entries)
             .ok_or_else(|| VerbsError::InvalidArgument {
