@@ -223,6 +223,7 @@ impl Device {
             slow_completions_until: None,
             active: ActiveQps::default(),
             paths: PathBudgets::default(),
+            unread_rounds: 0,
         };
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),

@@ -52,6 +52,13 @@ const PASS_BUDGET: usize = 4 * BATCH;
 /// flushed by a round, and a posted receive rings no doorbell, so an engine with nothing else
 /// to do would flush it only at its 100 ms idle wake (a failover's drain waited for that).
 const ERROR_FLUSH_INTERVAL: Duration = Duration::from_millis(1);
+/// Rounds in a row that may leave received packets unread before the QPs' timers fire anyway.
+/// Timers wait while what arrived is unread: an engine that did not run for a while (a
+/// descheduled thread on a loaded machine) finds the ACKs of hundreds of QPs waiting, reads
+/// 256 a round, and would time out the QPs whose ACKs are still in its own receive queue. A
+/// wire that never drains (more arrives than a round reads) fires them at most this many
+/// rounds late; a packet ring of 3,840 frames is read in 15 full rounds.
+const TIMER_WAIT_ROUNDS: u32 = 16;
 
 /// The packets each of `qps` QPs may send in one pass, of at most `budget` each.
 #[inline]
@@ -101,6 +108,8 @@ pub(crate) struct Core {
     pub qpns: QpNumbers,
     /// What the QPs may have in flight to each peer address together.
     pub paths: PathBudgets,
+    /// Rounds in a row that left received packets unread (their timers waited).
+    pub unread_rounds: u32,
 }
 
 /// QP numbers, drawn at random over the 24-bit space (not 0 and 1, the special QPs, nor
@@ -229,6 +238,7 @@ impl Core {
             active,
             qpns,
             paths,
+            unread_rounds,
             ..
         } = self;
         let mut round = Round {
@@ -252,8 +262,9 @@ impl Core {
             busy: false,
         };
         round.send_new_work(waker);
-        round.receive(rx);
-        let timer = round.service_qps();
+        let drained = round.receive(rx);
+        *unread_rounds = if drained { 0 } else { *unread_rounds + 1 };
+        let timer = round.service_qps(drained || *unread_rounds >= TIMER_WAIT_ROUNDS);
         let mut activity = round.finish(timer);
         if let Some(until) = slow_until {
             activity.next_deadline = earliest(activity.next_deadline, until);
@@ -365,12 +376,12 @@ impl Round<'_> {
 
     /// Receives up to `RX_BATCHES_PER_ROUND` batches and delivers every packet. NAKs go out
     /// after each batch; READ responses, atomic ACKs and coalesced ACKs wait for
-    /// `service_qps`.
-    fn receive(&mut self, rx: &mut Batch) {
+    /// `service_qps`. Returns whether it read everything that had arrived.
+    fn receive(&mut self, rx: &mut Batch) -> bool {
         for _ in 0..RX_BATCHES_PER_ROUND {
             let n = self.out.wire.recv(rx, self.out.now);
             if n == 0 {
-                break;
+                return true;
             }
             self.out.now = self.out.now.max(self.clock.now());
             self.busy = true;
@@ -384,9 +395,10 @@ impl Round<'_> {
             self.out.flush();
             if n < rx.slots.len() {
                 // The wire is drained; another read would only say so.
-                break;
+                return true;
             }
         }
+        false
     }
 
     /// Parses one received packet and hands it to its QP: requests to the responder,
@@ -489,8 +501,9 @@ impl Round<'_> {
     /// The round's last pass over the active QPs: fires their timers, flushes those in error
     /// (anything posted while in error is flushed, as a ConnectX does) and lets the others
     /// send. A QP stays on the list while it has a timer, work or an ACK waiting, or is in
-    /// error. Returns the earliest timer left running.
-    fn service_qps(&mut self) -> Option<Duration> {
+    /// error. Returns the earliest timer left running. Without `fire_timers` (received
+    /// packets wait unread, `TIMER_WAIT_ROUNDS`) no timer fires: the next round reads on.
+    fn service_qps(&mut self, fire_timers: bool) -> Option<Duration> {
         let now = self.out.now;
         let mut timer = None;
         let mut visiting = std::mem::take(&mut self.active.visiting);
@@ -507,8 +520,10 @@ impl Round<'_> {
             };
             qp.listed = false;
             qp.counters.round_visits += 1;
-            requester::check_timer(qp, now, &mut self.ectx);
-            qp.settle_path(self.paths);
+            if fire_timers {
+                requester::check_timer(qp, now, &mut self.ectx);
+                qp.settle_path(self.paths);
+            }
             if qp.state == QpState::Err {
                 qp.flush(&mut self.ectx);
                 self.active.mark(qp);

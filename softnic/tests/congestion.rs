@@ -390,3 +390,75 @@ fn a_thousand_qps_moved_onto_a_backup_at_once_resend_nothing_into_their_own_queu
         c.qps.len()
     );
 }
+
+#[test]
+fn a_sender_that_stalled_reads_its_acks_before_its_timers_fire() {
+    // The sender's engine does not run for longer than the ACK timeout (descheduled on a
+    // loaded machine) while its peer acknowledges everything in flight: the ACKs wait in the
+    // sender's own receive queue. A round reads a few batches of them; the QPs whose ACKs are
+    // still unread must not time out.
+    let seed = seed(6);
+    let _guard = SeedGuard(seed);
+    let mut c = crowd_with(seed, None, 1000, 8);
+    c.fill_windows();
+    c.keep_windows_full(Duration::from_micros(200), false);
+    let stall = Duration::from_millis(80);
+    c.sim.run_until(&[&c.b.dev], stall, || false);
+    let (statuses, _) = c.keep_windows_full(Duration::from_micros(200), false);
+    let counters = c.a.dev.counters();
+    eprintln!(
+        "timeouts {}, retransmitted {}, completions {}",
+        counters.timeouts,
+        counters.retransmitted_packets,
+        statuses.len()
+    );
+    assert!(statuses.iter().all(|&s| s == WcStatus::Success));
+    assert_eq!(counters.timeouts, 0, "ACK timeouts with the ACKs unread");
+}
+
+#[test]
+fn a_timer_fires_at_most_sixteen_rounds_late_while_the_wire_never_drains() {
+    // Timers wait while received packets are unread, but not for ever: a WRITE to a peer
+    // that died, on a device whose wire brings more every round than a round reads, still
+    // times out.
+    let seed = seed(7);
+    let _guard = SeedGuard(seed);
+    let mut c = crowd_with(seed, None, 0, 0);
+    let sge = [c.a.buf.sge(0, 8)];
+    c.a.qp.post(
+        Op::Write {
+            raddr: c.b.buf.addr(0),
+            rkey: c.b.buf.keys.rkey,
+        },
+        Data::Sges(&sge),
+        true,
+    );
+    c.a.qp.ring();
+    c.b.dev.kill();
+    c.a.dev.progress(c.sim.clock.now());
+    // Past the ACK timeout (67 ms).
+    c.sim
+        .clock
+        .advance_to(c.sim.clock.now() + Duration::from_millis(70));
+    let to = c.a.dev.addr();
+    let noise = [0u8; 64];
+    let mut rounds = 0;
+    while c.a.dev.counters().timeouts == 0 && rounds < 100 {
+        for _ in 0..300 {
+            c.sim.fabric.inject(1, to, 4791, &noise, c.sim.clock.now());
+        }
+        c.sim
+            .clock
+            .advance_to(c.sim.clock.now() + Duration::from_micros(10));
+        c.a.dev.progress(c.sim.clock.now());
+        rounds += 1;
+    }
+    let counters = c.a.dev.counters();
+    let noise_read = counters.icrc_errors + counters.malformed_drops;
+    eprintln!("the timer fired in round {rounds}; {noise_read} packets of noise dropped");
+    assert!(noise_read > 300, "the noise was not read");
+    assert!(
+        (2..=17).contains(&rounds),
+        "the overdue timer fired in round {rounds} of a wire that never drains"
+    );
+}
