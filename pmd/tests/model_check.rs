@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use pmd::failover::plan::{plan_copy, sends_before_first_read, PlannedSend};
 use pmd::failover::{
     Action, Config, ControlMessage, DefaultQpPhase, Epoch, Event, Failover, Observation, Path,
-    Progress, Role, Route, Side, SideEpoch, Timestamp, WcStatus, EPOCH_PSN_STRIDE,
+    Progress, Role, Route, SendPhase, Side, SideEpoch, Timestamp, WcStatus, EPOCH_PSN_STRIDE,
     MAX_ACTIONS_PER_EVENT,
 };
 use stateright::{Checker, HasDiscoveries, Model, Property};
@@ -528,6 +528,11 @@ const SEEN_CHANNEL_REPAIRED_OVER_MANAGEMENT: u32 = 1 << 18;
 /// A default QP came up while its host's link was still reported down (a rearm that did not
 /// wait for the report).
 const SEEN_UP_UNREPORTED: u32 = 1 << 19;
+/// A backup side was repaired at a host whose failover round waited for it (5c, "whichever
+/// path answers first": the repair went over the management network).
+const SEEN_BACKUP_REPAIRED_IN_ROUND: u32 = 1 << 20;
+/// A failover round completed after [`SEEN_BACKUP_REPAIRED_IN_ROUND`].
+const SEEN_FAILOVER_AFTER_REPAIR_IN_ROUND: u32 = 1 << 21;
 
 /// One step of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -676,6 +681,9 @@ impl World {
                         epoch: SideEpoch::Backup(_),
                     } => {
                         self.seen |= SEEN_BACKUP_REPAIRED;
+                        if self.hosts[host].machine.send_phase() == SendPhase::FailingOver {
+                            self.seen |= SEEN_BACKUP_REPAIRED_IN_ROUND;
+                        }
                         if self.seen & SEEN_DEFAULT_CONTROL_REPAIRED != 0 {
                             self.seen |= SEEN_BACKUP_REPAIRED_AFTER_CHANNEL;
                         }
@@ -1052,6 +1060,9 @@ impl World {
         self.seen |= SEEN_FAILOVER;
         if self.seen & SEEN_BACKUP_REPAIRED != 0 {
             self.seen |= SEEN_FAILOVER_AFTER_REPAIR;
+        }
+        if self.seen & SEEN_BACKUP_REPAIRED_IN_ROUND != 0 {
+            self.seen |= SEEN_FAILOVER_AFTER_REPAIR_IN_ROUND;
         }
         let mut outstanding: Vec<SqEntry> = self.host(host).qps[DEFAULT].sq.drain(..).collect();
         // The driver's list leaves its own WQEs (a probe) out.
@@ -2076,7 +2087,12 @@ impl Model for FailoverModel {
         ];
         // What the scenario must reach, so that a pass cannot come from a model that never
         // gets there.
-        let coverage: [(u32, &'static str, Condition); 20] = [
+        let coverage: [(u32, &'static str, Condition); 21] = [
+            (
+                SEEN_FAILOVER_AFTER_REPAIR_IN_ROUND,
+                "a failover round that waited for a lost backup side completes over it, repaired over the management network",
+                |_, w| w.seen & SEEN_FAILOVER_AFTER_REPAIR_IN_ROUND != 0,
+            ),
             (
                 SEEN_UP_UNREPORTED,
                 "a default QP comes up while its link is still reported down",
@@ -2454,6 +2470,25 @@ fn backup_qps_fail() -> Scenario {
     }
 }
 
+/// A backup device fails its QPs while idle and the default path fails for good, at any
+/// point, with the management network (5c, "whichever path answers first"): the backup
+/// side's repair goes over the management network, and a failover round that began before
+/// it waits for it and completes over the repaired backup pair. Without the management
+/// network that round was a failback waiting for a default path that never comes back.
+fn backup_lost_then_default_fails() -> Scenario {
+    Scenario {
+        name:
+            "one notification A -> B, a backup device fails its QPs, then the default path for good",
+        budget: Budget {
+            management: true,
+            backup_qp_failures: 1,
+            ..budget(1, 0, 0, 0, 3)
+        },
+        coverage: SEEN_FAILOVER | SEEN_FAILOVER_AFTER_REPAIR_IN_ROUND,
+        ..backup_qps_fail()
+    }
+}
+
 /// A default device fails its QPs (the default data QP and the default devices' control QP)
 /// at any point: the traffic fails over, the default pair is re-armed, and the channel is
 /// repaired over the backup devices' channel; then the backup device fails its QPs and is
@@ -2627,6 +2662,12 @@ fn shift_reports_errors_and_never_hangs_when_both_paths_fail() {
 #[test]
 fn shift_repairs_a_backup_whose_qps_failed_while_idle_and_fails_over_through_it() {
     verify(backup_qps_fail());
+}
+
+#[test]
+fn shift_repairs_a_lost_backup_over_the_management_network_and_fails_over_while_the_default_is_down(
+) {
+    verify(backup_lost_then_default_fails());
 }
 
 #[test]

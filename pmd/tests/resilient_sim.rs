@@ -2105,3 +2105,79 @@ fn qps_sharing_backup_cqs_fail_over_and_back_together_and_each_completes_its_own
         }
     }
 }
+
+/// The ten-minute chaos runs' loss (SEND seeds 2 and 5, `docs/failover.md` 5c, "whichever
+/// path answers first"), at the simulation's scale: A's backup device fails every QP while
+/// its link is down for 150 ms (the backup side lost, idle), and 20 ms in A's default link
+/// goes down for 1 s, past the outage tolerance (300 ms), while the backup path is back after
+/// 150 ms. Runs until the traffic completed and both ends are back on the default pair, or
+/// 20 s; returns whether it completed, the phase reached and the simulation.
+fn default_down_past_the_tolerance_with_the_backup_lost(
+    scenario: Scenario,
+) -> (bool, u32, Sim, Traffic) {
+    let (mut sim, mut t) = scenario.one_way(1_000, Duration::from_micros(500));
+    let mut phase = 0;
+    let mut lost_at = Duration::ZERO;
+    let done = sim.run_until(Duration::from_secs(20), |s| {
+        if phase == 0 && t.dirs[0].completed >= 10 {
+            lost_at = s.now();
+            s.link_down(A_BACKUP, Some(Duration::from_millis(150)));
+            s.a.devices[1].inject_fault(DeviceFault::QpsFailed).unwrap();
+            phase = 1;
+        }
+        if phase == 1 && s.now() >= lost_at + Duration::from_millis(20) {
+            s.link_down(A_DEFAULT, Some(Duration::from_secs(1)));
+            phase = 2;
+        }
+        step(&mut t, s)
+            && phase == 2
+            && s.a.qp.state() == ResilientState::Default
+            && s.b.qp.state() == ResilientState::Default
+    });
+    (done, phase, sim, t)
+}
+
+#[test]
+fn without_the_management_network_a_default_down_past_the_tolerance_with_the_backup_lost_ends_the_connection(
+) {
+    let (done, phase, sim, _t) =
+        default_down_past_the_tolerance_with_the_backup_lost(Scenario::new(141));
+    assert!(!done);
+    assert_eq!(phase, 2);
+    // The failback waited for the default path alone.
+    assert_eq!(sim.a.qp.state(), ResilientState::Failed);
+    assert!(
+        sim.a
+            .qp
+            .events()
+            .iter()
+            .any(|e| e.kind == EventKind::Error && e.cause == Cause::OutageTolerance),
+        "{:?}",
+        sim.a.qp.events()
+    );
+}
+
+#[test]
+fn over_the_management_network_a_backup_lost_while_idle_is_repaired_and_takes_the_traffic_while_the_default_is_down(
+) {
+    let (done, phase, mut sim, mut t) =
+        default_down_past_the_tolerance_with_the_backup_lost(Scenario::new(141).management());
+    assert_ran(done, phase, &t, &sim);
+    assert_clean(&mut t, &mut sim);
+    // Every byte and notification checked: the backup side repaired over the management
+    // network, the traffic failed over to it while the default path was down, and switched
+    // back once it was up; no failback, no error.
+    assert_both_hosts(
+        &sim,
+        |s| {
+            (
+                s.failovers >= 1,
+                s.backup_rearms >= 1,
+                s.failbacks,
+                s.errors,
+                s.management_forged,
+            )
+        },
+        (true, true, 0, 0, 0),
+    );
+}

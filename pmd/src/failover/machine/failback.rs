@@ -437,7 +437,8 @@ impl Failover {
     /// default path came back first, so the round becomes a failback. Our `Failover` may
     /// have left (it goes while the backup link is reported down): a peer that took it is
     /// in Fallback and follows our `Failback` from there, and one that takes it later ignores
-    /// it (a round from before a failback).
+    /// it (a round from before a failback). A round waiting for the backup side's repair
+    /// (`Failover::round_awaits_backup_side`) fails back too, whatever its backup link says.
     pub(super) fn default_back_first(&mut self, now: Timestamp, out: &mut Actions) {
         let SendState::FailingOver(round) = self.send else {
             return;
@@ -446,7 +447,8 @@ impl Failover {
             round.step,
             RoundStep::Draining | RoundStep::AwaitingPeer { .. }
         );
-        if waiting && !self.backup_link.up && self.may_fail_back() {
+        let awaits_side = self.round_awaits_backup_side();
+        if (waiting && !self.backup_link.up || awaits_side) && self.may_fail_back() {
             tracing::info!(epoch = %round.epoch, "failover: the default link came back before the backup link; failing back");
             self.start_failback(None, true, now, out);
         }

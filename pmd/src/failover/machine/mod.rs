@@ -9,7 +9,7 @@ use super::message::ControlMessage;
 use super::observation::{Observation, Observations, RoundTrigger};
 use super::status::{ErrorClass, WcStatus};
 use super::time::Timestamp;
-use super::vocab::{FailReason, Path, Side, SideEpoch};
+use super::vocab::{FailReason, Path, Side};
 
 mod failback;
 mod repair;
@@ -126,6 +126,14 @@ enum RoundStep {
     Draining,
     /// Our `Failover` message is sent; waiting for the peer's.
     AwaitingPeer {
+        drained: Progress,
+        sends_before_first_read: Option<u64>,
+    },
+    /// The default QP is drained, and the backup side is lost (its QPs in ERR): our
+    /// `Failover` waits for its repair over the management network, or the round becomes a
+    /// failback when the default path answers first (`docs/failover.md` 5c, "whichever path
+    /// answers first").
+    AwaitingBackupSide {
         drained: Progress,
         sends_before_first_read: Option<u64>,
     },
@@ -633,7 +641,7 @@ impl Failover {
         match self.send {
             SendState::FailingOver(round) if round.epoch == epoch && round.peer.is_none() => {
                 match round.step {
-                    RoundStep::Draining => {
+                    RoundStep::Draining | RoundStep::AwaitingBackupSide { .. } => {
                         self.send = SendState::FailingOver(Round {
                             peer: Some(peer),
                             ..round
@@ -666,14 +674,25 @@ impl Failover {
         now: Timestamp,
         out: &mut Actions,
     ) {
-        if !self.backup.usable && self.may_fail_back() && !self.config.no_path_wait().is_zero() {
-            // The backup side is lost (being repaired): wait for the default path, within the
-            // outage tolerance, by a failback round (5e). A peer whose
-            // backup works follows on our `Failback`.
+        let tolerates = !self.config.no_path_wait().is_zero();
+        // The backup side is lost (being repaired). With the management network the round
+        // waits for whichever path answers first: the backup side's repair goes over the
+        // management network, and then the round goes on over the repaired backup; the
+        // default path coming back first turns it into a failback (`default_back_first`,
+        // `default_answers_first_at`).
+        let awaits_backup_side = !self.backup.usable && self.config.management && tolerates;
+        if !self.backup.usable && !awaits_backup_side && self.may_fail_back() && tolerates {
+            // Without it: wait for the default path, within the outage tolerance, by a
+            // failback round (5e). A peer whose backup works follows on our `Failback`.
             tracing::warn!(%epoch, "failover: default path failed and the backup side is lost; waiting for the default path");
             return self.start_failback(None, true, now, out);
         }
-        if !self.backup.usable || (!self.backup_link.up && self.config.no_path_wait().is_zero()) {
+        if awaits_backup_side {
+            tracing::warn!(%epoch, "failover: default path failed and the backup side is lost; waiting for its repair or for the default path");
+        }
+        if (!self.backup.usable && !awaits_backup_side)
+            || (!self.backup_link.up && self.config.no_path_wait().is_zero())
+        {
             tracing::warn!(%epoch, "failover: default path failed and the backup path is down");
             return self.fail(FailReason::BackupUnavailable, out);
         }
@@ -731,6 +750,18 @@ impl Failover {
         }
         if atomic {
             return self.fail(FailReason::AtomicInFlight, out);
+        }
+        if !self.backup.usable {
+            // The backup side is being repaired (`start_round`): the `Failover` goes over it
+            // once it is back (`backup_side_repaired`).
+            self.send = SendState::FailingOver(Round {
+                step: RoundStep::AwaitingBackupSide {
+                    drained: progress,
+                    sends_before_first_read,
+                },
+                ..round
+            });
+            return;
         }
         self.send_failover(round, progress, sends_before_first_read, now, out);
         if !self.backup_link.up {
@@ -941,14 +972,69 @@ impl Failover {
     /// peer whose default device is dead (the seeded simulation's schedules with one). A
     /// default link that never went down during the round (the round began with an RC error
     /// on a path reported up) is not taken as back.
+    ///
+    /// A round that waits for the backup side's repair (its `Failover` never left, so no
+    /// peer moved anything on its strength) fails back as soon as the default link is
+    /// reported back (`default_back_first`), and, when the round began with an RC error on a
+    /// default link reported up all along (the failure was at the far end, where this end
+    /// sees no link change), once the handshake timeout has passed without the repair: the
+    /// failback's own messages then find out whether the default path carries packets, as a
+    /// failback round did at once before the repair could go over the management network.
     fn default_answers_first_at(&self, round: Round) -> Option<Timestamp> {
         let waiting = matches!(
             round.step,
-            RoundStep::Draining | RoundStep::AwaitingPeer { .. }
+            RoundStep::Draining
+                | RoundStep::AwaitingPeer { .. }
+                | RoundStep::AwaitingBackupSide { .. }
         ) && round.peer.is_none();
-        let back = self.default_link.up && self.default_link.since > round.started;
-        (waiting && back && self.may_fail_back())
-            .then(|| (round.started + self.config.handshake_timeout).max(self.default_link.since))
+        if !(waiting && self.default_link.up && self.may_fail_back()) {
+            return None;
+        }
+        let back = self.default_link.since > round.started;
+        let timeout = round.started + self.config.handshake_timeout;
+        if self.round_awaits_backup_side() {
+            return Some(if back {
+                self.default_link.since
+            } else {
+                timeout
+            });
+        }
+        back.then(|| timeout.max(self.default_link.since))
+    }
+
+    /// Whether `round` waits for the backup side's repair: the backup side lost and our
+    /// `Failover` not sent (`start_round` with the management network). The backup rings
+    /// hold nothing of the application's then (receives stay on the default RQ until the
+    /// `Failover` goes), so the repair may reset them.
+    pub(super) fn round_awaits_backup_side(&self) -> bool {
+        let SendState::FailingOver(round) = self.send else {
+            return false;
+        };
+        !self.backup.usable
+            && self.last_round != Some(round.epoch)
+            && self.recv == RecvState::Default
+            && matches!(
+                round.step,
+                RoundStep::Draining | RoundStep::AwaitingBackupSide { .. }
+            )
+    }
+
+    /// The backup side was repaired: a round waiting for it sends its `Failover` over it now.
+    pub(super) fn backup_side_repaired(&mut self, now: Timestamp, out: &mut Actions) {
+        if let SendState::FailingOver(
+            round @ Round {
+                step:
+                    RoundStep::AwaitingBackupSide {
+                        drained,
+                        sends_before_first_read,
+                    },
+                ..
+            },
+        ) = self.send
+        {
+            tracing::info!(epoch = %round.epoch, "failover: the backup side is repaired; the round goes on over it");
+            self.send_failover(round, drained, sends_before_first_read, now, out);
+        }
     }
 
     // ---- State 2: rearm the default pair and probe it ------------------------------------
@@ -975,7 +1061,12 @@ impl Failover {
         }
         match self.send {
             SendState::FailingOver(round) if now >= round.deadline => {
-                return self.fail(FailReason::HandshakeTimeout, out)
+                // A round that never sent its `Failover` waited for a path, not for the peer.
+                let reason = match round.step {
+                    RoundStep::AwaitingBackupSide { .. } => self.outage_reason(),
+                    _ => FailReason::HandshakeTimeout,
+                };
+                return self.fail(reason, out);
             }
             SendState::FailingOver(round)
                 if self
@@ -1481,7 +1572,6 @@ impl Failover {
     /// `Abort`) is taken.
     fn management_message(&mut self, message: ControlMessage, now: Timestamp, out: &mut Actions) {
         use ControlMessage as Msg;
-        let channel = |epoch: SideEpoch| epoch.side() == Side::DefaultChannel;
         match message {
             _ if !self.config.management => self.protocol_violation(
                 "a message over the management network, which this end does not use",
@@ -1502,13 +1592,9 @@ impl Failover {
                 out,
             ),
             Msg::FailbackReady { epoch } => self.peer_failback_ready(epoch, out),
-            Msg::SideLost { epoch } if channel(epoch) => self.peer_lost_side(epoch, now, out),
-            Msg::SideRearm { epoch } if channel(epoch) => {
-                self.side_rearm_requested(epoch, true, now, out)
-            }
-            Msg::SideRearmDone { epoch, ok } if channel(epoch) => {
-                self.side_rearm_done(epoch, ok, now, out)
-            }
+            Msg::SideLost { epoch } => self.peer_lost_side(epoch, now, out),
+            Msg::SideRearm { epoch } => self.side_rearm_requested(epoch, true, now, out),
+            Msg::SideRearmDone { epoch, ok } => self.side_rearm_done(epoch, ok, now, out),
             Msg::Abort { reason } => {
                 tracing::warn!(peer_reason = %reason, "failover: peer aborted the connection (over the management network)");
                 self.fail(FailReason::PeerAborted, out)

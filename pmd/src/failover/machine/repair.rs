@@ -149,7 +149,18 @@ impl Failover {
         }
     }
 
-    /// What a repair of `side` needs of this end: both links up and the other side's channel
+    /// What a repair of `side` needs of this end now: what [`Failover::repair_allowed`] asks,
+    /// and both links able to carry it (`Link::may_carry`: reported up, or reported down for
+    /// longer than such a report is believed, issue 29 item 1: a report is a hint, and the
+    /// attempt's own handshake decides whether the path carries packets).
+    fn paths_allow_repair(&self, side: Side, now: Timestamp) -> bool {
+        let config = &self.config;
+        let via_carries = self.repair_over_management(side)
+            || self.link(side.repaired_via()).may_carry(now, config);
+        self.repair_allowed(side) && self.link(side.path()).may_carry(now, config) && via_carries
+    }
+
+    /// What a repair of `side` needs of this end, its links aside: the other side's channel
     /// (which carries the repair's messages) usable; for the backup side, nothing depending
     /// on the backup path (everything on a live default pair: the backup side is reset, so
     /// nothing may be on it, and its last messages are not lost); for the default devices'
@@ -159,22 +170,44 @@ impl Failover {
     /// would leave the leader's channel reset and the follower's up, so that the follower's
     /// next message (a `Failback`, when its backup dies next) is lost.
     /// With the management network (5f) the default devices' channel is repaired there while
-    /// the backup side is lost too: then only its own link must be up.
-    fn paths_allow_repair(&self, side: Side) -> bool {
+    /// the backup side is lost too: then only its own link counts.
+    fn repair_allowed(&self, side: Side) -> bool {
         let idle = match side {
-            Side::Backup => !self.needs_backup(),
+            Side::Backup => !self.needs_backup() || self.round_awaits_backup_side(),
             Side::DefaultChannel => !self.failing_back(),
         };
-        let carried = self.repair_over_management(side)
-            || self.side(side.other()).usable && self.link(side.repaired_via()).up;
-        self.link(side.path()).up && carried && idle
+        let carried = self.repair_over_management(side) || self.side(side.other()).usable;
+        carried && idle
     }
 
-    /// Whether `side`'s repair messages go over the management network (5f): only the default
-    /// devices' channel's, and only while the backup devices' channel, which carries them
-    /// otherwise, is lost too. Once the channel is back, the backup side is repaired over it.
+    /// From when the links' reports let `side`'s repair be tried: the side's own link up for
+    /// the hold-down, or reported down for `Config::link_down_trust`; the link of the channel
+    /// that carries the messages up, or reported down for the trust. `None`: not while
+    /// link-down reports are believed for ever and one stands.
+    fn repair_tried_from(&self, side: Side) -> Option<Timestamp> {
+        let own = self.link(side.path()).tried_from(&self.config)?;
+        if self.repair_over_management(side) {
+            return Some(own);
+        }
+        let via = self.link(side.repaired_via());
+        let via_from = match via.up {
+            true => via.since,
+            false => via.tried_from(&self.config)?,
+        };
+        Some(own.max(via_from))
+    }
+
+    /// Whether `side`'s repair messages go over the management network (5f): the backup
+    /// side's always where there is one (it may be needed while the default path, which
+    /// carries them otherwise, is down: a round waiting for it, 5c); the default devices'
+    /// channel's only while the backup devices' channel, which carries them otherwise, is
+    /// lost too. Once that channel is back, the default devices' channel is repaired over it.
     fn repair_over_management(&self, side: Side) -> bool {
-        self.config.management && side == Side::DefaultChannel && !self.backup.usable
+        self.config.management
+            && match side {
+                Side::Backup => true,
+                Side::DefaultChannel => !self.backup.usable,
+            }
     }
 
     /// Sends one of `side`'s repair messages: on the other side's channel, or over the
@@ -196,7 +229,8 @@ impl Failover {
     }
 
     /// When `side`'s repair next needs this end to act: the leader's next attempt (after the
-    /// backoff and the side's link hold-down) or its deadline, the follower's `SideLost`.
+    /// backoff and the links' reports, [`Failover::repair_tried_from`]) or its deadline, the
+    /// follower's `SideLost`.
     pub(super) fn repair_due(&self, side: Side) -> Option<Timestamp> {
         match self.side(side).repair {
             Repair::Lost {
@@ -204,9 +238,8 @@ impl Failover {
                 tell_leader,
             } => {
                 let acts = self.config.role == Role::Leader || tell_leader;
-                let link = self.link(side.path());
-                (acts && self.paths_allow_repair(side))
-                    .then(|| not_before.max(link.since + self.config.holddown))
+                let tried_from = self.repair_tried_from(side)?;
+                (acts && self.repair_allowed(side)).then(|| not_before.max(tried_from))
             }
             Repair::AwaitingFollower { deadline } | Repair::BringingUp { deadline } => {
                 Some(deadline)
@@ -313,7 +346,7 @@ impl Failover {
             // The backup repair's messages travel on this channel.
             self.repair_failed(Side::Backup, now);
         }
-        if !self.paths_allow_repair(side) {
+        if !self.paths_allow_repair(side, now) {
             if side == Side::Backup {
                 // A switch-back waiting for the leader's `SwitchBackReady`: the reset
                 // discarded it if it had not arrived; the refusal below tells the leader the
@@ -356,7 +389,7 @@ impl Failover {
         let side = epoch.side();
         match self.side(side).repair {
             Repair::AwaitingFollower { deadline } if epoch == self.side(side).epoch => {
-                if ok && self.paths_allow_repair(side) {
+                if ok && self.paths_allow_repair(side, now) {
                     out.push(Action::BringUpSide { epoch });
                     self.side_mut(side).repair = Repair::BringingUp { deadline };
                 } else {
@@ -382,9 +415,14 @@ impl Failover {
         if epoch != self.side(side).epoch {
             return;
         }
-        let up = ok && self.link(side.path()).up;
+        let up = ok && self.link(side.path()).may_carry(now, &self.config);
         match self.side(side).repair {
-            Repair::BringingUp { .. } if up => self.side_repaired(side),
+            Repair::BringingUp { .. } if up => {
+                self.side_repaired(side);
+                if side == Side::Backup {
+                    self.backup_side_repaired(now, out);
+                }
+            }
             Repair::BringingUp { .. } => self.repair_failed(side, now),
             Repair::FollowerBringingUp {
                 reply_over_management,
@@ -397,6 +435,9 @@ impl Failover {
                 );
                 if up {
                     self.side_repaired(side);
+                    if side == Side::Backup {
+                        self.backup_side_repaired(now, out);
+                    }
                 } else {
                     self.side_mut(side).repair = Repair::Lost {
                         not_before: now,

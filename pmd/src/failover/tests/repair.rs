@@ -12,7 +12,7 @@ fn side_up(side: Side, epoch: u32, ok: bool) -> Event {
     }
 }
 
-fn backup_up(epoch: u32, ok: bool) -> Event {
+pub(super) fn backup_up(epoch: u32, ok: bool) -> Event {
     side_up(Side::Backup, epoch, ok)
 }
 
@@ -505,8 +505,8 @@ fn a_default_channel_repair_waits_for_the_backup_channel_and_backs_off_when_unan
     step(&mut machine, link_down(Path::Backup), at(6));
     assert_eq!(
         machine.poll_timeout(),
-        None,
-        "its messages need the backup link"
+        Some(at(5_006)),
+        "its messages need the backup link, or its link-down report to have stood for the trust"
     );
     step(&mut machine, link_up(Path::Backup), at(700));
     let due = machine.poll_timeout().unwrap();
@@ -557,4 +557,100 @@ fn a_follower_refuses_a_default_channel_repair_while_failing_back() {
             }
         }]
     );
+}
+
+// ---- Links reported down (issue 29 item 1: a report is a hint) -----------------------------
+
+/// A backup side lost while its link is reported down, and the report never withdrawn (a late
+/// or missed port event): once the report has stood for `Config::link_down_trust` the leader
+/// tries the repair anyway and the handshake decides; here the path carries packets and the
+/// side is repaired. Before, the repair waited for a link-up report for ever.
+#[test]
+fn a_backup_side_lost_with_its_link_reported_down_past_the_trust_is_repaired() {
+    let mut machine = end(Role::Leader);
+    step(&mut machine, link_down(Path::Backup), at(5));
+    step(&mut machine, control_failed(Path::Backup), at(6));
+    assert_eq!(machine.poll_timeout(), Some(at(5_005)), "the trust");
+    assert_eq!(step(&mut machine, Event::Tick, at(5_004)), []);
+    assert_eq!(
+        step(&mut machine, Event::Tick, at(5_005)),
+        [
+            Action::ResetSide { side: Side::Backup },
+            Action::SendControl {
+                via: Path::Default,
+                message: ControlMessage::SideRearm { epoch: backup(1) }
+            }
+        ]
+    );
+    let done = Event::Control(ControlMessage::SideRearmDone {
+        epoch: backup(1),
+        ok: true,
+    });
+    assert_eq!(
+        step(&mut machine, done, at(5_006)),
+        [Action::BringUpSide { epoch: backup(1) }]
+    );
+    assert_eq!(step(&mut machine, backup_up(1, true), at(5_007)), []);
+    assert!(observed_repair(&mut machine));
+    // Protected again: the next default failure fails over.
+    let actions = step(&mut machine, retry_exhausted(), at(6_000));
+    assert_eq!(surfaced(&actions), None, "{actions:?}");
+    assert_eq!(machine.send_phase(), SendPhase::FailingOver);
+}
+
+/// The follower's half: within the trust a link reported down refuses the leader's repair
+/// (and the leader backs off); past it the follower brings its side up and says so.
+#[test]
+fn a_follower_whose_backup_link_is_reported_down_past_the_trust_takes_part_in_a_repair() {
+    let mut machine = end(Role::Follower);
+    step(&mut machine, link_down(Path::Backup), at(5));
+    let rearm = |epoch| {
+        Event::Control(ControlMessage::SideRearm {
+            epoch: backup(epoch),
+        })
+    };
+    assert_eq!(
+        step(&mut machine, rearm(1), at(3_000)),
+        [Action::SendControl {
+            via: Path::Default,
+            message: ControlMessage::SideRearmDone {
+                epoch: backup(1),
+                ok: false
+            }
+        }]
+    );
+    assert_eq!(
+        step(&mut machine, rearm(5), at(5_100)),
+        [
+            Action::ResetSide { side: Side::Backup },
+            Action::BringUpSide { epoch: backup(5) }
+        ]
+    );
+    assert_eq!(
+        step(&mut machine, backup_up(5, true), at(5_101)),
+        [Action::SendControl {
+            via: Path::Default,
+            message: ControlMessage::SideRearmDone {
+                epoch: backup(5),
+                ok: true
+            }
+        }]
+    );
+    assert!(observed_repair(&mut machine));
+}
+
+/// Link-down reports believed for ever (`link_down_trust` `Duration::MAX`) keep the repair
+/// waiting for a link-up, as before.
+#[test]
+fn a_repair_waits_for_the_link_up_when_link_down_reports_are_believed_for_ever() {
+    let config = Config {
+        link_down_trust: Duration::MAX,
+        ..rc_only(Role::Leader)
+    };
+    let mut machine = Failover::new(config, at(0));
+    step(&mut machine, link_down(Path::Backup), at(5));
+    step(&mut machine, control_failed(Path::Backup), at(6));
+    assert_eq!(machine.poll_timeout(), None);
+    step(&mut machine, link_up(Path::Backup), at(100));
+    assert_eq!(machine.poll_timeout(), Some(at(1_100)), "the hold-down");
 }
