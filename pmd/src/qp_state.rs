@@ -312,14 +312,14 @@ pub fn check_transition(
 
 /// [`check_transition`] for a QP of `qp_type`: RC's table, or UD's.
 pub fn check_transition_of(
-    qp_type: crate::verbs::QpType,
+    qp_type: QpType,
     from: QpState,
     to: QpState,
     given: AttrMask,
 ) -> Result<(), TransitionError> {
     match qp_type {
-        crate::verbs::QpType::Rc => check_in(TABLE, from, to, given),
-        crate::verbs::QpType::Ud => check_in(UD_TABLE, from, to, given),
+        QpType::Rc => check_in(TABLE, from, to, given),
+        QpType::Ud => check_in(UD_TABLE, from, to, given),
     }
 }
 
@@ -357,6 +357,18 @@ fn check_in(
     Ok(())
 }
 
+/// A QP's transport service (`ibv_qp_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QpType {
+    /// Reliable connected: one peer QP; RDMA, atomics, acknowledged and resent SENDs.
+    #[default]
+    Rc,
+    /// Unreliable datagram: each SEND names its destination (a `verbs::UdAddress`) and goes once,
+    /// unacknowledged; a receive gets the 40-byte GRH before the payload and the sender's QPN
+    /// in its completion. Only on providers with [`crate::provider::Provider::supports_ud`].
+    Ud,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,7 +400,7 @@ mod tests {
 
     #[test]
     fn a_ud_qp_comes_up_with_its_queue_key_and_first_psn_and_takes_no_peer() {
-        use crate::verbs::QpType::{Rc, Ud};
+        use QpType::{Rc, Ud};
         let init = mask(&[AttrMask::PKEY_INDEX, AttrMask::PORT, AttrMask::QKEY]);
         assert_eq!(
             check_transition_of(Ud, QpState::Reset, QpState::Init, init),

@@ -8,6 +8,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::qp_state::AttrMask;
+pub use crate::qp_state::QpType;
 
 /// Memory access rights of an MR or a QP; bits as in `enum ibv_access_flags`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -299,18 +300,6 @@ impl QpAttr {
             ..QpAttr::default()
         }
     }
-}
-
-/// A QP's transport service (`ibv_qp_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum QpType {
-    /// Reliable connected: one peer QP; RDMA, atomics, acknowledged and resent SENDs.
-    #[default]
-    Rc,
-    /// Unreliable datagram: each SEND names its destination ([`UdAddress`]) and goes once,
-    /// unacknowledged; a receive gets the 40-byte GRH before the payload and the sender's QPN
-    /// in its completion. Only on providers with [`crate::provider::Provider::supports_ud`].
-    Ud,
 }
 
 /// Where a UD SEND goes: the destination's GID, QP number and queue key (the address vector

@@ -592,7 +592,10 @@ fn transmit(
 ) -> bool {
     let answering = responder::answer(qp, mrs, out, ectx, share.answers);
     let requests = path_allowance(qp, paths, share.requests);
-    let r = requester::run(qp, mrs, out, ectx, requests);
+    let r = match qp.qp_type {
+        QpType::Ud => ud::run(qp, mrs, out, ectx, requests),
+        _ => requester::run(qp, mrs, out, ectx, requests),
+    };
     qp.settle_path(paths);
     let mut held = false;
     if r.more && requests < share.requests {

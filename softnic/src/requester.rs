@@ -12,7 +12,7 @@ use crate::dma;
 use crate::mr::MrTable;
 use crate::packet::{AtomicEth, Kind, OutHeader, Reth};
 use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp, RetransmitProbe};
-use crate::qp_attr::{QpState, QpType};
+use crate::qp_attr::QpState;
 use crate::tx::Tx;
 use crate::wqe::WqeOp;
 
@@ -34,20 +34,8 @@ pub(crate) fn run(
     budget: usize,
 ) -> ReqOutcome {
     let mut out = ReqOutcome::default();
-    if qp.state != QpState::Rts {
+    if !ready_to_send(qp, tx) {
         return out;
-    }
-    if let Some(until) = qp.req.rnr_until {
-        if tx.now < until {
-            return out;
-        }
-        qp.req.rnr_until = None;
-    }
-    if qp.sq.wqe_ci != qp.sq.wqe_db_pi {
-        qp.sq.fetch(qp.max_inline, qp.max_send_sge);
-    }
-    if qp.qp_type == QpType::Ud {
-        return crate::ud::run(qp, mrs, tx, ectx, budget);
     }
     let Some((peer, dest_qpn)) = qp.peer() else {
         return out;
@@ -387,6 +375,24 @@ pub(crate) fn check_timer(qp: &mut Qp, now: Duration, ectx: &mut ErrorCtx<'_>) {
     qp.req.window.lost(&mut qp.counters);
     let from = qp.req.comp_psn;
     go_back(qp, from);
+}
+
+/// What a turn of either transport's requester begins with: whether `qp` may send now (in
+/// RTS, its RNR wait over), with the WQEs rung since its last turn fetched.
+pub(crate) fn ready_to_send(qp: &mut Qp, tx: &Tx<'_>) -> bool {
+    if qp.state != QpState::Rts {
+        return false;
+    }
+    if let Some(until) = qp.req.rnr_until {
+        if tx.now < until {
+            return false;
+        }
+        qp.req.rnr_until = None;
+    }
+    if qp.sq.wqe_ci != qp.sq.wqe_db_pi {
+        qp.sq.fetch(qp.max_inline, qp.max_send_sge);
+    }
+    true
 }
 
 /// Completes the WQE at the head of the send queue (CQE only when signaled).

@@ -23,7 +23,7 @@ use crate::mr::MrTable;
 use crate::packet::{Deth, Header, Kind, OutHeader};
 use crate::qp::{push_cqe, syndrome, ErrorCtx, Qp};
 use crate::qp_attr::QpState;
-use crate::requester::{complete_head, ReqOutcome};
+use crate::requester::{complete_head, ready_to_send, ReqOutcome};
 use crate::tx::Tx;
 use crate::wire::Ipv4Ident;
 use crate::wqe::{UdDest, WqeOp};
@@ -45,6 +45,9 @@ pub(crate) fn run(
     budget: usize,
 ) -> ReqOutcome {
     let mut out = ReqOutcome::default();
+    if !ready_to_send(qp, tx) {
+        return out;
+    }
     let mtu = qp.mtu();
     while qp.state == QpState::Rts && qp.sq.slot_ci < qp.sq.slot_pi {
         if out.packets >= budget {
