@@ -377,6 +377,7 @@ impl Failover {
                 up: true,
                 since: now,
             };
+            self.default_link_bounced = true;
         }
     }
 
