@@ -376,6 +376,22 @@ fn a_round_begun_by_an_error_on_a_link_reported_up_waits_for_the_peer() {
     assert_eq!(machine.send_phase(), SendPhase::FailingOver);
 }
 
+/// A leader whose default link was reported down at 100 ms and up at 1,000 ms, with no round:
+/// the flap came and went while the default QP carried nothing the link watch acts on (in the
+/// chaos run: during a failback); here the reports alone, without the link watch.
+fn default_link_flapped_at_100_to_1_000() -> Failover {
+    let mut machine = Failover::new(
+        Config {
+            link_watch: false,
+            ..Config::new(Role::Leader)
+        },
+        at(0),
+    );
+    step(&mut machine, link_down(Path::Default), at(100));
+    step(&mut machine, link_up(Path::Default), at(1_000));
+    machine
+}
+
 /// The ten-minute chaos run's loss (READ, seed 2): the default link down and back (the far
 /// switch port, 0.9 s), then, 1.2 s after it came back, the QP's retries run out (the netdev
 /// carried nothing until the kernel reported it running): a round begun by an RC error on a
@@ -386,17 +402,7 @@ fn a_round_begun_by_an_error_on_a_link_reported_up_waits_for_the_peer() {
 #[test]
 fn a_round_begun_by_an_error_soon_after_the_default_link_came_back_fails_back_after_the_handshake_timeout(
 ) {
-    // The flap came and went while the default QP carried nothing the link watch acts on
-    // (in the run: during a failback); here the reports alone, without the link watch.
-    let mut machine = Failover::new(
-        Config {
-            link_watch: false,
-            ..Config::new(Role::Leader)
-        },
-        at(0),
-    );
-    step(&mut machine, link_down(Path::Default), at(100));
-    step(&mut machine, link_up(Path::Default), at(1_000));
+    let mut machine = default_link_flapped_at_100_to_1_000();
     step(&mut machine, retry_exhausted(), at(2_200));
     step(&mut machine, drained(progress(4, 4, 2)), at(2_200));
     let due = at(2_200) + Config::new(Role::Leader).handshake_timeout;
@@ -408,15 +414,7 @@ fn a_round_begun_by_an_error_soon_after_the_default_link_came_back_fails_back_af
 /// the round waits for the peer as before.
 #[test]
 fn a_round_begun_by_an_error_long_after_the_default_link_came_back_waits_for_the_peer() {
-    let mut machine = Failover::new(
-        Config {
-            link_watch: false,
-            ..Config::new(Role::Leader)
-        },
-        at(0),
-    );
-    step(&mut machine, link_down(Path::Default), at(100));
-    step(&mut machine, link_up(Path::Default), at(1_000));
+    let mut machine = default_link_flapped_at_100_to_1_000();
     let late = at(1_000) + Config::new(Role::Leader).no_path_wait() + Duration::from_millis(1);
     step(&mut machine, retry_exhausted(), late);
     step(&mut machine, drained(progress(4, 4, 2)), late);
