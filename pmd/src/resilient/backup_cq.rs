@@ -36,6 +36,7 @@ use crate::control::{Context, Cq, Qp};
 use crate::datapath::cq::ErrorMark;
 use crate::datapath::wr::WorkCompletion;
 use crate::provider::VerbsError;
+use crate::resilient::device_pool::DevicePool;
 
 /// The most QPs' worth of entries one shared backup CQ is sized for: at 512 entries a QP
 /// (perftest's depths, 3.5), 32,768 entries, 2 MiB of CQEs. What bounds the seats a device
@@ -251,13 +252,11 @@ impl BackupSeat {
     }
 }
 
-/// One device's shared backup CQs, oldest first. Weak: a CQ goes with its last seat.
-type DeviceCqs = (Weak<Context>, Vec<Weak<SharedBackupCq>>);
-
-/// The shared backup CQs of a resilient context, per backup device.
+/// The shared backup CQs of a resilient context, per backup device. Weak: a CQ goes with its
+/// last seat.
 #[derive(Default)]
 pub(crate) struct BackupCqs {
-    devices: Mutex<Vec<DeviceCqs>>,
+    devices: Mutex<DevicePool<SharedBackupCq>>,
 }
 
 impl std::fmt::Debug for BackupCqs {
@@ -276,19 +275,7 @@ impl BackupCqs {
         entries: u32,
     ) -> Result<BackupSeat, VerbsError> {
         let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
-        devices.retain(|(d, _)| d.strong_count() > 0);
-        let at = match devices
-            .iter()
-            .position(|(d, _)| d.upgrade().is_some_and(|d| Arc::ptr_eq(&d, ctx)))
-        {
-            Some(at) => at,
-            None => {
-                devices.push((Arc::downgrade(ctx), Vec::new()));
-                devices.len() - 1
-            }
-        };
-        let cqs = &mut devices[at].1;
-        cqs.retain(|c| c.strong_count() > 0);
+        let cqs = devices.live_on(ctx);
         for cq in cqs.iter().filter_map(Weak::upgrade) {
             if cq.take(entries) {
                 return Ok(BackupSeat {
@@ -330,8 +317,7 @@ impl BackupCqs {
     pub(crate) fn census(&self) -> (usize, u64) {
         let devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
         devices
-            .iter()
-            .flat_map(|(_, cqs)| cqs.iter().filter_map(Weak::upgrade))
+            .all()
             .fold((0, 0), |(n, e), cq| (n + 1, e + u64::from(cq.entries)))
     }
 }

@@ -48,6 +48,7 @@ mod clock;
 mod config;
 mod context;
 mod dereg_error;
+mod device_pool;
 mod management;
 mod qp;
 mod rendezvous;

@@ -23,6 +23,7 @@ use crate::control::{Context, Cq};
 use crate::datapath::wr::WorkCompletion;
 use crate::failover::Event;
 use crate::provider::VerbsError;
+use crate::resilient::device_pool::DevicePool;
 
 /// What a shared CQ hands a completion to: the control channel whose QP it names
 /// (`crate::resilient::channel`). A trait here so that this module does not import the channel's, which
@@ -183,19 +184,16 @@ impl<C: TakesCompletions> ControlCq<C> {
     }
 }
 
-/// One device's shared control CQs, oldest first. Weak: a CQ goes with its last channel, and
-/// with it the device it keeps open.
-type DeviceCqs<C> = (Weak<Context>, Vec<Weak<ControlCq<C>>>);
-
-/// The shared control CQs of every device a service's channels are on.
+/// The shared control CQs of every device a service's channels are on. Weak: a CQ goes with
+/// its last channel, and with it the device it keeps open.
 pub(crate) struct ControlCqs<C> {
-    devices: Mutex<Vec<DeviceCqs<C>>>,
+    devices: Mutex<DevicePool<ControlCq<C>>>,
 }
 
 impl<C> Default for ControlCqs<C> {
     fn default() -> Self {
         ControlCqs {
-            devices: Mutex::new(Vec::new()),
+            devices: Mutex::new(DevicePool::default()),
         }
     }
 }
@@ -210,19 +208,7 @@ impl<C: TakesCompletions> ControlCqs<C> {
     ) -> Result<Reservation<C>, VerbsError> {
         let entries = 2 * depth;
         let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
-        devices.retain(|(d, _)| d.strong_count() > 0);
-        let at = match devices
-            .iter()
-            .position(|(d, _)| d.upgrade().is_some_and(|d| Arc::ptr_eq(&d, ctx)))
-        {
-            Some(at) => at,
-            None => {
-                devices.push((Arc::downgrade(ctx), Vec::new()));
-                devices.len() - 1
-            }
-        };
-        let cqs = &mut devices[at].1;
-        cqs.retain(|c| c.strong_count() > 0);
+        let cqs = devices.live_on(ctx);
         for cq in cqs.iter().filter_map(Weak::upgrade) {
             let mut free = cq.free.lock().unwrap_or_else(|p| p.into_inner());
             if *free >= entries {
@@ -255,11 +241,7 @@ impl<C: TakesCompletions> ControlCqs<C> {
     pub(crate) fn each_channel_on(&self, ctx: &Arc<Context>, mut f: impl FnMut(&C)) {
         let cqs: Vec<Arc<ControlCq<C>>> = {
             let devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
-            devices
-                .iter()
-                .filter(|(d, _)| d.upgrade().is_some_and(|d| Arc::ptr_eq(&d, ctx)))
-                .flat_map(|(_, cqs)| cqs.iter().filter_map(Weak::upgrade))
-                .collect()
+            devices.on(ctx).collect()
         };
         for cq in cqs {
             let members: Vec<Arc<C>> = cq
@@ -278,8 +260,6 @@ impl<C: TakesCompletions> ControlCqs<C> {
     pub(crate) fn live(&self, out: &mut Vec<Arc<ControlCq<C>>>) {
         out.clear();
         let devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, cqs) in devices.iter() {
-            out.extend(cqs.iter().filter_map(Weak::upgrade));
-        }
+        out.extend(devices.all());
     }
 }
