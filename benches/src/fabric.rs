@@ -49,11 +49,21 @@ impl Fabric {
 
     /// Opens the device on `port` (see the port constants).
     pub fn open(&self, port: u32) -> Arc<Context> {
-        Context::open(
-            &format!("fabric:{}/{port}", self.name),
-            &ContextConfig::default(),
-        )
-        .expect("open a fabric device")
+        self.open_for(port, 0)
+    }
+
+    /// Opens the device on `port` with a key table for `qps` QPs' MRs, sized as the apps size
+    /// theirs (8 slots a QP: a resilient QP's control channels register rings on both
+    /// devices), never below the pmd's default.
+    pub fn open_for(&self, port: u32, qps: u32) -> Arc<Context> {
+        let config = ContextConfig {
+            key_table_slots: (qps as usize * 8)
+                .next_power_of_two()
+                .max(ContextConfig::default().key_table_slots),
+            ..ContextConfig::default()
+        };
+        Context::open(&format!("fabric:{}/{port}", self.name), &config)
+            .expect("open a fabric device")
     }
 }
 

@@ -257,7 +257,7 @@ fn plain_pairs(
     cqs: CqPlan,
     ring_len: Option<usize>,
 ) -> Footprint {
-    let (a, b) = (f.open(A_DEFAULT), f.open(B_DEFAULT));
+    let (a, b) = (f.open_for(A_DEFAULT, n), f.open_for(B_DEFAULT, n));
     let (ga, gb) = (a.query_gid(0).unwrap(), b.query_gid(0).unwrap());
     let (shared_a, shared_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let before = Footprint::now();
@@ -343,15 +343,15 @@ fn measure(kind: Kind, n: u32) -> Footprint {
             let service_a = FailoverService::start(ServiceConfig::default()).expect("service");
             let service_b = FailoverService::start(ServiceConfig::default()).expect("service");
             let a = ResilientContext::new(
-                f.open(A_DEFAULT),
-                Some(f.open(A_BACKUP)),
+                f.open_for(A_DEFAULT, n),
+                Some(f.open_for(A_BACKUP, n)),
                 &service_a,
                 ResilientConfig::default(),
                 None,
             );
             let b = ResilientContext::new(
-                f.open(B_DEFAULT),
-                Some(f.open(B_BACKUP)),
+                f.open_for(B_DEFAULT, n),
+                Some(f.open_for(B_BACKUP, n)),
                 &service_b,
                 ResilientConfig::default(),
                 None,
@@ -416,6 +416,15 @@ fn measure_in_child(kind: Kind, n: u32) -> Result<Footprint, String> {
 
 fn main() {
     let args = Args::parse();
+    // The driver's warnings and errors (a backup side that cannot be set up says why there),
+    // on stderr; `RUST_LOG` for more.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     if let Some(kind) = args.child {
         let grown = measure(kind, args.qps);
         println!("{} {}", grown.resident, grown.reserved);
