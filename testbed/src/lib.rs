@@ -44,3 +44,15 @@ pub mod stock;
 pub mod sweep;
 pub mod target;
 pub mod topology;
+
+/// Prints this process's warnings and errors (the pmd's among them) on stderr, or what
+/// `RUST_LOG` asks for: what the testbed's and the benches' binaries set up first.
+pub fn log_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -418,13 +418,7 @@ fn main() {
     let args = Args::parse();
     // The driver's warnings and errors (a backup side that cannot be set up says why there),
     // on stderr; `RUST_LOG` for more.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    testbed::log_to_stderr();
     if let Some(kind) = args.child {
         let grown = measure(kind, args.qps);
         println!("{} {}", grown.resident, grown.reserved);
