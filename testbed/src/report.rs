@@ -182,6 +182,12 @@ pub struct Figures {
     pub backup_traffic_ms: Percentiles,
     /// First error CQE polled to first successful completion on the backup (paper, fig. 6b).
     pub fallback_latency_us: Percentiles,
+    /// The same, over the failovers onto a settled backup path only: no failure, recovery
+    /// or device fault of the backup rail from [`BACKUP_SETTLED_MS`] before the failover's
+    /// detection to its first success, and no backup link down then. The rest waited for a
+    /// backup path that was down or not yet carrying packets (`docs/measurements.md`,
+    /// "Where the soak's fallback tail comes from").
+    pub fallback_settled_backup_us: Percentiles,
     /// Link-up to the completed switch-back, per recovery.
     pub switchback_ms: Percentiles,
     /// Corrupted bytes plus lost, duplicated or reordered notifications.
@@ -243,6 +249,12 @@ pub struct Window {
     /// The rail of what failed (0: the default path).
     pub rail: u8,
 }
+
+/// How long the backup rail must have been left alone before a failover's detection for
+/// [`Figures::fallback_settled_backup_us`] to count it: a veth carries nothing until the
+/// kernel reports it running, up to a second after `ip link set up` (`docs/testbed.md`,
+/// "Known problems").
+pub const BACKUP_SETTLED_MS: f64 = 1000.0;
 
 /// The down/up windows in a failure log (several targets may overlap; each down opens a
 /// window closed by the next up of the same target). A device's QPs failing is an instant,
@@ -389,6 +401,29 @@ pub fn figures(
             .filter_map(|e| e.fallback_latency_us)
             .collect(),
     );
+    // The backup rail left alone over `[from, to]`: no action of it then (a device fault is
+    // an instant, so the log's entries are read, not only the windows), none of its links
+    // down at `from`.
+    let backup_alone = |from: f64, to: f64| {
+        !log.iter().any(|l| {
+            l.error.is_none() && l.rail != 0 && l.issued_unix_ms >= from && l.issued_unix_ms <= to
+        }) && !wins
+            .iter()
+            .any(|w| w.rail != 0 && w.down < from && w.up.is_none_or(|u| u > from))
+    };
+    let fallback_settled_backup_us = Percentiles::of(
+        events
+            .iter()
+            .map(|e| &e.event)
+            .filter(|e| e.kind == EventKind::Failover)
+            .filter(|e| {
+                e.first_success_unix_ms.is_some_and(|first| {
+                    backup_alone(e.detected_unix_ms - BACKUP_SETTLED_MS, first)
+                })
+            })
+            .filter_map(|e| e.fallback_latency_us)
+            .collect(),
+    );
     let switchback_ms = Percentiles::of(
         default_wins
             .iter()
@@ -416,6 +451,7 @@ pub fn figures(
         detection_ms,
         backup_traffic_ms,
         fallback_latency_us,
+        fallback_settled_backup_us,
         switchback_ms,
         data_errors,
         bytes_checked,
@@ -630,6 +666,38 @@ mod tests {
         assert_eq!(f.backup_traffic_ms.p50, Some(3.0));
         assert_eq!(f.fallback_latency_us.p50, Some(1500.0));
         assert_eq!(f.switchback_ms.p50, Some(50.0));
+    }
+
+    #[test]
+    fn a_failover_soon_after_a_backup_rail_event_is_left_out_of_the_settled_fallback() {
+        let (mut app, mut log) = story();
+        let first = app.failover.events[0].clone();
+        // A second failover at 5 s, 600 ms after the backup NIC came back: it waited for the
+        // backup path and counts only in the whole distribution.
+        let mut late = first.clone();
+        late.event.detected_unix_ms = 5001.5;
+        late.event.first_success_unix_ms = Some(5300.0);
+        late.event.fallback_latency_us = Some(298_500.0);
+        app.failover.events.push(late);
+        let backup = |action, at| LogEntry {
+            rail: 1,
+            ..entry("initiator-nic1", action, at)
+        };
+        log.push(backup(LinkAction::Down, 4200.0));
+        log.push(backup(LinkAction::Up, 4400.0));
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
+        assert_eq!(f.fallback_latency_us.samples, 2);
+        assert_eq!(f.fallback_latency_us.max, Some(298_500.0));
+        assert_eq!(f.fallback_settled_backup_us.samples, 1);
+        assert_eq!(f.fallback_settled_backup_us.p99, Some(1500.0));
+        // A backup device failing its QPs (an instant, no window) during the first failover
+        // leaves it out too.
+        log.push(LogEntry {
+            rail: 1,
+            ..entry("initiator-dev1-qps-failed", LinkAction::Down, 2002.0)
+        });
+        let f = figures(&app, None, &log, &[], &[], 100.0, 537.0);
+        assert_eq!(f.fallback_settled_backup_us.samples, 0);
     }
 
     #[test]

@@ -143,6 +143,15 @@ pub fn print_summary(r: &ScenarioResult) {
         f.fallback_latency_us.samples,
         opt(f.switchback_ms.p50, "ms"),
     );
+    if f.fallback_settled_backup_us.samples != f.fallback_latency_us.samples {
+        println!(
+            "  fallback latency onto a settled backup path (no backup-rail event for {:.0} ms before): p50 {} p99 {} ({} events)",
+            crate::report::BACKUP_SETTLED_MS,
+            opt(f.fallback_settled_backup_us.p50, "us"),
+            opt(f.fallback_settled_backup_us.p99, "us"),
+            f.fallback_settled_backup_us.samples,
+        );
+    }
     println!(
         "  failovers {}, switch-backs {}, failbacks to the default {}, backup re-arms {}, data errors {} ({} bytes and {} notifications checked)",
         f.failovers,
