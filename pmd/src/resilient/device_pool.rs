@@ -57,7 +57,7 @@ fn is(d: &Weak<Context>, ctx: &Arc<Context>) -> bool {
     d.upgrade().is_some_and(|d| Arc::ptr_eq(&d, ctx))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "soft"))]
 mod tests {
     use super::*;
     use crate::provider::soft::{register_fabric, unregister_fabric};
