@@ -46,14 +46,6 @@ pub struct DeviceOptions {
     pub qps: u32,
 }
 
-/// Key-table slots for `qps` QPs: room for 8 MRs each (a resilient QP's control channels
-/// register theirs on both devices), never fewer than the pmd's default.
-fn key_table_slots(qps: u32) -> usize {
-    (qps as usize * 8)
-        .next_power_of_two()
-        .max(ContextConfig::default().key_table_slots)
-}
-
 enum HostKind {
     Plain {
         pd: Arc<Pd>,
@@ -105,7 +97,7 @@ impl Host {
     pub fn open(o: &DeviceOptions) -> Result<Host, AppError> {
         let config = ContextConfig {
             progress: o.progress,
-            key_table_slots: key_table_slots(o.qps),
+            key_table_slots: ContextConfig::key_table_slots_for(o.qps),
             ..ContextConfig::default()
         };
         let open = |name: &str| {
@@ -558,17 +550,5 @@ fn timeline_state(state: ResilientState) -> &'static str {
         ResilientState::WaitSignaled => "wait-signaled",
         ResilientState::WaitDrained => "wait-drained",
         ResilientState::Failed => "failed",
-    }
-}
-
-#[cfg(test)]
-mod key_table_tests {
-    use super::*;
-
-    #[test]
-    fn the_key_table_grows_with_the_qps_and_never_below_the_default() {
-        assert_eq!(key_table_slots(1), 4096);
-        assert_eq!(key_table_slots(4096), 32768);
-        assert!(key_table_slots(1000) >= 8000);
     }
 }

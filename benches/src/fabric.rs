@@ -52,14 +52,11 @@ impl Fabric {
         self.open_for(port, 0)
     }
 
-    /// Opens the device on `port` with a key table for `qps` QPs' MRs, sized as the apps size
-    /// theirs (8 slots a QP: a resilient QP's control channels register rings on both
-    /// devices), never below the pmd's default.
+    /// Opens the device on `port` with a key table for `qps` QPs, sized as the apps size
+    /// theirs ([`ContextConfig::key_table_slots_for`]).
     pub fn open_for(&self, port: u32, qps: u32) -> Arc<Context> {
         let config = ContextConfig {
-            key_table_slots: (qps as usize * 8)
-                .next_power_of_two()
-                .max(ContextConfig::default().key_table_slots),
+            key_table_slots: ContextConfig::key_table_slots_for(qps),
             ..ContextConfig::default()
         };
         Context::open(&format!("fabric:{}/{port}", self.name), &config)

@@ -44,12 +44,11 @@ use crate::objects::{
 };
 use crate::util::invalid;
 
-/// Key-table slots of a resilient device's two contexts: each resilient QP registers its
-/// control channel's ring on both devices (one key each), and the pmd's default of 4,096
-/// slots fills before 4,096 QPs (`qp_memory --qps 4096` with it: "key table full"), after
-/// which a QP's backup side cannot be set up. This is the apps' rule at 4,096 QPs (8 slots a
-/// QP); it costs 1.25 MiB a context.
-const RESILIENT_KEY_TABLE_SLOTS: usize = 32 * 1024;
+/// QPs a resilient device's two contexts size their key tables for: each resilient QP
+/// registers its control channel's ring on both devices (one key each), and the pmd's default
+/// of 4,096 slots fills before 4,096 QPs (`qp_memory --qps 4096` with it: "key table full"),
+/// after which a QP's backup side cannot be set up. 32,768 slots, 1.25 MiB a context.
+const RESILIENT_KEY_TABLE_QPS: u32 = 4096;
 
 /// A resilient device, opened once per process and shared by every `ibv_open_device`.
 pub struct ResilientDevice {
@@ -97,7 +96,7 @@ pub fn open(
     }
     let config = pmd::ContextConfig {
         progress: progress.model(),
-        key_table_slots: RESILIENT_KEY_TABLE_SLOTS,
+        key_table_slots: pmd::ContextConfig::key_table_slots_for(RESILIENT_KEY_TABLE_QPS),
         ..pmd::ContextConfig::default()
     };
     let default = open_pmd_context(&spec.device_text, &config).map_err(|e| e.to_string())?;

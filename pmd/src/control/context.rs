@@ -34,6 +34,29 @@ impl Default for ContextConfig {
     }
 }
 
+impl ContextConfig {
+    /// Key-table slots for a device that will hold `qps` QPs: 8 a QP (a resilient QP
+    /// registers its control channel's ring on both of its devices, beside the application's
+    /// MRs), a power of two, never below the default.
+    pub fn key_table_slots_for(qps: u32) -> usize {
+        (qps as usize * 8)
+            .next_power_of_two()
+            .max(ContextConfig::default().key_table_slots)
+    }
+}
+
+#[cfg(test)]
+mod key_table_tests {
+    use super::*;
+
+    #[test]
+    fn the_key_table_grows_with_the_qps_and_never_below_the_default() {
+        assert_eq!(ContextConfig::key_table_slots_for(1), 4096);
+        assert_eq!(ContextConfig::key_table_slots_for(4096), 32768);
+        assert!(ContextConfig::key_table_slots_for(1000) >= 8000);
+    }
+}
+
 /// Why a device could not be opened.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OpenError {
