@@ -671,10 +671,9 @@ mod tests {
     #[test]
     fn a_failover_soon_after_a_backup_rail_event_is_left_out_of_the_settled_fallback() {
         let (mut app, mut log) = story();
-        let first = app.failover.events[0].clone();
         // A second failover at 5 s, 600 ms after the backup NIC came back: it waited for the
         // backup path and counts only in the whole distribution.
-        let mut late = first.clone();
+        let mut late = app.failover.events[0].clone();
         late.event.detected_unix_ms = 5001.5;
         late.event.first_success_unix_ms = Some(5300.0);
         late.event.fallback_latency_us = Some(298_500.0);
