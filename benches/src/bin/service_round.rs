@@ -12,7 +12,7 @@
 //! microseconds over `--rounds` rounds, the p50 ratio of `--qps` to one QP, and the
 //! link-down round (the longest round in the 200 ms after the link went down).
 //!
-//!     cargo run --release -p benches --bin service_round -- [--qps 1000] [--rounds 5000] [--json OUT]
+//!     cargo run --release -p benches --bin service_round -- [--qps 1000] [--rounds 5000] [--management] [--json OUT]
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,10 @@ struct Args {
     /// Also write the JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Give every QP a management channel on loopback (`docs/failover.md` 5f), as the apps do
+    /// with `--mgmt`: the round then also serves the management socket.
+    #[arg(long)]
+    management: bool,
 }
 
 /// Microsecond percentiles of `samples` (sorted here).
@@ -96,18 +100,24 @@ fn main() {
     let f = Fabric::new();
     let service_a = FailoverService::manual(Clock::real()).expect("service");
     let service_b = FailoverService::start(ServiceConfig::default()).expect("service");
+    let config = ResilientConfig {
+        management_addr: args
+            .management
+            .then_some(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+        ..ResilientConfig::default()
+    };
     let a = ResilientContext::new(
         f.open(A_DEFAULT),
         Some(f.open(A_BACKUP)),
         &service_a,
-        ResilientConfig::default(),
+        config.clone(),
         None,
     );
     let b = ResilientContext::new(
         f.open(B_DEFAULT),
         Some(f.open(B_BACKUP)),
         &service_b,
-        ResilientConfig::default(),
+        config,
         None,
     );
     let ga = a.default_context().query_gid(0).expect("GID");
@@ -154,6 +164,7 @@ fn main() {
         },
         "link_down_round_us": link_down_round,
         "qps": args.qps,
+        "management": args.management,
     });
     let text = serde_json::to_string_pretty(&out).expect("JSON");
     println!("{text}");
