@@ -483,3 +483,41 @@ fn a_wqe_claiming_more_than_the_ring_holds_is_a_local_qp_operation_error() {
     let c = next(&sim, &[&a.dev, &b.dev], &mut a.scq);
     assert_eq!((c.status, c.wqe_counter), (WcStatus::LocQpOpErr, idx));
 }
+
+/// A completion the device holds back (a NIC slow to complete) is forgotten when its QP is
+/// reset, as mlx5's reset cleans the CQ of the QP's CQEs; one not reset arrives once the
+/// device completes again.
+#[test]
+fn a_reset_forgets_the_qps_held_completions_and_only_those() {
+    for reset in [false, true] {
+        let (sim, mut a, b) = pair();
+        // Another CQ on the device, created after the QP's: a reset must find the QP's own.
+        let _other = HarnessCq::new(&a.dev, 64, None).unwrap();
+        a.dev.slow_completions(Duration::from_millis(20));
+        b.buf.write(0, &[0u8; 8]);
+        a.buf.write(0, &[7u8; 8]);
+        post_write(&mut a, &b, 8);
+        let written = sim.run_until(&[&a.dev, &b.dev], Duration::from_millis(5), || {
+            b.buf.read_u64(0) == u64::from_ne_bytes([7; 8])
+        });
+        assert!(written, "the WRITE executed at the responder");
+        // The ACK comes back; the requester's CQE is held.
+        sim.run_until(&[&a.dev, &b.dev], Duration::from_millis(2), || false);
+        assert!(a.scq.poll().is_none(), "held while the device is slow");
+        if reset {
+            a.dev
+                .modify_qp(a.qp.qpn, QpState::Reset, &QpAttrs::default())
+                .unwrap();
+        }
+        let got = next_within(
+            &sim,
+            &[&a.dev, &b.dev],
+            &mut a.scq,
+            Duration::from_millis(50),
+        );
+        match reset {
+            true => assert!(got.is_none(), "a reset QP's held CQE came: {got:?}"),
+            false => assert_eq!(got.map(|c| c.status), Some(WcStatus::Success)),
+        }
+    }
+}

@@ -39,6 +39,10 @@ pub struct SweepPoint {
     pub switchback_ms: Percentiles,
     /// Failovers the client's QPs completed.
     pub failovers: u64,
+    /// One message on every QP at the message rate this run measured before the failure
+    /// (QPs x size / bandwidth before): the medium's floor for moving every QP, since each
+    /// one must at least complete a message on the backup. `None` without a bandwidth.
+    pub floor_ms: Option<f64>,
     /// Why the apps did not run with this count (their refusal, or a failed start).
     pub refused: Option<String>,
     /// The error that stopped the run, if it ran and stopped.
@@ -61,6 +65,23 @@ pub struct SweepResult {
     /// The goal: the largest count (1,000 QPs) all on the backup within 2x the 1-QP
     /// figure; `null` when either figure is missing.
     pub goal_within_2x: Option<bool>,
+    /// Issue 30's goal for the largest count that ran: within 3x the 1-QP figure up to 1,000
+    /// QPs, 6x above; `null` when either figure is missing.
+    pub goal_issue30: Option<bool>,
+}
+
+/// Issue 30's bound on the largest count over 1 QP, for `qps` QPs.
+pub fn issue30_factor(qps: u32) -> f64 {
+    if qps > 1000 {
+        6.0
+    } else {
+        3.0
+    }
+}
+
+/// [`SweepPoint::floor_ms`]: `qps` messages of `size` bytes at `gbps`.
+fn floor_ms(qps: u64, size: usize, gbps: f64) -> Option<f64> {
+    (gbps > 0.0 && size > 0).then(|| qps as f64 * size as f64 * 8.0 / (gbps * 1e9) * 1e3)
 }
 
 /// Most QPs a count may ask for: what the apps take with `-q` (`apps::cli::MAX_QPS`).
@@ -121,6 +142,7 @@ pub fn run(
                     detection_ms: f.detection_ms,
                     switchback_ms: f.switchback_ms.clone(),
                     failovers: f.failovers,
+                    floor_ms: floor_ms(f.qps, r.size, f.bw_before_gbps),
                     refused: None,
                     error: r.with_failover.as_ref().and_then(|w| w.error.clone()),
                     result: Some(path),
@@ -137,13 +159,25 @@ pub fn run(
         points.push(point);
     }
     let largest_over_one = largest_over_one(&points);
+    let goal_issue30 = largest_over_one
+        .zip(largest_ran(&points))
+        .map(|(r, p)| r <= issue30_factor(p.qps_asked));
     Ok(SweepResult {
         scenario: base.name,
         op: base.op,
         points,
         largest_over_one,
         goal_within_2x: largest_over_one.map(|r| r <= 2.0),
+        goal_issue30,
     })
+}
+
+/// The largest count that has an `all_on_backup_ms`, above 1 QP.
+fn largest_ran(points: &[SweepPoint]) -> Option<&SweepPoint> {
+    points
+        .iter()
+        .filter(|p| p.qps_asked > 1 && p.all_on_backup_ms.is_some())
+        .max_by_key(|p| p.qps_asked)
 }
 
 /// `all_on_backup_ms` at the largest count that has one over the 1-QP figure.
@@ -152,12 +186,7 @@ fn largest_over_one(points: &[SweepPoint]) -> Option<f64> {
         .iter()
         .find(|p| p.qps_asked == 1)
         .and_then(|p| p.all_on_backup_ms)?;
-    let largest = points
-        .iter()
-        .filter(|p| p.qps_asked > 1 && p.all_on_backup_ms.is_some())
-        .max_by_key(|p| p.qps_asked)?
-        .all_on_backup_ms?;
-    Some(largest / one)
+    Some(largest_ran(points)?.all_on_backup_ms? / one)
 }
 
 /// Draws `all_on_backup_ms` and the fallback latency p50 and p99 (in ms) against the number
@@ -228,11 +257,39 @@ pub fn print(result: &SweepResult) {
             p.error.as_ref().map_or(String::new(), |e| format!("; stopped: {e}")),
         );
     }
-    if let Some(r) = result.largest_over_one {
+    let verdict = |met: bool| if met { "met" } else { "missed" };
+    if let (Some(r), Some(largest)) = (result.largest_over_one, largest_ran(&result.points)) {
+        let factor = issue30_factor(largest.qps_asked);
         println!(
-            "  largest count over 1 QP: {r:.2}x (goal <= 2x: {})",
-            if r <= 2.0 { "met" } else { "missed" }
+            "  largest count over 1 QP: {r:.2}x (issue 17's goal <= 2x: {}; issue 30's <= {factor}x at -q {}: {})",
+            verdict(r <= 2.0),
+            largest.qps_asked,
+            verdict(r <= factor),
         );
+    }
+    for p in result.points.iter().filter(|p| p.qps_asked > 1) {
+        let (Some(floor), Some(all)) = (p.floor_ms, p.all_on_backup_ms) else {
+            continue;
+        };
+        println!(
+            "  -q {:>5}: floor {floor:.1} ms (one message on every QP at the rate before the failure): all on backup {:.1}x the floor",
+            p.qps_asked,
+            all / floor,
+        );
+        let one = result
+            .points
+            .iter()
+            .find(|o| o.qps_asked == 1)
+            .and_then(|o| o.all_on_backup_ms);
+        if let Some(one) = one {
+            let budget = issue30_factor(p.qps_asked) * one;
+            if budget < floor {
+                println!(
+                    "           issue 30's budget ({}x 1 QP = {budget:.1} ms) is below this medium's floor",
+                    issue30_factor(p.qps_asked)
+                );
+            }
+        }
     }
 }
 
@@ -275,6 +332,21 @@ mod tests {
     }
 
     #[test]
+    fn the_floor_is_one_message_a_qp_at_the_rate_before_and_issue_30s_factor_grows_past_1000() {
+        // 1,000 QPs of 64 bytes at 0.256 Gb/s: 512,000 bits at 256 Mb/s, 2 ms.
+        let floor = floor_ms(1000, 64, 0.256).unwrap();
+        assert!((floor - 2.0).abs() < 1e-9, "{floor}");
+        assert_eq!(
+            floor_ms(1000, 64, 0.0),
+            None,
+            "no bandwidth measured: no floor"
+        );
+        assert_eq!(floor_ms(1000, 0, 1.0), None);
+        assert_eq!(issue30_factor(1000), 3.0);
+        assert_eq!(issue30_factor(4096), 6.0);
+    }
+
+    #[test]
     fn a_sweep_plot_names_the_refused_counts() {
         let point = |q: u32, aob: f64| SweepPoint {
             qps_asked: q,
@@ -297,6 +369,7 @@ mod tests {
             ],
             largest_over_one: Some(10.0),
             goal_within_2x: Some(false),
+            goal_issue30: Some(false),
         };
         let path = std::env::temp_dir().join(format!("railshift-sweep-{}.png", std::process::id()));
         match plot(&result, &path) {
