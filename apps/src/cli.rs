@@ -185,8 +185,8 @@ pub struct Flags {
     /// (docs/apps-json.md, "Fault channel").
     #[arg(long = "fault-fifo", value_name = "PATH")]
     pub fault_fifo: Option<PathBuf>,
-    /// Number of QPs, 1 to 4,096 (bandwidth tools without --check; iterations go
-    /// round-robin).
+    /// Number of QPs, 1 to 4,096 (bandwidth tools; with --check only shift_write_bw;
+    /// iterations go round-robin).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
     /// Latency tools: this many more QPs (resilient ones with --backup-dev), connected to
@@ -557,9 +557,10 @@ impl Options {
             }
         }
         if flags.qps != 1 {
-            if !matches!(tool, Tool::WriteBw | Tool::SendBw | Tool::ReadBw) || flags.check {
+            let checked_other = flags.check && tool != Tool::WriteBw;
+            if !matches!(tool, Tool::WriteBw | Tool::SendBw | Tool::ReadBw) || checked_other {
                 return Err(format!(
-                    "-q/--qp {}: several QPs are for shift_write_bw, shift_send_bw and shift_read_bw without --check",
+                    "-q/--qp {}: several QPs are for shift_write_bw (with or without --check), shift_send_bw and shift_read_bw without --check",
                     flags.qps
                 ));
             }
@@ -854,7 +855,12 @@ mod tests {
         assert!(refused(Tool::Allreduce, &["-a"]).contains("-a/--all"));
         assert!(refused(Tool::SendLat, &["--check"]).contains("--check"));
         assert!(refused(Tool::SendBw, &["--check", "-s", "4"]).contains("8 bytes"));
-        assert!(refused(Tool::WriteBw, &["--check", "-q", "2"]).contains("-q/--qp 2"));
+        assert!(refused(Tool::SendBw, &["--check", "-q", "2"]).contains("-q/--qp 2"));
+        assert!(refused(Tool::ReadBw, &["--check", "-q", "2"]).contains("-q/--qp 2"));
+        assert!(
+            parse(Tool::WriteBw, &["--check".into(), "-q".into(), "2".into()]).is_ok(),
+            "a checked WRITE stream runs on several QPs"
+        );
         assert!(
             refused(Tool::WriteBw, &["-q", "4097"]).contains("-q/--qp 4097 is outside 1..=4096")
         );

@@ -235,6 +235,7 @@ fn write_bw_run_to_completion_fails_over_and_back_with_every_byte_intact() {
 /// and the QPs it delivered mail to run their failover work there and then, out of the
 /// loop's order. Every QP fails over and back without an error (`--check` takes
 /// one QP only).
+/// And the server checks every byte and every notification of the 64 QPs' shared slots.
 #[test]
 fn write_bw_run_to_completion_on_64_qps_fails_every_qp_over_and_back() {
     let f = fabric();
@@ -255,6 +256,7 @@ fn write_bw_run_to_completion_on_64_qps_fails_every_qp_over_and_back() {
             "200",
             "--poll",
             "busy",
+            "--check",
         ],
         || {
             std::thread::sleep(Duration::from_millis(700));
@@ -271,6 +273,11 @@ fn write_bw_run_to_completion_on_64_qps_fails_every_qp_over_and_back() {
     assert_eq!(fo.switch_backs, 64, "{fo:?}");
     assert_eq!(fo.errors, 0, "{fo:?}");
     assert!(c.report.iterations > 0);
+    let check = s.report.check.as_ref().unwrap();
+    assert_eq!(check.errors, 0, "{check:?}");
+    assert_eq!(check.notification_errors, 0, "{check:?}");
+    assert_eq!(check.notifications_checked, c.report.iterations);
+    assert_eq!(check.bytes_checked, c.report.iterations * 8192);
 }
 
 #[test]

@@ -149,7 +149,14 @@ impl Layout {
         };
         let tx = o.flags.tx_depth.max(wqes_per_iter);
         let in_flight = u64::from((tx / wqes_per_iter).max(1));
-        let want = (2 * in_flight as usize).max(8);
+        // Under --check every QP's iterations share the slots (iteration i on QP i mod -q):
+        // enough for each QP's window, as far as the buffer allows.
+        let qps = if stream.checked() {
+            o.flags.qps.max(1) as usize
+        } else {
+            1
+        };
+        let want = (2 * in_flight as usize * qps).max(8);
         let slots = (MAX_BUFFER / size).clamp(2, want.max(2));
         let in_flight = in_flight.min(slots as u64);
         // Every iteration is signaled under --check (its notification); otherwise -Q, or

@@ -9,7 +9,7 @@ use pmd::{WcOpcode, WorkCompletion};
 use crate::cli::Options;
 use crate::error::AppError;
 use crate::exchange::Msg;
-use crate::report::{AtomicJson, CheckJson, ResultRow, Timeline};
+use crate::report::{AtomicJson, ResultRow, Timeline};
 use crate::session::{Idle, PeerWatch, Session};
 
 use super::check::{Changer, Checker};
@@ -48,18 +48,8 @@ impl Serving {
         let control_addr = s.peer.addr + (s.peer.len - CONTROL as u64);
         Serving {
             layout,
-            checker: (layout.credit_window > 0).then(|| Checker {
-                layout,
-                next: 0,
-                scratch: Vec::new(),
-                json: CheckJson {
-                    enabled: true,
-                    ..CheckJson::default()
-                },
-                credit_at: 0,
-                credit_addr: control_addr,
-                credit_rkey: s.peer.rkey,
-            }),
+            checker: (layout.credit_window > 0)
+                .then(|| Checker::new(layout, s.conns.len(), control_addr, s.peer.rkey)),
             changer: (layout.stream == Stream::ChangingRead).then(|| Changer {
                 layout,
                 next: 0,
@@ -97,7 +87,7 @@ impl Serving {
                 _ if self.layout.stream.sends() => c.received_send(s, wc),
                 Some(imm) => {
                     self.bytes += self.layout.size as u64;
-                    c.notification(s, imm)
+                    c.notification(s, q, imm)
                 }
                 None => Ok(()),
             };
