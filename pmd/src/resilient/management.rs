@@ -1,312 +1,26 @@
 //! The third channel (`docs/failover.md` 5f): a connection end's control messages over the
 //! management network, which depends on neither RDMA device.
 //!
-//! One [`ManagementPeer`] per connection end, sans-IO: it turns the machine's messages into
-//! datagrams, and datagrams from the network into messages, acknowledgments and datagrams to
-//! send back; the caller owns the socket and the clock. Each end draws a random connection id
-//! and a random 32-byte key and hands both to the peer in the rendezvous; a datagram is for
-//! the end whose id it names and is sealed with that end's key, so that a stranger on the
-//! management network, who has neither, cannot forge one, and the sequence numbers make a
-//! copy of an old one (a replay, or a retransmission whose acknowledgment was lost) a
-//! duplicate that is dropped and counted.
-//!
-//! A datagram (big-endian, 88 bytes):
-//!
-//! ```text
-//!  0       4     5      6       8                 16                24                 56          88
-//!  +-------+-----+------+-------+-----------------+-----------------+------------------+-----------+
-//!  | "RSMG"| ver | kind | 0   0 | receiver's id   | sequence number | control message  | HMAC (32) |
-//!  +-------+-----+------+-------+-----------------+-----------------+------------------+-----------+
-//! ```
-//!
-//! - kind 1, a message: its number (the first is 1) and the 32 bytes of the control ring's
-//!   format ([`ControlRepr`], its destination QPN the receiver's default QPN);
-//! - kind 2, an acknowledgment: the highest number delivered in order; the message field zero.
-//!
-//! The MAC is HMAC-SHA256 over `"railshift management v1\0"` and the 56 bytes before it.
-//! Messages are delivered in order, once: a message is taken only if it is the next one; the
-//! sender resends every unacknowledged one, in order, until the acknowledgment comes.
+//! A service's UDP socket per management address ([`ManagementSocket`]) carries the
+//! [`Stream`]s of every connection end on it ([`ManagementLink`]), each record to the end its
+//! receiver id names. A message goes at once, one record to a datagram; what a service round
+//! sends (acknowledgments of what arrived, resends that came due) is packed, every record
+//! for the same peer socket in as few datagrams as fit ([`UDP_RECORDS`] each).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
-
-use super::service::mailbox::DeadlineBoard;
-use crate::failover::{
-    ControlMessage, ControlPacket, ControlRepr, Event, Timestamp, CONTROL_MESSAGE_LEN,
+use super::deadline::DeadlineBoard;
+use super::stream::{
+    pack, random_identity, receiver_of, records, EndIdentity, Record, Stream, StreamDrops,
+    MAX_RECORDS, RECORD_LEN, UDP_RECORDS,
 };
+use crate::failover::{ControlMessage, Event, Timestamp};
 use crate::resilient::channel::ChannelOwner;
 use crate::resilient::rendezvous::ManagementEndpoint;
-
-/// The length of a management datagram.
-pub(crate) const DATAGRAM_LEN: usize = 88;
-/// The length of a connection end's key.
-pub(crate) const KEY_LEN: usize = 32;
-
-const MAGIC: u32 = 0x5253_4d47; // "RSMG"
-const VERSION: u8 = 1;
-const KIND_MESSAGE: u8 = 1;
-const KIND_ACK: u8 = 2;
-const SEALED: usize = 56;
-const DOMAIN: &[u8] = b"railshift management v1\0";
-
-/// How long an unacknowledged message waits before it is sent again: the management network
-/// is a LAN, and a message there is rare (a failback's two, a repair's three).
-pub(crate) const RESEND_AFTER: Duration = Duration::from_millis(10);
-
-mod field {
-    use core::ops::Range;
-    pub const MAGIC: Range<usize> = 0..4;
-    pub const VERSION: usize = 4;
-    pub const KIND: usize = 5;
-    pub const RESERVED: Range<usize> = 6..8;
-    pub const RECEIVER: Range<usize> = 8..16;
-    pub const SEQUENCE: Range<usize> = 16..24;
-    pub const MESSAGE: Range<usize> = 24..56;
-    pub const MAC: Range<usize> = 56..88;
-}
-
-/// One end's identity on the management network: what it publishes for the peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct EndIdentity {
-    /// Names the end in every datagram for it.
-    pub id: u64,
-    /// Seals every datagram for it.
-    pub key: [u8; KEY_LEN],
-}
-
-/// What the management network dropped at one end, by reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ManagementDrops {
-    /// Datagrams that were not sealed with this end's key (a wrong MAC, a wrong id, a
-    /// malformed datagram or message): forged, altered, or for another connection.
-    pub forged: u64,
-    /// Sealed messages already delivered (a replay, or a resend whose acknowledgment was
-    /// lost), or ahead of the next one (an earlier one lost: it comes again first).
-    pub out_of_sequence: u64,
-}
-
-/// What one received datagram brings.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Received {
-    /// The message to hand the machine, if it was the next one.
-    pub message: Option<ControlMessage>,
-    /// The acknowledgment to send back, for a sealed message (new or not).
-    pub reply: Option<[u8; DATAGRAM_LEN]>,
-}
-
-/// One connection end's side of the management channel.
-#[derive(Debug)]
-pub(crate) struct ManagementPeer {
-    local: EndIdentity,
-    peer: EndIdentity,
-    /// The peer's default QPN, the destination of every message to it.
-    peer_default_qpn: u32,
-    /// This end's default QPN, what every message for it must name.
-    local_default_qpn: u32,
-    /// The number the next message sent gets.
-    next_send: u64,
-    /// Sent and not acknowledged, oldest first: (number, message).
-    unacked: VecDeque<(u64, ControlMessage)>,
-    /// When the unacknowledged messages were last sent.
-    sent_at: Option<Timestamp>,
-    /// The highest number delivered in order.
-    delivered: u64,
-    drops: ManagementDrops,
-}
-
-impl ManagementPeer {
-    /// The channel between `local` (whose default QP is `local_default_qpn`) and `peer`.
-    pub(crate) fn new(
-        local: EndIdentity,
-        local_default_qpn: u32,
-        peer: EndIdentity,
-        peer_default_qpn: u32,
-    ) -> ManagementPeer {
-        ManagementPeer {
-            local,
-            peer,
-            peer_default_qpn,
-            local_default_qpn,
-            next_send: 1,
-            unacked: VecDeque::new(),
-            sent_at: None,
-            delivered: 0,
-            drops: ManagementDrops::default(),
-        }
-    }
-
-    /// What was dropped so far.
-    pub(crate) fn drops(&self) -> ManagementDrops {
-        self.drops
-    }
-
-    /// Queues `message` and returns its datagram, to send now.
-    pub(crate) fn send(&mut self, message: ControlMessage, now: Timestamp) -> [u8; DATAGRAM_LEN] {
-        let number = self.next_send;
-        self.next_send += 1;
-        self.unacked.push_back((number, message));
-        if self.unacked.len() == 1 {
-            self.sent_at = Some(now);
-        }
-        self.message_datagram(number, message)
-    }
-
-    /// When the unacknowledged messages are due to be sent again, if any are.
-    pub(crate) fn resend_due(&self) -> Option<Timestamp> {
-        self.sent_at
-            .filter(|_| !self.unacked.is_empty())
-            .map(|at| at + RESEND_AFTER)
-    }
-
-    /// The unacknowledged messages' datagrams, oldest first, if they are due at `now`.
-    pub(crate) fn resend(&mut self, now: Timestamp, out: &mut Vec<[u8; DATAGRAM_LEN]>) {
-        if self.resend_due().is_none_or(|due| now < due) {
-            return;
-        }
-        self.sent_at = Some(now);
-        let datagrams: Vec<_> = self
-            .unacked
-            .iter()
-            .map(|&(number, message)| self.message_datagram(number, message))
-            .collect();
-        out.extend(datagrams);
-    }
-
-    /// Takes one datagram from the network (untrusted bytes).
-    pub(crate) fn receive(&mut self, bytes: &[u8]) -> Received {
-        let Some((kind, number, message)) = self.open(bytes) else {
-            self.drops.forged += 1;
-            return Received::default();
-        };
-        match kind {
-            KIND_ACK => {
-                if number >= self.next_send {
-                    // Sealed with our key but acknowledging what was never sent: not the
-                    // peer's doing.
-                    self.drops.forged += 1;
-                } else {
-                    self.unacked.retain(|&(n, _)| n > number);
-                }
-                Received::default()
-            }
-            _ => {
-                let message = if number == self.delivered + 1 {
-                    self.delivered = number;
-                    message
-                } else {
-                    self.drops.out_of_sequence += 1;
-                    None
-                };
-                Received {
-                    message,
-                    reply: Some(self.ack_datagram()),
-                }
-            }
-        }
-    }
-
-    /// Checks a datagram for this end: (kind, number, message for kind 1).
-    fn open(&self, bytes: &[u8]) -> Option<(u8, u64, Option<ControlMessage>)> {
-        if bytes.len() != DATAGRAM_LEN
-            || bytes[field::MAGIC] != MAGIC.to_be_bytes()
-            || bytes[field::VERSION] != VERSION
-            || bytes[field::RESERVED] != [0, 0]
-            || bytes[field::RECEIVER] != self.local.id.to_be_bytes()
-        {
-            return None;
-        }
-        let mut mac = mac(&self.local.key);
-        mac.update(&bytes[..SEALED]);
-        mac.verify_slice(&bytes[field::MAC]).ok()?;
-        let number = u64::from_be_bytes(bytes[field::SEQUENCE].try_into().ok()?);
-        match bytes[field::KIND] {
-            KIND_ACK if bytes[field::MESSAGE].iter().all(|&b| b == 0) => {
-                Some((KIND_ACK, number, None))
-            }
-            KIND_MESSAGE if number > 0 => {
-                let packet = ControlPacket::new_checked(&bytes[field::MESSAGE]).ok()?;
-                let repr = ControlRepr::parse(&packet).ok()?;
-                (repr.dest_qpn == self.local_default_qpn).then_some((
-                    KIND_MESSAGE,
-                    number,
-                    Some(repr.message),
-                ))
-            }
-            _ => None,
-        }
-    }
-
-    fn message_datagram(&self, number: u64, message: ControlMessage) -> [u8; DATAGRAM_LEN] {
-        let mut body = [0u8; CONTROL_MESSAGE_LEN];
-        if let Ok(mut packet) = ControlPacket::new_checked(&mut body[..]) {
-            ControlRepr {
-                dest_qpn: self.peer_default_qpn,
-                message,
-            }
-            .emit(&mut packet);
-        }
-        self.seal(KIND_MESSAGE, number, &body)
-    }
-
-    fn ack_datagram(&self) -> [u8; DATAGRAM_LEN] {
-        self.seal(KIND_ACK, self.delivered, &[0u8; CONTROL_MESSAGE_LEN])
-    }
-
-    /// A datagram for the peer, sealed with its key.
-    fn seal(&self, kind: u8, number: u64, body: &[u8; CONTROL_MESSAGE_LEN]) -> [u8; DATAGRAM_LEN] {
-        let mut out = [0u8; DATAGRAM_LEN];
-        out[field::MAGIC].copy_from_slice(&MAGIC.to_be_bytes());
-        out[field::VERSION] = VERSION;
-        out[field::KIND] = kind;
-        out[field::RECEIVER].copy_from_slice(&self.peer.id.to_be_bytes());
-        out[field::SEQUENCE].copy_from_slice(&number.to_be_bytes());
-        out[field::MESSAGE].copy_from_slice(body);
-        let mut mac = mac(&self.peer.key);
-        mac.update(&out[..SEALED]);
-        out[field::MAC].copy_from_slice(&mac.finalize().into_bytes());
-        out
-    }
-}
-
-fn mac(key: &[u8; KEY_LEN]) -> Hmac<Sha256> {
-    let mut mac =
-        <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes a key of any length");
-    mac.update(DOMAIN);
-    mac
-}
-
-/// A random connection-end identity: 8 bytes of id and 32 of key from the kernel's generator.
-pub(crate) fn random_identity() -> io::Result<EndIdentity> {
-    let mut bytes = [0u8; 8 + KEY_LEN];
-    let mut filled = 0;
-    while filled < bytes.len() {
-        // SAFETY: writes at most the remaining length into a live buffer.
-        let n = unsafe {
-            libc::getrandom(bytes[filled..].as_mut_ptr().cast(), bytes.len() - filled, 0)
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        filled += n as usize;
-    }
-    let mut key = [0u8; KEY_LEN];
-    key.copy_from_slice(&bytes[8..]);
-    Ok(EndIdentity {
-        id: u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes")),
-        key,
-    })
-}
 
 /// A service's UDP socket on one management address: every connection end of the service
 /// with that address takes its datagrams here, told apart by the id each datagram names.
@@ -371,7 +85,9 @@ impl ManagementSocket {
     /// acknowledgment sent back) and sends again what is due; returns when the next resend
     /// is due.
     pub(crate) fn poll(&self, now: Timestamp) -> Option<Timestamp> {
-        let mut buf = [0u8; DATAGRAM_LEN + 1];
+        let mut buf = [0u8; MAX_RECORDS * RECORD_LEN + 1];
+        // Acknowledgments of what arrives, sent packed once the socket is drained.
+        let mut out: Vec<(SocketAddr, Record)> = Vec::new();
         loop {
             let (len, from) = match self.socket.recv_from(&mut buf) {
                 Ok(got) => got,
@@ -383,24 +99,29 @@ impl ManagementSocket {
                     break;
                 }
             };
-            let bytes = &buf[..len];
-            let link = (len == DATAGRAM_LEN)
-                .then(|| u64::from_be_bytes(bytes[field::RECEIVER].try_into().expect("8 bytes")))
-                .and_then(|id| {
-                    self.links
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get(&id)
-                        .and_then(Weak::upgrade)
-                });
-            let Some(link) = link else {
+            let Some(taken) = records(&buf[..len]) else {
                 self.unknown
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::debug!(%from, len, "failover: a management datagram for no connection end; dropped");
+                tracing::debug!(%from, len, "failover: a management datagram that is not whole records; dropped");
                 continue;
             };
-            link.receive(bytes);
+            for record in taken {
+                let link = self
+                    .links
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&receiver_of(record))
+                    .and_then(Weak::upgrade);
+                let Some(link) = link else {
+                    self.unknown
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::debug!(%from, "failover: a management record for no connection end; dropped");
+                    continue;
+                };
+                link.receive(record, &mut out);
+            }
         }
+        self.send_packed(&mut out);
         if self.resends.earliest().is_none_or(|due| now < due) {
             return self.resends.earliest();
         }
@@ -412,11 +133,31 @@ impl ManagementSocket {
             map.values().filter_map(Weak::upgrade).collect()
         };
         for link in &links {
-            if let Some(due) = link.resend(now) {
+            if let Some(due) = link.resend(now, &mut out) {
                 self.resends.lower_to(due.as_nanos());
             }
         }
+        self.send_packed(&mut out);
         self.resends.earliest()
+    }
+
+    /// Sends `out`'s records, every record for the same address in as few datagrams as
+    /// [`UDP_RECORDS`] allow, each end's in the order it gave them; empties `out`.
+    fn send_packed(&self, out: &mut Vec<(SocketAddr, Record)>) {
+        // Stable: one end's records keep their order (the receiver takes them in sequence).
+        out.sort_by_key(|(to, _)| *to);
+        let mut rest = &out[..];
+        let mut batch: Vec<Record> = Vec::new();
+        while let Some(&(to, _)) = rest.first() {
+            let same = rest.iter().take_while(|(t, _)| *t == to).count();
+            batch.clear();
+            batch.extend(rest[..same].iter().map(|(_, r)| *r));
+            for datagram in pack(&batch, UDP_RECORDS) {
+                self.send_to(&datagram, to);
+            }
+            rest = &rest[same..];
+        }
+        out.clear();
     }
 
     fn send_to(&self, datagram: &[u8], to: SocketAddr) {
@@ -434,7 +175,7 @@ pub(crate) struct ManagementLink {
     /// The QP the messages go to, once it is known.
     owner: OnceLock<Weak<dyn ChannelOwner>>,
     /// The channel, once the peer's endpoint is known, and where the peer is.
-    peer: Mutex<Option<(ManagementPeer, SocketAddr)>>,
+    peer: Mutex<Option<(Stream, SocketAddr)>>,
 }
 
 impl ManagementLink {
@@ -457,7 +198,7 @@ impl ManagementLink {
     /// Connects to the peer's endpoint; `local_qpn` and `peer_qpn` are the two ends' default
     /// QPNs, which every message names.
     pub(crate) fn connect(&self, peer: &ManagementEndpoint, local_qpn: u32, peer_qpn: u32) {
-        let channel = ManagementPeer::new(
+        let channel = Stream::new(
             self.local,
             local_qpn,
             EndIdentity {
@@ -475,16 +216,17 @@ impl ManagementLink {
         let Some((channel, to)) = peer.as_mut() else {
             return Err("the peer published no management endpoint");
         };
-        let datagram = channel.send(message, now);
+        let record = channel.send(message, now);
         if let Some(due) = channel.resend_due() {
             self.socket.resends.lower_to(due.as_nanos());
         }
-        self.socket.send_to(&datagram, *to);
+        // At once and alone: a message waits for no round.
+        self.socket.send_to(&record, *to);
         Ok(())
     }
 
     /// What was dropped so far.
-    pub(crate) fn drops(&self) -> ManagementDrops {
+    pub(crate) fn drops(&self) -> StreamDrops {
         self.peer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -493,7 +235,8 @@ impl ManagementLink {
             .unwrap_or_default()
     }
 
-    fn receive(&self, bytes: &[u8]) {
+    /// Takes one record for this end; its acknowledgment goes to `out`.
+    fn receive(&self, bytes: &[u8], out: &mut Vec<(SocketAddr, Record)>) {
         let (received, to) = {
             let mut peer = self.peer.lock().unwrap_or_else(|p| p.into_inner());
             let Some((channel, to)) = peer.as_mut() else {
@@ -502,7 +245,7 @@ impl ManagementLink {
             (channel.receive(bytes), *to)
         };
         if let Some(reply) = received.reply {
-            self.socket.send_to(&reply, to);
+            out.push((to, reply));
         }
         if let Some(message) = received.message {
             match self.owner.get().and_then(Weak::upgrade) {
@@ -512,7 +255,8 @@ impl ManagementLink {
         }
     }
 
-    fn resend(&self, now: Timestamp) -> Option<Timestamp> {
+    /// Queues in `out` what is due to be sent again; returns when the next resend is due.
+    fn resend(&self, now: Timestamp, out: &mut Vec<(SocketAddr, Record)>) -> Option<Timestamp> {
         let mut again = Vec::new();
         let (due, to) = {
             let mut peer = self.peer.lock().unwrap_or_else(|p| p.into_inner());
@@ -520,9 +264,7 @@ impl ManagementLink {
             channel.resend(now, &mut again);
             (channel.resend_due(), *to)
         };
-        for datagram in &again {
-            self.socket.send_to(datagram, to);
-        }
+        out.extend(again.into_iter().map(|record| (to, record)));
         due
     }
 }
@@ -540,141 +282,9 @@ impl Drop for ManagementLink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::failover::{Epoch, SideEpoch};
-
-    fn identity(seed: u8) -> EndIdentity {
-        EndIdentity {
-            id: 0x1000 + u64::from(seed),
-            key: [seed; KEY_LEN],
-        }
-    }
-
-    /// Host A (default QPN 0x11) and host B (default QPN 0x22).
-    fn pair() -> (ManagementPeer, ManagementPeer) {
-        let (a, b) = (identity(1), identity(2));
-        (
-            ManagementPeer::new(a, 0x11, b, 0x22),
-            ManagementPeer::new(b, 0x22, a, 0x11),
-        )
-    }
-
-    fn at(millis: u64) -> Timestamp {
-        Timestamp::from_nanos(millis * 1_000_000)
-    }
-
-    const READY: ControlMessage = ControlMessage::FailbackReady { epoch: Epoch(3) };
-
-    #[test]
-    fn a_message_is_delivered_once_and_acknowledged() {
-        let (mut a, mut b) = pair();
-        let datagram = a.send(READY, at(0));
-        let got = b.receive(&datagram);
-        assert_eq!(got.message, Some(READY));
-        assert_eq!(a.resend_due(), Some(at(0) + RESEND_AFTER));
-        assert_eq!(
-            a.receive(&got.reply.expect("an acknowledgment")),
-            Received::default()
-        );
-        assert_eq!(a.resend_due(), None, "acknowledged: nothing to resend");
-        assert_eq!(a.drops(), ManagementDrops::default());
-        assert_eq!(b.drops(), ManagementDrops::default());
-    }
-
-    #[test]
-    fn an_unacknowledged_message_is_sent_again_in_order_and_delivered_once() {
-        let (mut a, mut b) = pair();
-        let rearm = ControlMessage::SideRearm {
-            epoch: SideEpoch::new(crate::failover::Side::DefaultChannel, 1),
-        };
-        let first = a.send(rearm, at(0));
-        let _lost = a.send(READY, at(1));
-        let mut again = Vec::new();
-        a.resend(at(5), &mut again);
-        assert!(again.is_empty(), "not due yet");
-        a.resend(at(10), &mut again);
-        assert_eq!(again.len(), 2);
-        // The first copy of the first came; its resend is a duplicate.
-        assert_eq!(b.receive(&first).message, Some(rearm));
-        assert_eq!(b.receive(&again[0]).message, None);
-        assert_eq!(b.receive(&again[1]).message, Some(READY));
-        assert_eq!(b.drops().out_of_sequence, 1);
-    }
-
-    #[test]
-    fn a_message_ahead_of_a_lost_one_waits_for_it() {
-        let (mut a, mut b) = pair();
-        let lost = a.send(READY, at(0));
-        let second = a.send(READY, at(0));
-        assert_eq!(b.receive(&second).message, None);
-        assert_eq!(b.receive(&lost).message, Some(READY));
-        assert_eq!(b.receive(&second).message, Some(READY));
-    }
-
-    #[test]
-    fn a_replayed_message_is_dropped_and_counted() {
-        let (mut a, mut b) = pair();
-        let datagram = a.send(READY, at(0));
-        assert_eq!(b.receive(&datagram).message, Some(READY));
-        for _ in 0..3 {
-            let replay = b.receive(&datagram);
-            assert_eq!(replay.message, None);
-        }
-        assert_eq!(b.drops().out_of_sequence, 3);
-        assert_eq!(b.drops().forged, 0);
-    }
-
-    #[test]
-    fn forged_altered_or_misdirected_datagrams_are_dropped_and_counted() {
-        let (mut a, mut b) = pair();
-        let genuine = a.send(READY, at(0));
-        // A stranger who knows the format and B's id but not B's key.
-        let mut stranger = ManagementPeer::new(
-            identity(9),
-            0x11,
-            EndIdentity {
-                key: [7; KEY_LEN],
-                ..identity(2)
-            },
-            0x22,
-        );
-        let forged = stranger.send(READY, at(0));
-        let mut altered = genuine;
-        altered[field::MESSAGE.start + 8] ^= 1;
-        let mut renumbered = genuine;
-        renumbered[field::SEQUENCE.end - 1] = 9;
-        // Sealed for A, not for B.
-        let misdirected = b.send(READY, at(0));
-        let mut c = ManagementPeer::new(identity(2), 0x22, identity(1), 0x11);
-        for bytes in [
-            &forged[..],
-            &altered,
-            &renumbered,
-            &genuine[..40],
-            &[0u8; DATAGRAM_LEN],
-        ] {
-            assert_eq!(b.receive(bytes), Received::default(), "{bytes:?}");
-        }
-        assert_eq!(c.receive(&misdirected), Received::default());
-        assert_eq!(b.drops().forged, 5);
-        assert_eq!(c.drops().forged, 1);
-        // The genuine one still gets through.
-        assert_eq!(b.receive(&genuine).message, Some(READY));
-    }
-
-    #[test]
-    fn an_acknowledgment_of_what_was_never_sent_is_dropped() {
-        let (mut a, mut b) = pair();
-        let datagram = a.send(READY, at(0));
-        let _ = b.receive(&datagram);
-        let _ = b.send(READY, at(0));
-        // B acknowledges 1 to A after delivering A's first; A has sent one: fine. A
-        // hand-made acknowledgment of message 5, sealed with A's key, is not.
-        let ack = b.seal(KIND_ACK, 5, &[0u8; CONTROL_MESSAGE_LEN]);
-        assert_eq!(a.receive(&ack), Received::default());
-        assert_eq!(a.drops().forged, 1);
-        assert_eq!(a.resend_due(), Some(at(0) + RESEND_AFTER));
-    }
-
+    use crate::resilient::stream::tests::{at, identity, READY};
+    use crate::resilient::stream::{KEY_LEN, RESEND_AFTER};
+    use std::time::Duration;
     struct Inbox(Mutex<Vec<Event>>);
 
     impl ChannelOwner for Inbox {
@@ -712,7 +322,7 @@ mod tests {
         a.send(READY, at(0)).unwrap();
         // A stranger's datagram naming B's id, sealed with a key of its own.
         let stranger = UdpSocket::bind(("127.0.0.1", 0)).unwrap();
-        let mut forged = ManagementPeer::new(
+        let mut forged = Stream::new(
             identity(9),
             0x11,
             EndIdentity {
@@ -823,7 +433,7 @@ mod tests {
         let peer = UdpSocket::bind((localhost, 0)).unwrap();
         peer.set_nonblocking(true).unwrap();
         let received = || {
-            let mut buf = [0u8; DATAGRAM_LEN + 1];
+            let mut buf = [0u8; RECORD_LEN + 1];
             let mut n = 0;
             let wait = std::time::Instant::now() + Duration::from_millis(200);
             while std::time::Instant::now() < wait {
@@ -857,5 +467,59 @@ mod tests {
         assert_eq!(sa.poll(at(3) + RESEND_AFTER), Some(due + RESEND_AFTER));
         assert_eq!(received(), 1);
         drop(idle);
+    }
+
+    #[test]
+    fn resends_of_many_ends_to_one_peer_go_packed_and_each_end_s_in_order() {
+        let localhost: IpAddr = "127.0.0.1".parse().unwrap();
+        let sa = Arc::new(ManagementSocket::bind(localhost).unwrap());
+        let peer = UdpSocket::bind((localhost, 0)).unwrap();
+        peer.set_nonblocking(true).unwrap();
+        let ends: Vec<_> = (0..20u8)
+            .map(|seed| {
+                let end = sa.open_link().unwrap();
+                let id = identity(seed);
+                let to = ManagementEndpoint {
+                    addr: peer.local_addr().unwrap(),
+                    id: id.id,
+                    key: id.key,
+                };
+                end.connect(&to, 0x11, 0x22);
+                end
+            })
+            .collect();
+        // Two messages each: 40 datagrams of one record, sent at once.
+        for end in &ends {
+            end.send(READY, at(0)).unwrap();
+            end.send(READY, at(0)).unwrap();
+        }
+        let drain = || {
+            let mut got = Vec::new();
+            let mut buf = [0u8; MAX_RECORDS * RECORD_LEN + 1];
+            let wait = std::time::Instant::now() + Duration::from_millis(200);
+            while std::time::Instant::now() < wait {
+                match peer.recv_from(&mut buf) {
+                    Ok((len, _)) => got.push(buf[..len].to_vec()),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            got
+        };
+        assert_eq!(drain().len(), 40);
+        // Nobody acknowledged: the 40 resends go in datagrams of at most 16 records.
+        sa.poll(at(0) + RESEND_AFTER);
+        let datagrams = drain();
+        let sizes: Vec<usize> = datagrams.iter().map(|d| d.len() / RECORD_LEN).collect();
+        assert_eq!(sizes, [16, 16, 8]);
+        // Each end's two records in order: its first message's number before its second's.
+        let mut seen: HashMap<u64, Vec<u64>> = HashMap::new();
+        for d in &datagrams {
+            for r in records(d).unwrap() {
+                let number = u64::from_be_bytes(r[16..24].try_into().unwrap());
+                seen.entry(receiver_of(r)).or_default().push(number);
+            }
+        }
+        assert_eq!(seen.len(), 20);
+        assert!(seen.values().all(|n| n == &[1, 2]), "{seen:?}");
     }
 }

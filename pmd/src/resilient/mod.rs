@@ -47,6 +47,7 @@ mod channel;
 mod clock;
 mod config;
 mod context;
+mod deadline;
 mod dereg_error;
 mod device_pool;
 mod management;
@@ -55,6 +56,7 @@ mod rendezvous;
 mod revoke;
 mod service;
 mod stats;
+mod stream;
 
 pub use channel::ControlError;
 pub use clock::Clock;

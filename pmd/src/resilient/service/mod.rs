@@ -31,8 +31,9 @@ use super::channel::cq::ControlCq;
 use super::channel::{ChannelCqs, ControlChannel};
 use super::clock::Clock;
 use super::config::LinkSource;
+use super::deadline::DeadlineBoard;
 use link::{LinkChange, LinkWatch};
-use mailbox::{DeadlineBoard, Mail, QpShared};
+use mailbox::{Mail, QpShared};
 
 /// How often verbs that wait (for a peer, for the application) are retried.
 const VERB_RETRY: Duration = Duration::from_millis(5);
