@@ -424,26 +424,35 @@ mod tests {
         assert_eq!(follower.failed(), Some(FailReason::PeerAborted));
     }
 
+    /// A plain UDP socket on loopback that takes datagrams and never answers.
+    fn silent_peer() -> UdpSocket {
+        let peer = UdpSocket::bind(("127.0.0.1", 0)).unwrap();
+        peer.set_nonblocking(true).unwrap();
+        peer
+    }
+
+    /// The datagrams that reach `peer` within 200 ms.
+    fn datagrams_at(peer: &UdpSocket) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; MAX_RECORDS * RECORD_LEN + 1];
+        let wait = std::time::Instant::now() + Duration::from_millis(200);
+        while std::time::Instant::now() < wait {
+            match peer.recv_from(&mut buf) {
+                Ok((len, _)) => got.push(buf[..len].to_vec()),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        got
+    }
+
     #[test]
     fn a_socket_resends_an_unacknowledged_message_when_due_and_says_when_the_next_is() {
         let localhost: IpAddr = "127.0.0.1".parse().unwrap();
         let sa = Arc::new(ManagementSocket::bind(localhost).unwrap());
         // The peer is a plain socket that never acknowledges: every datagram A sends to it is
         // counted there.
-        let peer = UdpSocket::bind((localhost, 0)).unwrap();
-        peer.set_nonblocking(true).unwrap();
-        let received = || {
-            let mut buf = [0u8; RECORD_LEN + 1];
-            let mut n = 0;
-            let wait = std::time::Instant::now() + Duration::from_millis(200);
-            while std::time::Instant::now() < wait {
-                match peer.recv_from(&mut buf) {
-                    Ok(_) => n += 1,
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-            n
-        };
+        let peer = silent_peer();
+        let received = || datagrams_at(&peer).len();
         let endpoint = |seed| ManagementEndpoint {
             addr: peer.local_addr().unwrap(),
             id: identity(seed).id,
@@ -473,8 +482,7 @@ mod tests {
     fn resends_of_many_ends_to_one_peer_go_packed_and_each_end_s_in_order() {
         let localhost: IpAddr = "127.0.0.1".parse().unwrap();
         let sa = Arc::new(ManagementSocket::bind(localhost).unwrap());
-        let peer = UdpSocket::bind((localhost, 0)).unwrap();
-        peer.set_nonblocking(true).unwrap();
+        let peer = silent_peer();
         let ends: Vec<_> = (0..20u8)
             .map(|seed| {
                 let end = sa.open_link().unwrap();
@@ -493,18 +501,7 @@ mod tests {
             end.send(READY, at(0)).unwrap();
             end.send(READY, at(0)).unwrap();
         }
-        let drain = || {
-            let mut got = Vec::new();
-            let mut buf = [0u8; MAX_RECORDS * RECORD_LEN + 1];
-            let wait = std::time::Instant::now() + Duration::from_millis(200);
-            while std::time::Instant::now() < wait {
-                match peer.recv_from(&mut buf) {
-                    Ok((len, _)) => got.push(buf[..len].to_vec()),
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-            got
-        };
+        let drain = || datagrams_at(&peer);
         assert_eq!(drain().len(), 40);
         // Nobody acknowledged: the 40 resends go in datagrams of at most 16 records.
         sa.poll(at(0) + RESEND_AFTER);
