@@ -156,17 +156,11 @@ impl QpNumbers {
 }
 
 /// The QPs a round visits: those rung, those a packet came for, those with a timer, work
-/// beyond their budget, an ACK to send, and those the control path changed; not every QP of
-/// the device, so that 1,000 idle QPs cost a round nothing (an 8-byte write's latency beside
-/// 1,000 idle QPs is that of one QP alone). A QP in error (flushing receives posted later,
-/// which ring no doorbell) is visited by a flush pass every [`ERROR_FLUSH_INTERVAL`], not by
-/// every round: 1,000 default QPs in error during a failover were 1,000 visits a round.
+/// beyond their budget, an ACK to send or in error (flushing what is posted later), and those
+/// the control path changed; not every QP of the device, so that 1,000 idle QPs cost a round
+/// nothing (an 8-byte write's latency beside 1,000 idle QPs is that of one QP alone).
 #[derive(Debug, Default)]
 pub(crate) struct ActiveQps {
-    /// Slots of QPs in error, for the next flush pass (`Qp::errored_listed`).
-    errored: Vec<u32>,
-    /// When the next flush pass is due.
-    errored_due: Option<Duration>,
     /// Slots to visit in the next pass, each once (`Qp::listed`).
     list: Vec<u32>,
     /// Slots to visit before `list` in the next pass: QPs their path's budget held back, in
@@ -184,14 +178,6 @@ impl ActiveQps {
         if !qp.listed {
             qp.listed = true;
             self.list.push(qp.bell.slot());
-        }
-    }
-
-    /// Puts `qp`, in error, on the list of the next flush pass, unless it is there.
-    fn mark_errored(&mut self, qp: &mut Qp) {
-        if !qp.errored_listed {
-            qp.errored_listed = true;
-            self.errored.push(qp.bell.slot());
         }
     }
 
@@ -527,16 +513,6 @@ impl Round<'_> {
             visiting.append(&mut self.active.first);
             visiting.append(&mut self.active.list);
         }
-        if !self.active.errored.is_empty() && self.active.errored_due.is_none_or(|t| now >= t) {
-            // The flush pass: every QP in error, each relisted below while still in error.
-            for &i in &self.active.errored {
-                if let Some(qp) = slot(self.qps, i) {
-                    qp.errored_listed = false;
-                }
-            }
-            visiting.append(&mut self.active.errored);
-            self.active.errored_due = Some(now + ERROR_FLUSH_INTERVAL);
-        }
         let share = Share::of(visiting.len());
         for &i in &visiting {
             let Some(qp) = slot(self.qps, i) else {
@@ -550,7 +526,8 @@ impl Round<'_> {
             }
             if qp.state == QpState::Err {
                 qp.flush(&mut self.ectx);
-                self.active.mark_errored(qp);
+                self.active.mark(qp);
+                timer = earliest(timer, now + ERROR_FLUSH_INTERVAL);
                 continue;
             }
             let more = transmit(
@@ -580,13 +557,6 @@ impl Round<'_> {
         }
         visiting.clear();
         self.active.visiting = visiting;
-        if !self.active.errored.is_empty() {
-            let due = *self
-                .active
-                .errored_due
-                .get_or_insert(now + ERROR_FLUSH_INTERVAL);
-            timer = earliest(timer, due);
-        }
         self.out.flush();
         timer
     }

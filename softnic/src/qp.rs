@@ -421,9 +421,6 @@ pub(crate) struct Qp {
     pub rq_scratch: Vec<u8>,
     /// In the engine's active list (`engine::ActiveQps`): visited by the next round.
     pub listed: bool,
-    /// In the engine's list of QPs in error (`engine::ActiveQps`): visited by the next flush
-    /// pass.
-    pub errored_listed: bool,
     /// Its place in the budget of the path to its peer (`crate::path_budget`), from the move
     /// to RTR that named the peer until it is destroyed or names another.
     pub path: Option<PathShare>,
@@ -506,7 +503,6 @@ impl Qp {
             counters: Counters::default(),
             rq_scratch: vec![0u8; cfg.rq_stride as usize],
             listed: false,
-            errored_listed: false,
         })
     }
 
