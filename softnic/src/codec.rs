@@ -28,6 +28,16 @@ use crate::qp_attr::QpType;
 use crate::wire::Ipv4Ident;
 use crate::wqe::{SendWqe, UdDest, WqeOp};
 
+/// The ICRC's CRC-32 register update ([`icrc::CrcRegister`]) by `crc32fast`, which folds
+/// with a carry-less multiply where the CPU has one (PCLMULQDQ, PMULL) and falls back to
+/// tables elsewhere. `crc32fast` keeps its state inverted (the standard CRC-32's), the ICRC
+/// register is not: invert on the way in and out.
+pub(crate) fn crc_register(register: u32, data: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new_with_initial(!register);
+    hasher.update(data);
+    !hasher.finalize()
+}
+
 /// `psn + n` mod 2^24.
 #[inline]
 pub(crate) fn psn_add(psn: u32, n: u32) -> u32 {
@@ -325,7 +335,9 @@ pub(crate) fn parse_packet(
         *ident = seen.ident;
         *dont_frag = seen.dont_frag;
     }
-    if icrc::verify_udp_payload(ip, src_port, crate::wire::ROCE_PORT, bytes).is_err() {
+    if icrc::verify_udp_payload_with(crc_register, ip, src_port, crate::wire::ROCE_PORT, bytes)
+        .is_err()
+    {
         return Err(ParseError::Icrc);
     }
     if !pkey_matches_default(repr.bth.pkey) {
@@ -506,7 +518,9 @@ pub(crate) fn seal(
     let b = buf.get_mut(..total)?;
     b[len..].fill(0);
     let ip = icrc::IpFields::rxe(src, dst).ok()?;
-    let crc = icrc::compute_for_udp_payload(ip, src_port, crate::wire::ROCE_PORT, b).ok()?;
+    let crc =
+        icrc::compute_for_udp_payload_with(crc_register, ip, src_port, crate::wire::ROCE_PORT, b)
+            .ok()?;
     Packet::new_unchecked(&mut b[..]).set_icrc(crc);
     Some(total)
 }
@@ -514,6 +528,22 @@ pub(crate) fn seal(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fast_crc_register_agrees_with_hw_defs_tables_at_every_length_and_seed() {
+        let data: Vec<u8> = (0..5000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for seed in [0u32, !0, 0xdebb_20e3, 0x1234_5678] {
+            for len in (0..70).chain([1024, 4095, 4096, 4097, 5000]) {
+                assert_eq!(
+                    crc_register(seed, &data[..len]),
+                    icrc::crc32_register(seed, &data[..len]),
+                    "seed {seed:#x}, length {len}"
+                );
+            }
+        }
+    }
     use std::net::Ipv4Addr;
 
     fn addrs() -> (IpAddr, IpAddr) {

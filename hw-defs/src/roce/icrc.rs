@@ -75,9 +75,31 @@ impl IpFields {
     }
 }
 
+/// A CRC-32 register update (IEEE 802.3, reflected polynomial 0xEDB88320, no inversion on
+/// entry or exit, like Linux's `crc32_le`): what the ICRC is made of. [`crc32_register`] is
+/// this crate's own (a table, slice-by-8); a user with a faster one (a carry-less multiply,
+/// as `crc32fast` has) passes it to the `_with` functions.
+pub type CrcRegister = fn(u32, &[u8]) -> u32;
+
+/// This crate's CRC-32 register update (slice-by-8 tables): see [`CrcRegister`].
+pub fn crc32_register(crc: u32, data: &[u8]) -> u32 {
+    crc32::update(crc, data)
+}
+
 /// Computes the ICRC of `packet` (BTH through ICRC, the ICRC itself not covered) sent between
 /// `ip` with UDP ports `src_port` and `dst_port`: what a receiver on a UDP socket needs.
 pub fn compute_for_udp_payload(
+    ip: IpFields,
+    src_port: u16,
+    dst_port: u16,
+    packet: &[u8],
+) -> Result<u32, Error> {
+    compute_for_udp_payload_with(crc32_register, ip, src_port, dst_port, packet)
+}
+
+/// [`compute_for_udp_payload`] with the CRC register update `crc`.
+pub fn compute_for_udp_payload_with(
+    crc: CrcRegister,
     ip: IpFields,
     src_port: u16,
     dst_port: u16,
@@ -135,6 +157,7 @@ pub fn compute_for_udp_payload(
     u[2..4].copy_from_slice(&dst_port.to_be_bytes());
     u[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
     Ok(icrc_over(
+        crc,
         &headers[..ip_len + udp::HEADER_LEN],
         ip_len,
         packet,
@@ -149,7 +172,18 @@ pub fn verify_udp_payload(
     dst_port: u16,
     packet: &[u8],
 ) -> Result<(), Error> {
-    let computed = compute_for_udp_payload(ip, src_port, dst_port, packet)?;
+    verify_udp_payload_with(crc32_register, ip, src_port, dst_port, packet)
+}
+
+/// [`verify_udp_payload`] with the CRC register update `crc`.
+pub fn verify_udp_payload_with(
+    crc: CrcRegister,
+    ip: IpFields,
+    src_port: u16,
+    dst_port: u16,
+    packet: &[u8],
+) -> Result<(), Error> {
+    let computed = compute_for_udp_payload_with(crc, ip, src_port, dst_port, packet)?;
     check(computed, packet)
 }
 
@@ -159,6 +193,7 @@ pub fn compute(datagram: &[u8]) -> Result<u32, Error> {
     let (ip_len, end) = split_datagram(datagram)?;
     let udp_end = ip_len + udp::HEADER_LEN;
     Ok(icrc_over(
+        crc32_register,
         &datagram[..udp_end],
         ip_len,
         &datagram[udp_end..end],
@@ -249,7 +284,7 @@ fn split_datagram(datagram: &[u8]) -> Result<(usize, usize), Error> {
 
 /// The ICRC over `ip_udp` (IP header of `ip_len` bytes, then the UDP header) and `packet`
 /// (BTH through ICRC). The caller has checked the lengths.
-fn icrc_over(ip_udp: &[u8], ip_len: usize, packet: &[u8]) -> u32 {
+fn icrc_over(crc: CrcRegister, ip_udp: &[u8], ip_len: usize, packet: &[u8]) -> u32 {
     let masked_len = ip_udp.len() + bth::HEADER_LEN;
     let mut masked = [0u8; MASKED_LEN_MAX];
     masked[..ip_udp.len()].copy_from_slice(ip_udp);
@@ -269,9 +304,9 @@ fn icrc_over(ip_udp: &[u8], ip_len: usize, packet: &[u8]) -> u32 {
     masked[ip_len + 6] = 0xff; // UDP checksum
     masked[ip_len + 7] = 0xff;
     masked[ip_udp.len() + 4] = 0xff; // BTH FECN, BECN, reserved
-    let crc = crc32::update(LRH_SEED, &masked[..masked_len]);
-    let crc = crc32::update(crc, &packet[bth::HEADER_LEN..packet.len() - ICRC_LEN]);
-    !crc
+    let register = crc(LRH_SEED, &masked[..masked_len]);
+    let register = crc(register, &packet[bth::HEADER_LEN..packet.len() - ICRC_LEN]);
+    !register
 }
 
 #[cfg(test)]
