@@ -233,9 +233,8 @@ fn write_bw_run_to_completion_fails_over_and_back_with_every_byte_intact() {
 /// Run-to-completion over more QPs than a polling loop visits between two device rounds
 /// (`session::PROGRESS_EVERY_QPS`): the failover service runs inside the loop over the QPs,
 /// and the QPs it delivered mail to run their failover work there and then, out of the
-/// loop's order. Every QP fails over and back without an error (`--check` takes
-/// one QP only).
-/// And the server checks every byte and every notification of the 64 QPs' shared slots.
+/// loop's order. Every QP fails over and back without an error, and the server checks every
+/// byte and every notification of the 64 QPs' shared slots (`--check`).
 #[test]
 fn write_bw_run_to_completion_on_64_qps_fails_every_qp_over_and_back() {
     let f = fabric();

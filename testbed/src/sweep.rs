@@ -258,6 +258,11 @@ pub fn print(result: &SweepResult) {
         );
     }
     let verdict = |met: bool| if met { "met" } else { "missed" };
+    let one = result
+        .points
+        .iter()
+        .find(|o| o.qps_asked == 1)
+        .and_then(|o| o.all_on_backup_ms);
     if let (Some(r), Some(largest)) = (result.largest_over_one, largest_ran(&result.points)) {
         let factor = issue30_factor(largest.qps_asked);
         println!(
@@ -276,11 +281,6 @@ pub fn print(result: &SweepResult) {
             p.qps_asked,
             all / floor,
         );
-        let one = result
-            .points
-            .iter()
-            .find(|o| o.qps_asked == 1)
-            .and_then(|o| o.all_on_backup_ms);
         if let Some(one) = one {
             let budget = issue30_factor(p.qps_asked) * one;
             if budget < floor {
@@ -291,14 +291,10 @@ pub fn print(result: &SweepResult) {
             }
             // Issue 30's goal for QPs that each carry a message in flight: the time to push
             // one message a QP through the path, plus 3x the 1-QP time.
+            let goal = floor + 3.0 * one;
             println!(
-                "           floor + 3x 1 QP = {:.1} ms: {}",
-                floor + 3.0 * one,
-                if all <= floor + 3.0 * one {
-                    "met"
-                } else {
-                    "missed"
-                }
+                "           floor + 3x 1 QP = {goal:.1} ms: {}",
+                verdict(all <= goal)
             );
         }
     }

@@ -31,7 +31,8 @@ pub(crate) struct ManagementSocket {
     /// that an idle round's cost does not grow with the connections (1,000 ends walked every
     /// round cost a run-to-completion lcore 24 us a round, `service_round --management`).
     resends: DeadlineBoard,
-    /// Datagrams naming no connection end of this socket (forged, or for an end gone).
+    /// Datagrams that are not whole records, and records naming no connection end of this
+    /// socket (forged, or for an end gone).
     unknown: std::sync::atomic::AtomicU64,
 }
 
@@ -75,7 +76,7 @@ impl ManagementSocket {
         Ok(link)
     }
 
-    /// Datagrams that named no end of this socket, so far.
+    /// Datagrams and records that named no end of this socket, so far.
     #[cfg(test)]
     pub(crate) fn unknown(&self) -> u64 {
         self.unknown.load(std::sync::atomic::Ordering::Relaxed)
@@ -122,8 +123,9 @@ impl ManagementSocket {
             }
         }
         self.send_packed(&mut out);
-        if self.resends.earliest().is_none_or(|due| now < due) {
-            return self.resends.earliest();
+        let earliest = self.resends.earliest();
+        if earliest.is_none_or(|due| now < due) {
+            return earliest;
         }
         // Cleared before the walk reads the ends' deadlines: a send during the walk lowers
         // the board after the clear, so no resend is forgotten.
