@@ -505,10 +505,10 @@ impl Rank {
                 return (k, Some(Stop::Error(e)));
             }
             k += 1;
-            let state = crate::endpoint::worst_state(
-                [self.send.state(false), self.recv.state(false)].into_iter(),
-            );
-            timeline.tick(Instant::now(), k * bytes_per_iter, k, self.errors, state);
+            let (send, recv) = (&self.send, &self.recv);
+            timeline.tick(Instant::now(), k * bytes_per_iter, k, self.errors, || {
+                crate::endpoint::worst_state([send.state(false), recv.state(false)].into_iter())
+            });
             if last {
                 return (k, None);
             }

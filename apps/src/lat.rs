@@ -301,7 +301,7 @@ pub fn client(o: &Options, s: &mut Session, timeline: &mut Timeline) -> LatOutco
                 bytes_before + done * size as u64,
                 iters_before + done,
                 u64::from(out.error.is_some()),
-                s.conns[0].state(out.error.is_some()),
+                || s.conns[0].state(out.error.is_some()),
             );
         }
         let secs = now.duration_since(start).as_secs_f64().max(1e-9);
@@ -445,13 +445,9 @@ pub fn server(o: &Options, s: &mut Session, timeline: &mut Timeline) -> ServerOu
             }
         }
         i += 1;
-        timeline.tick(
-            Instant::now(),
-            i * size as u64,
-            i,
-            0,
-            s.conns[0].state(false),
-        );
+        timeline.tick(Instant::now(), i * size as u64, i, 0, || {
+            s.conns[0].state(false)
+        });
     }
 }
 

@@ -484,7 +484,7 @@ fn run_size(
             pace.before.bytes + w.completed * size as u64,
             pace.before.iterations + w.completed,
             w.errors,
-            s.state(failed),
+            || s.state(failed),
         );
         if failed || (w.stopping && w.completed == w.posted) {
             break;

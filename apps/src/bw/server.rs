@@ -197,13 +197,9 @@ fn serve(
             }
         }
         let now = Instant::now();
-        timeline.tick(
-            now,
-            serving.bytes,
-            serving.received,
-            serving.errors,
-            s.state(serving.failed),
-        );
+        timeline.tick(now, serving.bytes, serving.received, serving.errors, || {
+            s.state(serving.failed)
+        });
         if let Some((iterations, since)) = done_at {
             if serving.caught_up(iterations) || now.duration_since(since) > Duration::from_secs(2) {
                 return true;
