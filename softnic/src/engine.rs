@@ -42,12 +42,19 @@ const REQ_BUDGET: usize = 2 * BATCH;
 /// the same fairness: a long READ is answered over many rounds, the device lock released
 /// between them.
 const ANSWER_BUDGET: usize = 2 * BATCH;
-/// Packets the QPs of one pass share: each of `n` QPs may send `PASS_BUDGET / n` (between one
-/// packet and the per-QP budgets above). With many busy QPs a pass would otherwise send every
-/// QP's full budget (256 QPs: 32,768 packets) before the engine reads its wire again, and a
-/// QP with one small message (a control QP, a READ request) would wait behind all of them.
-/// One or two QPs keep their full budgets.
+/// Packets the QPs of one pass share: each of `n` QPs may send `PASS_BUDGET / n`, between
+/// [`MIN_TURN`] and the per-QP budgets above, and a pass stops giving turns once this many
+/// packets went out; the QPs it did not reach go first in the next. With many busy QPs a pass
+/// would otherwise send every QP's full budget (256 QPs: 32,768 packets) before the engine
+/// reads its wire again, and a QP with one small message (a control QP, a READ request) would
+/// wait behind all of them. One or two QPs keep their full budgets.
 const PASS_BUDGET: usize = 4 * BATCH;
+/// Packets a QP with that much to send sends in a turn at least, however many QPs share the
+/// pass: one 64 KiB message at a 4 KiB MTU. Its last packet asks for an ACK (a turn's last
+/// always does), so a turn of one packet costs one ACK packet per data packet: at 1,000 busy
+/// QPs a pass of 256 one-packet turns sent nearly as many ACKs as requests, and the engines'
+/// time went to them. A turn of 16 gets about one ACK per message, as one QP alone does.
+const MIN_TURN: usize = 16;
 /// How soon an engine with a QP in error looks again: what is posted to it meanwhile is
 /// flushed by a round, and a posted receive rings no doorbell, so an engine with nothing else
 /// to do would flush it only at its 100 ms idle wake (a failover's drain waited for that).
@@ -63,7 +70,7 @@ const TIMER_WAIT_ROUNDS: u32 = 16;
 /// The packets each of `qps` QPs may send in one pass, of at most `budget` each.
 #[inline]
 fn fair_share(qps: usize, budget: usize) -> usize {
-    (PASS_BUDGET / qps.max(1)).clamp(1, budget)
+    (PASS_BUDGET / qps.max(1)).clamp(MIN_TURN.min(budget), budget)
 }
 
 /// What a round did and when the device next needs attention.
@@ -345,6 +352,7 @@ impl Round<'_> {
         waker.take_rung(&mut self.active.rung);
         let mut rung = false;
         let share = Share::of(self.active.rung.len());
+        let pass_start = self.out.emitted();
         for k in 0..self.active.rung.len() {
             let Some(qp) = slot(self.qps, self.active.rung[k]) else {
                 continue;
@@ -355,7 +363,8 @@ impl Round<'_> {
             qp.read_send_doorbell();
             rung = true;
             self.active.mark(qp);
-            if qp.state == QpState::Rts {
+            // Past the pass's budget a rung QP sends in `service_qps`, where it is listed now.
+            if qp.state == QpState::Rts && self.out.emitted() - pass_start < PASS_BUDGET {
                 transmit(
                     qp,
                     self.mrs,
@@ -514,6 +523,7 @@ impl Round<'_> {
             visiting.append(&mut self.active.list);
         }
         let share = Share::of(visiting.len());
+        let pass_start = self.out.emitted();
         for &i in &visiting {
             let Some(qp) = slot(self.qps, i) else {
                 continue;
@@ -528,6 +538,13 @@ impl Round<'_> {
                 qp.flush(&mut self.ectx);
                 self.active.mark(qp);
                 timer = earliest(timer, now + ERROR_FLUSH_INTERVAL);
+                continue;
+            }
+            if self.out.emitted() - pass_start >= PASS_BUDGET {
+                // The pass has sent its share: this QP's turn (and any ACK it owes) comes
+                // first in the next pass, which the engine runs without sleeping.
+                self.active.mark_first(qp);
+                self.busy = true;
                 continue;
             }
             let more = transmit(

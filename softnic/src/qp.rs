@@ -334,8 +334,8 @@ pub(crate) struct Requester {
     pub probe_next: Duration,
     /// The congestion window: PSNs in flight at most.
     pub window: Window,
-    /// The QP's path budget is more than half used (`crate::path_budget`): every packet asks
-    /// for an ACK, set before each pass.
+    /// The QP's path budget is more than half used (`crate::path_budget`): a first
+    /// transmission is not covered by the short timer. Set before each pass.
     pub crowded: bool,
     /// The packet being sent is the last its pass lets it send while it has more: it asks for
     /// an ACK, so that what it sent is acknowledged while it waits for its next turn.

@@ -145,7 +145,6 @@ fn send_one(
             hdr.last = last;
             hdr.solicited = last && w.solicited;
             hdr.ack_req = last
-                || qp.req.crowded
                 || qp.req.last_of_turn
                 || qp.req.since_ack_req + 1 >= qp.req.window.ack_every();
             if is_write && first {

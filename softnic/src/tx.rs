@@ -28,6 +28,12 @@ pub(crate) struct Tx<'a> {
 }
 
 impl Tx<'_> {
+    /// Packets handed to the wire this round or batched for it.
+    #[inline]
+    pub fn emitted(&self) -> usize {
+        self.sent + self.batch.count
+    }
+
     /// Sends what is batched.
     pub fn flush(&mut self) {
         if self.batch.is_empty() {
