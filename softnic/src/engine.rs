@@ -258,6 +258,7 @@ impl Core {
                 device: counters,
                 trace,
                 sent: 0,
+                built: 0,
             },
             qps,
             qpns,
@@ -352,7 +353,7 @@ impl Round<'_> {
         waker.take_rung(&mut self.active.rung);
         let mut rung = false;
         let share = Share::of(self.active.rung.len());
-        let pass_start = self.out.emitted();
+        let pass_start = self.out.built;
         for k in 0..self.active.rung.len() {
             let Some(qp) = slot(self.qps, self.active.rung[k]) else {
                 continue;
@@ -364,7 +365,7 @@ impl Round<'_> {
             rung = true;
             self.active.mark(qp);
             // Past the pass's budget a rung QP sends in `service_qps`, where it is listed now.
-            if qp.state == QpState::Rts && self.out.emitted() - pass_start < PASS_BUDGET {
+            if qp.state == QpState::Rts && self.out.built - pass_start < PASS_BUDGET {
                 transmit(
                     qp,
                     self.mrs,
@@ -523,7 +524,7 @@ impl Round<'_> {
             visiting.append(&mut self.active.list);
         }
         let share = Share::of(visiting.len());
-        let pass_start = self.out.emitted();
+        let pass_start = self.out.built;
         for &i in &visiting {
             let Some(qp) = slot(self.qps, i) else {
                 continue;
@@ -540,7 +541,7 @@ impl Round<'_> {
                 timer = earliest(timer, now + ERROR_FLUSH_INTERVAL);
                 continue;
             }
-            if self.out.emitted() - pass_start >= PASS_BUDGET {
+            if self.out.built - pass_start >= PASS_BUDGET {
                 // The pass has sent its share: this QP's turn (and any ACK it owes) comes
                 // first in the next pass, which the engine runs without sleeping.
                 self.active.mark_first(qp);

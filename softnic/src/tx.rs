@@ -25,15 +25,12 @@ pub(crate) struct Tx<'a> {
     pub trace: &'a mut Option<Trace>,
     /// Packets handed to the wire this round (for the engine's busy decision).
     pub sent: usize,
+    /// Packets built this round, sent or not (a port that is down drops them, a full socket
+    /// refuses some): what a pass's budget counts, and never goes back.
+    pub built: usize,
 }
 
 impl Tx<'_> {
-    /// Packets handed to the wire this round or batched for it.
-    #[inline]
-    pub fn emitted(&self) -> usize {
-        self.sent + self.batch.count
-    }
-
     /// Sends what is batched.
     pub fn flush(&mut self) {
         if self.batch.is_empty() {
@@ -63,6 +60,7 @@ impl Tx<'_> {
         if self.batch.is_full() {
             self.flush();
         }
+        self.built += 1;
         self.batch
             .next_slot()
             .expect("batch has room after a flush")
